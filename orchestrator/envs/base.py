@@ -1,0 +1,70 @@
+"""The multi-agent text environment.
+
+An environment says whose turn it is, what that role observes (template variables), and takes
+the role's validated message, returning per-role rewards. Programmatic counterparts, LLM
+counterparts, self-play and team protocols (pipeline, debate) are all environments; the roles
+in them are bound to policies by the orchestrator, never by the environment.
+"""
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from ..messages import Message
+from ..role import RoleSpec
+from ..yamlfile import Loc
+
+
+class EnvConfig(BaseModel):
+    """The ``protocol:`` block of a team file, less ``type``. Subclass it per environment."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    # What happens after a turn that stays invalid once its retries are spent.
+    on_invalid: Literal["continue", "end"] = "continue"
+
+    def role_refs(self) -> list[tuple[Loc, str]]:
+        """(location in this block, role name) of every role it routes to: checked at load time."""
+        return []
+
+
+@dataclass
+class StepResult:
+    rewards: dict[str, float] = field(default_factory=dict)
+    done: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Env(ABC):
+    Config: ClassVar[type[EnvConfig]] = EnvConfig
+    # Template variables observe() provides, so prompts can be checked when a team loads.
+    observation_keys: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(self, config: EnvConfig, roles: Mapping[str, RoleSpec], task: dict[str, Any], rng: random.Random):
+        self.config = config
+        self.roles = roles
+        self.task = task
+        self.rng = rng
+
+    @abstractmethod
+    def next_role(self) -> str | None:
+        """The role to act now, or ``None`` when the episode is over."""
+
+    @abstractmethod
+    def observe(self, role: str) -> dict[str, Any]:
+        """Template variables for ``role``'s prompt (only what that role may see)."""
+
+    @abstractmethod
+    async def step(self, role: str, message: Message) -> StepResult:
+        """Take ``role``'s message (which may be invalid: ``message.valid`` is False)."""
+
+    def recipients(self, sender: str) -> list[str]:
+        return [name for name in self.roles if name != sender]
+
+    def outcome(self) -> dict[str, Any]:
+        """What the transcript should record about how the episode ended."""
+        return {}

@@ -1,0 +1,130 @@
+"""One episode: ask the environment whose turn it is, get that role's validated message, step.
+
+A reply that does not parse or validate goes back to the role with the validator's message, up
+to the role's ``max_retries``; a turn still invalid after that is recorded with the role's
+penalty and handed to the environment, which decides whether the episode goes on.
+"""
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Mapping
+
+from .errors import PolicyError
+from .messages import Message, parse_message
+from .policies.base import Policy, PolicyRequest
+from .role import RoleSpec
+from .team import Team
+from .transcript import Attempt, EpisodeRecord, Turn
+
+RETRY_PROMPT = (
+    "Your reply was not a valid message: {errors}. "
+    "Reply again with only one JSON object that matches the schema, and nothing else."
+)
+
+
+def derive_seed(*parts: int) -> int:
+    """A per-request sampling seed from run seed, episode, turn and attempt (stable across runs)."""
+    h = 0x9E3779B1
+    for p in parts:
+        h = (h * 1_000_003 ^ (p & 0xFFFFFFFF)) & 0x7FFFFFFF
+    return h
+
+
+async def run_episode(team: Team, policies: Mapping[str, Policy], record: EpisodeRecord) -> EpisodeRecord:
+    """Fill ``record`` in place (so a timeout keeps the turns taken so far) and return it."""
+    env = team.make_env(record.task, random.Random(f"{record.seed}:{record.index}"))
+    rewards = record.rewards
+    for name in team.roles:
+        rewards.setdefault(name, 0.0)
+    turn = 0
+    while (role := env.next_role()) is not None:
+        if turn >= team.config.max_turns:
+            record.status = "max_turns"
+            break
+        spec = team.roles[role]
+        context = spec.context(record.task, env.observe(role))
+        entry = await _take_turn(spec, policies[role], context, record, turn)
+        message = Message(
+            id=f"{record.id}:{turn}",
+            episode=record.id,
+            turn=turn,
+            sender=role,
+            recipients=env.recipients(role),
+            content=entry.content,
+            raw=entry.attempts[-1].text,
+            valid=entry.valid,
+            errors=entry.attempts[-1].errors,
+        )
+        record.turns.append(entry)
+        if not entry.valid:
+            rewards[role] += entry.penalty
+        result = await env.step(role, message)
+        for name, value in result.rewards.items():
+            rewards[name] = rewards.get(name, 0.0) + value
+        entry.reward = result.rewards.get(role, 0.0)
+        turn += 1
+        if result.done:
+            break
+    if record.status == "running":
+        record.status = "ok"
+    record.outcome = env.outcome()
+    return record
+
+
+async def _take_turn(spec: RoleSpec, policy: Policy, context: dict, record: EpisodeRecord, turn: int) -> Turn:
+    messages = spec.render(context)
+    validator = spec.validator
+    attempts: list[Attempt] = []
+    content = None
+    for attempt in range(spec.config.max_retries + 1):
+        started = time.perf_counter()
+        out = await policy(
+            PolicyRequest(
+                role=spec.name,
+                episode=record.id,
+                episode_index=record.index,
+                turn=turn,
+                attempt=attempt,
+                messages=messages,
+                context=context,
+                sampling=spec.config.policy.sampling,
+                adapter=spec.config.policy.adapter,
+                seed=derive_seed(record.seed, record.index, turn, attempt),
+            )
+        )
+        if not isinstance(out.text, str):
+            raise PolicyError(f"policy for role {spec.name!r} returned no text")
+        content, errors = parse_message(out.text, validator)
+        attempts.append(
+            Attempt(
+                messages=messages,
+                text=out.text,
+                valid=not errors,
+                errors=errors,
+                prompt_ids=out.prompt_ids,
+                token_ids=out.token_ids,
+                logprobs=out.logprobs,
+                finish_reason=out.finish_reason,
+                adapter=out.adapter,
+                adapter_version=out.adapter_version,
+                duration_s=time.perf_counter() - started,
+            )
+        )
+        if not errors:
+            break
+        messages = messages + [
+            {"role": "assistant", "content": out.text},
+            {"role": "user", "content": RETRY_PROMPT.format(errors="; ".join(errors))},
+        ]
+    valid = attempts[-1].valid
+    return Turn(
+        turn=turn,
+        role=spec.name,
+        message_id=f"{record.id}:{turn}",
+        content=content if valid else None,
+        valid=valid,
+        retries=len(attempts) - 1,
+        penalty=0.0 if valid else spec.config.invalid_penalty,
+        attempts=attempts,
+    )

@@ -1,0 +1,25 @@
+"""Errors a user can act on: each renders as one line ``FILE:LINE: KEY: problem``."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class RolecastError(Exception):
+    """Base class of every error rolecast reports to a user without a traceback."""
+
+
+class ConfigError(RolecastError):
+    def __init__(self, file: str | Path | None, line: int | None, key: str, problem: str):
+        self.file = str(file) if file is not None else "<config>"
+        self.line = line
+        self.key = key or "(root)"
+        self.problem = " ".join(str(problem).split())  # one line, always
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line else self.file
+        return f"{where}: {self.key}: {self.problem}"
+
+
+class PolicyError(RolecastError):
+    """A policy could not produce text at all (not a bad message: those are retried)."""

@@ -1,0 +1,43 @@
+"""The hooks a rolecast plugin may implement.
+
+Each hook hands the plugin a ``register`` callback (the simonw/llm style)::
+
+    from orchestrator.hookspecs import hookimpl
+
+    @hookimpl
+    def register_envs(register):
+        register("my-game", MyGameEnv)
+
+and the plugin module is listed under the ``rolecast.plugins`` entry-point group.
+"""
+from __future__ import annotations
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("rolecast")
+hookimpl = pluggy.HookimplMarker("rolecast")
+
+
+@hookspec
+def register_envs(register):
+    """Register environments and team protocols: ``register(name, EnvClass)``."""
+
+
+@hookspec
+def register_policies(register):
+    """Register built-in policies for ``builtin:NAME`` bindings: ``register(name, factory)``."""
+
+
+@hookspec
+def register_rewards(register):
+    """Register reward functions: ``register(name, reward)``."""
+
+
+@hookspec
+def register_trainers(register):
+    """Register trainer algorithms: ``register(name, trainer_class)``."""
+
+
+@hookspec
+def register_sandboxes(register):
+    """Register sandbox backends: ``register(name, backend)``."""

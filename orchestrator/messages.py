@@ -1,0 +1,94 @@
+"""Role messages: the envelope, tolerant JSON extraction, and cached schema validation."""
+from __future__ import annotations
+
+import json
+import re
+import time
+from functools import lru_cache
+from typing import Any
+
+import jsonschema
+from pydantic import BaseModel, ConfigDict, Field
+
+_FENCE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.DOTALL)
+_DECODER = json.JSONDecoder()
+
+
+class Message(BaseModel):
+    """One role's turn as the other roles and the transcript see it."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str
+    episode: str
+    turn: int
+    sender: str
+    recipients: list[str]
+    content: dict[str, Any] | None
+    raw: str
+    valid: bool
+    errors: list[str] = Field(default_factory=list)
+    created: float = Field(default_factory=time.time)
+
+
+def extract_json(text: str) -> tuple[dict[str, Any] | None, str | None]:
+    """The first JSON object in ``text``: fenced blocks first, then anywhere in the chatter.
+
+    Returns ``(object, None)`` or ``(None, reason)``.
+    """
+    candidates = [m.group(1) for m in _FENCE.finditer(text)] + [text]
+    saw_non_object = False
+    for chunk in candidates:
+        start = chunk.find("{")
+        while start != -1:
+            try:
+                value, _ = _DECODER.raw_decode(chunk, start)
+            except json.JSONDecodeError:
+                start = chunk.find("{", start + 1)
+                continue
+            if isinstance(value, dict):
+                return value, None
+            saw_non_object = True
+            start = chunk.find("{", start + 1)
+    if saw_non_object:
+        return None, "the reply contains JSON but no JSON object"
+    if "{" in text:
+        return None, "the reply contains no well-formed JSON object (check quotes, commas and braces)"
+    return None, "the reply contains no JSON object"
+
+
+@lru_cache(maxsize=256)
+def _validator_for(schema_json: str) -> jsonschema.protocols.Validator:
+    schema = json.loads(schema_json)
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+
+
+def compile_validator(schema: dict[str, Any]) -> jsonschema.protocols.Validator:
+    """A compiled validator, shared by every role whose schema is the same."""
+    return _validator_for(json.dumps(schema, sort_keys=True))
+
+
+def check_schema(schema: dict[str, Any]) -> str | None:
+    """``None`` when ``schema`` is a valid JSON Schema, else the reason."""
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        cls.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path)
+        return f"invalid JSON Schema{f' at {where}' if where else ''}: {exc.message}"
+    return None
+
+
+def validation_errors(validator: jsonschema.protocols.Validator, content: Any, limit: int = 3) -> list[str]:
+    if validator.is_valid(content):  # the fast path: no error objects built
+        return []
+    errors = sorted(validator.iter_errors(content), key=lambda e: list(e.absolute_path))[:limit]
+    return [f"at {e.json_path}: {e.message}" for e in errors]
+
+
+def parse_message(text: str, validator: jsonschema.protocols.Validator) -> tuple[dict[str, Any] | None, list[str]]:
+    """Extract and validate; ``(content, [])`` when valid, else ``(content_or_None, errors)``."""
+    content, reason = extract_json(text)
+    if content is None:
+        return None, [reason or "no JSON object"]
+    return content, validation_errors(validator, content)

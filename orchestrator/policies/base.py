@@ -1,0 +1,37 @@
+"""The policy seam: a request with the chat so far, an output with text (and tokens if any)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..config import SamplingConfig
+
+
+@dataclass(frozen=True)
+class PolicyRequest:
+    role: str
+    episode: str  # episode id
+    episode_index: int
+    turn: int
+    attempt: int  # 0 for the first try, then one per retry
+    messages: list[dict[str, str]]
+    context: dict[str, Any]  # the template variables the prompt was rendered from
+    sampling: SamplingConfig
+    adapter: str | None
+    seed: int  # derived from the run seed, episode, turn and attempt
+
+
+@dataclass
+class PolicyOutput:
+    text: str
+    prompt_ids: list[int] | None = None
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    finish_reason: str | None = None
+    adapter: str | None = None
+    adapter_version: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Policy(Protocol):
+    async def __call__(self, request: PolicyRequest) -> PolicyOutput: ...

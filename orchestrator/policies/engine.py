@@ -1,0 +1,32 @@
+"""The model engine as a policy: render the chat, generate, keep tokens and sampling logprobs."""
+from __future__ import annotations
+
+from ..engines.base import Engine, GenerationRequest, SamplingParams
+from .base import PolicyOutput, PolicyRequest
+
+
+class EnginePolicy:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    async def __call__(self, request: PolicyRequest) -> PolicyOutput:
+        prompt_ids = self.engine.apply_chat_template(request.messages)
+        s = request.sampling
+        completion = await self.engine.generate(
+            GenerationRequest(
+                prompt_ids=tuple(prompt_ids),
+                sampling=SamplingParams(
+                    temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens, stop=tuple(s.stop), seed=request.seed
+                ),
+                adapter=request.adapter,
+            )
+        )
+        return PolicyOutput(
+            text=completion.text,
+            prompt_ids=list(prompt_ids),
+            token_ids=list(completion.token_ids),
+            logprobs=list(completion.logprobs),
+            finish_reason=completion.finish_reason,
+            adapter=completion.adapter,
+            adapter_version=completion.adapter_version,
+        )

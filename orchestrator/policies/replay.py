@@ -1,0 +1,42 @@
+"""Replay a JSONL file of ``{"role": ..., "text": ...}`` lines, in order per role.
+
+Every episode replays the file from its start, so a run is the same whatever the concurrency;
+lines with an ``"episode": N`` key are used only by the episode with that index.
+"""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from ..errors import PolicyError
+from .base import PolicyOutput, PolicyRequest
+
+
+class ReplayPolicy:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.lines: list[dict] = []
+        for n, raw in enumerate(self.path.read_text(encoding="utf-8").splitlines(), 1):
+            if not raw.strip():
+                continue
+            try:
+                line = json.loads(raw)
+            except ValueError as exc:
+                raise PolicyError(f"{self.path}:{n}: not valid JSON: {exc}") from None
+            if not isinstance(line, dict) or not isinstance(line.get("role"), str) or not isinstance(line.get("text"), str):
+                raise PolicyError(f'{self.path}:{n}: each line needs "role" and "text" strings')
+            self.lines.append(line)
+        self.cursors: dict[tuple[str, str], int] = defaultdict(int)
+
+    async def __call__(self, request: PolicyRequest) -> PolicyOutput:
+        key = (request.episode, request.role)
+        mine = [
+            line for line in self.lines
+            if line["role"] == request.role and line.get("episode", request.episode_index) == request.episode_index
+        ]
+        i = self.cursors[key]
+        if i >= len(mine):
+            raise PolicyError(f"replay file {self.path} has no more lines for role {request.role!r} ({len(mine)} used)")
+        self.cursors[key] = i + 1
+        return PolicyOutput(text=mine[i]["text"])

@@ -1,0 +1,1 @@
+"""Team protocols: environments whose counterparts are all roles of the team."""

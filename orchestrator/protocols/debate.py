@@ -1,0 +1,103 @@
+"""``debate``: two debaters argue opposite stances for N rounds, then a judge picks the winner.
+
+    protocol:
+      type: debate
+      debaters: [pro, con]
+      judge: judge
+      rounds: 2
+      rewards: {winner: 1.0, loser: -0.5, tie: 0.0}
+
+The judge's ``winner`` field may name a debater role or its ``params.stance``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..envs.base import Env, EnvConfig, StepResult
+from ..messages import Message
+from ..yamlfile import Loc
+
+
+class DebateRewards(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    winner: float = 1.0
+    loser: float = -0.5
+    tie: float = 0.0
+
+
+class DebateConfig(EnvConfig):
+    debaters: list[str] = Field(min_length=2, max_length=2)
+    judge: str
+    rounds: int = Field(2, ge=1, le=20)
+    rewards: DebateRewards = Field(default_factory=DebateRewards)
+    winner_field: str = "winner"
+
+    @model_validator(mode="after")
+    def _distinct(self) -> "DebateConfig":
+        if len({*self.debaters, self.judge}) != 3:
+            raise ValueError("the two debaters and the judge must be three different roles")
+        return self
+
+    def role_refs(self) -> list[tuple[Loc, str]]:
+        return [(("debaters", i), name) for i, name in enumerate(self.debaters)] + [(("judge",), self.judge)]
+
+
+class DebateEnv(Env):
+    Config = DebateConfig
+    observation_keys = frozenset({"topic", "arguments", "round", "rounds", "stance", "debaters"})
+    config: DebateConfig
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.turn = 0
+        self.arguments: list[dict[str, Any]] = []
+        self.winner: str | None = None
+        self.done = False
+
+    def _stance(self, role: str) -> str:
+        return str(self.roles[role].config.params.get("stance", role))
+
+    def next_role(self) -> str | None:
+        if self.done:
+            return None
+        if self.turn < 2 * self.config.rounds:
+            return self.config.debaters[self.turn % 2]
+        return self.config.judge
+
+    def observe(self, role: str) -> dict[str, Any]:
+        return {
+            "topic": self.task.get("topic", ""),
+            "arguments": self.arguments,
+            "round": min(self.turn // 2 + 1, self.config.rounds),
+            "rounds": self.config.rounds,
+            "stance": self._stance(role) if role in self.config.debaters else None,
+            "debaters": [{"role": d, "stance": self._stance(d)} for d in self.config.debaters],
+        }
+
+    async def step(self, role: str, message: Message) -> StepResult:
+        if role != self.config.judge:
+            self.turn += 1
+            if message.valid:
+                self.arguments.append({"role": role, "stance": self._stance(role), **(message.content or {})})
+            elif self.config.on_invalid == "end":
+                self.done = True
+                return StepResult(done=True)
+            return StepResult()
+        self.done = True
+        self.winner = self._match(message.content.get(self.config.winner_field)) if message.valid and message.content else None
+        r = self.config.rewards
+        if self.winner is None:
+            return StepResult(rewards={d: r.tie for d in self.config.debaters}, done=True)
+        return StepResult(rewards={d: (r.winner if d == self.winner else r.loser) for d in self.config.debaters}, done=True)
+
+    def _match(self, value: Any) -> str | None:
+        wanted = str(value).strip().lower()
+        for d in self.config.debaters:
+            if wanted in (d.lower(), self._stance(d).lower()):
+                return d
+        return None
+
+    def outcome(self) -> dict[str, Any]:
+        return {"winner": self.winner}

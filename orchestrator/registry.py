@@ -1,0 +1,114 @@
+"""Discovers plugins through the ``rolecast.plugins`` entry points and keeps what they register.
+
+A plugin that fails to import, or whose hook raises, is recorded with its error and skipped:
+one broken plugin never takes the CLI down.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import pluggy
+
+from . import hookspecs
+
+ENTRY_POINT_GROUP = "rolecast.plugins"
+KINDS = ("envs", "policies", "rewards", "trainers", "sandboxes")
+
+
+@dataclass(frozen=True)
+class Registration:
+    kind: str
+    name: str
+    obj: Any
+    plugin: str  # entry-point name
+    source: str  # "dist==version (module)"
+
+
+@dataclass(frozen=True)
+class PluginFailure:
+    plugin: str
+    source: str
+    error: str
+
+
+@dataclass
+class Registry:
+    items: dict[str, dict[str, Registration]] = field(default_factory=lambda: {k: {} for k in KINDS})
+    failures: list[PluginFailure] = field(default_factory=list)
+    plugins: list[tuple[str, str]] = field(default_factory=list)  # (name, source) loaded fine
+
+    def get(self, kind: str, name: str) -> Any:
+        try:
+            return self.items[kind][name].obj
+        except KeyError:
+            known = ", ".join(sorted(self.items[kind])) or "none"
+            raise KeyError(f"unknown {kind[:-1]} plugin {name!r} (known: {known})") from None
+
+    def names(self, kind: str) -> list[str]:
+        return sorted(self.items[kind])
+
+    def add_module(self, module: Any, plugin: str, source: str) -> None:
+        """Register one plugin module: call each of its hooks with a ``register`` callback."""
+        pm = pluggy.PluginManager("rolecast")
+        pm.add_hookspecs(hookspecs)
+        try:
+            pm.register(module, name=plugin)
+        except Exception as exc:  # e.g. a hookimpl whose name matches no hookspec
+            self.failures.append(PluginFailure(plugin, source, _one_line(exc)))
+            return
+        ok = True
+        for kind in KINDS:
+            for impl in getattr(pm.hook, f"register_{kind}").get_hookimpls():
+                try:
+                    impl.function(register=self._registrar(kind, plugin, source))
+                except Exception as exc:
+                    self.failures.append(PluginFailure(plugin, source, f"register_{kind}: {_one_line(exc)}"))
+                    ok = False
+        if ok:
+            self.plugins.append((plugin, source))
+
+    def _registrar(self, kind: str, plugin: str, source: str):
+        def register(name: str, obj: Any) -> None:
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"{kind} plugin name must be a non-empty string, got {name!r}")
+            taken = self.items[kind].get(name)
+            if taken is not None and taken.plugin != plugin:
+                raise ValueError(f"{kind[:-1]} {name!r} is already registered by plugin {taken.plugin!r}")
+            self.items[kind][name] = Registration(kind, name, obj, plugin, source)
+
+        return register
+
+
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+
+
+def _source(ep: importlib.metadata.EntryPoint) -> str:
+    dist = getattr(ep, "dist", None)
+    where = f"{dist.name}=={dist.version}" if dist is not None else "?"
+    return f"{where} ({ep.value})"
+
+
+def discover() -> Registry:
+    registry = Registry()
+    eps = sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: (e.name != "core", e.name))
+    seen: set[str] = set()
+    for ep in eps:
+        if ep.name in seen:  # the same distribution found twice on sys.path
+            continue
+        seen.add(ep.name)
+        try:
+            module = ep.load()
+        except Exception as exc:
+            registry.failures.append(PluginFailure(ep.name, _source(ep), _one_line(exc)))
+            continue
+        registry.add_module(module, ep.name, _source(ep))
+    return registry
+
+
+@lru_cache(maxsize=1)
+def default_registry() -> Registry:
+    return discover()

@@ -1,0 +1,202 @@
+"""Loading a role: its YAML, compiled prompt template, and compiled output-schema validator."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.meta
+from pydantic import ValidationError
+
+import roles as _library
+
+from .config import RoleConfig
+from .errors import ConfigError
+from .messages import check_schema, compile_validator
+from .policies.binding import Binding, parse_binding
+from .registry import Registry, default_registry
+from .validation import problem_text
+from .yamlfile import Loc, YamlDoc, load_yaml
+
+LIBRARY_DIR = Path(_library.__file__).resolve().parent
+# Variables every prompt template may use; environments add their own observation keys.
+BASE_VARIABLES = frozenset({"task", "role", "description", "params", "schema"})
+DEFAULT_SYSTEM = "You are the {{ role }}. {{ description }}"
+
+
+@dataclass(frozen=True)
+class RoleSpec:
+    """A role ready to run: validated config, compiled templates and validator."""
+
+    config: RoleConfig
+    source: Path
+    template: jinja2.Template
+    template_path: Path
+    system_template: jinja2.Template
+    schema: dict[str, Any]
+    variables: frozenset[str]  # top-level names the templates read
+    binding: Binding | None = None  # policy.bind, parsed and checked; None = the model engine
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def validator(self):
+        return compile_validator(self.schema)
+
+    @property
+    def schema_text(self) -> str:
+        return json.dumps(self.schema, indent=None, ensure_ascii=False)
+
+    def context(self, task: dict[str, Any], observation: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "task": task,
+            "role": self.name,
+            "description": self.config.description,
+            "params": self.config.params,
+            "schema": self.schema_text,
+            **observation,
+        }
+
+    def render(self, context: dict[str, Any]) -> list[dict[str, str]]:
+        """The chat messages of a first attempt: system, then the rendered prompt."""
+        return [
+            {"role": "system", "content": self.system_template.render(context).strip()},
+            {"role": "user", "content": self.template.render(context).strip()},
+        ]
+
+
+def library_roles() -> list[str]:
+    return sorted(p.stem for p in LIBRARY_DIR.glob("*.yaml"))
+
+
+def resolve_role_path(ref: str, base_dir: Path) -> Path | None:
+    """A library name (``reviewer``) or a path (``./my_role.yaml``) relative to ``base_dir``."""
+    if ref.endswith((".yaml", ".yml")) or "/" in ref:
+        path = (base_dir / ref).resolve()
+        return path if path.is_file() else None
+    path = LIBRARY_DIR / f"{ref}.yaml"
+    return path if path.is_file() else None
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Overrides win; nested mappings merge, except a schema, which is replaced whole."""
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and key != "output_schema":
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+@lru_cache(maxsize=64)
+def _jinja_env(directory: str) -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(directory),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def _compile_template(path: Path, where: tuple[YamlDoc, Loc]) -> tuple[jinja2.Template, frozenset[str]]:
+    doc, loc = where
+    if not path.is_file():
+        raise doc.error(loc, f"prompt template not found: {path}")
+    env = _jinja_env(str(path.parent))
+    try:
+        source = path.read_text(encoding="utf-8")
+        variables = frozenset(jinja2.meta.find_undeclared_variables(env.parse(source)))
+        template = env.get_template(path.name)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ConfigError(path, exc.lineno, "prompt", f"template syntax error: {exc.message}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise doc.error(loc, f"cannot read prompt template {path}: {exc}") from None
+    return template, variables
+
+
+def _load_schema(value: dict[str, Any] | str, doc: YamlDoc, loc: Loc) -> dict[str, Any]:
+    if isinstance(value, str):
+        path = (doc.path.parent / value).resolve()
+        try:
+            schema = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise doc.error(loc, f"schema file not found: {path}") from None
+        except (OSError, ValueError) as exc:
+            raise doc.error(loc, f"cannot read schema file {path}: {exc}") from None
+    else:
+        schema = value
+    if not isinstance(schema, dict):
+        raise doc.error(loc, "output_schema must be a JSON Schema object")
+    problem = check_schema(schema)
+    if problem:
+        raise doc.error(loc, problem)
+    if schema.get("type") != "object":
+        raise doc.error(loc, 'output_schema must describe a JSON object ("type": "object")')
+    return schema
+
+
+def load_role(
+    path: str | Path,
+    overrides: dict[str, Any] | None = None,
+    override_doc: YamlDoc | None = None,
+    override_loc: Loc = (),
+    registry: Registry | None = None,
+) -> RoleSpec:
+    """Load a role file, applying ``overrides`` (from a team file) on top.
+
+    Errors point at the file a bad key came from: the role file, or the team file for overrides.
+    """
+    doc = load_yaml(path)
+    if not isinstance(doc.data, dict):
+        raise doc.error((), "a role file must be a mapping of keys")
+    overrides = overrides or {}
+    merged = deep_merge(doc.data, overrides)
+
+    def where(loc: Loc) -> tuple[YamlDoc, Loc]:
+        if override_doc is not None and loc and loc[0] in overrides:
+            return override_doc, override_loc + tuple(loc)
+        return doc, tuple(loc)
+
+    try:
+        config = RoleConfig.model_validate(merged)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        d, loc = where(tuple(err["loc"]))
+        raise d.error(loc, problem_text(err, RoleConfig)) from None
+
+    d, loc = where(("output_schema",))
+    schema = _load_schema(config.output_schema, d, loc)
+    d, loc = where(("prompt",))
+    template_path = (d.path.parent / config.prompt).resolve()
+    template, variables = _compile_template(template_path, (d, loc))
+    env = _jinja_env(str(template_path.parent))
+    try:
+        system_template = env.from_string(config.system or DEFAULT_SYSTEM)
+        variables |= jinja2.meta.find_undeclared_variables(env.parse(config.system or DEFAULT_SYSTEM))
+    except jinja2.TemplateSyntaxError as exc:
+        d, loc = where(("system",))
+        raise d.error(loc, f"template syntax error: {exc.message}") from None
+    binding = None
+    if config.policy.bind is not None:
+        d, loc = where(("policy", "bind"))
+        try:
+            binding = parse_binding(config.policy.bind, base_dir=d.path.parent)
+            binding.check(registry or default_registry())
+        except ValueError as exc:
+            raise d.error(loc, str(exc)) from None
+    return RoleSpec(
+        binding=binding,
+        config=config,
+        source=doc.path,
+        template=template,
+        template_path=template_path,
+        system_template=system_template,
+        schema=schema,
+        variables=frozenset(variables),
+    )

@@ -1,0 +1,187 @@
+"""Many episodes at once: bounded concurrency, per-episode timeouts, a run dir with transcripts.
+
+Run dir layout::
+
+    config.yaml         the resolved team and run options (enough to reproduce the run)
+    transcripts.jsonl   one episode per line, appended as each finishes
+    summary.json        statuses, rewards per role, validity, retries, throughput
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+import yaml
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from .engines.base import Engine
+from .episode import run_episode
+from .errors import RolecastError
+from .policies.base import Policy
+from .policies.binding import Binding, load_callable
+from .policies.engine import EnginePolicy
+from .policies.python import PythonPolicy
+from .policies.replay import ReplayPolicy
+from .registry import Registry, default_registry
+from .team import Team
+from .transcript import EpisodeRecord
+
+log = structlog.get_logger()
+
+
+@dataclass
+class RunOptions:
+    episodes: int
+    seed: int
+    out_dir: Path
+    concurrency: int = 16
+    episode_timeout_s: float = 900.0
+    progress: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)  # recorded in config.yaml (CLI choices)
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    summary: dict[str, Any]
+    episodes: list[EpisodeRecord]
+
+
+def build_policies(
+    team: Team,
+    overrides: Mapping[str, Binding],
+    engine_factory: Callable[[], Engine],
+    registry: Registry | None = None,
+) -> dict[str, Policy]:
+    """Bind every role: CLI overrides first, then the role's ``policy.bind``, else the model."""
+    registry = registry or default_registry()
+    unknown = sorted(set(overrides) - set(team.roles))
+    if unknown:
+        raise RolecastError(f"--policy names unknown role(s) {', '.join(unknown)} (team roles: {', '.join(team.roles)})")
+    policies: dict[str, Policy] = {}
+    replays: dict[str, ReplayPolicy] = {}
+    engine_policy: EnginePolicy | None = None
+    for name, spec in team.roles.items():
+        binding = overrides.get(name) or spec.binding or Binding("model")
+        if binding.kind == "model":
+            engine_policy = engine_policy or EnginePolicy(engine_factory())
+            policies[name] = engine_policy
+        elif binding.kind == "replay":
+            policies[name] = replays.setdefault(binding.target, ReplayPolicy(binding.target))
+        elif binding.kind == "python":
+            policies[name] = PythonPolicy(load_callable(binding.target))
+        else:
+            policies[name] = registry.get("policies", binding.target)(spec)
+    return policies
+
+
+async def run_team(team: Team, policies: Mapping[str, Policy], options: RunOptions) -> RunResult:
+    run_dir = options.out_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config = {"team": team.resolved(), "run": {"episodes": options.episodes, "seed": options.seed, **options.extra}}
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True), encoding="utf-8")
+
+    semaphore = asyncio.Semaphore(options.concurrency)
+    records: list[EpisodeRecord] = []
+    started = time.perf_counter()
+    transcripts = (run_dir / "transcripts.jsonl").open("w", encoding="utf-8")
+    progress = _progress(options.progress)
+    bar = progress.add_task(f"{team.name} episodes", total=options.episodes)
+
+    async def one(index: int) -> None:
+        record = EpisodeRecord(
+            id=f"{team.name}-{options.seed}-{index:05d}",
+            index=index,
+            team=team.name,
+            task=team.tasks[index % len(team.tasks)],
+            seed=options.seed,
+        )
+        async with semaphore:
+            t0 = time.perf_counter()
+            try:
+                await asyncio.wait_for(run_episode(team, policies, record), options.episode_timeout_s)
+            except asyncio.TimeoutError:
+                record.status, record.error = "timeout", f"episode exceeded {options.episode_timeout_s:g}s"
+            except Exception as exc:  # a policy or environment fault ends this episode, not the run
+                record.status, record.error = "error", f"{type(exc).__name__}: {exc}"
+                log.warning("episode failed", episode=record.id, error=record.error)
+            record.duration_s = time.perf_counter() - t0
+        records.append(record)
+        transcripts.write(json.dumps(record.to_json(), ensure_ascii=False) + "\n")
+        transcripts.flush()
+        progress.advance(bar)
+
+    try:
+        with progress:
+            await asyncio.gather(*(one(i) for i in range(options.episodes)))
+    finally:
+        transcripts.close()
+    records.sort(key=lambda r: r.index)
+    summary = summarize(team, records, time.perf_counter() - started)
+    summary["run_dir"] = str(run_dir)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    return RunResult(run_dir=run_dir, summary=summary, episodes=records)
+
+
+def _progress(enabled: bool) -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        disable=not enabled,
+        transient=False,
+    )
+
+
+def summarize(team: Team, records: list[EpisodeRecord], wall_s: float) -> dict[str, Any]:
+    turns = [t for r in records for t in r.turns]
+    attempts = [a for t in turns for a in t.attempts]
+    per_role: dict[str, dict[str, Any]] = {}
+    for name in team.roles:
+        mine = [t for t in turns if t.role == name]
+        values = [r.rewards.get(name, 0.0) for r in records]
+        per_role[name] = {
+            "mean_reward": _mean(values),
+            "reward_ci95": _ci95(values),
+            "turns": len(mine),
+            "invalid_turns": sum(not t.valid for t in mine),
+            "retries": sum(t.retries for t in mine),
+        }
+    generated = sum(len(a.token_ids or ()) for a in attempts)
+    return {
+        "team": team.name,
+        "episodes": len(records),
+        "status": dict(Counter(r.status for r in records)),
+        "turns": len(turns),
+        "valid_turn_rate": _mean([float(t.valid) for t in turns]),
+        "first_try_valid_rate": _mean([float(t.attempts[0].valid) for t in turns if t.attempts]),
+        "retries": sum(t.retries for t in turns),
+        "roles": per_role,
+        "generated_tokens": generated,
+        "wall_s": round(wall_s, 3),
+        "generated_tok_s": round(generated / wall_s, 2) if wall_s > 0 else None,
+        "messages_per_s": round(len(turns) / wall_s, 2) if wall_s > 0 else None,
+    }
+
+
+def _mean(values: list[float]) -> float | None:
+    return round(sum(values) / len(values), 4) if values else None
+
+
+def _ci95(values: list[float]) -> float | None:
+    """Half-width of a normal-approximation 95% interval of the mean."""
+    if len(values) < 2:
+        return None
+    m = sum(values) / len(values)
+    var = sum((v - m) ** 2 for v in values) / (len(values) - 1)
+    return round(1.96 * math.sqrt(var / len(values)), 4)

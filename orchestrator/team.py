@@ -1,0 +1,142 @@
+"""Loading a team (or recipe) file: roles from the library or paths, the protocol, the tasks.
+
+Everything that can be checked without running is checked here: unknown keys and types, the
+protocol plugin, roles the protocol routes to, duplicate role names, prompt templates and the
+variables they use, output schemas, policy bindings.
+"""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from .config import TeamConfig
+from .envs.base import Env, EnvConfig
+from .errors import ConfigError
+from .registry import Registry, default_registry
+from .role import BASE_VARIABLES, RoleSpec, library_roles, load_role, resolve_role_path
+from .validation import problem_text, validate_model
+from .yamlfile import YamlDoc, load_yaml
+
+
+@dataclass(frozen=True)
+class Team:
+    config: TeamConfig
+    path: Path
+    roles: dict[str, RoleSpec]
+    env_class: type[Env]
+    env_config: EnvConfig
+    tasks: list[dict[str, Any]]
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    def make_env(self, task: dict[str, Any], rng: random.Random) -> Env:
+        return self.env_class(self.env_config, self.roles, task, rng)
+
+    def resolved(self) -> dict[str, Any]:
+        """The config as it will run, for the run dir: roles after overrides, schemas inlined."""
+        return {
+            **self.config.model_dump(mode="json", exclude={"roles", "tasks"}),
+            "roles": [
+                {**spec.config.model_dump(mode="json"), "output_schema": spec.schema, "prompt": str(spec.template_path)}
+                for spec in self.roles.values()
+            ],
+            "tasks": self.tasks,
+        }
+
+
+def load_team(path: str | Path, registry: Registry | None = None) -> Team:
+    registry = registry or default_registry()
+    doc = load_yaml(path)
+    if not isinstance(doc.data, dict):
+        raise doc.error((), "a team file must be a mapping of keys")
+    config: TeamConfig = validate_model(TeamConfig, doc.data, doc)
+
+    env_class, env_config = _load_protocol(config, doc, registry)
+    roles = _load_roles(config, doc, registry)
+    for loc, name in env_config.role_refs():
+        if name not in roles:
+            raise doc.error(("protocol",) + loc, f"routes to unknown role {name!r} (team roles: {', '.join(roles)})")
+    for spec in roles.values():
+        _check_template_variables(spec, env_class)
+    tasks = _load_tasks(config.tasks, doc)
+    return Team(config=config, path=doc.path, roles=roles, env_class=env_class, env_config=env_config, tasks=tasks)
+
+
+def _load_protocol(config: TeamConfig, doc: YamlDoc, registry: Registry) -> tuple[type[Env], EnvConfig]:
+    try:
+        env_class = registry.get("envs", config.protocol.type)
+    except KeyError as exc:
+        raise doc.error(("protocol", "type"), exc.args[0]) from None
+    options = {k: v for k, v in doc.data["protocol"].items() if k != "type"}
+    try:
+        return env_class, env_class.Config.model_validate(options)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise doc.error(("protocol",) + tuple(err["loc"]), problem_text(err, env_class.Config)) from None
+
+
+def _load_roles(config: TeamConfig, doc: YamlDoc, registry: Registry) -> dict[str, RoleSpec]:
+    roles: dict[str, RoleSpec] = {}
+    for i, entry in enumerate(config.roles):
+        ref = entry.get("use")
+        if not isinstance(ref, str) or not ref:
+            raise doc.error(("roles", i, "use"), "each role entry needs `use: NAME` (a library role) or `use: PATH`")
+        path = resolve_role_path(ref, doc.path.parent)
+        if path is None:
+            raise doc.error(
+                ("roles", i, "use"),
+                f"unknown role {ref!r}: not a library role ({', '.join(library_roles())}) nor an existing file",
+            )
+        overrides = {k: v for k, v in entry.items() if k != "use"}
+        spec = load_role(path, overrides, override_doc=doc, override_loc=("roles", i), registry=registry)
+        if spec.name in roles:
+            loc = ("roles", i, "name") if "name" in entry else ("roles", i, "use")
+            raise doc.error(loc, f"duplicate role name {spec.name!r}: give one of them another `name:`")
+        roles[spec.name] = spec
+    return roles
+
+
+def _check_template_variables(spec: RoleSpec, env_class: type[Env]) -> None:
+    allowed = BASE_VARIABLES | env_class.observation_keys | set(spec.template.environment.globals)
+    unknown = sorted(spec.variables - allowed)
+    if not unknown:
+        return
+    text = spec.template_path.read_text(encoding="utf-8").splitlines()
+    line = next((n for n, t in enumerate(text, 1) if unknown[0] in t), None)
+    raise ConfigError(
+        spec.template_path,
+        line,
+        "prompt",
+        f"template uses undefined variable(s) {', '.join(unknown)}; "
+        f"available with protocol {env_class.__name__}: {', '.join(sorted(allowed - set(spec.template.environment.globals)))}",
+    )
+
+
+def _load_tasks(tasks: list[dict[str, Any]] | str, doc: YamlDoc) -> list[dict[str, Any]]:
+    if isinstance(tasks, list):
+        if not tasks:
+            raise doc.error(("tasks",), "at least one task is needed")
+        return tasks
+    path = (doc.path.parent / tasks).resolve()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise doc.error(("tasks",), f"cannot read tasks file {path}: {exc.strerror or exc}") from None
+    try:
+        if path.suffix == ".jsonl":
+            items = [json.loads(line) for line in text.splitlines() if line.strip()]
+        else:
+            items = yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise doc.error(("tasks",), f"cannot parse tasks file {path}: {' '.join(str(exc).split())}") from None
+    if not isinstance(items, list) or not items or not all(isinstance(t, dict) for t in items):
+        raise doc.error(("tasks",), f"tasks file {path} must hold a non-empty list of mappings")
+    return items

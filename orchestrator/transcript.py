@@ -1,0 +1,56 @@
+"""What an episode leaves behind: per role and turn, every attempt with its tokens and logprobs.
+
+These records are the training data of the RL side, so they keep exactly what was sampled:
+the prompt messages and prompt token ids, the sampled token ids, their sampling logprobs, the
+adapter version, the parsed content, validity, retries, penalties and rewards.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class Attempt:
+    messages: list[dict[str, str]]
+    text: str
+    valid: bool
+    errors: list[str]
+    prompt_ids: list[int] | None = None
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    finish_reason: str | None = None
+    adapter: str | None = None
+    adapter_version: int | None = None
+    duration_s: float = 0.0
+
+
+@dataclass
+class Turn:
+    turn: int
+    role: str
+    message_id: str
+    content: dict[str, Any] | None
+    valid: bool
+    retries: int
+    penalty: float  # the role's invalid_penalty when the turn stayed invalid, else 0
+    reward: float = 0.0  # environment reward credited at this step
+    attempts: list[Attempt] = field(default_factory=list)
+
+
+@dataclass
+class EpisodeRecord:
+    id: str
+    index: int
+    team: str
+    task: dict[str, Any]
+    seed: int
+    status: str = "running"  # ok | timeout | error | max_turns
+    error: str | None = None
+    turns: list[Turn] = field(default_factory=list)
+    rewards: dict[str, float] = field(default_factory=dict)  # per role: env rewards + penalties
+    outcome: dict[str, Any] = field(default_factory=dict)
+    duration_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,1 @@
+"""Built-in rolecast plugins, registered through rolecast's own entry points."""

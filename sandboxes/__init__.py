@@ -1,0 +1,1 @@
+"""Isolated execution of untrusted, model-written code."""

@@ -1,0 +1,70 @@
+"""Shared fixtures: a small valid team in a temp folder, and the CLI run in-process."""
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cli import main
+
+ERROR_LINE = re.compile(r"^(?P<file>[^:\n]+)(?::(?P<line>\d+))?: (?P<key>\S+): (?P<problem>.+)$")
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text).lstrip("\n"), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    """A user's folder: an own role (``echo``), a prompt, and a pipeline team using it."""
+    write(tmp_path / "prompts" / "echo.md.j2", "Say something about {{ task.text }}.\n{{ schema }}\n")
+    write(
+        tmp_path / "echo.yaml",
+        """
+        name: echo
+        description: Repeats the task.
+        prompt: prompts/echo.md.j2
+        output_schema:
+          type: object
+          properties:
+            say: {type: string}
+          required: [say]
+        policy:
+          adapter: null
+          sampling: {temperature: 0.0, max_tokens: 16}
+        max_retries: 2
+        invalid_penalty: -0.5
+        """,
+    )
+    write(
+        tmp_path / "team.yaml",
+        """
+        name: echoes
+        protocol:
+          type: pipeline
+          order: [echo, reviewer]
+        roles:
+          - use: ./echo.yaml
+          - use: reviewer
+        tasks:
+          - {text: "the sea"}
+          - {text: "the sky"}
+        """,
+    )
+    return tmp_path
+
+
+@pytest.fixture
+def cli(capsys):
+    """Run ``rolecast ARGS`` in-process; returns (exit code, stdout, stderr)."""
+
+    def run(*args: str) -> tuple[int, str, str]:
+        code = main([str(a) for a in args])
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    return run

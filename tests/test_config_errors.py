@@ -1,0 +1,144 @@
+"""Every malformed input gets one line ``FILE:LINE: KEY: problem`` on stderr and exit code 2."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import ERROR_LINE, write
+
+
+def replace_in(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, f"fixture text {old!r} not in {path.name}"
+    path.write_text(text.replace(old, new))
+
+
+# (id, mutation, file the error must name, line or None, key, words the problem must contain)
+CASES = [
+    ("team-yaml-syntax", lambda w: replace_in(w / "team.yaml", "order: [echo, reviewer]", "order: [echo, reviewer"),
+     "team.yaml", None, "(yaml)", "invalid YAML"),
+    ("role-yaml-syntax", lambda w: replace_in(w / "echo.yaml", "name: echo", "name: echo: again"),
+     "echo.yaml", 1, "(yaml)", "invalid YAML"),
+    ("team-unknown-key", lambda w: replace_in(w / "team.yaml", "tasks:", "episdoes: 3\ntasks:"),
+     "team.yaml", 8, "episdoes", "unknown key"),
+    ("role-unknown-key", lambda w: replace_in(w / "echo.yaml", "max_retries: 2", "max_retry: 2"),
+     "echo.yaml", 12, "max_retry", "unknown key"),
+    ("role-unknown-nested-key", lambda w: replace_in(w / "echo.yaml", "temperature: 0.0", "temp: 0.0"),
+     "echo.yaml", 11, "policy.sampling.temp", "unknown key"),
+    ("team-wrong-type", lambda w: replace_in(w / "team.yaml", "tasks:", "episodes: many\ntasks:"),
+     "team.yaml", 8, "episodes", "integer"),
+    ("role-wrong-type", lambda w: replace_in(w / "echo.yaml", "max_retries: 2", "max_retries: two"),
+     "echo.yaml", 12, "max_retries", "integer"),
+    ("role-out-of-range", lambda w: replace_in(w / "echo.yaml", "max_retries: 2", "max_retries: -1"),
+     "echo.yaml", 12, "max_retries", "greater than or equal"),
+    ("role-missing-key", lambda w: replace_in(w / "echo.yaml", "description: Repeats the task.\n", ""),
+     "echo.yaml", 1, "description", "required key is missing"),
+    ("schema-bad-type", lambda w: replace_in(w / "echo.yaml", "  type: object", "  type: objekt"),
+     "echo.yaml", 4, "output_schema", "invalid JSON Schema"),
+    ("schema-bad-required", lambda w: replace_in(w / "echo.yaml", "required: [say]", "required: say"),
+     "echo.yaml", 4, "output_schema", "invalid JSON Schema"),
+    ("schema-not-object", lambda w: replace_in(w / "echo.yaml", "  type: object", "  type: string"),
+     "echo.yaml", 4, "output_schema", "JSON object"),
+    ("schema-file-missing", lambda w: _schema_file(w, None),
+     "echo.yaml", 4, "output_schema", "schema file not found"),
+    ("schema-file-broken", lambda w: _schema_file(w, "{not json"),
+     "echo.yaml", 4, "output_schema", "cannot read schema file"),
+    ("template-missing", lambda w: (w / "prompts" / "echo.md.j2").unlink(),
+     "echo.yaml", 3, "prompt", "not found"),
+    ("template-syntax", lambda w: write(w / "prompts" / "echo.md.j2", "line one\n{% if task %}\nno end\n"),
+     "echo.md.j2", None, "prompt", "template syntax error"),
+    ("template-undefined-variable", lambda w: write(w / "prompts" / "echo.md.j2", "Hi\n{{ topik }}\n"),
+     "echo.md.j2", 2, "prompt", "topik"),
+    ("unknown-role", lambda w: replace_in(w / "team.yaml", "use: reviewer", "use: chef"),
+     "team.yaml", 7, "roles[1].use", "unknown role 'chef'"),
+    ("routes-to-unknown-role", lambda w: replace_in(w / "team.yaml", "order: [echo, reviewer]", "order: [echo, critic]"),
+     "team.yaml", 4, "protocol.order[1]", "unknown role 'critic'"),
+    ("unknown-plugin", lambda w: replace_in(w / "team.yaml", "type: pipeline", "type: chess_tournament"),
+     "team.yaml", 3, "protocol.type", "unknown env plugin 'chess_tournament'"),
+    ("duplicate-role", lambda w: replace_in(w / "team.yaml", "  - use: reviewer", "  - use: reviewer\n  - use: reviewer"),
+     "team.yaml", 8, "roles[2].use", "duplicate role name 'reviewer'"),
+    ("duplicate-renamed-role", lambda w: replace_in(w / "team.yaml", "  - use: reviewer", "  - use: reviewer\n  - use: planner\n    name: echo"),
+     "team.yaml", 9, "roles[2].name", "duplicate role name 'echo'"),
+    ("duplicate-yaml-key", lambda w: replace_in(w / "echo.yaml", "max_retries: 2", "max_retries: 2\nmax_retries: 3"),
+     "echo.yaml", 13, "max_retries", "duplicate key"),
+    ("protocol-unknown-key", lambda w: replace_in(w / "team.yaml", "order: [echo, reviewer]", "order: [echo, reviewer]\n  rounds: 3"),
+     "team.yaml", 5, "protocol.rounds", "unknown key"),
+    ("override-wrong-type", lambda w: replace_in(w / "team.yaml", "  - use: reviewer", "  - use: reviewer\n    max_retries: lots"),
+     "team.yaml", 8, "roles[1].max_retries", "integer"),
+    ("bad-binding", lambda w: replace_in(w / "echo.yaml", "adapter: null", "adapter: null\n  bind: telepathy:now"),
+     "echo.yaml", 11, "policy.bind", "unknown policy kind"),
+    ("empty-file", lambda w: write(w / "team.yaml", "\n"), "team.yaml", 1, "(file)", "empty"),
+    ("role-not-mapping", lambda w: write(w / "echo.yaml", "- name: echo\n"), "echo.yaml", 1, "(root)", "mapping"),
+    ("tasks-file-missing", lambda w: replace_in(w / "team.yaml", 'tasks:\n  - {text: "the sea"}\n  - {text: "the sky"}', "tasks: tasks.jsonl"),
+     "team.yaml", 8, "tasks", "cannot read tasks file"),
+    ("loop-back-forward", lambda w: replace_in(w / "team.yaml", "order: [echo, reviewer]",
+                                               "order: [echo, reviewer]\n  loop_back: {from: echo, to: reviewer, field: verdict, values: [x]}"),
+     "team.yaml", 2, "protocol", "must come before"),
+]
+
+
+def _schema_file(w: Path, content: str | None) -> None:
+    text = (w / "echo.yaml").read_text()
+    start = text.index("output_schema:")
+    end = text.index("policy:")
+    (w / "echo.yaml").write_text(text[:start] + "output_schema: schemas/echo.json\n" + text[end:])
+    if content is not None:
+        write(w / "schemas" / "echo.json", content)
+
+
+def test_fixture_team_is_valid(workspace, cli):
+    code, out, err = cli("validate", workspace / "team.yaml", workspace / "echo.yaml")
+    assert code == 0, err
+    assert "ok" in out and err == ""
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_malformed_input_is_one_line_exit_2(case, workspace, cli):
+    _, mutate, file, line, key, words = case
+    mutate(workspace)
+    code, out, err = cli("validate", workspace / "team.yaml")
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    m = ERROR_LINE.match(lines[0])
+    assert m, lines[0]
+    assert Path(m["file"]).name == file
+    if line is not None:
+        assert m["line"] is not None and int(m["line"]) == line, lines[0]
+    assert m["key"] == key, lines[0]
+    assert words in m["problem"], lines[0]
+    assert "Traceback" not in err
+
+
+def test_missing_file(tmp_path, cli):
+    code, _, err = cli("validate", tmp_path / "nope.yaml")
+    assert code == 2
+    assert err.strip() == f"{tmp_path / 'nope.yaml'}: (file): file not found"
+
+
+def test_run_reports_config_error_without_traceback(workspace, cli):
+    replace_in(workspace / "team.yaml", "use: reviewer", "use: chef")
+    code, _, err = cli("run", workspace / "team.yaml", "--policy", "echo=builtin:stub")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "chef" in err
+
+
+def test_debug_shows_traceback(workspace):
+    from orchestrator.cli import main
+    from orchestrator.errors import ConfigError
+
+    replace_in(workspace / "team.yaml", "use: reviewer", "use: chef")
+    with pytest.raises(ConfigError):
+        main(["--debug", "validate", str(workspace / "team.yaml")])
+
+
+def test_bad_policy_flag(workspace, cli):
+    code, _, err = cli("run", workspace / "team.yaml", "--policy", "echo=python:no_such_module_xyz:fn")
+    assert code == 2 and "cannot import 'no_such_module_xyz'" in err
+
+
+def test_every_shipped_yaml_validates(cli):
+    root = Path(__file__).resolve().parent.parent
+    code, out, err = cli("validate", root / "roles", root / "recipes")
+    assert code == 0, err
+    assert out.count("ok") >= 11
