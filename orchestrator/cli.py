@@ -19,7 +19,7 @@ from rich.table import Table
 from . import logs
 from .errors import ConfigError, RolecastError
 from .policies.binding import Binding, parse_binding
-from .registry import default_registry
+from .registry import SINGULAR, default_registry
 
 EXIT_USAGE = 2
 
@@ -200,7 +200,7 @@ def _print_summary(summary: dict[str, Any]) -> None:
 def cmd_plugins(args: argparse.Namespace) -> int:
     registry = default_registry()
     rows = [
-        {"plugin": reg.plugin, "kind": kind[:-1], "name": name, "source": reg.source}
+        {"plugin": reg.plugin, "kind": SINGULAR[kind], "name": name, "source": reg.source}
         for kind, items in registry.items.items()
         for name, reg in sorted(items.items())
     ]

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from .errors import PolicyError
 from .messages import Message, parse_message
-from .policies.base import Policy, PolicyRequest
+from .policies.base import Policy, PolicyOutput, PolicyRequest
 from .role import RoleSpec
 from .team import Team
 from .transcript import Attempt, EpisodeRecord, Turn
@@ -93,8 +93,10 @@ async def _take_turn(spec: RoleSpec, policy: Policy, context: dict, record: Epis
                 seed=derive_seed(record.seed, record.index, turn, attempt),
             )
         )
-        if not isinstance(out.text, str):
-            raise PolicyError(f"policy for role {spec.name!r} returned no text")
+        if isinstance(out, str):
+            out = PolicyOutput(text=out)
+        elif not isinstance(out, PolicyOutput) or not isinstance(out.text, str):
+            raise PolicyError(f"policy for role {spec.name!r} returned {type(out).__name__}, not text")
         content, errors = parse_message(out.text, validator)
         attempts.append(
             Attempt(

@@ -8,6 +8,7 @@ from functools import lru_cache
 from typing import Any
 
 import jsonschema
+import jsonschema_rs
 from pydantic import BaseModel, ConfigDict, Field
 
 _FENCE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.DOTALL)
@@ -57,14 +58,13 @@ def extract_json(text: str) -> tuple[dict[str, Any] | None, str | None]:
 
 
 @lru_cache(maxsize=256)
-def _validator_for(schema_json: str) -> jsonschema.protocols.Validator:
-    schema = json.loads(schema_json)
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+def _validator_for(schema_json: str) -> jsonschema_rs.Validator:
+    return jsonschema_rs.validator_for(json.loads(schema_json))
 
 
-def compile_validator(schema: dict[str, Any]) -> jsonschema.protocols.Validator:
-    """A compiled validator, shared by every role whose schema is the same."""
+def compile_validator(schema: dict[str, Any]) -> jsonschema_rs.Validator:
+    """A compiled validator (jsonschema-rs: ~100x the Python library's speed), shared by every
+    role whose schema is the same."""
     return _validator_for(json.dumps(schema, sort_keys=True))
 
 
@@ -79,14 +79,18 @@ def check_schema(schema: dict[str, Any]) -> str | None:
     return None
 
 
-def validation_errors(validator: jsonschema.protocols.Validator, content: Any, limit: int = 3) -> list[str]:
+def validation_errors(validator: jsonschema_rs.Validator, content: Any, limit: int = 3) -> list[str]:
     if validator.is_valid(content):  # the fast path: no error objects built
         return []
-    errors = sorted(validator.iter_errors(content), key=lambda e: list(e.absolute_path))[:limit]
-    return [f"at {e.json_path}: {e.message}" for e in errors]
+    errors = sorted(validator.iter_errors(content), key=lambda e: [str(p) for p in e.instance_path])[:limit]
+    return [f"at {_json_path(e.instance_path)}: {e.message}" for e in errors]
 
 
-def parse_message(text: str, validator: jsonschema.protocols.Validator) -> tuple[dict[str, Any] | None, list[str]]:
+def _json_path(parts: Any) -> str:
+    return "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts)
+
+
+def parse_message(text: str, validator: jsonschema_rs.Validator) -> tuple[dict[str, Any] | None, list[str]]:
     """Extract and validate; ``(content, [])`` when valid, else ``(content_or_None, errors)``."""
     content, reason = extract_json(text)
     if content is None:

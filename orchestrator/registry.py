@@ -16,6 +16,7 @@ from . import hookspecs
 
 ENTRY_POINT_GROUP = "rolecast.plugins"
 KINDS = ("envs", "policies", "rewards", "trainers", "sandboxes")
+SINGULAR = {"envs": "env", "policies": "policy", "rewards": "reward", "trainers": "trainer", "sandboxes": "sandbox"}
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ class Registry:
             return self.items[kind][name].obj
         except KeyError:
             known = ", ".join(sorted(self.items[kind])) or "none"
-            raise KeyError(f"unknown {kind[:-1]} plugin {name!r} (known: {known})") from None
+            raise KeyError(f"unknown {SINGULAR[kind]} plugin {name!r} (known: {known})") from None
 
     def names(self, kind: str) -> list[str]:
         return sorted(self.items[kind])
@@ -76,7 +77,7 @@ class Registry:
                 raise ValueError(f"{kind} plugin name must be a non-empty string, got {name!r}")
             taken = self.items[kind].get(name)
             if taken is not None and taken.plugin != plugin:
-                raise ValueError(f"{kind[:-1]} {name!r} is already registered by plugin {taken.plugin!r}")
+                raise ValueError(f"{SINGULAR[kind]} {name!r} is already registered by plugin {taken.plugin!r}")
             self.items[kind][name] = Registration(kind, name, obj, plugin, source)
 
         return register

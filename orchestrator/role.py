@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ BASE_VARIABLES = frozenset({"task", "role", "description", "params", "schema"})
 DEFAULT_SYSTEM = "You are the {{ role }}. {{ description }}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class RoleSpec:
     """A role ready to run: validated config, compiled templates and validator."""
 
@@ -44,13 +44,13 @@ class RoleSpec:
     def name(self) -> str:
         return self.config.name
 
-    @property
+    @cached_property
     def validator(self):
         return compile_validator(self.schema)
 
-    @property
+    @cached_property
     def schema_text(self) -> str:
-        return json.dumps(self.schema, indent=None, ensure_ascii=False)
+        return json.dumps(self.schema, ensure_ascii=False)
 
     def context(self, task: dict[str, Any], observation: dict[str, Any]) -> dict[str, Any]:
         return {
@@ -62,10 +62,19 @@ class RoleSpec:
             **observation,
         }
 
+    @cached_property
+    def _static_system(self) -> str | None:
+        """The system message, rendered once when it reads only the role's own fields."""
+        names = jinja2.meta.find_undeclared_variables(self.system_template.environment.parse(self.config.system or DEFAULT_SYSTEM))
+        if names <= {"role", "description", "params", "schema"}:
+            return self.system_template.render(self.context({}, {})).strip()
+        return None
+
     def render(self, context: dict[str, Any]) -> list[dict[str, str]]:
         """The chat messages of a first attempt: system, then the rendered prompt."""
+        system = self._static_system
         return [
-            {"role": "system", "content": self.system_template.render(context).strip()},
+            {"role": "system", "content": system if system is not None else self.system_template.render(context).strip()},
             {"role": "user", "content": self.template.render(context).strip()},
         ]
 

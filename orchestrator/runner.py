@@ -115,7 +115,7 @@ async def run_team(team: Team, policies: Mapping[str, Policy], options: RunOptio
                 log.warning("episode failed", episode=record.id, error=record.error)
             record.duration_s = time.perf_counter() - t0
         records.append(record)
-        transcripts.write(json.dumps(record.to_json(), ensure_ascii=False) + "\n")
+        transcripts.write(record.dumps() + "\n")
         transcripts.flush()
         progress.advance(bar)
 

@@ -6,7 +6,8 @@ adapter version, the parsed content, validity, retries, penalties and rewards.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import json
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -52,5 +53,6 @@ class EpisodeRecord:
     outcome: dict[str, Any] = field(default_factory=dict)
     duration_s: float = 0.0
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+    def dumps(self) -> str:
+        """One JSONL line; serialises the records in place, without asdict's deep copy."""
+        return json.dumps(self, default=vars, ensure_ascii=False)

@@ -34,4 +34,6 @@ class PolicyOutput:
 
 
 class Policy(Protocol):
-    async def __call__(self, request: PolicyRequest) -> PolicyOutput: ...
+    """Any async callable; returning a bare string is the same as ``PolicyOutput(text=...)``."""
+
+    async def __call__(self, request: PolicyRequest) -> PolicyOutput | str: ...

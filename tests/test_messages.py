@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.messages import Message, check_schema, compile_validator, extract_json, parse_message
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"verdict": {"type": "string", "enum": ["approve", "request_changes"]}, "n": {"type": "integer"}},
+    "required": ["verdict"],
+}
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ('{"verdict": "approve"}', {"verdict": "approve"}),
+        ('Sure! Here it is:\n```json\n{"verdict": "approve"}\n```\nHope that helps.', {"verdict": "approve"}),
+        ('```\n{"a": {"b": [1, 2, {"c": "}"}]}}\n```', {"a": {"b": [1, 2, {"c": "}"}]}}),
+        ('I think {this is not json} but {"ok": true} is', {"ok": True}),
+        ('{"text": "unicode é ✓ 😀"}', {"text": "unicode é ✓ 😀"}),
+        ('prefix [1, 2] then {"x": 1}', {"x": 1}),
+    ],
+)
+def test_extract_json_tolerates_fences_and_chatter(text, expected):
+    assert extract_json(text) == (expected, None)
+
+
+@pytest.mark.parametrize(
+    "text, reason",
+    [
+        ("no json here", "no JSON object"),
+        ('{"verdict": "approve"', "no well-formed JSON object"),
+        ("", "no JSON object"),
+    ],
+)
+def test_extract_json_failures_say_why(text, reason):
+    content, why = extract_json(text)
+    assert content is None and reason in why
+
+
+def test_validation_errors_name_the_path():
+    v = compile_validator(SCHEMA)
+    content, errors = parse_message('{"verdict": "maybe", "n": "3"}', v)
+    assert content == {"verdict": "maybe", "n": "3"}
+    assert errors == [
+        'at $.n: "3" is not of type "integer"',
+        'at $.verdict: "maybe" is not one of "approve" or "request_changes"',
+    ]
+    assert parse_message('{"verdict": "approve"}', v) == ({"verdict": "approve"}, [])
+
+
+def test_validators_are_compiled_once_per_schema():
+    assert compile_validator(dict(SCHEMA)) is compile_validator({**SCHEMA})
+
+
+def test_check_schema():
+    assert check_schema(SCHEMA) is None
+    assert "invalid JSON Schema" in check_schema({"type": "objekt"})
+
+
+def test_message_envelope_is_strict():
+    m = Message(id="e:0", episode="e", turn=0, sender="a", recipients=["b"], content={}, raw="{}", valid=True)
+    assert m.errors == [] and m.created > 0
+    with pytest.raises(Exception):
+        Message(id="e:0", episode="e", turn=0, sender="a", recipients=[], content={}, raw="", valid=True, extra=1)

@@ -1,0 +1,183 @@
+"""A third-party plugin, installed with pip in the test, works without changing rolecast."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import write
+from orchestrator.registry import Registry, discover
+
+PLUGIN = '''
+import json
+from orchestrator.envs import Env, EnvConfig, StepResult
+from orchestrator.hookspecs import hookimpl
+
+
+class CoinConfig(EnvConfig):
+    player: str
+    flips: int = 3
+
+    def role_refs(self):
+        return [(("player",), self.player)]
+
+
+class CoinEnv(Env):
+    """Guess a seeded coin flip; +1 per right call."""
+    Config = CoinConfig
+    observation_keys = frozenset({"flip"})
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.flip = 0
+
+    def next_role(self):
+        return self.config.player if self.flip < self.config.flips else None
+
+    def observe(self, role):
+        return {"flip": self.flip}
+
+    async def step(self, role, message):
+        self.flip += 1
+        side = self.rng.choice(["heads", "tails"])
+        right = message.valid and message.content["call"] == side
+        return StepResult(rewards={role: 1.0 if right else 0.0})
+
+
+class AlwaysHeads:
+    def __init__(self, spec):
+        pass
+
+    async def __call__(self, request):
+        return '{"call": "heads"}'
+
+
+@hookimpl
+def register_envs(register):
+    register("coin", CoinEnv)
+
+
+@hookimpl
+def register_policies(register):
+    register("always-heads", AlwaysHeads)
+'''
+
+PYPROJECT = '''
+[build-system]
+requires = ["setuptools"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "rolecast-coin"
+version = "0.3.0"
+
+[project.entry-points."rolecast.plugins"]
+coin = "rolecast_coin"
+broken = "rolecast_coin_broken"
+
+[tool.setuptools]
+py-modules = ["rolecast_coin", "rolecast_coin_broken"]
+'''
+
+
+@pytest.fixture(scope="module")
+def plugin_site(tmp_path_factory) -> Path:
+    src = tmp_path_factory.mktemp("src")
+    write(src / "pyproject.toml", PYPROJECT)
+    write(src / "rolecast_coin.py", PLUGIN)
+    write(src / "rolecast_coin_broken.py", "raise ImportError('needs libfoo 2.0')\n")
+    site = tmp_path_factory.mktemp("site")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index",
+         "--target", str(site), str(src)],
+        check=True, capture_output=True, text=True,
+    )
+    return site
+
+
+def rolecast(site: Path, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_plugins_lists_third_party_and_broken_plugin(plugin_site):
+    proc = rolecast(plugin_site, "plugins", "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    registered = {(r["plugin"], r["kind"], r["name"]) for r in data["registered"]}
+    assert {("core", "env", "debate"), ("core", "env", "pipeline"), ("coin", "env", "coin"),
+            ("coin", "policy", "always-heads")} <= registered
+    coin_source = next(r["source"] for r in data["registered"] if r["plugin"] == "coin")
+    assert coin_source == "rolecast-coin==0.3.0 (rolecast_coin)"
+    assert data["failed"] == [{"plugin": "broken", "source": "rolecast-coin==0.3.0 (rolecast_coin_broken)",
+                               "error": "ImportError: needs libfoo 2.0"}]
+    table = rolecast(plugin_site, "plugins")
+    assert table.returncode == 0 and "needs libfoo 2.0" in table.stdout and "always-heads" in table.stdout
+
+
+def test_team_on_third_party_env_runs(plugin_site, tmp_path):
+    write(tmp_path / "caller.md.j2", "Flip {{ flip }}: heads or tails?\n{{ schema }}\n")
+    write(tmp_path / "caller.yaml", """
+        name: caller
+        description: Calls coin flips.
+        prompt: caller.md.j2
+        output_schema: {type: object, properties: {call: {enum: [heads, tails]}}, required: [call]}
+        policy: {bind: "builtin:always-heads"}
+        """)
+    write(tmp_path / "team.yaml", """
+        name: coins
+        protocol: {type: coin, player: caller, flips: 4}
+        roles: [{use: ./caller.yaml}]
+        tasks: [{}]
+        """)
+    proc = rolecast(plugin_site, "run", "team.yaml", "--episodes", "5", "--json", "--no-progress", "--out", "out", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["status"] == {"ok": 5} and summary["roles"]["caller"]["turns"] == 20
+    assert 0.0 < summary["roles"]["caller"]["mean_reward"] < 4.0  # seeded flips, not all heads
+    assert rolecast(plugin_site, "validate", "team.yaml", cwd=tmp_path).returncode == 0
+
+
+def test_without_the_plugin_its_env_is_an_unknown_plugin(tmp_path, cli):
+    write(tmp_path / "team.yaml", """
+        name: coins
+        protocol: {type: coin, player: judge}
+        roles: [{use: judge}]
+        tasks: [{}]
+        """)
+    code, _, err = cli("validate", tmp_path / "team.yaml")
+    assert code == 2 and "protocol.type: unknown env plugin 'coin'" in err
+
+
+def test_hook_that_raises_is_reported_and_others_still_register():
+    from orchestrator.hookspecs import hookimpl
+
+    class Bad:
+        @staticmethod
+        @hookimpl
+        def register_envs(register):
+            raise RuntimeError("oops")
+
+    class Clash:
+        @staticmethod
+        @hookimpl
+        def register_envs(register):
+            register("debate", object)
+
+    registry = discover()
+    registry.add_module(Bad, "bad", "test")
+    registry.add_module(Clash, "clash", "test")
+    errors = {f.plugin: f.error for f in registry.failures}
+    assert errors["bad"] == "register_envs: RuntimeError: oops"
+    assert "already registered by plugin 'core'" in errors["clash"]
+    assert registry.get("envs", "debate").__name__ == "DebateEnv"
+
+
+def test_registry_get_unknown_names_known():
+    with pytest.raises(KeyError, match="known: none"):
+        Registry().get("trainers", "ppo")

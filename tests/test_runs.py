@@ -1,0 +1,188 @@
+"""Whole runs through the orchestrator with replay, Python and stub policies (no model)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import write
+from orchestrator.policies.binding import Binding
+from orchestrator.policies.python import PythonPolicy
+from orchestrator.runner import RunOptions, build_policies, run_team
+from orchestrator.team import load_team
+
+ROOT = Path(__file__).resolve().parent.parent
+TIME_FIELDS = ("created", "duration_s")
+
+
+def strip_times(value):
+    if isinstance(value, dict):
+        return {k: strip_times(v) for k, v in value.items() if k not in TIME_FIELDS}
+    if isinstance(value, list):
+        return [strip_times(v) for v in value]
+    return value
+
+
+def read_transcripts(run_dir: Path) -> list[dict]:
+    lines = [json.loads(line) for line in (run_dir / "transcripts.jsonl").read_text().splitlines()]
+    return sorted(lines, key=lambda e: e["index"])
+
+
+def debate_replay(path: Path, winner: str = "for") -> Path:
+    lines = [
+        {"role": "pro", "text": '{"argument": "It helps."}'},
+        {"role": "con", "text": 'Well... ```json\n{"argument": "It hurts."}\n```'},
+        {"role": "pro", "text": '{"argument": "Evidence says so."}'},
+        {"role": "con", "text": '{"argument": "No it does not."}'},
+        {"role": "judge", "text": json.dumps({"winner": winner, "reason": "clearer"})},
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def test_replay_runs_are_deterministic(tmp_path, cli):
+    replay = debate_replay(tmp_path / "debate.jsonl")
+    args = ["run", ROOT / "recipes/debate.yaml", "--episodes", "6", "--concurrency", "3", "--no-progress"]
+    for role in ("pro", "con", "judge"):
+        args += ["--policy", f"{role}=replay:{replay}"]
+    outs = []
+    for name in ("a", "b"):
+        code, out, err = cli(*args, "--out", tmp_path / name)
+        assert code == 0, err
+        outs.append(strip_times(read_transcripts(tmp_path / name)))
+    assert outs[0] == outs[1]
+    first = outs[0][0]
+    assert [t["role"] for t in first["turns"]] == ["pro", "con", "pro", "con", "judge"]
+    assert first["rewards"] == {"pro": 1.0, "con": -0.5, "judge": 0.0}
+    assert first["outcome"] == {"winner": "pro"}
+    assert first["turns"][1]["content"] == {"argument": "It hurts."}  # fenced reply parsed
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert summary["status"] == {"ok": 6} and summary["roles"]["pro"]["mean_reward"] == 1.0
+
+
+def garbage(request):
+    return "I am a model and I refuse to write JSON :)"
+
+
+def test_garbage_policy_is_retried_penalised_and_recorded(tmp_path):
+    team = load_team(ROOT / "recipes/debate.yaml")
+    policies = build_policies(team, stub_all(team), _no_engine)
+    policies["con"] = PythonPolicy(garbage)
+    result = asyncio.run(run_team(team, policies, RunOptions(episodes=2, seed=1, out_dir=tmp_path, progress=False)))
+    assert [e.status for e in result.episodes] == ["ok", "ok"]
+    con_turns = [t for t in result.episodes[0].turns if t.role == "con"]
+    assert len(con_turns) == 2  # on_invalid: continue, the debate went on
+    turn = con_turns[0]
+    assert not turn.valid and turn.retries == 2 and len(turn.attempts) == 3
+    assert turn.penalty == -1.0
+    assert "no JSON object" in turn.attempts[0].errors[0]
+    # the retry shows the model its own reply and the validator's message
+    retry = turn.attempts[1].messages
+    assert retry[-2] == {"role": "assistant", "content": garbage(None)}
+    assert "no JSON object" in retry[-1]["content"]
+    assert result.episodes[0].rewards["con"] == 2 * -1.0 + 0.0  # two penalties; stub judge names no winner
+    assert result.summary["roles"]["con"]["invalid_turns"] == 4
+    saved = read_transcripts(tmp_path)
+    assert saved[0]["turns"][1]["penalty"] == -1.0 and saved[0]["turns"][1]["retries"] == 2
+
+
+def stub_all(team):
+    """Bind every role to the stub; a test then swaps in the policies it is about."""
+    return {name: Binding("builtin", "stub") for name in team.roles}
+
+
+def _no_engine():
+    raise AssertionError("no role here should need the model")
+
+
+def test_replay_exhaustion_and_policy_crash_end_the_episode_not_the_run(tmp_path):
+    team = load_team(ROOT / "recipes/debate.yaml")
+    short = tmp_path / "short.jsonl"
+    short.write_text('{"role": "pro", "text": "{\\"argument\\": \\"x\\"}"}\n')
+
+    def boom(request):
+        raise RuntimeError("policy server down")
+
+    policies = build_policies(team, {**stub_all(team), "pro": Binding("replay", str(short))}, _no_engine)
+    policies["con"] = PythonPolicy(lambda r: '{"argument": "y"}')
+    result = asyncio.run(run_team(team, policies, RunOptions(episodes=1, seed=0, out_dir=tmp_path / "a", progress=False)))
+    ep = result.episodes[0]
+    assert ep.status == "error" and "no more lines for role 'pro'" in ep.error
+    assert [t.role for t in ep.turns] == ["pro", "con"]  # what happened before is kept
+
+    policies = build_policies(team, stub_all(team), _no_engine)
+    policies["con"] = PythonPolicy(boom)
+    result = asyncio.run(run_team(team, policies, RunOptions(episodes=2, seed=0, out_dir=tmp_path / "b", progress=False)))
+    assert [e.status for e in result.episodes] == ["error", "error"]
+    assert "policy server down" in result.episodes[0].error
+    assert len(read_transcripts(tmp_path / "b")) == 2
+
+
+def test_episode_timeout_keeps_partial_transcript(tmp_path):
+    team = load_team(ROOT / "recipes/debate.yaml")
+
+    async def slow(request):
+        if request.role == "con":
+            await asyncio.sleep(30)
+        return '{"argument": "z"}'
+
+    policies = {name: PythonPolicy(slow) for name in team.roles}
+    options = RunOptions(episodes=3, seed=0, out_dir=tmp_path, progress=False, episode_timeout_s=0.3)
+    result = asyncio.run(asyncio.wait_for(run_team(team, policies, options), 10))
+    assert [e.status for e in result.episodes] == ["timeout"] * 3
+    assert [t.role for t in result.episodes[0].turns] == ["pro"]
+
+
+def test_pipeline_loops_back_until_approved(tmp_path):
+    team = load_team(ROOT / "recipes/code_review.yaml")
+    verdicts = iter(["request_changes", "request_changes", "approve"])
+
+    def reviewer(request):
+        return json.dumps({"verdict": next(verdicts), "comments": ["c"]})
+
+    policies = build_policies(team, stub_all(team), _no_engine)
+    policies["reviewer"] = PythonPolicy(reviewer)
+    result = asyncio.run(run_team(team, policies, RunOptions(episodes=1, seed=0, out_dir=tmp_path, progress=False)))
+    ep = result.episodes[0]
+    assert [t.role for t in ep.turns] == ["planner", "coder", "reviewer", "coder", "reviewer", "coder", "reviewer"]
+    assert ep.outcome == {"rounds": 3, "succeeded": True}
+    assert ep.rewards == {"planner": 1.0, "coder": 1.0, "reviewer": 1.0}
+    # the Coder's second prompt shows the Reviewer's request
+    assert "request_changes" in ep.turns[3].attempts[0].messages[-1]["content"]
+    # recipients: the pipeline routes each message to the next role
+    assert result.summary["roles"]["reviewer"]["turns"] == 3
+
+
+def test_pipeline_stops_at_max_rounds(tmp_path):
+    team = load_team(ROOT / "recipes/code_review.yaml")
+    policies = build_policies(team, stub_all(team), _no_engine)
+    policies["reviewer"] = PythonPolicy(lambda r: '{"verdict": "request_changes"}')
+    result = asyncio.run(run_team(team, policies, RunOptions(episodes=1, seed=0, out_dir=tmp_path, progress=False)))
+    ep = result.episodes[0]
+    assert sum(t.role == "reviewer" for t in ep.turns) == 3
+    assert ep.outcome["succeeded"] is False and ep.rewards["coder"] == 0.0
+
+
+def test_user_role_in_temp_folder_runs_with_python_policy(workspace, cli, monkeypatch):
+    write(workspace / "mypolicies.py", """
+        import json
+        def echo(request):
+            return json.dumps({"say": request.context["task"]["text"]})
+        """)
+    monkeypatch.syspath_prepend(str(workspace))
+    code, out, err = cli("run", workspace / "team.yaml", "--episodes", "2", "--out", workspace / "run", "--no-progress",
+                         "--json", "--policy", "echo=python:mypolicies:echo", "--policy", "reviewer=builtin:stub")
+    assert code == 0, err
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["status"] == {"ok": 2} and summary["valid_turn_rate"] == 1.0
+    episodes = read_transcripts(workspace / "run")
+    assert [e["turns"][0]["content"] for e in episodes] == [{"say": "the sea"}, {"say": "the sky"}]
+    assert "transcripts.jsonl" in err
+
+
+def test_unknown_role_in_policy_flag(workspace, cli):
+    code, _, err = cli("run", workspace / "team.yaml", "--policy", "chef=builtin:stub")
+    assert code == 2 and "unknown role(s) chef" in err
