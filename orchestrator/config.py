@@ -37,6 +37,10 @@ class RoleConfig(Strict):
     description: str = Field(min_length=1)
     prompt: str = Field(min_length=1, description="Jinja2 template path, relative to the YAML file")
     system: str | None = Field(None, description="system message; default: name and description")
+    # Text the model's reply is made to start with (e.g. '{"verdict": "'): it goes into the prompt
+    # after the assistant tag and is prepended to the sampled text before parsing. Small models
+    # that never start a JSON object on their own mostly finish one they are handed.
+    reply_prefix: str = ""
     output_schema: dict[str, Any] | str
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     max_retries: int = Field(2, ge=0, le=20)

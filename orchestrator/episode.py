@@ -91,6 +91,7 @@ async def _take_turn(spec: RoleSpec, policy: Policy, context: dict, record: Epis
                 sampling=spec.config.policy.sampling,
                 adapter=spec.config.policy.adapter,
                 seed=derive_seed(record.seed, record.index, turn, attempt),
+                reply_prefix=spec.config.reply_prefix,
             )
         )
         if isinstance(out, str):

@@ -19,6 +19,7 @@ class PolicyRequest:
     sampling: SamplingConfig
     adapter: str | None
     seed: int  # derived from the run seed, episode, turn and attempt
+    reply_prefix: str = ""  # model policies start their reply with it (see RoleConfig)
 
 
 @dataclass
