@@ -1,0 +1,212 @@
+"""The issue-fixing task suite (tasks/) and its loader/grader (orchestrator.issue_tasks)."""
+from __future__ import annotations
+
+import difflib
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from orchestrator.issue_tasks import (
+    IssueTask,
+    RunOutcome,
+    TaskFileError,
+    apply_patch,
+    check_task,
+    copy_repo,
+    grade,
+    load_task,
+    load_tasks,
+    subprocess_runner,
+)
+
+TASKS_DIR = Path(__file__).resolve().parents[1] / "tasks"
+TASK_DIRS = sorted(p.parent for p in TASKS_DIR.glob("*/task.yaml"))
+
+
+def _task(task_id: str) -> IssueTask:
+    return load_task(TASKS_DIR / task_id)
+
+
+# ------------------------------------------------------------------------------ the suite
+
+
+def test_suite_size_and_ids():
+    tasks = load_tasks(TASKS_DIR)
+    assert len(tasks) >= 40
+    ids = [t.id for t in tasks]
+    assert len(set(ids)) == len(ids)
+    numbers = [t.id[:3] for t in tasks]
+    assert len(set(numbers)) == len(numbers), "task numbers must be unique"
+    assert all(t.kind for t in tasks), "every task says what kind of bug it is"
+    multi = [t for t in tasks if "multi-file" in t.kind]
+    assert len(multi) >= 3
+    for t in multi:
+        touched = re.findall(r"^\+\+\+ b/(\S+)", t.solution_patch(), re.M)
+        assert len(set(touched)) >= 2, f"{t.id}: a multi-file fix must touch 2 files"
+
+
+@pytest.mark.parametrize("task_dir", TASK_DIRS, ids=[p.name for p in TASK_DIRS])
+def test_task_is_sound(task_dir: Path):
+    task = load_task(task_dir)
+    assert 3 <= len(task.hidden_test_ids()) <= 6, "3-6 hidden tests per task"
+    report = check_task(task, subprocess_runner)
+    assert report.ok, str(report)
+    assert not list(task_dir.rglob("__pycache__")), "checking must not write into tasks/"
+
+
+# ------------------------------------------------------------------------------ loading
+
+
+def _write_task(tmp_path: Path, text: str, name: str = "001-demo") -> Path:
+    src = TASKS_DIR / "002-paginate-last-page"
+    dest = tmp_path / name
+    shutil.copytree(src, dest, ignore=shutil.ignore_patterns("__pycache__"))
+    (dest / "task.yaml").write_text(text, encoding="utf-8")
+    return dest
+
+
+GOOD = (
+    "id: 001-demo\ntitle: t\nissue: something breaks\ntest_command: python -m pytest -q\n"
+    "visible_tests: [tests]\nhidden_tests: hidden_tests\n"
+)
+
+
+def test_load_good(tmp_path):
+    task = load_task(_write_task(tmp_path, GOOD))
+    assert task.id == "001-demo" and task.hidden_dest == "tests/hidden"
+    assert task.path == tmp_path / "001-demo"
+
+
+@pytest.mark.parametrize(
+    "text, key, problem",
+    [
+        (GOOD + "colour: red\n", "colour", "unknown key"),
+        (GOOD.replace("test_command: python -m pytest -q\n", ""), "test_command", "missing required key"),
+        (GOOD.replace("id: 001-demo", "id: 001-other"), "id", "does not match the folder name"),
+        (GOOD.replace("[tests]", "[nope.py]"), "visible_tests.0", "not found in repo/"),
+        (GOOD.replace("title: t", "title: [1, 2]"), "title", "valid string"),
+        (GOOD + "path: /x\n", "path", "unknown key"),
+        ("id: [unclosed\n", "(yaml)", "invalid YAML"),
+    ],
+)
+def test_bad_task_yaml_one_line_error(tmp_path, text, key, problem):
+    folder = _write_task(tmp_path, text)
+    with pytest.raises(ValueError) as info:
+        load_task(folder)
+    msg = str(info.value)
+    assert isinstance(info.value, TaskFileError)
+    assert "\n" not in msg
+    assert msg.startswith(f"{folder / 'task.yaml'}: {key}: "), msg
+    assert problem in msg
+
+
+def test_bad_task_id_shape(tmp_path):
+    folder = _write_task(tmp_path, GOOD.replace("001-demo", "Demo_1"), name="Demo_1")
+    with pytest.raises(ValueError, match=r"task\.yaml: id: must look like"):
+        load_task(folder)
+
+
+# ------------------------------------------------------------------------------ patches & grading
+
+
+def _diff(workdir: Path, rel: str, old: str, new: str) -> str:
+    text = (workdir / rel).read_text(encoding="utf-8")
+    assert old in text
+    after = text.replace(old, new, 1)
+    return "".join(difflib.unified_diff(
+        text.splitlines(keepends=True), after.splitlines(keepends=True), f"a/{rel}", f"b/{rel}"))
+
+
+def test_reference_patch_grades_one(tmp_path):
+    task = _task("002-paginate-last-page")
+    work = copy_repo(task, tmp_path / "work")
+    before = grade(task, work)
+    assert before.total == len(task.hidden_test_ids()) == 5
+    assert 0 < before.fraction < 1  # graded, not binary
+    ok, msg = apply_patch(work, task.solution_patch())
+    assert ok, msg
+    after = grade(task, work)
+    assert (after.passed, after.total, after.fraction) == (5, 5, 1.0)
+    assert all(o.id.startswith("tests/hidden/") for o in after.outcomes)
+
+
+def test_wrong_patch_grades_below_one(tmp_path):
+    task = _task("002-paginate-last-page")
+    work = copy_repo(task, tmp_path / "work")
+    unrelated = _diff(work, "pager/paginate.py", "return number < self.num_pages",
+                      "return self.num_pages > number")
+    ok, msg = apply_patch(work, unrelated)
+    assert ok, msg
+    g = grade(task, work)
+    assert g.fraction < 1.0 and g.failed_ids
+
+
+def test_half_of_a_multi_file_fix_grades_below_one(tmp_path):
+    task = _task("039-cli-sep-option")
+    patch = task.solution_patch()
+    cli_only = patch[patch.index("diff -ruN a/rowexport/cli.py"):patch.index("diff -ruN a/rowexport/render.py")]
+    work = copy_repo(task, tmp_path / "work")
+    ok, msg = apply_patch(work, cli_only)
+    assert ok, msg
+    assert grade(task, work).fraction < 1.0
+
+
+def test_apply_patch_that_does_not_apply(tmp_path):
+    task = _task("001-slugify-unicode")
+    work = copy_repo(task, tmp_path / "work")
+    bad = ("--- a/textkit/slug.py\n+++ b/textkit/slug.py\n@@ -1,3 +1,3 @@\n"
+           "-this line is not there\n+replacement\n context\n context2\n")
+    ok, msg = apply_patch(work, bad)
+    assert ok is False and msg
+    assert apply_patch(work, "") == (False, "empty patch")
+    ok, msg = apply_patch(work, "not a diff at all\n")
+    assert ok is False and msg
+    # nothing changed
+    assert (work / "textkit/slug.py").read_text() == (task.repo_dir / "textkit/slug.py").read_text()
+
+
+def test_patch_outside_workdir_refused(tmp_path):
+    task = _task("001-slugify-unicode")
+    work = copy_repo(task, tmp_path / "work")
+    evil = "--- a/../evil.txt\n+++ b/../evil.txt\n@@ -0,0 +1 @@\n+x\n"
+    ok, _ = apply_patch(work, evil)
+    assert ok is False and not (tmp_path / "evil.txt").exists()
+
+
+def test_crash_counts_every_hidden_test_failed(tmp_path):
+    task = _task("014-median-even-length")
+    work = copy_repo(task, tmp_path / "work")
+    (work / "numbox/stats.py").write_text("def broken(:\n")
+    g = grade(task, work)
+    assert g.crashed and g.passed == 0 and g.total == len(task.hidden_test_ids())
+
+
+def test_timeout_counts_every_hidden_test_failed(tmp_path):
+    task = _task("014-median-even-length")
+    work = copy_repo(task, tmp_path / "work")
+
+    def slow_runner(argv, workdir, timeout_s):
+        return RunOutcome(124, "", "", timed_out=True)
+
+    g = grade(task, work, slow_runner)
+    assert g.timed_out and g.fraction == 0.0 and g.total == 5
+
+
+def test_runner_without_shared_files_uses_summary(tmp_path):
+    """A sandbox that does not write back the junit file: the -rA summary is parsed instead."""
+    task = _task("002-paginate-last-page")
+    work = copy_repo(task, tmp_path / "work")
+    seen = {}
+
+    def remote_runner(argv, workdir, timeout_s):
+        seen["argv"] = argv
+        out = subprocess_runner(argv, workdir, timeout_s)
+        (workdir / ".rolecast-grade.xml").unlink()
+        return out
+
+    g = grade(task, work, remote_runner)
+    assert seen["argv"][0] == "python"  # the runner decides which interpreter
+    assert g.total == 5 and g.passed == 1
+    assert {o.id.split("::")[1] for o in g.outcomes if o.ok} == {"test_still_rejects_page_zero"}
