@@ -1,0 +1,43 @@
+"""bubblewrap backend: bwrap (run by root, so no user namespace) builds the mounts."""
+from __future__ import annotations
+
+import os
+
+from .base import TMP, Backend, Layout, tool
+
+
+class BwrapBackend(Backend):
+    name = "bwrap"
+    signal_as_exit_code = True
+
+    def available(self) -> str | None:
+        if tool("bwrap") is None:
+            return "bwrap is not installed (apt-get install bubblewrap)"
+        if os.geteuid() != 0:
+            return "needs root (to switch the child to a dedicated uid)"
+        return None
+
+    def wrap(self, inner: list[str], layout: Layout) -> list[str]:
+        argv = [
+            str(tool("bwrap")),
+            "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+            "--unshare-cgroup-try",
+            "--die-with-parent",
+            "--new-session",  # no TIOCSTI into a terminal it might inherit
+            # Root keeps every capability in bwrap unless told; the chain only needs
+            # these three to switch uid and empty its bounding set, then loses them.
+            "--cap-drop", "ALL",
+            "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP",
+            "--ro-bind", "/", "/",
+            "--dev", "/dev",
+            "--proc", "/proc",
+            "--perms", "1777", "--size", str(layout.tmp_size_bytes), "--tmpfs", str(TMP),
+        ]
+        for top in layout.hidden:
+            argv += ["--perms", "0755", "--tmpfs", str(top)]
+        for path in (*layout.readable, layout.workdir):
+            # bwrap would create missing mount points 0700, unreachable for the child's uid.
+            for parent in layout.dirs_to_create(path):
+                argv += ["--perms", "0755", "--dir", str(parent)]
+            argv += ["--ro-bind" if path != layout.workdir else "--bind", str(path), str(path)]
+        return argv + ["--"] + inner

@@ -1,0 +1,51 @@
+"""``rolecast sandbox run [...] -- CMD...``: run one command in a sandbox from the shell."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from .base import Limits, SandboxError
+from .runner import BACKENDS, run
+
+
+def register_cli(subparsers: Any) -> None:
+    sandbox = subparsers.add_parser("sandbox", help="run commands in a sandbox")
+    commands = sandbox.add_subparsers(dest="sandbox_command", required=True)
+    p = commands.add_parser("run", help="run one command confined to a work directory")
+    defaults = Limits()
+    p.add_argument("--timeout", type=float, default=defaults.wall_time_s, help="wall-time limit, seconds")
+    p.add_argument("--memory", type=int, default=defaults.memory_mb, help="memory limit, MiB")
+    p.add_argument("--workdir", default=os.getcwd(), help="writable work directory (default: cwd)")
+    p.add_argument("--backend", default="auto", choices=["auto", *BACKENDS])
+    p.add_argument("--unsafe", action="store_true", help="allow backend 'none' (no isolation)")
+    p.add_argument("--json", action="store_true", help="print the whole result as JSON")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARG...]")
+    p.set_defaults(func=handle_run)
+
+
+def handle_run(args: argparse.Namespace) -> int:
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        print("rolecast sandbox run: missing command after --", file=sys.stderr)
+        return 2
+    try:
+        limits = Limits(wall_time_s=args.timeout, memory_mb=args.memory)
+        result = run(cmd, args.workdir, limits, backend=args.backend, allow_unsafe=args.unsafe)
+    except (SandboxError, ValueError) as exc:
+        print(f"rolecast sandbox run: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result.to_dict()))
+    else:
+        sys.stdout.write(result.stdout)
+        sys.stderr.write(result.stderr)
+        flags = [f for f in ("timed_out", "out_of_memory", "truncated") if getattr(result, f)]
+        print(
+            f"[sandbox {result.backend}] exit={result.exit_code} signal={result.signal} "
+            f"{result.duration_s:.2f}s {' '.join(flags)}".rstrip(),
+            file=sys.stderr,
+        )
+    return result.exit_code if result.exit_code is not None else 1

@@ -1,0 +1,129 @@
+"""Shared confinement of the child: its uid, rlimits, credentials and environment.
+
+Every backend ends its argv with the same chain, run after the namespaces exist:
+``prlimit <limits> -- setpriv <drop to uid> -- env -i -C <workdir> <vars> -- CMD``.
+"""
+from __future__ import annotations
+
+import fcntl
+import math
+import os
+import random
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from .base import Limits, SandboxUnavailable, tool
+
+# Each run gets its own uid from this range, so RLIMIT_NPROC (counted per real uid)
+# is per run, and concurrent runs cannot read each other's 0700 workdirs.
+UID_BASE = 100_000
+UID_SLOTS = 4096
+LOCK_DIR = Path("/run/rolecast-sandbox/uids")
+
+DEFAULT_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "HOME": "/tmp",
+    "TMPDIR": "/tmp",
+    "LANG": "C.UTF-8",
+}
+
+
+@contextmanager
+def lease_uid() -> Iterator[int]:
+    """Hold a uid no other run (in any process) holds, via a flock per slot."""
+    LOCK_DIR.mkdir(parents=True, exist_ok=True)
+    start = random.randrange(UID_SLOTS)
+    for i in range(UID_SLOTS):
+        slot = (start + i) % UID_SLOTS
+        fd = os.open(LOCK_DIR / str(slot), os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        try:
+            yield UID_BASE + slot
+        finally:
+            os.close(fd)  # releases the lock
+        return
+    raise SandboxUnavailable(f"all {UID_SLOTS} sandbox uids are in use")
+
+
+def _require(name: str) -> str:
+    path = tool(name)
+    if path is None:
+        raise SandboxUnavailable(f"{name} not found")
+    return path
+
+
+def limits_argv(limits: Limits, *, address_space: bool) -> list[str]:
+    """rlimits; ``address_space`` caps virtual memory when no memory cgroup does it better."""
+    mib = 1024 * 1024
+    cpu = limits.cpu_time_s or math.ceil(limits.wall_time_s)
+    argv = [
+        _require("prlimit"),
+        f"--cpu={cpu}",
+        f"--fsize={limits.max_file_size_mb * mib}",
+        f"--nproc={limits.max_processes}",
+        "--core=0",
+    ]
+    if address_space:
+        argv.append(f"--as={limits.memory_mb * mib}")
+    return argv + ["--"]
+
+
+def drop_privileges_argv(uid: int) -> list[str]:
+    # setuid away from 0 clears permitted/effective/ambient caps; we also empty the
+    # bounding and inheritable sets and set no_new_privs so setuid binaries gain nothing.
+    # pdeathsig is re-armed because the kernel clears it on the uid change.
+    return [
+        _require("setpriv"),
+        f"--reuid={uid}",
+        f"--regid={uid}",
+        "--clear-groups",
+        "--bounding-set=-all",
+        "--inh-caps=-all",
+        "--no-new-privs",
+        "--pdeathsig=KILL",
+        "--",
+    ]
+
+
+def environment(extra: Mapping[str, str] | None) -> dict[str, str]:
+    return {**DEFAULT_ENV, **(extra or {})}
+
+
+def env_argv(workdir: Path, env: Mapping[str, str]) -> list[str]:
+    # env runs as the final uid, so it can enter a 0700 workdir the helpers cannot.
+    return [_require("env"), "-i", "-C", str(workdir), "--", *(f"{k}={v}" for k, v in env.items())]
+
+
+def chown_tree(root: Path, uid: int, gid: int, *, only_from: int | None = None) -> None:
+    """lchown everything under root (never following links the child may have planted).
+
+    ``only_from`` restricts the change to entries owned by that uid: on the way back we
+    touch only what the sandbox owns.
+    """
+
+    def fix(path: str) -> None:
+        try:
+            if only_from is None or os.lstat(path).st_uid == only_from:
+                os.chown(path, uid, gid, follow_symlinks=False)
+        except FileNotFoundError:
+            pass
+
+    fix(str(root))
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            fix(os.path.join(dirpath, name))
+
+
+def check_reachable(workdir: Path, hidden_tops: Sequence[Path]) -> str | None:
+    """Why an unprivileged uid could not reach workdir through host directories, if so."""
+    for parent in workdir.parents:
+        if any(parent == t or parent.is_relative_to(t) for t in hidden_tops):
+            continue  # recreated 0755 inside the sandbox's own tmpfs
+        if not os.stat(parent).st_mode & 0o001:
+            return f"{parent} is not searchable by other users (chmod o+x, or use a workdir under /tmp)"
+    return None

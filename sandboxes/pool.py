@@ -1,0 +1,84 @@
+"""Bounded concurrency for sandboxes, and per-episode private copies of a task's repo."""
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from .base import Limits, SandboxResult, SandboxSetupError
+from .runner import Command, arun, select_backend
+
+
+class SandboxPool:
+    """At most ``max_concurrent`` sandboxes at once, each in its own worker thread."""
+
+    def __init__(
+        self,
+        max_concurrent: int | None = None,
+        *,
+        backend: str = "auto",
+        limits: Limits | None = None,
+        allow_unsafe: bool = False,
+        scratch_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.max_concurrent = max_concurrent or os.cpu_count() or 1
+        self.backend = select_backend(backend, allow_unsafe=allow_unsafe).name  # fail early
+        self.limits = limits or Limits()
+        self.allow_unsafe = allow_unsafe
+        # Under /tmp by default: the sandbox mounts its own /tmp, so the copies' host
+        # ancestors never need to be searchable by the sandbox uids.
+        self.scratch_dir = Path(scratch_dir or Path(tempfile.gettempdir()) / "rolecast-episodes")
+        self._semaphore = asyncio.Semaphore(self.max_concurrent)
+        self._executor = ThreadPoolExecutor(self.max_concurrent, thread_name_prefix="sandbox")
+
+    async def run(
+        self,
+        command: Command,
+        workdir: str | os.PathLike[str],
+        limits: Limits | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+    ) -> SandboxResult:
+        async with self._semaphore:
+            return await arun(
+                command, workdir, limits or self.limits, executor=self._executor,
+                backend=self.backend, allow_unsafe=self.allow_unsafe, env=env,
+            )
+
+    @asynccontextmanager
+    async def episode(self, repo: str | os.PathLike[str]) -> AsyncIterator[Path]:
+        """A private copy of ``repo`` for one episode, deleted on exit.
+
+        A real copy (reflinked where the filesystem can): hardlinks would let one
+        episode's in-place writes show up in another's files.
+        """
+        src = Path(repo).resolve()
+        if not src.is_dir():
+            raise SandboxSetupError(f"repo {src} is not a directory")
+        self.scratch_dir.mkdir(parents=True, exist_ok=True)
+        dest = Path(tempfile.mkdtemp(prefix="episode-", dir=self.scratch_dir))
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                "cp", "-a", "--reflink=auto", "--", f"{src}/.", str(dest),
+                stderr=asyncio.subprocess.PIPE,
+            )
+            _, err = await proc.communicate()
+            if proc.returncode != 0:
+                raise SandboxSetupError(f"copying {src}: {err.decode(errors='replace').strip()}")
+            yield dest
+        finally:
+            await asyncio.to_thread(shutil.rmtree, dest, ignore_errors=True)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def __aenter__(self) -> SandboxPool:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,192 @@
+"""``run``/``arun``: pick a backend, confine the command, and report what happened."""
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import signal
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Executor
+from contextlib import nullcontext
+from pathlib import Path
+
+import structlog
+
+from . import cgroup
+from .base import (
+    TMP,
+    Backend,
+    Layout,
+    Limits,
+    SandboxResult,
+    SandboxSetupError,
+    SandboxUnavailable,
+    UnsafeBackendRefused,
+)
+from .bwrap import BwrapBackend
+from .confine import (
+    DEFAULT_ENV,
+    check_reachable,
+    chown_tree,
+    drop_privileges_argv,
+    env_argv,
+    environment,
+    lease_uid,
+    limits_argv,
+)
+from .none import NoneBackend
+from .process import Outcome, execute
+from .unshare import UnshareBackend
+
+log = structlog.get_logger()
+
+BACKENDS: dict[str, Backend] = {b.name: b for b in (BwrapBackend(), UnshareBackend(), NoneBackend())}
+AUTO_ORDER = ("bwrap", "unshare")  # best first; "none" is never chosen automatically
+HIDDEN = (Path("/root"), Path("/home"))
+
+Command = str | Sequence[str]
+
+
+def available_backends() -> list[str]:
+    return [name for name, b in BACKENDS.items() if b.isolating and b.available() is None]
+
+
+@functools.cache
+def _auto() -> Backend:
+    reasons = {}
+    for name in AUTO_ORDER:
+        reason = BACKENDS[name].available()
+        if reason is None:
+            log.info("sandbox.backend_selected", backend=name)
+            return BACKENDS[name]
+        reasons[name] = reason
+    raise SandboxUnavailable(f"no isolating backend: {reasons}")
+
+
+def select_backend(name: str = "auto", *, allow_unsafe: bool = False) -> Backend:
+    if name == "auto":
+        return _auto()
+    if name not in BACKENDS:
+        raise SandboxUnavailable(f"unknown backend {name!r}; choose from auto, {', '.join(BACKENDS)}")
+    if name == "none" and not allow_unsafe:
+        raise UnsafeBackendRefused("backend 'none' does not isolate; pass allow_unsafe=True (CLI: --unsafe)")
+    backend = BACKENDS[name]
+    reason = backend.available()
+    if reason is not None:
+        raise SandboxUnavailable(f"backend {name!r} unavailable: {reason}")
+    return backend
+
+
+def python_paths() -> tuple[Path, ...]:
+    """The interpreter running us (venv and base install), for the child to import from."""
+    exe = Path(os.path.realpath(sys.executable))
+    return tuple({Path(os.path.realpath(p)) for p in (sys.prefix, sys.base_prefix, exe.parent.parent)})
+
+
+def run(
+    command: Command,
+    workdir: str | os.PathLike[str],
+    limits: Limits | None = None,
+    *,
+    backend: str = "auto",
+    allow_unsafe: bool = False,
+    env: Mapping[str, str] | None = None,
+    readable: Sequence[str | os.PathLike[str]] = (),
+) -> SandboxResult:
+    """Run ``command`` (argv, or a string for ``/bin/sh -c``) confined to ``workdir``.
+
+    Raises SandboxError subclasses for faults of the sandbox itself; whatever the
+    command does (crash, timeout, OOM) comes back in the result. ``env`` adds to the
+    minimal environment; ``readable`` adds host paths the child may read.
+    """
+    limits = limits or Limits()
+    chosen = select_backend(backend, allow_unsafe=allow_unsafe)
+    argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+    if not argv:
+        raise SandboxSetupError("empty command")
+    wd = Path(workdir).resolve()
+    if not wd.is_dir():
+        raise SandboxSetupError(f"workdir {wd} is not a directory")
+    hidden = tuple(p for p in HIDDEN if p.is_dir())
+    tops = (TMP, *hidden)
+    wanted = {*python_paths(), *(Path(os.path.realpath(p)) for p in readable)}
+    layout = Layout(
+        workdir=wd,
+        hidden=hidden,
+        # Only what a tmpfs covers needs binding back; the rest is visible via /.
+        readable=tuple(sorted(p for p in wanted if any(p.is_relative_to(t) for t in tops))),
+        tmp_size_bytes=limits.tmp_size_mb * 1024 * 1024,
+    )
+    tail = env_argv(wd, environment(env)) + argv
+    if not chosen.isolating:
+        return _execute(chosen, layout, tail, limits, f"pid-{os.getpid()}-{threading.get_native_id()}")
+
+    problem = check_reachable(wd, layout.tmpfs_tops)
+    if problem:
+        raise SandboxSetupError(f"workdir unreachable by the sandbox uid: {problem}")
+    with lease_uid() as uid:
+        st = wd.stat()
+        chown_tree(wd, uid, uid)
+        os.chmod(wd, 0o700)  # other runs' uids see / read-only; this keeps them out
+        try:
+            return _execute(chosen, layout, drop_privileges_argv(uid) + tail, limits, f"uid-{uid}")
+        finally:
+            chown_tree(wd, st.st_uid, st.st_gid, only_from=uid)
+            os.chmod(wd, st.st_mode & 0o7777)
+
+
+def _execute(backend: Backend, layout: Layout, tail: list[str], limits: Limits, group_name: str) -> SandboxResult:
+    group = cgroup.MemoryGroup.create(group_name, limits.memory_mb * 1024 * 1024)
+    argv = backend.wrap(limits_argv(limits, address_space=group is None) + tail, layout)
+    try:
+        outcome = execute(
+            argv,
+            env=DEFAULT_ENV,  # the helpers never see the caller's environment either
+            wall_time_s=limits.wall_time_s,
+            max_output_bytes=limits.max_output_bytes,
+            spawn_context=group.joined() if group else nullcontext(),
+            kill_tree=group.kill_all if group else lambda: None,
+        )
+        oom = group.oom_killed() if group else False
+    finally:
+        if group:
+            group.destroy()
+    return _result(backend, outcome, oom)
+
+
+def _result(backend: Backend, outcome: Outcome, oom: bool) -> SandboxResult:
+    rc = outcome.returncode
+    sig: int | None = None
+    if rc < 0:
+        sig, rc = -rc, 128 - rc
+    elif backend.signal_as_exit_code and rc > 128 and rc - 128 in _SIGNALS:
+        sig = rc - 128
+    return SandboxResult(
+        exit_code=rc,
+        signal=sig,
+        timed_out=outcome.timed_out,
+        out_of_memory=oom,
+        stdout=outcome.stdout.decode(errors="replace"),
+        stderr=outcome.stderr.decode(errors="replace"),
+        truncated=outcome.truncated,
+        duration_s=outcome.duration_s,
+        backend=backend.name,
+    )
+
+
+_SIGNALS = {s.value for s in signal.Signals}
+
+
+async def arun(
+    command: Command,
+    workdir: str | os.PathLike[str],
+    limits: Limits | None = None,
+    *,
+    executor: Executor | None = None,
+    **options: object,
+) -> SandboxResult:
+    """``run`` in a worker thread (the event loop keeps going); same arguments."""
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(executor, functools.partial(run, command, workdir, limits, **options))  # type: ignore[arg-type]

@@ -1,0 +1,62 @@
+"""util-linux unshare backend: new namespaces, then a small sh script (the namespace's
+init) mounts a read-only view of / at a staging directory and chroots into it."""
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+
+from .base import TMP, Backend, Layout, tool
+
+# An empty host directory; the mounts on it exist only inside each run's own mount
+# namespace, so concurrent runs share it safely.
+STAGING_DIR = Path("/run/rolecast-sandbox/root")
+
+
+class UnshareBackend(Backend):
+    name = "unshare"
+    signal_as_exit_code = True
+
+    def available(self) -> str | None:
+        missing = [t for t in ("unshare", "setpriv", "mount", "chroot") if tool(t) is None]
+        if missing:
+            return f"missing {', '.join(missing)}"
+        if os.geteuid() != 0:
+            return "needs root (to mount and to switch the child to a dedicated uid)"
+        return None
+
+    def wrap(self, inner: list[str], layout: Layout) -> list[str]:
+        return [
+            # unshare's own parent-death signal: it has no --die-with-parent.
+            str(tool("setpriv")), "--pdeathsig=KILL", "--",
+            str(tool("unshare")), "--mount", "--net", "--pid", "--ipc", "--uts", "--fork",
+            "--kill-child=KILL", "--propagation=private", "--",
+            "/bin/sh", "-c", self.script(layout), "sandbox-setup", *inner,
+        ]
+
+    @staticmethod
+    def script(layout: Layout) -> str:
+        mount, q = str(tool("mount")), shlex.quote
+        r = q(str(STAGING_DIR))
+        lines = [
+            "set -e",
+            "umask 022",
+            f"mkdir -p {r}",
+            f"{mount} --bind / {r}",
+            f"{mount} -o remount,bind,ro,nosuid,nodev {r}",
+            f"{mount} -t proc -o nosuid,nodev,noexec proc {r}/proc",
+            # Host /dev: the child's uid can open only the world-rw nodes (null, zero,
+            # random, tty...); /dev/shm is shared memory with the host, so replace it.
+            f"{mount} --rbind /dev {r}/dev",
+            f"{mount} -t tmpfs -o size=1m,mode=1777,nosuid,nodev tmpfs {r}/dev/shm",
+            f"{mount} -t tmpfs -o size={layout.tmp_size_bytes},mode=1777,nosuid,nodev tmpfs {r}{TMP}",
+        ]
+        lines += [f"{mount} -t tmpfs -o size=1m,mode=755,nosuid,nodev tmpfs {r}{q(str(d))}" for d in layout.hidden]
+        for path in (*layout.readable, layout.workdir):
+            dest = f"{r}{q(str(path))}"
+            opts = "bind" if path == layout.workdir else "bind,ro"
+            lines += [f"mkdir -p {dest}", f"{mount} -o {opts} {q(str(path))} {dest}"]
+        # No exec: sh stays the namespace's init (root, so the child cannot signal it;
+        # its parent-death signal intact), and reports a signal death as 128+N.
+        lines += ["set +e", f'{tool("chroot")} {r} "$@"']
+        return "\n".join(lines)

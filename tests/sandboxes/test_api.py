@@ -1,0 +1,131 @@
+"""The interface around the containment: backend choice, faults, async, pool, CLI."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sandboxes import (
+    Limits,
+    SandboxPool,
+    SandboxSetupError,
+    SandboxUnavailable,
+    UnsafeBackendRefused,
+    arun,
+    run,
+    select_backend,
+)
+from sandboxes.cli import register_cli
+
+
+def test_auto_picks_an_isolating_backend(workdir):
+    r = run(["true"], workdir)
+    assert r.ok and r.backend in ("bwrap", "unshare")
+    assert r.backend == select_backend().name
+
+
+def test_none_backend_is_refused_without_the_unsafe_flag(workdir):
+    with pytest.raises(UnsafeBackendRefused):
+        run(["true"], workdir, backend="none")
+    r = run(["sh", "-c", "echo $FOO; pwd"], workdir, backend="none", allow_unsafe=True, env={"FOO": "bar"})
+    assert r.stdout.split() == ["bar", str(workdir)] and r.backend == "none"
+
+
+def test_faults_raise_clear_errors(tmp_path, workdir):
+    with pytest.raises(SandboxUnavailable, match="unknown backend"):
+        run(["true"], workdir, backend="docker")
+    with pytest.raises(SandboxSetupError, match="not a directory"):
+        run(["true"], tmp_path / "missing")
+    with pytest.raises(SandboxSetupError, match="empty command"):
+        run([], workdir)
+    with pytest.raises(ValueError):
+        Limits(wall_time_s=0)
+
+
+def test_unreachable_workdir_is_a_setup_error(backend):
+    hidden = Path("/var/tmp") / f"rolecast-closed-{os.getpid()}"
+    (hidden / "work").mkdir(parents=True)
+    hidden.chmod(0o700)
+    try:
+        with pytest.raises(SandboxSetupError, match="not searchable"):
+            run(["true"], hidden / "work", backend=backend)
+    finally:
+        (hidden / "work").rmdir()
+        hidden.rmdir()
+
+
+def test_exit_code_signal_and_ownership_round_trip(sandbox, workdir):
+    (workdir / "given").write_text("in")
+    r = sandbox("cat given; echo out > made; kill -TERM $$")
+    assert (r.exit_code, r.signal, r.stdout) == (143, 15, "in")
+    assert {p.stat().st_uid for p in workdir.iterdir()} == {0}  # handed back to the owner
+    assert (workdir / "made").read_text() == "out\n"
+
+
+def test_python_of_the_tests_is_usable(sandbox):
+    r = sandbox([sys.executable, "-c", "import structlog, sandboxes; print('ok')"])
+    assert r.stdout == "ok\n", r.stderr
+
+
+async def test_arun_does_not_block_the_loop(workdir):
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.05)
+
+    t = asyncio.create_task(ticker())
+    r = await arun(["sleep", "0.5"], workdir)
+    t.cancel()
+    assert r.ok and ticks >= 5
+
+
+async def test_pool_bounds_concurrency_and_isolates_episodes(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "state.txt").write_text("clean\n")
+    async with SandboxPool(max_concurrent=2, limits=Limits(wall_time_s=5)) as pool:
+
+        async def episode(i: int) -> tuple[str, float, float]:
+            async with pool.episode(repo) as wd:
+                start = time.monotonic()
+                r = await pool.run(f"cat state.txt; echo dirty-{i} >> state.txt; sleep 0.4", wd)
+                return r.stdout, start, time.monotonic()
+
+        results = await asyncio.gather(*(episode(i) for i in range(4)))
+    assert [out for out, _, _ in results] == ["clean\n"] * 4  # no episode saw another's write
+    assert (repo / "state.txt").read_text() == "clean\n"
+    assert list(pool.scratch_dir.iterdir()) == []  # copies removed
+    # Four 0.4 s runs two at a time take at least two rounds.
+    assert max(end for _, _, end in results) - min(start for _, start, _ in results) >= 0.8
+
+
+def _cli(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="rolecast")
+    register_cli(parser.add_subparsers())
+    return parser.parse_args(["sandbox", "run", *argv])
+
+
+def test_cli_prints_output_and_returns_exit_code(workdir, capsys):
+    args = _cli("--timeout", "2", "--workdir", str(workdir), "--", "sh", "-c", "echo hi; echo err >&2; exit 3")
+    assert args.func(args) == 3
+    out, err = capsys.readouterr()
+    assert out.endswith("hi\n") and "err\n" in err and "exit=3" in err
+
+
+def test_cli_json_and_refusals(workdir, capsys):
+    args = _cli("--json", "--timeout", "0.5", "--workdir", str(workdir), "--", "sleep", "5")
+    assert args.func(args) == 137
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["timed_out"] and result["signal"] == 9
+    args = _cli("--backend", "none", "--workdir", str(workdir), "--", "true")
+    assert args.func(args) == 2
+    assert "allow_unsafe" in capsys.readouterr().err

@@ -1,0 +1,232 @@
+"""Attacks from inside the sandbox; each asserts the HOST-side effect is absent."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from sandboxes.confine import UID_BASE, UID_SLOTS
+
+PY = sys.executable
+
+
+def sandbox_uid_processes() -> list[int]:
+    """Live (non-zombie) host processes of any sandbox uid."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                uid = entry.stat().st_uid
+                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if UID_BASE <= uid < UID_BASE + UID_SLOTS and state != "Z":
+                pids.append(int(entry.name))
+    return pids
+
+
+def test_fork_bomb_is_capped_and_fully_reaped(sandbox, marker, processes_with):
+    bomb = f"import os\nwhile True:\n    try: os.fork()\n    except OSError: pass  # {marker}"
+    r = sandbox([PY, "-c", bomb], wall_time_s=2.0, max_processes=20)
+    assert r.timed_out
+    assert r.duration_s < 5
+    assert processes_with(marker) == []
+    assert sandbox_uid_processes() == []
+
+
+def test_memory_bomb_is_killed_at_the_limit(sandbox):
+    hog = "x = []\nwhile True: x.append(bytearray(16 << 20))"
+    r = sandbox([PY, "-c", hog], memory_mb=96)
+    assert r.exit_code != 0 and not r.timed_out
+    # With the cgroup the kernel OOM-kills (flagged); without it RLIMIT_AS raises MemoryError.
+    assert r.out_of_memory or "MemoryError" in r.stderr
+
+
+def test_infinite_loop_is_stopped_by_cpu_limit(sandbox, marker, processes_with):
+    r = sandbox([PY, "-c", f"while True: pass  # {marker}"], wall_time_s=3.0, cpu_time_s=1)
+    assert not r.timed_out and r.signal in (signal.SIGXCPU, signal.SIGKILL)
+    assert processes_with(marker) == []
+
+
+def test_sleeping_past_deadline_is_killed(sandbox, workdir):
+    r = sandbox("sleep 2; touch late", wall_time_s=1.0)
+    assert r.timed_out and r.signal == signal.SIGKILL
+    assert 1.0 <= r.duration_s < 2.0
+    time.sleep(1.3)
+    assert not (workdir / "late").exists()
+
+
+def test_daemon_does_not_survive_the_run(sandbox, workdir, marker, processes_with):
+    tag = marker + "-daemon"
+    daemon = f"import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(1)\n    open('late', 'w').write('{tag}')\n"
+    r = sandbox([PY, "-c", daemon, tag])
+    assert r.exit_code == 0
+    assert processes_with(tag) == []
+    time.sleep(1.5)
+    assert not (workdir / "late").exists()
+
+
+def test_daemon_left_at_the_deadline_is_killed(sandbox, workdir, marker, processes_with):
+    tag = marker + "-daemon"
+    r = sandbox(f"(setsid sh -c 'sleep 1; touch late; : {tag}' &); sleep 30", wall_time_s=0.5)
+    assert r.timed_out
+    assert processes_with(tag) == []
+    time.sleep(1.5)
+    assert not (workdir / "late").exists()
+
+
+def test_output_flood_is_truncated(sandbox):
+    r = sandbox("yes flood", wall_time_s=1.0, max_output_bytes=10_000)
+    assert r.truncated and r.timed_out
+    assert len(r.stdout) == 10_000 and r.stderr == ""
+
+
+def test_writes_outside_workdir_do_not_reach_host(sandbox, marker):
+    targets = [Path(d) / marker for d in ("/var/tmp", "/tmp", "/etc", "/root", "/dev/shm", "/work")]
+    script = "; ".join(f"echo x > {t}" for t in targets)
+    r = sandbox(script)
+    assert r.exit_code != 0
+    assert [t for t in targets if t.exists()] == []
+
+
+def test_host_secrets_are_unreadable(sandbox, host_process, marker):
+    secret = marker + "-secret"
+    pid = host_process.pid
+    r = sandbox(
+        f"cat /etc/shadow; env; cat /proc/1/environ /proc/$PPID/environ /proc/{pid}/environ /proc/*/environ; "
+        f"cat /root/.bashrc; ls /root"
+    )
+    shadow = Path("/etc/shadow").read_text()
+    out = r.stdout + r.stderr
+    assert secret not in out
+    assert "root:" not in r.stdout and shadow.splitlines()[0] not in out
+    assert ".bashrc" not in r.stdout
+
+
+def test_parent_environment_is_not_inherited(sandbox, marker, monkeypatch):
+    monkeypatch.setenv("ROLECAST_TEST_SECRET", marker)
+    r = sandbox("env; cat /proc/self/environ /proc/1/environ")
+    assert marker not in r.stdout + r.stderr
+    assert "ROLECAST_TEST_SECRET" not in r.stdout
+
+
+def test_no_network_egress(sandbox):
+    connections: list[object] = []
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        server.settimeout(0.1)
+        port = server.getsockname()[1]
+        stop = threading.Event()
+
+        def accept() -> None:
+            while not stop.is_set():
+                try:
+                    connections.append(server.accept())
+                except TimeoutError:
+                    continue
+
+        t = threading.Thread(target=accept)
+        t.start()
+        connect = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=1)"
+        r = sandbox([PY, "-c", connect])
+        r2 = sandbox(f"echo hi > /dev/tcp/127.0.0.1/{port}; getent hosts example.com")
+        time.sleep(0.2)
+        stop.set()
+        t.join()
+    assert r.exit_code != 0 and ("refused" in r.stderr or "unreachable" in r.stderr)
+    assert r2.exit_code != 0
+    assert connections == []
+
+
+def test_cannot_kill_host_processes(sandbox, host_process):
+    r = sandbox(f"kill -9 {host_process.pid} {os.getpid()} $PPID 1; kill -9 -1")
+    assert host_process.poll() is None  # still running
+    os.kill(os.getpid(), 0)  # and so is the test process (trivially, but explicitly)
+    assert r.duration_s < 3
+
+
+def test_filling_the_disk_is_bounded(sandbox, workdir):
+    before = shutil.disk_usage("/").free
+    r = sandbox(
+        "dd if=/dev/zero of=/tmp/fill bs=1M count=200 2>/dev/null; du -m /tmp/fill | cut -f1;"
+        "dd if=/dev/zero of=fill bs=1M count=200 2>/dev/null; true",
+        tmp_size_mb=8, max_file_size_mb=4,
+    )
+    assert int(r.stdout.split()[0]) <= 8  # the private /tmp tmpfs is full at its cap
+    assert (workdir / "fill").stat().st_size <= 4 << 20
+    assert not Path("/tmp/fill").exists()
+    assert before - shutil.disk_usage("/").free < 100 << 20
+
+
+def test_huge_single_file_hits_fsize_limit(sandbox, workdir):
+    r = sandbox([PY, "-c", "open('big', 'wb').write(bytes(50 << 20))"], max_file_size_mb=2)
+    assert r.exit_code != 0
+    assert (workdir / "big").stat().st_size <= 2 << 20
+
+
+def test_other_processes_are_invisible(sandbox, host_process, marker):
+    r = sandbox(f"cat /proc/*/cmdline; ls /proc/{host_process.pid}; ls -d /proc/[0-9]*")
+    assert marker not in r.stdout
+    pids = [int(p) for p in re.findall(r"^/proc/(\d+)$", r.stdout, re.M)]
+    assert host_process.pid not in pids and len(pids) < 10
+
+
+def test_symlink_escape_does_not_touch_host_file(sandbox, workdir, marker):
+    host_file = Path("/var/tmp") / marker
+    host_file.write_text("host secret")
+    host_file.chmod(0o600)
+    try:
+        (workdir / "link").symlink_to(host_file)
+        (workdir / "etc").symlink_to("/etc")
+        r = sandbox("cat link; echo pwned > link; echo pwned >> link; echo x > etc/passwd; rm -f etc/hostname")
+        assert "host secret" not in r.stdout
+        assert host_file.read_text() == "host secret"
+        st = host_file.stat()
+        assert (st.st_uid, st.st_mode & 0o777) == (0, 0o600)  # the chown-back did not follow it
+        assert Path("/etc/hostname").exists() and "pwned" not in Path("/etc/passwd").read_text()
+    finally:
+        host_file.unlink()
+
+
+def test_setuid_and_capability_tricks_gain_nothing(sandbox, marker):
+    r = sandbox(
+        "grep -E '^Cap(Eff|Prm|Bnd|Amb)' /proc/self/status; id -u; "
+        "unshare -r sh -c 'id -u; touch /etc/" + marker + "' ; "
+        "su -c 'touch /etc/" + marker + "' root </dev/null; "
+        "mount -t tmpfs none /mnt; "
+        + f"{PY} -c 'import os; os.setuid(0)'; echo setuid_rc=$?"
+    )
+    caps = [line.split()[1] for line in r.stdout.splitlines() if line.startswith("Cap")]
+    assert caps and all(int(c, 16) == 0 for c in caps)
+    uid = int([line for line in r.stdout.splitlines() if line.isdigit()][0])
+    assert UID_BASE <= uid < UID_BASE + UID_SLOTS
+    assert "setuid_rc=1" in r.stdout
+    assert not Path("/etc", marker).exists()
+
+
+def test_sandbox_dies_with_its_parent(backend, workdir, marker, processes_with):
+    """SIGKILL the Python that started the sandbox: nothing it started may live on."""
+    tag = marker + "-orphan"
+    code = (
+        "import sys; from sandboxes import run, Limits\n"
+        f"run(['sleep', '30', '{tag}'], {str(workdir)!r}, Limits(wall_time_s=30), backend={backend!r})\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code])
+    deadline = time.monotonic() + 10
+    while not processes_with(tag) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert processes_with(tag), "the sandboxed sleep never started"
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 3
+    while processes_with(tag) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert processes_with(tag) == []
