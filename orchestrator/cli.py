@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import sys
 import time
@@ -56,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run episodes of a team")
     p.add_argument("team", type=Path, help="team or recipe YAML")
     p.add_argument("--episodes", type=int, help="number of episodes (default: the team's `episodes`)")
+    p.add_argument("--task", action="append", default=[], metavar="TASK",
+                   help="run these tasks instead of the team's (repeatable; the protocol says what TASK means)")
     p.add_argument("--out", type=Path, help="run dir (default: runs/<team>-<time>)")
     p.add_argument("--policy", action="append", default=[], metavar="ROLE=BINDING",
                    help="bind a role: replay:FILE, python:pkg.mod:fn, builtin:NAME or model (repeatable)")
@@ -142,6 +145,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .team import load_team
 
     team = load_team(args.team)
+    if args.task:
+        team = dataclasses.replace(team, tasks=[team.env_class.task_from_cli(t) for t in args.task])
     overrides = _parse_policy_flags(args.policy)
     cfg = team.config
     model = args.model or cfg.model

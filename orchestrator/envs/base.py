@@ -62,6 +62,11 @@ class Env(ABC):
     async def step(self, role: str, message: Message) -> StepResult:
         """Take ``role``'s message (which may be invalid: ``message.valid`` is False)."""
 
+    @classmethod
+    def task_from_cli(cls, value: str) -> dict[str, Any]:
+        """The task dict for ``rolecast run --task VALUE`` (environments override the meaning)."""
+        return {"text": value}
+
     def recipients(self, sender: str) -> list[str]:
         return [name for name in self.roles if name != sender]
 
