@@ -6,6 +6,11 @@ from orchestrator.policies.stub import StubPolicy
 from orchestrator.protocols.debate import DebateEnv
 from orchestrator.protocols.pipeline import PipelineEnv
 
+from .rewards import REWARDS
+from .trainers.freeze_rotate import FreezeRotate
+from .trainers.grpo import GRPO
+from .trainers.mgrpo import MGRPO
+
 
 @hookimpl
 def register_envs(register):
@@ -16,3 +21,16 @@ def register_envs(register):
 @hookimpl
 def register_policies(register):
     register("stub", StubPolicy)
+
+
+@hookimpl
+def register_rewards(register):
+    for name, fn in REWARDS.items():
+        register(name, fn)
+
+
+@hookimpl
+def register_trainers(register):
+    register("grpo", GRPO)
+    register("freeze-rotate", FreezeRotate)
+    register("m-grpo", MGRPO)

@@ -1,0 +1,1 @@
+"""Built-in trainer algorithms, one readable file each."""

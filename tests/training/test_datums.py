@@ -1,0 +1,39 @@
+from __future__ import annotations
+
+from orchestrator.training.datums import DatumBuildOptions, role_datums
+
+
+def attempt(prompt, action, logprobs, valid=True):
+    return {"prompt_ids": prompt, "token_ids": action, "logprobs": logprobs, "valid": valid}
+
+
+def episode(*turns):
+    return {"turns": [{"role": role, "attempts": attempts} for role, attempts in turns]}
+
+
+def test_retry_that_extends_the_prompt_merges_into_one_sequence():
+    first = attempt([1, 2, 3], [4, 5], [-0.1, -0.2], valid=False)
+    retry = attempt([1, 2, 3, 4, 5, 9], [6, 7], [-0.3, -0.4])  # the retry prompt shows the reply, then 9
+    other = attempt([50, 51], [52], [-0.5])
+    ep = episode(("coder", [first, retry]), ("judge", [other]))
+    (d,) = role_datums(ep, "coder", advantage=2.0)
+    assert d.model_input.to_ints() == [1, 2, 3, 4, 5, 9, 6]
+    li = d.loss_fn_inputs
+    assert li["target_tokens"] == [2, 3, 4, 5, 9, 6, 7]
+    assert li["mask"] == [0, 0, 1, 1, 0, 1, 1]
+    assert li["logprobs"] == [0, 0, -0.1, -0.2, 0, -0.3, -0.4]
+    assert li["advantages"] == [0, 0, -1.0, -1.0, 0, 2.0, 2.0]  # the invalid attempt: invalid_advantage
+
+
+def test_unrelated_prompts_give_separate_sequences_and_drop_policy():
+    ep = episode(("p", [attempt([1, 2], [3], [-1.0])]), ("p", [attempt([7, 8], [9], [-2.0], valid=False)]))
+    assert len(role_datums(ep, "p", 1.0)) == 2
+    opts = DatumBuildOptions(invalid="drop")
+    (d,) = role_datums(ep, "p", 1.0, opts)
+    assert d.loss_fn_inputs["target_tokens"] == [2, 3] and opts.stats["dropped"] == 1
+
+
+def test_attempts_without_tokens_are_counted_not_trained():
+    ep = episode(("p", [{"prompt_ids": None, "token_ids": None, "logprobs": None, "valid": True}]))
+    opts = DatumBuildOptions()
+    assert role_datums(ep, "p", 1.0, opts) == [] and opts.stats["no_tokens"] == 1

@@ -1,0 +1,83 @@
+"""Advantages and schedules of the trainer plugins, and the reward plugins, on hand-made batches."""
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.registry import default_registry
+from orchestrator.training.trainer import TrainerContext
+from orchestrator.transcript import EpisodeRecord, Turn
+
+REG = default_registry()
+
+
+def trainer(name: str, **config):
+    return REG.get("trainers", name)(TrainerContext(adapters={"pro": "pro", "con": "con"}, config=config))
+
+
+# two groups (tasks) of three episodes each
+REWARDS = [
+    [{"pro": 1.0, "con": -0.5}, {"pro": -0.5, "con": 1.0}, {"pro": 1.0, "con": -0.5}],
+    [{"pro": 0.0, "con": 0.0}, {"pro": 0.0, "con": 0.0}, {"pro": 0.0, "con": 0.0}],
+]
+
+
+def test_grpo_mean_centres_per_role_within_each_group():
+    adv = trainer("grpo").advantages(REWARDS)
+    assert [e["pro"] for e in adv[0]] == pytest.approx([0.5, -1.0, 0.5])
+    assert [e["con"] for e in adv[0]] == pytest.approx([-0.5, 1.0, -0.5])
+    assert adv[1] == [{"pro": 0.0, "con": 0.0}] * 3  # no signal in a group of equal rewards
+
+
+def test_grpo_std_scaling():
+    adv = trainer("grpo", scale_std=True).advantages(REWARDS)
+    std = (2 * 0.5**2 + 1.0**2) ** 0.5 / 3**0.5  # population std of [1, -0.5, 1]
+    assert [e["pro"] for e in adv[0]] == pytest.approx([0.5 / std, -1.0 / std, 0.5 / std], rel=1e-5)
+
+
+def test_mgrpo_gives_every_role_the_team_advantage():
+    rewards = [[{"pro": 1.0, "con": 0.0}, {"pro": 0.0, "con": 0.0}, {"pro": 1.0, "con": 1.0}]]
+    adv = trainer("m-grpo").advantages(rewards)
+    team = [0.5, 0.0, 1.0]  # mean over roles per episode
+    expected = [t - 0.5 for t in team]
+    assert [e["pro"] for e in adv[0]] == pytest.approx(expected)
+    assert [e["con"] for e in adv[0]] == pytest.approx(expected)
+    per_role = trainer("m-grpo", per_role=True).advantages(rewards)
+    assert [e["pro"] for e in per_role[0]] == pytest.approx([1 / 3, -2 / 3, 1 / 3])
+
+
+def test_freeze_rotate_schedule():
+    t = trainer("freeze-rotate", every=3)
+    assert [t.adapters_to_train(s)[0] for s in range(8)] == ["pro"] * 3 + ["con"] * 3 + ["pro"] * 2
+    t = trainer("freeze-rotate", every=1, schedule=["con", "con", "pro"])
+    assert [t.adapters_to_train(s)[0] for s in range(4)] == ["con", "con", "pro", "con"]
+    with pytest.raises(ValueError, match="unknown adapter"):
+        trainer("freeze-rotate", schedule=["judge"])
+
+
+def episode(rewards, outcome=None, judge_says=None):
+    ep = EpisodeRecord(id="e", index=0, team="t", task={}, seed=0, rewards=rewards, outcome=outcome or {})
+    if judge_says is not None:
+        ep.turns.append(Turn(turn=4, role="judge", message_id="e:4", content={"winner": judge_says}, valid=True, retries=0, penalty=0.0))
+    return ep
+
+
+def reward(name, ep, roles, **config):
+    return REG.get("rewards", name)(ep, roles, config)
+
+
+def test_reward_plugins_by_hand():
+    ep = episode({"planner": 0.0, "coder": -1.0}, {"outcome": 0.5, "process": {"planner": 1.0, "coder": 0.25}})
+    roles = ["planner", "coder"]
+    assert reward("env", ep, roles) == {"planner": 0.0, "coder": -1.0}
+    assert reward("outcome", ep, roles) == {"planner": 0.5, "coder": 0.5}
+    assert reward("hybrid", ep, roles) == pytest.approx({"planner": 0.6 * 0.5 + 0.4 * 1.0, "coder": 0.6 * 0.5 + 0.4 * 0.25})
+    assert reward("hybrid", ep, roles, alpha=1.0) == {"planner": 0.5, "coder": 0.5}
+    with pytest.raises(ValueError):
+        reward("hybrid", ep, roles, alpha=2)
+    duel = episode({"pro": 1.0, "con": -0.5})
+    assert reward("zero-sum", duel, ["pro", "con"]) == {"pro": 0.75, "con": -0.75}
+    judged = episode({}, judge_says="against")
+    assert reward("judge", judged, ["pro", "con", "judge"], stances={"pro": "for", "con": "against"}) == {
+        "pro": -0.5, "con": 1.0, "judge": 0.0}
+    assert reward("judge", episode({}, judge_says="nobody"), ["pro", "con"]) == {"pro": 0.0, "con": 0.0}
+    assert reward("outcome", episode({"a": 1.0, "b": 0.0}), ["a", "b"]) == {"a": 0.5, "b": 0.5}
