@@ -5,7 +5,7 @@ module only says what a valid file looks like.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -55,6 +55,47 @@ class ProtocolRef(BaseModel):
     type: str = Field(pattern=NAME_PATTERN)
 
 
+class AdamConfig(Strict):
+    learning_rate: float = Field(5e-5, gt=0)
+    beta1: float = Field(0.9, ge=0, lt=1)
+    beta2: float = Field(0.95, ge=0, lt=1)
+    eps: float = Field(1e-8, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip_norm: float = Field(1.0, ge=0, description="0 = no clipping")
+
+
+class LoraSpec(Strict):
+    rank: int = Field(16, ge=1, le=512)
+    alpha: float = Field(32.0, gt=0)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+
+
+class TrainingConfig(Strict):
+    """The ``training:`` block of a recipe: what ``rolecast train`` does each step."""
+
+    trainer: str = Field("grpo", description="trainer plugin")
+    trainer_config: dict[str, Any] = Field(default_factory=dict)
+    reward: str = Field("env", description="reward plugin: env, outcome, hybrid, zero-sum, judge, ...")
+    reward_config: dict[str, Any] = Field(default_factory=dict)
+    steps: int = Field(20, ge=1)
+    group_size: int = Field(8, ge=1, description="episodes per task; their rewards are compared")
+    groups_per_step: int = Field(4, ge=1, description="tasks per step")
+    loss: Literal["cross_entropy", "importance_sampling", "ppo"] = "ppo"
+    loss_config: dict[str, Any] = Field(default_factory=lambda: {"aggregation": "token-mean"})
+    adam: AdamConfig = Field(default_factory=AdamConfig)
+    lora: LoraSpec = Field(default_factory=LoraSpec)
+    invalid: Literal["penalize", "drop"] = Field("penalize", description="what training does with invalid attempts")
+    invalid_advantage: float = -1.0
+    eval_every: int = Field(10, ge=0, description="0 = only at the start and the end")
+    eval_episodes: int = Field(64, ge=1)
+    eval_tasks: list[dict[str, Any]] | str | None = Field(None, description="held-out tasks; default: the team's")
+    checkpoint_every: int = Field(5, ge=1)
+    keep_checkpoints: int = Field(3, ge=1)
+
+
 class TeamConfig(Strict):
     name: str = Field(pattern=NAME_PATTERN)
     description: str = ""
@@ -67,3 +108,4 @@ class TeamConfig(Strict):
     concurrency: int = Field(16, ge=1)
     episode_timeout_s: float = Field(900.0, gt=0)
     max_turns: int = Field(64, ge=1, description="safety cap on turns per episode")
+    training: TrainingConfig | None = None

@@ -32,6 +32,7 @@ class Team:
     env_class: type[Env]
     env_config: EnvConfig
     tasks: list[dict[str, Any]]
+    eval_tasks: list[dict[str, Any]] | None = None  # training.eval_tasks, loaded
 
     @property
     def name(self) -> str:
@@ -66,8 +67,18 @@ def load_team(path: str | Path, registry: Registry | None = None) -> Team:
             raise doc.error(("protocol",) + loc, f"routes to unknown role {name!r} (team roles: {', '.join(roles)})")
     for spec in roles.values():
         _check_template_variables(spec, env_class)
-    tasks = _load_tasks(config.tasks, doc)
-    return Team(config=config, path=doc.path, roles=roles, env_class=env_class, env_config=env_config, tasks=tasks)
+    tasks = _load_tasks(config.tasks, doc, ("tasks",))
+    eval_tasks = None
+    if config.training is not None:
+        for kind, key in (("trainers", "trainer"), ("rewards", "reward")):
+            try:
+                registry.get(kind, getattr(config.training, key))
+            except KeyError as exc:
+                raise doc.error(("training", key), exc.args[0]) from None
+        if config.training.eval_tasks is not None:
+            eval_tasks = _load_tasks(config.training.eval_tasks, doc, ("training", "eval_tasks"))
+    return Team(config=config, path=doc.path, roles=roles, env_class=env_class, env_config=env_config,
+                tasks=tasks, eval_tasks=eval_tasks)
 
 
 def _load_protocol(config: TeamConfig, doc: YamlDoc, registry: Registry) -> tuple[type[Env], EnvConfig]:
@@ -120,23 +131,23 @@ def _check_template_variables(spec: RoleSpec, env_class: type[Env]) -> None:
     )
 
 
-def _load_tasks(tasks: list[dict[str, Any]] | str, doc: YamlDoc) -> list[dict[str, Any]]:
+def _load_tasks(tasks: list[dict[str, Any]] | str, doc: YamlDoc, loc: tuple) -> list[dict[str, Any]]:
     if isinstance(tasks, list):
         if not tasks:
-            raise doc.error(("tasks",), "at least one task is needed")
+            raise doc.error(loc, "at least one task is needed")
         return tasks
     path = (doc.path.parent / tasks).resolve()
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise doc.error(("tasks",), f"cannot read tasks file {path}: {exc.strerror or exc}") from None
+        raise doc.error(loc, f"cannot read tasks file {path}: {exc.strerror or exc}") from None
     try:
         if path.suffix == ".jsonl":
             items = [json.loads(line) for line in text.splitlines() if line.strip()]
         else:
             items = yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as exc:
-        raise doc.error(("tasks",), f"cannot parse tasks file {path}: {' '.join(str(exc).split())}") from None
+        raise doc.error(loc, f"cannot parse tasks file {path}: {' '.join(str(exc).split())}") from None
     if not isinstance(items, list) or not items or not all(isinstance(t, dict) for t in items):
-        raise doc.error(("tasks",), f"tasks file {path} must hold a non-empty list of mappings")
+        raise doc.error(loc, f"tasks file {path} must hold a non-empty list of mappings")
     return items

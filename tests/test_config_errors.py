@@ -75,6 +75,12 @@ CASES = [
     ("loop-back-forward", lambda w: replace_in(w / "team.yaml", "order: [echo, reviewer]",
                                                "order: [echo, reviewer]\n  loop_back: {from: echo, to: reviewer, field: verdict, values: [x]}"),
      "team.yaml", 2, "protocol", "must come before"),
+    ("unknown-trainer", lambda w: replace_in(w / "team.yaml", "tasks:", "training: {trainer: alphazero}\ntasks:"),
+     "team.yaml", 8, "training.trainer", "unknown trainer plugin 'alphazero'"),
+    ("unknown-reward", lambda w: replace_in(w / "team.yaml", "tasks:", "training:\n  reward: vibes\ntasks:"),
+     "team.yaml", 9, "training.reward", "unknown reward plugin 'vibes'"),
+    ("training-wrong-type", lambda w: replace_in(w / "team.yaml", "tasks:", "training:\n  steps: -3\ntasks:"),
+     "team.yaml", 9, "training.steps", "greater than or equal to 1"),
 ]
 
 
