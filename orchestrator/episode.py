@@ -89,7 +89,7 @@ async def _take_turn(spec: RoleSpec, policy: Policy, context: dict, record: Epis
                 messages=messages,
                 context=context,
                 sampling=spec.config.policy.sampling,
-                adapter=spec.config.policy.adapter,
+                adapter=record.adapters.get(spec.name, spec.config.policy.adapter),
                 seed=derive_seed(record.seed, record.index, turn, attempt),
                 reply_prefix=spec.config.reply_prefix,
             )

@@ -46,6 +46,8 @@ class RunOptions:
     episode_timeout_s: float = 900.0
     progress: bool = True
     extra: dict[str, Any] = field(default_factory=dict)  # recorded in config.yaml (CLI choices)
+    # episode index -> {role: adapter} for this episode only (e.g. a self-play opponent snapshot)
+    adapters_for: Callable[[int], dict[str, str]] | None = None
 
 
 @dataclass
@@ -103,6 +105,7 @@ async def run_team(team: Team, policies: Mapping[str, Policy], options: RunOptio
             team=team.name,
             task=team.tasks[index % len(team.tasks)],
             seed=options.seed,
+            adapters=options.adapters_for(index) if options.adapters_for else {},
         )
         async with semaphore:
             t0 = time.perf_counter()

@@ -46,6 +46,7 @@ class EpisodeRecord:
     team: str
     task: dict[str, Any]
     seed: int
+    adapters: dict[str, str] = field(default_factory=dict)  # per-role adapter overrides (self-play opponents)
     status: str = "running"  # ok | timeout | error | max_turns
     error: str | None = None
     turns: list[Turn] = field(default_factory=list)

@@ -13,8 +13,9 @@ leaves them out.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Literal
+from typing import Iterable, Literal
 
+from ..transcript import Attempt, EpisodeRecord
 from .types import Datum, ModelInput
 
 
@@ -67,27 +68,27 @@ class DatumBuildOptions:
 
 
 def role_datums(
-    episode: dict[str, Any], role: str, advantage: float, options: DatumBuildOptions | None = None
+    episode: EpisodeRecord, role: str, advantage: float, options: DatumBuildOptions | None = None
 ) -> list[Datum]:
-    """Datums for ``role``'s attempts in one episode (a transcripts.jsonl record)."""
+    """Datums for ``role``'s attempts in one episode."""
     options = options or DatumBuildOptions()
     sequences: list[_Sequence] = []
     for attempt in _attempts(episode, role):
         options.stats["attempts"] += 1
-        if not attempt.get("token_ids"):
+        if not attempt.token_ids:
             options.stats["no_tokens"] += 1  # e.g. a replay or Python policy: nothing was sampled
             continue
-        if not attempt["valid"] and options.invalid == "drop":
+        if not attempt.valid and options.invalid == "drop":
             options.stats["dropped"] += 1
             continue
-        adv = advantage if attempt["valid"] else options.invalid_advantage
-        args = (attempt["prompt_ids"], attempt["token_ids"], attempt["logprobs"], adv)
+        adv = advantage if attempt.valid else options.invalid_advantage
+        args = (attempt.prompt_ids, attempt.token_ids, attempt.logprobs, adv)
         if not (options.merge and sequences and sequences[-1].extend_with(*args)):
             sequences.append(_Sequence.start(*args))
     return [s.to_datum() for s in sequences]
 
 
-def _attempts(episode: dict[str, Any], role: str) -> Iterable[dict[str, Any]]:
-    for turn in episode["turns"]:
-        if turn["role"] == role:
-            yield from turn["attempts"]
+def _attempts(episode: EpisodeRecord, role: str) -> Iterable[Attempt]:
+    for turn in episode.turns:
+        if turn.role == role:
+            yield from turn.attempts

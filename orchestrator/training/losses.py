@@ -1,0 +1,93 @@
+"""Per-token logprobs without a full float32 logits tensor, and the RL losses on top of them.
+
+Notation, per action token t (mask m_t = 1) of a sequence:
+    logp_t      log pi_theta(a_t | s_t) at the sampling temperature, computed here
+    q_t         the sampler's logprob of the same token (Datum "logprobs")
+    A_t         the advantage (Datum "advantages")
+    r_t         exp(logp_t - q_t), the importance ratio
+
+    cross_entropy        l_t = -logp_t
+    importance_sampling  l_t = -r_t * A_t
+    ppo                  l_t = -min(r_t * A_t, clip(r_t, lo, hi) * A_t)      (lo, hi: ratio thresholds)
+    KL to the base (k3)  l_t += beta * (exp(b_t - logp_t) - (b_t - logp_t) - 1), b_t the base logprob
+
+Aggregation over the batch: ``token-sum`` (Tinker's), ``token-mean`` (over all action tokens) or
+``sequence-mean`` (mean over sequences of each sequence's token mean).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+AGGREGATIONS = ("token-sum", "token-mean", "sequence-mean")
+
+
+def token_logprobs(
+    hidden: torch.Tensor, lm_head: torch.nn.Module, targets: torch.Tensor, temperature: float = 1.0, chunk: int = 512
+) -> torch.Tensor:
+    """log softmax(lm_head(hidden) / T)[target] for flat ``hidden`` [N, H] and ``targets`` [N].
+
+    Chunks of positions are checkpointed: only a [chunk, vocab] float32 block exists at a time,
+    forward and backward, instead of [N, vocab].
+    """
+    pieces = []
+    for start in range(0, hidden.shape[0], chunk):
+        h, y = hidden[start : start + chunk], targets[start : start + chunk]
+        if torch.is_grad_enabled() and h.requires_grad:
+            pieces.append(checkpoint(_chunk_logprobs, h, y, lm_head, temperature, use_reentrant=False))
+        else:
+            pieces.append(_chunk_logprobs(h, y, lm_head, temperature))
+    return torch.cat(pieces) if pieces else hidden.new_zeros(0, dtype=torch.float32)
+
+
+def _chunk_logprobs(h: torch.Tensor, y: torch.Tensor, lm_head: torch.nn.Module, temperature: float) -> torch.Tensor:
+    logits = lm_head(h).float()
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    return logits.gather(-1, y[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def _cross_entropy(logp, inputs, config):
+    return -logp, {}
+
+
+def _importance_sampling(logp, inputs, config):
+    ratio = torch.exp(logp - inputs["logprobs"])
+    return -ratio * inputs["advantages"], {"ratio": ratio}
+
+
+def _ppo(logp, inputs, config):
+    lo = float(config.get("clip_low_threshold", 0.8))
+    hi = float(config.get("clip_high_threshold", 1.2))
+    ratio = torch.exp(logp - inputs["logprobs"])
+    adv = inputs["advantages"]
+    unclipped, clipped = ratio * adv, ratio.clamp(lo, hi) * adv
+    return -torch.minimum(unclipped, clipped), {"ratio": ratio, "clipped": (clipped < unclipped).float()}
+
+
+LOSS_FNS: dict[str, tuple[Callable, tuple[str, ...]]] = {
+    "cross_entropy": (_cross_entropy, ()),
+    "importance_sampling": (_importance_sampling, ("logprobs", "advantages")),
+    "ppo": (_ppo, ("logprobs", "advantages")),
+}
+
+
+def k3_kl(logp: torch.Tensor, base_logp: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimate of KL(pi_theta || pi_base): unbiased, always >= 0."""
+    d = base_logp - logp
+    return torch.exp(d) - d - 1
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, lengths: list[int], how: str) -> torch.Tensor:
+    """Reduce masked per-token values of a flat batch (sequences of ``lengths``) to a scalar."""
+    weighted = per_token * mask
+    if how == "token-sum":
+        return weighted.sum()
+    if how == "token-mean":
+        return weighted.sum() / mask.sum().clamp(min=1.0)
+    if how == "sequence-mean":
+        means = [w.sum() / m.sum().clamp(min=1.0) for w, m in zip(weighted.split(lengths), mask.split(lengths))]
+        return torch.stack(means).mean()
+    raise ValueError(f"unknown aggregation {how!r}: use one of {', '.join(AGGREGATIONS)}")

@@ -1,0 +1,72 @@
+"""``rolecast report RUN_DIR``: PNG curves of a training run and a summary table."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .metrics import read_metrics
+
+# (file, title, metric-name prefixes plotted on it)
+PLOTS = [
+    ("reward.png", "mean reward per role (train rollouts)", ("reward/",)),
+    ("eval.png", "evaluation reward per role (95% interval)", ("eval_reward/",)),
+    ("loss.png", "loss per adapter", ("/loss",)),
+    ("kl.png", "KL to the base model and importance ratio", ("/kl", "/ratio_mean")),
+    ("win_rate.png", "self-play win rates", ("win_rate/",)),
+]
+
+
+def _matches(key: str, patterns: tuple[str, ...]) -> bool:
+    return any(key.startswith(p) if p.endswith("/") else key.endswith(p) for p in patterns)
+
+
+def write_report(run_dir: Path) -> dict[str, Any]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_metrics(run_dir)
+    out_dir = run_dir / "report"
+    out_dir.mkdir(exist_ok=True)
+    written = []
+    for filename, title, patterns in PLOTS:
+        keys = sorted({k for r in rows for k in r if _matches(k, patterns)})
+        if not keys:
+            continue
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for key in keys:
+            pts = [(r["step"], r[key]) for r in rows if key in r]
+            xs, ys = zip(*pts)
+            ax.plot(xs, ys, marker="o", markersize=3, label=key)
+            ci_key = key.replace("eval_reward/", "eval_ci95/")
+            if ci_key != key:
+                ci = [r.get(ci_key, 0.0) for r in rows if key in r]
+                ax.fill_between(xs, [y - c for y, c in zip(ys, ci)], [y + c for y, c in zip(ys, ci)], alpha=0.2)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out_dir / filename, dpi=110)
+        plt.close(fig)
+        written.append(str(out_dir / filename))
+    evals = [r for r in rows if r.get("kind") == "eval"]
+    summary = {"run_dir": str(run_dir), "steps": max((r["step"] for r in rows), default=0), "plots": written}
+    if evals:
+        first, last = evals[0], evals[-1]
+        summary["eval"] = {
+            k.split("/", 1)[1]: {
+                "first": first.get(k), "first_ci95": first.get(k.replace("reward", "ci95")),
+                "last": last.get(k), "last_ci95": last.get(k.replace("reward", "ci95")),
+                "first_step": first["step"], "last_step": last["step"],
+            }
+            for k in last if k.startswith("eval_reward/")
+        }
+    lines = ["| role | eval reward (first step) | eval reward (last step) |", "| --- | --- | --- |"]
+    for role, e in summary.get("eval", {}).items():
+        lines.append(f"| {role} | {e['first']:.3f} ± {e['first_ci95']:.3f} (step {e['first_step']}) | "
+                     f"{e['last']:.3f} ± {e['last_ci95']:.3f} (step {e['last_step']}) |")
+    (out_dir / "summary.md").write_text("\n".join(lines) + "\n")
+    summary["table"] = "\n".join(lines)
+    return summary

@@ -1,0 +1,125 @@
+"""Losses against hand-computed values, and the training client's isolation between adapters."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from orchestrator.training import AdamParams, Datum, LoraConfig, ModelInput, ServiceClient
+from orchestrator.training.losses import LOSS_FNS, aggregate, k3_kl, token_logprobs
+
+
+def test_cross_entropy_and_importance_sampling_by_hand():
+    logp = torch.tensor([-1.0, -2.0, -0.5])
+    inputs = {"logprobs": torch.tensor([-1.0, -1.0, -1.0]), "advantages": torch.tensor([2.0, -1.0, 0.5])}
+    ce, _ = LOSS_FNS["cross_entropy"][0](logp, inputs, {})
+    assert ce.tolist() == [1.0, 2.0, 0.5]
+    is_, extra = LOSS_FNS["importance_sampling"][0](logp, inputs, {})
+    ratios = [1.0, math.exp(-1.0), math.exp(0.5)]
+    assert is_.tolist() == pytest.approx([-2.0 * ratios[0], 1.0 * ratios[1], -0.5 * ratios[2]])
+    assert extra["ratio"].tolist() == pytest.approx(ratios)
+
+
+def test_ppo_clips_by_hand():
+    # ratios 1.5 (A>0: clipped to 1.2), 0.5 (A>0: unclipped is smaller), 0.5 (A<0: clipped to 0.8)
+    logp = torch.log(torch.tensor([1.5, 0.5, 0.5]))
+    inputs = {"logprobs": torch.zeros(3), "advantages": torch.tensor([1.0, 1.0, -1.0])}
+    loss, extra = LOSS_FNS["ppo"][0](logp, inputs, {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2})
+    assert loss.tolist() == pytest.approx([-1.2, -0.5, 0.8])
+    assert extra["clipped"].tolist() == [1.0, 0.0, 1.0]
+
+
+def test_k3_kl_by_hand():
+    logp, base = torch.tensor([-1.0, -1.0]), torch.tensor([-1.0, -2.0])
+    assert k3_kl(logp, base).tolist() == pytest.approx([0.0, math.exp(-1.0) + 1.0 - 1.0])
+
+
+def test_aggregations_by_hand():
+    per_token = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])
+    mask = torch.tensor([0.0, 1.0, 1.0, 1.0, 0.0])
+    lengths = [3, 2]  # sequence 1: tokens 2, 3 count; sequence 2: token 4 counts
+    assert aggregate(per_token, mask, lengths, "token-sum").item() == 9.0
+    assert aggregate(per_token, mask, lengths, "token-mean").item() == 3.0
+    assert aggregate(per_token, mask, lengths, "sequence-mean").item() == pytest.approx((2.5 + 4.0) / 2)
+    with pytest.raises(ValueError, match="unknown aggregation"):
+        aggregate(per_token, mask, lengths, "mean")
+
+
+def test_chunked_logprobs_equal_full_log_softmax_with_gradients():
+    torch.manual_seed(0)
+    head = torch.nn.Linear(8, 50, bias=False)
+    hidden = torch.randn(37, 8, requires_grad=True)
+    targets = torch.randint(0, 50, (37,))
+    chunked = token_logprobs(hidden, head, targets, temperature=0.7, chunk=5)
+    full = torch.log_softmax(head(hidden) / 0.7, -1).gather(-1, targets[:, None]).squeeze(-1)
+    assert torch.allclose(chunked, full, atol=1e-5)
+    (g1,) = torch.autograd.grad(chunked.sum(), hidden)
+    (g2,) = torch.autograd.grad(full.sum(), hidden)
+    assert torch.allclose(g1, g2, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def service():
+    svc = ServiceClient("tiny", bf16_autocast=False)
+    yield svc
+    svc.close()
+
+
+def datum(advantage: float = 1.0, sampling: float = -5.0) -> Datum:
+    toks = list(range(100, 121))
+    n = len(toks) - 1
+    return Datum(ModelInput.from_ints(toks[:-1]), {
+        "target_tokens": toks[1:], "mask": [0.0] * 6 + [1.0] * (n - 6),
+        "logprobs": [sampling] * n, "advantages": [advantage] * n,
+    })
+
+
+def test_gradients_reach_only_the_trained_adapter(service):
+    a = service.create_lora_training_client("iso_a", LoraConfig(rank=4))
+    b = service.create_lora_training_client("iso_b", LoraConfig(rank=4))
+    b_before = b.adapter_state()
+    a_before = a.adapter_state()
+    a.forward_backward([datum()], "importance_sampling").result()
+    a.optim_step(AdamParams(learning_rate=1e-2)).result()
+    assert all(torch.equal(b_before[k], v) for k, v in b.adapter_state().items())
+    assert any(not torch.equal(a_before[k], v) for k, v in a.adapter_state().items())
+    assert all(p.grad is None for p in b.params)
+
+
+def test_cross_entropy_loss_matches_returned_logprobs(service):
+    c = service.create_lora_training_client("ce", LoraConfig(rank=4))
+    d = datum()
+    out = c.forward([d], "cross_entropy").result()
+    logp = out.loss_fn_outputs[0]["logprobs"]
+    mask = torch.tensor(d.loss_fn_inputs["mask"])
+    assert out.metrics["loss"] == pytest.approx(float(-(logp * mask).sum()), rel=1e-5)
+    assert out.metrics["tokens"] == float(mask.sum())
+
+
+def test_on_policy_ratio_is_one(service):
+    c = service.create_lora_training_client("onpol", LoraConfig(rank=4))
+    d = datum()
+    logp = c.forward([d], "cross_entropy", {"temperature": 0.8}).result().loss_fn_outputs[0]["logprobs"]
+    d.loss_fn_inputs["logprobs"] = logp.tolist()
+    out = c.forward_backward([d], "ppo", {"temperature": 0.8}).result()
+    assert out.metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert out.metrics["clipped_mean"] == 0.0
+
+
+def test_kl_to_base_is_zero_for_a_fresh_adapter(service):
+    c = service.create_lora_training_client("kl", LoraConfig(rank=4))
+    out = c.forward([datum()], "importance_sampling", {"kl_coef": 0.1}).result()
+    assert out.metrics["kl"] == pytest.approx(0.0, abs=1e-6)  # B = 0: the adapter is the base model
+
+
+def test_bad_calls_are_clear(service):
+    c = service.create_lora_training_client("bad", LoraConfig(rank=4))
+    with pytest.raises(ValueError, match="unknown loss_fn"):
+        c.forward([datum()], "dpo").result()
+    d = datum()
+    del d.loss_fn_inputs["advantages"]
+    with pytest.raises(ValueError, match="needs loss_fn_inputs\\['advantages'\\]"):
+        c.forward_backward([d], "ppo").result()
+    with pytest.raises(ValueError, match="already has a training client"):
+        service.create_lora_training_client("bad")
