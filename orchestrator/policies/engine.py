@@ -11,6 +11,8 @@ class EnginePolicy:
 
     async def __call__(self, request: PolicyRequest) -> PolicyOutput:
         prompt_ids = self.engine.apply_chat_template(request.messages)
+        if request.reply_prefix:  # the reply starts with it: prompt-side tokens, never sampled
+            prompt_ids = prompt_ids + self.engine.encode(request.reply_prefix)
         s = request.sampling
         completion = await self.engine.generate(
             GenerationRequest(
@@ -22,7 +24,7 @@ class EnginePolicy:
             )
         )
         return PolicyOutput(
-            text=completion.text,
+            text=request.reply_prefix + completion.text,
             prompt_ids=list(prompt_ids),
             token_ids=list(completion.token_ids),
             logprobs=list(completion.logprobs),

@@ -1,0 +1,319 @@
+"""The default backend: Hugging Face transformers on the local CPU (or GPU), many LoRA adapters.
+
+Requests from every concurrent episode and role go into one queue. A scheduler thread serves
+them with continuous batching: each iteration prefills the newcomers (together), appends their
+KV cache to the running batch, then advances every running sequence by one token in a single
+forward pass. Sequences leave the batch as soon as they finish, and waiting requests take their
+place, so a short reply never waits for the longest one. Rows of one forward pass may use
+different adapters (PEFT mixed-adapter batches; ``"__base__"`` for the base model).
+
+Adapters can be added, loaded, updated and removed while the engine runs; changes are applied
+between scheduler iterations, and every change bumps the adapter's version, which each
+completion reports.
+"""
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+import torch
+import torch.nn.functional as F
+
+from ..models import LoadedModel
+from .base import Completion, GenerationRequest
+from .kv import BatchKV
+from .sampling import sample_rows
+
+log = structlog.get_logger()
+BASE = "__base__"
+
+
+@dataclass(eq=False)
+class _Seq:
+    request: GenerationRequest
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    generator: torch.Generator
+    adapter_key: str = BASE  # set at prefill, under the lock, with the version it samples from
+    adapter_version: int = 0
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    cancelled: bool = False
+    done: Completion | None = None
+
+
+class HFEngine:
+    def __init__(self, loaded: LoadedModel, max_batch: int = 64, max_prefill: int = 16):
+        self.loaded = loaded
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.max_batch = max_batch
+        self.max_prefill = max_prefill
+        self.peft = None  # the PEFT wrapper, made when the first adapter arrives
+        self.versions: dict[str, int] = {}
+        self.eos_ids = self._eos_ids()
+        self._pending: queue.Queue[_Seq] = queue.Queue()
+        self._lock = threading.RLock()  # held by a scheduler iteration and by adapter changes
+        self._wake = threading.Event()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._active: list[_Seq] = []
+        self._kv = BatchKV()
+        self._warned: set[str] = set()
+
+    # -- the Engine interface ------------------------------------------------------------------
+    async def generate(self, request: GenerationRequest) -> Completion:
+        if self._closed:
+            raise RuntimeError("the engine is closed")
+        loop = asyncio.get_running_loop()
+        seq = _Seq(
+            request=request, future=loop.create_future(), loop=loop,
+            generator=torch.Generator().manual_seed(request.sampling.seed if request.sampling.seed is not None
+                                                    else int(torch.randint(0, 2**62, (1,)))),
+        )
+        self._start()
+        self._pending.put(seq)
+        self._wake.set()
+        try:
+            return await seq.future
+        except asyncio.CancelledError:
+            seq.cancelled = True  # the scheduler drops it at its next iteration
+            self._wake.set()
+            raise
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        self._wake.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+        while not self._pending.empty():
+            self._fail(self._pending.get_nowait(), RuntimeError("the engine was closed"))
+
+    @property
+    def busy(self) -> int:
+        """Requests queued or running (0 when nothing is stuck)."""
+        return self._pending.qsize() + len(self._active)
+
+    # -- adapters ------------------------------------------------------------------------------
+    def adapter_version(self, name: str) -> int:
+        return self.versions.get(name, 0)
+
+    def add_adapter(self, name: str, lora_config: Any = None) -> int:
+        """A fresh LoRA adapter (B = 0, so it samples exactly like the base model)."""
+        from peft import LoraConfig, get_peft_model
+
+        config = lora_config or LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM")
+        with self._lock:
+            if self.peft is None:
+                self.peft = get_peft_model(self.model, config, adapter_name=name)
+            else:
+                self.peft.add_adapter(name, config)
+            self.peft.eval()
+            return self._bump(name)
+
+    def load_adapter(self, name: str, path: str | Path) -> int:
+        """Load PEFT-format weights from ``path``: a new adapter, or new weights for an old one."""
+        from peft import PeftModel, set_peft_model_state_dict
+        from peft.utils import load_peft_weights
+
+        with self._lock:
+            if self.peft is not None and name in self.peft.peft_config:
+                set_peft_model_state_dict(self.peft, load_peft_weights(str(path), device="cpu"), adapter_name=name)
+            elif self.peft is None:
+                self.peft = PeftModel.from_pretrained(self.model, str(path), adapter_name=name, is_trainable=False)
+            else:
+                self.peft.load_adapter(str(path), adapter_name=name, is_trainable=False)
+            self.peft.eval()
+            return self._bump(name)
+
+    def update_adapter(self, name: str, state_dict: dict[str, torch.Tensor]) -> int:
+        """Copy new weights (PEFT's saved key format) into an existing adapter, in place."""
+        from peft import set_peft_model_state_dict
+
+        with self._lock:
+            if self.peft is None or name not in self.peft.peft_config:
+                raise KeyError(f"no adapter {name!r} to update (add or load it first)")
+            set_peft_model_state_dict(self.peft, state_dict, adapter_name=name)
+            return self._bump(name)
+
+    def remove_adapter(self, name: str) -> None:
+        with self._lock:
+            if self.peft is None or name not in self.peft.peft_config:
+                raise KeyError(f"no adapter {name!r}")
+            if len(self.peft.peft_config) == 1:  # PEFT cannot run with no adapter left: unwrap
+                self.model, self.peft = self.peft.unload(), None
+            else:
+                self.peft.delete_adapter(name)
+            self.versions.pop(name, None)
+
+    def _bump(self, name: str) -> int:
+        self.versions[name] = self.versions.get(name, 0) + 1
+        return self.versions[name]
+
+    def _adapter_key(self, name: str | None) -> str:
+        if name is None or name in self.versions:
+            return name or BASE
+        if name not in self._warned:
+            self._warned.add(name)
+            log.info("engine.adapter_not_loaded", adapter=name, note="sampling from the base model (version 0)")
+        return BASE
+
+    # -- teacher forcing (for checks) ----------------------------------------------------------
+    @torch.inference_mode()
+    def teacher_forced_logprobs(
+        self, prompt_ids: list[int], completion_ids: list[int], adapter: str | None = None, temperature: float = 1.0
+    ) -> list[float]:
+        ids = torch.tensor([list(prompt_ids) + list(completion_ids)])
+        with self._lock:
+            logits = self._forward(ids, torch.ones_like(ids), None, [self._adapter_key(adapter)]).logits[0].float()
+        scaled = logits / (temperature if temperature > 0 else 1.0)
+        logp = torch.log_softmax(scaled[len(prompt_ids) - 1 : -1], dim=-1)
+        return logp.gather(-1, torch.tensor(completion_ids)[:, None]).squeeze(-1).tolist()
+
+    # -- the scheduler -------------------------------------------------------------------------
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name="rolecast-engine", daemon=True)
+            self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._closed:
+            newcomers = self._admit()
+            if not newcomers and not self._active:
+                self._wake.wait(0.05)
+                self._wake.clear()
+                continue
+            try:
+                with self._lock, torch.inference_mode():
+                    if newcomers:
+                        self._prefill(newcomers)
+                    if self._active:
+                        self._decode()
+            except Exception as exc:  # a model fault fails the requests in flight, not the engine
+                log.error("engine.step_failed", error=f"{type(exc).__name__}: {exc}")
+                for seq in self._active + newcomers:
+                    self._fail(seq, exc)
+                self._active, self._kv = [], BatchKV()
+        for seq in self._active:
+            self._fail(seq, RuntimeError("the engine was closed"))
+        self._active = []
+
+    def _admit(self) -> list[_Seq]:
+        room = min(self.max_batch - len(self._active), self.max_prefill)
+        out: list[_Seq] = []
+        while len(out) < room:
+            try:
+                seq = self._pending.get_nowait()
+            except queue.Empty:
+                break
+            if seq.cancelled or seq.future.done():
+                continue
+            out.append(seq)
+        return out
+
+    def _forward(self, ids, mask, cache, adapters: list[str], positions=None, keep_last: bool = False):
+        kwargs: dict[str, Any] = {"input_ids": ids, "attention_mask": mask, "use_cache": cache is not None or keep_last}
+        if cache is not None:
+            kwargs["past_key_values"] = cache
+        if positions is not None:
+            kwargs["position_ids"] = positions
+        if keep_last:
+            kwargs["logits_to_keep"] = 1
+        if self.peft is not None:
+            return self.peft(**kwargs, adapter_names=adapters)
+        return self.model(**kwargs)
+
+    def _prefill(self, seqs: list[_Seq]) -> None:
+        for s in seqs:
+            s.adapter_key = self._adapter_key(s.request.adapter)
+            s.adapter_version = 0 if s.adapter_key == BASE else self.versions[s.adapter_key]
+        width = max(len(s.request.prompt_ids) for s in seqs)
+        ids = torch.full((len(seqs), width), self.tokenizer.pad_token_id or 0, dtype=torch.long)
+        mask = torch.zeros(len(seqs), width, dtype=torch.long)
+        for i, s in enumerate(seqs):
+            p = s.request.prompt_ids
+            ids[i, width - len(p):] = torch.tensor(p)
+            mask[i, width - len(p):] = 1
+        positions = (mask.cumsum(1) - 1).clamp(min=0)
+        out = self._forward(ids, mask, None, [s.adapter_key for s in seqs], positions, keep_last=True)
+        self._kv.append(out.past_key_values, mask)
+        self._active += seqs
+        self._take(seqs, out.logits[:, -1])
+
+    def _decode(self) -> None:
+        ids = torch.tensor([[s.tokens[-1]] for s in self._active])
+        mask = F.pad(self._kv.mask, (0, 1), value=1)
+        out = self._forward(ids, mask, self._kv.cache(), [s.adapter_key for s in self._active], self._kv.positions())
+        self._kv.advance(out.past_key_values)
+        self._take(self._active, out.logits[:, -1])
+
+    def _take(self, seqs: list[_Seq], logits: torch.Tensor) -> None:
+        """Append each row's sampled token, then retire the rows that are done."""
+        sp = [s.request.sampling for s in seqs]
+        tokens, logprobs = sample_rows(logits, [p.temperature for p in sp], [p.top_p for p in sp], [s.generator for s in seqs])
+        for seq, token, lp in zip(seqs, tokens, logprobs):
+            seq.tokens.append(token)
+            seq.logprobs.append(lp)
+            self._check_done(seq)
+        if any(s.done or s.cancelled for s in self._active):
+            keep = [i for i, s in enumerate(self._active) if not (s.done or s.cancelled)]
+            for s in self._active:
+                if s.done:
+                    s.loop.call_soon_threadsafe(_resolve, s.future, s.done)
+            self._active = [self._active[i] for i in keep]
+            self._kv.keep(keep)
+
+    def _check_done(self, seq: _Seq) -> None:
+        sp = seq.request.sampling
+        token = seq.tokens[-1]
+        reason = None
+        if token in self.eos_ids:
+            reason = "eos"
+        text = self.decode([t for t in seq.tokens if t not in self.eos_ids])
+        for stop in sp.stop:
+            at = text.find(stop)
+            if stop and at != -1:
+                text, reason = text[:at], "stop"
+                break
+        if reason is None and len(seq.tokens) >= sp.max_tokens:
+            reason = "length"
+        if reason:
+            seq.done = Completion(
+                token_ids=list(seq.tokens), text=text, logprobs=list(seq.logprobs), finish_reason=reason,
+                adapter=seq.request.adapter, adapter_version=seq.adapter_version,
+            )
+
+    def _fail(self, seq: _Seq, exc: BaseException) -> None:
+        seq.loop.call_soon_threadsafe(_reject, seq.future, exc)
+
+    def _eos_ids(self) -> set[int]:
+        ids = {self.tokenizer.eos_token_id}
+        im_end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        if isinstance(im_end, int) and im_end != self.tokenizer.unk_token_id:
+            ids.add(im_end)
+        return {i for i in ids if i is not None}
+
+
+def _resolve(future: asyncio.Future, value: Completion) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def _reject(future: asyncio.Future, exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)

@@ -1,0 +1,144 @@
+"""The HF engine on the tiny model: logprobs, mixed adapters, stops, live adapters, cancellation."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+from peft import get_peft_model_state_dict
+
+from orchestrator.engines.base import GenerationRequest, SamplingParams
+from orchestrator.engines.hf import HFEngine
+from orchestrator.models import load_model
+
+PROMPTS = [
+    [{"role": "user", "content": "Name a colour."}],
+    [{"role": "user", "content": "What is two plus two? Answer with a number."}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello to the reviewer."}],
+    [{"role": "user", "content": "Write one JSON object with a key 'verdict'."}],
+]
+
+
+@pytest.fixture
+def engine():
+    e = HFEngine(load_model("tiny", dtype="float32", seed=0), max_batch=8, max_prefill=3)
+    yield e
+    asyncio.run(e.aclose())
+
+
+def randomize(engine: HFEngine, name: str, seed: int) -> int:
+    """Give adapter ``name`` random non-zero weights so it really differs from the base."""
+    g = torch.Generator().manual_seed(seed)
+    state = get_peft_model_state_dict(engine.peft, adapter_name=name)
+    return engine.update_adapter(name, {k: torch.randn(v.shape, generator=g) * 0.5 for k, v in state.items()})
+
+
+def request(engine, i, adapter=None, **sampling) -> GenerationRequest:
+    params = {"temperature": 1.0, "max_tokens": 12, "seed": 100 + i, **sampling}
+    return GenerationRequest(tuple(engine.apply_chat_template(PROMPTS[i % len(PROMPTS)])), SamplingParams(**params), adapter)
+
+
+async def gather(engine, requests):
+    return await asyncio.gather(*(engine.generate(r) for r in requests))
+
+
+def test_sampling_logprobs_match_teacher_forcing(engine):
+    # fp32: the KV-cached, left-padded batch agrees with a plain full forward within 1e-4
+    engine.add_adapter("alpha")
+    randomize(engine, "alpha", 1)
+    reqs = [request(engine, i, adapter=("alpha" if i % 2 else None), temperature=0.7) for i in range(6)]
+    outs = asyncio.run(gather(engine, reqs))
+    for r, out in zip(reqs, outs):
+        ref = engine.teacher_forced_logprobs(list(r.prompt_ids), out.token_ids, r.adapter, 0.7)
+        assert len(ref) == len(out.logprobs) > 0
+        assert max(abs(a - b) for a, b in zip(ref, out.logprobs)) < 1e-4
+
+
+def test_bf16_logprobs_agree_loosely():
+    e = HFEngine(load_model("tiny", dtype="bfloat16", seed=0))
+    try:
+        r = request(e, 0)
+        out = asyncio.run(e.generate(r))
+        ref = e.teacher_forced_logprobs(list(r.prompt_ids), out.token_ids, None, 1.0)
+        assert max(abs(a - b) for a, b in zip(ref, out.logprobs)) < 0.1  # bf16 rounding of activations
+    finally:
+        asyncio.run(e.aclose())
+
+
+def test_mixed_adapter_batch_equals_single_adapter_runs(engine):
+    for name, seed in (("alpha", 1), ("beta", 2)):
+        engine.add_adapter(name)
+        randomize(engine, name, seed)
+    adapters = [None, "alpha", "beta", "alpha", "beta", None, "beta", "alpha"]
+    reqs = [request(engine, i, adapter=ad) for i, ad in enumerate(adapters)]
+    mixed = asyncio.run(gather(engine, reqs))
+    alone = [asyncio.run(engine.generate(r)) for r in reqs]
+    assert [m.token_ids for m in mixed] == [a.token_ids for a in alone]
+    # and the adapters really differ: the same request under another adapter samples differently
+    others = asyncio.run(gather(engine, [GenerationRequest(r.prompt_ids, r.sampling, "beta" if r.adapter != "beta" else "alpha") for r in reqs]))
+    assert sum(o.token_ids != m.token_ids for o, m in zip(others, mixed)) >= len(reqs) // 2
+    assert [m.adapter_version for m in mixed] == [0, 2, 2, 2, 2, 0, 2, 2]
+
+
+def test_max_tokens_and_stop_strings(engine):
+    out = asyncio.run(engine.generate(request(engine, 0, max_tokens=5, temperature=0.0)))
+    assert len(out.token_ids) == 5 and out.finish_reason == "length"
+    full = asyncio.run(engine.generate(request(engine, 1, max_tokens=16)))  # seeded: repeatable
+    k = next(i for i in range(1, len(full.text) - 1) if not full.text[i : i + 2].isspace() and " " not in full.text[i : i + 2])
+    stop = full.text[k : k + 2]
+    cut = asyncio.run(engine.generate(request(engine, 1, max_tokens=16, stop=(stop,))))
+    assert cut.finish_reason == "stop" and cut.text == full.text[: full.text.find(stop)]
+    assert stop not in cut.text
+
+
+def test_adapter_update_changes_outputs_and_versions(engine):
+    assert engine.add_adapter("p") == 1
+    r = request(engine, 2, adapter="p", temperature=0.0, max_tokens=8)
+    base = asyncio.run(engine.generate(request(engine, 2, temperature=0.0, max_tokens=8)))
+    fresh = asyncio.run(engine.generate(r))
+    assert fresh.token_ids == base.token_ids and fresh.adapter_version == 1  # B = 0: same as base
+    assert randomize(engine, "p", 7) == 2
+    updated = asyncio.run(engine.generate(r))
+    assert updated.adapter_version == 2 and updated.token_ids != fresh.token_ids
+    engine.remove_adapter("p")
+    gone = asyncio.run(engine.generate(r))
+    assert gone.adapter_version == 0 and gone.token_ids == base.token_ids
+
+
+def test_unknown_adapter_samples_the_base_model(engine):
+    base = asyncio.run(engine.generate(request(engine, 3, temperature=0.0)))
+    other = asyncio.run(engine.generate(request(engine, 3, adapter="never-trained", temperature=0.0)))
+    assert other.token_ids == base.token_ids and other.adapter_version == 0
+
+
+def test_cancellation_and_timeouts_leave_nothing_stuck(engine):
+    async def scenario():
+        long = [engine.generate(request(engine, i, max_tokens=400, temperature=1.0)) for i in range(6)]
+        tasks = [asyncio.ensure_future(c) for c in long]
+        await asyncio.sleep(0.2)
+        for t in tasks[:3]:
+            t.cancel()
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(engine.generate(request(engine, 0, max_tokens=400)), 0.05)
+        rest = await asyncio.gather(*tasks[3:])
+        assert all(len(r.token_ids) > 0 for r in rest)
+        assert all(t.cancelled() for t in tasks[:3])
+        for _ in range(100):
+            if engine.busy == 0:
+                break
+            await asyncio.sleep(0.05)
+        return engine.busy
+
+    assert asyncio.run(scenario()) == 0
+
+
+def test_many_concurrent_requests_all_complete(engine):
+    outs = asyncio.run(gather(engine, [request(engine, i, max_tokens=4 + i % 5) for i in range(20)]))
+    assert [len(o.token_ids) <= 4 + i % 5 for i, o in enumerate(outs)] == [True] * 20
+    assert engine.busy == 0
+
+
+def test_closed_engine_refuses_work(engine):
+    asyncio.run(engine.aclose())
+    with pytest.raises(RuntimeError, match="closed"):
+        asyncio.run(engine.generate(request(engine, 0)))
