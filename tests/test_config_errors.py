@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ERROR_LINE, write
+from support import ERROR_LINE, write
 
 
 def replace_in(path: Path, old: str, new: str) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import write
+from support import write
 from orchestrator.registry import Registry, discover
 
 PLUGIN = '''

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import write
+from support import write
 from orchestrator.policies.binding import Binding
 from orchestrator.policies.python import PythonPolicy
 from orchestrator.runner import RunOptions, build_policies, run_team

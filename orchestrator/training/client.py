@@ -159,13 +159,13 @@ class TrainingClient:
         temperature = float(config.get("temperature", 1.0))
 
         with torch.set_grad_enabled(backward):
-            logp = self._logprobs(data, targets, temperature)
+            logp = self._logprobs(data, targets, mask, temperature)
             per_token, extra = fn(logp, inputs, config)
             metrics: dict[str, float] = {}
             kl_coef = float(config.get("kl_coef", 0.0))
             if kl_coef:
                 with torch.no_grad(), model.disable_adapter():
-                    base_logp = self._logprobs(data, targets, temperature)
+                    base_logp = self._logprobs(data, targets, mask, temperature)
                 kl = k3_kl(logp, base_logp)
                 per_token = per_token + kl_coef * kl
                 metrics["kl"] = float((kl.detach() * mask).sum() / mask.sum().clamp(min=1))
@@ -179,8 +179,12 @@ class TrainingClient:
         outputs = [{"logprobs": lp} for lp in logp.detach().split(lengths)]
         return ForwardBackwardOutput(loss_fn_outputs=outputs, metrics=metrics)
 
-    def _logprobs(self, data: list[Datum], targets: torch.Tensor, temperature: float) -> torch.Tensor:
-        """Flat logprobs of every datum's target tokens under the active adapter."""
+    def _logprobs(self, data: list[Datum], targets: torch.Tensor, mask: torch.Tensor, temperature: float) -> torch.Tensor:
+        """Flat logprobs of the datums' target tokens under the active adapter.
+
+        Only positions with mask > 0 go through the LM head (in RL most positions are prompt);
+        the others are reported as 0.0.
+        """
         lengths = [d.model_input.length for d in data]
         width = max(lengths)
         ids = torch.zeros(len(data), width, dtype=torch.long)
@@ -192,7 +196,9 @@ class TrainingClient:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.service.autocast):
             hidden = inner.model(input_ids=ids, attention_mask=attn).last_hidden_state
             flat = hidden[attn.bool()]  # right padding: row-major order keeps each datum contiguous
-            return token_logprobs(flat, inner.lm_head, targets, temperature)
+            keep = mask > 0
+            picked = token_logprobs(flat[keep], inner.lm_head, targets[keep], temperature)
+        return torch.zeros(len(targets), dtype=picked.dtype).masked_scatter(keep, picked)
 
     def _optim_step(self, params: AdamParams) -> OptimStepResponse:
         for group in self.optimizer.param_groups:

@@ -70,7 +70,7 @@ class LoraConfig:
 
 @dataclass
 class ForwardBackwardOutput:
-    loss_fn_outputs: list[dict[str, torch.Tensor]]  # per datum: "logprobs" of its target tokens
+    loss_fn_outputs: list[dict[str, torch.Tensor]]  # per datum: "logprobs" of its target tokens (0 where mask is 0)
     metrics: dict[str, float] = field(default_factory=dict)
 
 

@@ -1,0 +1,125 @@
+"""forward_backward throughput and peak memory: the training client versus a plain PEFT loop.
+
+Both sides compute the same PPO loss on the same batch of the same model (fp32 master weights,
+the same autocast setting, the same LoRA config): the plain loop calls the PEFT model, takes
+its full [batch, length, vocab] logits to float32 and gathers the targets; the client runs the
+transformer, then the LM head and log-softmax in checkpointed chunks. Each side runs in its own
+subprocess (so peak RSS is its own), alternating, and reports the median.
+
+    python benchmarks/train.py [--model smollm2-135m] [--batch 8] [--length 384] [--rounds 2]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# benchmarks/orchestrator.py would shadow the `orchestrator` package when this folder leads sys.path.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+
+def _rss_mb(field: str) -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(field)
+
+
+def _batch(batch: int, length: int, vocab: int):
+    import torch
+
+    from orchestrator.training.types import Datum, ModelInput
+
+    g = torch.Generator().manual_seed(0)
+    data = []
+    for _ in range(batch):
+        toks = torch.randint(100, vocab - 100, (length + 1,), generator=g).tolist()
+        mask = [0.0] * (length // 3) + [1.0] * (length - length // 3)
+        data.append(Datum(ModelInput.from_ints(toks[:-1]), {
+            "target_tokens": toks[1:], "mask": mask,
+            "logprobs": [-2.0] * length, "advantages": [0.5 if i % 2 else -0.5 for i in range(length)],
+        }))
+    return data
+
+
+def worker(side: str, model: str, batch: int, length: int, iters: int) -> dict:
+    import torch
+
+    from orchestrator.training.client import ServiceClient
+    from orchestrator.training.types import LoraConfig
+
+    torch.manual_seed(0)
+    service = ServiceClient(model)
+    client = service.create_lora_training_client("bench", LoraConfig(rank=16))
+    data = _batch(batch, length, len(service.loaded.tokenizer))
+    config = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2, "aggregation": "token-mean"}
+
+    if side == "client":
+        def step():
+            client.forward_backward(data, "ppo", config).result()
+    else:
+        peft_model = service.peft
+        ids = torch.tensor([d.model_input.to_ints() for d in data])
+        targets = torch.tensor([d.loss_fn_inputs["target_tokens"] for d in data])
+        mask = torch.tensor([d.loss_fn_inputs["mask"] for d in data])
+        old = torch.tensor([d.loss_fn_inputs["logprobs"] for d in data])
+        adv = torch.tensor([d.loss_fn_inputs["advantages"] for d in data])
+
+        def step():
+            peft_model.set_adapter("bench")
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=service.autocast):
+                logits = peft_model(input_ids=ids).logits
+            logp = torch.log_softmax(logits.float(), -1).gather(-1, targets[..., None]).squeeze(-1)
+            ratio = torch.exp(logp - old)
+            loss = -torch.minimum(ratio * adv, ratio.clamp(0.8, 1.2) * adv)
+            ((loss * mask).sum() / mask.sum()).backward()
+
+    step()  # warm-up
+    client.optimizer.zero_grad(set_to_none=True)
+    base = _rss_mb("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")  # reset the peak-RSS mark to the current RSS
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        step()
+        client.optimizer.zero_grad(set_to_none=True)
+    elapsed = time.perf_counter() - t0
+    return {"tok_s": batch * length * iters / elapsed, "peak_mb": _rss_mb("VmHWM") - base}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--length", type=int, default=384)
+    parser.add_argument("--iters", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--worker", choices=["client", "plain"])
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.model, args.batch, args.length, args.iters)))
+        return
+    results: dict[str, list[dict]] = {"client": [], "plain": []}
+    for r in range(args.rounds):
+        for side in ("client", "plain") if r % 2 == 0 else ("plain", "client"):
+            out = subprocess.run(
+                [sys.executable, __file__, "--worker", side, "--model", args.model, "--batch", str(args.batch),
+                 "--length", str(args.length), "--iters", str(args.iters)],
+                capture_output=True, text=True, check=True,
+            )
+            results[side].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            print(f"round {r} {side}: {results[side][-1]}", file=sys.stderr)
+    med = {side: {k: statistics.median(x[k] for x in rows) for k in ("tok_s", "peak_mb")} for side, rows in results.items()}
+    print(json.dumps({
+        "model": args.model, "batch": args.batch, "length": args.length,
+        "client_tok_s": round(med["client"]["tok_s"], 1), "plain_tok_s": round(med["plain"]["tok_s"], 1),
+        "ratio": round(med["client"]["tok_s"] / med["plain"]["tok_s"], 3),
+        "client_peak_mb": round(med["client"]["peak_mb"], 1), "plain_peak_mb": round(med["plain"]["peak_mb"], 1),
+    }))
+
+
+if __name__ == "__main__":
+    main()

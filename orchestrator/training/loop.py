@@ -1,0 +1,263 @@
+"""``rolecast train``: rollout, rewards, advantages, forward_backward per adapter, optim_step,
+refresh the sampler; evaluate and checkpoint every K steps.
+
+Run dir::
+
+    config.yaml                   the resolved recipe and run options
+    metrics.jsonl                 one line per step (and per evaluation)
+    tb/                           TensorBoard events of the same metrics
+    rollouts/step-000001/         that step's transcripts.jsonl and summary.json
+    checkpoints/step-000005/      every adapter's weights, optimizer, RNG; trainer state
+    checkpoints/latest            the name of the last complete checkpoint (replaced atomically)
+
+A checkpoint is written to a temp dir and renamed into place before ``latest`` points at it,
+so a kill -9 at any moment leaves the last good one; ``--resume`` continues at the step after.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import structlog
+import torch
+import yaml
+
+from ..config import TrainingConfig
+from ..engines.base import Engine
+from ..episode import derive_seed
+from ..errors import RolecastError
+from ..registry import Registry, default_registry
+from ..runner import RunOptions, build_policies, run_team
+from ..team import Team
+from ..transcript import EpisodeRecord
+from .datums import DatumBuildOptions, role_datums
+from .metrics import MetricsWriter
+from .trainer import TrainerContext
+from .types import AdamParams, Datum, LoraConfig
+
+log = structlog.get_logger()
+
+
+@dataclass
+class TrainOptions:
+    out_dir: Path
+    model: str
+    dtype: str = "auto"
+    seed: int = 0
+    steps: int | None = None  # default: the recipe's training.steps
+    resume: bool = False
+    progress: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def trainable_roles(team: Team) -> dict[str, str]:
+    """role -> adapter for the roles that learn: trainable, with an adapter, bound to the model."""
+    out = {}
+    for name, spec in team.roles.items():
+        p = spec.config.policy
+        if p.trainable and p.adapter and spec.binding is None:
+            out[name] = p.adapter
+    return out
+
+
+class TrainingRun:
+    def __init__(self, team: Team, options: TrainOptions, engine: Engine, service: Any, registry: Registry | None = None):
+        if team.config.training is None:
+            raise RolecastError(f"{team.path}: the recipe has no `training:` block")
+        self.team = team
+        self.cfg: TrainingConfig = team.config.training
+        self.options = options
+        self.registry = registry or default_registry()
+        self.engine = engine
+        self.service = service
+        self.roles = trainable_roles(team)
+        if not self.roles:
+            raise RolecastError(f"{team.path}: no trainable role (trainable: true, an adapter, bound to the model)")
+        self.trainer = self.registry.get("trainers", self.cfg.trainer)(TrainerContext(self.roles, dict(self.cfg.trainer_config)))
+        self.reward_fn = self.registry.get("rewards", self.cfg.reward)
+        lora = LoraConfig(**{**self.cfg.lora.model_dump(), "target_modules": tuple(self.cfg.lora.target_modules)})
+        self.clients = {a: service.create_lora_training_client(a, lora) for a in dict.fromkeys(self.roles.values())}
+        self.policies = build_policies(team, {}, lambda: engine, self.registry)
+        self.run_dir = options.out_dir
+        self.steps = options.steps or self.cfg.steps
+        self.metrics = MetricsWriter(self.run_dir)
+
+    # -- the loop --------------------------------------------------------------------------------
+    async def run(self) -> dict[str, Any]:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        start = self._resume() + 1 if self.options.resume else 0
+        if start == 0:
+            self._write_config()
+            await self._publish_all()
+            await self.evaluate(0)
+        from rich.progress import Progress
+
+        with Progress(disable=not self.options.progress) as bar:
+            task = bar.add_task("training", total=self.steps, completed=start)
+            for step in range(max(start, 1), self.steps + 1):
+                await self.train_step(step)
+                if self.cfg.eval_every and step % self.cfg.eval_every == 0 and step != self.steps:
+                    await self.evaluate(step)
+                if step % self.cfg.checkpoint_every == 0 or step == self.steps:
+                    self.checkpoint(step)
+                bar.update(task, completed=step)
+        final = await self.evaluate(self.steps)
+        self.metrics.close()
+        return final
+
+    async def train_step(self, step: int) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        groups = await self.rollout(step)
+        rewards = [[self.reward_fn(ep, list(self.team.roles), self.cfg.reward_config) for ep in g] for g in groups]
+        advantages = self.trainer.advantages([[{r: rw[r] for r in self.roles} for rw in g] for g in rewards])
+        t_roll = time.perf_counter() - t0
+        row: dict[str, Any] = {"step": step, "kind": "train"}
+        for role in self.team.roles:
+            values = [rw[role] for g in rewards for rw in g]
+            row[f"reward/{role}"] = sum(values) / len(values)
+        turns = [t for g in groups for ep in g for t in ep.turns]
+        row["valid_turn_rate"] = sum(t.valid for t in turns) / max(len(turns), 1)
+        row["episodes"] = sum(len(g) for g in groups)
+        for adapter in self.trainer.adapters_to_train(step):
+            row.update(await self._update(adapter, groups, advantages))
+        row["rollout_s"] = round(t_roll, 3)
+        row["step_s"] = round(time.perf_counter() - t0, 3)
+        self.metrics.write(row)
+        return row
+
+    async def rollout(self, step: int) -> list[list[EpisodeRecord]]:
+        rng = random.Random(f"{self.options.seed}:tasks:{step}")
+        chosen = [rng.choice(self.team.tasks) for _ in range(self.cfg.groups_per_step)]
+        size = self.cfg.group_size
+        team = replace(self.team, tasks=[t for t in chosen for _ in range(size)])
+        adapters_for = getattr(self.trainer, "adapters_for", None)
+        result = await run_team(team, self.policies, RunOptions(
+            episodes=len(team.tasks),
+            seed=derive_seed(self.options.seed, step),
+            out_dir=self.run_dir / "rollouts" / f"step-{step:06d}",
+            concurrency=self.team.config.concurrency,
+            episode_timeout_s=self.team.config.episode_timeout_s,
+            progress=False,
+            adapters_for=(lambda i: adapters_for(step, i)) if adapters_for else None,
+        ))
+        return [result.episodes[g * size:(g + 1) * size] for g in range(len(chosen))]
+
+    async def _update(self, adapter: str, groups: list[list[EpisodeRecord]], advantages) -> dict[str, Any]:
+        """forward_backward over every datum of the adapter's roles, one optim_step, publish."""
+        options = DatumBuildOptions(invalid=self.cfg.invalid, invalid_advantage=self.cfg.invalid_advantage)
+        by_temperature: dict[float, list[Datum]] = defaultdict(list)
+        for g, group in enumerate(groups):
+            for e, episode in enumerate(group):
+                for role, role_adapter in self.roles.items():
+                    if role_adapter != adapter or role in episode.adapters:  # an opponent snapshot played it
+                        continue
+                    t = self.team.roles[role].config.policy.sampling.temperature
+                    by_temperature[t if t > 0 else 1.0] += role_datums(episode, role, advantages[g][e][role], options)
+        client = self.clients[adapter]
+        metrics: dict[str, Any] = {}
+        n_datums = sum(len(d) for d in by_temperature.values())
+        if n_datums == 0:
+            return {f"{adapter}/datums": 0}
+        for temperature, data in by_temperature.items():
+            config = {**self.cfg.loss_config, "temperature": temperature}
+            out = await (await client.forward_backward_async(data, self.cfg.loss, config)).result_async()
+            for key, value in out.metrics.items():
+                metrics[f"{adapter}/{key}"] = metrics.get(f"{adapter}/{key}", 0.0) + value / len(by_temperature)
+        opt = await (await client.optim_step_async(AdamParams(**self.cfg.adam.model_dump()))).result_async()
+        metrics.update({f"{adapter}/{k}": v for k, v in opt.metrics.items()})
+        version = await (await client.save_weights_for_sampler_async(self._sampler_dir(adapter))).result_async()
+        metrics[f"{adapter}/datums"] = n_datums
+        metrics[f"{adapter}/version"] = version
+        return metrics
+
+    async def evaluate(self, step: int) -> dict[str, Any]:
+        tasks = self.team.eval_tasks or self.team.tasks
+        n = self.cfg.eval_episodes
+        team = replace(self.team, tasks=tasks)
+        result = await run_team(team, self.policies, RunOptions(
+            episodes=n, seed=derive_seed(self.options.seed, 999_999), out_dir=self.run_dir / "evals" / f"step-{step:06d}",
+            concurrency=self.team.config.concurrency, episode_timeout_s=self.team.config.episode_timeout_s, progress=False,
+        ))
+        row: dict[str, Any] = {"step": step, "kind": "eval", "episodes": n}
+        for role in self.team.roles:
+            values = [self.reward_fn(ep, list(self.team.roles), self.cfg.reward_config)[role] for ep in result.episodes]
+            mean = sum(values) / len(values)
+            sd = math.sqrt(sum((v - mean) ** 2 for v in values) / max(len(values) - 1, 1))
+            row[f"eval_reward/{role}"] = mean
+            row[f"eval_ci95/{role}"] = 1.96 * sd / math.sqrt(len(values))
+        row["eval_valid_turn_rate"] = result.summary["valid_turn_rate"]
+        self.metrics.write(row)
+        log.info("evaluation", step=step, **{k: round(v, 4) for k, v in row.items() if k.startswith("eval_reward/")})
+        return row
+
+    # -- sampler, config, checkpoints ------------------------------------------------------------
+    def _sampler_dir(self, adapter: str) -> Path:
+        return self.run_dir / "sampler" / adapter
+
+    async def _publish_all(self) -> None:
+        for adapter, client in self.clients.items():
+            await (await client.save_weights_for_sampler_async(self._sampler_dir(adapter))).result_async()
+
+    def _write_config(self) -> None:
+        config = {"recipe": self.team.resolved(), "run": {"seed": self.options.seed, "model": self.options.model,
+                                                          "dtype": self.options.dtype, "steps": self.steps, **self.options.extra}}
+        (self.run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
+
+    def checkpoint(self, step: int) -> Path:
+        root = self.run_dir / "checkpoints"
+        root.mkdir(parents=True, exist_ok=True)
+        name = f"step-{step:06d}"
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=root))
+        try:
+            for adapter, client in self.clients.items():
+                client.save_state(tmp / "adapters" / adapter).result()
+            (tmp / "trainer.json").write_text(json.dumps({"step": step, "trainer": self.trainer.state_dict()}))
+            torch.save({"torch": torch.get_rng_state(), "python": random.getstate()}, tmp / "rng.pt")
+            final = root / name
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        _write_atomic(root / "latest", name)
+        for old in sorted(root.glob("step-*"))[: -self.cfg.keep_checkpoints]:  # zero-padded: oldest first
+            shutil.rmtree(old, ignore_errors=True)
+        log.info("checkpoint", step=step, path=str(root / name))
+        return root / name
+
+    def _resume(self) -> int:
+        latest = self.run_dir / "checkpoints" / "latest"
+        if not latest.exists():
+            raise RolecastError(f"--resume: no checkpoint in {self.run_dir / 'checkpoints'}")
+        folder = self.run_dir / "checkpoints" / latest.read_text().strip()
+        state = json.loads((folder / "trainer.json").read_text())
+        for adapter, client in self.clients.items():
+            client.load_state(folder / "adapters" / adapter).result()
+        self.trainer.load_state_dict(state["trainer"])
+        for adapter, client in self.clients.items():
+            client.save_weights_for_sampler(self._sampler_dir(adapter)).result()
+        # last: loading adapters into the engine draws from the RNG (PEFT initialises before loading)
+        rng = torch.load(folder / "rng.pt", weights_only=False)
+        torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
+        self.metrics.truncate_after(state["step"])
+        log.info("resumed", step=state["step"], checkpoint=str(folder))
+        return int(state["step"])
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)

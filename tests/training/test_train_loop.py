@@ -1,0 +1,142 @@
+"""`rolecast train` end to end on the tiny model: metrics, checkpoints, sampler refresh, resume."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from support import write
+
+RECIPE = """
+name: tiny_debate
+protocol: {type: debate, debaters: [pro, con], judge: judge, rounds: 1}
+roles:
+  - {use: debater, name: pro, params: {stance: for}, policy: {adapter: pro, sampling: {max_tokens: 6}}, max_retries: 0}
+  - {use: debater, name: con, params: {stance: against}, policy: {adapter: con, sampling: {max_tokens: 6}}, max_retries: 0}
+  - {use: judge, policy: {sampling: {max_tokens: 6}}, max_retries: 0}
+tasks: [{topic: "Cats are better than dogs."}, {topic: "Tea is better than coffee."}]
+model: tiny
+training:
+  trainer: grpo
+  steps: {steps}
+  group_size: 2
+  groups_per_step: 1
+  eval_every: 0
+  eval_episodes: 2
+  checkpoint_every: 1
+  keep_checkpoints: 2
+  adam: {learning_rate: 1.0e-3}
+"""
+
+
+def recipe(tmp_path: Path, steps: int) -> Path:
+    return write(tmp_path / "recipe.yaml", RECIPE.replace("{steps}", str(steps)))
+
+
+def train(*args: str, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "train", *args, "--no-progress", "--dtype", "float32"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def rows(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_train_writes_metrics_checkpoints_and_refreshes_the_sampler(tmp_path):
+    run = tmp_path / "run"
+    proc = train(str(recipe(tmp_path, 2)), "--out", str(run))
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    metrics = rows(run)
+    assert [(r["kind"], r["step"]) for r in metrics] == [("eval", 0), ("train", 1), ("train", 2), ("eval", 2)]
+    step1, step2 = metrics[1], metrics[2]
+    for adapter in ("pro", "con"):
+        assert step1[f"{adapter}/version"] == 2 and step2[f"{adapter}/version"] == 3  # 1 = initial publish
+        assert step1[f"{adapter}/datums"] > 0
+        assert step1[f"{adapter}/ratio_mean"] == pytest.approx(1.0, abs=1e-3)  # on-policy
+    assert "judge/version" not in step1  # not trainable
+    assert (run / "checkpoints" / "latest").read_text() == "step-000002"
+    assert sorted(p.name for p in (run / "checkpoints").glob("step-*")) == ["step-000001", "step-000002"]
+    assert (run / "config.yaml").exists() and list((run / "tb").iterdir())
+    # the sampler copy is what the latest step trained
+    trained = load_file(str(run / "checkpoints" / "step-000002" / "adapters" / "pro" / "adapter_model.safetensors"))
+    sampler = load_file(str(run / "sampler" / "pro" / "adapter_model.safetensors"))
+    assert all(torch.equal(trained[k], sampler[k]) for k in trained)
+    report = subprocess.run([sys.executable, "-m", "orchestrator.cli", "report", str(run), "--json"],
+                            capture_output=True, text=True, timeout=120)
+    assert report.returncode == 0, report.stderr
+    summary = json.loads(report.stdout)
+    assert any(p.endswith("reward.png") for p in summary["plots"]) and "pro" in summary["eval"]
+
+
+def test_sigkill_then_resume_continues_after_the_last_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    path = recipe(tmp_path, 4)
+    proc = train(str(path), "--out", str(run))
+    latest = run / "checkpoints" / "latest"
+    deadline = time.time() + 240
+    while time.time() < deadline and not (latest.exists() and latest.read_text() == "step-000002"):
+        time.sleep(0.2)
+    assert latest.exists(), proc.stderr.read() if proc.poll() is not None else "no checkpoint in time"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done = latest.read_text()
+    saved = load_file(str(run / "checkpoints" / done / "adapters" / "con" / "adapter_model.safetensors"))
+    opt = torch.load(run / "checkpoints" / done / "adapters" / "con" / "optimizer.pt", weights_only=False)
+
+    _check_resume_restores_the_checkpoint(path, run, done)
+    resumed = train(str(path), "--out", str(run), "--resume")
+    out, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err
+    k = int(done.split("-")[1])
+    assert f"resumed" in err and f"step={k}" in err
+    train_steps = [r["step"] for r in rows(run) if r["kind"] == "train"]
+    assert train_steps == [1, 2, 3, 4][: len(train_steps)] and train_steps[-1] == 4  # each step once
+    assert (latest.read_text()) == "step-000004"
+    state = json.loads((run / "checkpoints" / "step-000004" / "adapters" / "con" / "state.json").read_text())
+    assert state["step"] == 4  # the optimizer's step count went on from the checkpoint's
+    assert opt["state"], "the checkpoint carried optimizer moments"
+    assert saved  # the weights the resumed run started from were on disk
+
+
+def _check_resume_restores_the_checkpoint(path: Path, run: Path, done: str) -> None:
+    """In-process: after _resume(), adapter, optimizer, step and RNG equal the checkpoint's."""
+    import asyncio
+
+    from orchestrator.engines.hf import HFEngine
+    from orchestrator.models import load_model
+    from orchestrator.team import load_team
+    from orchestrator.training.client import ServiceClient
+    from orchestrator.training.loop import TrainingRun, TrainOptions
+
+    engine = HFEngine(load_model("tiny", dtype="float32"))
+    service = ServiceClient("tiny")
+    service.attach_engine(engine)
+    try:
+        tr = TrainingRun(load_team(path), TrainOptions(out_dir=run, model="tiny", resume=True), engine, service)
+        step = tr._resume()
+        assert f"step-{step:06d}" == done
+        folder = run / "checkpoints" / done / "adapters"
+        for adapter, client in tr.clients.items():
+            saved = load_file(str(folder / adapter / "adapter_model.safetensors"))
+            now = client.adapter_state()
+            assert saved.keys() == now.keys() and all(torch.equal(saved[k], now[k]) for k in saved)
+            opt = torch.load(folder / adapter / "optimizer.pt", weights_only=False)
+            live = client.optimizer.state_dict()
+            assert opt["state"].keys() == live["state"].keys()
+            assert all(torch.equal(opt["state"][i]["exp_avg"], live["state"][i]["exp_avg"]) for i in opt["state"])
+            assert client.step == step
+        rng = torch.load(run / "checkpoints" / done / "rng.pt", weights_only=False)
+        assert torch.equal(torch.get_rng_state(), rng["torch"])
+        assert engine.adapter_version("pro") >= 1  # the sampler serves the restored weights
+    finally:
+        asyncio.run(engine.aclose())
+        service.close()
