@@ -10,6 +10,7 @@ from .rewards import REWARDS
 from .trainers.freeze_rotate import FreezeRotate
 from .trainers.grpo import GRPO
 from .trainers.mgrpo import MGRPO
+from .trainers.self_play import SelfPlay
 
 
 @hookimpl
@@ -34,3 +35,4 @@ def register_trainers(register):
     register("grpo", GRPO)
     register("freeze-rotate", FreezeRotate)
     register("m-grpo", MGRPO)
+    register("self-play", SelfPlay)

@@ -129,6 +129,9 @@ class TrainingRun:
         row["episodes"] = sum(len(g) for g in groups)
         for adapter in self.trainer.adapters_to_train(step):
             row.update(await self._update(adapter, groups, advantages))
+        after_step = getattr(self.trainer, "after_step", None)  # e.g. self-play: results, Elo, snapshots
+        if after_step:
+            row.update(after_step(step, [ep for g in groups for ep in g], [rw for g in rewards for rw in g], self._snapshot))
         row["rollout_s"] = round(t_roll, 3)
         row["step_s"] = round(time.perf_counter() - t0, 3)
         self.metrics.write(row)
@@ -203,6 +206,12 @@ class TrainingRun:
     def _sampler_dir(self, adapter: str) -> Path:
         return self.run_dir / "sampler" / adapter
 
+    def _snapshot(self, adapter: str, name: str) -> None:
+        """Freeze the adapter's current weights as opponent ``name`` (kept on disk for --resume)."""
+        path = self.run_dir / "pool" / name
+        shutil.copytree(self._sampler_dir(adapter), path, dirs_exist_ok=True)
+        self.engine.load_adapter(name, path)
+
     async def _publish_all(self) -> None:
         for adapter, client in self.clients.items():
             await (await client.save_weights_for_sampler_async(self._sampler_dir(adapter))).result_async()
@@ -243,6 +252,8 @@ class TrainingRun:
         for adapter, client in self.clients.items():
             client.load_state(folder / "adapters" / adapter).result()
         self.trainer.load_state_dict(state["trainer"])
+        for name in getattr(self.trainer, "pool", []):  # self-play opponents back into the engine
+            self.engine.load_adapter(name, self.run_dir / "pool" / name)
         for adapter, client in self.clients.items():
             client.save_weights_for_sampler(self._sampler_dir(adapter)).result()
         # last: loading adapters into the engine draws from the RNG (PEFT initialises before loading)

@@ -1,0 +1,79 @@
+"""Self-play: learner alternation, opponent-pool sampling frequencies, snapshots, Elo."""
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.registry import default_registry
+from orchestrator.training.trainer import TrainerContext
+from orchestrator.transcript import EpisodeRecord
+
+
+def make(**config):
+    cls = default_registry().get("trainers", "self-play")
+    return cls(TrainerContext(adapters={"x": "player", "o": "player"}, config=config))
+
+
+def fill_pool(t, names):
+    t.pool = list(names)
+    t.record = {n: [0, 0] for n in names}
+    t.elo.update({n: 1000.0 for n in names})
+
+
+def test_needs_players_sharing_one_adapter():
+    cls = default_registry().get("trainers", "self-play")
+    with pytest.raises(ValueError, match="sharing one adapter"):
+        cls(TrainerContext(adapters={"x": "px", "o": "po"}))
+
+
+def test_without_a_pool_everyone_plays_the_live_adapter():
+    t = make()
+    assert all(t.adapters_for(1, i) == {} for i in range(50))
+    assert [t.learner(i) for i in range(4)] == ["x", "o", "x", "o"]
+
+
+def test_pool_sampling_frequencies_uniform():
+    t = make(latest_prob=0.8)
+    fill_pool(t, ["player@5", "player@10", "player@15", "player@20"])
+    n = 20000
+    picks = [t.opponent(step, i) for step in range(1, 5) for i in range(n // 4)]
+    latest = picks.count(None) / n
+    assert latest == pytest.approx(0.8, abs=0.015)
+    for name in t.pool:
+        assert picks.count(name) / n == pytest.approx(0.05, abs=0.01)
+    # the learner's own side is never overridden; the other side plays the snapshot
+    for i in range(200):
+        over = t.adapters_for(3, i)
+        assert t.learner(i) not in over and all(v in t.pool for v in over.values())
+
+
+def test_pool_sampling_by_win_rate():
+    t = make(latest_prob=0.0, sampling="win_rate")
+    fill_pool(t, ["strong", "weak"])
+    t.record = {"strong": [8, 10], "weak": [0, 10]}  # (w+1)/(n+2): 0.75 vs 0.0833
+    picks = [t.opponent(1, i) for i in range(20000)]
+    assert picks.count("strong") / len(picks) == pytest.approx(0.75 / (0.75 + 1 / 12), abs=0.015)
+
+
+def test_after_step_snapshots_bounded_pool_and_elo():
+    t = make(snapshot_every=2, pool_size=2, latest_prob=0.0)
+    saved = []
+
+    def snapshot(adapter, name):
+        saved.append((adapter, name))
+
+    for step in range(1, 7):
+        episodes, rewards = [], []
+        for i in range(4):
+            ep = EpisodeRecord(id=f"{step}-{i}", index=i, team="t", task={}, seed=0, adapters=t.adapters_for(step, i))
+            me = t.learner(i)
+            episodes.append(ep)
+            rewards.append({me: 1.0, ("o" if me == "x" else "x"): -1.0})  # the learner always wins
+        metrics = t.after_step(step, episodes, rewards, snapshot)
+    assert saved == [("player", "player@2"), ("player", "player@4"), ("player", "player@6")]
+    assert t.pool == ["player@4", "player@6"] and set(t.record) == {"player@4", "player@6"}
+    assert metrics["win_rate/vs_pool"] == 1.0
+    assert t.elo["latest"] > t.elo["player@4"]  # it kept beating the snapshot it was rated equal to
+    state = t.state_dict()
+    fresh = make(snapshot_every=2, pool_size=2)
+    fresh.load_state_dict(state)
+    assert fresh.pool == t.pool and fresh.elo == t.elo
