@@ -23,7 +23,6 @@ from pathlib import Path
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 import torch  # noqa: E402
-from peft import get_peft_model_state_dict  # noqa: E402
 
 from orchestrator.engines.base import GenerationRequest, SamplingParams  # noqa: E402
 from orchestrator.engines.hf import HFEngine  # noqa: E402
@@ -80,10 +79,14 @@ def prefill_rate(model, ps, batch: int = 8) -> float:
     return tokens / (time.perf_counter() - t0)
 
 
-def randomize(engine: HFEngine, name: str, seed: int) -> None:
+def randomize(engine: HFEngine, name: str, seed: int, rank: int = 16) -> None:
+    """Random non-zero rank-16 LoRA weights on every linear layer (PEFT key format)."""
     g = torch.Generator().manual_seed(seed)
-    state = get_peft_model_state_dict(engine.peft, adapter_name=name)
-    engine.update_adapter(name, {k: torch.randn(v.shape, generator=g) * 0.02 for k, v in state.items()})
+    state = {}
+    for module, m in engine.lora.linears.items():
+        state[f"base_model.model.{module}.lora_A.weight"] = torch.randn(rank, m.in_features, generator=g) * 0.02
+        state[f"base_model.model.{module}.lora_B.weight"] = torch.randn(m.out_features, rank, generator=g) * 0.02
+    engine.update_adapter(name, state, scale=2.0)
 
 
 def main() -> None:

@@ -5,7 +5,7 @@ them with continuous batching: each iteration prefills the newcomers (together),
 KV cache to the running batch, then advances every running sequence by one token in a single
 forward pass. Sequences leave the batch as soon as they finish, and waiting requests take their
 place, so a short reply never waits for the longest one. Rows of one forward pass may use
-different adapters (PEFT mixed-adapter batches; ``"__base__"`` for the base model).
+different adapters (``lora.MultiLoRA``: rows grouped by adapter once per forward pass).
 
 Adapters can be added, loaded, updated and removed while the engine runs; changes are applied
 between scheduler iterations, and every change bumps the adapter's version, which each
@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from ..models import LoadedModel
 from .base import Completion, GenerationRequest
 from .kv import BatchKV
+from .lora import MultiLoRA
 from .sampling import sample_rows
 
 log = structlog.get_logger()
@@ -54,7 +55,7 @@ class HFEngine:
         self.tokenizer = loaded.tokenizer
         self.max_batch = max_batch
         self.max_prefill = max_prefill
-        self.peft = None  # the PEFT wrapper, made when the first adapter arrives
+        self.lora = MultiLoRA(self.model)
         self.versions: dict[str, int] = {}
         self.eos_ids = self._eos_ids()
         self._pending: queue.Queue[_Seq] = queue.Queue()
@@ -113,52 +114,31 @@ class HFEngine:
     def adapter_version(self, name: str) -> int:
         return self.versions.get(name, 0)
 
-    def add_adapter(self, name: str, lora_config: Any = None) -> int:
-        """A fresh LoRA adapter (B = 0, so it samples exactly like the base model)."""
-        from peft import LoraConfig, get_peft_model
-
-        config = lora_config or LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM")
+    def add_adapter(self, name: str) -> int:
+        """A fresh adapter (B = 0: it samples exactly like the base model until trained)."""
         with self._lock:
-            if self.peft is None:
-                self.peft = get_peft_model(self.model, config, adapter_name=name)
-            else:
-                self.peft.add_adapter(name, config)
-            self.peft.eval()
+            self.lora.set_empty(name)
             return self._bump(name)
 
     def load_adapter(self, name: str, path: str | Path) -> int:
         """Load PEFT-format weights from ``path``: a new adapter, or new weights for an old one."""
-        from peft import PeftModel, set_peft_model_state_dict
-        from peft.utils import load_peft_weights
-
         with self._lock:
-            if self.peft is not None and name in self.peft.peft_config:
-                set_peft_model_state_dict(self.peft, load_peft_weights(str(path), device="cpu"), adapter_name=name)
-            elif self.peft is None:
-                self.peft = PeftModel.from_pretrained(self.model, str(path), adapter_name=name, is_trainable=False)
-            else:
-                self.peft.load_adapter(str(path), adapter_name=name, is_trainable=False)
-            self.peft.eval()
+            self.lora.load(name, path)
             return self._bump(name)
 
-    def update_adapter(self, name: str, state_dict: dict[str, torch.Tensor]) -> int:
-        """Copy new weights (PEFT's saved key format) into an existing adapter, in place."""
-        from peft import set_peft_model_state_dict
-
+    def update_adapter(self, name: str, state_dict: dict[str, torch.Tensor], scale: float = 1.0) -> int:
+        """Replace an adapter's weights (PEFT key format; B is multiplied by ``scale`` = alpha / r)."""
         with self._lock:
-            if self.peft is None or name not in self.peft.peft_config:
+            if name not in self.lora.adapters:
                 raise KeyError(f"no adapter {name!r} to update (add or load it first)")
-            set_peft_model_state_dict(self.peft, state_dict, adapter_name=name)
+            self.lora.set_state(name, state_dict, scale)
             return self._bump(name)
 
     def remove_adapter(self, name: str) -> None:
         with self._lock:
-            if self.peft is None or name not in self.peft.peft_config:
+            if name not in self.lora.adapters:
                 raise KeyError(f"no adapter {name!r}")
-            if len(self.peft.peft_config) == 1:  # PEFT cannot run with no adapter left: unwrap
-                self.model, self.peft = self.peft.unload(), None
-            else:
-                self.peft.delete_adapter(name)
+            self.lora.remove(name)
             self.versions.pop(name, None)
 
     def _bump(self, name: str) -> int:
@@ -166,7 +146,7 @@ class HFEngine:
         return self.versions[name]
 
     def _adapter_key(self, name: str | None) -> str:
-        if name is None or name in self.versions:
+        if name is None or name in self.lora.adapters:
             return name or BASE
         if name not in self._warned:
             self._warned.add(name)
@@ -234,8 +214,7 @@ class HFEngine:
             kwargs["position_ids"] = positions
         if keep_last:
             kwargs["logits_to_keep"] = 1
-        if self.peft is not None:
-            return self.peft(**kwargs, adapter_names=adapters)
+        self.lora.route([None if a == BASE else a for a in adapters])
         return self.model(**kwargs)
 
     def _prefill(self, seqs: list[_Seq]) -> None:

@@ -5,8 +5,6 @@ import asyncio
 
 import pytest
 import torch
-from peft import get_peft_model_state_dict
-
 from orchestrator.engines.base import GenerationRequest, SamplingParams
 from orchestrator.engines.hf import HFEngine
 from orchestrator.models import load_model
@@ -26,11 +24,19 @@ def engine():
     asyncio.run(e.aclose())
 
 
+def random_lora(engine: HFEngine, seed: int, rank: int = 4, std: float = 0.5) -> dict[str, torch.Tensor]:
+    """A PEFT-format state dict with random non-zero A and B for every linear of the model."""
+    g = torch.Generator().manual_seed(seed)
+    state = {}
+    for name, m in engine.lora.linears.items():
+        state[f"base_model.model.{name}.lora_A.weight"] = torch.randn(rank, m.in_features, generator=g) * std
+        state[f"base_model.model.{name}.lora_B.weight"] = torch.randn(m.out_features, rank, generator=g) * std
+    return state
+
+
 def randomize(engine: HFEngine, name: str, seed: int) -> int:
     """Give adapter ``name`` random non-zero weights so it really differs from the base."""
-    g = torch.Generator().manual_seed(seed)
-    state = get_peft_model_state_dict(engine.peft, adapter_name=name)
-    return engine.update_adapter(name, {k: torch.randn(v.shape, generator=g) * 0.5 for k, v in state.items()})
+    return engine.update_adapter(name, random_lora(engine, seed))
 
 
 def request(engine, i, adapter=None, **sampling) -> GenerationRequest:
@@ -142,3 +148,18 @@ def test_closed_engine_refuses_work(engine):
     asyncio.run(engine.aclose())
     with pytest.raises(RuntimeError, match="closed"):
         asyncio.run(engine.generate(request(engine, 0)))
+
+
+def test_adapters_load_from_peft_format_dirs(engine, tmp_path):
+    from safetensors.torch import save_file
+
+    save_file(random_lora(engine, 3), str(tmp_path / "adapter_model.safetensors"))
+    (tmp_path / "adapter_config.json").write_text('{"r": 4, "lora_alpha": 8}')
+    assert engine.load_adapter("disk", tmp_path) == 1
+    engine.add_adapter("same")
+    assert engine.update_adapter("same", random_lora(engine, 3), scale=2.0) == 2  # alpha / r = 8 / 4
+    a = asyncio.run(engine.generate(request(engine, 0, adapter="disk", temperature=0.0)))
+    b = asyncio.run(engine.generate(request(engine, 0, adapter="same", temperature=0.0)))
+    assert a.token_ids == b.token_ids
+    with pytest.raises(KeyError, match="does not have"):
+        engine.update_adapter("same", {"base_model.model.model.nope.lora_A.weight": torch.zeros(1)})
