@@ -20,6 +20,10 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/rolecast run recipes/debate.yaml --episodes 8 --out runs/demo-debate
+	# then a short training run of both debaters' adapters, and its report
+	rm -rf runs/demo-train
+	$(BIN)/rolecast train recipes/debate.yaml --steps 2 --out runs/demo-train
+	$(BIN)/rolecast report runs/demo-train
 
 # Fast tests, then the small selection of real-model tests that CI runs (marked `slow` and `ci`).
 test: $(STAMP)

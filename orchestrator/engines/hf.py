@@ -232,7 +232,18 @@ class HFEngine:
         out = self._forward(ids, mask, None, [s.adapter_key for s in seqs], positions, keep_last=True)
         self._kv.append(out.past_key_values, mask)
         self._active += seqs
+        self._group_by_adapter()
         self._take(seqs, out.logits[:, -1])
+
+    def _group_by_adapter(self) -> None:
+        """Keep each adapter's rows contiguous, so LoRA deltas apply to slices (views)."""
+        first: dict[str, int] = {}
+        for i, s in enumerate(self._active):
+            first.setdefault(s.adapter_key, i)
+        order = sorted(range(len(self._active)), key=lambda i: (first[self._active[i].adapter_key], i))
+        if order != list(range(len(order))):
+            self._kv.keep(order)
+            self._active = [self._active[i] for i in order]
 
     def _decode(self) -> None:
         ids = torch.tensor([[s.tokens[-1]] for s in self._active])

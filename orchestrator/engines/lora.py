@@ -31,7 +31,7 @@ class MultiLoRA:
         self.dtype = next(model.parameters()).dtype
         self.linears = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and name != "lm_head"}
         self.adapters: dict[str, dict[str, _Weights]] = {}  # adapter -> module name -> weights
-        self._groups: list[tuple[dict[str, _Weights], torch.Tensor | None]] = []
+        self._groups: list[tuple[dict[str, _Weights], torch.Tensor | slice | None]] = []
         for name, module in self.linears.items():
             module.register_forward_hook(self._hook(name))
 
@@ -42,7 +42,13 @@ class MultiLoRA:
         names = [a if a in self.adapters and self.adapters[a] else None for a in adapters]
         for name in dict.fromkeys(n for n in names if n is not None):
             rows = [i for i, n in enumerate(names) if n == name]
-            groups.append((self.adapters[name], None if len(rows) == len(names) else torch.tensor(rows)))
+            if len(rows) == len(names):
+                sel = None
+            elif rows[-1] - rows[0] + 1 == len(rows):  # contiguous: a view, no gather or scatter
+                sel = slice(rows[0], rows[-1] + 1)
+            else:
+                sel = torch.tensor(rows)
+            groups.append((self.adapters[name], sel))
         self._groups = groups
 
     def _hook(self, module_name: str):
@@ -54,10 +60,13 @@ class MultiLoRA:
                 w = weights.get(module_name)
                 if w is None:
                     continue
+                # in place: the serving path runs under inference_mode, nothing needs the old output
                 if rows is None:
-                    output = output + (x @ w.a.T) @ w.b.T
+                    output.add_((x @ w.a.T) @ w.b.T)
+                elif isinstance(rows, slice):
+                    output[rows].add_((x[rows] @ w.a.T) @ w.b.T)
                 else:
-                    output = output.index_add(0, rows, (x.index_select(0, rows) @ w.a.T) @ w.b.T)
+                    output.index_add_(0, rows, (x.index_select(0, rows) @ w.a.T) @ w.b.T)
             return output
 
         return add_lora
