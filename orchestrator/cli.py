@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run these tasks instead of the team's (repeatable; the protocol says what TASK means)")
     p.add_argument("--out", type=Path, help="run dir (default: runs/<team>-<time>)")
     p.add_argument("--policy", action="append", default=[], metavar="ROLE=BINDING",
-                   help="bind a role: replay:FILE, python:pkg.mod:fn, builtin:NAME or model (repeatable)")
+                   help="bind a role: replay:FILE, python:pkg.mod:fn, builtin:NAME, openai:MODEL@URL or model (repeatable)")
     p.add_argument("--model", help="smollm2-135m (default), tiny, or a local Hugging Face model path")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     p.add_argument("--seed", type=int, help="run seed (default: the team's `seed`)")
@@ -86,6 +86,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", type=Path)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("serve", help="serve the model and its adapters over an OpenAI-compatible API")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    p.add_argument("--adapter", action="append", default=[], metavar="NAME=PATH",
+                   help="serve a PEFT-format adapter dir as model NAME (repeatable)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("plugins", help="list installed plugins and what they register")
     p.add_argument("--json", action="store_true")
@@ -266,6 +275,27 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(summary["table"])
         for plot in summary["plots"]:
             print(f"plot: {plot}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .serve import serve
+
+    adapters = {}
+    for spec in args.adapter:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not Path(path, "adapter_config.json").is_file():
+            raise RolecastError(f"--adapter {spec!r}: expected NAME=PATH to a PEFT adapter dir (with adapter_config.json)")
+        adapters[name] = Path(path)
+    engine = _load_engine(args.model, args.dtype, 0)
+
+    def ready(port: int) -> None:
+        print(f"listening on http://{args.host}:{port}/v1", flush=True)
+
+    try:
+        asyncio.run(serve(engine, args.model, args.host, args.port, adapters, ready))
+    except KeyboardInterrupt:
+        pass
     return 0
 
 

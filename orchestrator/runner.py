@@ -28,6 +28,7 @@ from .errors import RolecastError
 from .policies.base import Policy
 from .policies.binding import Binding, load_callable
 from .policies.engine import EnginePolicy
+from .policies.openai import OpenAIPolicy
 from .policies.python import PythonPolicy
 from .policies.replay import ReplayPolicy
 from .registry import Registry, default_registry
@@ -80,6 +81,8 @@ def build_policies(
             policies[name] = replays.setdefault(binding.target, ReplayPolicy(binding.target))
         elif binding.kind == "python":
             policies[name] = PythonPolicy(load_callable(binding.target))
+        elif binding.kind == "openai":
+            policies[name] = OpenAIPolicy(binding.target)
         else:
             policies[name] = registry.get("policies", binding.target)(spec)
     return policies

@@ -1,4 +1,5 @@
-"""Parsing and checking policy bindings: ``model``, ``replay:FILE``, ``python:pkg.mod:fn``, ``builtin:NAME``."""
+"""Parsing and checking policy bindings: ``model``, ``replay:FILE``, ``python:pkg.mod:fn``,
+``builtin:NAME`` and ``openai:MODEL@BASE_URL``."""
 from __future__ import annotations
 
 import importlib
@@ -8,7 +9,7 @@ from typing import Any, Callable
 
 from ..registry import Registry
 
-KINDS = ("model", "replay", "python", "builtin")
+KINDS = ("model", "replay", "python", "builtin", "openai")
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,10 @@ class Binding:
             raise ValueError(f"replay file not found: {self.target}")
         if self.kind == "python":
             load_callable(self.target)
+        if self.kind == "openai":
+            from .openai import parse_target
+
+            parse_target(self.target)
         if self.kind == "builtin" and self.target not in registry.items["policies"]:
             known = ", ".join(registry.names("policies")) or "none"
             raise ValueError(f"unknown builtin policy {self.target!r} (known: {known})")

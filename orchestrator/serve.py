@@ -1,0 +1,143 @@
+"""``rolecast serve``: an OpenAI-compatible HTTP server over the HF engine.
+
+Each loaded adapter is a model name, so trained roles can be used by any tool that speaks
+``/v1/chat/completions``; the base model is served as ``base`` (and under its own name).
+Stdlib only: one request per connection, JSON in and out.
+
+    rolecast serve --model smollm2-135m --adapter judge=runs/x/sampler/judge --port 8000
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from .engines.base import GenerationRequest, SamplingParams
+from .engines.hf import HFEngine
+
+log = structlog.get_logger()
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop", "error": "stop"}
+MAX_BODY = 4 * 1024 * 1024
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.kind = status, message, kind
+
+
+class ChatServer:
+    def __init__(self, engine: HFEngine, model_name: str, request_timeout_s: float = 300.0):
+        self.engine = engine
+        self.model_name = model_name
+        self.timeout = request_timeout_s
+
+    def models(self) -> list[str]:
+        return ["base", self.model_name, *sorted(self.engine.versions)]
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            method, path, body = await asyncio.wait_for(_read_request(reader), 30)
+            status, payload = 200, await self.route(method, path, body)
+        except HTTPError as exc:
+            status, payload = exc.status, {"error": {"message": exc.message, "type": exc.kind}}
+        except asyncio.TimeoutError:
+            status, payload = 408, {"error": {"message": "request timed out", "type": "timeout"}}
+        except Exception as exc:  # a bug must not take the server down
+            log.error("serve.error", error=f"{type(exc).__name__}: {exc}")
+            status, payload = 500, {"error": {"message": f"{type(exc).__name__}: {exc}", "type": "server_error"}}
+        data = json.dumps(payload).encode()
+        head = f"HTTP/1.1 {status} {'OK' if status == 200 else 'Error'}\r\nContent-Type: application/json\r\n"
+        writer.write(head.encode() + f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
+        try:
+            await writer.drain()
+        finally:
+            writer.close()
+
+    async def route(self, method: str, path: str, body: bytes) -> dict[str, Any]:
+        path = path.split("?")[0].rstrip("/")
+        if method == "GET" and path == "/v1/models":
+            return {"object": "list", "data": [{"id": m, "object": "model", "owned_by": "rolecast"} for m in self.models()]}
+        if method == "POST" and path == "/v1/chat/completions":
+            return await self.chat(_json(body))
+        raise HTTPError(404, f"no route for {method} {path}", "not_found")
+
+    async def chat(self, req: dict[str, Any]) -> dict[str, Any]:
+        model = req.get("model")
+        if model not in self.models():
+            raise HTTPError(404, f"model {model!r} not found; available: {', '.join(self.models())}", "not_found")
+        messages = req.get("messages")
+        if not isinstance(messages, list) or not messages or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages
+        ):
+            raise HTTPError(400, "messages must be a non-empty list of {role, content} strings")
+        if req.get("n", 1) != 1:
+            raise HTTPError(400, "only n = 1 is supported")
+        stop = req.get("stop") or []
+        try:
+            sampling = SamplingParams(
+                temperature=float(req.get("temperature", 1.0)), top_p=float(req.get("top_p", 1.0)),
+                max_tokens=int(req.get("max_tokens") or req.get("max_completion_tokens") or 256),
+                stop=tuple([stop] if isinstance(stop, str) else stop),
+                seed=None if req.get("seed") is None else int(req["seed"]),
+            )
+        except (TypeError, ValueError) as exc:
+            raise HTTPError(400, f"bad sampling parameter: {exc}") from None
+        prompt = self.engine.apply_chat_template(messages)
+        adapter = None if model in ("base", self.model_name) else model
+        out = await asyncio.wait_for(self.engine.generate(GenerationRequest(tuple(prompt), sampling, adapter)), self.timeout)
+        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": out.text},
+                                  "finish_reason": FINISH[out.finish_reason]}
+        if req.get("logprobs"):
+            tok = self.engine.tokenizer
+            choice["logprobs"] = {"content": [{"token": tok.decode([t]), "logprob": lp}
+                                              for t, lp in zip(out.token_ids, out.logprobs)]}
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
+            "model": model, "choices": [choice],
+            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(out.token_ids),
+                      "total_tokens": len(prompt) + len(out.token_ids)},
+            "system_fingerprint": f"rolecast-{adapter or 'base'}-v{out.adapter_version}",
+        }
+
+
+async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str, bytes]:
+    line = (await reader.readline()).decode("latin-1").strip()
+    parts = line.split()
+    if len(parts) != 3:
+        raise HTTPError(400, "malformed request line")
+    length = 0
+    while (header := (await reader.readline()).decode("latin-1").strip()):
+        name, _, value = header.partition(":")
+        if name.strip().lower() == "content-length":
+            length = int(value.strip() or 0)
+    if length > MAX_BODY:
+        raise HTTPError(413, "request body too large")
+    return parts[0], parts[1], await reader.readexactly(length) if length else b""
+
+
+def _json(body: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(body or b"{}")
+    except ValueError as exc:
+        raise HTTPError(400, f"body is not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise HTTPError(400, "body must be a JSON object")
+    return data
+
+
+async def serve(engine: HFEngine, model_name: str, host: str, port: int, adapters: dict[str, Path], ready=None) -> None:
+    for name, path in adapters.items():
+        engine.load_adapter(name, path)
+    server = await asyncio.start_server(ChatServer(engine, model_name).handle, host, port)
+    bound = server.sockets[0].getsockname()[1]
+    log.info("serve.listening", url=f"http://{host}:{bound}/v1", models=["base", *sorted(adapters)])
+    if ready is not None:
+        ready(bound)
+    async with server:
+        await server.serve_forever()

@@ -1,0 +1,115 @@
+"""`rolecast serve` on loopback, and the OpenAI-compatible client policy against it."""
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from orchestrator.policies.binding import Binding
+from orchestrator.runner import RunOptions, build_policies, run_team
+from orchestrator.team import load_team
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tiny_adapter(folder: Path) -> Path:
+    """A random PEFT-format LoRA for the tiny model's q/v projections."""
+    from orchestrator.models import load_model
+
+    model = load_model("tiny").model
+    g = torch.Generator().manual_seed(5)
+    state = {}
+    for name, m in model.named_modules():
+        if name.endswith(("q_proj", "v_proj")):
+            state[f"base_model.model.{name}.lora_A.weight"] = torch.randn(4, m.in_features, generator=g)
+            state[f"base_model.model.{name}.lora_B.weight"] = torch.randn(m.out_features, 4, generator=g)
+    folder.mkdir(parents=True)
+    save_file(state, str(folder / "adapter_model.safetensors"))
+    (folder / "adapter_config.json").write_text(json.dumps({"r": 4, "lora_alpha": 8}))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    adapter = tiny_adapter(tmp_path_factory.mktemp("ad") / "judge")
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "serve", "--model", "tiny", "--dtype", "float32",
+                             "--port", "0", "--adapter", f"judge={adapter}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    assert line.startswith("listening on "), proc.stderr.read()
+    yield line.split()[-1]
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def call(url: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+    req = urllib.request.Request(url + path, json.dumps(body).encode() if body is not None else None,
+                                 {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def chat(model: str, **extra) -> dict:
+    return {"model": model, "messages": [{"role": "user", "content": "Say something."}],
+            "max_tokens": 8, "temperature": 0.0, **extra}
+
+
+def test_models_lists_base_and_adapters(server):
+    status, data = call(server, "/models")
+    assert status == 200 and {m["id"] for m in data["data"]} >= {"base", "tiny", "judge"}
+
+
+def test_chat_completion_shape_and_logprobs(server):
+    status, data = call(server, "/chat/completions", chat("base", logprobs=True))
+    assert status == 200, data
+    choice = data["choices"][0]
+    assert choice["message"]["role"] == "assistant" and isinstance(choice["message"]["content"], str)
+    assert choice["finish_reason"] in ("stop", "length")
+    assert data["usage"]["completion_tokens"] == len(choice["logprobs"]["content"]) > 0
+    assert all(t["logprob"] <= 0 for t in choice["logprobs"]["content"])
+
+
+def test_each_adapter_is_a_model(server):
+    base = call(server, "/chat/completions", chat("base"))[1]
+    judge = call(server, "/chat/completions", chat("judge"))[1]
+    assert judge["system_fingerprint"] == "rolecast-judge-v1"
+    assert judge["choices"][0]["message"]["content"] != base["choices"][0]["message"]["content"]
+
+
+def test_errors_are_json(server):
+    status, data = call(server, "/chat/completions", chat("nope"))
+    assert status == 404 and "not found" in data["error"]["message"]
+    status, data = call(server, "/chat/completions", {"model": "base", "messages": "hi"})
+    assert status == 400 and "messages" in data["error"]["message"]
+    status, data = call(server, "/nowhere", {})
+    assert status == 404
+
+
+def test_openai_policy_plays_a_role_against_rolecast_serve(server, tmp_path):
+    team = load_team(ROOT / "recipes" / "debate.yaml")
+    bindings = {name: Binding("builtin", "stub") for name in ("pro", "con")}
+    bindings["judge"] = Binding("openai", f"judge@{server}")
+    policies = build_policies(team, bindings, lambda: None)
+    result = asyncio.run(run_team(team, policies, RunOptions(episodes=2, seed=0, out_dir=tmp_path, progress=False)))
+    assert [e.status for e in result.episodes] == ["ok", "ok"]
+    judge_turns = [t for e in result.episodes for t in e.turns if t.role == "judge"]
+    assert judge_turns and all(a.text for t in judge_turns for a in t.attempts)
+
+
+def test_openai_binding_is_checked():
+    from orchestrator.policies.binding import parse_binding
+    from orchestrator.registry import default_registry
+
+    with pytest.raises(ValueError, match="MODEL@http"):
+        parse_binding("openai:judge").check(default_registry())
