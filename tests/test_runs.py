@@ -186,3 +186,20 @@ def test_user_role_in_temp_folder_runs_with_python_policy(workspace, cli, monkey
 def test_unknown_role_in_policy_flag(workspace, cli):
     code, _, err = cli("run", workspace / "team.yaml", "--policy", "chef=builtin:stub")
     assert code == 2 and "unknown role(s) chef" in err
+
+
+def test_judge_sees_the_sides_in_a_seeded_random_order(tmp_path):
+    team = load_team(ROOT / "recipes/debate.yaml")
+    seen: dict[str, list] = {"judge": [], "pro": []}
+
+    def record(request):
+        if request.role in seen:
+            seen[request.role].append(tuple(d["role"] for d in request.context["debaters"]))
+        if request.role == "judge":
+            return '{"winner": "for", "reason": "r"}'
+        return '{"argument": "a"}'
+
+    policies = {name: PythonPolicy(record) for name in team.roles}
+    asyncio.run(run_team(team, policies, RunOptions(episodes=16, seed=3, out_dir=tmp_path, progress=False)))
+    assert set(seen["judge"]) == {("pro", "con"), ("con", "pro")}  # position bias cannot favour one side
+    assert set(seen["pro"]) == {("pro", "con")}

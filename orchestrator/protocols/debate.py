@@ -55,6 +55,10 @@ class DebateEnv(Env):
         self.arguments: list[dict[str, Any]] = []
         self.winner: str | None = None
         self.done = False
+        # The judge sees the sides in a per-episode random order: small judges pick whichever
+        # side their prompt names first (position bias), which would make the reward constant.
+        self.judge_order = list(self.config.debaters)
+        self.rng.shuffle(self.judge_order)
 
     def _stance(self, role: str) -> str:
         return str(self.roles[role].config.params.get("stance", role))
@@ -73,7 +77,8 @@ class DebateEnv(Env):
             "round": min(self.turn // 2 + 1, self.config.rounds),
             "rounds": self.config.rounds,
             "stance": self._stance(role) if role in self.config.debaters else None,
-            "debaters": [{"role": d, "stance": self._stance(d)} for d in self.config.debaters],
+            "debaters": [{"role": d, "stance": self._stance(d)}
+                         for d in (self.judge_order if role == self.config.judge else self.config.debaters)],
         }
 
     async def step(self, role: str, message: Message) -> StepResult:
