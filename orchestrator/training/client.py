@@ -19,6 +19,7 @@ import os
 import random
 import shutil
 import tempfile
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Generic, TypeVar
@@ -78,10 +79,12 @@ class ServiceClient:
             r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
             target_modules=list(lora.target_modules), task_type="CAUSAL_LM",
         )
-        if self.peft is None:
-            self.peft = get_peft_model(self.loaded.model, peft_config, adapter_name=name)
-        else:
-            self.peft.add_adapter(name, peft_config)
+        with warnings.catch_warnings():  # PEFT reads a transformers attribute deprecated in v5
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            if self.peft is None:
+                self.peft = get_peft_model(self.loaded.model, peft_config, adapter_name=name)
+            else:
+                self.peft.add_adapter(name, peft_config)
         client = TrainingClient(self, name, lora)
         self.clients[name] = client
         return client
