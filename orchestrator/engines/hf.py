@@ -262,11 +262,12 @@ class HFEngine:
             self._check_done(seq)
         if any(s.done or s.cancelled for s in self._active):
             keep = [i for i, s in enumerate(self._active) if not (s.done or s.cancelled)]
-            for s in self._active:
-                if s.done:
-                    s.loop.call_soon_threadsafe(_resolve, s.future, s.done)
+            finished = [s for s in self._active if s.done]
             self._active = [self._active[i] for i in keep]
             self._kv.keep(keep)
+            # Resolve only after the rows left the batch, so a caller woken by its result sees `busy` without them.
+            for s in finished:
+                s.loop.call_soon_threadsafe(_resolve, s.future, s.done)
 
     def _check_done(self, seq: _Seq) -> None:
         sp = seq.request.sampling
