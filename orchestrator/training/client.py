@@ -20,6 +20,7 @@ import random
 import shutil
 import tempfile
 import warnings
+from collections import defaultdict
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Generic, TypeVar
@@ -55,7 +56,11 @@ class APIFuture(Generic[T]):
 class ServiceClient:
     """Owns the base model (fp32 master weights) and the worker thread all adapters share."""
 
-    def __init__(self, model: str | LoadedModel = "smollm2-135m", *, bf16_autocast: bool | None = None, seed: int = 0):
+    def __init__(
+        self, model: str | LoadedModel = "smollm2-135m", *, bf16_autocast: bool | None = None, seed: int = 0,
+        micro_batch_tokens: int = 4096,
+    ):
+        self.micro_batch_tokens = micro_batch_tokens  # padded tokens per forward/backward pass
         self.loaded = model if isinstance(model, LoadedModel) else load_model(model, dtype="float32", seed=seed)
         if self.loaded.dtype != torch.float32:
             self.loaded.model.float()  # master weights in fp32; autocast runs the matmuls in bf16
@@ -155,32 +160,53 @@ class TrainingClient:
                 raise ValueError(f"loss {loss_fn!r} needs loss_fn_inputs[{key!r}] (missing in datum {missing[0]})")
         model = self.service.peft
         model.set_adapter(self.name)
-        lengths = [d.model_input.length for d in data]
-        mask = torch.cat([d.mask() for d in data])
-        targets = torch.cat([d.tensor("target_tokens", torch.long) for d in data])
-        inputs = {key: torch.cat([d.tensor(key) for d in data]) for key in needed}
         temperature = float(config.get("temperature", 1.0))
+        kl_coef = float(config.get("kl_coef", 0.0))
+        masks = [d.mask() for d in data]
+        total_tokens = float(sum(m.sum() for m in masks))
+        sums: dict[str, float] = defaultdict(float)
+        logps: list[torch.Tensor] = [torch.empty(0)] * len(data)
+        # Micro-batches bounded in padded tokens, gradients accumulated: activations for backward
+        # grow with batch x length, and a step's datums do not fit in memory at once.
+        for rows in self._micro_batches(data):
+            part = [data[i] for i in rows]
+            lengths = [d.model_input.length for d in part]
+            mask = torch.cat([masks[i] for i in rows])
+            targets = torch.cat([d.tensor("target_tokens", torch.long) for d in part])
+            inputs = {key: torch.cat([d.tensor(key) for d in part]) for key in needed}
+            with torch.set_grad_enabled(backward):
+                logp = self._logprobs(part, targets, mask, temperature)
+                per_token, extra = fn(logp, inputs, config)
+                if kl_coef:
+                    with torch.no_grad(), model.disable_adapter():
+                        base_logp = self._logprobs(part, targets, mask, temperature)
+                    kl = k3_kl(logp, base_logp)
+                    per_token = per_token + kl_coef * kl
+                    extra = {**extra, "kl": kl}
+                loss = aggregate(per_token, mask, lengths, how, total_tokens=total_tokens, total_sequences=len(data))
+                if backward:
+                    loss.backward()
+            sums["loss"] += float(loss.detach())
+            sums["loss:sum"] += float((per_token.detach() * mask).sum())
+            for key, value in extra.items():
+                sums[key] += float((value.detach() * mask).sum())
+            for i, lp in zip(rows, logp.detach().split(lengths)):
+                logps[i] = lp
+        metrics = {"loss": sums.pop("loss"), "loss:sum": sums.pop("loss:sum"), "tokens": total_tokens}
+        for key, value in sums.items():
+            metrics["kl" if key == "kl" else f"{key}_mean"] = value / max(total_tokens, 1.0)
+        return ForwardBackwardOutput(loss_fn_outputs=[{"logprobs": lp} for lp in logps], metrics=metrics)
 
-        with torch.set_grad_enabled(backward):
-            logp = self._logprobs(data, targets, mask, temperature)
-            per_token, extra = fn(logp, inputs, config)
-            metrics: dict[str, float] = {}
-            kl_coef = float(config.get("kl_coef", 0.0))
-            if kl_coef:
-                with torch.no_grad(), model.disable_adapter():
-                    base_logp = self._logprobs(data, targets, mask, temperature)
-                kl = k3_kl(logp, base_logp)
-                per_token = per_token + kl_coef * kl
-                metrics["kl"] = float((kl.detach() * mask).sum() / mask.sum().clamp(min=1))
-            loss = aggregate(per_token, mask, lengths, how)
-            if backward:
-                loss.backward()
-        n = float(mask.sum())
-        metrics.update({"loss": float(loss.detach()), "loss:sum": float((per_token.detach() * mask).sum()), "tokens": n})
-        for key, value in extra.items():
-            metrics[f"{key}_mean"] = float((value.detach() * mask).sum() / max(n, 1.0))
-        outputs = [{"logprobs": lp} for lp in logp.detach().split(lengths)]
-        return ForwardBackwardOutput(loss_fn_outputs=outputs, metrics=metrics)
+    def _micro_batches(self, data: list[Datum]) -> list[list[int]]:
+        """Datum indices in groups whose padded size stays within the service's token budget."""
+        order = sorted(range(len(data)), key=lambda i: -data[i].model_input.length)
+        batches: list[list[int]] = []
+        for i in order:  # longest first: a batch's first datum sets its padded width
+            if batches and data[batches[-1][0]].model_input.length * (len(batches[-1]) + 1) <= self.service.micro_batch_tokens:
+                batches[-1].append(i)
+            else:
+                batches.append([i])
+        return batches
 
     def _logprobs(self, data: list[Datum], targets: torch.Tensor, mask: torch.Tensor, temperature: float) -> torch.Tensor:
         """Flat logprobs of the datums' target tokens under the active adapter.

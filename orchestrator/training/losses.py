@@ -80,14 +80,22 @@ def k3_kl(logp: torch.Tensor, base_logp: torch.Tensor) -> torch.Tensor:
     return torch.exp(d) - d - 1
 
 
-def aggregate(per_token: torch.Tensor, mask: torch.Tensor, lengths: list[int], how: str) -> torch.Tensor:
-    """Reduce masked per-token values of a flat batch (sequences of ``lengths``) to a scalar."""
+def aggregate(
+    per_token: torch.Tensor, mask: torch.Tensor, lengths: list[int], how: str,
+    total_tokens: float | None = None, total_sequences: int | None = None,
+) -> torch.Tensor:
+    """Reduce masked per-token values of a flat batch (sequences of ``lengths``) to a scalar.
+
+    For a micro-batch of a larger batch, pass the whole batch's action-token and sequence
+    counts: the micro-batch losses then add up to the full batch's loss.
+    """
     weighted = per_token * mask
     if how == "token-sum":
         return weighted.sum()
     if how == "token-mean":
-        return weighted.sum() / mask.sum().clamp(min=1.0)
+        denominator = mask.sum() if total_tokens is None else torch.tensor(total_tokens)
+        return weighted.sum() / denominator.clamp(min=1.0)
     if how == "sequence-mean":
         means = [w.sum() / m.sum().clamp(min=1.0) for w, m in zip(weighted.split(lengths), mask.split(lengths))]
-        return torch.stack(means).mean()
+        return torch.stack(means).sum() / (total_sequences or len(lengths))
     raise ValueError(f"unknown aggregation {how!r}: use one of {', '.join(AGGREGATIONS)}")

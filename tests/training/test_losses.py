@@ -123,3 +123,28 @@ def test_bad_calls_are_clear(service):
         c.forward_backward([d], "ppo").result()
     with pytest.raises(ValueError, match="already has a training client"):
         service.create_lora_training_client("bad")
+
+
+@pytest.mark.parametrize("how", ["token-sum", "token-mean", "sequence-mean"])
+def test_micro_batches_add_up_to_the_full_batch(service, how):
+    c = service.create_lora_training_client(f"micro_{how}", LoraConfig(rank=4))
+    torch.manual_seed(0)
+    for p in c.params:  # non-zero B so gradients reach A too
+        p.data.normal_(0, 0.05)
+    data = [datum(advantage=a) for a in (1.0, -0.5, 2.0)]
+    data[1] = Datum(ModelInput.from_ints(list(range(300, 330))), {  # a longer one, other mask
+        "target_tokens": list(range(301, 331)), "mask": [0.0] * 10 + [1.0] * 20,
+        "logprobs": [-4.0] * 30, "advantages": [-0.5] * 30})
+    config = {"aggregation": how}
+    results = []
+    for budget in (10_000, 25):  # one pass, then one datum per micro-batch
+        service.micro_batch_tokens = budget
+        out = c.forward_backward(data, "ppo", config).result()
+        results.append((out, [p.grad.clone() for p in c.params]))
+        c.optimizer.zero_grad(set_to_none=True)
+    service.micro_batch_tokens = 4096
+    (full, g_full), (micro, g_micro) = results
+    assert micro.metrics["loss"] == pytest.approx(full.metrics["loss"], rel=1e-4, abs=1e-6)
+    assert all(torch.allclose(a, b, rtol=1e-3, atol=1e-6) for a, b in zip(g_full, g_micro))
+    assert all(torch.allclose(a["logprobs"], b["logprobs"], atol=1e-5)
+               for a, b in zip(full.loss_fn_outputs, micro.loss_fn_outputs))
