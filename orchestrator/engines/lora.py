@@ -92,6 +92,8 @@ class MultiLoRA:
         for module, p in pairs.items():
             if "lora_A" not in p or "lora_B" not in p:
                 raise KeyError(f"adapter {name!r}: module {module} lacks lora_A or lora_B")
+            if not p["lora_B"].any():  # B = 0 (a fresh adapter): its delta is zero, skip the matmuls
+                continue
             weights[module] = _Weights(a=p["lora_A"].to(self.dtype), b=(p["lora_B"].float() * scale).to(self.dtype))
         self.adapters[name] = weights
 
