@@ -106,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_optional_commands(sub: Any) -> None:
     """Commands whose packages may be absent in a partial install."""
+    from .evaluation import register_cli as register_eval
+
+    register_eval(sub)
     try:
         from sandboxes.cli import register_cli
     except ImportError:

@@ -10,6 +10,7 @@ import random
 import time
 from collections.abc import Mapping
 
+from .envs.base import Env
 from .errors import PolicyError
 from .messages import Message, parse_message
 from .policies.base import Policy, PolicyOutput, PolicyRequest
@@ -34,6 +35,13 @@ def derive_seed(*parts: int) -> int:
 async def run_episode(team: Team, policies: Mapping[str, Policy], record: EpisodeRecord) -> EpisodeRecord:
     """Fill ``record`` in place (so a timeout keeps the turns taken so far) and return it."""
     env = team.make_env(record.task, random.Random(f"{record.seed}:{record.index}"))
+    try:
+        return await _play(team, env, policies, record)
+    finally:
+        await env.close()
+
+
+async def _play(team: Team, env: Env, policies: Mapping[str, Policy], record: EpisodeRecord) -> EpisodeRecord:
     rewards = record.rewards
     for name in team.roles:
         rewards.setdefault(name, 0.0)

@@ -73,3 +73,6 @@ class Env(ABC):
     def outcome(self) -> dict[str, Any]:
         """What the transcript should record about how the episode ended."""
         return {}
+
+    async def close(self) -> None:
+        """Release what the episode held (temp dirs, processes); called once, however it ended."""

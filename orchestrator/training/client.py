@@ -60,7 +60,7 @@ class ServiceClient:
         self, model: str | LoadedModel = "smollm2-135m", *, bf16_autocast: bool | None = None, seed: int = 0,
         micro_batch_tokens: int = 4096,
     ):
-        self.micro_batch_tokens = micro_batch_tokens  # padded tokens per forward/backward pass
+        self.micro_batch_tokens = micro_batch_tokens  # cost budget per forward/backward pass (see _micro_batches)
         self.loaded = model if isinstance(model, LoadedModel) else load_model(model, dtype="float32", seed=seed)
         if self.loaded.dtype != torch.float32:
             self.loaded.model.float()  # master weights in fp32; autocast runs the matmuls in bf16
@@ -198,14 +198,20 @@ class TrainingClient:
         return ForwardBackwardOutput(loss_fn_outputs=[{"logprobs": lp} for lp in logps], metrics=metrics)
 
     def _micro_batches(self, data: list[Datum]) -> list[list[int]]:
-        """Datum indices in groups whose padded size stays within the service's token budget."""
+        """Datum indices in groups whose cost stays within the service's budget.
+
+        A row of padded length L costs L * (1 + L / 512): activations grow with L and the
+        attention saved for backward with L^2 (measured: 4 x 900 tokens peaked at 7.7 GB).
+        """
         order = sorted(range(len(data)), key=lambda i: -data[i].model_input.length)
         batches: list[list[int]] = []
         for i in order:  # longest first: a batch's first datum sets its padded width
-            if batches and data[batches[-1][0]].model_input.length * (len(batches[-1]) + 1) <= self.service.micro_batch_tokens:
-                batches[-1].append(i)
-            else:
-                batches.append([i])
+            if batches:
+                width = data[batches[-1][0]].model_input.length
+                if (len(batches[-1]) + 1) * width * (1 + width / 512) <= self.service.micro_batch_tokens:
+                    batches[-1].append(i)
+                    continue
+            batches.append([i])
         return batches
 
     def _logprobs(self, data: list[Datum], targets: torch.Tensor, mask: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -1,0 +1,110 @@
+"""What the games share: named players, an opponent for ``rolecast eval``, illegal moves, results.
+
+Every game reports ``outcome()["results"]``: ``{role: "win" | "draw" | "loss"}`` for the roles
+that play, which is what ``rolecast eval`` counts. A valid message whose move the rules forbid
+(an occupied square, an action that is not on offer) costs the mover ``illegal_penalty`` and ends
+the game; the mover's result is a loss, the others' a win (with no reward: they did nothing).
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..messages import Message
+from ..yamlfile import Loc
+from .base import Env, EnvConfig, StepResult
+
+Result = Literal["win", "draw", "loss"]
+
+
+class WinLossRewards(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    win: float = 1.0
+    loss: float = -1.0
+    draw: float = 0.0
+
+
+class GameConfig(EnvConfig):
+    players: list[str] = Field(min_length=1, description="role names, in playing order")
+    # The role `rolecast eval --opponent` rebinds; games with a fixed counterpart leave it None.
+    opponent: str | None = None
+    illegal_penalty: float = Field(-1.0, description="reward for a valid message whose move is illegal")
+
+    @model_validator(mode="after")
+    def _check_players(self) -> "GameConfig":
+        if len(set(self.players)) != len(self.players):
+            raise ValueError("players must be different roles")
+        roles = [name for _, name in self.role_refs()]
+        if self.opponent is not None and self.opponent not in roles:
+            raise ValueError(f"opponent {self.opponent!r} is not one of this game's roles {roles}")
+        return self
+
+    def role_refs(self) -> list[tuple[Loc, str]]:
+        return [(("players", i), name) for i, name in enumerate(self.players)]
+
+    def opponent_role(self) -> str | None:
+        """The role ``rolecast eval --opponent`` rebinds (None: the game has no such role)."""
+        return self.opponent
+
+
+class TwoPlayerConfig(GameConfig):
+    players: list[str] = Field(["first", "second"], min_length=2, max_length=2)
+    # One move per turn: there is nothing sensible to do with a turn that carried no move.
+    on_invalid: Literal["end"] = "end"
+
+    def opponent_role(self) -> str | None:
+        return self.opponent or self.players[1]
+
+
+def move_of(message: Message, field: str = "move") -> str:
+    """The move a valid message carries, normalised for comparison with legal moves."""
+    return str((message.content or {}).get(field, "")).strip().lower()
+
+
+class GameEnv(Env):
+    """Base of the games: tracks ``done`` and the per-role results."""
+
+    config: GameConfig
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.done = False
+        self.results: dict[str, Result] | None = None
+        self.reason: str | None = None
+
+    def finish(self, results: dict[str, Result], rewards: dict[str, float], reason: str) -> StepResult:
+        self.done, self.results, self.reason = True, results, reason
+        return StepResult(rewards=rewards, done=True, info={"reason": reason})
+
+    def forfeit(self, role: str, reason: str) -> StepResult:
+        """``role`` broke the rules (illegal move) or sent no move (invalid message): it loses.
+
+        An invalid message already cost the role its ``invalid_penalty`` in the episode loop, so
+        only an illegal move adds the env's ``illegal_penalty``.
+        """
+        results: dict[str, Result] = {p: ("loss" if p == role else "win") for p in self.config.players}
+        rewards = {role: self.config.illegal_penalty} if reason == "illegal" else {}
+        return self.finish(results, rewards, reason)
+
+    def outcome(self) -> dict[str, Any]:
+        return {"results": self.results, "reason": self.reason}
+
+
+def results_by_score(scores: dict[str, float]) -> dict[str, Result]:
+    """Highest score wins; a shared top score is a draw for those who share it. Alone, a player
+    wins with a positive score and loses with a negative one."""
+    if len(scores) == 1:
+        return {p: ("win" if s > 0 else "draw" if s == 0 else "loss") for p, s in scores.items()}
+    best = max(scores.values())
+    leaders = [p for p, s in scores.items() if s == best]
+    return {p: ("loss" if s < best else "draw" if len(leaders) > 1 else "win") for p, s in scores.items()}
+
+
+def require(module: str) -> Any:
+    """Import an optional game suite, or say which extra installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ValueError(f"{module} is not installed ({exc}): pip install 'rolecast[games]'") from None

@@ -1,0 +1,99 @@
+"""``guess_number``: find a secret integer; a Python function answers too high / too low / correct.
+
+    protocol:
+      type: guess_number
+      players: [guesser]
+      low: 1
+      high: 16
+      turns: 5
+      rewards: {correct: 1.0, failed: 0.0}
+      illegal_penalty: -1.0      # a guess outside [low, high]: the game ends
+      on_invalid: continue       # an unparseable turn uses up a turn (end: the game ends)
+
+The guesser's message is ``{"guess": 7}`` (the JSON field replaces a ``Guess: 7`` line). The
+secret is the task's ``secret`` when it has one, else drawn from the episode's seeded RNG.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..messages import Message
+from .base import StepResult
+from .game import GameConfig, GameEnv
+
+
+class GuessRewards(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    correct: float = 1.0
+    failed: float = 0.0  # turns ran out
+
+
+class GuessNumberConfig(GameConfig):
+    players: list[str] = Field(["guesser"], min_length=1, max_length=1)
+    low: int = 1
+    high: int = 16
+    turns: int = Field(5, ge=1, le=100)
+    rewards: GuessRewards = Field(default_factory=GuessRewards)
+
+    @model_validator(mode="after")
+    def _range(self) -> "GuessNumberConfig":
+        if self.high <= self.low:
+            raise ValueError(f"high ({self.high}) must be greater than low ({self.low})")
+        return self
+
+
+def feedback(guess: int, secret: int) -> str:
+    return "correct" if guess == secret else "too high" if guess > secret else "too low"
+
+
+class GuessNumberEnv(GameEnv):
+    Config = GuessNumberConfig
+    observation_keys = frozenset({"low", "high", "turns", "turns_left", "history", "feedback"})
+    config: GuessNumberConfig
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        c = self.config
+        self.secret = int(self.task["secret"]) if "secret" in self.task else self.rng.randint(c.low, c.high)
+        if not c.low <= self.secret <= c.high:
+            raise ValueError(f"secret {self.secret} is outside [{c.low}, {c.high}]")
+        self.history: list[dict[str, Any]] = []  # {"guess": int | None, "feedback": str}
+
+    @classmethod
+    def task_from_cli(cls, value: str) -> dict[str, Any]:
+        return {"secret": int(value)}
+
+    def next_role(self) -> str | None:
+        return None if self.done else self.config.players[0]
+
+    def observe(self, role: str) -> dict[str, Any]:
+        return {
+            "low": self.config.low,
+            "high": self.config.high,
+            "turns": self.config.turns,
+            "turns_left": self.config.turns - len(self.history),
+            "history": list(self.history),
+            "feedback": self.history[-1]["feedback"] if self.history else None,
+        }
+
+    async def step(self, role: str, message: Message) -> StepResult:
+        c = self.config
+        if not message.valid:
+            self.history.append({"guess": None, "feedback": "invalid"})
+            if c.on_invalid == "end":
+                return self.forfeit(role, "invalid")
+        else:
+            guess = (message.content or {}).get("guess")
+            if not isinstance(guess, int) or isinstance(guess, bool) or not c.low <= guess <= c.high:
+                return self.forfeit(role, "illegal")
+            self.history.append({"guess": guess, "feedback": feedback(guess, self.secret)})
+            if guess == self.secret:
+                return self.finish({role: "win"}, {role: c.rewards.correct}, "correct")
+        if len(self.history) >= c.turns:
+            return self.finish({role: "loss"}, {role: c.rewards.failed}, "turns")
+        return StepResult()
+
+    def outcome(self) -> dict[str, Any]:
+        return {**super().outcome(), "secret": self.secret, "guesses": len(self.history)}

@@ -1,0 +1,139 @@
+"""``pettingzoo``: any turn-based PettingZoo classic (AEC) environment as a rolecast environment.
+
+    protocol:
+      type: pettingzoo
+      env: tictactoe_v3          # a classic game, a registry id (classic/tictactoe-v3), or a module with env()
+      players: [p1, p2]          # one role per agent, in `possible_agents` order
+      env_kwargs: {}
+      illegal_penalty: -1.0      # an action outside the action mask: the game ends
+
+Observations become text: boards (``(rows, cols, 2)`` planes: yours, the opponent's) are drawn
+with X for your pieces and O for the opponent's; other observations are listed as numbers. Legal
+moves are the action ids the action mask allows (every action when there is no mask); a role sends
+``{"move": "4"}``. Rewards are PettingZoo's, summed per agent; the results compare the totals.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field, model_validator
+
+from ..messages import Message
+from .base import StepResult
+from .game import GameConfig, GameEnv, move_of, require, results_by_score
+
+# How each known game's actions read, and whether its board planes are stored column-major.
+HINTS = {
+    "tictactoe_v3": ("Squares are numbered down the columns: 0 3 6 / 1 4 7 / 2 5 8.", True),
+    "connect_four_v3": ("A move is the column to drop a disc in, 0 (left) to 6 (right).", False),
+}
+
+
+class PettingZooConfig(GameConfig):
+    env: str
+    env_kwargs: dict[str, Any] = Field(default_factory=dict)
+    on_invalid: Literal["end"] = "end"
+
+    @model_validator(mode="after")
+    def _agents_match(self) -> "PettingZooConfig":
+        agents = make_env(self.env, self.env_kwargs).possible_agents
+        if len(agents) != len(self.players):
+            raise ValueError(f"{self.env} has {len(agents)} agents ({', '.join(agents)}); `players` names {len(self.players)} roles")
+        return self
+
+
+def make_env(name: str, kwargs: dict[str, Any]) -> Any:
+    """An AEC env from the registry (PettingZoo >= 1.27, which deprecates the module API) or a module."""
+    pettingzoo = require("pettingzoo")
+    registry = getattr(pettingzoo, "aec_registry", None)
+    if "/" in name or registry is not None and "." not in name:
+        # tictactoe_v3 -> classic/tictactoe-v3
+        env_id = name if "/" in name else "classic/" + "-v".join(name.rsplit("_v", 1))
+        if registry is None or env_id not in registry:
+            raise ValueError(f"unknown PettingZoo env {name!r} (registry id {env_id!r})")
+        return pettingzoo.make("aec", env_id, **kwargs)
+    module = require(name if "." in name else f"pettingzoo.classic.{name}")
+    if not callable(getattr(module, "env", None)):
+        raise ValueError(f"{module.__name__} has no env() constructor")
+    return module.env(**kwargs)
+
+
+def render_observation(obs: Any, env_name: str) -> str:
+    array = np.asarray(obs["observation"] if isinstance(obs, dict) else obs)
+    key = re.split(r"[./]", env_name)[-1].replace("-v", "_v")
+    hint, transpose = HINTS.get(key, ("", False))
+    if array.ndim == 3 and array.shape[2] == 2:
+        planes = array.transpose(1, 0, 2) if transpose else array
+        rows = [" ".join("X" if cell[0] else "O" if cell[1] else "." for cell in row) for row in planes]
+        text = "Board (X: yours, O: your opponent's):\n" + "\n".join(rows)
+    else:
+        text = f"Observation: {array.tolist()}"
+    return f"{text}\n{hint}".strip()
+
+
+class PettingZooEnv(GameEnv):
+    Config = PettingZooConfig
+    observation_keys = frozenset({"observation", "legal_moves", "agent"})
+    config: PettingZooConfig
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.env = make_env(self.config.env, self.config.env_kwargs)
+        self.env.reset(seed=self.rng.randrange(2**31))
+        self.roles_of = dict(zip(self.env.possible_agents, self.config.players))
+        self.totals = {p: 0.0 for p in self.config.players}
+        self._advance()
+
+    def _collect(self) -> dict[str, float]:
+        paid = {self.roles_of[a]: float(r) for a, r in self.env.rewards.items() if r}
+        for p, value in paid.items():
+            self.totals[p] += value
+        return paid
+
+    def _advance(self) -> dict[str, float]:
+        """Step agents that are done (PettingZoo wants a None action from each) until one must act."""
+        paid: dict[str, float] = {}
+        while self.env.agents:
+            _, _, terminated, truncated, _ = self.env.last()
+            if not (terminated or truncated):
+                return paid
+            self.env.step(None)
+            for p, value in self._collect().items():
+                paid[p] = paid.get(p, 0.0) + value
+        return paid
+
+    def legal_moves(self) -> list[str]:
+        obs = self.env.observe(self.env.agent_selection)
+        if isinstance(obs, dict) and "action_mask" in obs:
+            return [str(i) for i in np.flatnonzero(obs["action_mask"])]
+        return [str(i) for i in range(self.env.action_space(self.env.agent_selection).n)]
+
+    def next_role(self) -> str | None:
+        return None if self.done or not self.env.agents else self.roles_of[self.env.agent_selection]
+
+    def observe(self, role: str) -> dict[str, Any]:
+        agent = self.env.agent_selection
+        return {"observation": render_observation(self.env.observe(agent), self.config.env),
+                "legal_moves": self.legal_moves(), "agent": agent}
+
+    async def step(self, role: str, message: Message) -> StepResult:
+        if not message.valid:
+            return self.forfeit(role, "invalid")
+        move = move_of(message)
+        if move not in self.legal_moves():
+            return self.forfeit(role, "illegal")
+        self.env.step(int(move))
+        paid = self._collect()
+        for p, value in self._advance().items():
+            paid[p] = paid.get(p, 0.0) + value
+        if not self.env.agents:
+            return self.finish(results_by_score(self.totals), paid, "game_over")
+        return StepResult(rewards=paid)
+
+    def outcome(self) -> dict[str, Any]:
+        return {**super().outcome(), "totals": self.totals}
+
+    async def close(self) -> None:
+        self.env.close()

@@ -1,0 +1,128 @@
+"""``twenty_questions``: the guesser asks yes/no questions, then guesses the secret word.
+
+    protocol:
+      type: twenty_questions
+      players: [guesser]
+      answerer: answerer         # an LLM role that sees the secret (frozen: the base model)
+      questions: 20
+      split: train               # draw secrets from the train or the test words
+      split_seed: 0
+      test_fraction: 0.2
+      rewards: {correct: 1.0, failed: 0.0}
+      on_invalid: continue       # a guesser turn with no valid message uses up a question
+
+The guesser sends ``{"action": "ask", "text": "Is it an animal?"}`` or ``{"action": "guess",
+"text": "dog"}``; the one guess ends the game, and so does asking with no question left. The
+answerer replies ``{"answer": "yes" | "no" | "unsure"}``; an invalid answer counts as "unsure".
+Only the answerer observes the secret. The secret is the task's ``secret`` when given, else one
+word of the split drawn from the episode's seeded RNG.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..messages import Message
+from ..yamlfile import Loc
+from .base import StepResult
+from .game import GameConfig, GameEnv
+from .words import split_words
+
+
+class QuestionRewards(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    correct: float = 1.0
+    failed: float = 0.0
+
+
+class TwentyQuestionsConfig(GameConfig):
+    players: list[str] = Field(["guesser"], min_length=1, max_length=1)
+    answerer: str = "answerer"
+    questions: int = Field(20, ge=0, le=100)
+    split: Literal["train", "test"] = "train"
+    split_seed: int = 0
+    test_fraction: float = Field(0.2, gt=0.0, lt=1.0)
+    rewards: QuestionRewards = Field(default_factory=QuestionRewards)
+
+    def role_refs(self) -> list[tuple[Loc, str]]:
+        return super().role_refs() + [(("answerer",), self.answerer)]
+
+    def opponent_role(self) -> str | None:
+        return self.opponent or self.answerer
+
+
+def same_word(guess: str, secret: str) -> bool:
+    """The guess's last word is the secret (or its plural): "a dog", "Is it a dog?", "dogs"."""
+    words = re.findall(r"[a-z]+", guess.lower())
+    return bool(words) and words[-1] in {secret, secret + "s", secret + "es"}
+
+
+class TwentyQuestionsEnv(GameEnv):
+    Config = TwentyQuestionsConfig
+    observation_keys = frozenset({"history", "questions", "questions_left", "secret", "question"})
+    config: TwentyQuestionsConfig
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        c = self.config
+        if "secret" in self.task:
+            self.secret = str(self.task["secret"]).strip().lower()
+        else:
+            train, test = split_words(c.split_seed, c.test_fraction)
+            self.secret = self.rng.choice(train if c.split == "train" else test)
+        self.history: list[dict[str, str]] = []  # {"question", "answer"}
+        self.used = 0  # questions asked, and guesser turns lost to invalid messages
+        self.question: str | None = None  # waiting for the answerer
+        self.guess: str | None = None
+
+    @classmethod
+    def task_from_cli(cls, value: str) -> dict[str, Any]:
+        return {"secret": value}
+
+    @property
+    def guesser(self) -> str:
+        return self.config.players[0]
+
+    def next_role(self) -> str | None:
+        if self.done:
+            return None
+        return self.config.answerer if self.question is not None else self.guesser
+
+    def observe(self, role: str) -> dict[str, Any]:
+        view: dict[str, Any] = {"history": list(self.history), "questions": self.config.questions,
+                                "questions_left": self.config.questions - self.used}
+        if role == self.config.answerer:  # the only view with the secret in it
+            view.update(secret=self.secret, question=self.question)
+        return view
+
+    async def step(self, role: str, message: Message) -> StepResult:
+        c = self.config
+        if role == c.answerer:
+            answer = (message.content or {}).get("answer", "unsure") if message.valid else "unsure"
+            self.history.append({"question": self.question or "", "answer": answer})
+            self.question = None
+            return StepResult()
+        if not message.valid:
+            if c.on_invalid == "end":
+                return self.forfeit(role, "invalid")
+            self.used += 1
+            return self._failed(role, "questions") if self.used > c.questions else StepResult()
+        action, text = message.content.get("action"), str(message.content.get("text", ""))
+        if action == "guess":
+            self.guess = text
+            if same_word(text, self.secret):
+                return self.finish({role: "win"}, {role: c.rewards.correct}, "correct")
+            return self._failed(role, "wrong_guess")
+        if self.used >= c.questions:
+            return self._failed(role, "questions")
+        self.used += 1
+        self.question = text
+        return StepResult()
+
+    def _failed(self, role: str, reason: str) -> StepResult:
+        return self.finish({role: "loss"}, {role: self.config.rewards.failed}, reason)
+
+    def outcome(self) -> dict[str, Any]:
+        return {**super().outcome(), "secret": self.secret, "guess": self.guess, "questions_asked": len(self.history)}

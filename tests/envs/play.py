@@ -1,0 +1,60 @@
+"""Helpers for the game tests: load a recipe with protocol overrides, play it with scripted,
+recording or builtin policies, no model."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable
+
+from orchestrator.policies.base import PolicyRequest
+from orchestrator.policies.binding import Binding
+from orchestrator.policies.python import PythonPolicy
+from orchestrator.runner import RunOptions, RunResult, build_policies, run_team
+from orchestrator.team import Team, load_team
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def team(recipe: str, tasks: list[dict] | None = None, **protocol: Any) -> Team:
+    t = load_team(ROOT / "recipes" / f"{recipe}.yaml")
+    if protocol:
+        data = {**t.env_config.model_dump(), **protocol}
+        t = dataclasses.replace(t, env_config=t.env_class.Config.model_validate(data))
+    return dataclasses.replace(t, tasks=tasks) if tasks else t
+
+
+def play(t: Team, policies: dict[str, str | Callable], tmp_path: Path, episodes: int = 1, seed: int = 0) -> RunResult:
+    """``policies``: role -> "builtin:NAME" or a Python callable (every role must be bound)."""
+    # Python-bound roles get a stub binding first, so no role falls back to the model.
+    bindings = {r: Binding("builtin", p.partition(":")[2] if isinstance(p, str) else "stub") for r, p in policies.items()}
+    bound = build_policies(t, bindings, _no_engine)
+    bound.update({r: PythonPolicy(p) for r, p in policies.items() if not isinstance(p, str)})
+    options = RunOptions(episodes=episodes, seed=seed, out_dir=tmp_path / f"run-{len(list(tmp_path.iterdir()))}",
+                         progress=False)
+    return asyncio.run(run_team(t, bound, options))
+
+
+def _no_engine():
+    raise AssertionError("these tests run without a model")
+
+
+class Script:
+    """Replies with ``texts`` in order, per episode (dicts are sent as JSON); records requests."""
+
+    def __init__(self, *texts: str | dict):
+        self.texts = [t if isinstance(t, str) else json.dumps(t) for t in texts]
+        self.cursor: dict[str, int] = defaultdict(int)
+        self.requests: list[PolicyRequest] = []
+
+    def __call__(self, request: PolicyRequest) -> str:
+        self.requests.append(request)
+        i = self.cursor[request.episode]
+        self.cursor[request.episode] += 1
+        return self.texts[i]
+
+
+def moves(*values: str, field: str = "move") -> Script:
+    return Script(*({field: v} for v in values))

@@ -1,0 +1,87 @@
+"""`rolecast eval`: rates with Wilson intervals, the readable table, JSON, opponents."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from orchestrator.evaluation import wilson
+from play import ROOT
+
+
+def test_wilson_interval_hand_computed():
+    assert wilson(0, 10) == (0.0, 0.2775)
+    assert wilson(5, 10) == (0.2366, 0.7634)
+    assert wilson(10, 10) == (0.7225, 1.0)
+    assert wilson(0, 0) is None
+
+
+def test_eval_prints_a_table(cli, tmp_path):
+    code, out, err = cli("eval", ROOT / "recipes/tictactoe.yaml", "--episodes", "40", "--policy", "x=builtin:random",
+                         "--opponent", "minimax", "--out", tmp_path / "ev", "--no-progress")
+    assert code == 0, err
+    assert "opponent o = minimax" in out and "W-D-L" in out and "95% CI" in out
+    row = next(line for line in out.splitlines() if "builtin:minimax" in line)
+    assert "-0 " in row.replace("│", " ")  # minimax lost none
+    assert (tmp_path / "ev" / "eval.json").is_file()
+
+
+def test_eval_json_success_rate(cli, tmp_path):
+    code, out, err = cli("eval", ROOT / "recipes/guess_number.yaml", "--episodes", "25", "--json",
+                         "--policy", "guesser=builtin:binary-search", "--out", tmp_path / "ev")
+    assert code == 0, err
+    report = json.loads(out)
+    g = report["roles"]["guesser"]
+    assert (g["games"], g["win"], g["win_rate"], g["win_ci95"]) == (25, 25, 1.0, list(wilson(25, 25)))
+    assert report["opponent"] is None and report["bindings"] == {"guesser": "builtin:binary-search"}
+
+
+def test_eval_of_two_random_players_counts_every_game(cli, tmp_path):
+    code, out, _ = cli("eval", ROOT / "recipes/rps.yaml", "--episodes", "30", "--json", "--opponent", "random",
+                       "--policy", "alice=builtin:random", "--out", tmp_path / "ev")
+    roles = json.loads(out)["roles"]
+    assert roles["alice"]["win"] == roles["bob"]["loss"] and roles["alice"]["draw"] == roles["bob"]["draw"]
+    assert sum(roles["alice"][k] for k in ("win", "draw", "loss")) == 30
+
+
+@pytest.mark.parametrize("recipe,opponent,message", [
+    ("guess_number", "random", "declares no opponent role"),
+    ("tictactoe", "nonsense", "unknown"),
+    ("tictactoe", "checkpoint:/nowhere", "not a PEFT adapter dir"),
+])
+def test_eval_opponent_errors(cli, recipe, opponent, message):
+    code, _, err = cli("eval", ROOT / f"recipes/{recipe}.yaml", "--opponent", opponent, "--policy", "x=builtin:random"
+                       if recipe == "tictactoe" else "guesser=builtin:random")
+    assert code == 2 and message in err
+
+
+def test_base_opponent_samples_without_an_adapter(tmp_path):
+    from orchestrator.evaluation import bind_opponent
+    from play import team
+
+    t, role, checkpoint = bind_opponent(team("tictactoe"), "base", {})
+    assert role == "o" and checkpoint is None
+    assert t.roles["o"].config.policy.adapter is None and t.roles["x"].config.policy.adapter == "player"
+
+
+def test_checkpoint_opponent_samples_from_the_loaded_adapter(cli, tmp_path):
+    """--opponent checkpoint:PATH loads a PEFT-format adapter into the engine for the opponent only."""
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import save_file
+
+    from orchestrator.models import load_model
+
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    model = load_model("tiny").model
+    state = {f"base_model.model.{name}.lora_{ab}.weight": torch.zeros(shape)
+             for name, m in model.named_modules() if name.endswith("q_proj")
+             for ab, shape in (("A", (2, m.in_features)), ("B", (m.out_features, 2)))}
+    save_file(state, str(folder / "adapter_model.safetensors"))
+    (folder / "adapter_config.json").write_text(json.dumps({"r": 2, "lora_alpha": 4}))
+    code, out, err = cli("eval", ROOT / "recipes/tictactoe.yaml", "--episodes", "2", "--model", "tiny", "--json",
+                         "--policy", "x=builtin:random", "--opponent", f"checkpoint:{folder}", "--out", tmp_path / "ev")
+    assert code == 0, err
+    assert json.loads(out)["bindings"]["o"] == "model (eval-opponent)"
+    turns = [json.loads(line)["turns"] for line in (tmp_path / "ev" / "transcripts.jsonl").read_text().splitlines()]
+    assert {a["adapter"] for ts in turns for t in ts if t["role"] == "o" for a in t["attempts"]} == {"eval-opponent"}

@@ -1,0 +1,66 @@
+"""The PettingZoo adapter, on classic turn-based games with random players (extra `games`)."""
+from __future__ import annotations
+
+import pytest
+
+from play import moves, play
+from support import write
+from orchestrator.team import load_team
+
+
+def zoo(tmp_path, env: str, players: tuple[str, str] = ("p1", "p2")) -> object:
+    pytest.importorskip("pettingzoo")
+    path = write(tmp_path / "team.yaml", f"""
+        name: zoo
+        protocol:
+          type: pettingzoo
+          env: {env}
+          players: [{players[0]}, {players[1]}]
+        roles:
+          - use: game_player
+            name: {players[0]}
+          - use: game_player
+            name: {players[1]}
+        tasks: [{{}}]
+        """)
+    return load_team(path)
+
+
+@pytest.mark.parametrize("env,max_turns", [("tictactoe_v3", 9), ("classic/connect_four-v3", 42), ("leduc_holdem_v4", 64)])
+def test_random_players_play_to_the_end(tmp_path, env, max_turns):
+    team = zoo(tmp_path, env)
+    result = play(team, {"p1": "builtin:random", "p2": "builtin:random"}, tmp_path, episodes=8)
+    for ep in result.episodes:
+        assert ep.status == "ok" and ep.outcome["reason"] == "game_over" and len(ep.turns) <= max_turns
+        totals = ep.outcome["totals"]
+        assert ep.rewards == totals and sum(totals.values()) == pytest.approx(0.0)  # zero-sum games
+        expected = "draw" if totals["p1"] == totals["p2"] else "win" if totals["p1"] > totals["p2"] else "loss"
+        assert ep.outcome["results"]["p1"] == expected
+
+
+def test_tictactoe_rewards_and_rendering(tmp_path):
+    # squares are numbered down the columns: 0 3 6 / 1 4 7 / 2 5 8; p1 takes the top row
+    p1, p2 = moves("0", "3", "6"), moves("1", "4")
+    (ep,) = play(zoo(tmp_path, "tictactoe_v3"), {"p1": p1, "p2": p2}, tmp_path).episodes
+    assert ep.rewards == {"p1": 1.0, "p2": -1.0} and ep.outcome["results"] == {"p1": "win", "p2": "loss"}
+    assert p2.requests[1].context["observation"].startswith("Board (X: yours, O: your opponent's):\nO O .\nX . .\n. . .")
+    assert p2.requests[1].context["legal_moves"] == ["2", "4", "5", "6", "7", "8"]
+
+
+def test_a_masked_action_is_illegal(tmp_path):
+    (ep,) = play(zoo(tmp_path, "tictactoe_v3"), {"p1": moves("4"), "p2": moves("4")}, tmp_path).episodes
+    assert ep.rewards == {"p1": 0.0, "p2": -1.0} and ep.outcome["reason"] == "illegal"
+
+
+def test_players_must_match_the_agents(tmp_path):
+    pytest.importorskip("pettingzoo")
+    path = write(tmp_path / "team.yaml", """
+        name: zoo
+        protocol: {type: pettingzoo, env: tictactoe_v3, players: [solo]}
+        roles: [{use: game_player, name: solo}]
+        tasks: [{}]
+        """)
+    from orchestrator.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="has 2 agents"):
+        load_team(path)

@@ -1,0 +1,64 @@
+"""Tic-Tac-Toe: minimax against random, hand-computed games, illegal and invalid moves, views."""
+from __future__ import annotations
+
+from play import Script, moves, play, team
+
+
+def test_minimax_never_loses_to_random_in_200_games(tmp_path):
+    t = team("tictactoe")
+    as_x = play(t, {"x": "builtin:minimax", "o": "builtin:random"}, tmp_path, episodes=100).episodes
+    as_o = play(t, {"x": "builtin:random", "o": "builtin:minimax"}, tmp_path, episodes=100, seed=1).episodes
+    assert all(e.status == "ok" for e in as_x + as_o)
+    assert all(e.outcome["results"]["x"] != "loss" for e in as_x)
+    assert all(e.outcome["results"]["o"] != "loss" for e in as_o)
+    assert sum(e.outcome["results"]["x"] == "win" for e in as_x) > 80  # it also wins
+
+
+def test_minimax_against_itself_always_draws(tmp_path):
+    episodes = play(team("tictactoe"), {"x": "builtin:minimax", "o": "builtin:minimax"}, tmp_path, episodes=10).episodes
+    assert all(e.outcome["results"] == {"x": "draw", "o": "draw"} and e.rewards == {"x": 0.0, "o": 0.0} for e in episodes)
+
+
+def test_a_won_game(tmp_path):
+    (ep,) = play(team("tictactoe"), {"x": moves("a1", "b1", "c1"), "o": moves("a2", "b2")}, tmp_path).episodes
+    assert ep.rewards == {"x": 1.0, "o": -1.0}
+    assert ep.outcome == {"results": {"x": "win", "o": "loss"}, "reason": "line"}
+    assert [t.role for t in ep.turns] == ["x", "o", "x", "o", "x"]
+
+
+def test_a_drawn_game_with_configured_rewards(tmp_path):
+    t = team("tictactoe", rewards={"win": 2.0, "loss": -3.0, "draw": 0.5})
+    # X O X / X O O / O X X
+    x, o = moves("a1", "c1", "a2", "c3", "b3"), moves("b1", "b2", "c2", "a3")
+    (ep,) = play(t, {"x": x, "o": o}, tmp_path).episodes
+    assert ep.rewards == {"x": 0.5, "o": 0.5} and ep.outcome["reason"] == "full"
+
+
+def test_an_occupied_square_is_illegal_penalised_and_ends_the_game(tmp_path):
+    t = team("tictactoe", illegal_penalty=-2.0)
+    (ep,) = play(t, {"x": moves("b2", "a1"), "o": moves("B2 ")}, tmp_path).episodes
+    assert len(ep.turns) == 2 and ep.rewards == {"x": 0.0, "o": -2.0}
+    assert ep.outcome == {"results": {"x": "win", "o": "loss"}, "reason": "illegal"}
+
+
+def test_an_unknown_square_is_illegal(tmp_path):
+    (ep,) = play(team("tictactoe"), {"x": moves("d4"), "o": moves()}, tmp_path).episodes
+    assert ep.rewards == {"x": -1.0, "o": 0.0} and ep.outcome["reason"] == "illegal"
+
+
+def test_an_unparseable_move_costs_the_invalid_penalty_and_ends_the_game(tmp_path):
+    # game_player: max_retries 1, invalid_penalty -1.0 (the role default); the env adds nothing
+    (ep,) = play(team("tictactoe"), {"x": moves("a1"), "o": Script("b2 please", "b2!")}, tmp_path).episodes
+    assert [t.valid for t in ep.turns] == [True, False]
+    assert ep.rewards == {"x": 0.0, "o": -1.0}
+    assert ep.outcome == {"results": {"x": "win", "o": "loss"}, "reason": "invalid"}
+
+
+def test_each_player_sees_its_own_side_and_both_sample_the_shared_adapter(tmp_path):
+    x, o = moves("a1", "b1", "c1"), moves("a2", "b2")
+    play(team("tictactoe"), {"x": x, "o": o}, tmp_path)
+    assert {r.context["mark"] for r in x.requests} == {"X"} and {r.context["mark"] for r in o.requests} == {"O"}
+    assert "You play O" in o.requests[0].messages[-1]["content"]
+    assert o.requests[0].context["board"] == ["X"] + ["."] * 8
+    assert o.requests[0].context["legal_moves"] == ["b1", "c1", "a2", "b2", "c2", "a3", "b3", "c3"]
+    assert {r.adapter for r in x.requests + o.requests} == {"player"}

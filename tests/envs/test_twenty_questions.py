@@ -1,0 +1,89 @@
+"""Twenty Questions: the secret stays in the answerer's view, rewards, limits, the word split."""
+from __future__ import annotations
+
+import json
+import re
+
+from play import Script, play, team
+from orchestrator.envs.words import WORDS, split_words
+
+
+def ask(*questions: str, guess: str) -> Script:
+    return Script(*({"action": "ask", "text": q} for q in questions), {"action": "guess", "text": guess})
+
+
+def test_the_secret_never_reaches_the_guesser(tmp_path):
+    guesser = ask("Is it alive?", "Is it bigger than a chair?", "Can you eat it?", guess="zzz")
+    answerer = Script(*[{"answer": "no"}] * 3)
+    result = play(team("twenty_questions"), {"guesser": guesser, "answerer": answerer}, tmp_path, episodes=30)
+    secrets = {e.outcome["secret"] for e in result.episodes}
+    assert len(secrets) > 10
+    by_episode = {e.id: e.outcome["secret"] for e in result.episodes}
+    for request in guesser.requests:
+        seen = json.dumps(request.context) + json.dumps(request.messages)
+        assert not re.search(rf"\b{by_episode[request.episode]}", seen, re.IGNORECASE)
+        assert "secret" not in request.context
+    assert all(by_episode[r.episode] in r.messages[-1]["content"] for r in answerer.requests)
+    assert [h["answer"] for h in guesser.requests[3].context["history"]] == ["no", "no", "no"]
+
+
+def test_right_guess_pays_one(tmp_path):
+    t = team("twenty_questions", tasks=[{"secret": "dog"}])
+    (ep,) = play(t, {"guesser": ask("Is it an animal?", guess="Is it a Dog?"), "answerer": Script({"answer": "yes"})},
+                 tmp_path).episodes
+    assert ep.rewards == {"guesser": 1.0, "answerer": 0.0}
+    assert ep.outcome["results"] == {"guesser": "win"} and ep.outcome["questions_asked"] == 1
+
+
+def test_wrong_guess_ends_the_game(tmp_path):
+    t = team("twenty_questions", tasks=[{"secret": "dog"}], rewards={"correct": 1.0, "failed": -0.2})
+    (ep,) = play(t, {"guesser": ask(guess="cat"), "answerer": Script()}, tmp_path).episodes
+    assert len(ep.turns) == 1 and ep.rewards["guesser"] == -0.2 and ep.outcome["reason"] == "wrong_guess"
+
+
+def test_asking_with_no_question_left_fails(tmp_path):
+    t = team("twenty_questions", tasks=[{"secret": "dog"}], questions=2)
+    guesser = ask("a?", "b?", "c?", guess="dog")
+    (ep,) = play(t, {"guesser": guesser, "answerer": Script(*[{"answer": "no"}] * 2)}, tmp_path).episodes
+    assert ep.rewards["guesser"] == 0.0 and ep.outcome["reason"] == "questions"
+    assert guesser.requests[-1].context["questions_left"] == 0
+    assert "You must guess now" in guesser.requests[-1].messages[-1]["content"]
+
+
+def test_invalid_turns_cost_the_penalty_and_a_question(tmp_path):
+    # guesser: max_retries 1, invalid_penalty -1.0; answerer: an invalid answer counts as "unsure"
+    guesser = Script("dog?", "dog?", {"action": "ask", "text": "Is it big?"}, {"action": "guess", "text": "dog"})
+    answerer = Script("yes", "yes", "yes")  # max_retries 2: three bad attempts
+    t = team("twenty_questions", tasks=[{"secret": "dog"}], on_invalid="continue")
+    (ep,) = play(t, {"guesser": guesser, "answerer": answerer}, tmp_path).episodes
+    assert ep.rewards == {"guesser": -1.0 + 1.0, "answerer": -1.0}
+    last = guesser.requests[-1].context
+    assert last["questions_left"] == 18 and last["history"] == [{"question": "Is it big?", "answer": "unsure"}]
+
+
+def test_the_recipe_ends_the_game_on_an_invalid_guesser_turn(tmp_path):
+    (ep,) = play(team("twenty_questions", tasks=[{"secret": "dog"}]), {"guesser": Script("dog", "dog"),
+                                                                       "answerer": Script()}, tmp_path).episodes
+    assert ep.rewards["guesser"] == -1.0 and ep.outcome["results"] == {"guesser": "loss"}
+    assert ep.outcome["reason"] == "invalid"
+
+
+def test_word_list_and_its_seeded_split():
+    assert len(WORDS) >= 150 and len(set(WORDS)) == len(WORDS)
+    train, test = split_words()
+    assert not set(train) & set(test) and set(train) | set(test) == set(WORDS)
+    assert split_words() == (train, test) and split_words(1) != (train, test)
+    assert abs(len(test) - 0.2 * len(WORDS)) <= 1
+
+
+def test_secrets_come_from_the_chosen_split(tmp_path):
+    _, test = split_words()
+    t = team("twenty_questions", split="test")
+    result = play(t, {"guesser": ask(guess="x"), "answerer": Script()}, tmp_path, episodes=20)
+    assert {e.outcome["secret"] for e in result.episodes} <= set(test)
+
+
+def test_random_guesser_and_answerer_finish(tmp_path):
+    result = play(team("twenty_questions"), {"guesser": "builtin:random", "answerer": "builtin:random"}, tmp_path,
+                  episodes=20)
+    assert all(e.status == "ok" and e.outcome["results"] is not None for e in result.episodes)
