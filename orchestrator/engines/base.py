@@ -26,6 +26,7 @@ class GenerationRequest:
     prompt_ids: tuple[int, ...]
     sampling: SamplingParams = field(default_factory=SamplingParams)
     adapter: str | None = None
+    json_schema: str | None = None
 
 
 @dataclass
