@@ -89,6 +89,17 @@ def cache_dir() -> Path:
     return base / DEFAULT_MODEL
 
 
+def checkpoint_dir(name: str = DEFAULT_MODEL) -> Path:
+    """The on-disk checkpoint of a model name, for backends that load weights themselves (vLLM)."""
+    if name == DEFAULT_MODEL:
+        return _smollm2_checkpoint()
+    if name == "tiny":
+        raise ValueError("the 'tiny' test model exists only in memory; give a checkpoint dir or smollm2-135m")
+    if Path(name).is_dir():
+        return Path(name)
+    raise ValueError(f"unknown model {name!r}: use {DEFAULT_MODEL!r} or a local Hugging Face model directory")
+
+
 def _smollm2_checkpoint() -> Path:
     """The cached safetensors copy of the bundled GGUF, converting it on first use."""
     target = cache_dir()

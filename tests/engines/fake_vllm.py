@@ -1,0 +1,176 @@
+"""A stand-in for the parts of ``vllm`` the vLLM backend touches, for machines without a GPU.
+
+Field and argument names follow vLLM's V1 API (SamplingParams, AsyncEngineArgs, LoRARequest,
+AsyncLLM.generate/abort/remove_lora): the dataclasses reject unknown keywords, so a misspelt
+field fails here as it would against the real package. Generation is scripted: each request
+yields one final RequestOutput built from ``engine.reply`` (or waits forever when ``hang``).
+"""
+from __future__ import annotations
+
+import asyncio
+import enum
+import sys
+import types
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass
+class Logprob:
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None
+    logprobs: list[dict[int, Logprob]] | None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+
+
+class RequestOutputKind(enum.Enum):
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
+
+
+@dataclass
+class StructuredOutputsParams:
+    json: str | dict | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    max_tokens: int | None = 16
+    logprobs: int | None = None
+    skip_special_tokens: bool = True
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    structured_outputs: StructuredOutputsParams | None = None
+
+
+@dataclass
+class LoRARequest:
+    lora_name: str
+    lora_int_id: int
+    lora_path: str = ""
+
+
+@dataclass
+class AsyncEngineArgs:
+    model: str
+    dtype: str = "auto"
+    seed: int = 0
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
+    enable_prefix_caching: bool | None = None
+    logprobs_mode: str = "raw_logprobs"
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int | None = None
+    tensor_parallel_size: int = 1
+
+
+@dataclass
+class Reply:
+    """What the fake engine answers: tokens with their logprobs, text, and why it stopped."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str = "stop"
+    stop_reason: int | str | None = None
+    extra_candidates: bool = True  # also return a runner-up per step, as vLLM may
+
+
+@dataclass
+class Call:
+    prompt: dict
+    params: SamplingParams
+    request_id: str
+    lora_request: LoRARequest | None
+
+
+class AsyncLLMEngine:
+    engines: list["AsyncLLMEngine"] = []
+
+    def __init__(self, args: AsyncEngineArgs):
+        self.args = args
+        self.calls: list[Call] = []
+        self.aborted: list[str] = []
+        self.removed: list[int] = []
+        self.hang = False
+        self.reply: Reply | Callable[[Call], Reply] = Reply([11, 12, 2], [-0.5, -0.25, -0.125], "hi")
+        self.shut = False
+
+    @classmethod
+    def from_engine_args(cls, args: AsyncEngineArgs) -> "AsyncLLMEngine":
+        engine = cls(args)
+        cls.engines.append(engine)
+        return engine
+
+    async def generate(self, prompt: dict, sampling_params: SamplingParams, request_id: str, *,
+                       lora_request: LoRARequest | None = None):
+        call = Call(prompt, sampling_params, request_id, lora_request)
+        self.calls.append(call)
+        while self.hang:
+            await asyncio.sleep(0.01)
+        reply = self.reply(call) if callable(self.reply) else self.reply
+        steps = [{t: Logprob(lp, 1)} | ({t + 1: Logprob(lp - 1.0, 2)} if reply.extra_candidates else {})
+                 for t, lp in zip(reply.token_ids, reply.logprobs)]
+        out = CompletionOutput(0, reply.text, list(reply.token_ids), sum(reply.logprobs), steps,
+                               reply.finish_reason, reply.stop_reason)
+        yield RequestOutput(request_id, list(prompt["prompt_token_ids"]), [out], True)
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+
+    async def remove_lora(self, lora_id: int) -> bool:
+        self.removed.append(lora_id)
+        return True
+
+    def shutdown(self) -> None:
+        self.shut = True
+
+
+def install(monkeypatch: Any, *, structured_outputs: bool = True) -> types.ModuleType:
+    """Put the fake ``vllm`` (and the submodules the backend imports) into sys.modules."""
+    AsyncLLMEngine.engines = []
+    root = types.ModuleType("vllm")
+    root.__version__ = "0.99.0-fake" if structured_outputs else "0.9.2-fake"
+    root.AsyncEngineArgs, root.AsyncLLMEngine, root.SamplingParams = AsyncEngineArgs, AsyncLLMEngine, SamplingParams
+    inputs = types.ModuleType("vllm.inputs")
+    inputs.TokensPrompt = lambda prompt_token_ids: {"prompt_token_ids": prompt_token_ids}  # a TypedDict in vLLM
+    lora, lora_request = types.ModuleType("vllm.lora"), types.ModuleType("vllm.lora.request")
+    lora_request.LoRARequest = LoRARequest
+    sampling = types.ModuleType("vllm.sampling_params")
+    sampling.RequestOutputKind, sampling.SamplingParams = RequestOutputKind, SamplingParams
+    if structured_outputs:  # vLLM < 0.10.2 has GuidedDecodingParams instead
+        sampling.StructuredOutputsParams = StructuredOutputsParams
+    for name, module in {"vllm": root, "vllm.inputs": inputs, "vllm.lora": lora, "vllm.lora.request": lora_request,
+                         "vllm.sampling_params": sampling}.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    return root

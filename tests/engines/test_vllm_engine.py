@@ -1,0 +1,243 @@
+"""The vLLM backend up to the vLLM calls, against a fake ``vllm`` (no GPU or vllm here).
+
+What is checked: the missing/old-vllm errors, engine and sampling parameters, logprob and
+finish-reason extraction, a fresh LoRA name and id per adapter version (and eviction of the old
+one once unused), snapshots of adapter dirs, update_adapter's PEFT dir, abort on cancel.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoTokenizer
+
+import fake_vllm
+from fake_vllm import Reply
+from orchestrator.engines.base import Engine, GenerationRequest, SamplingParams
+from orchestrator.models import checkpoint_dir
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(checkpoint_dir(), local_files_only=True)
+
+
+@pytest.fixture
+def vllm_engine(monkeypatch, tokenizer):
+    fake_vllm.install(monkeypatch)
+    from orchestrator.engines.vllm import VLLMEngine
+
+    return VLLMEngine("/models/base", tokenizer=tokenizer, max_loras=4, max_lora_rank=32)
+
+
+def fake(engine) -> fake_vllm.AsyncLLMEngine:
+    [llm] = fake_vllm.AsyncLLMEngine.engines
+    return llm
+
+
+def adapter_dir(folder: Path, value: float, rank: int = 4) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.full((rank, 8), value),
+               "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight": torch.full((8, rank), value)},
+              str(folder / "adapter_model.safetensors"))
+    (folder / "adapter_config.json").write_text(json.dumps({"r": rank, "lora_alpha": 2 * rank, "target_modules": ["q_proj"]}))
+    return folder
+
+
+def req(adapter=None, **sampling) -> GenerationRequest:
+    return GenerationRequest((1, 2, 3), SamplingParams(**{"temperature": 0.7, "max_tokens": 20, **sampling}), adapter)
+
+
+def test_missing_vllm_says_how_to_install(monkeypatch, tokenizer):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm -> ImportError
+    from orchestrator.engines.vllm import VLLMEngine, VLLMUnavailable
+
+    with pytest.raises(VLLMUnavailable, match=r"pip install 'rolecast\[vllm\]'"):
+        VLLMEngine("/models/base", tokenizer=tokenizer)
+
+
+def test_too_old_vllm_names_the_minimum_version(monkeypatch, tokenizer):
+    fake_vllm.install(monkeypatch, structured_outputs=False)
+    from orchestrator.engines.vllm import MIN_VERSION, VLLMEngine, VLLMUnavailable
+
+    with pytest.raises(VLLMUnavailable, match=rf"vllm 0\.9\.2-fake is too old .*vllm>={MIN_VERSION}"):
+        VLLMEngine("/models/base", tokenizer=tokenizer)
+
+
+def test_engine_args_enable_multi_lora_and_processed_logprobs(vllm_engine):
+    args = fake(vllm_engine).args
+    assert isinstance(vllm_engine, Engine)
+    assert (args.model, args.enable_lora, args.max_loras, args.max_lora_rank) == ("/models/base", True, 4, 32)
+    assert args.logprobs_mode == "processed_logprobs" and args.enable_prefix_caching is True
+
+
+async def test_sampling_params_mapping(vllm_engine, tokenizer):
+    await vllm_engine.generate(req(temperature=0.3, top_p=0.9, max_tokens=7, stop=("END", "", "\n\n"), seed=42))
+    p = fake(vllm_engine).calls[-1].params
+    assert (p.n, p.temperature, p.top_p, p.max_tokens, p.seed) == (1, 0.3, 0.9, 7, 42)
+    assert p.stop == ["END", "\n\n"]  # vLLM rejects empty stop strings
+    assert p.logprobs == 0  # the sampled token's logprob only
+    assert tokenizer.convert_tokens_to_ids("<|im_end|>") in p.stop_token_ids  # end of turn, as in the HF engine
+    assert p.output_kind.name == "FINAL_ONLY" and p.structured_outputs is None
+    assert fake(vllm_engine).calls[-1].prompt == {"prompt_token_ids": [1, 2, 3]}
+
+
+async def test_json_schema_goes_to_structured_outputs(vllm_engine):
+    schema = json.dumps({"type": "object", "properties": {"verdict": {"enum": ["approve", "reject"]}}})
+    await vllm_engine.generate(GenerationRequest((1, 2), SamplingParams(), None, json_schema=schema))
+    assert fake(vllm_engine).calls[-1].params.structured_outputs.json == schema
+
+
+async def test_logprobs_are_the_sampled_tokens(vllm_engine):
+    fake(vllm_engine).reply = Reply([40, 41, 42], [-1.5, -0.75, -0.1], "abc", "length")
+    out = await vllm_engine.generate(req())
+    assert out.token_ids == [40, 41, 42] and out.text == "abc"
+    assert out.logprobs == [-1.5, -0.75, -0.1]  # not the runner-up candidates the fake also returns
+    assert out.finish_reason == "length" and (out.adapter, out.adapter_version) == (None, 0)
+
+
+@pytest.mark.parametrize("reason, stop_reason, expected", [
+    ("stop", "END", "stop"),  # a stop string
+    ("stop", None, "eos"),  # the model's EOS
+    ("stop", 2, "eos"),  # one of stop_token_ids (<|im_end|>)
+    ("length", None, "length"),
+    ("abort", None, "cancelled"),
+])
+async def test_finish_reasons(vllm_engine, reason, stop_reason, expected):
+    fake(vllm_engine).reply = Reply([5, 6], [-0.2, -0.3], "x", reason, stop_reason)
+    assert (await vllm_engine.generate(req())).finish_reason == expected
+
+
+async def test_missing_logprobs_is_an_error(vllm_engine):
+    def no_logprobs(call):
+        return Reply([5], [-0.1], "x")
+
+    llm = fake(vllm_engine)
+    llm.reply = no_logprobs
+    original = llm.generate
+
+    async def stripped(*args, **kwargs):
+        async for out in original(*args, **kwargs):
+            out.outputs[0].logprobs = None
+            yield out
+
+    llm.generate = stripped
+    with pytest.raises(RuntimeError, match="no logprobs"):
+        await vllm_engine.generate(req())
+    assert vllm_engine.busy == 0
+
+
+async def test_each_version_gets_a_new_lora_name_id_and_snapshot(vllm_engine, tmp_path):
+    source = adapter_dir(tmp_path / "sampler" / "coder", 1.0)
+    assert vllm_engine.load_adapter("coder", source) == 1
+    first = await vllm_engine.generate(req("coder"))
+    adapter_dir(source, 2.0)  # the trainer rewrites the sampler dir in place
+    assert vllm_engine.load_adapter("coder", source) == 2
+    second = await vllm_engine.generate(req("coder"))
+    a, b = (c.lora_request for c in fake(vllm_engine).calls)
+    assert (first.adapter_version, second.adapter_version) == (1, 2)
+    # Prefix-cache blocks are keyed by the LoRA's name (vLLM >= 0.11.1) or int id (before): both must change.
+    assert a.lora_name != b.lora_name and a.lora_int_id != b.lora_int_id
+    assert a.lora_name.startswith("coder") and b.lora_name.startswith("coder")
+    assert Path(b.lora_path) != source
+    weights = load_file(str(Path(b.lora_path) / "adapter_model.safetensors"))
+    assert torch.all(next(iter(weights.values())) == 2.0)
+
+
+async def test_superseded_version_is_evicted_once_unused(vllm_engine, tmp_path):
+    vllm_engine.load_adapter("judge", adapter_dir(tmp_path / "j1", 1.0))
+    llm = fake(vllm_engine)
+    llm.hang = True
+    running = asyncio.create_task(vllm_engine.generate(req("judge")))
+    await asyncio.sleep(0.05)
+    old = llm.calls[-1].lora_request
+    vllm_engine.load_adapter("judge", adapter_dir(tmp_path / "j2", 2.0))
+    await asyncio.sleep(0.05)
+    assert llm.removed == [] and Path(old.lora_path).exists()  # still sampling with v1
+    llm.hang = False
+    assert (await running).adapter_version == 1
+    await asyncio.sleep(0.05)
+    assert llm.removed == [old.lora_int_id] and not Path(old.lora_path).exists()
+
+
+async def test_reload_from_the_trainers_thread_evicts_on_vllms_loop(vllm_engine, tmp_path):
+    vllm_engine.load_adapter("pro", adapter_dir(tmp_path / "p1", 1.0))
+    await vllm_engine.generate(req("pro"))
+    old = fake(vllm_engine).calls[-1].lora_request
+    assert await asyncio.to_thread(vllm_engine.load_adapter, "pro", adapter_dir(tmp_path / "p2", 2.0)) == 2
+    await asyncio.sleep(0.05)
+    assert fake(vllm_engine).removed == [old.lora_int_id]
+
+
+async def test_cancel_aborts_the_vllm_request(vllm_engine):
+    llm = fake(vllm_engine)
+    llm.hang = True
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(vllm_engine.generate(req()), 0.1)
+    assert llm.aborted == [llm.calls[-1].request_id]
+    assert vllm_engine.busy == 0
+
+
+async def test_update_adapter_writes_a_peft_dir(vllm_engine, tmp_path):
+    vllm_engine.add_adapter("tester")
+    await vllm_engine.generate(req("tester"))
+    assert fake(vllm_engine).calls[-1].lora_request is None  # B = 0: the base model, no LoRA slot used
+    state = {"base_model.model.model.layers.0.self_attn.v_proj.lora_A.weight": torch.randn(4, 8),
+             "base_model.model.model.layers.0.self_attn.v_proj.lora_B.weight": torch.randn(8, 4),
+             "base_model.model.model.layers.1.mlp.up_proj.lora_A.weight": torch.randn(4, 8),
+             "base_model.model.model.layers.1.mlp.up_proj.lora_B.weight": torch.randn(16, 4)}
+    assert vllm_engine.update_adapter("tester", state, scale=2.0) == 2
+    out = await vllm_engine.generate(req("tester"))
+    path = Path(fake(vllm_engine).calls[-1].lora_request.lora_path)
+    config = json.loads((path / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"], config["target_modules"]) == (4, 8.0, ["up_proj", "v_proj"])
+    saved = load_file(str(path / "adapter_model.safetensors"))
+    assert all(torch.equal(saved[k], v) for k, v in state.items())
+    assert out.adapter_version == 2
+    with pytest.raises(KeyError, match="add or load it first"):
+        vllm_engine.update_adapter("nobody", state)
+
+
+async def test_remove_and_unknown_adapters_sample_the_base_model(vllm_engine, tmp_path):
+    vllm_engine.load_adapter("con", adapter_dir(tmp_path / "c", 1.0))
+    vllm_engine.remove_adapter("con")
+    out = await vllm_engine.generate(req("con"))
+    assert fake(vllm_engine).calls[-1].lora_request is None and out.adapter_version == 0
+    assert vllm_engine.adapter_version("con") == 0
+    with pytest.raises(KeyError):
+        vllm_engine.remove_adapter("con")
+    with pytest.raises(FileNotFoundError, match="not a PEFT adapter dir"):
+        vllm_engine.load_adapter("con", tmp_path)
+
+
+async def test_aclose_shuts_vllm_down_and_refuses_new_requests(vllm_engine):
+    await vllm_engine.aclose()
+    assert fake(vllm_engine).shut
+    with pytest.raises(RuntimeError, match="closed"):
+        await vllm_engine.generate(req())
+
+
+def test_cli_runs_a_team_on_the_vllm_engine(monkeypatch, workspace, tmp_path, cli):
+    fake_vllm.install(monkeypatch)
+    out_dir = tmp_path / "run"
+    code, _, err = cli("run", workspace / "team.yaml", "--engine", "vllm", "--policy", "reviewer=builtin:stub",
+                       "--episodes", "2", "--no-progress", "--out", out_dir)
+    assert code == 0, err
+    [llm] = fake_vllm.AsyncLLMEngine.engines
+    assert llm.args.model == str(checkpoint_dir()) and llm.shut  # closed when the run ended
+    assert {(c.params.temperature, c.params.max_tokens) for c in llm.calls} == {(0.0, 16)}  # the echo role's sampling
+    episodes = [json.loads(line) for line in (out_dir / "transcripts.jsonl").read_text().splitlines()]
+    echo = [a for e in episodes for t in e["turns"] if t["role"] == "echo" for a in t["attempts"]]
+    assert len(echo) == len(llm.calls) >= 2
+    assert all(a["token_ids"] == [11, 12, 2] and a["logprobs"] == [-0.5, -0.25, -0.125] for a in echo)
+
+
+def test_cli_without_vllm_is_one_line_and_exit_2(monkeypatch, workspace, cli):
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    code, _, err = cli("run", workspace / "team.yaml", "--engine", "vllm", "--no-progress")
+    assert code == 2 and "pip install 'rolecast[vllm]'" in err and "Traceback" not in err
