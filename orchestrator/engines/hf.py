@@ -249,7 +249,7 @@ class HFEngine:
         ids = torch.tensor([[s.tokens[-1]] for s in self._active])
         mask = F.pad(self._kv.mask, (0, 1), value=1)
         out = self._forward(ids, mask, self._kv.cache(), [s.adapter_key for s in self._active], self._kv.positions())
-        self._kv.advance(out.past_key_values)
+        self._kv.advance()
         self._take(self._active, out.logits[:, -1])
 
     def _take(self, seqs: list[_Seq], logits: torch.Tensor) -> None:
