@@ -1,22 +1,27 @@
 """Many LoRA adapters on one frozen base model, for serving: rows of a batch pick their adapter.
 
-Each target ``nn.Linear`` gets a forward hook that adds, for every adapter present in the
-current batch, ``scale * x[rows] @ A.T @ B.T`` to the output rows of that adapter. Routing is
-computed once per forward pass (``route``), not per layer, so a mixed batch of four adapters
-costs a few small matmuls per layer instead of PEFT's per-sample bookkeeping in every module
-(measured: PEFT's ``adapter_names`` path made a batch-64 decode step 1.6x slower; this is the
-same speed as a single active adapter). Weights come in PEFT's format (``adapter_config.json``
-+ ``adapter_model.safetensors``), so what the trainer saves is what the engine serves.
+Each target ``nn.Linear`` gets a forward hook that adds the LoRA delta of each row's adapter.
+The adapters present in a batch are stacked side by side (``A`` as ``[in, R]``, ``B`` as
+``[R, out]``, ``R`` the sum of their ranks), so every module costs two matmuls whatever the mix:
+``h = x @ A``, zero the columns of other adapters in each row (one multiply by a row mask built
+once per forward pass in ``route``), ``out += h @ B``. Measured on SmolLM2's layer shapes at
+batch 64 (bf16, 1 thread): a 4-adapter mix cost 0.94x a single adapter this way, versus 0.78x
+with one pair of matmuls per adapter on its rows, and PEFT's ``adapter_names`` path made a decode
+step 1.6x slower. Weights come in PEFT's format (``adapter_config.json`` +
+``adapter_model.safetensors``), so what the trainer saves is what the engine serves.
 """
 from __future__ import annotations
 
 import json
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
+
+_STACKS_KEPT = 8  # stacked weights of recent adapter mixes (a mix is rebuilt when it comes back)
 
 
 @dataclass
@@ -25,48 +30,81 @@ class _Weights:
     b: torch.Tensor  # [out, r], already multiplied by the LoRA scale
 
 
+@dataclass
+class _Stack:
+    """Several adapters side by side: per module ``a_t`` [in, R] and ``b_t`` [R, out]."""
+
+    a_t: dict[str, torch.Tensor]
+    b_t: dict[str, torch.Tensor]
+    columns: dict[str, slice]  # adapter -> its columns in R
+
+
 class MultiLoRA:
     def __init__(self, model: torch.nn.Module):
         self.model = model
         self.dtype = next(model.parameters()).dtype
         self.linears = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and name != "lm_head"}
         self.adapters: dict[str, dict[str, _Weights]] = {}  # adapter -> module name -> weights
-        self._groups: list[tuple[dict[str, _Weights], torch.Tensor | slice | None]] = []
+        self._stacks: OrderedDict[tuple[str, ...], _Stack] = OrderedDict()
+        self._active: tuple[_Stack, torch.Tensor | None] | None = None
         for name, module in self.linears.items():
             module.register_forward_hook(self._hook(name))
 
     # -- routing -------------------------------------------------------------------------------
     def route(self, adapters: list[str | None]) -> None:
         """Set which adapter each row of the next forward passes uses (None: the base model)."""
-        groups = []
         names = [a if a in self.adapters and self.adapters[a] else None for a in adapters]
-        for name in dict.fromkeys(n for n in names if n is not None):
-            rows = [i for i, n in enumerate(names) if n == name]
-            if len(rows) == len(names):
-                sel = None
-            elif rows[-1] - rows[0] + 1 == len(rows):  # contiguous: a view, no gather or scatter
-                sel = slice(rows[0], rows[-1] + 1)
-            else:
-                sel = torch.tensor(rows)
-            groups.append((self.adapters[name], sel))
-        self._groups = groups
+        present = tuple(dict.fromkeys(n for n in names if n is not None))
+        if not present:
+            self._active = None
+            return
+        stack = self._stack(present)
+        mask = None
+        if len(present) > 1 or None in names:
+            width = next(iter(stack.a_t.values())).shape[1]
+            mask = torch.zeros(len(names), 1, width, dtype=self.dtype)
+            for row, name in enumerate(names):
+                if name is not None:
+                    mask[row, 0, stack.columns[name]] = 1
+        self._active = (stack, mask)
+
+    def _stack(self, present: tuple[str, ...]) -> _Stack:
+        if present in self._stacks:
+            self._stacks.move_to_end(present)
+            return self._stacks[present]
+        ranks = {n: max(w.a.shape[0] for w in self.adapters[n].values()) for n in present}
+        columns, at = {}, 0
+        for n in present:
+            columns[n], at = slice(at, at + ranks[n]), at + ranks[n]
+        a_t, b_t = {}, {}
+        for module in dict.fromkeys(m for n in present for m in self.adapters[n]):
+            linear = self.linears[module]
+            a = torch.zeros(at, linear.in_features, dtype=self.dtype)
+            b = torch.zeros(at, linear.out_features, dtype=self.dtype)
+            for n in present:
+                w = self.adapters[n].get(module)
+                if w is not None:  # an adapter that skips a module (or has a lower rank there) adds zeros
+                    rows = slice(columns[n].start, columns[n].start + w.a.shape[0])
+                    a[rows], b[rows] = w.a, w.b.T
+            a_t[module], b_t[module] = a.T.contiguous(), b
+        self._stacks[present] = stack = _Stack(a_t, b_t, columns)
+        if len(self._stacks) > _STACKS_KEPT:
+            self._stacks.popitem(last=False)
+        return stack
 
     def _hook(self, module_name: str):
         def add_lora(module, inputs, output):
-            if not self._groups:
+            if self._active is None:
                 return output
-            x = inputs[0]
-            for weights, rows in self._groups:
-                w = weights.get(module_name)
-                if w is None:
-                    continue
-                # in place: the serving path runs under inference_mode, nothing needs the old output
-                if rows is None:
-                    output.add_((x @ w.a.T) @ w.b.T)
-                elif isinstance(rows, slice):
-                    output[rows].add_((x[rows] @ w.a.T) @ w.b.T)
-                else:
-                    output.index_add_(0, rows, (x.index_select(0, rows) @ w.a.T) @ w.b.T)
+            stack, mask = self._active
+            a_t = stack.a_t.get(module_name)
+            if a_t is None:
+                return output
+            h = inputs[0] @ a_t
+            if mask is not None:
+                h.mul_(mask)
+            # in place: the serving path runs under inference_mode, nothing needs the old output
+            output.view(-1, output.shape[-1]).addmm_(h.view(-1, h.shape[-1]), stack.b_t[module_name])
             return output
 
         return add_lora
@@ -75,6 +113,7 @@ class MultiLoRA:
     def set_empty(self, name: str) -> None:
         """A fresh adapter: B = 0, so it adds nothing (and costs nothing) until trained."""
         self.adapters[name] = {}
+        self._changed()
 
     def set_state(self, name: str, state: dict[str, torch.Tensor], scale: float) -> None:
         """Install PEFT-format weights (``...<module>.lora_A.weight`` / ``lora_B``) for ``name``."""
@@ -96,6 +135,7 @@ class MultiLoRA:
                 continue
             weights[module] = _Weights(a=p["lora_A"].to(self.dtype), b=(p["lora_B"].float() * scale).to(self.dtype))
         self.adapters[name] = weights
+        self._changed()
 
     def load(self, name: str, path: str | Path) -> None:
         path = Path(path)
@@ -104,6 +144,12 @@ class MultiLoRA:
 
     def remove(self, name: str) -> None:
         del self.adapters[name]
+        self._changed()
+
+    def _changed(self) -> None:
+        """Adapter weights changed: stacked copies are stale (the engine holds its lock here)."""
+        self._stacks.clear()
+        self._active = None
 
 
 def lora_scale(config: dict) -> float:
