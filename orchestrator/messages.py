@@ -62,10 +62,15 @@ def _validator_for(schema_json: str) -> jsonschema_rs.Validator:
     return jsonschema_rs.validator_for(json.loads(schema_json))
 
 
+def schema_json(schema: dict[str, Any]) -> str:
+    """The canonical JSON text of a schema: equal schemas give equal text (a cache key)."""
+    return json.dumps(schema, sort_keys=True)
+
+
 def compile_validator(schema: dict[str, Any]) -> jsonschema_rs.Validator:
     """A compiled validator (jsonschema-rs: ~100x the Python library's speed), shared by every
     role whose schema is the same."""
-    return _validator_for(json.dumps(schema, sort_keys=True))
+    return _validator_for(schema_json(schema))
 
 
 def check_schema(schema: dict[str, Any]) -> str | None:

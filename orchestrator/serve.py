@@ -1,4 +1,4 @@
-"""``rolecast serve``: an OpenAI-compatible HTTP server over the HF engine.
+"""``rolecast serve``: an OpenAI-compatible HTTP server over the HF engine (or vLLM: ``--engine vllm``).
 
 Each loaded adapter is a model name, so trained roles can be used by any tool that speaks
 ``/v1/chat/completions``; the base model is served as ``base`` (and under its own name).
@@ -13,12 +13,16 @@ import json
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from .engines.base import GenerationRequest, SamplingParams
 from .engines.hf import HFEngine
+from .messages import check_schema, schema_json
+
+if TYPE_CHECKING:
+    from .engines.vllm import VLLMEngine
 
 log = structlog.get_logger()
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop", "error": "stop"}
@@ -32,7 +36,7 @@ class HTTPError(Exception):
 
 
 class ChatServer:
-    def __init__(self, engine: HFEngine, model_name: str, request_timeout_s: float = 300.0):
+    def __init__(self, engine: HFEngine | VLLMEngine, model_name: str, request_timeout_s: float = 300.0):
         self.engine = engine
         self.model_name = model_name
         self.timeout = request_timeout_s
@@ -88,9 +92,11 @@ class ChatServer:
             )
         except (TypeError, ValueError) as exc:
             raise HTTPError(400, f"bad sampling parameter: {exc}") from None
+        schema = response_schema(req.get("response_format"))
         prompt = self.engine.apply_chat_template(messages)
         adapter = None if model in ("base", self.model_name) else model
-        out = await asyncio.wait_for(self.engine.generate(GenerationRequest(tuple(prompt), sampling, adapter)), self.timeout)
+        request = GenerationRequest(tuple(prompt), sampling, adapter, json_schema=schema)
+        out = await asyncio.wait_for(self.engine.generate(request), self.timeout)
         choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": out.text},
                                   "finish_reason": FINISH[out.finish_reason]}
         if req.get("logprobs"):
@@ -104,6 +110,30 @@ class ChatServer:
                       "total_tokens": len(prompt) + len(out.token_ids)},
             "system_fingerprint": f"rolecast-{adapter or 'base'}-v{out.adapter_version}",
         }
+
+
+def response_schema(fmt: Any) -> str | None:
+    """The JSON schema text an OpenAI ``response_format`` asks for (None: free text).
+
+    ``{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}`` forwards the schema to
+    the engine, which constrains decoding to it where it can; ``json_object`` is any JSON object.
+    """
+    if fmt is None:
+        return None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return schema_json({"type": "object"})
+    if kind != "json_schema":
+        raise HTTPError(400, f"response_format type {kind!r} is not supported: use text, json_object or json_schema")
+    spec = fmt.get("json_schema")
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    if not isinstance(schema, dict):
+        raise HTTPError(400, "response_format.json_schema.schema must be a JSON object (the JSON Schema)")
+    if problem := check_schema(schema):
+        raise HTTPError(400, f"response_format.json_schema.schema: {problem}")
+    return schema_json(schema)
 
 
 async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str, bytes]:
@@ -131,7 +161,7 @@ def _json(body: bytes) -> dict[str, Any]:
     return data
 
 
-async def serve(engine: HFEngine, model_name: str, host: str, port: int, adapters: dict[str, Path], ready=None) -> None:
+async def serve(engine: HFEngine | VLLMEngine, model_name: str, host: str, port: int, adapters: dict[str, Path], ready=None) -> None:
     for name, path in adapters.items():
         engine.load_adapter(name, path)
     server = await asyncio.start_server(ChatServer(engine, model_name).handle, host, port)

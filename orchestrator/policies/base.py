@@ -20,6 +20,7 @@ class PolicyRequest:
     adapter: str | None
     seed: int  # derived from the run seed, episode, turn and attempt
     reply_prefix: str = ""  # model policies start their reply with it (see RoleConfig)
+    json_schema: str | None = None  # set: constrain the reply to this JSON schema (canonical JSON text)
 
 
 @dataclass

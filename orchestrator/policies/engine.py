@@ -21,6 +21,7 @@ class EnginePolicy:
                     temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens, stop=tuple(s.stop), seed=request.seed
                 ),
                 adapter=request.adapter,
+                json_schema=request.json_schema,
             )
         )
         return PolicyOutput(

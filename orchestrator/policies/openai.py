@@ -2,19 +2,38 @@
 (``rolecast serve``, ``vllm serve``, a llama.cpp server, ...). Binding: ``openai:MODEL@BASE_URL``.
 
 The reply prefix of a role cannot be pre-filled through this API, so it is not used; the API
-key, if the server wants one, comes from ``OPENAI_API_KEY``.
+key, if the server wants one, comes from ``OPENAI_API_KEY``. A request with a JSON schema is sent
+with ``response_format: {"type": "json_schema", ...}``; a server that rejects that field gets
+plain requests from then on (the reply is still validated against the schema).
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import re
 import urllib.error
 import urllib.request
 from typing import Any
 
+import structlog
+
 from ..errors import PolicyError
 from .base import PolicyOutput, PolicyRequest
+
+log = structlog.get_logger()
+
+
+class HTTPStatusError(PolicyError):
+    def __init__(self, message: str, status: int, detail: str):
+        super().__init__(message)
+        self.status, self.detail = status, detail
+
+
+def response_format(name: str, schema_text: str) -> dict[str, Any]:
+    """OpenAI's structured-output request for a schema; ``name`` must match [A-Za-z0-9_-]{1,64}."""
+    safe = re.sub(r"[^A-Za-z0-9_-]", "_", name)[:64] or "reply"
+    return {"type": "json_schema", "json_schema": {"name": safe, "schema": json.loads(schema_text), "strict": True}}
 
 
 def parse_target(target: str) -> tuple[str, str]:
@@ -28,6 +47,7 @@ class OpenAIPolicy:
     def __init__(self, target: str, timeout_s: float = 120.0):
         self.model, self.base_url = parse_target(target)
         self.timeout = timeout_s
+        self.send_response_format = True  # until the server rejects it
 
     async def __call__(self, request: PolicyRequest) -> PolicyOutput:
         s = request.sampling
@@ -35,12 +55,25 @@ class OpenAIPolicy:
                 "max_tokens": s.max_tokens, "seed": request.seed}
         if s.stop:
             body["stop"] = list(s.stop)
-        data = await asyncio.wait_for(asyncio.to_thread(self._post, body), self.timeout + 5)
+        if request.json_schema and self.send_response_format:
+            body["response_format"] = response_format(request.role, request.json_schema)
+        try:
+            data = await self._send(body)
+        except HTTPStatusError as exc:
+            if "response_format" not in body or exc.status not in (400, 422) or "response_format" not in exc.detail:
+                raise
+            log.warning("openai.response_format_rejected", url=self.base_url, detail=exc.detail[:200])
+            self.send_response_format = False
+            del body["response_format"]
+            data = await self._send(body)
         try:
             choice = data["choices"][0]
             return PolicyOutput(text=choice["message"]["content"] or "", finish_reason=choice.get("finish_reason"))
         except (KeyError, IndexError, TypeError):
             raise PolicyError(f"{self.base_url}: unexpected response {str(data)[:200]}") from None
+
+    async def _send(self, body: dict[str, Any]) -> dict[str, Any]:
+        return await asyncio.wait_for(asyncio.to_thread(self._post, body), self.timeout + 5)
 
     def _post(self, body: dict[str, Any]) -> dict[str, Any]:
         headers = {"Content-Type": "application/json"}
@@ -52,6 +85,6 @@ class OpenAIPolicy:
                 return json.loads(resp.read())
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace")[:300]
-            raise PolicyError(f"{self.base_url}: HTTP {exc.code}: {detail}") from None
+            raise HTTPStatusError(f"{self.base_url}: HTTP {exc.code}: {detail}", exc.code, detail) from None
         except (urllib.error.URLError, TimeoutError, ValueError) as exc:
             raise PolicyError(f"{self.base_url}: {exc}") from None

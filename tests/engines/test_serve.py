@@ -96,6 +96,16 @@ def test_errors_are_json(server):
     assert status == 404
 
 
+def test_response_format_json_schema_is_accepted_and_checked(server):
+    schema = {"type": "object", "properties": {"winner": {"type": "string"}}, "required": ["winner"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "judge", "schema": schema, "strict": True}}
+    status, data = call(server, "/chat/completions", chat("judge", response_format=fmt))
+    assert status == 200 and data["choices"][0]["finish_reason"] in ("stop", "length"), data
+    bad = {"type": "json_schema", "json_schema": {"name": "judge", "schema": {"type": "objekt"}}}
+    status, data = call(server, "/chat/completions", chat("judge", response_format=bad))
+    assert status == 400 and "invalid JSON Schema" in data["error"]["message"]
+
+
 def test_openai_policy_plays_a_role_against_rolecast_serve(server, tmp_path):
     team = load_team(ROOT / "recipes" / "debate.yaml")
     bindings = {name: Binding("builtin", "stub") for name in ("pro", "con")}

@@ -1,0 +1,127 @@
+"""A role's JSON schema from the OpenAI client policy, over loopback HTTP, to ``rolecast serve``'s engine.
+
+The server side runs ``ChatServer`` in-process over a recording engine, so the test sees the
+GenerationRequest the schema arrives in; tests/engines/test_serve.py drives the real
+``rolecast serve`` process.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+
+import pytest
+
+from orchestrator.config import SamplingConfig
+from orchestrator.engines.base import Completion, GenerationRequest
+from orchestrator.errors import PolicyError
+from orchestrator.messages import schema_json
+from orchestrator.policies.base import PolicyRequest
+from orchestrator.policies.openai import OpenAIPolicy, response_format
+from orchestrator.serve import ChatServer, HTTPError, response_schema
+
+SCHEMA = {"type": "object", "properties": {"verdict": {"type": "string", "enum": ["approve", "request_changes"]}},
+          "required": ["verdict"], "additionalProperties": False}
+
+
+class RecordingEngine:
+    """Answers every request with a fixed reply and keeps the requests it was given."""
+
+    def __init__(self) -> None:
+        self.requests: list[GenerationRequest] = []
+        self.versions: dict[str, int] = {}
+
+    def apply_chat_template(self, messages):
+        return [1, 2, 3]
+
+    async def generate(self, request: GenerationRequest) -> Completion:
+        self.requests.append(request)
+        return Completion([7, 8], '{"verdict": "approve"}', [-0.1, -0.2], "eos")
+
+
+class NoResponseFormatServer(ChatServer):
+    """A server that, like some OpenAI-compatible ones, refuses the field."""
+
+    seen: list[dict] = []
+
+    async def chat(self, req):
+        type(self).seen.append(req)
+        if "response_format" in req:
+            raise HTTPError(400, "unsupported parameter: response_format")
+        return await super().chat(req)
+
+
+@contextlib.asynccontextmanager
+async def serving(engine, server_class=ChatServer):
+    server = await asyncio.start_server(server_class(engine, "tiny").handle, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+def policy_request(role="reviewer", json_schema=None) -> PolicyRequest:
+    return PolicyRequest(role=role, episode="e0", episode_index=0, turn=0, attempt=0,
+                         messages=[{"role": "user", "content": "Review this."}], context={},
+                         sampling=SamplingConfig(temperature=0.0, max_tokens=32), adapter=None, seed=3,
+                         json_schema=json_schema)
+
+
+async def test_schema_travels_from_the_policy_to_the_engine_request():
+    engine = RecordingEngine()
+    async with serving(engine) as url:
+        out = await OpenAIPolicy(f"base@{url}")(policy_request(json_schema=schema_json(SCHEMA)))
+        await OpenAIPolicy(f"base@{url}")(policy_request())
+    assert json.loads(out.text) == {"verdict": "approve"}
+    constrained, free = engine.requests
+    assert constrained.json_schema == schema_json(SCHEMA) and json.loads(constrained.json_schema) == SCHEMA
+    assert free.json_schema is None
+
+
+def test_response_format_shape():
+    fmt = response_format("code reviewer/2", schema_json(SCHEMA))
+    assert fmt == {"type": "json_schema", "json_schema": {"name": "code_reviewer_2", "schema": SCHEMA, "strict": True}}
+
+
+@pytest.mark.parametrize("fmt, expected", [
+    (None, None),
+    ({"type": "text"}, None),
+    ({"type": "json_object"}, {"type": "object"}),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA, "strict": True}}, SCHEMA),
+])
+def test_serve_reads_response_format(fmt, expected):
+    text = response_schema(fmt)
+    assert (text if text is None else json.loads(text)) == expected
+
+
+@pytest.mark.parametrize("fmt, message", [
+    ({"type": "xml"}, "not supported"),
+    ("json", "not supported"),
+    ({"type": "json_schema", "json_schema": {"name": "x"}}, "must be a JSON object"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 5}}}, "invalid JSON Schema"),
+])
+def test_serve_rejects_bad_response_format(fmt, message):
+    with pytest.raises(HTTPError, match=message) as info:
+        response_schema(fmt)
+    assert info.value.status == 400
+
+
+async def test_a_server_without_response_format_gets_plain_requests():
+    NoResponseFormatServer.seen = []
+    engine = RecordingEngine()
+    policy = None
+    async with serving(engine, NoResponseFormatServer) as url:
+        policy = OpenAIPolicy(f"base@{url}")
+        first = await policy(policy_request(json_schema=schema_json(SCHEMA)))
+        await policy(policy_request(json_schema=schema_json(SCHEMA)))
+    assert json.loads(first.text) == {"verdict": "approve"}
+    # refused once, retried without it, and not sent again
+    assert ["response_format" in r for r in NoResponseFormatServer.seen] == [True, False, False]
+    assert not policy.send_response_format
+
+
+async def test_other_http_errors_still_fail():
+    async with serving(RecordingEngine()) as url:
+        with pytest.raises(PolicyError, match="HTTP 404"):
+            await OpenAIPolicy(f"nope@{url}")(policy_request(json_schema=schema_json(SCHEMA)))
