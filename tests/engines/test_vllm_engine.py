@@ -18,8 +18,11 @@ from transformers import AutoTokenizer
 
 import fake_vllm
 from fake_vllm import Reply
+from orchestrator.config import SamplingConfig
 from orchestrator.engines.base import Engine, GenerationRequest, SamplingParams
 from orchestrator.models import checkpoint_dir
+from orchestrator.policies.base import PolicyRequest
+from orchestrator.policies.engine import EnginePolicy
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +94,17 @@ async def test_json_schema_goes_to_structured_outputs(vllm_engine):
     schema = json.dumps({"type": "object", "properties": {"verdict": {"enum": ["approve", "reject"]}}})
     await vllm_engine.generate(GenerationRequest((1, 2), SamplingParams(), None, json_schema=schema))
     assert fake(vllm_engine).calls[-1].params.structured_outputs.json == schema
+
+
+async def test_engine_policy_passes_the_roles_schema_through(vllm_engine):
+    schema = json.dumps({"type": "object", "required": ["say"]}, sort_keys=True)
+    request = PolicyRequest(role="echo", episode="e", episode_index=0, turn=0, attempt=0,
+                            messages=[{"role": "user", "content": "Say something."}], context={},
+                            sampling=SamplingConfig(), adapter=None, seed=9, json_schema=schema)
+    out = await EnginePolicy(vllm_engine)(request)
+    call = fake(vllm_engine).calls[-1]
+    assert call.params.structured_outputs.json == schema and call.params.seed == 9
+    assert call.prompt["prompt_token_ids"] == out.prompt_ids == vllm_engine.apply_chat_template(request.messages)
 
 
 async def test_logprobs_are_the_sampled_tokens(vllm_engine):
