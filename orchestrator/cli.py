@@ -112,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_optional_commands(sub: Any) -> None:
     """Commands whose packages may be absent in a partial install."""
     from .evaluation import register_cli as register_eval
+    from .tasks_cli import register_cli as register_tasks
 
     register_eval(sub)
     try:
@@ -119,6 +120,7 @@ def _add_optional_commands(sub: Any) -> None:
     except ImportError:
         return
     register_cli(sub)
+    register_tasks(sub)  # `tasks check` runs in the sandbox
 
 
 def _yaml_files(paths: list[Path]) -> list[Path]:

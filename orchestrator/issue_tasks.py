@@ -29,6 +29,8 @@ from typing import Callable, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from .edits import is_regular, read_regular
+
 __all__ = [
     "IssueTask",
     "RunOutcome",
@@ -43,8 +45,15 @@ __all__ = [
     "apply_patch",
     "install_hidden_tests",
     "grade",
+    "grade_work",
+    "graded_path",
+    "workdir_changes",
+    "repo_files",
+    "run_tests",
+    "static_test_names",
     "check_task",
     "subprocess_runner",
+    "sandbox_runner",
 ]
 
 TASK_FILE = "task.yaml"
@@ -124,6 +133,11 @@ class IssueTask(BaseModel):
     def solution_patch(self) -> str:
         return self.patch_path.read_text(encoding="utf-8")
 
+    def solution_files(self) -> list[str]:
+        """Repo-relative paths of the files ``solution.patch`` changes or adds."""
+        found = re.findall(r"^\+\+\+ b/(\S+)", self.solution_patch(), re.M)
+        return sorted(set(found))
+
     def hidden_test_files(self) -> list[str]:
         """Hidden test files as paths relative to the repo root once installed."""
         return sorted(
@@ -136,11 +150,12 @@ class IssueTask(BaseModel):
         ids: list[str] = []
         for rel in self.hidden_test_files():
             src = self.hidden_dir / Path(rel).relative_to(self.hidden_dest)
-            ids += [f"{rel}::{n}" for n in _test_names(src.read_text(encoding="utf-8"))]
+            ids += [f"{rel}::{n}" for n in static_test_names(src.read_text(encoding="utf-8"))]
         return ids
 
 
-def _test_names(source: str) -> list[str]:
+def static_test_names(source: str) -> list[str]:
+    """Test functions and ``Test*`` methods in ``source`` (raises SyntaxError if it does not parse)."""
     names: list[str] = []
     for node in ast.parse(source).body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
@@ -220,17 +235,23 @@ class RunOutcome:
 Runner = Callable[[list[str], Path, float], RunOutcome]
 
 
-def subprocess_runner(argv: list[str], workdir: Path, timeout_s: float) -> RunOutcome:
-    """Run ``argv`` in ``workdir`` on this machine (no isolation: trusted code only).
+# Byte code is not written (a patched file of the same size in the same second would otherwise
+# reuse a stale .pyc) and pytest plugins are not auto-loaded (task repos are stdlib-only; faster).
+TEST_ENV = {"PYTHONDONTWRITEBYTECODE": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
 
-    ``python``/``python3`` as the program becomes ``sys.executable`` (no pyenv shim). Byte code is
-    not written (a patched file of the same size in the same second would otherwise reuse a stale
-    .pyc) and pytest plugins are not auto-loaded (task repos are stdlib-only; it is faster).
-    """
+
+def _own_interpreter(argv: list[str]) -> list[str]:
+    """``python``/``python3`` as the program becomes ``sys.executable`` (no pyenv shim)."""
     argv = list(argv)
     if argv and argv[0] in ("python", "python3"):
         argv[0] = sys.executable
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    return argv
+
+
+def subprocess_runner(argv: list[str], workdir: Path, timeout_s: float) -> RunOutcome:
+    """Run ``argv`` in ``workdir`` on this machine (no isolation: trusted code only)."""
+    argv = _own_interpreter(argv)
+    env = {**os.environ, **TEST_ENV}
     env.pop("PYTHONPATH", None)
     try:
         proc = subprocess.run(
@@ -244,6 +265,25 @@ def subprocess_runner(argv: list[str], workdir: Path, timeout_s: float) -> RunOu
     except OSError as exc:
         return RunOutcome(127, "", f"cannot run {argv[0]!r}: {exc}")
     return RunOutcome(proc.returncode, proc.stdout, proc.stderr)
+
+
+def sandbox_runner(backend: str = "auto", memory_mb: int = 1024, timeout_s: float | None = None) -> Runner:
+    """A :data:`Runner` that confines each command with :func:`sandboxes.run` (needs root).
+
+    The wall-time limit is ``timeout_s`` if given, else what the caller passes per command (the
+    task's). Raises ``sandboxes.SandboxError`` now, not per run, when ``backend`` cannot work here.
+    """
+    import sandboxes  # optional package: only this runner needs it
+
+    chosen = sandboxes.select_backend(backend).name
+
+    def run(argv: list[str], workdir: Path, task_timeout_s: float) -> RunOutcome:
+        limits = sandboxes.Limits(wall_time_s=timeout_s or task_timeout_s, memory_mb=memory_mb)
+        res = sandboxes.run(_own_interpreter(argv), workdir, limits, backend=chosen, env=TEST_ENV)
+        code = res.exit_code if res.exit_code is not None else 128 + (res.signal or 0)
+        return RunOutcome(124 if res.timed_out else code, res.stdout, res.stderr, timed_out=res.timed_out)
+
+    return run
 
 
 def copy_repo(task: IssueTask, dest: str | Path) -> Path:
@@ -320,6 +360,7 @@ class Grade:
     timed_out: bool = False
     crashed: bool = False  # collection error, internal error, timeout, no report
     log: str = ""  # tail of the test run's output
+    ignored: list[str] = field(default_factory=list)  # team changes grading left out (grade_work)
 
     @property
     def passed(self) -> int:
@@ -394,7 +435,7 @@ def _parse_ra(text: str) -> dict[str, TestOutcome]:
     return found
 
 
-def _run_tests(task: IssueTask, workdir: Path, runner: Runner, paths: list[str],
+def run_tests(task: IssueTask, workdir: Path, runner: Runner, paths: list[str],
                expected: list[str]) -> Grade:
     """Run pytest on ``paths`` and return one outcome per expected test id (plus any extra)."""
     report = workdir / REPORT_FILE
@@ -429,6 +470,65 @@ def _run_tests(task: IssueTask, workdir: Path, runner: Runner, paths: list[str],
     return Grade(task.id, outcomes, out.exit_code, out.timed_out, crashed, log)
 
 
+def workdir_changes(task: IssueTask, workdir: str | Path) -> list[str]:
+    """Repo-relative paths of regular files in ``workdir`` that differ from, or are not in, repo/.
+
+    Symlinks, FIFOs and the like (which sandboxed code may leave) are not files a team wrote.
+    """
+    workdir = Path(workdir)
+    return [rel for rel in repo_files(workdir)
+            if read_regular(workdir / rel) != read_regular(task.repo_dir / rel)]
+
+
+def repo_files(root: str | Path) -> list[str]:
+    """Relative paths of the regular files under ``root`` (links not followed, caches skipped)."""
+    root = Path(root)
+    found: list[str] = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(set(dirs) - _IGNORED(folder, dirs))
+        for name in sorted(set(files) - _IGNORED(folder, files)):
+            if is_regular(Path(folder) / name):
+                found.append((Path(folder) / name).relative_to(root).as_posix())
+    return found
+
+
+_TEST_CONFIG = {"conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml"}
+
+
+def graded_path(task: IssueTask, rel: str) -> bool:
+    """Whether grading takes the team's version of ``rel``: a non-test source module only.
+
+    Left out: anything that is not ``.py``, test files and folders, pytest configuration, the
+    hidden tests' folder, and new top-level modules (``pytest.py`` would shadow pytest itself).
+    A new module is taken inside a package that repo/ already has.
+    """
+    p = Path(rel)
+    if p.suffix != ".py" or p.name in _TEST_CONFIG or p.name.startswith("test_") or p.stem.endswith("_test"):
+        return False
+    if p.parts[0] in ("tests", "test") or p.is_relative_to(task.hidden_dest):
+        return False
+    if (task.repo_dir / p).is_file():
+        return True
+    return len(p.parts) > 1 and (task.repo_dir / p.parts[0] / "__init__.py").is_file()
+
+
+def grade_work(task: IssueTask, workdir: str | Path, runner: Runner = subprocess_runner) -> Grade:
+    """Grade a team's ``workdir`` so that editing tests or test config cannot game the grade.
+
+    A fresh copy of the buggy repo gets the team's version of the files :func:`graded_path`
+    accepts, then :func:`grade` runs there; the changes left out are in ``Grade.ignored``.
+    """
+    changes = workdir_changes(task, workdir)
+    with tempfile.TemporaryDirectory(prefix=f"rolecast-grade-{task.id}-") as tmp:
+        fresh = copy_repo(task, Path(tmp) / "repo")
+        for rel in filter(lambda r: graded_path(task, r), changes):
+            (fresh / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(Path(workdir) / rel, fresh / rel, follow_symlinks=False)
+        result = grade(task, fresh, runner)
+    result.ignored = [r for r in changes if not graded_path(task, r)]
+    return result
+
+
 def grade(task: IssueTask, workdir: str | Path, runner: Runner = subprocess_runner) -> Grade:
     """Install the hidden tests in ``workdir``, run them (only them) and grade each one.
 
@@ -436,7 +536,7 @@ def grade(task: IssueTask, workdir: str | Path, runner: Runner = subprocess_runn
     """
     workdir = Path(workdir)
     install_hidden_tests(task, workdir)
-    return _run_tests(task, workdir, runner, task.hidden_test_files(), task.hidden_test_ids())
+    return run_tests(task, workdir, runner, task.hidden_test_files(), task.hidden_test_ids())
 
 
 # --------------------------------------------------------------------------------------- checking
@@ -481,7 +581,7 @@ def check_task(task: IssueTask, runner: Runner = subprocess_runner) -> CheckRepo
                     return rep
             install_hidden_tests(task, work)
             visible = list(task.visible_tests)
-            g = _run_tests(task, work, runner, visible + hidden_files, hidden_ids)
+            g = run_tests(task, work, runner, visible + hidden_files, hidden_ids)
             setattr(rep, label, g)
             hidden = [o for o in g.outcomes if o.id in set(hidden_ids)]
             vis = [o for o in g.outcomes if o.id not in set(hidden_ids)]

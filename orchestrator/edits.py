@@ -1,0 +1,99 @@
+"""Search/replace edits of files in a work directory, each applied exactly or reported as failed.
+
+An edit is ``{"path", "search", "replace"}``: ``search`` must occur exactly once in the file and
+is replaced by ``replace``; an empty ``search`` creates a new file holding ``replace``. Edits
+apply in order, each to the result of the ones before. Nothing is dropped silently: every edit
+gets an :class:`EditResult` whose message says what happened or why not.
+"""
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import asdict, dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any, Mapping
+
+MAX_FILE_BYTES = 1_000_000  # a file a model edits is source code, not data
+
+
+@dataclass
+class EditResult:
+    path: str
+    ok: bool
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class PathRefused(ValueError):
+    """A path that leaves the work directory, or is not a plain file."""
+
+
+def resolve_in(root: Path, rel: str) -> Path:
+    """``root/rel``, refused when ``rel`` is absolute, climbs with ``..`` or leads out via a symlink.
+
+    Sandboxed code writes into ``root`` too, so symlinks there are hostile: the resolved path
+    (links followed) must stay inside the resolved root.
+    """
+    rel = rel.strip()
+    pure = PurePosixPath(rel)
+    if not rel or pure.is_absolute() or ".." in pure.parts or "\\" in rel:
+        raise PathRefused(f"path {rel!r} must be relative to the repository root, without '..'")
+    base = root.resolve()
+    target = (base / pure).resolve()
+    if target == base or not target.is_relative_to(base):
+        raise PathRefused(f"path {rel!r} leads outside the repository")
+    return target
+
+
+def is_regular(path: Path) -> bool:
+    """A regular file, not a link, FIFO or device (which a sandboxed run may leave)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def read_regular(path: Path, limit: int = MAX_FILE_BYTES) -> bytes | None:
+    """The bytes of a regular file (see :func:`is_regular`), else ``None``."""
+    if not is_regular(path):
+        return None
+    with open(path, "rb") as fh:
+        return fh.read(limit)
+
+
+def apply_edit(root: Path, path: str, search: str, replace: str) -> EditResult:
+    try:
+        target = resolve_in(root, path)
+    except PathRefused as exc:
+        return EditResult(path, False, str(exc))
+    if not search:
+        if os.path.lexists(target):
+            return EditResult(path, False, f"{path} already exists: give `search` text to change it")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(replace, encoding="utf-8")
+        return EditResult(path, True, f"created {path}")
+    data = read_regular(target)
+    if data is None:
+        return EditResult(path, False, f"{path}: no such file (an empty `search` creates one)")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return EditResult(path, False, f"{path} is not UTF-8 text")
+    count = text.count(search)
+    if count == 0:
+        hint = " (it does appear with other indentation or spacing)" if _loose(search) in _loose(text) else ""
+        return EditResult(path, False, f"`search` text not found in {path}{hint}; copy it exactly from the file")
+    if count > 1:
+        return EditResult(path, False, f"`search` text occurs {count} times in {path}; include more lines so it is unique")
+    target.write_text(text.replace(search, replace, 1), encoding="utf-8")
+    return EditResult(path, True, f"edited {path}")
+
+
+def apply_edits(root: Path, edits: list[Mapping[str, Any]]) -> list[EditResult]:
+    return [apply_edit(root, str(e.get("path", "")), str(e.get("search", "")), str(e.get("replace", ""))) for e in edits]
+
+
+def _loose(text: str) -> str:
+    return "\n".join(" ".join(line.split()) for line in text.splitlines() if line.strip())

@@ -1,0 +1,91 @@
+"""``rolecast tasks check DIR...``: prove issue-fixing tasks sound, each run in the sandbox.
+
+A DIR is a task folder (holding task.yaml) or a folder of task folders; plain files are
+skipped, so ``rolecast tasks check tasks/*`` works with tasks/README.md there. Every task is
+loaded before any runs: a bad one is one line on stderr and exit code 2. Then each task is
+checked (:func:`issue_tasks.check_task` with :func:`issue_tasks.sandbox_runner`): one row per
+task, a summary, exit code 1 when any task fails (a sandbox fault fails that task only).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from .issue_tasks import TASK_FILE, CheckReport, IssueTask, check_task, load_task, load_tasks, sandbox_runner
+
+
+def register_cli(subparsers: Any) -> None:
+    tasks = subparsers.add_parser("tasks", help="issue-fixing task folders")
+    commands = tasks.add_subparsers(dest="tasks_command", required=True)
+    p = commands.add_parser("check", help="prove tasks sound: hidden tests fail on the bug, pass with the fix")
+    p.add_argument("dirs", nargs="+", type=Path, metavar="DIR", help="task folders, or folders of them")
+    p.add_argument("--backend", default="auto", choices=["auto", "bwrap", "unshare"], help="sandbox backend")
+    p.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), help="tasks checked at once")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of rows")
+    p.set_defaults(func=handle_check)
+
+
+def find_tasks(paths: list[Path]) -> list[IssueTask]:
+    """The tasks ``paths`` name (see the module doc); raises ValueError with one line if bad."""
+    found: list[IssueTask] = []
+    for path in paths:
+        if path.is_file():
+            continue
+        if not path.is_dir():
+            raise ValueError(f"{path}: no such folder")
+        if (path / TASK_FILE).exists():
+            found.append(load_task(path))
+        elif tasks := load_tasks(path):
+            found += tasks
+        else:
+            raise ValueError(f"{path}: no {TASK_FILE} in it or in its subfolders")
+    if not found:
+        raise ValueError("no task folders among " + " ".join(map(str, paths)))
+    return found
+
+
+def handle_check(args: argparse.Namespace) -> int:
+    import sandboxes
+
+    try:
+        tasks = find_tasks(args.dirs)
+        runner = sandbox_runner(args.backend)
+        if args.jobs < 1:
+            raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
+    except (ValueError, sandboxes.SandboxError) as exc:
+        print(f"rolecast tasks check: {exc}", file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+
+    def one(task: IssueTask) -> tuple[CheckReport, float]:
+        t0 = time.perf_counter()
+        try:
+            report = check_task(task, runner)
+        except sandboxes.SandboxError as exc:  # the sandbox failed, not the task: a FAIL row
+            report = CheckReport(task.id, [f"sandbox fault: {exc}"])
+        seconds = time.perf_counter() - t0
+        if not args.json:
+            print(f"{'ok  ' if report.ok else 'FAIL'} {task.id:<36} {seconds:5.1f}s"
+                  + ("" if report.ok else "  " + "; ".join(report.problems)), flush=True)
+        return report, seconds
+
+    with ThreadPoolExecutor(args.jobs) as pool:
+        results = list(pool.map(one, tasks))
+    failed = [r.task_id for r, _ in results if not r.ok]
+    wall = time.perf_counter() - started
+    if args.json:
+        print(json.dumps({
+            "tasks": [{"id": r.task_id, "ok": r.ok, "problems": r.problems, "duration_s": round(s, 3)}
+                      for r, s in results],
+            "ok": len(results) - len(failed), "failed": len(failed), "duration_s": round(wall, 3),
+        }))
+    else:
+        print(f"{len(results)} tasks: {len(results) - len(failed)} ok, {len(failed)} failed in {wall:.1f}s"
+              + (f" ({', '.join(failed)})" if failed else ""))
+    return 1 if failed else 0
