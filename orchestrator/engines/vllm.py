@@ -4,8 +4,9 @@ Install with ``pip install 'rolecast[vllm]'`` on a CUDA machine. ``vllm`` is imp
 engine is built, never when this module is, so rolecast installs and tests without it.
 
 Targets vLLM's V1 engine (``AsyncLLM``, exported as ``vllm.AsyncLLMEngine``), vLLM >= 0.10.2:
-``SamplingParams.structured_outputs`` (``StructuredOutputsParams``) and the engine's
-``logprobs_mode`` appeared there; the ``guided_decoding`` fields they replace were removed in 0.12.
+``SamplingParams.structured_outputs`` (``StructuredOutputsParams``) appeared there, replacing the
+``guided_decoding`` fields removed in 0.12, and ``logprobs_mode="processed_logprobs"`` already
+meant the final (post top-p) logprobs (vllm#22387).
 
 **Adapters.** Every adapter version is its own ``LoRARequest(f"{name}@v{version}", fresh int id,
 snapshot dir)``:
