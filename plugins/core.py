@@ -1,6 +1,7 @@
 """rolecast's own built-ins, registered through its own ``rolecast.plugins`` entry point."""
 from __future__ import annotations
 
+from orchestrator.envs.issue_fix import IssueFixEnv
 from orchestrator.hookspecs import hookimpl
 from orchestrator.policies.stub import StubPolicy
 from orchestrator.protocols.debate import DebateEnv
@@ -17,6 +18,7 @@ from .trainers.self_play import SelfPlay
 def register_envs(register):
     register("pipeline", PipelineEnv)
     register("debate", DebateEnv)
+    register("issue_fix", IssueFixEnv)
 
 
 @hookimpl

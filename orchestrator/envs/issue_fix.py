@@ -1,0 +1,312 @@
+"""``issue_fix``: a team fixes a bug report in a real repo, its tests run in a sandbox.
+
+    protocol:
+      type: issue_fix
+      max_rounds: 3
+      sandbox: {backend: auto, memory_mb: 1024}
+
+Planner -> Coder -> Reviewer -> Tester, then back to the Coder until the Reviewer approves and
+the tests pass, or ``max_rounds`` rounds are spent. The Coder's edits apply to the episode's own
+copy of the task's repo (failures go back to it); after the Tester writes its test, the visible
+tests and that test run in the sandbox and their results go to everyone. At the end the work is
+graded in a fresh copy (:func:`issue_tasks.grade_work`): every role gets the fraction of hidden
+tests that pass, and ``outcome()`` keeps that and each role's process reward apart. Tasks are
+``{"dir": "tasks/<id>"}``, a task folder; a relative ``dir`` is taken from the current directory.
+"""
+from __future__ import annotations
+
+import asyncio
+import difflib
+import functools
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..edits import EditResult, PathRefused, apply_edits, read_regular, resolve_in
+from ..issue_rewards import coder_reward, planner_reward, reviewer_reward, tester_reward
+from ..issue_tasks import (
+    Grade,
+    TaskFileError,
+    copy_repo,
+    grade_work,
+    load_task,
+    repo_files,
+    run_tests,
+    sandbox_runner,
+    workdir_changes,
+)
+from ..errors import RolecastError
+from ..messages import Message
+from ..yamlfile import Loc
+from .base import Env, EnvConfig, StepResult
+
+T = TypeVar("T")
+
+
+class SandboxOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    backend: Literal["auto", "bwrap", "unshare"] = "auto"
+    memory_mb: int = Field(1024, ge=64)
+    timeout_s: float | None = Field(None, gt=0, description="per test run; default: the task's timeout_s")
+    max_concurrent: int | None = Field(
+        None, ge=1, description="sandboxed runs at once, all episodes together; default: the CPU count")
+
+
+class IssueFixConfig(EnvConfig):
+    planner: str = "planner"
+    coder: str = "coder"
+    reviewer: str = "reviewer"
+    tester: str = "tester"
+    max_rounds: int = Field(3, ge=1, description="Coder -> Reviewer -> Tester passes, the first included")
+    sandbox: SandboxOptions = Field(default_factory=SandboxOptions)
+    max_file_chars: int = Field(8000, ge=0, description="repo text shown in prompts, all files together")
+    max_output_chars: int = Field(2000, ge=0, description="diff and test output shown in prompts, each")
+
+    @model_validator(mode="after")
+    def _distinct_roles(self) -> "IssueFixConfig":
+        names = [name for _, name in self.role_refs()]
+        if len(set(names)) < len(names):
+            raise ValueError(f"planner, coder, reviewer and tester must be four different roles, got {names}")
+        return self
+
+    def role_refs(self) -> list[tuple[Loc, str]]:
+        return [((key,), getattr(self, key)) for key in ("planner", "coder", "reviewer", "tester")]
+
+
+class IssueFixEnv(Env):
+    Config = IssueFixConfig
+    # history/round/last as in `pipeline`, so the shared role prompts render here too.
+    observation_keys = frozenset(
+        {"history", "round", "last", "issue", "files", "diff", "plan", "review", "test",
+         "edit_results", "test_report"}
+    )
+    config: IssueFixConfig
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        if not isinstance(self.task.get("dir"), str):
+            raise ValueError('an issue_fix task is {"dir": "tasks/<id>"} (a task folder)')
+        self.issue = load_task(self.task["dir"])
+        box = self.config.sandbox
+        self.runner = sandbox_runner(box.backend, box.memory_mb, box.timeout_s)
+        self.sandbox_threads = _sandbox_threads(box.max_concurrent or os.cpu_count() or 1)
+        self._tmp = Path(tempfile.mkdtemp(prefix=f"rolecast-issue-{self.issue.id}-"))
+        try:
+            self.workdir = copy_repo(self.issue, self._tmp / "repo")
+        except BaseException:  # close() is never called on an env that was not made
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            raise
+        c = self.config
+        self.order = [c.planner, c.coder, c.reviewer, c.tester]
+        self.position = 0
+        self.round = 1
+        self.done = False
+        self.history: list[dict[str, Any]] = []
+        self.plan: dict[str, Any] | None = None
+        self.review: dict[str, Any] | None = None
+        self.test: dict[str, str] | None = None  # the Tester's file as written to the repo
+        self.edit_results: list[EditResult] = []  # the Coder's latest turn
+        self.all_edits: list[EditResult] = []
+        self.test_report: dict[str, Any] | None = None
+        self.result: dict[str, Any] = {}
+
+    @classmethod
+    def task_from_cli(cls, value: str) -> dict[str, Any]:
+        """``{"dir": VALUE}``, checked now: a bad folder is one error, not one per episode."""
+        try:
+            load_task(value)
+        except TaskFileError as exc:
+            raise RolecastError(f"--task {value}: {exc}") from None
+        return {"dir": value}
+
+    # ------------------------------------------------------------------------------ turns
+
+    def next_role(self) -> str | None:
+        return None if self.done else self.order[self.position]
+
+    def recipients(self, sender: str) -> list[str]:
+        return [name for name in self.order if name != sender]
+
+    def observe(self, role: str) -> dict[str, Any]:
+        return {
+            "history": self.history,
+            "round": self.round,
+            "last": self.history[-1] if self.history else None,
+            "issue": {"id": self.issue.id, "title": self.issue.title, "text": self.issue.issue.strip()},
+            "files": self._files(),
+            "diff": self._diff(),
+            "plan": self.plan,
+            "review": self.review,
+            "test": self.test,
+            "edit_results": [r.to_dict() for r in self.edit_results],
+            "test_report": self.test_report,
+        }
+
+    async def step(self, role: str, message: Message) -> StepResult:
+        content = message.content if message.valid else None
+        entry: dict[str, Any] = {"role": role, "content": content, "valid": message.valid, "turn": message.turn}
+        self.history.append(entry)
+        c = self.config
+        if role == c.planner and content is not None:
+            self.plan = content
+        elif role == c.coder:
+            self.edit_results = apply_edits(self.workdir, content["edits"]) if content else []
+            self.all_edits += self.edit_results
+            entry["edit_results"] = [r.to_dict() for r in self.edit_results]
+        elif role == c.reviewer:
+            self.review = content
+        elif role == c.tester:
+            self.test_report = await self._run_team_tests(content)
+            entry["test_report"] = self.test_report
+        if not message.valid and c.on_invalid == "end":
+            return await self._finish()
+        if role != c.tester:
+            self.position += 1
+            return StepResult()
+        approved = bool(self.review and self.review.get("verdict") == "approve")
+        if (approved and self.test_report["passed"]) or self.round >= c.max_rounds:
+            return await self._finish()
+        self.round += 1
+        self.position = self.order.index(c.coder)
+        return StepResult()
+
+    # ------------------------------------------------------------------------------ tests
+
+    async def _run_team_tests(self, content: dict[str, Any] | None) -> dict[str, Any]:
+        """Write the Tester's file (if it is acceptable), then run it with the visible tests."""
+        paths = list(self.issue.visible_tests)
+        refused = None
+        if content is not None:
+            refused = self._write_test(content["path"], content["code"])
+            if refused is None:
+                paths.append(self.test["path"])
+        g = await self._confined(run_tests, self.issue, self.workdir, self.runner, paths, [])
+        report = _report(g, self.config.max_output_chars)
+        if refused:
+            report["summary"] = f"test file refused: {refused}; " + report["summary"]
+        return report
+
+    def _write_test(self, path: str, code: str) -> str | None:
+        """Why the Tester's file cannot go to ``path``, or None once written there."""
+        try:
+            target = resolve_in(self.workdir, path)
+        except PathRefused as exc:
+            return str(exc)
+        rel = target.relative_to(self.workdir.resolve())
+        if rel.is_relative_to(self.issue.hidden_dest):
+            return f"{path} is reserved for the graders' tests"
+        if (self.issue.repo_dir / rel).exists():
+            return f"{path} is one of the project's own files; choose a new file name"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.unlink(missing_ok=True)  # whatever a sandboxed run left there (a link, a FIFO)
+        target.write_text(code, encoding="utf-8")
+        # pytest names tests by the normalised path (tests/./x.py is tests/x.py)
+        self.test = {"path": rel.as_posix(), "code": code}
+        return None
+
+    # ------------------------------------------------------------------------------ the end
+
+    async def _finish(self) -> StepResult:
+        self.done = True
+        graded, repro = await asyncio.gather(
+            self._confined(grade_work, self.issue, self.workdir, self.runner),
+            self._confined(tester_reward, self.issue, self.test["path"], self.test["code"], self.runner)
+            if self.test else _nothing((0.0, "no test file was written")),
+        )
+        c = self.config
+        outcome = graded.fraction
+        verdict = self.review.get("verdict") if self.review else None
+        self.result = {
+            "hidden_passed": graded.passed,
+            "hidden_total": graded.total,
+            "outcome": outcome,
+            "hidden_failed": graded.failed_ids,
+            "ignored_changes": graded.ignored,
+            "edits_applied": sum(r.ok for r in self.all_edits),
+            "edits_total": len(self.all_edits),
+            "approved": verdict == "approve",
+            "tests_passed": self.test_report["passed"] if self.test_report else None,
+            "process": {
+                c.planner: planner_reward((self.plan or {}).get("files", []), self.issue.solution_files()),
+                c.coder: coder_reward(self.all_edits),
+                c.reviewer: reviewer_reward(verdict, outcome),
+                c.tester: repro[0],
+            },
+            "tester_check": repro[1],
+        }
+        return StepResult(rewards={name: outcome for name in self.roles}, done=True)
+
+    def outcome(self) -> dict[str, Any]:
+        return {"task": self.issue.id, "rounds": self.round, **self.result}
+
+    async def close(self) -> None:
+        await asyncio.to_thread(shutil.rmtree, self._tmp, True)
+
+    async def _confined(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)``, which runs sandboxes one after another, on the shared sandbox threads."""
+        return await asyncio.get_running_loop().run_in_executor(self.sandbox_threads, functools.partial(fn, *args))
+
+    # ------------------------------------------------------------------------------ views
+
+    def _files(self) -> list[dict[str, str]]:
+        """The repo as it is now, source before tests, cut to ``max_file_chars`` in all."""
+        files = sorted(repo_files(self.workdir), key=lambda p: (p.startswith(("tests/", "test/")), p))
+        budget = self.config.max_file_chars
+        shown = []
+        for rel in files:
+            text = (read_regular(self.workdir / rel) or b"").decode("utf-8", "replace")
+            if len(text) > budget:
+                text = text[:budget] + "\n... (cut)" if budget else "(not shown: too much text)"
+                budget = 0
+            else:
+                budget -= len(text)
+            shown.append({"path": rel, "text": text})
+        return shown
+
+    def _diff(self) -> str:
+        chunks = []
+        for rel in workdir_changes(self.issue, self.workdir):
+            before = (read_regular(self.issue.repo_dir / rel) or b"").decode("utf-8", "replace")
+            after = (read_regular(self.workdir / rel) or b"").decode("utf-8", "replace")
+            chunks += difflib.unified_diff(before.splitlines(True), after.splitlines(True),
+                                           f"a/{rel}", f"b/{rel}")
+        return _cut("".join(chunks), self.config.max_output_chars)
+
+
+def _report(g: Grade, limit: int) -> dict[str, Any]:
+    counts: dict[str, int] = {}
+    for o in g.outcomes:
+        counts[o.status] = counts.get(o.status, 0) + 1
+    if g.crashed:
+        summary = "the test run crashed" + (" (timed out)" if g.timed_out else f" (exit {g.exit_code})")
+    else:
+        summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "no tests ran"
+    return {
+        "passed": not g.crashed and bool(g.outcomes) and all(o.ok for o in g.outcomes),
+        "summary": summary,
+        "failures": [f"{o.id}: {o.message}" if o.message else o.id for o in g.outcomes if not o.ok],
+        "output": _cut(g.log, limit, tail=True),
+    }
+
+
+def _cut(text: str, limit: int, tail: bool = False) -> str:
+    if len(text) <= limit:
+        return text
+    return "(cut) ...\n" + text[-limit:] if tail else text[:limit] + "\n... (cut)"
+
+
+async def _nothing(value: Any) -> Any:
+    return value
+
+
+@functools.cache
+def _sandbox_threads(size: int) -> ThreadPoolExecutor:
+    """One pool per size for the whole process: it bounds sandboxes across concurrent episodes
+    and keeps their long waits off asyncio's default executor (which policies use)."""
+    return ThreadPoolExecutor(size, thread_name_prefix="rolecast-sandbox")

@@ -1,0 +1,398 @@
+"""The issue-fixing team end to end, with replay and Python policies (no model), in the sandbox."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import tempfile
+import threading
+from pathlib import Path
+
+import pytest
+
+import sandboxes
+from orchestrator.edits import apply_edits
+from orchestrator.issue_rewards import coder_reward, planner_reward, reviewer_reward
+from orchestrator.issue_tasks import apply_patch, copy_repo, grade, grade_work, graded_path, load_task, load_tasks
+from orchestrator.policies.binding import Binding
+from orchestrator.policies.python import PythonPolicy
+from orchestrator.runner import RunOptions, build_policies, run_team
+from orchestrator.team import load_team
+from support import write
+
+ROOT = Path(__file__).resolve().parent.parent
+RECIPE = ROOT / "recipes/issue_fix.yaml"
+SLUG = ROOT / "tasks/001-slugify-unicode"
+needs_sandbox = pytest.mark.skipif(
+    os.geteuid() != 0 or not sandboxes.available_backends(), reason="the sandbox needs root and bwrap or unshare"
+)
+
+
+def patch_edits(patch: str) -> list[dict[str, str]]:
+    """The hunks of a unified diff as search/replace edits (context and removed -> context and added)."""
+    edits: list[dict[str, str]] = []
+    path = ""
+    for block in re.split(r"^(?=\+\+\+ |@@ )", patch, flags=re.M):
+        if block.startswith("+++ "):
+            path = block.split()[1].removeprefix("b/")
+        elif block.startswith("@@ "):
+            search, replace = [], []
+            for line in block.splitlines(True)[1:]:
+                tag, text = line[:1], line[1:]
+                if tag in (" ", "-"):
+                    search.append(text)
+                if tag in (" ", "+"):
+                    replace.append(text)
+            edits.append({"path": path, "search": "".join(search), "replace": "".join(replace)})
+    return edits
+
+
+REPRO_TEST = 'from textkit.slug import slugify\n\ndef test_accents():\n    assert slugify("Crème Brûlée") == "creme-brulee"\n'
+REPRO = {"path": "tests/test_repro.py", "code": REPRO_TEST}
+PLAN = {"summary": "accents are dropped", "files": ["textkit/slug.py"], "steps": ["normalise to NFKD first"]}
+WRONG_FIX = {"path": "textkit/slug.py", "search": 'text = text.encode("ascii", "ignore")',
+             "replace": 'text = text.replace("è", "e").encode("ascii", "ignore")'}
+
+
+def replay_file(path: Path, edits: list[list[dict]], verdicts: list[str], plan: dict = PLAN,
+                test: dict = REPRO) -> Path:
+    """A replay transcript: the plan, then one Coder, Reviewer and Tester line per round."""
+    lines = [{"role": "planner", "text": json.dumps(plan)}]
+    lines += [{"role": "coder", "text": json.dumps({"edits": e, "summary": "fix"})} for e in edits]
+    lines += [{"role": "reviewer", "text": json.dumps({"verdict": v, "comments": []})} for v in verdicts]
+    lines += [{"role": "tester", "text": json.dumps(test)} for _ in verdicts]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def run_replay(cli, monkeypatch, tmp_path: Path, replay: Path) -> dict:
+    """``rolecast run recipes/issue_fix.yaml --task tasks/001-...`` with every role replayed."""
+    args = ["run", RECIPE, "--task", SLUG.relative_to(ROOT), "--episodes", "1", "--out", tmp_path / "out", "--no-progress"]
+    for role in ("planner", "coder", "reviewer", "tester"):
+        args += ["--policy", f"{role}=replay:{replay}"]
+    monkeypatch.chdir(ROOT)
+    code, out, err = cli(*args)
+    assert code == 0, err
+    (episode,) = [json.loads(line) for line in (tmp_path / "out/transcripts.jsonl").read_text().splitlines()]
+    assert episode["status"] == "ok", episode["error"]
+    return episode
+
+
+def scratch(monkeypatch, tmp_path: Path) -> Path:
+    """Make the env's per-episode copies land in a folder the test can watch."""
+    folder = tmp_path / "scratch"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
+
+
+def run(team, policies, tmp_path: Path, episodes: int = 1):
+    options = RunOptions(episodes=episodes, seed=0, out_dir=tmp_path / "run", progress=False)
+    return asyncio.run(run_team(team, policies, options))
+
+
+def team_for(tmp_path: Path, max_rounds: int = 2, task: Path = SLUG, sandbox: str | None = None):
+    """The recipe with fewer rounds and an absolute task dir (so the cwd does not matter)."""
+    text = RECIPE.read_text().replace("max_rounds: 3", f"max_rounds: {max_rounds}")
+    if sandbox:
+        text = re.sub(r"sandbox: .*", f"sandbox: {sandbox}", text)
+    text = text.replace("../roles/", f"{ROOT}/roles/")
+    text = re.sub(r"tasks:\n(  - .*\n)+", f"tasks:\n  - {{dir: {task}}}\n", text)
+    return load_team(write(tmp_path / "issue_fix.yaml", text))
+
+
+# ------------------------------------------------------------------------------ whole episodes
+
+
+@needs_sandbox
+def test_replayed_reference_fix_earns_one(tmp_path, cli, monkeypatch):
+    folder = scratch(monkeypatch, tmp_path)
+    replay = replay_file(tmp_path / "ref.jsonl", [patch_edits(load_task(SLUG).solution_patch())], ["approve"])
+    episode = run_replay(cli, monkeypatch, tmp_path, replay)
+    assert [t["role"] for t in episode["turns"]] == ["planner", "coder", "reviewer", "tester"]  # one round
+    outcome = episode["outcome"]
+    assert outcome["outcome"] == 1.0 and outcome["hidden_passed"] == outcome["hidden_total"] > 0
+    assert outcome["process"] == {"planner": 1.0, "coder": 1.0, "reviewer": 1.0, "tester": 1.0}
+    assert outcome["tests_passed"] is True and outcome["ignored_changes"] == ["tests/test_repro.py"]
+    assert episode["rewards"] == {"planner": 1.0, "coder": 1.0, "reviewer": 1.0, "tester": 1.0}
+    assert list(folder.iterdir()) == []  # the episode's copy is gone
+
+
+@needs_sandbox
+def test_replayed_wrong_fix_earns_less_and_failed_edits_go_back_to_the_coder(tmp_path, cli, monkeypatch):
+    folder = scratch(monkeypatch, tmp_path)
+    replay = replay_file(
+        tmp_path / "wrong.jsonl",
+        [[WRONG_FIX]] * 3,  # the same edit each round: only the first applies
+        ["request_changes", "request_changes", "approve"],
+        plan={"summary": "x", "files": ["textkit/slug.py", "README"], "steps": ["y"]},
+        test={"path": "tests/test_ok.py", "code": "def test_ok():\n    pass\n"},
+    )
+    episode = run_replay(cli, monkeypatch, tmp_path, replay)
+    turns = episode["turns"]
+    assert [t["role"] for t in turns] == ["planner"] + ["coder", "reviewer", "tester"] * 3
+    out = episode["outcome"]
+    assert 0 < out["outcome"] < 1.0 and out["hidden_passed"] < out["hidden_total"]
+    assert out["rounds"] == 3 and out["edits_applied"] == 1 and out["edits_total"] == 3
+    assert out["process"]["coder"] == pytest.approx(1 / 3)
+    assert out["process"]["reviewer"] == 0.0  # approved a change that fails hidden tests
+    assert out["process"]["tester"] == 0.0 and "passes on the buggy code" in out["tester_check"]
+    assert out["process"]["planner"] == pytest.approx(2 / 3)  # recall 1, precision 1/2
+    assert episode["rewards"]["coder"] == out["outcome"]
+    # the Coder is told how its edits went: round 2 sees round 1's, round 3 sees round 2's failure
+    prompts = [t["attempts"][0]["messages"][-1]["content"] for t in turns if t["role"] == "coder"]
+    assert "applied: edited textkit/slug.py" in prompts[1]
+    assert "FAILED: `search` text not found in textkit/slug.py" in prompts[2]
+    assert "Reviewer: request_changes" in prompts[2] and "Tests: 4 passed" in prompts[2]  # 3 visible + the tester's
+    assert list(folder.iterdir()) == []
+
+
+@needs_sandbox
+def test_team_cannot_game_grading(tmp_path, monkeypatch):
+    """Test config, test files and a shadowing module the Coder writes are left out of grading."""
+    scratch(monkeypatch, tmp_path)
+    team = team_for(tmp_path, max_rounds=1)
+    task = load_task(SLUG)
+    hidden = task.hidden_test_files()[0]
+    cheats = [{"path": path, "search": "", "replace": text} for path, text in CHEATS["conftest.py"]]
+    cheats += [{"path": path, "search": "", "replace": text} for path, text in CHEATS["pytest.py"]]
+    cheats += [{"path": "pytest.ini", "search": "pythonpath = .", "replace": "pythonpath = .\naddopts = -p no:python"},
+               {"path": hidden, "search": "", "replace": "def test_fine():\n    pass\n"}]
+    policies = build_policies(team, {n: Binding("builtin", "stub") for n in team.roles}, None)
+    policies.update(
+        planner=PythonPolicy(lambda r: json.dumps(PLAN)),
+        coder=PythonPolicy(lambda r: json.dumps({"edits": cheats})),
+        reviewer=PythonPolicy(lambda r: '{"verdict": "approve"}'),
+        tester=PythonPolicy(lambda r: json.dumps(REPRO)),
+    )
+    (ep,) = run(team, policies, tmp_path).episodes
+    buggy = grade(task, copy_repo(task, tmp_path / "buggy"))
+    assert ep.outcome["edits_applied"] == len(cheats)
+    assert ep.outcome["outcome"] == buggy.fraction < 1.0
+    assert set(ep.outcome["ignored_changes"]) >= {"conftest.py", "pytest.ini", "pytest.py", hidden}
+
+
+# Files a team could write to pass every hidden test without fixing anything. Each works on
+# its own when the grader runs in the team's folder (test_grading_guard proves it).
+FORCE_PASS = """import pytest
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    (yield).get_result().outcome = "passed"
+"""
+FAKE_PYTEST = """import pathlib, re
+cases = "".join(f'<testcase file="{f.as_posix()}" classname="x" name="{n}"/>'
+                for f in pathlib.Path("tests/hidden").glob("test_*.py")
+                for n in re.findall(r"^def (test\\w*)", f.read_text(), re.M))
+pathlib.Path(".rolecast-grade.xml").write_text(f"<testsuite>{cases}</testsuite>")
+"""
+CHEATS = {
+    "conftest.py": [("conftest.py", FORCE_PASS)],
+    "tests/conftest.py": [("tests/conftest.py", FORCE_PASS)],
+    "pytest.ini": [("pytest.ini", "[pytest]\npythonpath = .\naddopts = -p textkit.cheat\n"),
+                   ("textkit/cheat.py", FORCE_PASS)],  # a new module in a package is graded, harmlessly
+    "pytest.py": [("pytest.py", FAKE_PYTEST)],
+}
+
+
+@pytest.mark.parametrize("cheat", CHEATS)
+def test_grading_guard(tmp_path, cheat):
+    task = load_task(SLUG)
+    buggy = grade(task, copy_repo(task, tmp_path / "buggy")).fraction
+    copies = [copy_repo(task, tmp_path / name) for name in ("naive", "guarded")]
+    for work in copies:
+        for path, text in CHEATS[cheat]:
+            write(work / path, text)
+    assert buggy < 1.0 and grade(task, copies[0]).fraction == 1.0  # the cheat works on a naive grader
+    guarded = grade_work(task, copies[1])
+    assert guarded.fraction == buggy and guarded.ignored == [cheat]
+
+
+def test_grading_takes_the_fix_with_the_cheats(tmp_path):
+    task = load_task(SLUG)
+    work = copy_repo(task, tmp_path / "work")
+    for path, text in CHEATS["conftest.py"]:
+        write(work / path, text)
+    assert apply_patch(work, task.solution_patch())[0]
+    graded = grade_work(task, work)
+    assert graded.fraction == 1.0 and graded.ignored == ["conftest.py"]
+
+
+@needs_sandbox
+def test_invalid_turns_and_crashes_still_clean_up(tmp_path, monkeypatch):
+    folder = scratch(monkeypatch, tmp_path)
+    team = team_for(tmp_path, max_rounds=1)
+
+    def boom(request):
+        raise RuntimeError("policy down")
+
+    policies = build_policies(team, {n: Binding("builtin", "stub") for n in team.roles}, None)
+    policies["coder"] = PythonPolicy(boom)
+    (ep,) = run(team, policies, tmp_path).episodes
+    assert ep.status == "error" and "policy down" in ep.error
+    assert list(folder.iterdir()) == []
+
+    policies = build_policies(team, {n: Binding("builtin", "stub") for n in team.roles}, None)
+    policies["coder"] = PythonPolicy(lambda r: "no JSON here")
+    (ep,) = run(team, policies, tmp_path).episodes
+    assert ep.status == "ok" and ep.outcome["outcome"] < 1.0
+    assert ep.outcome["edits_total"] == 0 and ep.outcome["process"]["coder"] == 0.0
+    assert ep.rewards["coder"] == ep.outcome["outcome"] - 1.0  # the invalid turn's penalty
+    assert list(folder.iterdir()) == []
+
+    # a fault of the sandbox itself ends the episode as an error (never graded as the team's work)
+    monkeypatch.setattr(sandboxes, "run", _broken_sandbox)
+    policies = build_policies(team, {n: Binding("builtin", "stub") for n in team.roles}, None)
+    (ep,) = run(team, policies, tmp_path).episodes
+    assert ep.status == "error" and ep.error == "SandboxSetupError: no cgroup here"
+    assert [t.role for t in ep.turns] == ["planner", "coder", "reviewer", "tester"] and ep.outcome == {}
+    assert list(folder.iterdir()) == []
+
+
+def _broken_sandbox(*args, **kwargs):
+    raise sandboxes.SandboxSetupError("no cgroup here")
+
+
+@needs_sandbox
+def test_sandboxes_are_bounded_across_episodes(tmp_path, monkeypatch):
+    scratch(monkeypatch, tmp_path)
+    team = team_for(tmp_path, max_rounds=1, sandbox="{max_concurrent: 1}")
+    real_run, lock = sandboxes.run, threading.Lock()
+    active, peak, runs = 0, 0, 0
+
+    def counting_run(*args, **kwargs):
+        nonlocal active, peak, runs
+        with lock:
+            active, runs = active + 1, runs + 1
+            peak = max(peak, active)
+        try:
+            return real_run(*args, **kwargs)
+        finally:
+            with lock:
+                active -= 1
+
+    monkeypatch.setattr(sandboxes, "run", counting_run)
+    policies = build_policies(team, {n: Binding("builtin", "stub") for n in team.roles}, None)
+    policies["tester"] = PythonPolicy(lambda r: json.dumps(REPRO))
+    episodes = run(team, policies, tmp_path, episodes=2).episodes
+    assert [ep.status for ep in episodes] == ["ok"] * 2
+    # per episode: the team's tests, grading, the Tester's test on the buggy and the fixed code
+    assert runs == 8 and peak == 1
+
+
+def test_unknown_role_and_bad_task_are_errors(tmp_path):
+    from orchestrator.errors import ConfigError
+
+    text = RECIPE.read_text().replace("type: issue_fix", "type: issue_fix\n  tester: qa")
+    text = text.replace("../roles/", f"{ROOT}/roles/")
+    with pytest.raises(ConfigError, match="routes to unknown role 'qa'"):
+        load_team(write(tmp_path / "bad.yaml", text))
+    with pytest.raises(ConfigError, match="four different roles"):
+        load_team(write(tmp_path / "same.yaml", text.replace("tester: qa", "tester: coder")))
+    env_class = load_team(RECIPE).env_class
+    assert env_class.task_from_cli(str(SLUG)) == {"dir": str(SLUG)}
+
+
+def test_bad_task_dir_is_one_error_before_any_episode(tmp_path, cli):
+    code, out, err = cli("run", RECIPE, "--task", tmp_path / "nope", "--out", tmp_path / "out")
+    assert code == 2 and not (tmp_path / "out").exists()
+    assert err.strip() == f"rolecast: --task {tmp_path}/nope: {tmp_path}/nope/task.yaml: (file): file not found"
+
+
+# ------------------------------------------------------------------------------ parts
+
+
+def test_edits_apply_exactly_or_say_why(tmp_path):
+    write(tmp_path / "pkg/mod.py", "a = 1\nb = 1\n")
+    (tmp_path / "link.py").symlink_to("/etc/hostname")
+    results = apply_edits(tmp_path, [
+        {"path": "pkg/mod.py", "search": "a = 1", "replace": "a = 2"},
+        {"path": "pkg/mod.py", "search": " = 1", "replace": " = 3"},  # twice? no: once after the first edit
+        {"path": "pkg/mod.py", "search": "c = 1", "replace": ""},
+        {"path": "pkg/mod.py", "search": "b  =  3", "replace": ""},
+        {"path": "pkg/new.py", "search": "", "replace": "x = 0\n"},
+        {"path": "pkg/new.py", "search": "", "replace": "x = 1\n"},
+        {"path": "../evil.py", "search": "", "replace": ""},
+        {"path": "/etc/passwd", "search": "root", "replace": ""},
+        {"path": "link.py", "search": "a", "replace": "b"},
+        {"path": "missing.py", "search": "a", "replace": "b"},
+    ])
+    assert [r.ok for r in results] == [True, True, False, False, True, False, False, False, False, False]
+    assert (tmp_path / "pkg/mod.py").read_text() == "a = 2\nb = 3\n"
+    assert (tmp_path / "pkg/new.py").read_text() == "x = 0\n"
+    assert "not found" in results[2].message and "other indentation or spacing" in results[3].message
+    assert "already exists" in results[5].message and "without '..'" in results[6].message
+    assert "outside the repository" in results[8].message and "no such file" in results[9].message
+    amb = apply_edits(tmp_path, [{"path": "pkg/mod.py", "search": "= ", "replace": ""}])[0]
+    assert not amb.ok and "occurs 2 times" in amb.message
+    assert coder_reward(results) == 0.3 and coder_reward([]) == 0.0
+
+
+def test_process_reward_rules():
+    assert planner_reward(["slug.py"], ["textkit/slug.py"]) == 1.0
+    assert planner_reward(["./textkit/slug.py", "README.md"], ["textkit/slug.py"]) == pytest.approx(2 / 3)
+    assert planner_reward([], ["textkit/slug.py"]) == 0.0
+    assert planner_reward(["a/x.py"], ["a/x.py", "a/y.py"]) == pytest.approx(2 / 3)
+    assert reviewer_reward("approve", 1.0) == 1.0 and reviewer_reward("request_changes", 0.5) == 1.0
+    assert reviewer_reward("approve", 0.5) == 0.0 and reviewer_reward(None, 0.0) == 0.0
+
+
+def test_graded_paths_are_source_modules_only():
+    task = load_task(SLUG)
+    assert graded_path(task, "textkit/slug.py") and graded_path(task, "textkit/new_helper.py")
+    for rel in ("conftest.py", "textkit/conftest.py", "pytest.ini", "tests/test_slug.py", "tests/helpers.py",
+                "tests/hidden/test_hidden_slug.py", "pytest.py", "textkit/test_x.py", "setup.cfg", "notes.txt"):
+        assert not graded_path(task, rel), rel
+
+
+def test_grading_takes_every_file_a_reference_fix_touches():
+    tasks = load_tasks(ROOT / "tasks")
+    assert len(tasks) >= 40
+    for task in tasks:
+        assert task.solution_files(), task.id
+        assert all(graded_path(task, rel) for rel in task.solution_files()), task.id
+
+
+# ------------------------------------------------------------------------------ rolecast tasks check
+
+
+@needs_sandbox
+def test_tasks_check_cli(tmp_path, cli):
+    code, out, err = cli("tasks", "check", SLUG, ROOT / "tasks/002-paginate-last-page", ROOT / "tasks/README.md")
+    assert code == 0, err
+    rows = out.strip().splitlines()
+    assert sorted(r.split()[1] for r in rows[:2]) == ["001-slugify-unicode", "002-paginate-last-page"]
+    assert all(r.startswith("ok") for r in rows[:2]) and rows[-1].startswith("2 tasks: 2 ok, 0 failed")
+
+    code, out, err = cli("tasks", "check", "--json", SLUG)
+    assert code == 0 and json.loads(out)["ok"] == 1
+
+    broken = tmp_path / "001-broken"
+    write(broken / "task.yaml", "id: 001-broken\ntitle: x\n")
+    code, out, err = cli("tasks", "check", broken)
+    assert code == 2 and out == ""
+    assert err.strip() == f"rolecast tasks check: {broken}/task.yaml: issue: missing required key"
+
+
+@needs_sandbox
+def test_tasks_check_fails_an_unsound_task(tmp_path, cli):
+    import shutil
+
+    task = tmp_path / "001-slugify-unicode"
+    shutil.copytree(SLUG, task)
+    (task / "solution.patch").write_text((task / "solution.patch").read_text().replace('"NFKD"', '"NFC"'))
+    code, out, err = cli("tasks", "check", task)
+    assert code == 1
+    assert out.startswith("FAIL 001-slugify-unicode") and "fixed: hidden tests fail" in out
+
+
+@needs_sandbox
+def test_tasks_check_reports_a_sandbox_fault_per_task(cli, monkeypatch):
+    monkeypatch.setattr(sandboxes, "run", _broken_sandbox)
+    code, out, err = cli("tasks", "check", SLUG, ROOT / "tasks/002-paginate-last-page")
+    assert code == 1
+    rows = sorted(out.strip().splitlines()[:2])
+    assert [r.split()[:2] for r in rows] == [["FAIL", "001-slugify-unicode"], ["FAIL", "002-paginate-last-page"]]
+    assert all(r.endswith("sandbox fault: no cgroup here") for r in rows)
