@@ -40,8 +40,13 @@ def resolve_in(root: Path, rel: str) -> Path:
     pure = PurePosixPath(rel)
     if not rel or pure.is_absolute() or ".." in pure.parts or "\\" in rel:
         raise PathRefused(f"path {rel!r} must be relative to the repository root, without '..'")
+    if "\0" in rel:
+        raise PathRefused(f"path {rel!r} holds a NUL character")
     base = root.resolve()
-    target = (base / pure).resolve()
+    try:
+        target = (base / pure).resolve()
+    except OSError as exc:  # a name too long, a symlink loop
+        raise PathRefused(f"path {rel!r}: {exc.strerror or exc}") from None
     if target == base or not target.is_relative_to(base):
         raise PathRefused(f"path {rel!r} leads outside the repository")
     return target
@@ -64,15 +69,24 @@ def read_regular(path: Path, limit: int = MAX_FILE_BYTES) -> bytes | None:
 
 
 def apply_edit(root: Path, path: str, search: str, replace: str) -> EditResult:
+    """One edit (see the module doc); whatever a model sends, the answer is a result, not a raise."""
     try:
-        target = resolve_in(root, path)
+        return _apply(resolve_in(root, path), path, search, replace)
     except PathRefused as exc:
         return EditResult(path, False, str(exc))
+    except OSError as exc:  # a name too long, a file where a folder is needed
+        return EditResult(path, False, f"{path}: {exc.strerror or exc}")
+    except UnicodeEncodeError:  # a lone surrogate from a JSON escape (raised before any write)
+        return EditResult(path, False, f"{path}: `replace` is not valid Unicode text")
+
+
+def _apply(target: Path, path: str, search: str, replace: str) -> EditResult:
     if not search:
         if os.path.lexists(target):
             return EditResult(path, False, f"{path} already exists: give `search` text to change it")
+        data = replace.encode("utf-8")
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(replace, encoding="utf-8")
+        target.write_bytes(data)
         return EditResult(path, True, f"created {path}")
     data = read_regular(target)
     if data is None:
@@ -87,7 +101,7 @@ def apply_edit(root: Path, path: str, search: str, replace: str) -> EditResult:
         return EditResult(path, False, f"`search` text not found in {path}{hint}; copy it exactly from the file")
     if count > 1:
         return EditResult(path, False, f"`search` text occurs {count} times in {path}; include more lines so it is unique")
-    target.write_text(text.replace(search, replace, 1), encoding="utf-8")
+    target.write_bytes(text.replace(search, replace, 1).encode("utf-8"))  # encoded first: a failure writes nothing
     return EditResult(path, True, f"edited {path}")
 
 

@@ -330,6 +330,43 @@ def test_edits_apply_exactly_or_say_why(tmp_path):
     assert coder_reward(results) == 0.3 and coder_reward([]) == 0.0
 
 
+def test_hostile_edits_fail_with_a_reason_and_change_nothing(tmp_path):
+    write(tmp_path / "pkg/mod.py", "a = 1\n")
+    results = apply_edits(tmp_path, [
+        {"path": "x" * 300 + ".py", "search": "", "replace": ""},
+        {"path": "pkg/a\0b.py", "search": "", "replace": ""},
+        {"path": "pkg/mod.py/inner.py", "search": "", "replace": "x = 1\n"},
+        {"path": "pkg/mod.py", "search": "a = 1", "replace": "a = '\ud800'"},
+        {"path": "pkg/new.py", "search": "", "replace": "\ud800"},
+    ])
+    assert [r.ok for r in results] == [False] * 5
+    assert "too long" in results[0].message and "NUL" in results[1].message
+    assert "File exists" in results[2].message  # a file where a folder is needed
+    assert all("not valid Unicode" in r.message for r in results[3:])
+    assert (tmp_path / "pkg/mod.py").read_text() == "a = 1\n" and sorted(p.name for p in (tmp_path / "pkg").iterdir()) == ["mod.py"]
+
+
+@needs_sandbox
+def test_hostile_test_files_are_refused_and_the_episode_goes_on(tmp_path, monkeypatch):
+    folder = scratch(monkeypatch, tmp_path)
+    team = team_for(tmp_path, max_rounds=3)
+    paths = iter(["tests/" + "x" * 300 + ".py", "tests/test_slug.py", "tests/./test_repro.py"])
+    policies = build_policies(team, {n: Binding("builtin", "stub") for n in team.roles}, None)
+    policies.update(
+        reviewer=PythonPolicy(lambda r: '{"verdict": "request_changes"}'),
+        tester=PythonPolicy(lambda r: json.dumps({"path": next(paths), "code": REPRO_TEST})),
+    )
+    (ep,) = run(team, policies, tmp_path).episodes
+    assert ep.status == "ok", ep.error
+    coder_prompts = [t.attempts[0].messages[-1]["content"] for t in ep.turns if t.role == "coder"]
+    assert "Tests: test file refused: tests/xxx" in coder_prompts[1] and "File name too long" in coder_prompts[1]
+    assert "Tests: test file refused: tests/test_slug.py is one of the project's own files" in coder_prompts[2]
+    # the third file is kept under its normalised path, and checked there
+    assert ep.outcome["ignored_changes"] == ["tests/test_repro.py"]
+    assert ep.outcome["tester_check"] == "fails on the buggy code, passes with the fix"
+    assert list(folder.iterdir()) == []
+
+
 def test_process_reward_rules():
     assert planner_reward(["slug.py"], ["textkit/slug.py"]) == 1.0
     assert planner_reward(["./textkit/slug.py", "README.md"], ["textkit/slug.py"]) == pytest.approx(2 / 3)

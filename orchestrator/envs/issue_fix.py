@@ -196,16 +196,21 @@ class IssueFixEnv(Env):
         """Why the Tester's file cannot go to ``path``, or None once written there."""
         try:
             target = resolve_in(self.workdir, path)
+            rel = target.relative_to(self.workdir.resolve())
+            if rel.is_relative_to(self.issue.hidden_dest):
+                return f"{path} is reserved for the graders' tests"
+            if (self.issue.repo_dir / rel).exists():
+                return f"{path} is one of the project's own files; choose a new file name"
+            data = code.encode("utf-8")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.unlink(missing_ok=True)  # whatever a sandboxed run left there (a link, a FIFO)
+            target.write_bytes(data)
         except PathRefused as exc:
             return str(exc)
-        rel = target.relative_to(self.workdir.resolve())
-        if rel.is_relative_to(self.issue.hidden_dest):
-            return f"{path} is reserved for the graders' tests"
-        if (self.issue.repo_dir / rel).exists():
-            return f"{path} is one of the project's own files; choose a new file name"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.unlink(missing_ok=True)  # whatever a sandboxed run left there (a link, a FIFO)
-        target.write_text(code, encoding="utf-8")
+        except UnicodeEncodeError:  # a lone surrogate from a JSON escape
+            return "the code is not valid Unicode text"
+        except OSError as exc:  # a name too long, a folder in the way
+            return f"{path}: {exc.strerror or exc}"
         # pytest names tests by the normalised path (tests/./x.py is tests/x.py)
         self.test = {"path": rel.as_posix(), "code": code}
         return None
