@@ -93,7 +93,8 @@ async def test_sampling_params_mapping(vllm_engine, tokenizer):
 async def test_json_schema_goes_to_structured_outputs(vllm_engine):
     schema = json.dumps({"type": "object", "properties": {"verdict": {"enum": ["approve", "reject"]}}})
     await vllm_engine.generate(GenerationRequest((1, 2), SamplingParams(), None, json_schema=schema))
-    assert fake(vllm_engine).calls[-1].params.structured_outputs.json == schema
+    structured = fake(vllm_engine).calls[-1].params.structured_outputs
+    assert structured.json == schema and structured.disable_any_whitespace
 
 
 async def test_engine_policy_passes_the_roles_schema_through(vllm_engine):
