@@ -193,7 +193,8 @@ class VLLMEngine:
             skip_special_tokens=True, output_kind=self._v.RequestOutputKind.FINAL_ONLY,
         )
         if request.json_schema:
-            # Compact JSON: a model allowed free whitespace under a mask tends to fill its budget with newlines.
+            # Tight JSON (", " and ": " under xgrammar, as in the HF engine): a model allowed free
+            # whitespace under a mask tends to fill its budget with newlines.
             kwargs["structured_outputs"] = self._v.StructuredOutputsParams(json=request.json_schema, disable_any_whitespace=True)
         return self._v.SamplingParams(**kwargs)
 
