@@ -63,8 +63,23 @@ def _validator_for(schema_json: str) -> jsonschema_rs.Validator:
 
 
 def schema_json(schema: dict[str, Any]) -> str:
-    """The canonical JSON text of a schema: equal schemas give equal text (a cache key)."""
-    return json.dumps(schema, sort_keys=True)
+    """The canonical JSON text of a schema (a cache key): keywords sorted, property order kept.
+
+    Sorting every key would reorder ``properties``, and constrained decoders (xgrammar, vLLM's
+    structured outputs) write properties in declared order: the judge would give its reason
+    before its winner, and a reply_prefix naming the first property would no longer fit.
+    """
+    return json.dumps(_canonical(schema, False), separators=(",", ":"), ensure_ascii=False)
+
+
+def _canonical(value: Any, is_property_map: bool) -> Any:
+    if isinstance(value, dict):
+        if is_property_map:  # property name -> subschema, in the message's order
+            return {k: _canonical(v, False) for k, v in value.items()}
+        return {k: _canonical(value[k], k in ("properties", "patternProperties")) for k in sorted(value)}
+    if isinstance(value, list):
+        return [_canonical(v, False) for v in value]
+    return value
 
 
 def compile_validator(schema: dict[str, Any]) -> jsonschema_rs.Validator:

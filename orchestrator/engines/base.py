@@ -26,7 +26,13 @@ class GenerationRequest:
     prompt_ids: tuple[int, ...]
     sampling: SamplingParams = field(default_factory=SamplingParams)
     adapter: str | None = None
+    # Constrain the reply to this JSON schema (``messages.schema_json`` text: canonical, so equal
+    # schemas share a compiled grammar). The reply is then tight JSON (", " and ": ", no other
+    # whitespace) with properties in the schema's order.
     json_schema: str | None = None
+    # Reply text already at the end of ``prompt_ids`` (a role's reply_prefix): with a schema, the
+    # grammar starts after it. A backend that cannot start a grammar mid-reply must not accept both.
+    reply_prefix: str = ""
 
 
 @dataclass
@@ -35,11 +41,15 @@ class Completion:
     text: str
     # logprobs[i] = log p(token_ids[i]) under softmax(logits / temperature) (raw logits when
     # temperature == 0), before top-p truncation: what a teacher-forced pass at the same
-    # temperature reproduces.
+    # temperature reproduces. Under a json_schema, the distribution is the grammar-masked one,
+    # renormalised over the allowed tokens (see docs/constrained.md).
     logprobs: list[float]
     finish_reason: FinishReason
     adapter: str | None = None
     adapter_version: int = 0
+    # Trailing tokens that closed a constrained reply because max_tokens was running out: chosen
+    # by the engine, not sampled (logprob 0.0); training treats them as observations.
+    forced_tokens: int = 0
 
 
 @runtime_checkable

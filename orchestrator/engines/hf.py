@@ -17,6 +17,7 @@ import asyncio
 import queue
 import threading
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ import torch.nn.functional as F
 
 from ..models import LoadedModel
 from .base import Completion, GenerationRequest
+from .grammar import ConstrainedRow, GrammarBook, book_for
 from .kv import BatchKV
 from .lora import MultiLoRA
 from .sampling import sample_rows
@@ -46,6 +48,7 @@ class _Seq:
     logprobs: list[float] = field(default_factory=list)
     cancelled: bool = False
     done: Completion | None = None
+    grammar: ConstrainedRow | None = None  # set when the request has a json_schema
 
 
 class HFEngine:
@@ -77,6 +80,8 @@ class HFEngine:
             generator=torch.Generator().manual_seed(request.sampling.seed if request.sampling.seed is not None
                                                     else int(torch.randint(0, 2**62, (1,)))),
         )
+        if request.json_schema:  # compiling a new schema can take a second: off the event loop
+            seq.grammar = await asyncio.to_thread(self._constrained_row, request)
         self._start()
         self._pending.put(seq)
         self._wake.set()
@@ -253,13 +258,23 @@ class HFEngine:
         self._take(self._active, out.logits[:, -1])
 
     def _take(self, seqs: list[_Seq], logits: torch.Tensor) -> None:
-        """Append each row's sampled token, then retire the rows that are done."""
+        """Append each row's sampled token (or its forced closing), then retire the rows that are done."""
         sp = [s.request.sampling for s in seqs]
-        tokens, logprobs = sample_rows(logits, [p.temperature for p in sp], [p.top_p for p in sp], [s.generator for s in seqs])
+        bitmask, masked = self._grammar_masks(seqs)
+        tokens, logprobs = sample_rows(
+            logits, [p.temperature for p in sp], [p.top_p for p in sp], [s.generator for s in seqs], bitmask, masked
+        )
         for seq, token, lp in zip(seqs, tokens, logprobs):
-            seq.tokens.append(token)
-            seq.logprobs.append(lp)
+            if seq.grammar is not None and seq.grammar.forced:
+                self._force_closing(seq)
+            else:
+                seq.tokens.append(token)
+                seq.logprobs.append(lp)
+                if seq.grammar is not None:
+                    seq.grammar.accept(token)
             self._check_done(seq)
+            if seq.done is not None and seq.grammar is not None:
+                seq.done.forced_tokens = seq.grammar.forced_count
         if any(s.done or s.cancelled for s in self._active):
             keep = [i for i, s in enumerate(self._active) if not (s.done or s.cancelled)]
             finished = [s for s in self._active if s.done]
@@ -268,6 +283,37 @@ class HFEngine:
             # Resolve only after the rows left the batch, so a caller woken by its result sees `busy` without them.
             for s in finished:
                 s.loop.call_soon_threadsafe(_resolve, s.future, s.done)
+
+    # -- constrained decoding (engines/grammar.py) ----------------------------------------------
+    @cached_property
+    def _grammars(self) -> GrammarBook:
+        return book_for(self.tokenizer, self.model.get_output_embeddings().weight.shape[0])
+
+    def _constrained_row(self, request: GenerationRequest) -> ConstrainedRow:
+        matcher = self._grammars.matcher(request.json_schema, request.reply_prefix)
+        return ConstrainedRow(self._grammars, matcher, request.sampling.max_tokens)
+
+    def _grammar_masks(self, seqs: list[_Seq]) -> tuple[torch.Tensor | None, list[int]]:
+        """Plan each constrained row's step; fill the masks of the rows that sample, in one call."""
+        rows = []
+        for i, s in enumerate(seqs):
+            if s.grammar is not None:
+                s.grammar.plan(len(s.tokens))
+                if not s.grammar.forced:
+                    rows.append(i)
+        if not rows:
+            return None, []
+        bitmask = self._grammars.new_bitmask(len(seqs))
+        self._grammars.fill([seqs[i].grammar.matcher for i in rows], bitmask, rows)
+        return bitmask, rows
+
+    def _force_closing(self, seq: _Seq) -> None:
+        """Close a constrained reply the length budget is running out on (not sampled: logprob 0)."""
+        drop, tokens = seq.grammar.take_forced()
+        if drop:
+            del seq.tokens[-drop:], seq.logprobs[-drop:]
+        seq.tokens += tokens
+        seq.logprobs += [0.0] * len(tokens)
 
     def _check_done(self, seq: _Seq) -> None:
         sp = seq.request.sampling

@@ -5,7 +5,8 @@ import torch
 
 
 def sample_rows(
-    logits: torch.Tensor, temperatures: list[float], top_ps: list[float], generators: list[torch.Generator]
+    logits: torch.Tensor, temperatures: list[float], top_ps: list[float], generators: list[torch.Generator],
+    bitmask: torch.Tensor | None = None, masked_rows: list[int] | None = None,
 ) -> tuple[list[int], list[float]]:
     """One token per row of ``logits`` [B, V].
 
@@ -13,8 +14,17 @@ def sample_rows(
     T == 0), before any top-p truncation: exactly what a teacher-forced pass at temperature T
     gives, which importance ratios need. Each row draws from its own generator, so a request's
     sample does not depend on what else shares the batch.
+
+    ``bitmask`` [B, ceil(V / 32)] (packed int32, xgrammar's layout) bans, in ``masked_rows``, the
+    tokens whose bit is 0: their logits become -inf before everything above, so those rows sample
+    from, and record logprobs of, the distribution renormalised over the allowed tokens.
     """
     logits = logits.float()
+    if bitmask is not None and masked_rows:
+        from xgrammar import apply_token_bitmask_inplace  # one op for the whole batch
+
+        logits = logits.contiguous()
+        apply_token_bitmask_inplace(logits, bitmask, indices=masked_rows)
     scale = torch.tensor([t if t > 0 else 1.0 for t in temperatures], dtype=torch.float32)[:, None]
     logp = torch.log_softmax(logits / scale, dim=-1)
     probs = logp.exp()
