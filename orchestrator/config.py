@@ -41,6 +41,10 @@ class RoleConfig(Strict):
     # after the assistant tag and is prepended to the sampled text before parsing. Small models
     # that never start a JSON object on their own mostly finish one they are handed.
     reply_prefix: str = ""
+    # constrained: the engine masks, at every step, the tokens the output schema does not allow,
+    # so every model message is valid (docs/constrained.md); free: the model writes what it likes
+    # and invalid replies are retried.
+    decoding: Literal["constrained", "free"] = "constrained"
     output_schema: dict[str, Any] | str
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     max_retries: int = Field(2, ge=0, le=20)

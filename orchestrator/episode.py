@@ -100,6 +100,7 @@ async def _take_turn(spec: RoleSpec, policy: Policy, context: dict, record: Epis
                 adapter=record.adapters.get(spec.name, spec.config.policy.adapter),
                 seed=derive_seed(record.seed, record.index, turn, attempt),
                 reply_prefix=spec.config.reply_prefix,
+                json_schema=spec.json_schema,
             )
         )
         if isinstance(out, str):
@@ -120,6 +121,9 @@ async def _take_turn(spec: RoleSpec, policy: Policy, context: dict, record: Epis
                 adapter=out.adapter,
                 adapter_version=out.adapter_version,
                 duration_s=time.perf_counter() - started,
+                json_schema=out.json_schema,
+                reply_prefix=spec.config.reply_prefix if out.json_schema else "",
+                forced_tokens=out.forced_tokens,
             )
         )
         if not errors:

@@ -14,8 +14,9 @@ from pydantic import ValidationError
 import roles as _library
 
 from .config import RoleConfig
+from .engines.grammar import GrammarError, check_reply_prefix
 from .errors import ConfigError
-from .messages import check_schema, compile_validator
+from .messages import check_schema, compile_validator, schema_json
 from .policies.binding import Binding, parse_binding
 from .registry import Registry, default_registry
 from .validation import problem_text
@@ -47,6 +48,11 @@ class RoleSpec:
     @cached_property
     def validator(self):
         return compile_validator(self.schema)
+
+    @cached_property
+    def json_schema(self) -> str | None:
+        """The schema model replies are constrained to (canonical text); None for free decoding."""
+        return schema_json(self.schema) if self.config.decoding == "constrained" else None
 
     @cached_property
     def schema_text(self) -> str:
@@ -181,6 +187,12 @@ def load_role(
 
     d, loc = where(("output_schema",))
     schema = _load_schema(config.output_schema, d, loc)
+    if config.decoding == "constrained":
+        try:
+            check_reply_prefix(schema_json(schema), config.reply_prefix)
+        except GrammarError as exc:
+            d, loc = where((exc.key,))
+            raise d.error(loc, f"{exc} (or set decoding: free)") from None
     d, loc = where(("prompt",))
     template_path = (d.path.parent / config.prompt).resolve()
     template, variables = _compile_template(template_path, (d, loc))

@@ -24,6 +24,11 @@ class Attempt:
     adapter: str | None = None
     adapter_version: int | None = None
     duration_s: float = 0.0
+    # Constrained decoding: the schema the tokens were sampled under and the reply prefix its
+    # grammar started after (training replays the masks), and the tokens closed by force.
+    json_schema: str | None = None
+    reply_prefix: str = ""
+    forced_tokens: int = 0
 
 
 @dataclass

@@ -32,6 +32,10 @@ class PolicyOutput:
     finish_reason: str | None = None
     adapter: str | None = None
     adapter_version: int | None = None
+    # The schema the tokens were sampled under (their logprobs are of the masked distribution),
+    # and how many trailing tokens closed the reply by force (see engines/base.Completion).
+    json_schema: str | None = None
+    forced_tokens: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
 

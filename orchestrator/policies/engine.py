@@ -22,6 +22,7 @@ class EnginePolicy:
                 ),
                 adapter=request.adapter,
                 json_schema=request.json_schema,
+                reply_prefix=request.reply_prefix if request.json_schema else "",
             )
         )
         return PolicyOutput(
@@ -32,4 +33,6 @@ class EnginePolicy:
             finish_reason=completion.finish_reason,
             adapter=completion.adapter,
             adapter_version=completion.adapter_version,
+            json_schema=request.json_schema,
+            forced_tokens=completion.forced_tokens,
         )

@@ -1,0 +1,126 @@
+"""Schema-constrained decoding in the HF engine, on the tiny random model (it never writes JSON
+on its own, so every valid reply below is the grammar's doing)."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import jsonschema
+import pytest
+from orchestrator.engines.base import GenerationRequest, SamplingParams
+from orchestrator.engines.grammar import GrammarError
+from orchestrator.engines.hf import HFEngine
+from orchestrator.messages import schema_json
+from orchestrator.models import load_model
+
+VERDICT = {"type": "object", "properties": {"verdict": {"type": "string", "enum": ["approve", "request_changes"]},
+                                            "comments": {"type": "array", "items": {"type": "string"}, "maxItems": 3}},
+           "required": ["verdict"], "additionalProperties": False}
+NESTED = {"type": "object", "properties": {
+    "moves": {"type": "array", "minItems": 2, "maxItems": 3, "items": {
+        "type": "object", "properties": {
+            "piece": {"enum": ["king", "queen", "rook"]},
+            "path": {"type": "array", "minItems": 1, "maxItems": 2,
+                     "items": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 7}, "minItems": 2, "maxItems": 2}},
+        }, "required": ["piece", "path"], "additionalProperties": False}},
+    "ok": {"type": "boolean"},
+}, "required": ["moves", "ok"], "additionalProperties": False}
+NUMBER = {"type": "object", "properties": {"guess": {"type": "integer"}}, "required": ["guess"], "additionalProperties": False}
+TEXT = {"type": "object", "properties": {"argument": {"type": "string", "minLength": 1, "maxLength": 400}},
+        "required": ["argument"], "additionalProperties": False}
+UNICODE = {"type": "object", "properties": {"mot": {"enum": ["café", "naïve", "日本語", "🙂 ok"]},
+                                            "note": {"type": "string", "minLength": 2}},
+           "required": ["mot", "note"], "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def engine():
+    e = HFEngine(load_model("tiny", dtype="float32", seed=0), max_batch=16, max_prefill=16)
+    yield e
+    asyncio.run(e.aclose())
+
+
+def request(engine, schema=None, prefix="", seed=0, max_tokens=48, temperature=1.0) -> GenerationRequest:
+    prompt = engine.apply_chat_template([{"role": "user", "content": "Reply with one JSON object."}]) + engine.encode(prefix)
+    return GenerationRequest(tuple(prompt), SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed),
+                             json_schema=schema_json(schema) if schema else None, reply_prefix=prefix if schema else "")
+
+
+def run(engine, reqs):
+    async def go():
+        return await asyncio.gather(*(engine.generate(r) for r in reqs))
+    return asyncio.run(go())
+
+
+def parsed(prefix: str, out) -> dict:
+    value = json.loads(prefix + out.text)  # strict JSON: no raw control characters
+    assert isinstance(value, dict)
+    return value
+
+
+def test_one_batch_mixes_grammars_and_free_rows(engine):
+    schemas = [VERDICT, NESTED, NUMBER, None, TEXT, VERDICT, None]
+    reqs = [request(engine, s, seed=i, max_tokens=64 if s is NESTED else 40) for i, s in enumerate(schemas)]  # NESTED needs 42
+    together = run(engine, reqs)  # 7 rows, max_batch 16: admitted and decoded together
+    for schema, out in zip(schemas, together):
+        if schema is None:
+            continue
+        jsonschema.validate(parsed("", out), schema)
+        assert out.finish_reason == "eos" and out.token_ids[-1] in engine.eos_ids
+    # Each row samples as it would alone: masks do not leak between rows, nor onto free rows.
+    for i in (0, 1, 3):
+        r, out = reqs[i], together[i]
+        (alone,) = run(engine, [r])
+        assert alone.token_ids == out.token_ids
+        assert alone.logprobs == pytest.approx(out.logprobs, abs=1e-4)
+
+
+def test_enums_and_nested_arrays_are_always_valid(engine):
+    outs = run(engine, [request(engine, NESTED, seed=s, max_tokens=100) for s in range(6)])
+    for out in outs:
+        value = parsed("", out)
+        jsonschema.validate(value, NESTED)
+        assert out.text == json.dumps(value)  # tight: json.dumps' own ", " and ": ", nothing else
+    assert len({o.text for o in outs}) > 1  # the grammar constrains, it does not script
+
+
+def test_reply_prefix_is_where_the_grammar_starts(engine):
+    prefix = '{"verdict": "'
+    outs = run(engine, [request(engine, VERDICT, prefix=prefix, seed=s) for s in range(6)])
+    for out in outs:
+        jsonschema.validate(parsed(prefix, out), VERDICT)
+    with pytest.raises(GrammarError, match="reply_prefix"):
+        run(engine, [request(engine, VERDICT, prefix='{"comments": 3')])
+
+
+def test_running_out_of_tokens_closes_the_message_validly(engine):
+    outs = run(engine, [request(engine, TEXT, seed=s, max_tokens=12) for s in range(6)])
+    for out in outs:
+        jsonschema.validate(parsed("", out), TEXT)
+        assert len(out.token_ids) <= 12
+    forced = [o for o in outs if o.forced_tokens]
+    assert forced, "a random model writes until the budget: its replies must have been closed by force"
+    for out in forced:
+        assert out.logprobs[-out.forced_tokens:] == [0.0] * out.forced_tokens  # not sampled
+        assert out.finish_reason == "eos" and out.token_ids[-1] in engine.eos_ids
+
+
+def test_a_schema_that_cannot_fit_in_max_tokens_is_reported_truncated(engine):
+    schema = {"type": "object", "properties": {"essay": {"type": "string", "minLength": 40}}, "required": ["essay"]}
+    (out,) = run(engine, [request(engine, schema, max_tokens=6)])
+    assert out.finish_reason == "length" and len(out.token_ids) == 6 and out.forced_tokens == 0
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(out.text)
+
+
+def test_unicode_enums_strings_and_closings(engine):
+    outs = run(engine, [request(engine, UNICODE, seed=s, max_tokens=24) for s in range(4)])
+    for out in outs:
+        jsonschema.validate(parsed("", out), UNICODE)
+    # A closing from the middle of a multi-byte character finishes the character first.
+    book = engine._grammars
+    matcher = book.matcher(schema_json(UNICODE), '{"mot": "café", "note": "')
+    assert matcher.accept_token(int(book._byte_ids[0xE6]))  # the first of the 3 bytes of a CJK character
+    closing = book.closing(matcher)
+    raw = '{"mot": "café", "note": "'.encode() + b"\xe6" + b"".join(book.info.decoded_vocab[t] for t in closing)
+    jsonschema.validate(json.loads(raw.decode("utf-8")), UNICODE)
