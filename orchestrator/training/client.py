@@ -30,6 +30,7 @@ from peft import LoraConfig as PeftLoraConfig
 from peft import get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_file, save_file
 
+from ..engines.grammar import book_for
 from ..models import LoadedModel, load_model
 from .losses import AGGREGATIONS, LOSS_FNS, aggregate, k3_kl, token_logprobs
 from .types import AdamParams, Datum, ForwardBackwardOutput, LoraConfig, OptimStepResponse
@@ -174,12 +175,13 @@ class TrainingClient:
             mask = torch.cat([masks[i] for i in rows])
             targets = torch.cat([d.tensor("target_tokens", torch.long) for d in part])
             inputs = {key: torch.cat([d.tensor(key) for d in part]) for key in needed}
+            bitmask = self._grammar_masks(part, [masks[i] for i in rows])
             with torch.set_grad_enabled(backward):
-                logp = self._logprobs(part, targets, mask, temperature)
+                logp = self._logprobs(part, targets, mask, temperature, bitmask)
                 per_token, extra = fn(logp, inputs, config)
                 if kl_coef:
                     with torch.no_grad(), model.disable_adapter():
-                        base_logp = self._logprobs(part, targets, mask, temperature)
+                        base_logp = self._logprobs(part, targets, mask, temperature, bitmask)
                     kl = k3_kl(logp, base_logp)
                     per_token = per_token + kl_coef * kl
                     extra = {**extra, "kl": kl}
@@ -214,11 +216,39 @@ class TrainingClient:
             batches.append([i])
         return batches
 
-    def _logprobs(self, data: list[Datum], targets: torch.Tensor, mask: torch.Tensor, temperature: float) -> torch.Tensor:
+    def _grammar_masks(self, data: list[Datum], masks: list[torch.Tensor]) -> torch.Tensor | None:
+        """The packed token masks each action token (mask > 0, in order) was sampled under.
+
+        Replayed from the datums' GrammarSpans; all ones where decoding was free. None when no
+        datum was constrained.
+        """
+        if not any(d.grammar for d in data):
+            return None
+        inner = self.service.peft.get_base_model()
+        book = book_for(self.service.loaded.tokenizer, inner.get_output_embeddings().weight.shape[0])
+        blocks = []
+        for d, mask in zip(data, masks):
+            actions = (mask > 0).nonzero().flatten().tolist()
+            row_of = {pos: k for k, pos in enumerate(actions)}
+            block = book.new_bitmask(len(actions))
+            targets = d.tensor("target_tokens", torch.long).tolist()
+            for span in d.grammar:
+                end = span.start + span.length
+                wanted = [p for p in range(span.start, end) if p in row_of]
+                replayed = book.replay(span.json_schema, span.prefix, targets[span.start:end], [p - span.start for p in wanted])
+                block[[row_of[p] for p in wanted]] = replayed
+            blocks.append(block)
+        return torch.cat(blocks)
+
+    def _logprobs(
+        self, data: list[Datum], targets: torch.Tensor, mask: torch.Tensor, temperature: float,
+        bitmask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Flat logprobs of the datums' target tokens under the active adapter.
 
         Only positions with mask > 0 go through the LM head (in RL most positions are prompt);
-        the others are reported as 0.0.
+        the others are reported as 0.0. ``bitmask`` rows (one per such position) mask the
+        softmax as the sampler's grammar did.
         """
         lengths = [d.model_input.length for d in data]
         width = max(lengths)
@@ -232,7 +262,7 @@ class TrainingClient:
             hidden = inner.model(input_ids=ids, attention_mask=attn).last_hidden_state
             flat = hidden[attn.bool()]  # right padding: row-major order keeps each datum contiguous
             keep = mask > 0
-            picked = token_logprobs(flat[keep], inner.lm_head, targets[keep], temperature)
+            picked = token_logprobs(flat[keep], inner.lm_head, targets[keep], temperature, bitmask=bitmask)
         return torch.zeros(len(targets), dtype=picked.dtype).masked_scatter(keep, picked)
 
     def _optim_step(self, params: AdamParams) -> OptimStepResponse:

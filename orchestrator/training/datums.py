@@ -6,6 +6,9 @@ prompt starts with the previous attempt's prompt + completion (a retry that show
 own reply, or a multi-turn game that keeps the conversation), the two merge into one sequence,
 so shared prefixes are computed once.
 
+Constrained attempts (sampled under their schema's mask) carry a GrammarSpan, so training
+applies the same masks; tokens that closed a reply by force are observations (mask 0).
+
 Attempts that stayed invalid follow ``invalid``: ``"penalize"`` trains them with
 ``invalid_advantage`` (format errors are pushed down whatever the episode's outcome), ``"drop"``
 leaves them out.
@@ -16,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Literal
 
 from ..transcript import Attempt, EpisodeRecord
-from .types import Datum, ModelInput
+from .types import Datum, GrammarSpan, ModelInput
 
 
 @dataclass
@@ -25,25 +28,31 @@ class _Sequence:
     mask: list[float]
     logprobs: list[float]
     advantages: list[float]
+    grammar: list[GrammarSpan] = field(default_factory=list)
 
-    def extend_with(self, prompt: list[int], action: list[int], logprobs: list[float], advantage: float) -> bool:
-        """Append when ``prompt`` continues this sequence; False when it does not."""
-        n = len(self.tokens)
+    def extend_with(self, attempt: Attempt, advantage: float) -> bool:
+        """Append when the attempt's prompt continues this sequence; False when it does not."""
+        n, prompt = len(self.tokens), attempt.prompt_ids
         if len(prompt) < n or prompt[:n] != self.tokens:
             return False
-        self._append(prompt[n:], action, logprobs, advantage)
+        self._append(prompt[n:], attempt, advantage)
         return True
 
-    def _append(self, prompt: list[int], action: list[int], logprobs: list[float], advantage: float) -> None:
-        self.tokens += prompt + action
-        self.mask += [0.0] * len(prompt) + [1.0] * len(action)
-        self.logprobs += [0.0] * len(prompt) + list(logprobs)
+    def _append(self, prompt: list[int], attempt: Attempt, advantage: float) -> None:
+        action = list(attempt.token_ids)
+        sampled = len(action) - attempt.forced_tokens  # forced closing tokens: not the policy's choice
+        if attempt.json_schema:  # targets are shifted by one: token i is predicted at position i - 1
+            start = len(self.tokens) + len(prompt) - 1
+            self.grammar.append(GrammarSpan(start, len(action), attempt.json_schema, attempt.reply_prefix))
+        self.tokens += list(prompt) + action
+        self.mask += [0.0] * len(prompt) + [1.0] * sampled + [0.0] * attempt.forced_tokens
+        self.logprobs += [0.0] * len(prompt) + list(attempt.logprobs)
         self.advantages += [0.0] * len(prompt) + [advantage] * len(action)
 
     @classmethod
-    def start(cls, prompt: list[int], action: list[int], logprobs: list[float], advantage: float) -> "_Sequence":
+    def start(cls, attempt: Attempt, advantage: float) -> "_Sequence":
         seq = cls([], [], [], [])
-        seq._append(list(prompt), list(action), logprobs, advantage)
+        seq._append(list(attempt.prompt_ids), attempt, advantage)
         return seq
 
     def to_datum(self) -> Datum:
@@ -56,6 +65,7 @@ class _Sequence:
                 "logprobs": self.logprobs[1:],
                 "advantages": self.advantages[1:],
             },
+            grammar=tuple(self.grammar),
         )
 
 
@@ -82,9 +92,8 @@ def role_datums(
             options.stats["dropped"] += 1
             continue
         adv = advantage if attempt.valid else options.invalid_advantage
-        args = (attempt.prompt_ids, attempt.token_ids, attempt.logprobs, adv)
-        if not (options.merge and sequences and sequences[-1].extend_with(*args)):
-            sequences.append(_Sequence.start(*args))
+        if not (options.merge and sequences and sequences[-1].extend_with(attempt, adv)):
+            sequences.append(_Sequence.start(attempt, adv))
     return [s.to_datum() for s in sequences]
 
 

@@ -1,7 +1,9 @@
 """Per-token logprobs without a full float32 logits tensor, and the RL losses on top of them.
 
 Notation, per action token t (mask m_t = 1) of a sequence:
-    logp_t      log pi_theta(a_t | s_t) at the sampling temperature, computed here
+    logp_t      log pi_theta(a_t | s_t) at the sampling temperature, computed here; where the
+                action was sampled under a grammar mask, over the allowed tokens only (the
+                masked policy is the one that sampled: docs/constrained.md)
     q_t         the sampler's logprob of the same token (Datum "logprobs")
     A_t         the advantage (Datum "advantages")
     r_t         exp(logp_t - q_t), the importance ratio
@@ -21,31 +23,40 @@ from typing import Callable
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from ..engines.grammar import allowed_tokens
+
 AGGREGATIONS = ("token-sum", "token-mean", "sequence-mean")
 
 
 def token_logprobs(
-    hidden: torch.Tensor, lm_head: torch.nn.Module, targets: torch.Tensor, temperature: float = 1.0, chunk: int = 512
+    hidden: torch.Tensor, lm_head: torch.nn.Module, targets: torch.Tensor, temperature: float = 1.0, chunk: int = 512,
+    bitmask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """log softmax(lm_head(hidden) / T)[target] for flat ``hidden`` [N, H] and ``targets`` [N].
 
-    Chunks of positions are checkpointed: only a [chunk, vocab] float32 block exists at a time,
-    forward and backward, instead of [N, vocab].
+    ``bitmask`` [N, ceil(V / 32)] (packed int32; all ones = free) restricts each row's softmax
+    to its allowed tokens. Chunks of positions are checkpointed: only a [chunk, vocab] float32
+    block exists at a time, forward and backward, instead of [N, vocab].
     """
     pieces = []
     for start in range(0, hidden.shape[0], chunk):
         h, y = hidden[start : start + chunk], targets[start : start + chunk]
+        bm = None if bitmask is None else bitmask[start : start + chunk]
         if torch.is_grad_enabled() and h.requires_grad:
-            pieces.append(checkpoint(_chunk_logprobs, h, y, lm_head, temperature, use_reentrant=False))
+            pieces.append(checkpoint(_chunk_logprobs, h, y, lm_head, temperature, bm, use_reentrant=False))
         else:
-            pieces.append(_chunk_logprobs(h, y, lm_head, temperature))
+            pieces.append(_chunk_logprobs(h, y, lm_head, temperature, bm))
     return torch.cat(pieces) if pieces else hidden.new_zeros(0, dtype=torch.float32)
 
 
-def _chunk_logprobs(h: torch.Tensor, y: torch.Tensor, lm_head: torch.nn.Module, temperature: float) -> torch.Tensor:
+def _chunk_logprobs(
+    h: torch.Tensor, y: torch.Tensor, lm_head: torch.nn.Module, temperature: float, bitmask: torch.Tensor | None = None
+) -> torch.Tensor:
     logits = lm_head(h).float()
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
+    if bitmask is not None:  # out of place: banned tokens get no gradient
+        logits = logits.masked_fill(~allowed_tokens(bitmask, logits.shape[-1]), float("-inf"))
     return logits.gather(-1, y[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 

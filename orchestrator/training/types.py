@@ -23,6 +23,20 @@ class ModelInput:
         return len(self.tokens)
 
 
+@dataclass(frozen=True)
+class GrammarSpan:
+    """Targets ``[start, start + length)`` of a Datum were sampled under a JSON schema's mask.
+
+    The training client replays the grammar (after ``prefix``, the reply text already in the
+    prompt) to apply the same masks, so logprobs are those of the masked policy that sampled.
+    """
+
+    start: int
+    length: int
+    json_schema: str
+    prefix: str = ""
+
+
 @dataclass
 class Datum:
     """One sequence. ``loss_fn_inputs`` are aligned with ``model_input`` position by position:
@@ -31,10 +45,13 @@ class Datum:
     - ``mask`` (or Tinker's ``weights``): 1 where the loss applies (action tokens), 0 for prompts;
     - ``logprobs``: the sampler's logprob of each target token (RL losses);
     - ``advantages``: per-token advantage (RL losses).
+
+    ``grammar`` (a rolecast extension): the spans sampled under constrained decoding.
     """
 
     model_input: ModelInput
     loss_fn_inputs: dict[str, Any]
+    grammar: tuple[GrammarSpan, ...] = ()
 
     def tensor(self, key: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         value = self.loss_fn_inputs[key]
