@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -51,6 +52,25 @@ class _Seq:
     grammar: ConstrainedRow | None = None  # set when the request has a json_schema
 
 
+@dataclass
+class EngineStats:
+    """Where the scheduler's time went (seconds) and what it produced, since the engine started.
+
+    ``decode_tokens / decode_s`` is the decode rate with prefill left out; ``grammar_s`` is the
+    part of prefill and decode spent on schema masks and length budgets.
+    """
+
+    prefill_s: float = 0.0
+    prefill_tokens: int = 0  # prompt tokens (padding excluded)
+    decode_s: float = 0.0
+    decode_steps: int = 0
+    decode_tokens: int = 0  # one per running row per step
+    grammar_s: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: round(v, 4) if isinstance(v, float) else v for k, v in self.__dict__.items()}
+
+
 class HFEngine:
     def __init__(self, loaded: LoadedModel, max_batch: int = 64, max_prefill: int = 16):
         self.loaded = loaded
@@ -69,6 +89,7 @@ class HFEngine:
         self._active: list[_Seq] = []
         self._kv = BatchKV()
         self._warned: set[str] = set()
+        self.stats = EngineStats()
 
     # -- the Engine interface ------------------------------------------------------------------
     async def generate(self, request: GenerationRequest) -> Completion:
@@ -223,6 +244,7 @@ class HFEngine:
         return self.model(**kwargs)
 
     def _prefill(self, seqs: list[_Seq]) -> None:
+        t0 = time.perf_counter()
         for s in seqs:
             s.adapter_key = self._adapter_key(s.request.adapter)
             s.adapter_version = 0 if s.adapter_key == BASE else self.versions[s.adapter_key]
@@ -239,6 +261,8 @@ class HFEngine:
         self._active += seqs
         self._group_by_adapter()
         self._take(seqs, out.logits[:, -1])
+        self.stats.prefill_s += time.perf_counter() - t0
+        self.stats.prefill_tokens += int(mask.sum())
 
     def _group_by_adapter(self) -> None:
         """Keep each adapter's rows contiguous, so LoRA deltas apply to slices (views)."""
@@ -251,16 +275,22 @@ class HFEngine:
             self._active = [self._active[i] for i in order]
 
     def _decode(self) -> None:
+        t0, rows = time.perf_counter(), len(self._active)
         ids = torch.tensor([[s.tokens[-1]] for s in self._active])
         mask = F.pad(self._kv.mask, (0, 1), value=1)
         out = self._forward(ids, mask, self._kv.cache(), [s.adapter_key for s in self._active], self._kv.positions())
         self._kv.advance()
         self._take(self._active, out.logits[:, -1])
+        self.stats.decode_s += time.perf_counter() - t0
+        self.stats.decode_steps += 1
+        self.stats.decode_tokens += rows
 
     def _take(self, seqs: list[_Seq], logits: torch.Tensor) -> None:
         """Append each row's sampled token (or its forced closing), then retire the rows that are done."""
         sp = [s.request.sampling for s in seqs]
+        t0 = time.perf_counter()
         bitmask, masked = self._grammar_masks(seqs)
+        self.stats.grammar_s += time.perf_counter() - t0
         tokens, logprobs = sample_rows(
             logits, [p.temperature for p in sp], [p.top_p for p in sp], [s.generator for s in seqs], bitmask, masked
         )
