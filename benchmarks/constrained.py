@@ -1,0 +1,176 @@
+"""Schema-constrained decoding versus free decoding, on the default model, every library role.
+
+For each built-in role (roles/*.yaml, all of which declare an output schema), --samples prompts
+rendered from the role's own template go through the engine in three modes:
+
+- free: the model writes what it likes after the role's reply_prefix, with the role's budget;
+- constrained: the engine masks what the schema does not allow;
+- free-matched: free again, but each request's max_tokens is the length of its constrained
+  reply, so both sides generate (nearly) the same number of tokens from the same prompts.
+
+Validity is that of free versus constrained: each reply gets one attempt, no retries, and is
+checked exactly as an episode checks it (tolerant extraction, then the schema).
+
+Throughput is constrained versus free-matched, generated tokens per second of wall time (prefill
+included, identical prompts on both sides). Free against constrained at the roles' own budgets
+(`end_to_end_ratio`) mostly measures reply length instead: constrained replies stop as soon as
+the message is complete, about half as long, so prompt prefill weighs twice as much per
+generated token. Modes alternate in rounds, so load from elsewhere on the machine hits all
+alike. Grammars are compiled before the clock starts (`compile_s`); `grammar_s` is the time the
+engine spent on masks and length budgets.
+
+    python benchmarks/constrained.py [--model smollm2-135m] [--samples 32] [--rounds 2]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+# Run as a script, this file's folder comes first on sys.path and benchmarks/orchestrator.py
+# would shadow the `orchestrator` package.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+from orchestrator.engines.base import GenerationRequest, SamplingParams  # noqa: E402
+from orchestrator.engines.hf import HFEngine  # noqa: E402
+from orchestrator.messages import parse_message, schema_json  # noqa: E402
+from orchestrator.models import load_model  # noqa: E402
+from orchestrator.role import LIBRARY_DIR, RoleSpec, library_roles, load_role  # noqa: E402
+
+TASKS = [
+    "cart.total() skips the last item of the cart.",
+    "stats.mean() raises ZeroDivisionError on an empty list; it should return 0.0.",
+    "slugify() drops accented letters instead of transliterating them.",
+    "parse_duration('1h30m') returns 30 minutes instead of 90.",
+]
+HISTORY = [
+    {"role": "planner", "content": {"summary": "the loop stops one item early", "steps": ["fix the range in total()"]}},
+    {"role": "coder", "content": {"edits": [{"path": "cart.py", "search": "range(len(items) - 1)", "replace": "range(len(items))"}]}},
+]
+TOPICS = ["Homework should be banned in primary schools.", "Zoos should be closed.",
+          "Remote work is better than office work.", "Space exploration is worth its cost."]
+ARGUMENTS = [{"stance": "for", "argument": "Children need time to play and rest after school."},
+             {"stance": "against", "argument": "Practice at home builds habits that last."}]
+
+
+def observation(role: str, i: int) -> tuple[dict, dict]:
+    """A (task, observation) the role's template renders, varied by ``i``."""
+    task = {"text": TASKS[i % len(TASKS)]}
+    by_role = {
+        "answerer": {"secret": ["dog", "piano", "apple", "bicycle"][i % 4],
+                     "question": ["Is it alive?", "Can you eat it?", "Is it bigger than a chair?", "Does it make sound?"][i // 4 % 4]},
+        "coder": {"history": HISTORY[:1]},
+        "debater": {"topic": TOPICS[i % 4], "round": 1 + i % 2, "rounds": 2, "arguments": ARGUMENTS[: i % 3]},
+        "game_player": {"observation": "Tic-Tac-Toe, you are X.\n X | . | O\n . | O | .\n . | . | X",
+                        "legal_moves": ["b1", "a2", "c2", "a3", "b3"]},
+        "guesser": {"history": [{"question": "Is it alive?", "answer": "no"}][: i % 2], "questions_left": 20 - i % 5},
+        "judge": {"topic": TOPICS[i % 4], "arguments": ARGUMENTS, "debaters": [{"stance": "for"}, {"stance": "against"}]},
+        "number_guesser": {"low": 1, "high": 100, "turns": 7, "turns_left": 7 - i % 3,
+                           "history": [{"guess": 50, "feedback": "too high"}][: i % 2]},
+        "planner": {"history": []},
+        "reviewer": {"history": HISTORY},
+        "tester": {"history": HISTORY},
+    }
+    return task, by_role.get(role, {})
+
+
+def requests(engine: HFEngine, spec: RoleSpec, n: int, constrained: bool,
+             budgets: list[int] | None = None) -> list[GenerationRequest]:
+    s, prefix, out = spec.config.policy.sampling, spec.config.reply_prefix, []
+    for i in range(n):
+        task, obs = observation(spec.name, i)
+        prompt = engine.apply_chat_template(spec.render(spec.context(task, obs))) + engine.encode(prefix)
+        max_tokens = budgets[i] if budgets else s.max_tokens
+        out.append(GenerationRequest(
+            tuple(prompt), SamplingParams(s.temperature, s.top_p, max_tokens, tuple(s.stop), seed=1000 + i),
+            json_schema=schema_json(spec.schema) if constrained else None, reply_prefix=prefix if constrained else "",
+        ))
+    return out
+
+
+async def run_batch(engine, batch):
+    t0 = time.perf_counter()
+    outs = await asyncio.gather(*(engine.generate(r) for _, r in batch))
+    return outs, time.perf_counter() - t0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--samples", type=int, default=32, help="replies per role and mode")
+    parser.add_argument("--rounds", type=int, default=2, help="free/constrained alternations (samples split across them)")
+    parser.add_argument("--roles", nargs="*", default=None, help="library roles (default: all)")
+    args = parser.parse_args()
+
+    loaded = load_model(args.model, dtype=args.dtype)
+    engine = HFEngine(loaded)
+    specs = [load_role(LIBRARY_DIR / f"{name}.yaml") for name in (args.roles or library_roles())]
+    t0 = time.perf_counter()
+    for spec in specs:
+        engine._grammars.compiled(schema_json(spec.schema))
+    compile_s = time.perf_counter() - t0
+
+    modes = ("free", "constrained", "free_matched")
+    work = {m: [(spec, r) for spec in specs for r in requests(engine, spec, args.samples, m == "constrained")]
+            for m in modes[:2]}
+    stats = {m: {"tokens": 0, "seconds": 0.0, "grammar_s": 0.0, "results": []} for m in modes}
+
+    async def measure():
+        await run_batch(engine, work["constrained"][:4])  # warm-up
+        for r in range(args.rounds):
+            for mode in modes:
+                if mode == "free_matched":  # the constrained replies' lengths as budgets
+                    done = stats["constrained"]["results"][-len(work["constrained"][r :: args.rounds]):]
+                    batch = [(spec, replace(req, sampling=replace(req.sampling, max_tokens=len(out.token_ids))))
+                             for (spec, out), (_, req) in zip(done, work["free"][r :: args.rounds])]
+                else:
+                    batch = work[mode][r :: args.rounds]
+                grammar_before = engine.stats.grammar_s
+                outs, seconds = await run_batch(engine, batch)
+                tokens = sum(len(o.token_ids) for o in outs)
+                stats[mode]["tokens"] += tokens
+                stats[mode]["seconds"] += seconds
+                stats[mode]["grammar_s"] += engine.stats.grammar_s - grammar_before
+                stats[mode]["results"] += [(spec, o) for (spec, _), o in zip(batch, outs)]
+                print(f"round {r} {mode}: {len(batch)} replies, {tokens} tokens in {seconds:.1f}s", file=sys.stderr)
+        await engine.aclose()
+
+    asyncio.run(measure())
+    per_role: dict[str, dict] = {spec.name: {} for spec in specs}
+    for mode, st in stats.items():
+        st["tok_s"] = st["tokens"] / st["seconds"]
+        if mode == "free_matched":
+            continue
+        st["valid"] = 0
+        for spec in specs:
+            mine = [o for s, o in st["results"] if s is spec]
+            valid = sum(not parse_message(spec.config.reply_prefix + o.text, spec.validator)[1] for o in mine)
+            st["valid"] += valid
+            per_role[spec.name][f"valid_{mode}"] = round(valid / len(mine), 3)
+            if mode == "constrained":
+                per_role[spec.name]["closed_by_force"] = sum(o.forced_tokens > 0 for o in mine)
+                per_role[spec.name]["truncated"] = sum(o.finish_reason == "length" and not o.forced_tokens for o in mine)
+        st["valid"] /= len(st["results"])
+    for name, row in per_role.items():
+        print(f"{name:15s} {json.dumps(row)}", file=sys.stderr)
+    print(json.dumps({
+        "model": args.model, "dtype": str(loaded.dtype).removeprefix("torch."), "roles": len(specs),
+        "samples_per_role": args.samples, "per_role": per_role,
+        "valid_free": round(stats["free"]["valid"], 3), "valid_constrained": round(stats["constrained"]["valid"], 3),
+        "free_tok_s": round(stats["free"]["tok_s"], 1), "constrained_tok_s": round(stats["constrained"]["tok_s"], 1),
+        "free_matched_tok_s": round(stats["free_matched"]["tok_s"], 1),
+        "tokens": {m: stats[m]["tokens"] for m in modes},
+        "throughput_ratio": round(stats["constrained"]["tok_s"] / stats["free_matched"]["tok_s"], 3),
+        "end_to_end_ratio": round(stats["constrained"]["tok_s"] / stats["free"]["tok_s"], 3),
+        "grammar_s": round(stats["constrained"]["grammar_s"], 2), "constrained_s": round(stats["constrained"]["seconds"], 1),
+        "compile_s": round(compile_s, 2),
+    }))
+
+
+if __name__ == "__main__":
+    main()
