@@ -4,11 +4,17 @@ In one run, same model and dtype, same prompts and token budgets:
   - engine: 64 concurrent requests through HFEngine (continuous batching, one queue);
   - sequential: the same prompts one at a time with `model.generate` (a subset: it is slow;
     tokens per second is what is compared);
-  - prefill: a batched forward over the prompts, the roof for tokens per second;
+  - prefill: a batched forward over the prompts, the roof for tokens per second; the engine's
+    decode rate (its decode steps' tokens over their seconds, from ``HFEngine.stats``: the
+    engine's own prefill of the prompts left out) is compared with it (``decode_vs_prefill``),
+    and its end-to-end rate too (``engine_vs_prefill``);
   - mixed adapters: 64 requests spread over 4 LoRA adapters versus all on one adapter.
 Generated tokens are counted on both sides (EOS may end a reply early on either).
 
-    python benchmarks/rollout.py [--requests 64] [--max-tokens 64] [--sequential 8]
+Every side runs once per round (``--rounds``) and the totals are compared, so the machine's slow
+spells hit all sides alike.
+
+    python benchmarks/rollout.py [--requests 64] [--max-tokens 64] [--sequential 9] [--rounds 3]
 """
 from __future__ import annotations
 
@@ -24,8 +30,9 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 
 import torch  # noqa: E402
 
+from orchestrator.compute import compute_thread  # noqa: E402
 from orchestrator.engines.base import GenerationRequest, SamplingParams  # noqa: E402
-from orchestrator.engines.hf import HFEngine  # noqa: E402
+from orchestrator.engines.hf import EngineStats, HFEngine  # noqa: E402
 from orchestrator.models import load_model  # noqa: E402
 
 TOPICS = ["a lighthouse keeper", "a chess tournament", "bread baking", "a lost dog", "the first day of school",
@@ -63,7 +70,7 @@ def sequential_run(model, ps, max_tokens: int, pad_id: int) -> tuple[int, float]
     return tokens, time.perf_counter() - t0
 
 
-def prefill_rate(model, ps, batch: int = 8) -> float:
+def prefill_run(model, ps, batch: int = 8) -> tuple[int, float]:
     tokens, t0 = 0, time.perf_counter()
     for start in range(0, len(ps), batch):
         chunk = ps[start:start + batch]
@@ -76,7 +83,7 @@ def prefill_rate(model, ps, batch: int = 8) -> float:
         with torch.inference_mode():
             model(input_ids=ids, attention_mask=mask, logits_to_keep=1)
         tokens += int(mask.sum())
-    return tokens / (time.perf_counter() - t0)
+    return tokens, time.perf_counter() - t0
 
 
 def randomize(engine: HFEngine, name: str, seed: int, rank: int = 16) -> None:
@@ -95,40 +102,59 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--sequential", type=int, default=8, help="prompts timed one at a time")
+    parser.add_argument("--sequential", type=int, default=9, help="prompts timed one at a time (split over rounds)")
+    parser.add_argument("--rounds", type=int, default=3, help="every side runs once per round")
     args = parser.parse_args()
 
     loaded = load_model(args.model, dtype=args.dtype)
     engine = HFEngine(loaded, max_batch=args.requests)
     ps = prompts(engine, args.requests)
 
+    compute = compute_thread()
+    names = [f"role{i}" for i in range(4)]
+    for i, name in enumerate(names):
+        engine.add_adapter(name)
+        randomize(engine, name, i)
+    # Every side runs once per round, so a slow spell of the machine hits all of them alike.
+    totals = {k: [0, 0.0] for k in ("engine", "sequential", "prefill", "one", "mixed")}
+    decode = EngineStats()
+
+    def add(key, tokens, seconds):
+        totals[key][0] += tokens
+        totals[key][1] += seconds
+
     async def measure():
         await engine_run(engine, ps[:4], 4)  # warm-up
-        eng = await engine_run(engine, ps, args.max_tokens)
-        print(f"engine: {eng[0]} tokens in {eng[1]:.1f}s", file=sys.stderr)
-        seq = sequential_run(loaded.model, ps[: args.sequential], args.max_tokens, loaded.tokenizer.pad_token_id)
-        print(f"sequential: {seq[0]} tokens in {seq[1]:.1f}s", file=sys.stderr)
-        prefill = prefill_rate(loaded.model, ps)
-        names = [f"role{i}" for i in range(4)]
-        for i, name in enumerate(names):
-            engine.add_adapter(name)
-            randomize(engine, name, i)
-        one = await engine_run(engine, ps, args.max_tokens, names[:1])
-        mixed = await engine_run(engine, ps, args.max_tokens, names)
-        print(f"one adapter: {one[0]} in {one[1]:.1f}s; four adapters: {mixed[0]} in {mixed[1]:.1f}s", file=sys.stderr)
+        for r in range(args.rounds):
+            engine.stats = EngineStats()
+            add("engine", *await engine_run(engine, ps, args.max_tokens))
+            decode.decode_s += engine.stats.decode_s
+            decode.decode_tokens += engine.stats.decode_tokens
+            decode.decode_steps += engine.stats.decode_steps
+            # on the compute thread, as the engine: a second thread of torch work would slow every
+            # side after it (orchestrator/compute.py)
+            add("sequential", *compute.submit(sequential_run, loaded.model, ps[r : args.sequential : args.rounds],
+                                              args.max_tokens, loaded.tokenizer.pad_token_id).result())
+            add("prefill", *compute.submit(prefill_run, loaded.model, ps).result())
+            add("one", *await engine_run(engine, ps, args.max_tokens, names[:1]))
+            add("mixed", *await engine_run(engine, ps, args.max_tokens, names))
+            print(f"round {r}: " + ", ".join(f"{k} {t} tok in {s:.1f}s" for k, (t, s) in totals.items()), file=sys.stderr)
         await engine.aclose()
-        return eng, seq, prefill, one, mixed
 
-    eng, seq, prefill, one, mixed = asyncio.run(measure())
-    engine_tok_s, sequential_tok_s = eng[0] / eng[1], seq[0] / seq[1]
+    asyncio.run(measure())
+    rate = {k: t / s for k, (t, s) in totals.items()}
+    decode_tok_s = decode.decode_tokens / decode.decode_s
     print(json.dumps({
         "model": args.model, "dtype": str(loaded.dtype).removeprefix("torch."), "requests": args.requests,
         "max_tokens": args.max_tokens, "sequential_prompts": args.sequential,
-        "engine_tok_s": round(engine_tok_s, 1), "sequential_tok_s": round(sequential_tok_s, 1),
-        "ratio": round(engine_tok_s / sequential_tok_s, 2), "prefill_tok_s": round(prefill, 1),
-        "decode_vs_prefill": round(engine_tok_s / prefill, 3),
-        "one_adapter_tok_s": round(one[0] / one[1], 1), "mixed_adapter_tok_s": round(mixed[0] / mixed[1], 1),
-        "mixed_adapter_ratio": round((mixed[0] / mixed[1]) / (one[0] / one[1]), 3),
+        "rounds": args.rounds,
+        "engine_tok_s": round(rate["engine"], 1), "sequential_tok_s": round(rate["sequential"], 1),
+        "ratio": round(rate["engine"] / rate["sequential"], 2), "prefill_tok_s": round(rate["prefill"], 1),
+        "decode_tok_s": round(decode_tok_s, 1), "decode_rows_per_step": round(decode.decode_tokens / decode.decode_steps, 1),
+        "decode_vs_prefill": round(decode_tok_s / rate["prefill"], 3),
+        "engine_vs_prefill": round(rate["engine"] / rate["prefill"], 3),
+        "one_adapter_tok_s": round(rate["one"], 1), "mixed_adapter_tok_s": round(rate["mixed"], 1),
+        "mixed_adapter_ratio": round(rate["mixed"] / rate["one"], 3),
     }))
 
 

@@ -1,7 +1,8 @@
 """The default backend: Hugging Face transformers on the local CPU (or GPU), many LoRA adapters.
 
-Requests from every concurrent episode and role go into one queue. A scheduler thread serves
-them with continuous batching: each iteration prefills the newcomers (together), appends their
+Requests from every concurrent episode and role go into one queue. A scheduler serves them with
+continuous batching, one iteration at a time on the process's compute thread (``compute.py``:
+the trainer's jobs run there too, between iterations): each iteration prefills the newcomers (together), appends their
 KV cache to the running batch, then advances every running sequence by one token in a single
 forward pass. Sequences leave the batch as soon as they finish, and waiting requests take their
 place, so a short reply never waits for the longest one. Rows of one forward pass may use
@@ -26,12 +27,15 @@ import structlog
 import torch
 import torch.nn.functional as F
 
+from ..compute import compute_thread
 from ..models import LoadedModel
+from .attention import use_decode_attention
 from .base import Completion, GenerationRequest
 from .grammar import ConstrainedRow, GrammarBook, book_for
 from .kv import BatchKV
 from .lora import MultiLoRA
 from .sampling import sample_rows
+from .tokens import chat_prompt_ids, end_of_turn_ids
 
 log = structlog.get_logger()
 BASE = "__base__"
@@ -79,13 +83,15 @@ class HFEngine:
         self.max_batch = max_batch
         self.max_prefill = max_prefill
         self.lora = MultiLoRA(self.model)
+        use_decode_attention(self.model)  # decode steps: two matmuls instead of SDPA's kernel
         self.versions: dict[str, int] = {}
-        self.eos_ids = self._eos_ids()
+        self.eos_ids = end_of_turn_ids(self.tokenizer)
         self._pending: queue.Queue[_Seq] = queue.Queue()
         self._lock = threading.RLock()  # held by a scheduler iteration and by adapter changes
-        self._wake = threading.Event()
+        self._compute = compute_thread()
         self._closed = False
-        self._thread: threading.Thread | None = None
+        self._serving = False  # the scheduler's step is on the compute thread
+        self._stopped = threading.Event()
         self._active: list[_Seq] = []
         self._kv = BatchKV()
         self._warned: set[str] = set()
@@ -105,17 +111,16 @@ class HFEngine:
             seq.grammar = await asyncio.to_thread(self._constrained_row, request)
         self._start()
         self._pending.put(seq)
-        self._wake.set()
+        self._compute.wake()
         try:
             return await seq.future
         except asyncio.CancelledError:
             seq.cancelled = True  # the scheduler drops it at its next iteration
-            self._wake.set()
+            self._compute.wake()
             raise
 
     def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        return chat_prompt_ids(self.tokenizer, messages)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
@@ -125,9 +130,9 @@ class HFEngine:
 
     async def aclose(self) -> None:
         self._closed = True
-        self._wake.set()
-        if self._thread is not None:
-            await asyncio.to_thread(self._thread.join)
+        self._compute.wake()
+        if self._serving:
+            await asyncio.to_thread(self._stopped.wait)
         while not self._pending.empty():
             self._fail(self._pending.get_nowait(), RuntimeError("the engine was closed"))
 
@@ -193,31 +198,34 @@ class HFEngine:
 
     # -- the scheduler -------------------------------------------------------------------------
     def _start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._serve, name="rolecast-engine", daemon=True)
-            self._thread.start()
+        if not self._serving:
+            self._serving = True
+            self._compute.add_loop(self._step)
 
-    def _serve(self) -> None:
-        while not self._closed:
-            newcomers = self._admit()
-            if not newcomers and not self._active:
-                self._wake.wait(0.05)
-                self._wake.clear()
-                continue
-            try:
-                with self._lock, torch.inference_mode():
-                    if newcomers:
-                        self._prefill(newcomers)
-                    if self._active:
-                        self._decode()
-            except Exception as exc:  # a model fault fails the requests in flight, not the engine
-                log.error("engine.step_failed", error=f"{type(exc).__name__}: {exc}")
-                for seq in self._active + newcomers:
-                    self._fail(seq, exc)
-                self._active, self._kv = [], BatchKV()
-        for seq in self._active:
-            self._fail(seq, RuntimeError("the engine was closed"))
-        self._active = []
+    def _step(self) -> bool:
+        """One scheduler iteration: admit newcomers, prefill them, advance every running row."""
+        if self._closed:
+            for seq in self._active:
+                self._fail(seq, RuntimeError("the engine was closed"))
+            self._active = []
+            self._compute.remove_loop(self._step)
+            self._stopped.set()
+            return False
+        newcomers = self._admit()
+        if not newcomers and not self._active:
+            return False
+        try:
+            with self._lock, torch.inference_mode():
+                if newcomers:
+                    self._prefill(newcomers)
+                if self._active:
+                    self._decode()
+        except Exception as exc:  # a model fault fails the requests in flight, not the engine
+            log.error("engine.step_failed", error=f"{type(exc).__name__}: {exc}")
+            for seq in self._active + newcomers:
+                self._fail(seq, exc)
+            self._active, self._kv = [], BatchKV()
+        return True
 
     def _admit(self) -> list[_Seq]:
         room = min(self.max_batch - len(self._active), self.max_prefill)
@@ -348,17 +356,15 @@ class HFEngine:
     def _check_done(self, seq: _Seq) -> None:
         sp = seq.request.sampling
         token = seq.tokens[-1]
-        reason = None
-        if token in self.eos_ids:
-            reason = "eos"
+        reason = "eos" if token in self.eos_ids else "length" if len(seq.tokens) >= sp.max_tokens else None
+        if reason is None and not sp.stop:
+            return  # the text is only needed to look for stop strings, or once the reply is done
         text = self.decode([t for t in seq.tokens if t not in self.eos_ids])
         for stop in sp.stop:
             at = text.find(stop)
             if stop and at != -1:
                 text, reason = text[:at], "stop"
                 break
-        if reason is None and len(seq.tokens) >= sp.max_tokens:
-            reason = "length"
         if reason:
             seq.done = Completion(
                 token_ids=list(seq.tokens), text=text, logprobs=list(seq.logprobs), finish_reason=reason,
@@ -367,13 +373,6 @@ class HFEngine:
 
     def _fail(self, seq: _Seq, exc: BaseException) -> None:
         seq.loop.call_soon_threadsafe(_reject, seq.future, exc)
-
-    def _eos_ids(self) -> set[int]:
-        ids = {self.tokenizer.eos_token_id}
-        im_end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
-        if isinstance(im_end, int) and im_end != self.tokenizer.unk_token_id:
-            ids.add(im_end)
-        return {i for i in ids if i is not None}
 
 
 def _resolve(future: asyncio.Future, value: Completion) -> None:

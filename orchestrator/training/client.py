@@ -6,8 +6,8 @@
     await (await pro.optim_step_async(AdamParams(learning_rate=1e-4))).result_async()
     pro.save_weights_for_sampler("pro")     # the attached engine now samples the new weights
 
-All model work runs on one worker thread, in submission order, so adapters never race for the
-shared base model. Each adapter has its own optimizer over its own parameters: PEFT's
+All model work runs as jobs on the process's compute thread (``compute.py``, shared with the
+engine's scheduler), in submission order, so adapters never race for the shared base model. Each adapter has its own optimizer over its own parameters: PEFT's
 ``set_adapter`` flips ``requires_grad``, so gradients reach only the adapter being trained.
 """
 from __future__ import annotations
@@ -30,6 +30,7 @@ from peft import LoraConfig as PeftLoraConfig
 from peft import get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_file, save_file
 
+from ..compute import compute_thread
 from ..engines.grammar import book_for
 from ..models import LoadedModel, load_model
 from .losses import AGGREGATIONS, LOSS_FNS, aggregate, k3_kl, token_logprobs
@@ -55,7 +56,7 @@ class APIFuture(Generic[T]):
 
 
 class ServiceClient:
-    """Owns the base model (fp32 master weights) and the worker thread all adapters share."""
+    """Owns the base model (fp32 master weights); all adapters' jobs run on the compute thread."""
 
     def __init__(
         self, model: str | LoadedModel = "smollm2-135m", *, bf16_autocast: bool | None = None, seed: int = 0,
@@ -71,7 +72,7 @@ class ServiceClient:
         self.peft = None  # created with the first adapter
         self.clients: dict[str, TrainingClient] = {}
         self.engine = None
-        self._worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rolecast-train")
+        self._compute = compute_thread()
 
     def attach_engine(self, engine: Any) -> None:
         """After ``save_weights_for_sampler`` the engine samples from the new adapter weights."""
@@ -96,10 +97,11 @@ class ServiceClient:
         return client
 
     def submit(self, fn: Callable[..., T], *args: Any) -> APIFuture[T]:
-        return APIFuture(self._worker.submit(fn, *args))
+        return APIFuture(self._compute.submit(fn, *args))
 
     def close(self) -> None:
-        self._worker.shutdown(wait=True)
+        """Wait for every job submitted so far (jobs run in submission order)."""
+        self._compute.submit(lambda: None).result()
 
 
 class TrainingClient:

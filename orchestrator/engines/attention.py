@@ -1,0 +1,61 @@
+"""Attention for the engine's decode steps: one query token per row, written as two matmuls.
+
+In a decode step each row attends with a single query to its whole KV cache. transformers'
+SDPA path hands that to ``scaled_dot_product_attention`` (with grouped-query heads packed as a
+3-token query), whose CPU kernel is built for long queries: measured on SmolLM2's shapes (64
+rows, 9 heads over 3 KV heads, 130 keys, bf16, 2 cores) it took 0.93 ms per layer against
+0.34 ms for ``softmax(q k^T) v`` as two batched matmuls, and attention was about a quarter of a
+decode step. Everything else (prefill, training, a mask that is not boolean) goes to SDPA.
+
+Registered with transformers' attention interface as ``rolecast-decode``; the engine switches
+its own model to it (``use_decode_attention``). Masks are SDPA's (boolean, True = attend).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+NAME = "rolecast-decode"
+
+
+def decode_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attention_mask: torch.Tensor | None, scaling: float | None = None, **kwargs: Any):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    mask_ok = attention_mask is None or (attention_mask.dtype == torch.bool
+                                         and attention_mask.shape[1:] == (1, 1, key.shape[2]))
+    if query.shape[2] != 1 or torch.is_grad_enabled() or not mask_ok or kwargs.get("position_bias") is not None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    rows, heads, _, dim = query.shape
+    kv_heads, length = key.shape[1], key.shape[2]
+    groups = heads // kv_heads
+    # Head h reads KV head h // groups (transformers' repeat_kv order), so group the queries
+    # instead of repeating the cache. The cache is a strided window of the engine's buffers
+    # (engines/kv.py): rows and heads fold into one batch dim without a copy. bmm against the
+    # window's transpose as it lies cost 1.5 ms here; a contiguous copy first, 0.05 ms + 0.18 ms.
+    q = query.reshape(rows * kv_heads, groups, dim)
+    k = key.reshape(rows * kv_heads, length, dim).contiguous()
+    scores = torch.bmm(q, k.transpose(1, 2)).float()  # [rows * kv_heads, groups, length]
+    scores.mul_(dim**-0.5 if scaling is None else scaling)
+    if attention_mask is not None:
+        allowed = attention_mask.reshape(rows, 1, 1, length).expand(rows, kv_heads, 1, length)
+        scores.masked_fill_(~allowed.reshape(rows * kv_heads, 1, length), float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(value.dtype)
+    out = torch.bmm(probs, value.reshape(rows * kv_heads, length, dim))  # [rows * kv_heads, groups, dim]
+    return out.reshape(rows, 1, heads, dim), None
+
+
+def use_decode_attention(model: torch.nn.Module) -> bool:
+    """Switch ``model`` to the decode attention when it runs on SDPA; False when it cannot."""
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    except ImportError:  # an older transformers: SDPA throughout
+        return False
+    if getattr(model.config, "_attn_implementation", None) != "sdpa":
+        return False
+    AttentionInterface.register(NAME, decode_attention)
+    AttentionMaskInterface.register(NAME, sdpa_mask)
+    model.set_attn_implementation(NAME)
+    return model.config._attn_implementation == NAME
