@@ -36,6 +36,10 @@ class RoleConfig(Strict):
     name: str = Field(pattern=NAME_PATTERN)
     description: str = Field(min_length=1)
     prompt: str = Field(min_length=1, description="Jinja2 template path, relative to the YAML file")
+    # A role with a followup template keeps its conversation within an episode: its later turns
+    # add its own last reply and this template's message to what it saw before, so turns extend
+    # one another token for token (one training sequence per episode, not one per turn).
+    followup: str | None = Field(None, min_length=1, description="Jinja2 template path for turns after the first")
     system: str | None = Field(None, description="system message; default: name and description")
     # Text the model's reply is made to start with (e.g. '{"verdict": "'): it goes into the prompt
     # after the assistant tag and is prepended to the sampled text before parsing. Small models

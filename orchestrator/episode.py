@@ -46,13 +46,16 @@ async def _play(team: Team, env: Env, policies: Mapping[str, Policy], record: Ep
     for name in team.roles:
         rewards.setdefault(name, 0.0)
     turn = 0
+    last: dict[str, Attempt] = {}  # conversation roles: each one's latest attempt
     while (role := env.next_role()) is not None:
         if turn >= team.config.max_turns:
             record.status = "max_turns"
             break
         spec = team.roles[role]
         context = spec.context(record.task, env.observe(role))
-        entry = await _take_turn(spec, policies[role], context, record, turn)
+        entry = await _take_turn(spec, policies[role], context, record, turn, last.get(role))
+        if spec.followup_template is not None:
+            last[role] = entry.attempts[-1]
         message = Message(
             id=f"{record.id}:{turn}",
             episode=record.id,
@@ -80,8 +83,14 @@ async def _play(team: Team, env: Env, policies: Mapping[str, Policy], record: Ep
     return record
 
 
-async def _take_turn(spec: RoleSpec, policy: Policy, context: dict, record: EpisodeRecord, turn: int) -> Turn:
-    messages = spec.render(context)
+async def _take_turn(
+    spec: RoleSpec, policy: Policy, context: dict, record: EpisodeRecord, turn: int, previous: Attempt | None = None
+) -> Turn:
+    """One turn of ``spec``; ``previous``: its last attempt, when the role keeps a conversation."""
+    if previous is None:
+        messages = spec.render(context)
+    else:
+        messages = previous.messages + [{"role": "assistant", "content": previous.text}, spec.render_followup(context)]
     validator = spec.validator
     attempts: list[Attempt] = []
     content = None
@@ -101,6 +110,7 @@ async def _take_turn(spec: RoleSpec, policy: Policy, context: dict, record: Epis
                 seed=derive_seed(record.seed, record.index, turn, attempt),
                 reply_prefix=spec.config.reply_prefix,
                 json_schema=spec.json_schema,
+                extends=previous,
             )
         )
         if isinstance(out, str):
@@ -128,6 +138,7 @@ async def _take_turn(spec: RoleSpec, policy: Policy, context: dict, record: Epis
         )
         if not errors:
             break
+        previous = attempts[-1]
         messages = messages + [
             {"role": "assistant", "content": out.text},
             {"role": "user", "content": RETRY_PROMPT.format(errors="; ".join(errors))},

@@ -40,6 +40,7 @@ class RoleSpec:
     schema: dict[str, Any]
     variables: frozenset[str]  # top-level names the templates read
     binding: Binding | None = None  # policy.bind, parsed and checked; None = the model engine
+    followup_template: jinja2.Template | None = None  # later turns' message (a conversation role)
 
     @property
     def name(self) -> str:
@@ -83,6 +84,10 @@ class RoleSpec:
             {"role": "system", "content": system if system is not None else self.system_template.render(context).strip()},
             {"role": "user", "content": self.template.render(context).strip()},
         ]
+
+    def render_followup(self, context: dict[str, Any]) -> dict[str, str]:
+        """The user message of a conversation role's later turn."""
+        return {"role": "user", "content": self.followup_template.render(context).strip()}
 
 
 def library_roles() -> list[str]:
@@ -196,6 +201,11 @@ def load_role(
     d, loc = where(("prompt",))
     template_path = (d.path.parent / config.prompt).resolve()
     template, variables = _compile_template(template_path, (d, loc))
+    followup_template = None
+    if config.followup is not None:
+        d, loc = where(("followup",))
+        followup_template, followup_variables = _compile_template((d.path.parent / config.followup).resolve(), (d, loc))
+        variables |= followup_variables
     env = _jinja_env(str(template_path.parent))
     try:
         system_template = env.from_string(config.system or DEFAULT_SYSTEM)
@@ -220,4 +230,5 @@ def load_role(
         system_template=system_template,
         schema=schema,
         variables=frozenset(variables),
+        followup_template=followup_template,
     )

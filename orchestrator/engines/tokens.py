@@ -11,6 +11,37 @@ def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]
     return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
 
 
+def continuation_ids(tokenizer: Any, messages: list[dict[str, str]], previous: Any) -> list[int] | None:
+    """Prompt ids for ``messages`` that continue ``previous`` (an Attempt) token for token.
+
+    ``messages`` must be ``previous.messages``, then ``previous.text`` as the assistant's reply,
+    then more. The result is ``previous.prompt_ids + previous.token_ids`` (the reply as it was
+    sampled, not re-tokenised from its text) followed by what the chat template writes after
+    the reply and for the new messages. So the model reads exactly what it wrote, and training
+    merges the two attempts into one sequence. None when that cannot be done safely: another
+    shape, a template that changes the reply's text, or a reply cut by a stop string (its text
+    ends before its tokens do).
+    """
+    k = len(previous.messages)
+    if (len(messages) <= k + 1 or messages[:k] != previous.messages or not previous.token_ids
+            or messages[k] != {"role": "assistant", "content": previous.text}):
+        return None
+    head = tokenizer.apply_chat_template(messages[: k + 1], add_generation_prompt=False, tokenize=False)
+    full = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    at = head.rfind(previous.text)
+    if at < 0 or not full.startswith(head):
+        return None
+    closing = tokenizer.encode(head[at + len(previous.text):], add_special_tokens=False)  # e.g. <|im_end|> \n
+    if previous.finish_reason == "eos":  # the sampled end of turn is the template's closing token
+        if not closing or closing[0] != previous.token_ids[-1]:
+            return None
+        closing = closing[1:]
+    elif previous.finish_reason != "length":
+        return None
+    rest = tokenizer.encode(full[len(head):], add_special_tokens=False)
+    return list(previous.prompt_ids) + list(previous.token_ids) + closing + rest
+
+
 def end_of_turn_ids(tokenizer: Any) -> set[int]:
     """EOS plus the chat template's end-of-turn token (``<|im_end|>`` for ChatML models)."""
     ids = {tokenizer.eos_token_id}

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..config import SamplingConfig
+from ..transcript import Attempt
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,9 @@ class PolicyRequest:
     seed: int  # derived from the run seed, episode, turn and attempt
     reply_prefix: str = ""  # model policies start their reply with it (see RoleConfig)
     json_schema: str | None = None  # set: constrain the reply to this JSON schema (canonical JSON text)
+    # The earlier attempt whose messages and reply ``messages`` continue (a retry, or a
+    # conversation role's later turn): model policies reuse its tokens instead of re-rendering.
+    extends: Attempt | None = None
 
 
 @dataclass

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ..engines.base import Engine, GenerationRequest, SamplingParams
+from ..engines.tokens import continuation_ids
 from .base import PolicyOutput, PolicyRequest
 
 
@@ -10,7 +11,7 @@ class EnginePolicy:
         self.engine = engine
 
     async def __call__(self, request: PolicyRequest) -> PolicyOutput:
-        prompt_ids = self.engine.apply_chat_template(request.messages)
+        prompt_ids = self._prompt_ids(request)
         if request.reply_prefix:  # the reply starts with it: prompt-side tokens, never sampled
             prompt_ids = prompt_ids + self.engine.encode(request.reply_prefix)
         s = request.sampling
@@ -36,3 +37,12 @@ class EnginePolicy:
             json_schema=request.json_schema,
             forced_tokens=completion.forced_tokens,
         )
+
+    def _prompt_ids(self, request: PolicyRequest) -> list[int]:
+        tokenizer = getattr(self.engine, "tokenizer", None)
+        previous = request.extends
+        if tokenizer is not None and previous is not None and previous.prompt_ids:
+            ids = continuation_ids(tokenizer, request.messages, previous)
+            if ids is not None:
+                return ids
+        return self.engine.apply_chat_template(request.messages)

@@ -1,0 +1,121 @@
+"""Conversation roles (``followup``) and token-exact continuation of an earlier attempt."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
+
+import pytest
+from orchestrator.engines.hf import HFEngine
+from orchestrator.engines.tokens import chat_prompt_ids, continuation_ids
+from orchestrator.models import load_model
+from orchestrator.runner import RunOptions, build_policies, run_team
+from orchestrator.team import load_team
+from orchestrator.training.datums import role_datums
+from orchestrator.transcript import Attempt
+
+ROOT = Path(__file__).resolve().parents[1]
+MESSAGES = [{"role": "system", "content": "You guess numbers."}, {"role": "user", "content": "From 1 to 16?"}]
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return load_model("tiny", dtype="float32", seed=0)
+
+
+def attempt(tok, text: str, token_ids: list[int], finish: str = "eos") -> Attempt:
+    return Attempt(messages=MESSAGES, text=text, valid=True, errors=[], prompt_ids=chat_prompt_ids(tok, MESSAGES),
+                   token_ids=token_ids, finish_reason=finish)
+
+
+def later(text: str) -> list[dict[str, str]]:
+    return MESSAGES + [{"role": "assistant", "content": text}, {"role": "user", "content": "8 is too high."}]
+
+
+def test_continuation_equals_the_rendered_chat_when_the_reply_tokenises_as_sampled(loaded):
+    tok = loaded.tokenizer
+    text = '{"guess": 8}'
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    prev = attempt(tok, text, tok.encode(text, add_special_tokens=False) + [im_end])
+    assert continuation_ids(tok, later(text), prev) == chat_prompt_ids(tok, later(text))
+
+
+def test_continuation_keeps_the_sampled_tokens_not_a_re_tokenisation(loaded):
+    tok = loaded.tokenizer
+    text = '{"guess": 8}'
+    byte_wise = [tok.convert_tokens_to_ids(c if c != " " else "Ġ") for c in text]  # another spelling of the text
+    assert tok.decode(byte_wise) == text and byte_wise != tok.encode(text, add_special_tokens=False)
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    prev = attempt(tok, text, byte_wise + [im_end])
+    ids = continuation_ids(tok, later(text), prev)
+    n = len(prev.prompt_ids) + len(prev.token_ids)
+    assert ids[:n] == prev.prompt_ids + prev.token_ids
+    full = chat_prompt_ids(tok, later(text))
+    assert ids[n:] == full[len(full) - len(ids) + n:]  # the template's tail and the new user turn
+    assert tok.decode(ids) == tok.decode(full)
+
+
+def test_a_reply_cut_by_max_tokens_gets_the_templates_closing(loaded):
+    tok = loaded.tokenizer
+    text = '{"guess": 1'
+    prev = attempt(tok, text, tok.encode(text, add_special_tokens=False), finish="length")
+    ids = continuation_ids(tok, later(text), prev)
+    assert ids == chat_prompt_ids(tok, later(text))
+
+
+def test_no_continuation_for_stop_strings_or_other_shapes(loaded):
+    tok = loaded.tokenizer
+    text = '{"guess": 8}'
+    prev = attempt(tok, text, tok.encode(text, add_special_tokens=False), finish="stop")
+    assert continuation_ids(tok, later(text), prev) is None  # the text ends before the tokens do
+    prev = dataclasses.replace(prev, finish_reason="eos", token_ids=prev.token_ids + [tok.convert_tokens_to_ids("<|im_end|>")])
+    assert continuation_ids(tok, later('{"guess": 9}'), prev) is None  # another reply
+    assert continuation_ids(tok, MESSAGES + [{"role": "user", "content": "hi"}], prev) is None
+
+
+def test_a_conversation_role_extends_its_turns_and_trains_on_one_sequence(loaded, tmp_path):
+    team = load_team(ROOT / "recipes" / "guess_number.yaml")
+    spec = team.roles["guesser"]
+    assert spec.followup_template is not None
+    engine = HFEngine(loaded)
+    policies = build_policies(team, {}, lambda: engine)
+    # random weights guess big numbers: a range they stay inside, and a secret they will not hit
+    config = team.env_class.Config.model_validate({**team.env_config.model_dump(), "low": -10**12, "high": 10**12})
+    team = dataclasses.replace(team, env_config=config, tasks=[{"secret": 123456789}])
+    try:
+        result = asyncio.run(run_team(team, policies, RunOptions(episodes=3, seed=0, out_dir=tmp_path, progress=False)))
+    finally:
+        asyncio.run(engine.aclose())
+    for episode in result.episodes:
+        attempts = [a for t in episode.turns for a in t.attempts]
+        assert len(attempts) >= 2
+        for before, after in zip(attempts, attempts[1:]):
+            n = len(before.prompt_ids) + len(before.token_ids)
+            assert after.prompt_ids[:n] == before.prompt_ids + before.token_ids
+            assert after.messages[: len(before.messages) + 1] == before.messages + [
+                {"role": "assistant", "content": before.text}]
+        (datum,) = role_datums(episode, "guesser", advantage=1.0)
+        assert sum(datum.loss_fn_inputs["mask"]) == sum(len(a.token_ids) - a.forced_tokens for a in attempts)
+
+
+def test_a_retry_reads_the_failed_reply_as_it_was_sampled(loaded, tmp_path):
+    recipe = tmp_path / "retry.yaml"
+    recipe.write_text(
+        "name: retry\nprotocol: {type: guess_number, players: [guesser]}\n"
+        "roles:\n  - {use: number_guesser, name: guesser, decoding: free, followup: null, max_retries: 2}\n"
+        "tasks: [{secret: 3}]\n"
+    )
+    team = load_team(recipe)
+    engine = HFEngine(loaded)
+    try:
+        result = asyncio.run(run_team(team, build_policies(team, {}, lambda: engine),
+                                      RunOptions(episodes=2, seed=0, out_dir=tmp_path / "run", progress=False)))
+    finally:
+        asyncio.run(engine.aclose())
+    retried = [t for e in result.episodes for t in e.turns if t.retries]
+    assert retried  # random weights do not write JSON unaided
+    pairs = [(b, a) for t in retried for b, a in zip(t.attempts, t.attempts[1:]) if b.finish_reason in ("eos", "length")]
+    assert pairs
+    for before, after in pairs:
+        n = len(before.prompt_ids) + len(before.token_ids)
+        assert after.prompt_ids[:n] == before.prompt_ids + before.token_ids
