@@ -26,6 +26,7 @@ from typing import Any
 import structlog
 import torch
 import torch.nn.functional as F
+from transformers.cache_utils import DynamicCache
 
 from ..compute import compute_thread
 from ..models import LoadedModel
@@ -34,6 +35,7 @@ from .base import Completion, GenerationRequest
 from .grammar import ConstrainedRow, GrammarBook, book_for
 from .kv import BatchKV
 from .lora import MultiLoRA
+from .prefix_cache import PrefixCache
 from .sampling import sample_rows
 from .tokens import chat_prompt_ids, end_of_turn_ids
 
@@ -55,6 +57,10 @@ class _Seq:
     done: Completion | None = None
     grammar: ConstrainedRow | None = None  # set when the request has a json_schema
 
+    @property
+    def cache_key(self) -> tuple[str, int]:
+        return self.adapter_key, self.adapter_version
+
 
 @dataclass
 class EngineStats:
@@ -65,7 +71,8 @@ class EngineStats:
     """
 
     prefill_s: float = 0.0
-    prefill_tokens: int = 0  # prompt tokens (padding excluded)
+    prefill_tokens: int = 0  # prompt tokens computed (padding and reused prefixes excluded)
+    prefix_hit_tokens: int = 0  # prompt tokens whose keys and values came from the prefix cache
     decode_s: float = 0.0
     decode_steps: int = 0
     decode_tokens: int = 0  # one per running row per step
@@ -76,7 +83,7 @@ class EngineStats:
 
 
 class HFEngine:
-    def __init__(self, loaded: LoadedModel, max_batch: int = 64, max_prefill: int = 16):
+    def __init__(self, loaded: LoadedModel, max_batch: int = 64, max_prefill: int = 16, prefix_cache_tokens: int = 16384):
         self.loaded = loaded
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
@@ -96,6 +103,8 @@ class HFEngine:
         self._kv = BatchKV()
         self._warned: set[str] = set()
         self.stats = EngineStats()
+        # KV of finished sequences, reused by prompts that start the same way (0 turns it off)
+        self._prefix = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens > 0 else None
 
     # -- the Engine interface ------------------------------------------------------------------
     async def generate(self, request: GenerationRequest) -> Completion:
@@ -135,6 +144,7 @@ class HFEngine:
             await asyncio.to_thread(self._stopped.wait)
         while not self._pending.empty():
             self._fail(self._pending.get_nowait(), RuntimeError("the engine was closed"))
+        self.lora.detach()
 
     @property
     def busy(self) -> int:
@@ -171,8 +181,12 @@ class HFEngine:
                 raise KeyError(f"no adapter {name!r}")
             self.lora.remove(name)
             self.versions.pop(name, None)
+            if self._prefix is not None:
+                self._prefix.drop(name)
 
     def _bump(self, name: str) -> int:
+        if self._prefix is not None:
+            self._prefix.drop(name)
         self.versions[name] = self.versions.get(name, 0) + 1
         return self.versions[name]
 
@@ -252,25 +266,48 @@ class HFEngine:
         return self.model(**kwargs)
 
     def _prefill(self, seqs: list[_Seq]) -> None:
+        """Prefill newcomers together: each row's cached prefix (if any) comes from the prefix
+        cache, the rest of its prompt goes through the model; both parts are left-padded."""
         t0 = time.perf_counter()
+        hits = []
         for s in seqs:
             s.adapter_key = self._adapter_key(s.request.adapter)
             s.adapter_version = 0 if s.adapter_key == BASE else self.versions[s.adapter_key]
-        width = max(len(s.request.prompt_ids) for s in seqs)
+            hits.append(self._prefix.lookup(s.request.prompt_ids, s.cache_key) if self._prefix else (0, None))
+        cached = max(n for n, _ in hits)
+        width = max(len(s.request.prompt_ids) - n for s, (n, _) in zip(seqs, hits))
         ids = torch.full((len(seqs), width), self.tokenizer.pad_token_id or 0, dtype=torch.long)
-        mask = torch.zeros(len(seqs), width, dtype=torch.long)
-        for i, s in enumerate(seqs):
-            p = s.request.prompt_ids
-            ids[i, width - len(p):] = torch.tensor(p)
-            mask[i, width - len(p):] = 1
-        positions = (mask.cumsum(1) - 1).clamp(min=0)
-        out = self._forward(ids, mask, None, [s.adapter_key for s in seqs], positions, keep_last=True)
+        mask = torch.zeros(len(seqs), cached + width, dtype=torch.long)
+        for i, (s, (n, _)) in enumerate(zip(seqs, hits)):
+            rest = s.request.prompt_ids[n:]
+            ids[i, width - len(rest):] = torch.tensor(rest)
+            mask[i, cached - n:cached] = 1
+            mask[i, cached + width - len(rest):] = 1
+        positions = (mask.cumsum(1) - 1).clamp(min=0)[:, cached:]
+        out = self._forward(ids, mask, self._past(hits, cached), [s.adapter_key for s in seqs], positions, keep_last=True)
         self._kv.append(out.past_key_values, mask)
         self._active += seqs
         self._group_by_adapter()
         self._take(seqs, out.logits[:, -1])
         self.stats.prefill_s += time.perf_counter() - t0
-        self.stats.prefill_tokens += int(mask.sum())
+        self.stats.prefill_tokens += int(mask[:, cached:].sum())
+        self.stats.prefix_hit_tokens += sum(n for n, _ in hits)
+
+    def _past(self, hits: list[tuple[int, Any]], cached: int) -> DynamicCache | None:
+        """The rows' cached prefixes as one left-padded cache ``[rows, H, cached, D]`` per layer."""
+        if cached == 0:
+            return None
+        like = next(e for n, e in hits if n)
+        past = DynamicCache()
+        for layer, (k0, v0) in enumerate(zip(like.keys, like.values)):
+            k = k0.new_zeros(len(hits), k0.shape[0], cached, k0.shape[2])
+            v = torch.zeros_like(k)
+            for i, (n, entry) in enumerate(hits):
+                if n:
+                    k[i, :, cached - n:] = entry.keys[layer][:, :n]
+                    v[i, :, cached - n:] = entry.values[layer][:, :n]
+            past.update(k, v, layer)
+        return past
 
     def _group_by_adapter(self) -> None:
         """Keep each adapter's rows contiguous, so LoRA deltas apply to slices (views)."""
@@ -316,11 +353,21 @@ class HFEngine:
         if any(s.done or s.cancelled for s in self._active):
             keep = [i for i, s in enumerate(self._active) if not (s.done or s.cancelled)]
             finished = [s for s in self._active if s.done]
+            if self._prefix is not None:
+                for i, s in enumerate(self._active):
+                    if s.done and not s.done.forced_tokens:  # forced closings: tokens and KV part ways
+                        self._remember(i, s)
             self._active = [self._active[i] for i in keep]
             self._kv.keep(keep)
             # Resolve only after the rows left the batch, so a caller woken by its result sees `busy` without them.
             for s in finished:
                 s.loop.call_soon_threadsafe(_resolve, s.future, s.done)
+
+    def _remember(self, row: int, seq: _Seq) -> None:
+        """Put a finished row's keys and values in the prefix cache, with the tokens they encode."""
+        count = int(self._kv.mask[row].sum())  # the last sampled token was never fed
+        keys, values = self._kv.row(row)
+        self._prefix.insert((list(seq.request.prompt_ids) + seq.tokens)[:count], seq.cache_key, keys, values)
 
     # -- constrained decoding (engines/grammar.py) ----------------------------------------------
     @cached_property

@@ -77,6 +77,11 @@ class BatchKV:
         return (self.keys[layer][: self.rows, :, self.start:self.end],
                 self.values[layer][: self.rows, :, self.start:self.end])
 
+    def row(self, i: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Row ``i``'s keys and values at its real positions, per layer ``[H, tokens, D]`` (copies)."""
+        cols = self.mask[i].nonzero().squeeze(-1) + self.start
+        return ([k[i].index_select(1, cols) for k in self.keys], [v[i].index_select(1, cols) for v in self.values])
+
     def _write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         end = self.end + k.shape[2]
         self.keys[layer][: self.rows, :, self.end:end] = k

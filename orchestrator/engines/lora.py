@@ -41,14 +41,24 @@ class _Stack:
 
 class MultiLoRA:
     def __init__(self, model: torch.nn.Module):
+        if getattr(model, "_rolecast_lora", None) is not None:  # its hooks would add their deltas too
+            raise ValueError("this model already serves an open engine: close that engine first, or load another copy")
+        model._rolecast_lora = self
         self.model = model
         self.dtype = next(model.parameters()).dtype
         self.linears = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and name != "lm_head"}
         self.adapters: dict[str, dict[str, _Weights]] = {}  # adapter -> module name -> weights
         self._stacks: OrderedDict[tuple[str, ...], _Stack] = OrderedDict()
         self._active: tuple[_Stack, torch.Tensor | None] | None = None
-        for name, module in self.linears.items():
-            module.register_forward_hook(self._hook(name))
+        self._hooks = [module.register_forward_hook(self._hook(name)) for name, module in self.linears.items()]
+
+    def detach(self) -> None:
+        """Remove the hooks: the model is a plain model again (another engine may serve it)."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+        if getattr(self.model, "_rolecast_lora", None) is self:
+            self.model._rolecast_lora = None
 
     # -- routing -------------------------------------------------------------------------------
     def route(self, adapters: list[str | None]) -> None:

@@ -1,0 +1,115 @@
+"""The prefix cache: longest stored prefix, keyed by adapter version, bounded; and the engine's
+outputs with reused prefixes equal those computed from scratch."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+from orchestrator.engines.base import GenerationRequest, SamplingParams
+from orchestrator.engines.hf import HFEngine
+from orchestrator.engines.prefix_cache import BLOCK, PrefixCache
+from orchestrator.models import load_model
+
+from test_hf_engine import PROMPTS, randomize
+
+
+def kv(n: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    return [torch.arange(n, dtype=torch.float32).view(1, n, 1)], [-torch.arange(n, dtype=torch.float32).view(1, n, 1)]
+
+
+def test_lookup_finds_the_longest_stored_prefix_and_leaves_the_last_token():
+    cache = PrefixCache(budget=10_000)
+    a = list(range(100))
+    cache.insert(a[:40], ("base", 0), *kv(40))
+    cache.insert(a[:70] + [999] * 10, ("base", 0), *kv(80))
+    n, entry = cache.lookup(a, ("base", 0))
+    assert n == 70 and entry.tokens[:70] == tuple(a[:70])
+    assert cache.lookup(a[:40], ("base", 0))[0] == 39  # the prompt's last token is always computed
+    assert cache.lookup(a[:BLOCK - 1] + [5] * 50, ("base", 0)) == (0, None)  # shorter than a block: not worth it
+    assert cache.lookup(a, ("pro", 0)) == (0, None) and cache.lookup(a, ("base", 1)) == (0, None)
+
+
+def test_an_extension_replaces_its_prefix_and_the_budget_evicts_the_least_recent():
+    cache = PrefixCache(budget=100)
+    first = list(range(40))
+    cache.insert(first, ("pro", 1), *kv(40))
+    cache.insert(first + list(range(500, 520)), ("pro", 1), *kv(60))  # a later turn of the same conversation
+    assert cache.size == 60
+    cache.insert(list(range(1000, 1030)), ("pro", 1), *kv(30))
+    cache.lookup(first + [7], ("pro", 1))  # touch the conversation: the other entry is now the least recent
+    cache.insert(list(range(2000, 2030)), ("pro", 1), *kv(30))
+    assert cache.size == 90 and cache.lookup(list(range(1000, 1031)), ("pro", 1)) == (0, None)
+    cache.drop("pro")
+    assert cache.size == 0 and cache.lookup(first + [7], ("pro", 1)) == (0, None)
+
+
+@pytest.fixture
+def loaded():
+    return load_model("tiny", dtype="float32", seed=0)
+
+
+def prompt(engine, i) -> tuple[int, ...]:
+    return tuple(engine.apply_chat_template(PROMPTS[i % len(PROMPTS)] * 3))  # long enough for a few blocks
+
+
+def generate(engine, prompts, adapter=None, temperature=0.0):
+    reqs = [GenerationRequest(p, SamplingParams(temperature=temperature, max_tokens=10, seed=7 + i), adapter)
+            for i, p in enumerate(prompts)]
+    return asyncio.run(_gather(engine, reqs))
+
+
+async def _gather(engine, reqs):
+    return await asyncio.gather(*(engine.generate(r) for r in reqs))
+
+
+def close(engine):
+    asyncio.run(engine.aclose())
+
+
+@pytest.mark.parametrize("adapter", [None, "alpha"])
+def test_reused_prefixes_give_the_outputs_of_a_full_prefill(loaded, adapter):
+    cached, fresh = HFEngine(loaded), HFEngine(load_model("tiny", dtype="float32", seed=0), prefix_cache_tokens=0)
+    try:
+        for e in (cached, fresh):
+            e.add_adapter("alpha")
+            randomize(e, "alpha", 1)
+        first = generate(cached, [prompt(cached, 0)], adapter)[0]
+        # a later turn that continues the first (its tokens and more), and an unrelated prompt, prefilled together
+        later = prompt(cached, 0) + tuple(first.token_ids) + prompt(cached, 1)[:20]
+        before = cached.stats.prefix_hit_tokens
+        outs = generate(cached, [later, prompt(cached, 2)], adapter, temperature=0.8)
+        assert cached.stats.prefix_hit_tokens - before >= len(prompt(cached, 0))
+        refs = generate(fresh, [later, prompt(cached, 2)], adapter, temperature=0.8)
+        assert fresh.stats.prefix_hit_tokens == 0
+        for out, ref in zip(outs, refs):
+            assert out.token_ids == ref.token_ids
+            assert max(abs(a - b) for a, b in zip(out.logprobs, ref.logprobs)) < 1e-4
+    finally:
+        close(cached)
+        close(fresh)
+
+
+def test_an_adapter_update_drops_its_cached_prefixes(loaded):
+    engine = HFEngine(loaded)
+    try:
+        engine.add_adapter("alpha")
+        randomize(engine, "alpha", 1)
+        p = prompt(engine, 3)
+        generate(engine, [p], "alpha")
+        generate(engine, [p + (5, 6)], "alpha")
+        hits = engine.stats.prefix_hit_tokens
+        assert hits >= len(p) - 1
+        randomize(engine, "alpha", 2)  # new weights: the old keys and values are wrong now
+        generate(engine, [p + (5, 6, 7)], "alpha")
+        assert engine.stats.prefix_hit_tokens == hits
+    finally:
+        close(engine)
+
+
+def test_one_model_serves_one_open_engine_at_a_time(loaded):
+    engine = HFEngine(loaded)
+    with pytest.raises(ValueError, match="already serves an open engine"):
+        HFEngine(loaded)
+    close(engine)
+    close(HFEngine(loaded))  # closed engines leave no hooks behind
