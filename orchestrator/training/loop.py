@@ -35,6 +35,8 @@ from ..config import TrainingConfig
 from ..engines.base import Engine
 from ..episode import derive_seed
 from ..errors import RolecastError
+from ..evaluation import CHECKPOINT_ADAPTER, bind_opponent
+from ..evaluation import evaluate as evaluate_results
 from ..registry import Registry, default_registry
 from ..runner import RunOptions, build_policies, run_team
 from ..team import Team
@@ -87,6 +89,13 @@ class TrainingRun:
         lora = LoraConfig(**{**self.cfg.lora.model_dump(), "target_modules": tuple(self.cfg.lora.target_modules)})
         self.clients = {a: service.create_lora_training_client(a, lora) for a in dict.fromkeys(self.roles.values())}
         self.policies = build_policies(team, {}, lambda: engine, self.registry)
+        self.eval_team, self.eval_policies = team, self.policies
+        if self.cfg.eval_opponent:  # evaluations rebind the protocol's opponent role
+            overrides: dict = {}
+            self.eval_team, _, checkpoint = bind_opponent(team, self.cfg.eval_opponent, overrides)
+            if checkpoint is not None:
+                engine.load_adapter(CHECKPOINT_ADAPTER, checkpoint)
+            self.eval_policies = build_policies(self.eval_team, overrides, lambda: engine, self.registry)
         self.run_dir = options.out_dir
         self.steps = options.steps or self.cfg.steps
         self.metrics = MetricsWriter(self.run_dir)
@@ -185,8 +194,8 @@ class TrainingRun:
     async def evaluate(self, step: int) -> dict[str, Any]:
         tasks = self.team.eval_tasks or self.team.tasks
         n = self.cfg.eval_episodes
-        team = replace(self.team, tasks=tasks)
-        result = await run_team(team, self.policies, RunOptions(
+        team = replace(self.eval_team, tasks=tasks)
+        result = await run_team(team, self.eval_policies, RunOptions(
             episodes=n, seed=derive_seed(self.options.seed, 999_999), out_dir=self.run_dir / "evals" / f"step-{step:06d}",
             concurrency=self.team.config.concurrency, episode_timeout_s=self.team.config.episode_timeout_s, progress=False,
         ))
@@ -197,9 +206,11 @@ class TrainingRun:
             sd = math.sqrt(sum((v - mean) ** 2 for v in values) / max(len(values) - 1, 1))
             row[f"eval_reward/{role}"] = mean
             row[f"eval_ci95/{role}"] = 1.96 * sd / math.sqrt(len(values))
+        for role, e in evaluate_results(team, result.episodes, result.summary).items():
+            row[f"eval_win_rate/{role}"] = e["win_rate"]
         row["eval_valid_turn_rate"] = result.summary["valid_turn_rate"]
         self.metrics.write(row)
-        log.info("evaluation", step=step, **{k: round(v, 4) for k, v in row.items() if k.startswith("eval_reward/")})
+        log.info("evaluation", step=step, **{k: round(v, 4) for k, v in row.items() if k.startswith(("eval_reward/", "eval_win_rate/"))})
         return row
 
     # -- sampler, config, checkpoints ------------------------------------------------------------

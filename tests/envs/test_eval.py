@@ -85,3 +85,41 @@ def test_checkpoint_opponent_samples_from_the_loaded_adapter(cli, tmp_path):
     assert json.loads(out)["bindings"]["o"] == "model (eval-opponent)"
     turns = [json.loads(line)["turns"] for line in (tmp_path / "ev" / "transcripts.jsonl").read_text().splitlines()]
     assert {a["adapter"] for ts in turns for t in ts if t["role"] == "o" for a in t["attempts"]} == {"eval-opponent"}
+
+
+def peft_dir(path, seed: int = 0):
+    """A PEFT-format adapter for the tiny model, with non-zero weights."""
+    import torch
+    from safetensors.torch import save_file
+
+    from orchestrator.models import load_model
+
+    g = torch.Generator().manual_seed(seed)
+    model = load_model("tiny", dtype="float32").model
+    state = {}
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.Linear) and name != "lm_head":
+            state[f"base_model.model.{name}.lora_A.weight"] = torch.randn(4, m.in_features, generator=g)
+            state[f"base_model.model.{name}.lora_B.weight"] = torch.randn(m.out_features, 4, generator=g)
+    path.mkdir()
+    save_file(state, str(path / "adapter_model.safetensors"))
+    (path / "adapter_config.json").write_text('{"r": 4, "lora_alpha": 8}')
+    return path
+
+
+@pytest.mark.parametrize("command", ["run", "eval"])
+def test_adapter_flag_loads_trained_weights(cli, tmp_path, command):
+    adapter = peft_dir(tmp_path / "player")
+    extra = ["--opponent", "random"] if command == "eval" else []
+    code, out, err = cli(command, ROOT / "recipes/tictactoe.yaml", "--model", "tiny", "--episodes", "2", *extra,
+                         "--adapter", f"player={adapter}", "--out", tmp_path / "run", "--no-progress")
+    assert code == 0, err
+    episodes = [json.loads(line) for line in (tmp_path / "run" / "transcripts.jsonl").read_text().splitlines()]
+    x = [a for e in episodes for t in e["turns"] if t["role"] == "x" for a in t["attempts"]]
+    assert x and all(a["adapter"] == "player" and a["adapter_version"] == 1 for a in x)
+
+
+@pytest.mark.parametrize("command", ["run", "eval"])
+def test_bad_adapter_flag_is_one_line(cli, tmp_path, command):
+    code, out, err = cli(command, ROOT / "recipes/tictactoe.yaml", "--model", "tiny", "--adapter", f"player={tmp_path}")
+    assert code == 2 and "--adapter" in err and "adapter_config.json" in err

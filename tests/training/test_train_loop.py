@@ -140,3 +140,48 @@ def _check_resume_restores_the_checkpoint(path: Path, run: Path, done: str) -> N
     finally:
         asyncio.run(engine.aclose())
         service.close()
+
+
+SQUARES = "{type: object, properties: {move: {enum: [a1, b1, c1, a2, b2, c2, a3, b3, c3]}}, required: [move]}"
+SELF_PLAY = """
+name: tiny_ttt
+protocol: {type: tictactoe, players: [x, o], opponent: o}
+roles:  # squares as an enum: the first move is always legal, so O gets to play
+  - {use: game_player, name: x, policy: {adapter: player, sampling: {max_tokens: 8}}, max_retries: 0, output_schema: SQUARES}
+  - {use: game_player, name: o, policy: {adapter: player, sampling: {max_tokens: 8}}, max_retries: 0, output_schema: SQUARES}
+tasks: [{}]
+model: tiny
+training:
+  trainer: self-play
+  trainer_config: {players: [x, o], snapshot_every: 5, pool_size: 2}
+  steps: 1
+  group_size: 2
+  groups_per_step: 1
+  eval_every: 0
+  eval_episodes: 4
+  eval_opponent: random
+""".replace("SQUARES", SQUARES)
+
+
+def test_evaluations_play_the_configured_opponent(tmp_path):
+    run = tmp_path / "run"
+    proc = train(str(write(tmp_path / "ttt.yaml", SELF_PLAY)), "--out", str(run))
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    evals = [r for r in rows(run) if r["kind"] == "eval"]
+    assert [r["step"] for r in evals] == [0, 1]
+    assert all(0.0 <= r["eval_win_rate/x"] <= 1.0 for r in evals)
+
+    def o_attempts(folder: str) -> list[dict]:
+        lines = (run / folder / "transcripts.jsonl").read_text().splitlines()
+        return [a for line in lines for t in json.loads(line)["turns"] if t["role"] == "o" for a in t["attempts"]]
+
+    assert o_attempts("evals/step-000000") and not any(a["token_ids"] for a in o_attempts("evals/step-000000"))  # random
+    assert o_attempts("rollouts/step-000001") and all(a["token_ids"] for a in o_attempts("rollouts/step-000001"))  # the model
+
+
+def test_a_bad_eval_opponent_is_one_line(tmp_path):
+    proc = train(str(write(tmp_path / "ttt.yaml", SELF_PLAY.replace("eval_opponent: random", "eval_opponent: nobody"))),
+                 "--out", str(tmp_path / "run"))
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 2 and "nobody" in err and "Traceback" not in err
