@@ -26,6 +26,15 @@ def team(recipe: str, tasks: list[dict] | None = None, **protocol: Any) -> Team:
     return dataclasses.replace(t, tasks=tasks) if tasks else t
 
 
+def any_move(t: Team) -> Team:
+    """The team with the library game_player's schema (any move string) for every role, so moves the
+    recipe's enum would refuse reach the environment, which must call them illegal."""
+    from orchestrator.role import LIBRARY_DIR, load_role
+
+    schema = load_role(LIBRARY_DIR / "game_player.yaml").schema
+    return dataclasses.replace(t, roles={n: dataclasses.replace(s, schema=schema) for n, s in t.roles.items()})
+
+
 def play(t: Team, policies: dict[str, str | Callable], tmp_path: Path, episodes: int = 1, seed: int = 0) -> RunResult:
     """``policies``: role -> "builtin:NAME" or a Python callable (every role must be bound)."""
     # Python-bound roles get a stub binding first, so no role falls back to the model.

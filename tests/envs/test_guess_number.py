@@ -9,6 +9,12 @@ from play import Script, play, team
 from orchestrator.policies.reference import next_guess
 
 
+def small(tasks: list[dict] | None = None, **protocol):
+    """1..16 in 5 guesses with the role's own schema (any integer): out-of-range guesses reach the env.
+    (recipes/guess_number.yaml puts the range in the schema, so constrained decoding stays inside it.)"""
+    return team("guess_number_classic", tasks, **{"low": 1, "high": 16, "turns": 5, **protocol})
+
+
 def guesses(*values: int) -> Script:
     return Script(*({"guess": v} for v in values))
 
@@ -16,7 +22,7 @@ def guesses(*values: int) -> Script:
 @pytest.mark.parametrize("low,high", [(1, 16), (1, 100), (0, 1)])
 def test_binary_search_always_wins_within_its_bound(tmp_path, low, high):
     bound = math.ceil(math.log2(high - low + 2))  # k guesses separate 2**k - 1 numbers
-    t = team("guess_number", tasks=[{"secret": s} for s in range(low, high + 1)], low=low, high=high, turns=bound)
+    t = small(tasks=[{"secret": s} for s in range(low, high + 1)], low=low, high=high, turns=bound)
     result = play(t, {"guesser": "builtin:binary-search"}, tmp_path, episodes=high - low + 1)
     assert all(e.outcome["results"] == {"guesser": "win"} for e in result.episodes)
     assert all(e.rewards["guesser"] == 1.0 and len(e.turns) <= bound for e in result.episodes)
@@ -39,7 +45,7 @@ def test_classic_range_needs_eleven_guesses_for_two_numbers():
 
 def test_feedback_and_reward_of_a_won_game(tmp_path):
     script = guesses(8, 4, 6, 5)
-    result = play(team("guess_number", tasks=[{"secret": 5}]), {"guesser": script}, tmp_path)
+    result = play(small(tasks=[{"secret": 5}]), {"guesser": script}, tmp_path)
     (ep,) = result.episodes
     assert ep.rewards == {"guesser": 1.0}
     assert [h["feedback"] for h in script.requests[-1].context["history"]] == ["too high", "too low", "too high"]
@@ -47,7 +53,7 @@ def test_feedback_and_reward_of_a_won_game(tmp_path):
 
 
 def test_running_out_of_turns_pays_failed(tmp_path):
-    t = team("guess_number", tasks=[{"secret": 16}], rewards={"correct": 1.0, "failed": -0.25})
+    t = small(tasks=[{"secret": 16}], rewards={"correct": 1.0, "failed": -0.25})
     (ep,) = play(t, {"guesser": guesses(1, 2, 3, 4, 5, 6)}, tmp_path).episodes
     assert len(ep.turns) == 5 and ep.rewards == {"guesser": -0.25}
     assert ep.outcome["results"] == {"guesser": "loss"} and ep.outcome["reason"] == "turns"
@@ -56,7 +62,7 @@ def test_running_out_of_turns_pays_failed(tmp_path):
 def test_unparseable_turn_costs_the_invalid_penalty_and_a_turn(tmp_path):
     # number_guesser: max_retries 1 (two attempts), invalid_penalty -0.5; on_invalid: continue
     script = Script("Guess: 5", "five", {"guess": 5})
-    (ep,) = play(team("guess_number", tasks=[{"secret": 5}]), {"guesser": script}, tmp_path).episodes
+    (ep,) = play(small(tasks=[{"secret": 5}]), {"guesser": script}, tmp_path).episodes
     assert [t.valid for t in ep.turns] == [False, True] and ep.turns[0].retries == 1
     assert ep.rewards == {"guesser": -0.5 + 1.0}
     assert script.requests[-1].context["history"] == [{"guess": None, "feedback": "invalid"}]
@@ -64,25 +70,31 @@ def test_unparseable_turn_costs_the_invalid_penalty_and_a_turn(tmp_path):
 
 
 def test_unparseable_turn_ends_the_game_with_on_invalid_end(tmp_path):
-    t = team("guess_number", tasks=[{"secret": 5}], on_invalid="end")
+    t = small(tasks=[{"secret": 5}], on_invalid="end")
     (ep,) = play(t, {"guesser": Script("?", "?")}, tmp_path).episodes
     assert ep.rewards == {"guesser": -0.5} and ep.outcome["results"] == {"guesser": "loss"}
 
 
 def test_out_of_range_guess_is_illegal_and_ends_the_game(tmp_path):
-    (ep,) = play(team("guess_number", tasks=[{"secret": 5}]), {"guesser": guesses(3, 17)}, tmp_path).episodes
+    (ep,) = play(small(tasks=[{"secret": 5}]), {"guesser": guesses(3, 17)}, tmp_path).episodes
     assert len(ep.turns) == 2 and ep.rewards == {"guesser": -1.0}
     assert ep.outcome["reason"] == "illegal" and ep.outcome["results"] == {"guesser": "loss"}
 
 
 def test_secrets_come_from_the_seed_when_tasks_have_none(tmp_path):
-    t = team("guess_number")
+    t = small()
     a = [e.outcome["secret"] for e in play(t, {"guesser": "builtin:random"}, tmp_path, episodes=20).episodes]
     b = [e.outcome["secret"] for e in play(t, {"guesser": "builtin:random"}, tmp_path, episodes=20).episodes]
     assert a == b and len(set(a)) > 5 and all(1 <= s <= 16 for s in a)
 
 
 def test_random_guesses_stay_in_range(tmp_path):
-    t = team("guess_number", tasks=[{"secret": s} for s in range(3, 10)], low=3, high=9, turns=50)
+    t = small(tasks=[{"secret": s} for s in range(3, 10)], low=3, high=9, turns=50)
     result = play(t, {"guesser": "builtin:random"}, tmp_path, episodes=20)
     assert all(e.outcome["reason"] == "correct" for e in result.episodes)  # never illegal
+
+
+def test_the_recipe_schema_makes_an_out_of_range_guess_a_retry(tmp_path):
+    (ep,) = play(team("guess_number", tasks=[{"secret": 5}]), {"guesser": guesses(17, 5)}, tmp_path).episodes
+    assert ep.turns[0].retries == 1 and ep.turns[0].valid and ep.rewards == {"guesser": 1.0}
+    assert "17 is greater than the maximum of 16" in ep.turns[0].attempts[0].errors[0]

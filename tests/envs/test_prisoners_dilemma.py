@@ -1,7 +1,7 @@
 """Iterated Prisoner's Dilemma: payoffs per round, configurable payoffs, simultaneity, penalties."""
 from __future__ import annotations
 
-from play import Script, moves, play, team
+from play import Script, any_move, moves, play, team
 
 
 def test_hand_computed_totals(tmp_path):
@@ -35,7 +35,7 @@ def test_equal_totals_draw(tmp_path):
 
 
 def test_an_action_not_on_offer_is_illegal(tmp_path):
-    (ep,) = play(team("prisoners_dilemma"), {"alice": moves("cooperate", "betray"), "bob": moves("defect")}, tmp_path).episodes
+    (ep,) = play(any_move(team("prisoners_dilemma")), {"alice": moves("cooperate", "betray"), "bob": moves("defect")}, tmp_path).episodes
     assert ep.rewards == {"alice": 0.0 - 1.0, "bob": 5.0}
     assert ep.outcome["results"] == {"alice": "loss", "bob": "win"} and ep.outcome["reason"] == "illegal"
 

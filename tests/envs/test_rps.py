@@ -1,7 +1,7 @@
 """Rock-Paper-Scissors: per-round rewards, totals, configured rewards, illegal moves."""
 from __future__ import annotations
 
-from play import moves, play, team
+from play import any_move, moves, play, team
 
 
 def test_hand_computed_rounds(tmp_path):
@@ -20,7 +20,7 @@ def test_configured_rewards_and_winner(tmp_path):
 
 
 def test_an_unknown_action_is_illegal(tmp_path):
-    (ep,) = play(team("rps"), {"alice": moves("lizard"), "bob": moves()}, tmp_path).episodes
+    (ep,) = play(any_move(team("rps")), {"alice": moves("lizard"), "bob": moves()}, tmp_path).episodes
     assert ep.rewards == {"alice": -1.0, "bob": 0.0} and ep.outcome["reason"] == "illegal"
 
 
