@@ -50,7 +50,7 @@ def feedback(guess: int, secret: int) -> str:
 
 class GuessNumberEnv(GameEnv):
     Config = GuessNumberConfig
-    observation_keys = frozenset({"low", "high", "turns", "turns_left", "history", "feedback"})
+    observation_keys = frozenset({"low", "high", "turns", "turns_left", "history", "feedback", "lowest", "highest"})
     config: GuessNumberConfig
 
     def __init__(self, *args: Any, **kwargs: Any):
@@ -76,6 +76,9 @@ class GuessNumberEnv(GameEnv):
             "turns_left": self.config.turns - len(self.history),
             "history": list(self.history),
             "feedback": self.history[-1]["feedback"] if self.history else None,
+            # what the feedback so far leaves possible (the answers restated, nothing more)
+            "lowest": max([self.config.low] + [h["guess"] + 1 for h in self.history if h["feedback"] == "too low"]),
+            "highest": min([self.config.high] + [h["guess"] - 1 for h in self.history if h["feedback"] == "too high"]),
         }
 
     async def step(self, role: str, message: Message) -> StepResult:

@@ -98,3 +98,10 @@ def test_the_recipe_schema_makes_an_out_of_range_guess_a_retry(tmp_path):
     (ep,) = play(team("guess_number", tasks=[{"secret": 5}]), {"guesser": guesses(17, 5)}, tmp_path).episodes
     assert ep.turns[0].retries == 1 and ep.turns[0].valid and ep.rewards == {"guesser": 1.0}
     assert "17 is greater than the maximum of 16" in ep.turns[0].attempts[0].errors[0]
+
+
+def test_lowest_and_highest_restate_the_feedback(tmp_path):
+    script = guesses(8, 4, 6, 5)
+    play(small(tasks=[{"secret": 5}]), {"guesser": script}, tmp_path)
+    seen = [(r.context["lowest"], r.context["highest"]) for r in script.requests]
+    assert seen == [(1, 16), (1, 7), (5, 7), (5, 5)]
