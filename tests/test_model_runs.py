@@ -79,3 +79,60 @@ def test_default_model_debate_eight_episodes(tmp_path, cli):
     assert_tokens_and_logprobs(attempts)
     # constrained decoding (the default): every message valid, turn after turn
     assert summary["valid_turn_rate"] >= 0.99, summary
+
+
+@pytest.mark.slow
+@pytest.mark.ci
+def test_default_model_sampling_logprobs_match_teacher_forcing():
+    """The real model, fp32: the engine's recorded logprobs are what training recomputes."""
+    import asyncio
+
+    from orchestrator.engines.base import GenerationRequest, SamplingParams
+    from orchestrator.engines.hf import HFEngine
+    from orchestrator.models import load_model
+
+    engine = HFEngine(load_model("smollm2-135m", dtype="float32"))
+    chats = [[{"role": "user", "content": f"Name {n} animals that live in the sea."}] for n in ("two", "three", "four")]
+    reqs = [GenerationRequest(tuple(engine.apply_chat_template(c)), SamplingParams(temperature=0.7, max_tokens=24, seed=i))
+            for i, c in enumerate(chats)]
+
+    async def go():
+        try:
+            return await asyncio.gather(*(engine.generate(r) for r in reqs))
+        finally:
+            await engine.aclose()
+
+    for req, out in zip(reqs, asyncio.run(go())):
+        ref = engine.teacher_forced_logprobs(list(req.prompt_ids), out.token_ids, None, 0.7)
+        assert max(abs(a - b) for a, b in zip(ref, out.logprobs)) < 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.ci
+def test_default_model_guess_number_keeps_its_conversation(tmp_path, cli):
+    code, out, err = cli("run", ROOT / "recipes/guess_number.yaml", "--episodes", "8", "--out", tmp_path,
+                         "--no-progress", "--json")
+    assert code == 0, err
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["status"] == {"ok": 8} and summary["valid_turn_rate"] == 1.0
+    episodes, attempts = model_attempts(tmp_path)
+    assert_tokens_and_logprobs(attempts)
+    assert all(1 <= json.loads(a["text"])["guess"] <= 16 for a in attempts)  # the recipe's schema range
+    for e in episodes:  # every later turn continues the one before, token for token
+        mine = [a for t in e["turns"] for a in t["attempts"]]
+        for before, after in zip(mine, mine[1:]):
+            assert after["prompt_ids"][: len(before["prompt_ids"]) + len(before["token_ids"])] == \
+                before["prompt_ids"] + before["token_ids"]
+
+
+@pytest.mark.slow
+def test_default_model_fixes_an_issue_end_to_end(tmp_path, cli):
+    code, out, err = cli("run", ROOT / "recipes/issue_fix.yaml", "--task", ROOT / "tasks/001-slugify-unicode",
+                         "--episodes", "1", "--out", tmp_path, "--no-progress", "--json")
+    assert code == 0, err
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["status"] == {"ok": 1}
+    (episode,), attempts = model_attempts(tmp_path)
+    assert_tokens_and_logprobs(attempts)
+    assert {t["role"] for t in episode["turns"]} >= {"planner", "coder", "reviewer", "tester"}
+    assert 0.0 <= episode["outcome"]["outcome"] <= 1.0 and episode["outcome"]["hidden_total"] > 0

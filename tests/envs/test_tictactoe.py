@@ -1,7 +1,7 @@
 """Tic-Tac-Toe: minimax against random, hand-computed games, illegal and invalid moves, views."""
 from __future__ import annotations
 
-from play import Script, moves, play, team
+from play import Script, any_move, moves, play, team
 
 
 def test_minimax_never_loses_to_random_in_200_games(tmp_path):
@@ -35,14 +35,14 @@ def test_a_drawn_game_with_configured_rewards(tmp_path):
 
 
 def test_an_occupied_square_is_illegal_penalised_and_ends_the_game(tmp_path):
-    t = team("tictactoe", illegal_penalty=-2.0)
+    t = any_move(team("tictactoe", illegal_penalty=-2.0))  # the recipe's enum would refuse "B2 " before the env
     (ep,) = play(t, {"x": moves("b2", "a1"), "o": moves("B2 ")}, tmp_path).episodes
     assert len(ep.turns) == 2 and ep.rewards == {"x": 0.0, "o": -2.0}
     assert ep.outcome == {"results": {"x": "win", "o": "loss"}, "reason": "illegal"}
 
 
 def test_an_unknown_square_is_illegal(tmp_path):
-    (ep,) = play(team("tictactoe"), {"x": moves("d4"), "o": moves()}, tmp_path).episodes
+    (ep,) = play(any_move(team("tictactoe")), {"x": moves("d4"), "o": moves()}, tmp_path).episodes
     assert ep.rewards == {"x": -1.0, "o": 0.0} and ep.outcome["reason"] == "illegal"
 
 
