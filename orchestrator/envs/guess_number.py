@@ -60,6 +60,7 @@ class GuessNumberEnv(GameEnv):
         if not c.low <= self.secret <= c.high:
             raise ValueError(f"secret {self.secret} is outside [{c.low}, {c.high}]")
         self.history: list[dict[str, Any]] = []  # {"guess": int | None, "feedback": str}
+        self.consistent = 0  # guesses inside the range the feedback before them left possible
 
     @classmethod
     def task_from_cli(cls, value: str) -> dict[str, Any]:
@@ -77,9 +78,13 @@ class GuessNumberEnv(GameEnv):
             "history": list(self.history),
             "feedback": self.history[-1]["feedback"] if self.history else None,
             # what the feedback so far leaves possible (the answers restated, nothing more)
-            "lowest": max([self.config.low] + [h["guess"] + 1 for h in self.history if h["feedback"] == "too low"]),
-            "highest": min([self.config.high] + [h["guess"] - 1 for h in self.history if h["feedback"] == "too high"]),
+            **dict(zip(("lowest", "highest"), self._possible())),
         }
+
+    def _possible(self) -> tuple[int, int]:
+        """The range the feedback so far leaves possible."""
+        return (max([self.config.low] + [h["guess"] + 1 for h in self.history if h["feedback"] == "too low"]),
+                min([self.config.high] + [h["guess"] - 1 for h in self.history if h["feedback"] == "too high"]))
 
     async def step(self, role: str, message: Message) -> StepResult:
         c = self.config
@@ -91,6 +96,8 @@ class GuessNumberEnv(GameEnv):
             guess = (message.content or {}).get("guess")
             if not isinstance(guess, int) or isinstance(guess, bool) or not c.low <= guess <= c.high:
                 return self.forfeit(role, "illegal")
+            lowest, highest = self._possible()
+            self.consistent += lowest <= guess <= highest
             self.history.append({"guess": guess, "feedback": feedback(guess, self.secret)})
             if guess == self.secret:
                 return self.finish({role: "win"}, {role: c.rewards.correct}, "correct")
@@ -99,4 +106,7 @@ class GuessNumberEnv(GameEnv):
         return StepResult()
 
     def outcome(self) -> dict[str, Any]:
-        return {**super().outcome(), "secret": self.secret, "guesses": len(self.history)}
+        # process reward: the share of guesses that the feedback so far allowed (invalid turns: not)
+        used = self.consistent / len(self.history) if self.history else 0.0
+        return {**super().outcome(), "secret": self.secret, "guesses": len(self.history),
+                "process": {self.config.players[0]: used}}

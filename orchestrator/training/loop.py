@@ -133,6 +133,8 @@ class TrainingRun:
         for role in self.team.roles:
             values = [rw[role] for g in rewards for rw in g]
             row[f"reward/{role}"] = sum(values) / len(values)
+            if self.cfg.reward != "env":  # what the environment paid, beside what training optimised
+                row[f"env_reward/{role}"] = sum(ep.rewards.get(role, 0.0) for g in groups for ep in g) / len(values)
         turns = [t for g in groups for ep in g for t in ep.turns]
         row["valid_turn_rate"] = sum(t.valid for t in turns) / max(len(turns), 1)
         row["episodes"] = sum(len(g) for g in groups)
@@ -199,13 +201,17 @@ class TrainingRun:
             episodes=n, seed=derive_seed(self.options.seed, 999_999), out_dir=self.run_dir / "evals" / f"step-{step:06d}",
             concurrency=self.team.config.concurrency, episode_timeout_s=self.team.config.episode_timeout_s, progress=False,
         ))
+        # Evaluations report the environment's own rewards, whatever reward training optimises.
         row: dict[str, Any] = {"step": step, "kind": "eval", "episodes": n}
         for role in self.team.roles:
-            values = [self.reward_fn(ep, list(self.team.roles), self.cfg.reward_config)[role] for ep in result.episodes]
+            values = [ep.rewards.get(role, 0.0) for ep in result.episodes]
             mean = sum(values) / len(values)
             sd = math.sqrt(sum((v - mean) ** 2 for v in values) / max(len(values) - 1, 1))
             row[f"eval_reward/{role}"] = mean
             row[f"eval_ci95/{role}"] = 1.96 * sd / math.sqrt(len(values))
+            if self.cfg.reward != "env":
+                shaped = [self.reward_fn(ep, list(self.team.roles), self.cfg.reward_config)[role] for ep in result.episodes]
+                row[f"eval_trained_reward/{role}"] = sum(shaped) / len(shaped)
         for role, e in evaluate_results(team, result.episodes, result.summary).items():
             row[f"eval_win_rate/{role}"] = e["win_rate"]
         row["eval_valid_turn_rate"] = result.summary["valid_turn_rate"]

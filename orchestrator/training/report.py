@@ -8,11 +8,11 @@ from .metrics import read_metrics
 
 # (file, title, metric-name prefixes plotted on it)
 PLOTS = [
-    ("reward.png", "mean reward per role (train rollouts)", ("reward/",)),
+    ("reward.png", "mean reward per role (train rollouts; env_reward: the game's own)", ("reward/", "env_reward/")),
     ("eval.png", "evaluation reward per role (95% interval)", ("eval_reward/",)),
     ("loss.png", "loss per adapter", ("/loss",)),
     ("kl.png", "KL to the base model and importance ratio", ("/kl", "/ratio_mean")),
-    ("win_rate.png", "self-play win rates", ("win_rate/",)),
+    ("win_rate.png", "win rates (self-play; eval_: against the evaluation opponent)", ("win_rate/", "eval_win_rate/")),
 ]
 
 

@@ -49,7 +49,8 @@ def test_feedback_and_reward_of_a_won_game(tmp_path):
     (ep,) = result.episodes
     assert ep.rewards == {"guesser": 1.0}
     assert [h["feedback"] for h in script.requests[-1].context["history"]] == ["too high", "too low", "too high"]
-    assert ep.outcome == {"results": {"guesser": "win"}, "reason": "correct", "secret": 5, "guesses": 4}
+    assert ep.outcome == {"results": {"guesser": "win"}, "reason": "correct", "secret": 5, "guesses": 4,
+                          "process": {"guesser": 1.0}}  # every guess inside what the feedback allowed
 
 
 def test_running_out_of_turns_pays_failed(tmp_path):
@@ -105,3 +106,12 @@ def test_lowest_and_highest_restate_the_feedback(tmp_path):
     play(small(tasks=[{"secret": 5}]), {"guesser": script}, tmp_path)
     seen = [(r.context["lowest"], r.context["highest"]) for r in script.requests]
     assert seen == [(1, 16), (1, 7), (5, 7), (5, 5)]
+
+
+def test_process_reward_is_the_share_of_guesses_the_feedback_allowed(tmp_path):
+    # secret 5: 8 (ok), 12 (8 was too high: not), invalid (not), 5 (ok) -> 2 of 4
+    script = Script({"guess": 8}, {"guess": 12}, "?", "?", {"guess": 5})
+    (ep,) = play(small(tasks=[{"secret": 5}]), {"guesser": script}, tmp_path).episodes
+    assert ep.outcome["process"] == {"guesser": 0.5} and ep.outcome["reason"] == "correct"
+    from plugins.rewards import hybrid_reward
+    assert hybrid_reward(ep, ["guesser"], {"alpha": 0.6}) == {"guesser": pytest.approx(0.6 * 0.5 + 0.4 * 0.5)}
