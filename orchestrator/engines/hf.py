@@ -299,7 +299,7 @@ class HFEngine:
             return None
         like = next(e for n, e in hits if n)
         past = DynamicCache()
-        for layer, (k0, v0) in enumerate(zip(like.keys, like.values)):
+        for layer, k0 in enumerate(like.keys):
             k = k0.new_zeros(len(hits), k0.shape[0], cached, k0.shape[2])
             v = torch.zeros_like(k)
             for i, (n, entry) in enumerate(hits):
