@@ -29,6 +29,7 @@ import torch
 from peft import LoraConfig as PeftLoraConfig
 from peft import get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_file, save_file
+from transformers.cache_utils import DynamicCache
 
 from ..compute import compute_thread
 from ..engines.grammar import book_for
@@ -261,7 +262,7 @@ class TrainingClient:
             attn[i, : lengths[i]] = 1
         inner = self.service.peft.get_base_model()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.service.autocast):
-            hidden = inner.model(input_ids=ids, attention_mask=attn).last_hidden_state
+            hidden = _hidden_states(inner.model, ids, attn, _shared_prefix([d.model_input.tokens for d in data]))
             flat = hidden[attn.bool()]  # right padding: row-major order keeps each datum contiguous
             keep = mask > 0
             picked = token_logprobs(flat[keep], inner.lm_head, targets[keep], temperature, bitmask=bitmask)
@@ -326,6 +327,38 @@ class TrainingClient:
         if engine is None:
             return None
         return engine.load_adapter(self.name, str(path))
+
+
+SHARED_MIN = 16  # a shared prefix shorter than this is not worth a forward pass of its own
+
+
+def _shared_prefix(rows: list[list[int]]) -> int:
+    """How many leading tokens every row has in common (each row keeps at least one of its own)."""
+    if len(rows) < 2:
+        return 0
+    first, n = rows[0], min(len(r) for r in rows) - 1
+    for row in rows[1:]:
+        k = 0
+        while k < n and row[k] == first[k]:
+            k += 1
+        n = k
+    return n if n >= SHARED_MIN else 0
+
+
+def _hidden_states(body: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor, shared: int) -> torch.Tensor:
+    """The transformer's last hidden states [rows, width, d]. A prefix every row shares (a recipe's
+    instructions, the first prompt of every episode) goes through the model once; its keys and
+    values are expanded to all rows, and its gradients sum over them in backward."""
+    if not shared:
+        return body(input_ids=ids, attention_mask=attn).last_hidden_state
+    rows, width = ids.shape
+    head = body(input_ids=ids[:1, :shared], use_cache=True)
+    past = DynamicCache()
+    for i, layer in enumerate(head.past_key_values.layers):
+        past.update(layer.keys.expand(rows, -1, -1, -1), layer.values.expand(rows, -1, -1, -1), i)
+    positions = torch.arange(shared, width).expand(rows, -1)
+    tail = body(input_ids=ids[:, shared:], attention_mask=attn, past_key_values=past, position_ids=positions)
+    return torch.cat([head.last_hidden_state.expand(rows, -1, -1), tail.last_hidden_state], dim=1)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -148,3 +148,33 @@ def test_micro_batches_add_up_to_the_full_batch(service, how):
     assert all(torch.allclose(a, b, rtol=1e-3, atol=1e-6) for a, b in zip(g_full, g_micro))
     assert all(torch.allclose(a["logprobs"], b["logprobs"], atol=1e-5)
                for a, b in zip(full.loss_fn_outputs, micro.loss_fn_outputs))
+
+
+def test_a_shared_prefix_computed_once_gives_the_same_logprobs_and_gradients(service, monkeypatch):
+    from orchestrator.training import client as client_module
+
+    c = service.create_lora_training_client("shared", LoraConfig(rank=4))
+    torch.manual_seed(1)
+    for p in c.params:
+        p.data.normal_(0, 0.05)
+    prefix = list(range(200, 240))  # 40 tokens every datum starts with
+    data = []
+    for k, (extra, adv) in enumerate([(7, 1.0), (12, -0.5), (3, 2.0)]):
+        toks = prefix + list(range(500 + 20 * k, 500 + 20 * k + extra + 1))
+        n = len(toks) - 1
+        mask = [0.0] * 38 + [1.0] * (n - 38)  # actions start inside the shared prefix too
+        data.append(Datum(ModelInput.from_ints(toks[:-1]), {
+            "target_tokens": toks[1:], "mask": mask, "logprobs": [-4.0] * n, "advantages": [adv] * n}))
+    assert client_module._shared_prefix([d.model_input.tokens for d in data]) == 40
+    results = []
+    for shared_min in (16, 10_000):  # shared prefix once, then every row in full
+        monkeypatch.setattr(client_module, "SHARED_MIN", shared_min)
+        out = c.forward_backward(data, "ppo", {"aggregation": "token-mean"}).result()
+        results.append((out, [p.grad.clone() for p in c.params]))
+        c.optimizer.zero_grad(set_to_none=True)
+    (shared, g_shared), (full, g_full) = results
+    assert shared.metrics["loss"] == pytest.approx(full.metrics["loss"], rel=1e-5, abs=1e-7)
+    assert all(torch.allclose(a["logprobs"], b["logprobs"], atol=1e-5)
+               for a, b in zip(shared.loss_fn_outputs, full.loss_fn_outputs))
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-7) for a, b in zip(g_shared, g_full))
+    assert any(g.abs().sum() > 0 for g in g_shared)
