@@ -24,7 +24,7 @@ from .registry import SINGULAR, default_registry
 
 EXIT_USAGE = 2
 ENGINES = ("hf", "vllm")
-ENGINE_HELP = "generation backend: hf (default; CPU or GPU) or vllm (GPU; pip install 'rolecast[vllm]')"
+ENGINE_HELP = "generation backend: hf (default; runs on the CPU) or vllm (GPU; pip install 'rolecast[vllm]')"
 
 
 def main(argv: list[str] | None = None) -> int:
