@@ -107,7 +107,9 @@ def main() -> None:
     args = parser.parse_args()
 
     loaded = load_model(args.model, dtype=args.dtype)
-    engine = HFEngine(loaded, max_batch=args.requests)
+    # No prefix cache: every side prefills its prompts in full each round, as plain `generate` does
+    # (benchmarks/prefix_cache.py measures the cache).
+    engine = HFEngine(loaded, max_batch=args.requests, prefix_cache_tokens=0)
     ps = prompts(engine, args.requests)
 
     compute = compute_thread()
