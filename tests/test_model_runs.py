@@ -27,11 +27,15 @@ def assert_tokens_and_logprobs(attempts: list[dict]) -> None:
         assert a["adapter_version"] == 0  # nothing trained yet: the base model
 
 
-def test_tiny_model_debate_runs_and_records_tokens(tmp_path, cli):
-    code, out, err = cli("run", ROOT / "recipes/debate.yaml", "--model", "tiny", "--episodes", "2",
-                         "--out", tmp_path, "--no-progress", "--json", "--dtype", "float32")
+def run_json(cli, recipe, out, *args) -> dict:
+    """``rolecast run RECIPE --json`` into ``out`` (RECIPE relative to the repo, or absolute): its summary."""
+    code, stdout, err = cli("run", ROOT / recipe, *args, "--out", out, "--no-progress", "--json")
     assert code == 0, err
-    summary = json.loads(out.strip().splitlines()[-1])
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def test_tiny_model_debate_runs_and_records_tokens(tmp_path, cli):
+    summary = run_json(cli, "recipes/debate.yaml", tmp_path, "--model", "tiny", "--episodes", "2", "--dtype", "float32")
     assert summary["status"] == {"ok": 2}
     episodes, attempts = model_attempts(tmp_path)
     assert_tokens_and_logprobs(attempts)
@@ -48,9 +52,7 @@ def test_tiny_model_with_free_decoding_is_retried_and_penalised(tmp_path, cli):
     recipe = recipe.replace("  - use: debater\n", "  - use: debater\n    decoding: free\n").replace(
         "  - use: judge\n", "  - use: judge\n    decoding: free\n").replace("rounds: 2", "rounds: 1")
     (tmp_path / "debate.yaml").write_text(recipe)
-    code, out, err = cli("run", tmp_path / "debate.yaml", "--model", "tiny", "--episodes", "1",
-                         "--out", tmp_path / "run", "--no-progress", "--json", "--dtype", "float32")
-    assert code == 0, err
+    run_json(cli, tmp_path / "debate.yaml", tmp_path / "run", "--model", "tiny", "--episodes", "1", "--dtype", "float32")
     episodes, attempts = model_attempts(tmp_path / "run")
     assert_tokens_and_logprobs(attempts)
     assert all(a["json_schema"] is None for a in attempts)
@@ -69,10 +71,7 @@ def test_unknown_model_is_a_one_line_error(cli):
 @pytest.mark.slow
 @pytest.mark.ci
 def test_default_model_debate_eight_episodes(tmp_path, cli):
-    code, out, err = cli("run", ROOT / "recipes/debate.yaml", "--episodes", "8", "--out", tmp_path,
-                         "--no-progress", "--json")
-    assert code == 0, err
-    summary = json.loads(out.strip().splitlines()[-1])
+    summary = run_json(cli, "recipes/debate.yaml", tmp_path, "--episodes", "8")
     assert summary["episodes"] == 8 and summary["status"] == {"ok": 8}
     episodes, attempts = model_attempts(tmp_path)
     assert len(episodes) == 8
@@ -110,10 +109,7 @@ def test_default_model_sampling_logprobs_match_teacher_forcing():
 @pytest.mark.slow
 @pytest.mark.ci
 def test_default_model_guess_number_keeps_its_conversation(tmp_path, cli):
-    code, out, err = cli("run", ROOT / "recipes/guess_number.yaml", "--episodes", "8", "--out", tmp_path,
-                         "--no-progress", "--json")
-    assert code == 0, err
-    summary = json.loads(out.strip().splitlines()[-1])
+    summary = run_json(cli, "recipes/guess_number.yaml", tmp_path, "--episodes", "8")
     assert summary["status"] == {"ok": 8} and summary["valid_turn_rate"] == 1.0
     episodes, attempts = model_attempts(tmp_path)
     assert_tokens_and_logprobs(attempts)
@@ -127,10 +123,7 @@ def test_default_model_guess_number_keeps_its_conversation(tmp_path, cli):
 
 @pytest.mark.slow
 def test_default_model_fixes_an_issue_end_to_end(tmp_path, cli):
-    code, out, err = cli("run", ROOT / "recipes/issue_fix.yaml", "--task", ROOT / "tasks/001-slugify-unicode",
-                         "--episodes", "1", "--out", tmp_path, "--no-progress", "--json")
-    assert code == 0, err
-    summary = json.loads(out.strip().splitlines()[-1])
+    summary = run_json(cli, "recipes/issue_fix.yaml", tmp_path, "--task", ROOT / "tasks/001-slugify-unicode", "--episodes", "1")
     assert summary["status"] == {"ok": 1}
     (episode,), attempts = model_attempts(tmp_path)
     assert_tokens_and_logprobs(attempts)
