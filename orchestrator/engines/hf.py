@@ -1,12 +1,13 @@
-"""The default backend: Hugging Face transformers on the local CPU (or GPU), many LoRA adapters.
+"""The default backend: Hugging Face transformers on the local CPU, many LoRA adapters.
 
 Requests from every concurrent episode and role go into one queue. A scheduler serves them with
 continuous batching, one iteration at a time on the process's compute thread (``compute.py``:
-the trainer's jobs run there too, between iterations): each iteration prefills the newcomers (together), appends their
-KV cache to the running batch, then advances every running sequence by one token in a single
-forward pass. Sequences leave the batch as soon as they finish, and waiting requests take their
-place, so a short reply never waits for the longest one. Rows of one forward pass may use
-different adapters (``lora.MultiLoRA``: rows grouped by adapter once per forward pass).
+the trainer's jobs run there too, between iterations): each iteration prefills the newcomers
+(together), appends their KV cache to the running batch, then advances every running sequence
+by one token in a single forward pass. Sequences leave the batch as soon as they finish, and
+waiting requests take their place, so a short reply never waits for the longest one. Rows of one
+forward pass may use different adapters (``lora.MultiLoRA``: rows grouped by adapter once per
+forward pass).
 
 Adapters can be added, loaded, updated and removed while the engine runs; changes are applied
 between scheduler iterations, and every change bumps the adapter's version, which each

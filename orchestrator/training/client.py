@@ -7,8 +7,9 @@
     pro.save_weights_for_sampler("pro")     # the attached engine now samples the new weights
 
 All model work runs as jobs on the process's compute thread (``compute.py``, shared with the
-engine's scheduler), in submission order, so adapters never race for the shared base model. Each adapter has its own optimizer over its own parameters: PEFT's
-``set_adapter`` flips ``requires_grad``, so gradients reach only the adapter being trained.
+engine's scheduler), in submission order, so adapters never race for the shared base model.
+Each adapter has its own optimizer over its own parameters: PEFT's ``set_adapter`` flips
+``requires_grad``, so gradients reach only the adapter being trained.
 """
 from __future__ import annotations
 

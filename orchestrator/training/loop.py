@@ -16,7 +16,6 @@ so a kill -9 at any moment leaves the last good one; ``--resume`` continues at t
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 import shutil
@@ -204,11 +203,9 @@ class TrainingRun:
         # Evaluations report the environment's own rewards, whatever reward training optimises.
         row: dict[str, Any] = {"step": step, "kind": "eval", "episodes": n}
         for role in self.team.roles:
-            values = [ep.rewards.get(role, 0.0) for ep in result.episodes]
-            mean = sum(values) / len(values)
-            sd = math.sqrt(sum((v - mean) ** 2 for v in values) / max(len(values) - 1, 1))
-            row[f"eval_reward/{role}"] = mean
-            row[f"eval_ci95/{role}"] = 1.96 * sd / math.sqrt(len(values))
+            stats = result.summary["roles"][role]  # the run's own mean and interval of env rewards
+            row[f"eval_reward/{role}"] = stats["mean_reward"]
+            row[f"eval_ci95/{role}"] = stats["reward_ci95"] or 0.0  # None: a single episode
             if self.cfg.reward != "env":
                 shaped = [self.reward_fn(ep, list(self.team.roles), self.cfg.reward_config)[role] for ep in result.episodes]
                 row[f"eval_trained_reward/{role}"] = sum(shaped) / len(shaped)
