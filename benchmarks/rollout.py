@@ -8,6 +8,8 @@ In one run, same model and dtype, same prompts and token budgets:
     decode rate (its decode steps' tokens over their seconds, from ``HFEngine.stats``: the
     engine's own prefill of the prompts left out) is compared with it (``decode_vs_prefill``),
     and its end-to-end rate too (``engine_vs_prefill``);
+  - decode path: the same engine run again, stepping through transformers' forward instead of
+    its fused decode step (``engines/decoder.py``); ``fused_vs_transformers`` compares decode rates;
   - mixed adapters: 64 requests spread over 4 LoRA adapters versus all on one adapter.
 Generated tokens are counted on both sides (EOS may end a reply early on either).
 
@@ -119,7 +121,7 @@ def main() -> None:
         randomize(engine, name, i)
     # Every side runs once per round, so a slow spell of the machine hits all of them alike.
     totals = {k: [0, 0.0] for k in ("engine", "sequential", "prefill", "one", "mixed")}
-    decode = EngineStats()
+    decode = {True: EngineStats(), False: EngineStats()}  # fused decode step or transformers' forward
 
     def add(key, tokens, seconds):
         totals[key][0] += tokens
@@ -128,11 +130,15 @@ def main() -> None:
     async def measure():
         await engine_run(engine, ps[:4], 4)  # warm-up
         for r in range(args.rounds):
-            engine.stats = EngineStats()
-            add("engine", *await engine_run(engine, ps, args.max_tokens))
-            decode.decode_s += engine.stats.decode_s
-            decode.decode_tokens += engine.stats.decode_tokens
-            decode.decode_steps += engine.stats.decode_steps
+            for fused in (True, False):
+                engine.fused_decode, engine.stats = fused, EngineStats()
+                tokens_seconds = await engine_run(engine, ps, args.max_tokens)
+                if fused:
+                    add("engine", *tokens_seconds)
+                decode[fused].decode_s += engine.stats.decode_s
+                decode[fused].decode_tokens += engine.stats.decode_tokens
+                decode[fused].decode_steps += engine.stats.decode_steps
+            engine.fused_decode = True
             # on the compute thread, as the engine: a second thread of torch work would slow every
             # side after it (orchestrator/compute.py)
             add("sequential", *compute.submit(sequential_run, loaded.model, ps[r : args.sequential : args.rounds],
@@ -145,15 +151,19 @@ def main() -> None:
 
     asyncio.run(measure())
     rate = {k: t / s for k, (t, s) in totals.items()}
-    decode_tok_s = decode.decode_tokens / decode.decode_s
+    decode_tok_s, transformers_decode_tok_s = (decode[f].decode_tokens / decode[f].decode_s for f in (True, False))
     print(json.dumps({
         "model": args.model, "dtype": str(loaded.dtype).removeprefix("torch."), "requests": args.requests,
         "max_tokens": args.max_tokens, "sequential_prompts": args.sequential,
         "rounds": args.rounds,
         "engine_tok_s": round(rate["engine"], 1), "sequential_tok_s": round(rate["sequential"], 1),
         "ratio": round(rate["engine"] / rate["sequential"], 2), "prefill_tok_s": round(rate["prefill"], 1),
-        "decode_tok_s": round(decode_tok_s, 1), "decode_rows_per_step": round(decode.decode_tokens / decode.decode_steps, 1),
+        "decode_path": engine.decode_path,
+        "decode_tok_s": round(decode_tok_s, 1),
+        "decode_rows_per_step": round(decode[True].decode_tokens / decode[True].decode_steps, 1),
         "decode_vs_prefill": round(decode_tok_s / rate["prefill"], 3),
+        "transformers_decode_tok_s": round(transformers_decode_tok_s, 1),
+        "fused_vs_transformers": round(decode_tok_s / transformers_decode_tok_s, 3),
         "engine_vs_prefill": round(rate["engine"] / rate["prefill"], 3),
         "one_adapter_tok_s": round(rate["one"], 1), "mixed_adapter_tok_s": round(rate["mixed"], 1),
         "mixed_adapter_ratio": round(rate["mixed"] / rate["one"], 3),

@@ -7,8 +7,10 @@ rows, 9 heads over 3 KV heads, 130 keys, bf16, 2 cores) it took 0.93 ms per laye
 0.34 ms for ``softmax(q k^T) v`` as two batched matmuls, and attention was about a quarter of a
 decode step. Everything else (prefill, training, a mask that is not boolean) goes to SDPA.
 
-Registered with transformers' attention interface as ``rolecast-decode``; the engine switches
-its own model to it (``use_decode_attention``). Masks are SDPA's (boolean, True = attend).
+``attend`` is the computation; the engine's fused decode step (``decoder.py``) calls it
+directly. For models that step through transformers' own forward, it is registered with
+transformers' attention interface as ``rolecast-decode`` (``use_decode_attention``), with SDPA's
+masks (boolean, True = attend).
 """
 from __future__ import annotations
 
@@ -19,15 +21,19 @@ import torch
 NAME = "rolecast-decode"
 
 
-def decode_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     attention_mask: torch.Tensor | None, scaling: float | None = None, **kwargs: Any):
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+def banned_columns(allowed: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """``allowed`` [rows, length] (True = attend) as the [rows * kv_heads, 1, length] mask ``attend`` takes."""
+    rows, length = allowed.shape
+    return (~allowed).reshape(rows, 1, 1, length).expand(rows, kv_heads, 1, length).reshape(rows * kv_heads, 1, length)
 
-    mask_ok = attention_mask is None or (attention_mask.dtype == torch.bool
-                                         and attention_mask.shape[1:] == (1, 1, key.shape[2]))
-    if query.shape[2] != 1 or torch.is_grad_enabled() or not mask_ok or kwargs.get("position_bias") is not None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
-    rows, heads, _, dim = query.shape
+
+def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, banned: torch.Tensor | None,
+           scaling: float) -> torch.Tensor:
+    """One query per row: ``query`` [rows, heads, dim] over ``key``/``value`` [rows, kv_heads, length, dim].
+
+    Returns [rows, heads, dim]. ``banned`` comes from ``banned_columns`` (None: every column).
+    """
+    rows, heads, dim = query.shape
     kv_heads, length = key.shape[1], key.shape[2]
     groups = heads // kv_heads
     # Head h reads KV head h // groups (transformers' repeat_kv order), so group the queries
@@ -37,12 +43,28 @@ def decode_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     q = query.reshape(rows * kv_heads, groups, dim)
     k = key.reshape(rows * kv_heads, length, dim).contiguous()
     scores = torch.bmm(q, k.transpose(1, 2)).float()  # [rows * kv_heads, groups, length]
-    scores.mul_(dim**-0.5 if scaling is None else scaling)
-    if attention_mask is not None:
-        allowed = attention_mask.reshape(rows, 1, 1, length).expand(rows, kv_heads, 1, length)
-        scores.masked_fill_(~allowed.reshape(rows * kv_heads, 1, length), float("-inf"))
+    scores.mul_(scaling)
+    if banned is not None:
+        scores.masked_fill_(banned, float("-inf"))
     probs = torch.softmax(scores, dim=-1).to(value.dtype)
     out = torch.bmm(probs, value.reshape(rows * kv_heads, length, dim))  # [rows * kv_heads, groups, dim]
+    return out.reshape(rows, heads, dim)
+
+
+def decode_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attention_mask: torch.Tensor | None, scaling: float | None = None, **kwargs: Any):
+    """transformers' attention interface: ``attend`` for decode steps, SDPA for everything else."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    mask_ok = attention_mask is None or (attention_mask.dtype == torch.bool
+                                         and attention_mask.shape[1:] == (1, 1, key.shape[2]))
+    if query.shape[2] != 1 or torch.is_grad_enabled() or not mask_ok or kwargs.get("position_bias") is not None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    rows, heads, _, dim = query.shape
+    banned = None
+    if attention_mask is not None:
+        banned = banned_columns(attention_mask.reshape(rows, key.shape[2]), key.shape[1])
+    out = attend(query[:, :, 0], key, value, banned, dim**-0.5 if scaling is None else scaling)
     return out.reshape(rows, 1, heads, dim), None
 
 

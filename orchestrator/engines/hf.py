@@ -4,7 +4,8 @@ Requests from every concurrent episode and role go into one queue. A scheduler s
 continuous batching, one iteration at a time on the process's compute thread (``compute.py``:
 the trainer's jobs run there too, between iterations): each iteration prefills the newcomers
 (together), appends their KV cache to the running batch, then advances every running sequence
-by one token in a single forward pass. Sequences leave the batch as soon as they finish, and
+by one token in a single forward pass (``decoder.py`` writes that step out for Llama-shaped
+models; others step through transformers' forward). Sequences leave the batch as soon as they finish, and
 waiting requests take their place, so a short reply never waits for the longest one. Rows of one
 forward pass may use different adapters (``lora.MultiLoRA``: rows grouped by adapter once per
 forward pass).
@@ -33,6 +34,7 @@ from ..compute import compute_thread
 from ..models import LoadedModel
 from .attention import use_decode_attention
 from .base import Completion, GenerationRequest
+from .decoder import FusedDecoder
 from .grammar import ConstrainedRow, GrammarBook, book_for
 from .kv import BatchKV
 from .lora import MultiLoRA
@@ -84,7 +86,8 @@ class EngineStats:
 
 
 class HFEngine:
-    def __init__(self, loaded: LoadedModel, max_batch: int = 64, max_prefill: int = 16, prefix_cache_tokens: int = 16384):
+    def __init__(self, loaded: LoadedModel, max_batch: int = 64, max_prefill: int = 16, prefix_cache_tokens: int = 16384,
+                 fused_decode: bool = True):
         self.loaded = loaded
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
@@ -92,6 +95,7 @@ class HFEngine:
         self.max_prefill = max_prefill
         self.lora = MultiLoRA(self.model)
         use_decode_attention(self.model)  # decode steps: two matmuls instead of SDPA's kernel
+        self.fused_decode = fused_decode  # decoder.py's step where the model's shape allows (read every step)
         self.versions: dict[str, int] = {}
         self.eos_ids = end_of_turn_ids(self.tokenizer)
         self._pending: queue.Queue[_Seq] = queue.Queue()
@@ -146,6 +150,11 @@ class HFEngine:
         while not self._pending.empty():
             self._fail(self._pending.get_nowait(), RuntimeError("the engine was closed"))
         self.lora.detach()
+
+    @property
+    def decode_path(self) -> str:
+        """``fused`` when decode steps run ``decoder.py``'s step, ``transformers`` when they run the model's forward."""
+        return "fused" if self.fused_decode and self._fused is not None else "transformers"
 
     @property
     def busy(self) -> int:
@@ -263,8 +272,11 @@ class HFEngine:
             kwargs["position_ids"] = positions
         if keep_last:
             kwargs["logits_to_keep"] = 1
-        self.lora.route([None if a == BASE else a for a in adapters])
+        self._route(adapters)
         return self.model(**kwargs)
+
+    def _route(self, adapters: list[str]) -> None:
+        self.lora.route([None if a == BASE else a for a in adapters])
 
     def _prefill(self, seqs: list[_Seq]) -> None:
         """Prefill newcomers together: each row's cached prefix (if any) comes from the prefix
@@ -320,13 +332,26 @@ class HFEngine:
             self._kv.keep(order)
             self._active = [self._active[i] for i in order]
 
+    @cached_property
+    def _fused(self) -> FusedDecoder | None:
+        # built on first use, on the compute thread: packing weights is torch work (compute.py)
+        decoder = FusedDecoder.build(self.model, self.lora, rows_hint=self.max_batch)
+        log.info("engine.decode_path", path="fused" if decoder else "transformers", model_type=self.model.config.model_type)
+        return decoder
+
     def _decode(self) -> None:
         t0, rows = time.perf_counter(), len(self._active)
-        ids = torch.tensor([[s.tokens[-1]] for s in self._active])
-        mask = F.pad(self._kv.mask, (0, 1), value=1)
-        out = self._forward(ids, mask, self._kv.cache(), [s.adapter_key for s in self._active], self._kv.positions())
+        adapters = [s.adapter_key for s in self._active]
+        fused = self._fused if self.fused_decode else None
+        if fused is not None:
+            self._route(adapters)
+            logits = fused(torch.tensor([s.tokens[-1] for s in self._active]), self._kv, self._kv.positions())
+        else:
+            ids = torch.tensor([[s.tokens[-1]] for s in self._active])
+            mask = F.pad(self._kv.mask, (0, 1), value=1)
+            logits = self._forward(ids, mask, self._kv.cache(), adapters, self._kv.positions()).logits[:, -1]
         self._kv.advance()
-        self._take(self._active, out.logits[:, -1])
+        self._take(self._active, logits)
         self.stats.decode_s += time.perf_counter() - t0
         self.stats.decode_steps += 1
         self.stats.decode_tokens += rows

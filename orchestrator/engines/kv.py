@@ -59,9 +59,13 @@ class BatchKV:
 
     def cache(self) -> Cache:
         """A transformers cache whose layers write the next column of this batch in place."""
+        self.reserve()
+        return Cache(layers=[_ColumnLayer(self, i) for i in range(len(self.keys))])
+
+    def reserve(self) -> None:
+        """Make room for the next column (before a decode step writes it)."""
         if self.end == self.keys[0].shape[2]:
             self._relayout(rows=self.rows, left=0)
-        return Cache(layers=[_ColumnLayer(self, i) for i in range(len(self.keys))])
 
     def advance(self) -> None:
         """Account for a decode step that added one real token to every row."""
@@ -82,7 +86,8 @@ class BatchKV:
         cols = self.mask[i].nonzero().squeeze(-1) + self.start
         return ([k[i].index_select(1, cols) for k in self.keys], [v[i].index_select(1, cols) for v in self.values])
 
-    def _write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Put ``k``/``v`` [rows, H, n, D] in the columns after ``end``; the live window up to them (views)."""
         end = self.end + k.shape[2]
         self.keys[layer][: self.rows, :, self.end:end] = k
         self.values[layer][: self.rows, :, self.end:end] = v
@@ -127,7 +132,7 @@ class _ColumnLayer(DynamicLayer):
         self.keys, self.values = kv.view(index)
 
     def update(self, key_states, value_states, *args, **kwargs):
-        self.keys, self.values = self.kv._write(self.index, key_states, value_states)
+        self.keys, self.values = self.kv.write(self.index, key_states, value_states)
         return self.keys, self.values
 
     def get_seq_length(self) -> int:

@@ -7,7 +7,8 @@ The adapters present in a batch are stacked side by side (``A`` as ``[in, R]``, 
 once per forward pass in ``route``), ``out += h @ B``. Measured on SmolLM2's layer shapes at
 batch 64 (bf16, 1 thread): a 4-adapter mix cost 0.94x a single adapter this way, versus 0.78x
 with one pair of matmuls per adapter on its rows, and PEFT's ``adapter_names`` path made a decode
-step 1.6x slower. Weights come in PEFT's format (``adapter_config.json`` +
+step 1.6x slower. The engine's fused decode step (``decoder.py``) calls no modules, so it calls
+``add_delta`` itself. Weights come in PEFT's format (``adapter_config.json`` +
 ``adapter_model.safetensors``), so what the trainer saves is what the engine serves.
 """
 from __future__ import annotations
@@ -72,10 +73,10 @@ class MultiLoRA:
         mask = None
         if len(present) > 1 or None in names:
             width = next(iter(stack.a_t.values())).shape[1]
-            mask = torch.zeros(len(names), 1, width, dtype=self.dtype)
+            mask = torch.zeros(len(names), width, dtype=self.dtype)
             for row, name in enumerate(names):
                 if name is not None:
-                    mask[row, 0, stack.columns[name]] = 1
+                    mask[row, stack.columns[name]] = 1
         self._active = (stack, mask)
 
     def _stack(self, present: tuple[str, ...]) -> _Stack:
@@ -102,19 +103,28 @@ class MultiLoRA:
             self._stacks.popitem(last=False)
         return stack
 
+    def add_delta(self, module_name: str, x: torch.Tensor, out: torch.Tensor) -> None:
+        """``out += `` each row's LoRA delta for ``x``, the input of ``module_name``, in place.
+
+        ``x`` is [rows, in] or [rows, tokens, in]; ``out`` is the module's output, or in the
+        2-D case any [rows, out] view of it (the fused decode step passes column slices).
+        """
+        if self._active is None:
+            return
+        stack, mask = self._active
+        a_t = stack.a_t.get(module_name)
+        if a_t is None:
+            return
+        h = x @ a_t
+        if mask is not None:
+            h.mul_(mask if h.dim() == 2 else mask[:, None])
+        # in place: the serving path runs under inference_mode, nothing needs the old output
+        flat = out if out.dim() == 2 else out.view(-1, out.shape[-1])
+        flat.addmm_(h.view(-1, h.shape[-1]), stack.b_t[module_name])
+
     def _hook(self, module_name: str):
         def add_lora(module, inputs, output):
-            if self._active is None:
-                return output
-            stack, mask = self._active
-            a_t = stack.a_t.get(module_name)
-            if a_t is None:
-                return output
-            h = inputs[0] @ a_t
-            if mask is not None:
-                h.mul_(mask)
-            # in place: the serving path runs under inference_mode, nothing needs the old output
-            output.view(-1, output.shape[-1]).addmm_(h.view(-1, h.shape[-1]), stack.b_t[module_name])
+            self.add_delta(module_name, inputs[0], output)
             return output
 
         return add_lora
