@@ -11,13 +11,14 @@ activation and LM head, but
     the projections took 46.9 ms per step packed against 63.8 ms plain;
   - keys and values are written straight into the engine's KV buffers (``kv.BatchKV.write``) and
     attention is ``attention.attend`` over the live window;
-  - LoRA deltas come from ``lora.MultiLoRA.add_delta`` on the slices of the fused outputs.
-The arithmetic is transformers' own, op for op, so logits are bit-identical in bf16 (tested); a
-whole decode step of the benchmark's 61-row batch took 98-107 ms against 121-137 ms.
+  - LoRA deltas come from ``lora.MultiLoRA.add_delta``, q/k/v and gate/up as groups (two
+    matmuls per group, not per module).
+The arithmetic is transformers' own, op for op, so logits are bit-identical in bf16 (tested,
+mixed adapters included); ``benchmarks/rollout.py`` compares the decode rates of both paths.
 
 The packed weights are copies (the model's size again) of base weights that never change while
-an engine serves: training touches only adapters. Models of another shape (or a torch without
-oneDNN: plain weights are used then) keep transformers' forward (``FusedDecoder.build`` -> None).
+an engine serves: training touches only adapters. A torch without oneDNN gets the same step on
+plain weights; models of another shape keep transformers' forward (``FusedDecoder.build`` -> None).
 """
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ def _stacked(*linears: torch.nn.Linear, rows_hint: int) -> _Linear:
 
 
 class _Layer:
-    def __init__(self, layer: torch.nn.Module, names: dict[torch.nn.Module, str], rows_hint: int):
+    def __init__(self, layer: torch.nn.Module, names: dict[torch.nn.Module, str], lora: MultiLoRA, rows_hint: int):
         attn, mlp = layer.self_attn, layer.mlp
         self.input_norm, self.post_norm, self.act = layer.input_layernorm, layer.post_attention_layernorm, mlp.act_fn
         self.qkv = _stacked(attn.q_proj, attn.k_proj, attn.v_proj, rows_hint=rows_hint)
@@ -69,9 +70,10 @@ class _Layer:
         self.q_size, self.kv_size = attn.q_proj.out_features, attn.k_proj.out_features
         self.inner = mlp.gate_proj.out_features
         self.scaling = attn.scaling
-        self.names = {part: names[getattr(parent, part)] for parent, part in (
-            (attn, "q_proj"), (attn, "k_proj"), (attn, "v_proj"), (attn, "o_proj"),
-            (mlp, "gate_proj"), (mlp, "up_proj"), (mlp, "down_proj"))}
+        # LoRA keys: q/k/v and gate/up as groups (one pair of matmuls each, lora.MultiLoRA.group)
+        self.qkv_key = lora.group((names[attn.q_proj], names[attn.k_proj], names[attn.v_proj]))
+        self.gate_up_key = lora.group((names[mlp.gate_proj], names[mlp.up_proj]))
+        self.o_key, self.down_key = names[attn.o_proj], names[mlp.down_proj]
 
 
 class FusedDecoder:
@@ -84,7 +86,7 @@ class FusedDecoder:
         self.head_dim = base.layers[0].self_attn.head_dim
         names = {m: n for n, m in model.named_modules()}
         with torch.inference_mode():
-            self.layers = [_Layer(layer, names, rows_hint) for layer in base.layers]
+            self.layers = [_Layer(layer, names, lora, rows_hint) for layer in base.layers]
             self.lm_head = _stacked(model.get_output_embeddings(), rows_hint=rows_hint)
 
     @classmethod
@@ -115,28 +117,21 @@ class FusedDecoder:
         for index, layer in enumerate(self.layers):
             x = layer.input_norm(h)
             qkv = layer.qkv(x)
-            q_end, k_end = layer.q_size, layer.q_size + layer.kv_size
-            self._lora(layer, "q_proj", x, qkv[:, :q_end])
-            self._lora(layer, "k_proj", x, qkv[:, q_end:k_end])
-            self._lora(layer, "v_proj", x, qkv[:, k_end:])
+            self.lora.add_delta(layer.qkv_key, x, qkv)
+            k_end = layer.q_size + layer.kv_size
             # rotary on q and k at once: transformers' (t * cos) + (rotate_half(t) * sin)
             qk = qkv[:, :k_end].view(rows, heads + kv_heads, dim)
             qk = (qk * cos) + (torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin)
             keys, values = kv.write(index, qk[:, heads:, None], qkv[:, k_end:].view(rows, kv_heads, 1, dim))
             out = attend(qk[:, :heads], keys, values, banned, layer.scaling).reshape(rows, heads * dim)
             o = layer.o(out)
-            self._lora(layer, "o_proj", out, o)
+            self.lora.add_delta(layer.o_key, out, o)
             h = h + o
             x = layer.post_norm(h)
             gate_up = layer.gate_up(x)
-            gate, up = gate_up[:, :layer.inner], gate_up[:, layer.inner:]
-            self._lora(layer, "gate_proj", x, gate)
-            self._lora(layer, "up_proj", x, up)
-            act = layer.act(gate) * up
+            self.lora.add_delta(layer.gate_up_key, x, gate_up)
+            act = layer.act(gate_up[:, :layer.inner]) * gate_up[:, layer.inner:]
             down = layer.down(act)
-            self._lora(layer, "down_proj", act, down)
+            self.lora.add_delta(layer.down_key, act, down)
             h = h + down
         return self.lm_head(self.norm(h))
-
-    def _lora(self, layer: _Layer, part: str, x: torch.Tensor, out: torch.Tensor) -> None:
-        self.lora.add_delta(layer.names[part], x, out)

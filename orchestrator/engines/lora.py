@@ -31,13 +31,18 @@ class _Weights:
     b: torch.Tensor  # [out, r], already multiplied by the LoRA scale
 
 
+Key = str | tuple[str, ...]  # a module name, or a group of modules (``MultiLoRA.group``)
+
+
 @dataclass
 class _Stack:
-    """Several adapters side by side: per module ``a_t`` [in, R] and ``b_t`` [R, out]."""
+    """Several adapters side by side: per module ``a_t`` [in, R] and ``b_t`` [R, out]; per group of
+    n modules ``a_t`` [in, n R] (theirs side by side) and ``b_t`` [n R, sum of outs] (block-diagonal)."""
 
-    a_t: dict[str, torch.Tensor]
-    b_t: dict[str, torch.Tensor]
+    a_t: dict[Key, torch.Tensor]
+    b_t: dict[Key, torch.Tensor]
     columns: dict[str, slice]  # adapter -> its columns in R
+    width: int  # R
 
 
 class MultiLoRA:
@@ -50,7 +55,8 @@ class MultiLoRA:
         self.linears = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and name != "lm_head"}
         self.adapters: dict[str, dict[str, _Weights]] = {}  # adapter -> module name -> weights
         self._stacks: OrderedDict[tuple[str, ...], _Stack] = OrderedDict()
-        self._active: tuple[_Stack, torch.Tensor | None] | None = None
+        self._groups: set[tuple[str, ...]] = set()
+        self._active: tuple[_Stack, dict[int, torch.Tensor] | None] | None = None  # row masks by width
         self._hooks = [module.register_forward_hook(self._hook(name)) for name, module in self.linears.items()]
 
     def detach(self) -> None:
@@ -70,14 +76,25 @@ class MultiLoRA:
             self._active = None
             return
         stack = self._stack(present)
-        mask = None
+        masks = None
         if len(present) > 1 or None in names:
-            width = next(iter(stack.a_t.values())).shape[1]
-            mask = torch.zeros(len(names), width, dtype=self.dtype)
+            mask = torch.zeros(len(names), stack.width, dtype=self.dtype)
             for row, name in enumerate(names):
                 if name is not None:
                     mask[row, stack.columns[name]] = 1
-        self._active = (stack, mask)
+            masks = {stack.width: mask}
+        self._active = (stack, masks)
+
+    def group(self, modules: tuple[str, ...]) -> tuple[str, ...]:
+        """Register modules that read the same input and write adjacent columns of one output, in
+        this order (the fused decode step's q/k/v and gate/up): ``add_delta(group, ...)`` then costs
+        two matmuls for all of them, not two each. One adapter's deltas over SmolLM2's 30 layers at
+        61 rows: 13.8 ms per step grouped, 19.3 ms module by module; a four-adapter mix, 37.8 vs
+        38.2 ms (there the stack's width, not the number of calls, is the cost)."""
+        if modules not in self._groups:
+            self._groups.add(modules)
+            self._changed()
+        return modules
 
     def _stack(self, present: tuple[str, ...]) -> _Stack:
         if present in self._stacks:
@@ -98,29 +115,47 @@ class MultiLoRA:
                     rows = slice(columns[n].start, columns[n].start + w.a.shape[0])
                     a[rows], b[rows] = w.a, w.b.T
             a_t[module], b_t[module] = a.T.contiguous(), b
-        self._stacks[present] = stack = _Stack(a_t, b_t, columns)
+        for group in self._groups:
+            if any(m in a_t for m in group):
+                a_t[group], b_t[group] = self._group_stack(group, a_t, b_t, at)
+        self._stacks[present] = stack = _Stack(a_t, b_t, columns, at)
         if len(self._stacks) > _STACKS_KEPT:
             self._stacks.popitem(last=False)
         return stack
 
-    def add_delta(self, module_name: str, x: torch.Tensor, out: torch.Tensor) -> None:
-        """``out += `` each row's LoRA delta for ``x``, the input of ``module_name``, in place.
+    def _group_stack(self, group: tuple[str, ...], a_t: dict, b_t: dict, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+        linears = [self.linears[m] for m in group]
+        a = torch.cat([a_t[m] if m in a_t else torch.zeros(lin.in_features, rank, dtype=self.dtype)
+                       for m, lin in zip(group, linears)], dim=1)
+        b = torch.zeros(len(group) * rank, sum(lin.out_features for lin in linears), dtype=self.dtype)
+        col = 0
+        for i, (m, lin) in enumerate(zip(group, linears)):
+            if m in b_t:
+                b[i * rank:(i + 1) * rank, col:col + lin.out_features] = b_t[m]
+            col += lin.out_features
+        return a, b
 
-        ``x`` is [rows, in] or [rows, tokens, in]; ``out`` is the module's output, or in the
-        2-D case any [rows, out] view of it (the fused decode step passes column slices).
+    def add_delta(self, key: Key, x: torch.Tensor, out: torch.Tensor) -> None:
+        """``out += `` each row's LoRA delta for ``x``, the input of module (or group) ``key``, in place.
+
+        ``x`` is [rows, in] or [rows, tokens, in]; ``out`` is the module's output (a group's: its
+        modules' outputs side by side), or in the 2-D case any [rows, out] view of it.
         """
         if self._active is None:
             return
-        stack, mask = self._active
-        a_t = stack.a_t.get(module_name)
+        stack, masks = self._active
+        a_t = stack.a_t.get(key)
         if a_t is None:
             return
         h = x @ a_t
-        if mask is not None:
+        if masks is not None:
+            mask = masks.get(h.shape[-1])
+            if mask is None:  # a group's columns: the row mask once per module
+                masks[h.shape[-1]] = mask = masks[stack.width].repeat(1, h.shape[-1] // stack.width)
             h.mul_(mask if h.dim() == 2 else mask[:, None])
         # in place: the serving path runs under inference_mode, nothing needs the old output
         flat = out if out.dim() == 2 else out.view(-1, out.shape[-1])
-        flat.addmm_(h.view(-1, h.shape[-1]), stack.b_t[module_name])
+        flat.addmm_(h.view(-1, h.shape[-1]), stack.b_t[key])
 
     def _hook(self, module_name: str):
         def add_lora(module, inputs, output):

@@ -70,6 +70,27 @@ def test_fused_step_gives_the_logits_of_transformers_forward(family, dtype):
         torch.testing.assert_close(ours.float(), ref.float(), atol=1e-4 if dtype == torch.float32 else 0.05, rtol=1e-3)
 
 
+@torch.inference_mode()
+def test_grouped_lora_deltas_handle_adapters_that_skip_modules_or_differ_in_rank():
+    engine = HFEngine(tiny("llama", torch.bfloat16))
+    g = torch.Generator().manual_seed(3)
+    for name, rank, targets in (("qv", 4, ("q_proj", "v_proj")), ("mlp", 8, ("up_proj", "down_proj"))):
+        state = {}
+        for module, m in engine.lora.linears.items():
+            if module.endswith(targets):  # PEFT's default for Llama is q_proj and v_proj only
+                state[f"base_model.model.{module}.lora_A.weight"] = torch.randn(rank, m.in_features, generator=g) * 0.5
+                state[f"base_model.model.{module}.lora_B.weight"] = torch.randn(m.out_features, rank, generator=g) * 0.5
+        engine.add_adapter(name)
+        engine.update_adapter(name, state)
+    running_batch(engine, ["qv", "mlp", None, "qv"])
+    adapters = [s.adapter_key for s in engine._active]
+    ids = torch.tensor([s.tokens[-1] for s in engine._active])
+    positions = engine._kv.positions()
+    mask = torch.nn.functional.pad(engine._kv.mask, (0, 1), value=1)
+    ref = engine._forward(ids[:, None], mask, engine._kv.cache(), adapters, positions).logits[:, -1]
+    assert torch.equal(engine._fused(ids, engine._kv, positions), ref)
+
+
 def test_engines_on_either_path_sample_the_same_tokens():
     outs = {}
     for fused in (True, False):
