@@ -5,10 +5,10 @@ continuous batching, one iteration at a time on the process's compute thread (``
 the trainer's jobs run there too, between iterations): each iteration prefills the newcomers
 (together), appends their KV cache to the running batch, then advances every running sequence
 by one token in a single forward pass (``decoder.py`` writes that step out for Llama-shaped
-models; others step through transformers' forward). Sequences leave the batch as soon as they finish, and
-waiting requests take their place, so a short reply never waits for the longest one. Rows of one
-forward pass may use different adapters (``lora.MultiLoRA``: rows grouped by adapter once per
-forward pass).
+models; others step through transformers' forward). Sequences leave the batch as soon as they
+finish, and waiting requests take their place, so a short reply never waits for the longest one.
+Rows of one forward pass may use different adapters (``lora.MultiLoRA``: rows routed to their
+adapter once per forward pass).
 
 Adapters can be added, loaded, updated and removed while the engine runs; changes are applied
 between scheduler iterations, and every change bumps the adapter's version, which each
@@ -300,7 +300,6 @@ class HFEngine:
         out = self._forward(ids, mask, self._past(hits, cached), [s.adapter_key for s in seqs], positions, keep_last=True)
         self._kv.append(out.past_key_values, mask)
         self._active += seqs
-        self._group_by_adapter()
         self._take(seqs, out.logits[:, -1])
         self.stats.prefill_s += time.perf_counter() - t0
         self.stats.prefill_tokens += int(mask[:, cached:].sum())
@@ -321,16 +320,6 @@ class HFEngine:
                     v[i, :, cached - n:] = entry.values[layer][:, :n]
             past.update(k, v, layer)
         return past
-
-    def _group_by_adapter(self) -> None:
-        """Keep each adapter's rows contiguous, so LoRA deltas apply to slices (views)."""
-        first: dict[str, int] = {}
-        for i, s in enumerate(self._active):
-            first.setdefault(s.adapter_key, i)
-        order = sorted(range(len(self._active)), key=lambda i: (first[self._active[i].adapter_key], i))
-        if order != list(range(len(order))):
-            self._kv.keep(order)
-            self._active = [self._active[i] for i in order]
 
     @cached_property
     def _fused(self) -> FusedDecoder | None:
