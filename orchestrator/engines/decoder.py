@@ -78,7 +78,7 @@ class _Layer:
 
 class FusedDecoder:
     def __init__(self, model: torch.nn.Module, lora: MultiLoRA, rows_hint: int):
-        self.model, self.lora = model, lora
+        self.lora = lora
         base = model.base_model
         self.embed, self.norm, self.rotary = base.embed_tokens, base.norm, base.rotary_emb
         config = model.config

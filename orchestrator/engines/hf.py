@@ -331,14 +331,14 @@ class HFEngine:
     def _decode(self) -> None:
         t0, rows = time.perf_counter(), len(self._active)
         adapters = [s.adapter_key for s in self._active]
+        ids = torch.tensor([s.tokens[-1] for s in self._active])
         fused = self._fused if self.fused_decode else None
         if fused is not None:
             self._route(adapters)
-            logits = fused(torch.tensor([s.tokens[-1] for s in self._active]), self._kv, self._kv.positions())
+            logits = fused(ids, self._kv, self._kv.positions())
         else:
-            ids = torch.tensor([[s.tokens[-1]] for s in self._active])
             mask = F.pad(self._kv.mask, (0, 1), value=1)
-            logits = self._forward(ids, mask, self._kv.cache(), adapters, self._kv.positions()).logits[:, -1]
+            logits = self._forward(ids[:, None], mask, self._kv.cache(), adapters, self._kv.positions()).logits[:, -1]
         self._kv.advance()
         self._take(self._active, logits)
         self.stats.decode_s += time.perf_counter() - t0

@@ -138,8 +138,8 @@ class MultiLoRA:
     def add_delta(self, key: Key, x: torch.Tensor, out: torch.Tensor) -> None:
         """``out += `` each row's LoRA delta for ``x``, the input of module (or group) ``key``, in place.
 
-        ``x`` is [rows, in] or [rows, tokens, in]; ``out`` is the module's output (a group's: its
-        modules' outputs side by side), or in the 2-D case any [rows, out] view of it.
+        ``x`` is [rows, in] or [rows, tokens, in]; ``out`` is the module's output, or a group's:
+        its modules' outputs side by side.
         """
         if self._active is None:
             return
