@@ -24,6 +24,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from .cpu import host
+
 log = logging.getLogger(__name__)
 hf_logging.disable_progress_bar()  # rolecast shows its own progress; keep stderr readable
 
@@ -76,11 +78,7 @@ def resolve_dtype(dtype: str) -> torch.dtype:
 def cpu_has_bf16() -> bool:
     if torch.cuda.is_available():
         return torch.cuda.is_bf16_supported()
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return any(flag in flags for flag in ("avx512_bf16", "amx_bf16"))
+    return host().native_bf16
 
 
 def cache_dir() -> Path:

@@ -17,56 +17,105 @@ The arithmetic is transformers' own, op for op, so logits are bit-identical in b
 mixed adapters included); ``benchmarks/rollout.py`` compares the decode rates of both paths.
 
 The packed weights are copies (the model's size again) of base weights that never change while
-an engine serves: training touches only adapters. A torch without oneDNN gets the same step on
-plain weights; models of another shape keep transformers' forward (``FusedDecoder.build`` -> None).
+an engine serves: training touches only adapters. Models of another shape keep transformers'
+forward (``FusedDecoder.build`` -> None).
+
+Prepacking is ISA-specific (``cpu.py``), so the weights take one of three layouts:
+  - ``onednn``: prepacked in the model's dtype (fp32 anywhere; bf16 where oneDNN has bf16 kernels);
+  - ``onednn-fp32``: a bf16 model on a CPU without them (AVX2 only): the weights prepacked as fp32,
+    activations cast up and results rounded back to bf16. Not bit-identical to transformers' bf16
+    matmuls (one bf16 rounding apart, as the training pass is), but emulated bf16 matmuls were
+    7x slower than fp32 ones on an AVX2 EPYC (``benchmarks/rollout.py --weights`` compares);
+  - ``plain``: torch without oneDNN (or a kernel that failed its probe): ``F.linear`` as transformers.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+from typing import Literal
+
+import structlog
 import torch
 import torch.nn.functional as F
 
+from ..cpu import CpuFeatures, host
 from .attention import attend, banned_columns
 from .kv import BatchKV
 from .lora import MultiLoRA
 
+log = structlog.get_logger()
+
 # Model types whose decoder layers are Llama's: pre-norm attention with rotary q/k, then a gated MLP.
 _FAMILIES = {"llama", "mistral", "qwen2"}
 
+Layout = Literal["onednn", "onednn-fp32", "plain"]
+
+
+def weight_layout(dtype: torch.dtype, cpu: CpuFeatures | None = None) -> tuple[Layout, str]:
+    """The layout of the fused step's frozen weights for a model in ``dtype`` on ``cpu``, and why.
+
+    Each prepacked layout is also probed once with a tiny weight: a CPU whose flags promise more
+    than its kernels do gets the next layout down, never an engine that fails its first step.
+    """
+    cpu = cpu or host()
+    if not cpu.onednn:
+        return "plain", "torch has no oneDNN prepack"
+    if dtype not in (torch.float32, torch.bfloat16):
+        return "plain", f"no oneDNN prepack for {dtype}"
+    if dtype == torch.bfloat16 and not cpu.onednn_bf16:
+        reason = "no oneDNN bf16 kernels on this CPU (needs avx512bw+avx512vl+avx512dq or avx_ne_convert)"
+        return ("onednn-fp32", reason) if _prepack_runs(torch.float32) else ("plain", reason + "; fp32 prepack failed")
+    if not _prepack_runs(dtype):
+        return "plain", f"oneDNN {dtype} prepack failed its probe"
+    return "onednn", f"oneDNN prepacked {dtype}"
+
+
+@lru_cache(maxsize=None)
+def _prepack_runs(dtype: torch.dtype) -> bool:
+    try:
+        w = torch.ops.mkldnn._reorder_linear_weight(torch.ones(8, 8, dtype=dtype), 1)
+        torch.ops.mkldnn._linear_pointwise(torch.ones(1, 8, dtype=dtype), w, None, "none", [], "")
+        return True
+    except RuntimeError as exc:
+        log.warning("engine.prepack_probe_failed", dtype=str(dtype), error=" ".join(str(exc).split()))
+        return False
+
 
 class _Linear:
-    """``x @ W.T + b`` for a frozen weight, prepacked for oneDNN where torch has it."""
+    """``x @ W.T + b`` for a frozen weight, in the given layout (the module docstring)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, rows_hint: int):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, rows_hint: int, layout: Layout):
+        self.layout, self.dtype = layout, weight.dtype
+        if layout == "onednn-fp32":
+            weight, bias = weight.float(), None if bias is None else bias.float()
         self.bias = bias
-        self.packed = _onednn_available()
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, rows_hint) if self.packed else weight
+        self.weight = weight if layout == "plain" else torch.ops.mkldnn._reorder_linear_weight(weight, rows_hint)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed:
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
+        if self.layout == "plain":
+            return F.linear(x, self.weight, self.bias)
+        if self.layout == "onednn-fp32":
+            x = x.float()
+        out = torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return out.to(self.dtype)
 
 
-def _onednn_available() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-
-
-def _stacked(*linears: torch.nn.Linear, rows_hint: int) -> _Linear:
+def _stacked(*linears: torch.nn.Linear, rows_hint: int, layout: Layout) -> _Linear:
     weight = torch.cat([m.weight for m in linears])
     biases = [m.bias for m in linears]
     bias = None if all(b is None for b in biases) else torch.cat(
         [b if b is not None else m.weight.new_zeros(m.out_features) for m, b in zip(linears, biases)])
-    return _Linear(weight, bias, rows_hint)
+    return _Linear(weight, bias, rows_hint, layout)
 
 
 class _Layer:
-    def __init__(self, layer: torch.nn.Module, names: dict[torch.nn.Module, str], lora: MultiLoRA, rows_hint: int):
+    def __init__(self, layer: torch.nn.Module, names: dict[torch.nn.Module, str], lora: MultiLoRA, rows_hint: int,
+                 layout: Layout):
         attn, mlp = layer.self_attn, layer.mlp
         self.input_norm, self.post_norm, self.act = layer.input_layernorm, layer.post_attention_layernorm, mlp.act_fn
-        self.qkv = _stacked(attn.q_proj, attn.k_proj, attn.v_proj, rows_hint=rows_hint)
-        self.o = _stacked(attn.o_proj, rows_hint=rows_hint)
-        self.gate_up = _stacked(mlp.gate_proj, mlp.up_proj, rows_hint=rows_hint)
-        self.down = _stacked(mlp.down_proj, rows_hint=rows_hint)
+        self.qkv = _stacked(attn.q_proj, attn.k_proj, attn.v_proj, rows_hint=rows_hint, layout=layout)
+        self.o = _stacked(attn.o_proj, rows_hint=rows_hint, layout=layout)
+        self.gate_up = _stacked(mlp.gate_proj, mlp.up_proj, rows_hint=rows_hint, layout=layout)
+        self.down = _stacked(mlp.down_proj, rows_hint=rows_hint, layout=layout)
         self.q_size, self.kv_size = attn.q_proj.out_features, attn.k_proj.out_features
         self.inner = mlp.gate_proj.out_features
         self.scaling = attn.scaling
@@ -77,8 +126,9 @@ class _Layer:
 
 
 class FusedDecoder:
-    def __init__(self, model: torch.nn.Module, lora: MultiLoRA, rows_hint: int):
+    def __init__(self, model: torch.nn.Module, lora: MultiLoRA, rows_hint: int, layout: Layout, layout_reason: str = ""):
         self.lora = lora
+        self.layout, self.layout_reason = layout, layout_reason
         base = model.base_model
         self.embed, self.norm, self.rotary = base.embed_tokens, base.norm, base.rotary_emb
         config = model.config
@@ -86,12 +136,14 @@ class FusedDecoder:
         self.head_dim = base.layers[0].self_attn.head_dim
         names = {m: n for n, m in model.named_modules()}
         with torch.inference_mode():
-            self.layers = [_Layer(layer, names, lora, rows_hint) for layer in base.layers]
-            self.lm_head = _stacked(model.get_output_embeddings(), rows_hint=rows_hint)
+            self.layers = [_Layer(layer, names, lora, rows_hint, layout) for layer in base.layers]
+            self.lm_head = _stacked(model.get_output_embeddings(), rows_hint=rows_hint, layout=layout)
 
     @classmethod
-    def build(cls, model: torch.nn.Module, lora: MultiLoRA, rows_hint: int = 64) -> FusedDecoder | None:
-        """The fused decode step for ``model``, or None when its shape is not Llama's."""
+    def build(cls, model: torch.nn.Module, lora: MultiLoRA, rows_hint: int = 64,
+              cpu: CpuFeatures | None = None) -> FusedDecoder | None:
+        """The fused decode step for ``model`` (weights laid out for ``cpu``, default this machine's),
+        or None when its shape is not Llama's."""
         config = model.config
         if config.model_type not in _FAMILIES or getattr(config, "sliding_window", None) is not None:
             return None
@@ -101,7 +153,7 @@ class FusedDecoder:
         parts = ("embed_tokens", "norm", "rotary_emb", "layers")
         if base is None or not all(hasattr(base, p) for p in parts) or model.get_output_embeddings() is None:
             return None
-        return cls(model, lora, rows_hint)
+        return cls(model, lora, rows_hint, *weight_layout(model.dtype, cpu))
 
     def __call__(self, ids: torch.Tensor, kv: BatchKV, positions: torch.Tensor) -> torch.Tensor:
         """Logits [rows, vocab] for ``ids`` [rows], each row's next token; writes its K/V to ``kv``.

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from transformers.cache_utils import DynamicCache
 
 from ..compute import compute_thread
+from ..cpu import CpuFeatures
 from ..models import LoadedModel
 from .attention import use_decode_attention
 from .base import Completion, GenerationRequest
@@ -87,7 +88,7 @@ class EngineStats:
 
 class HFEngine:
     def __init__(self, loaded: LoadedModel, max_batch: int = 64, max_prefill: int = 16, prefix_cache_tokens: int = 16384,
-                 fused_decode: bool = True):
+                 fused_decode: bool = True, cpu: CpuFeatures | None = None):
         self.loaded = loaded
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
@@ -96,6 +97,7 @@ class HFEngine:
         self.lora = MultiLoRA(self.model)
         use_decode_attention(self.model)  # decode steps: two matmuls instead of SDPA's kernel
         self.fused_decode = fused_decode  # decoder.py's step where the model's shape allows (read every step)
+        self.cpu = cpu  # the CPU the fused step lays its weights out for (None: this machine's; cpu.py)
         self.versions: dict[str, int] = {}
         self.eos_ids = end_of_turn_ids(self.tokenizer)
         self._pending: queue.Queue[_Seq] = queue.Queue()
@@ -153,8 +155,11 @@ class HFEngine:
 
     @property
     def decode_path(self) -> str:
-        """``fused`` when decode steps run ``decoder.py``'s step, ``transformers`` when they run the model's forward."""
-        return "fused" if self.fused_decode and self._fused is not None else "transformers"
+        """``fused:LAYOUT`` when decode steps run ``decoder.py``'s step (LAYOUT: its weights' layout,
+        ``onednn``, ``onednn-fp32`` or ``plain``), ``transformers`` when they run the model's forward."""
+        if not self.fused_decode or self._fused is None:
+            return "transformers"
+        return f"fused:{self._fused.layout}"
 
     @property
     def busy(self) -> int:
@@ -324,8 +329,12 @@ class HFEngine:
     @cached_property
     def _fused(self) -> FusedDecoder | None:
         # built on first use, on the compute thread: packing weights is torch work (compute.py)
-        decoder = FusedDecoder.build(self.model, self.lora, rows_hint=self.max_batch)
-        log.info("engine.decode_path", path="fused" if decoder else "transformers", model_type=self.model.config.model_type)
+        decoder = FusedDecoder.build(self.model, self.lora, rows_hint=self.max_batch, cpu=self.cpu)
+        if decoder is None:
+            log.info("engine.decode_path", path="transformers", model_type=self.model.config.model_type)
+        else:
+            log.info("engine.decode_path", path=f"fused:{decoder.layout}", why=decoder.layout_reason,
+                     model_type=self.model.config.model_type, dtype=str(self.model.dtype))
         return decoder
 
     def _decode(self) -> None:

@@ -1,16 +1,36 @@
-"""The engine's fused decode step gives transformers' logits, with mixed adapters, for each family it takes."""
+"""The engine's fused decode step gives transformers' logits, with mixed adapters, for each family it
+takes and in each weight layout a CPU can get (``decoder.weight_layout``): the layouts this machine
+would not pick run here too, with other CPUs' features handed in."""
 from __future__ import annotations
 
 import asyncio
 
 import pytest
 import torch
+from orchestrator.cpu import CpuFeatures, host
+from orchestrator.engines import decoder
 from orchestrator.engines.base import GenerationRequest, SamplingParams
-from orchestrator.engines.decoder import FusedDecoder
+from orchestrator.engines.decoder import FusedDecoder, weight_layout
 from orchestrator.engines.hf import BASE, HFEngine, _Seq
 from orchestrator.models import LoadedModel, load_model
+from support import AVX2, AVX512, NO_ONEDNN, requires_bf16
 from test_hf_engine import randomize
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
+
+def cpu_for(layout: str, dtype: torch.dtype) -> CpuFeatures:
+    """CPU features under which this machine lays a ``dtype`` model's weights out as ``layout``."""
+    if layout == "plain":
+        return NO_ONEDNN
+    if layout == "onednn-fp32":
+        return AVX2
+    if dtype == torch.bfloat16 and not host().onednn_bf16:
+        pytest.skip("this CPU has no oneDNN bf16 kernels (avx512bw/vl/dq or avx_ne_convert); its fallback is tested")
+    return host()
+
+
+LAYOUTS = {torch.float32: ["onednn", "plain"], torch.bfloat16: ["onednn", "onednn-fp32", "plain"]}
+CASES = [pytest.param(dtype, layout, id=f"{name}-{layout}", marks=[requires_bf16] if dtype == torch.bfloat16 else [])
+         for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")) for layout in LAYOUTS[dtype]]
 
 SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=512)
@@ -45,15 +65,15 @@ def running_batch(engine: HFEngine, adapters: list[str | None]) -> list[_Seq]:
 
 
 @pytest.mark.parametrize("family", sorted(CONFIGS))
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("dtype,layout", CASES)
 @torch.inference_mode()
-def test_fused_step_gives_the_logits_of_transformers_forward(family, dtype):
-    engine = HFEngine(tiny(family, dtype))
+def test_fused_step_gives_the_logits_of_transformers_forward(family, dtype, layout):
+    engine = HFEngine(tiny(family, dtype), cpu=cpu_for(layout, dtype))
     for seed, name in enumerate(("alpha", "beta")):
         engine.add_adapter(name)
         randomize(engine, name, seed)
     seqs = running_batch(engine, ["alpha", None, "beta", "alpha", None])
-    assert engine._fused is not None
+    assert engine.decode_path == f"fused:{layout}"
     adapters = [s.adapter_key for s in engine._active]
     assert set(adapters) == {"alpha", "beta", BASE}
     ids = torch.tensor([s.tokens[-1] for s in engine._active])
@@ -64,15 +84,17 @@ def test_fused_step_gives_the_logits_of_transformers_forward(family, dtype):
     ref_keys = engine._kv.keys[0][: len(seqs), :, engine._kv.end].clone()
     ours = engine._fused(ids, engine._kv, positions)
     torch.testing.assert_close(engine._kv.keys[0][: len(seqs), :, engine._kv.end], ref_keys, atol=1e-5, rtol=1e-3)
-    if dtype == torch.bfloat16 and family != "qwen2":
+    if dtype == torch.bfloat16 and family != "qwen2" and layout != "onednn-fp32":
         assert torch.equal(ours, ref)  # the same ops in the same order; only a fused bias add may round apart
-    else:
+    else:  # onednn-fp32 rounds each bf16 matmul once, from fp32, where transformers' kernel may not
         torch.testing.assert_close(ours.float(), ref.float(), atol=1e-4 if dtype == torch.float32 else 0.05, rtol=1e-3)
 
 
+@requires_bf16
+@pytest.mark.parametrize("layout", ["onednn", "plain"])  # the layouts whose bf16 logits are transformers' bit for bit
 @torch.inference_mode()
-def test_grouped_lora_deltas_handle_adapters_that_skip_modules_or_differ_in_rank():
-    engine = HFEngine(tiny("llama", torch.bfloat16))
+def test_grouped_lora_deltas_handle_adapters_that_skip_modules_or_differ_in_rank(layout):
+    engine = HFEngine(tiny("llama", torch.bfloat16), cpu=cpu_for(layout, torch.bfloat16))
     g = torch.Generator().manual_seed(3)
     for name, rank, targets in (("qv", 4, ("q_proj", "v_proj")), ("mlp", 8, ("up_proj", "down_proj"))):
         state = {}
@@ -91,10 +113,13 @@ def test_grouped_lora_deltas_handle_adapters_that_skip_modules_or_differ_in_rank
     assert torch.equal(engine._fused(ids, engine._kv, positions), ref)
 
 
-def test_engines_on_either_path_sample_the_same_tokens():
+@requires_bf16
+@pytest.mark.parametrize("layout", ["onednn", "plain"])
+def test_engines_on_either_path_sample_the_same_tokens(layout):
     outs = {}
+    cpu = cpu_for(layout, torch.bfloat16)
     for fused in (True, False):
-        engine = HFEngine(load_model("tiny", dtype="bfloat16", seed=0), fused_decode=fused)
+        engine = HFEngine(load_model("tiny", dtype="bfloat16", seed=0), fused_decode=fused, cpu=cpu)
         engine.add_adapter("alpha")
         randomize(engine, "alpha", 1)
         reqs = [GenerationRequest(tuple(range(5, 10 + i)), SamplingParams(temperature=1.0, max_tokens=16, seed=i),
@@ -116,4 +141,28 @@ def test_other_shapes_step_through_transformers():
     engine = HFEngine(LoadedModel(model=model.eval(), tokenizer=load_model("tiny").tokenizer, name="m", dtype=torch.float32))
     assert FusedDecoder.build(model, engine.lora) is None
     assert engine.decode_path == "transformers"
-    assert HFEngine(load_model("tiny", seed=0)).decode_path == "fused"
+    assert HFEngine(load_model("tiny", dtype="float32", seed=0)).decode_path == "fused:onednn"
+
+
+@pytest.mark.parametrize("cpu,dtype,expected", [
+    (AVX512, torch.bfloat16, "onednn"),
+    (AVX2, torch.bfloat16, "onednn-fp32"),
+    (AVX2, torch.float32, "onednn"),
+    (NO_ONEDNN, torch.bfloat16, "plain"),
+    (NO_ONEDNN, torch.float32, "plain"),
+    (AVX512, torch.float16, "plain"),
+])
+def test_weight_layout_follows_the_cpu(monkeypatch, cpu, dtype, expected):
+    monkeypatch.setattr(decoder, "_prepack_runs", lambda dtype: True)  # the rule alone, whatever this CPU is
+    assert weight_layout(dtype, cpu)[0] == expected
+
+
+def test_a_prepack_that_fails_its_probe_falls_back(monkeypatch):
+    """Flags that promise kernels the CPU lacks (a VM hiding them, say) give the next layout down."""
+    monkeypatch.setattr(decoder, "_prepack_runs", lambda dtype: dtype != torch.bfloat16)
+    layout, why = weight_layout(torch.bfloat16, AVX512)
+    assert layout == "plain" and "probe" in why
+    monkeypatch.setattr(decoder, "_prepack_runs", lambda dtype: False)
+    assert weight_layout(torch.bfloat16, AVX2)[0] == "plain"
+    assert weight_layout(torch.float32, AVX2)[0] == "plain"
+

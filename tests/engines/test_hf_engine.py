@@ -8,6 +8,7 @@ import torch
 from orchestrator.engines.base import GenerationRequest, SamplingParams
 from orchestrator.engines.hf import HFEngine
 from orchestrator.models import load_model
+from support import AVX2, requires_bf16
 
 PROMPTS = [
     [{"role": "user", "content": "Name a colour."}],
@@ -60,13 +61,19 @@ def test_sampling_logprobs_match_teacher_forcing(engine):
         assert max(abs(a - b) for a, b in zip(ref, out.logprobs)) < 1e-4
 
 
-def test_bf16_logprobs_agree_loosely():
-    e = HFEngine(load_model("tiny", dtype="bfloat16", seed=0))
+@requires_bf16
+@pytest.mark.parametrize("cpu", [None, AVX2], ids=["this-cpu", "avx2"])
+def test_bf16_logprobs_agree_loosely(cpu):
+    """--dtype bfloat16 runs on any x86-64 CPU: on an AVX2-only one the fused step's weights are fp32."""
+    e = HFEngine(load_model("tiny", dtype="bfloat16", seed=0), cpu=cpu)
     try:
         r = request(e, 0)
         out = asyncio.run(e.generate(r))
         ref = e.teacher_forced_logprobs(list(r.prompt_ids), out.token_ids, None, 1.0)
+        assert len(ref) == len(out.logprobs) > 0
         assert max(abs(a - b) for a, b in zip(ref, out.logprobs)) < 0.1  # bf16 rounding of activations
+        if cpu is AVX2:
+            assert e.decode_path == "fused:onednn-fp32"
     finally:
         asyncio.run(e.aclose())
 

@@ -1,0 +1,47 @@
+"""CPU feature checks: what /proc/cpuinfo says each machine of this project can run."""
+from __future__ import annotations
+
+import pytest
+import torch
+from orchestrator.cpu import CpuFeatures, host
+from orchestrator.models import resolve_dtype
+
+EPYC = """processor\t: 0
+vendor_id\t: AuthenticAMD
+model name\t: AMD EPYC
+flags\t\t: fpu sse sse2 avx fma avx2 bmi2 sha_ni vaes
+bugs\t\t: sysret_ss_attrs
+
+processor\t: 1
+flags\t\t: fpu sse sse2 avx fma avx2 bmi2 sha_ni vaes
+"""
+SAPPHIRE_RAPIDS = "processor: 0\nflags: avx2 avx512f avx512bw avx512vl avx512dq avx512_bf16 amx_bf16 amx_tile\n"
+AVX_NE = "flags: avx2 avx_vnni avx_ne_convert\n"  # an AVX2-only core with the bf16 conversions oneDNN needs
+
+
+def test_an_avx2_epyc_has_no_bf16_kernels():
+    cpu = CpuFeatures.from_cpuinfo(EPYC)
+    assert "avx2" in cpu.flags and "avx512bw" not in cpu.flags
+    assert not cpu.native_bf16 and not cpu.onednn_bf16
+
+
+def test_avx512_bf16_cpu_has_both():
+    cpu = CpuFeatures.from_cpuinfo(SAPPHIRE_RAPIDS)
+    assert cpu.native_bf16 and cpu.onednn_bf16
+    assert not CpuFeatures.from_cpuinfo(SAPPHIRE_RAPIDS, onednn=False).onednn_bf16  # a torch built without oneDNN
+
+
+def test_avx_ne_convert_is_enough_for_onednn_bf16():
+    cpu = CpuFeatures.from_cpuinfo(AVX_NE)
+    assert cpu.onednn_bf16 and not cpu.native_bf16
+
+
+def test_unreadable_cpuinfo_promises_nothing():
+    cpu = CpuFeatures.from_cpuinfo("")
+    assert cpu.flags == frozenset() and not cpu.onednn_bf16
+
+
+def test_auto_dtype_follows_this_cpu():
+    if torch.cuda.is_available():
+        pytest.skip("auto follows the GPU where there is one")
+    assert resolve_dtype("auto") == (torch.bfloat16 if host().native_bf16 else torch.float32)
