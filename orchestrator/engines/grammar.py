@@ -24,12 +24,14 @@ from __future__ import annotations
 import re
 import threading
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Sequence
 
 import numpy as np
 import structlog
 import torch
 
+from .ebnf import EbnfError, quotient
 from .tokens import end_of_turn_ids
 
 log = structlog.get_logger()
@@ -81,6 +83,16 @@ def tight_grammar(json_schema: str) -> Any:
         text = _MIN_ONLY.sub(_min_length_string, text)
     text = _LENGTH_CHARS.sub(r'\1 ::= (([^\\0-\\x1f\\"\\\\]))', text)
     return xgr.Grammar.from_ebnf(text) if text != str(grammar) else grammar
+
+
+@lru_cache(maxsize=256)
+def grammar_after(json_schema: str, prefix: str = "") -> str:
+    """The EBNF (xgrammar's dialect) of what may follow ``prefix`` in a message of the schema:
+    for backends that take a grammar, not a matcher that has read the prefix (vLLM)."""
+    try:
+        return quotient(str(tight_grammar(json_schema)), prefix)
+    except EbnfError as exc:
+        raise GrammarError(f"reply_prefix {prefix!r}: {exc}", key="reply_prefix") from None
 
 
 _NO_VOCAB: Any = None

@@ -21,6 +21,12 @@ snapshot dir)``:
 - A superseded version is removed from vLLM (``remove_lora``) and its snapshot deleted once no
   request in flight uses it.
 
+**Structured outputs.** A constrained request goes to vLLM as an EBNF grammar
+(``StructuredOutputsParams(grammar=...)``, xgrammar's dialect: vLLM's default backend): the HF
+engine's own grammar of the schema, tight JSON, after the role's reply prefix
+(``grammar.grammar_after``). The prefix is already in the prompt, so a grammar of the whole
+message would make the model start a second object after it.
+
 **Logprobs.** The engine runs with ``logprobs_mode="processed_logprobs"`` and each request asks for
 ``logprobs=0``: the sampled token's logprob under the distribution it was drawn from, i.e.
 log softmax(logits / T) after top-p truncation, renormalised over the nucleus (vLLM's default,
@@ -46,6 +52,7 @@ from typing import Any, Coroutine
 import structlog
 
 from .base import Completion, FinishReason, GenerationRequest
+from .grammar import grammar_after
 from .tokens import chat_prompt_ids, end_of_turn_ids
 
 log = structlog.get_logger()
@@ -193,9 +200,10 @@ class VLLMEngine:
             skip_special_tokens=True, output_kind=self._v.RequestOutputKind.FINAL_ONLY,
         )
         if request.json_schema:
-            # Tight JSON (", " and ": " under xgrammar, as in the HF engine): a model allowed free
-            # whitespace under a mask tends to fill its budget with newlines.
-            kwargs["structured_outputs"] = self._v.StructuredOutputsParams(json=request.json_schema, disable_any_whitespace=True)
+            # The HF engine's grammar (tight JSON: ", " and ": ", no free whitespace) of what follows
+            # the reply prefix, which sits in the prompt: vLLM's grammar starts where sampling does.
+            grammar = grammar_after(request.json_schema, request.reply_prefix)
+            kwargs["structured_outputs"] = self._v.StructuredOutputsParams(grammar=grammar)
         return self._v.SamplingParams(**kwargs)
 
     def _completion(self, request: GenerationRequest, out: Any, version: _Version | None) -> Completion:

@@ -4,6 +4,9 @@ Field and argument names follow vLLM's V1 API (SamplingParams, AsyncEngineArgs, 
 AsyncLLM.generate/abort/remove_lora): the dataclasses reject unknown keywords, so a misspelt
 field fails here as it would against the real package. Generation is scripted: each request
 yields one final RequestOutput built from ``engine.reply`` (or waits forever when ``hang``).
+Under structured outputs the scripted text must be one vLLM could produce: xgrammar (the
+backend vLLM picks by default) checks it against the request's grammar or JSON schema, and a
+reply outside it fails the request, as a grammar that forbids what the model meant would.
 """
 from __future__ import annotations
 
@@ -117,6 +120,7 @@ class Call:
 
 class AsyncLLMEngine:
     engines: list["AsyncLLMEngine"] = []
+    default_reply = Reply([11, 12, 2], [-0.5, -0.25, -0.125], "hi")
 
     def __init__(self, args: AsyncEngineArgs):
         self.args = args
@@ -124,7 +128,7 @@ class AsyncLLMEngine:
         self.aborted: list[str] = []
         self.removed: list[int] = []
         self.hang = False
-        self.reply: Reply | Callable[[Call], Reply] = Reply([11, 12, 2], [-0.5, -0.25, -0.125], "hi")
+        self.reply: Reply | Callable[[Call], Reply] = self.default_reply
         self.shut = False
 
     @classmethod
@@ -140,6 +144,8 @@ class AsyncLLMEngine:
         while self.hang:
             await asyncio.sleep(0.01)
         reply = self.reply(call) if callable(self.reply) else self.reply
+        if sampling_params.structured_outputs is not None:
+            check_structured(sampling_params.structured_outputs, reply)
         steps = [{t: Logprob(lp, 1)} | ({t + 1: Logprob(lp - 1.0, 2)} if reply.extra_candidates else {})
                  for t, lp in zip(reply.token_ids, reply.logprobs)]
         out = CompletionOutput(0, reply.text, list(reply.token_ids), sum(reply.logprobs), steps,
@@ -155,6 +161,23 @@ class AsyncLLMEngine:
 
     def shutdown(self) -> None:
         self.shut = True
+
+
+def check_structured(params: StructuredOutputsParams, reply: Reply) -> None:
+    """Raise unless xgrammar allows ``reply.text`` (all of it, once the reply has stopped)."""
+    import xgrammar as xgr
+
+    if params.grammar is not None:
+        grammar = xgr.Grammar.from_ebnf(params.grammar)
+    elif params.json is not None:
+        schema = params.json if isinstance(params.json, str) else __import__("json").dumps(params.json)
+        grammar = xgr.Grammar.from_json_schema(schema, any_whitespace=not params.disable_any_whitespace)
+    else:
+        raise NotImplementedError("the fake checks grammar and json structured outputs only")
+    compiled = xgr.GrammarCompiler(xgr.TokenizerInfo([]), max_threads=1).compile_grammar(grammar)
+    matcher = xgr.GrammarMatcher(compiled, terminate_without_stop_token=True)
+    if not matcher.accept_string(reply.text) or (reply.finish_reason == "stop" and not matcher.is_terminated()):
+        raise ValueError(f"fake vllm: the structured-output grammar does not allow the reply {reply.text!r}")
 
 
 def install(monkeypatch: Any, *, structured_outputs: bool = True) -> types.ModuleType:

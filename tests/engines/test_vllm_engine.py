@@ -20,9 +20,12 @@ import fake_vllm
 from fake_vllm import Reply
 from orchestrator.config import SamplingConfig
 from orchestrator.engines.base import Engine, GenerationRequest, SamplingParams
+from orchestrator.engines.grammar import grammar_after
+from orchestrator.messages import parse_message
 from orchestrator.models import checkpoint_dir
 from orchestrator.policies.base import PolicyRequest
 from orchestrator.policies.engine import EnginePolicy
+from orchestrator.role import LIBRARY_DIR, load_role
 
 
 @pytest.fixture(scope="module")
@@ -90,22 +93,55 @@ async def test_sampling_params_mapping(vllm_engine, tokenizer):
     assert fake(vllm_engine).calls[-1].prompt == {"prompt_token_ids": [1, 2, 3]}
 
 
-async def test_json_schema_goes_to_structured_outputs(vllm_engine):
+async def test_json_schema_goes_to_structured_outputs_as_the_hf_engines_grammar(vllm_engine):
     schema = json.dumps({"type": "object", "properties": {"verdict": {"enum": ["approve", "reject"]}}})
+    fake(vllm_engine).reply = Reply([5, 6], [-0.1, -0.2], '{"verdict": "reject"}')
     await vllm_engine.generate(GenerationRequest((1, 2), SamplingParams(), None, json_schema=schema))
     structured = fake(vllm_engine).calls[-1].params.structured_outputs
-    assert structured.json == schema and structured.disable_any_whitespace
+    assert structured.grammar == grammar_after(schema) and structured.json is None
+    fake(vllm_engine).reply = Reply([5, 6], [-0.1, -0.2], '{"verdict":"reject"}')  # loose JSON: not the tight grammar
+    with pytest.raises(ValueError, match="does not allow"):
+        await vllm_engine.generate(GenerationRequest((1, 2), SamplingParams(), None, json_schema=schema))
+
+
+def policy_request(role: str, prefix: str = "", schema: str | None = None) -> PolicyRequest:
+    return PolicyRequest(role=role, episode="e", episode_index=0, turn=0, attempt=0,
+                         messages=[{"role": "user", "content": "Say something."}], context={},
+                         sampling=SamplingConfig(), adapter=None, seed=9, json_schema=schema, reply_prefix=prefix)
 
 
 async def test_engine_policy_passes_the_roles_schema_through(vllm_engine):
-    schema = json.dumps({"type": "object", "required": ["say"]}, sort_keys=True)
-    request = PolicyRequest(role="echo", episode="e", episode_index=0, turn=0, attempt=0,
-                            messages=[{"role": "user", "content": "Say something."}], context={},
-                            sampling=SamplingConfig(), adapter=None, seed=9, json_schema=schema)
+    schema = json.dumps({"type": "object", "properties": {"say": {"type": "string"}}, "required": ["say"]})
+    fake(vllm_engine).reply = Reply([5], [-0.1], '{"say": "hi"}')
+    request = policy_request("echo", schema=schema)
     out = await EnginePolicy(vllm_engine)(request)
     call = fake(vllm_engine).calls[-1]
-    assert call.params.structured_outputs.json == schema and call.params.seed == 9
+    assert call.params.structured_outputs.grammar == grammar_after(schema) and call.params.seed == 9
     assert call.prompt["prompt_token_ids"] == out.prompt_ids == vllm_engine.apply_chat_template(request.messages)
+
+
+@pytest.mark.parametrize("name,rest", [
+    ("reviewer", 'approve", "comments": ["Looks right."]}'),
+    ("coder", 'src/util.py", "search": "a\\nb", "replace": "c"}]}'),
+    ("number_guesser", "512}"),
+])
+async def test_a_library_role_keeps_its_reply_prefix_on_vllm(vllm_engine, name, rest):
+    """The prefix sits in the prompt; vLLM is constrained to what follows it, so the role reads and
+    validates exactly as on the HF engine."""
+    role = load_role(LIBRARY_DIR / f"{name}.yaml")
+    prefix = role.config.reply_prefix
+    assert prefix
+    fake(vllm_engine).reply = Reply([5, 6], [-0.1, -0.2], rest)
+    request = policy_request(name, prefix, role.json_schema)
+    out = await EnginePolicy(vllm_engine)(request)
+    call = fake(vllm_engine).calls[-1]
+    assert call.prompt["prompt_token_ids"] == vllm_engine.apply_chat_template(request.messages) + vllm_engine.encode(prefix)
+    assert out.text == prefix + rest
+    content, errors = parse_message(out.text, role.validator)
+    assert content is not None and errors == []
+    fake(vllm_engine).reply = Reply([5, 6], [-0.1, -0.2], prefix + rest)  # the whole message again after the prefix
+    with pytest.raises(ValueError, match="does not allow"):
+        await EnginePolicy(vllm_engine)(request)
 
 
 async def test_logprobs_are_the_sampled_tokens(vllm_engine):
@@ -239,6 +275,7 @@ async def test_aclose_shuts_vllm_down_and_refuses_new_requests(vllm_engine):
 
 def test_cli_runs_a_team_on_the_vllm_engine(monkeypatch, workspace, tmp_path, cli):
     fake_vllm.install(monkeypatch)
+    monkeypatch.setattr(fake_vllm.AsyncLLMEngine, "default_reply", Reply([11, 12, 2], [-0.5, -0.25, -0.125], '{"say": "hi"}'))
     out_dir = tmp_path / "run"
     code, _, err = cli("run", workspace / "team.yaml", "--engine", "vllm", "--policy", "reviewer=builtin:stub",
                        "--episodes", "2", "--no-progress", "--out", out_dir)
