@@ -20,7 +20,7 @@ from .messages import check_schema, compile_validator, schema_json
 from .policies.binding import Binding, parse_binding
 from .registry import Registry, default_registry
 from .validation import problem_text
-from .yamlfile import Loc, YamlDoc, load_yaml
+from .yamlfile import MAX_YAML_BYTES, Loc, YamlDoc, load_yaml, read_text
 
 LIBRARY_DIR = Path(_library.__file__).resolve().parent
 # Variables every prompt template may use; environments add their own observation keys.
@@ -144,11 +144,13 @@ def _load_schema(value: dict[str, Any] | str, doc: YamlDoc, loc: Loc) -> dict[st
     if isinstance(value, str):
         path = (doc.path.parent / value).resolve()
         try:
-            schema = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise doc.error(loc, f"schema file not found: {path}") from None
-        except (OSError, ValueError) as exc:
+            schema = json.loads(read_text(path, MAX_YAML_BYTES))
+        except ConfigError as exc:
+            raise doc.error(loc, f"schema file {path}: {exc.problem}") from None
+        except ValueError as exc:
             raise doc.error(loc, f"cannot read schema file {path}: {exc}") from None
+        except RecursionError:
+            raise doc.error(loc, f"schema file {path} is nested too deeply") from None
     else:
         schema = value
     if not isinstance(schema, dict):

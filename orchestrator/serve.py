@@ -156,6 +156,8 @@ def _json(body: bytes) -> dict[str, Any]:
         data = json.loads(body or b"{}")
     except ValueError as exc:
         raise HTTPError(400, f"body is not JSON: {exc}") from None
+    except RecursionError:
+        raise HTTPError(400, "body is nested too deeply") from None
     if not isinstance(data, dict):
         raise HTTPError(400, "body must be a JSON object")
     return data

@@ -2,9 +2,10 @@
 
 A DIR is a task folder (holding task.yaml) or a folder of task folders; plain files are
 skipped, so ``rolecast tasks check tasks/*`` works with tasks/README.md there. Every task is
-loaded before any runs: a bad one is one line on stderr and exit code 2. Then each task is
-checked (:func:`issue_tasks.check_task` with :func:`issue_tasks.sandbox_runner`): one row per
-task, a summary, exit code 1 when any task fails (a sandbox fault fails that task only).
+loaded before any runs: a bad one is one line (``FILE:LINE: KEY: problem`` for a bad task.yaml)
+on stderr and exit code 2. Then each task is checked (:func:`issue_tasks.check_task` with
+:func:`issue_tasks.sandbox_runner`): one row per task, a summary, exit code 1 when any task
+fails (a sandbox fault fails that task only).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from .errors import ConfigError
 from .issue_tasks import TASK_FILE, CheckReport, IssueTask, check_task, load_task, load_tasks, sandbox_runner
 
 
@@ -58,6 +60,9 @@ def handle_check(args: argparse.Namespace) -> int:
         runner = sandbox_runner(args.backend)
         if args.jobs < 1:
             raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
+    except ConfigError as exc:  # a bad task.yaml: FILE:LINE: KEY: problem, as `rolecast validate` says it
+        print(exc, file=sys.stderr)
+        return 2
     except (ValueError, sandboxes.SandboxError) as exc:
         print(f"rolecast tasks check: {exc}", file=sys.stderr)
         return 2

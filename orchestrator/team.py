@@ -6,13 +6,11 @@ variables they use, output schemas, policy bindings.
 """
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from .config import TeamConfig
@@ -21,7 +19,7 @@ from .errors import ConfigError
 from .registry import Registry, default_registry
 from .role import BASE_VARIABLES, RoleSpec, library_roles, load_role, resolve_role_path
 from .validation import problem_text, validate_model
-from .yamlfile import YamlDoc, load_yaml
+from .yamlfile import YamlDoc, load_json_lines, load_yaml
 
 
 @dataclass(frozen=True)
@@ -138,16 +136,11 @@ def _load_tasks(tasks: list[dict[str, Any]] | str, doc: YamlDoc, loc: tuple) -> 
         return tasks
     path = (doc.path.parent / tasks).resolve()
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise doc.error(loc, f"cannot read tasks file {path}: {exc.strerror or exc}") from None
-    try:
-        if path.suffix == ".jsonl":
-            items = [json.loads(line) for line in text.splitlines() if line.strip()]
-        else:
-            items = yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as exc:
-        raise doc.error(loc, f"cannot parse tasks file {path}: {' '.join(str(exc).split())}") from None
+        items = [v for _, v in load_json_lines(path)] if path.suffix == ".jsonl" else load_yaml(path).data
+    except ConfigError as exc:
+        if exc.key != "(file)":
+            raise  # a problem inside the tasks file, named at its own line
+        raise doc.error(loc, f"cannot read tasks file {path}: {exc.problem}") from None
     if not isinstance(items, list) or not items or not all(isinstance(t, dict) for t in items):
         raise doc.error(loc, f"tasks file {path} must hold a non-empty list of mappings")
     return items

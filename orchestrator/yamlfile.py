@@ -1,6 +1,16 @@
-"""YAML loading that remembers where every key came from, so errors can name FILE:LINE."""
+"""Loading untrusted config files: YAML that remembers where every key came from (so errors can
+name FILE:LINE), and JSON lines.
+
+Role, team, task and replay files come from users, so every reader here is bounded: a size cap
+(read at most that many bytes), a nesting-depth cap and, for YAML, a cap on what aliases expand
+to. Aliases stay allowed (``<<: *defaults`` is handy), but the composer counts the nodes each
+anchor expands to (memoised per node, so counting is linear in the file) and refuses a file
+whose aliases add more than :data:`MAX_ALIAS_NODES` nodes, or an alias inside its own anchor,
+before anything is constructed or walked. A "billion laughs" file fails in milliseconds.
+"""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -10,6 +20,12 @@ import yaml
 from .errors import ConfigError
 
 Loc = tuple[str | int, ...]
+
+# Pure-Python YAML parses well under 1 MB/s on a small machine: the cap keeps a file to seconds.
+MAX_YAML_BYTES = 1 << 20
+MAX_JSONL_BYTES = 32 << 20  # json is C: replay and task lists may be long
+MAX_DEPTH = 64  # nested nodes; real files stay under 20
+MAX_ALIAS_NODES = 100_000  # nodes that aliases add, counted as if expanded
 
 
 @dataclass
@@ -38,29 +54,86 @@ def format_loc(loc: Loc) -> str:
     return out
 
 
-def load_yaml(path: str | Path) -> YamlDoc:
-    path = Path(path)
+def read_text(path: Path, limit: int) -> str:
+    """The UTF-8 text of ``path``; ConfigError if missing, unreadable or over ``limit`` bytes."""
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as f:
+            raw = f.read(limit + 1)  # not stat(): a FIFO or /dev/zero has no honest size
     except FileNotFoundError:
         raise ConfigError(path, None, "(file)", "file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise ConfigError(path, None, "(file)", f"cannot read: {exc}") from None
+    if len(raw) > limit:
+        raise ConfigError(path, None, "(file)", f"file is larger than {limit >> 20} MiB")
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.MarkedYAMLError as exc:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(path, None, "(file)", f"cannot read: {exc}") from None
+
+
+def load_yaml(path: str | Path) -> YamlDoc:
+    """Parse one YAML document with the safe loader, within the caps above."""
+    path = Path(path)
+    loader = _BoundedLoader(read_text(path, MAX_YAML_BYTES))
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            raise ConfigError(path, 1, "(file)", "file is empty")
+        doc = YamlDoc(data=None, path=path)
+        _index(node, (), doc)
+        doc.data = loader.construct_document(node)
+    except yaml.MarkedYAMLError as exc:  # syntax, a tag the safe loader refuses, or a cap
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
-        raise ConfigError(path, line, "(yaml)", f"invalid YAML: {exc.problem or exc}") from None
-    if node is None:
-        raise ConfigError(path, 1, "(file)", "file is empty")
-    doc = YamlDoc(data=None, path=path)
-    _index(node, (), doc)
-    try:
-        doc.data = yaml.SafeLoader(text).get_single_data()
-    except yaml.YAMLError as exc:  # e.g. a tag the safe loader refuses
+        problem = exc.problem if isinstance(exc, _Refused) else f"invalid YAML: {exc.problem or exc}"
+        raise ConfigError(path, line, "(yaml)", problem) from None
+    except yaml.YAMLError as exc:  # e.g. a control character the reader refuses
         raise ConfigError(path, None, "(yaml)", f"invalid YAML: {exc}") from None
+    finally:
+        loader.dispose()
     return doc
+
+
+class _Refused(yaml.MarkedYAMLError):
+    """Well-formed YAML that breaks a cap."""
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """A safe loader whose composer enforces :data:`MAX_DEPTH` and :data:`MAX_ALIAS_NODES`."""
+
+    def __init__(self, text: str):
+        super().__init__(text)
+        self._depth = 0
+        self._alias_nodes = 0
+        self._sizes: dict[int, int] = {}  # id(node) -> nodes it expands to, itself included
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            node = super().compose_node(parent, index)
+            self._count_alias(node, event.start_mark)
+            return node
+        self._depth += 1
+        if self._depth > MAX_DEPTH:
+            raise _Refused(problem=f"nested deeper than {MAX_DEPTH} levels", problem_mark=event.start_mark)
+        node = super().compose_node(parent, index)
+        self._depth -= 1
+        self._sizes[id(node)] = 1 + sum(self._sizes[id(child)] for child in _children(node))
+        return node
+
+    def _count_alias(self, node: yaml.Node, mark: yaml.Mark) -> None:
+        size = self._sizes.get(id(node))
+        if size is None:  # its anchor is still being composed
+            raise _Refused(problem="alias refers to a node that contains it", problem_mark=mark)
+        self._alias_nodes += size
+        if self._alias_nodes > MAX_ALIAS_NODES:
+            raise _Refused(problem=f"aliases expand to more than {MAX_ALIAS_NODES} nodes", problem_mark=mark)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return node.value if isinstance(node, yaml.SequenceNode) else []
 
 
 def _index(node: yaml.Node, loc: Loc, doc: YamlDoc) -> None:
@@ -78,3 +151,35 @@ def _index(node: yaml.Node, loc: Loc, doc: YamlDoc) -> None:
         for i, item in enumerate(node.value):
             doc.lines[loc + (i,)] = item.start_mark.line + 1
             _index(item, loc + (i,), doc)
+
+
+def load_json_lines(path: str | Path) -> list[tuple[int, Any]]:
+    """``(line number, value)`` of each non-blank line of a JSON-lines file, within the caps."""
+    path = Path(path)
+    text = read_text(path, MAX_JSONL_BYTES)
+    return [(n, _parse_json(raw, path, n)) for n, raw in enumerate(text.split("\n"), 1) if raw.strip()]
+
+
+def _parse_json(raw: str, path: Path, line: int) -> Any:
+    try:
+        value = json.loads(raw)
+        deep = _too_deep(value)
+    except RecursionError:  # json's C decoder gives up near 1000 levels
+        deep = True
+    except ValueError as exc:
+        raise ConfigError(path, line, "(json)", f"not valid JSON: {exc}") from None
+    if deep:
+        raise ConfigError(path, line, "(json)", f"nested deeper than {MAX_DEPTH} levels")
+    return value
+
+
+def _too_deep(value: Any) -> bool:
+    """Whether ``value`` nests more than :data:`MAX_DEPTH` levels, counted as YAML nodes are."""
+    stack = [(value, 1)]
+    while stack:  # not recursive: the value may be ~1000 levels deep
+        item, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return True
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        stack += [(child, depth + 1) for child in children]
+    return False

@@ -410,7 +410,7 @@ def test_tasks_check_cli(tmp_path, cli):
     write(broken / "task.yaml", "id: 001-broken\ntitle: x\n")
     code, out, err = cli("tasks", "check", broken)
     assert code == 2 and out == ""
-    assert err.strip() == f"rolecast tasks check: {broken}/task.yaml: issue: missing required key"
+    assert err.strip() == f"{broken}/task.yaml:1: issue: required key is missing"
 
 
 @needs_sandbox

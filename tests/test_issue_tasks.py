@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.errors import ConfigError
 from orchestrator.issue_tasks import (
     IssueTask,
     RunOutcome,
@@ -16,6 +17,7 @@ from orchestrator.issue_tasks import (
     check_task,
     copy_repo,
     grade,
+    grade_work,
     load_task,
     load_tasks,
     subprocess_runner,
@@ -80,32 +82,37 @@ def test_load_good(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "text, key, problem",
+    "text, line, key, problem",
     [
-        (GOOD + "colour: red\n", "colour", "unknown key"),
-        (GOOD.replace("test_command: python -m pytest -q\n", ""), "test_command", "missing required key"),
-        (GOOD.replace("id: 001-demo", "id: 001-other"), "id", "does not match the folder name"),
-        (GOOD.replace("[tests]", "[nope.py]"), "visible_tests.0", "not found in repo/"),
-        (GOOD.replace("title: t", "title: [1, 2]"), "title", "valid string"),
-        (GOOD + "path: /x\n", "path", "unknown key"),
-        ("id: [unclosed\n", "(yaml)", "invalid YAML"),
+        (GOOD + "colour: red\n", 7, "colour", "unknown key"),
+        (GOOD.replace("test_command: python -m pytest -q\n", ""), 1, "test_command", "required key is missing"),
+        (GOOD.replace("id: 001-demo", "id: 001-other"), 1, "id", "does not match the folder name"),
+        (GOOD.replace("[tests]", "[nope.py]"), 5, "visible_tests[0]", "not found in repo/"),
+        (GOOD.replace("title: t", "title: [1, 2]"), 2, "title", "valid string"),
+        (GOOD + "path: /x\n", 7, "path", "unknown key"),
+        ("id: [unclosed\n", 2, "(yaml)", "invalid YAML"),
     ],
 )
-def test_bad_task_yaml_one_line_error(tmp_path, text, key, problem):
+def test_bad_task_yaml_one_line_error(tmp_path, text, line, key, problem):
     folder = _write_task(tmp_path, text)
     with pytest.raises(ValueError) as info:
         load_task(folder)
     msg = str(info.value)
-    assert isinstance(info.value, TaskFileError)
+    assert isinstance(info.value, TaskFileError) and isinstance(info.value, ConfigError)
     assert "\n" not in msg
-    assert msg.startswith(f"{folder / 'task.yaml'}: {key}: "), msg
+    assert msg.startswith(f"{folder / 'task.yaml'}:{line}: {key}: "), msg
     assert problem in msg
 
 
 def test_bad_task_id_shape(tmp_path):
     folder = _write_task(tmp_path, GOOD.replace("001-demo", "Demo_1"), name="Demo_1")
-    with pytest.raises(ValueError, match=r"task\.yaml: id: must look like"):
+    with pytest.raises(ValueError, match=r"task\.yaml:1: id: must be a lowercase slug"):
         load_task(folder)
+
+
+@pytest.mark.parametrize("task_id", ["my-task", "fix_parser2", "parser"])
+def test_task_id_without_a_number_prefix_loads(tmp_path, task_id):
+    assert load_task(_write_task(tmp_path, GOOD.replace("001-demo", task_id), name=task_id)).id == task_id
 
 
 # ------------------------------------------------------------------------------ patches & grading
@@ -210,3 +217,98 @@ def test_runner_without_shared_files_uses_summary(tmp_path):
     assert seen["argv"][0] == "python"  # the runner decides which interpreter
     assert g.total == 5 and g.passed == 1
     assert {o.id.split("::")[1] for o in g.outcomes if o.ok} == {"test_still_rejects_page_zero"}
+
+
+# ------------------------------------------------------------------------------ parametrized & class-based hidden tests
+
+CASES_TEST = '''
+import pytest
+from numerals.roman import from_roman, to_roman
+
+
+@pytest.mark.parametrize("n, s", [(4, "IV"), (8, "VIII"), (90, "XC"), (2023, "MMXXIII")])
+def test_from_roman(n, s):
+    assert from_roman(s) == n
+
+
+class TestRoundTrip:
+    def test_additive(self):
+        assert from_roman(to_roman(3)) == 3
+
+    @pytest.mark.parametrize("n", [9, 12])
+    def test_number(self, n):
+        assert from_roman(to_roman(n)) == n
+
+    @pytest.mark.parametrize("s", ["xiv", " xv "])
+    def test_case_and_spaces(self, s):
+        assert from_roman(s) in (14, 15)
+'''
+CASES_FILE = "tests/hidden/test_hidden_cases.py"
+# on the buggy code: the subtractive numerals fail, the additive ones pass
+BUGGY_FAILS = {f"{CASES_FILE}::{name}" for name in (
+    "test_from_roman[4-IV]", "test_from_roman[90-XC]", "TestRoundTrip::test_number[9]",
+    "TestRoundTrip::test_case_and_spaces[xiv]")}
+CASE_IDS = BUGGY_FAILS | {f"{CASES_FILE}::{name}" for name in (
+    "test_from_roman[8-VIII]", "test_from_roman[2023-MMXXIII]", "TestRoundTrip::test_additive",
+    "TestRoundTrip::test_number[12]", "TestRoundTrip::test_case_and_spaces[ xv ]")}
+
+
+@pytest.fixture
+def cases_task(tmp_path) -> IssueTask:
+    """036-roman-subtractive with parametrized and class-based hidden tests, and an id without a number."""
+    folder = tmp_path / "roman-cases"
+    shutil.copytree(TASKS_DIR / "036-roman-subtractive", folder, ignore=shutil.ignore_patterns("__pycache__"))
+    text = (folder / "task.yaml").read_text().replace("id: 036-roman-subtractive", "id: roman-cases")
+    (folder / "task.yaml").write_text(text)
+    shutil.rmtree(folder / "hidden_tests")
+    (folder / "hidden_tests").mkdir()
+    (folder / "hidden_tests" / "test_hidden_cases.py").write_text(CASES_TEST)
+    return load_task(folder)
+
+
+def test_checker_finds_parametrized_and_class_hidden_tests_sound(cases_task):
+    report = check_task(cases_task, subprocess_runner)
+    assert report.ok, str(report)
+    hidden = {o.id: o.ok for o in report.buggy.outcomes if o.id.startswith("tests/hidden/")}
+    assert hidden == {tid: tid not in BUGGY_FAILS for tid in CASE_IDS}
+    assert all(o.ok for o in report.fixed.outcomes)
+
+
+def test_checker_still_fails_an_unsound_task_with_parametrized_tests(cases_task):
+    (cases_task.repo_dir / "tests" / "test_roman.py").write_text("def test_visible_breaks():\n    assert False\n")
+    report = check_task(cases_task, subprocess_runner)
+    assert report.problems == [
+        "buggy: visible tests fail: tests/test_roman.py::test_visible_breaks",
+        "fixed: visible tests fail: tests/test_roman.py::test_visible_breaks",
+    ]
+
+
+def test_grading_counts_each_parametrized_case(cases_task, tmp_path):
+    work = copy_repo(cases_task, tmp_path / "work")
+    buggy = grade_work(cases_task, work)
+    assert {o.id for o in buggy.outcomes} == CASE_IDS and set(buggy.failed_ids) == BUGGY_FAILS
+    assert (buggy.passed, buggy.total) == (5, 9)
+    ok, msg = apply_patch(work, cases_task.solution_patch())
+    assert ok, msg
+    fixed = grade_work(cases_task, work)
+    assert (fixed.passed, fixed.total, fixed.fraction) == (9, 9, 1.0)
+
+
+def test_grading_parametrized_cases_from_the_summary(cases_task, tmp_path):
+    """A runner that does not share the junit file: ids with spaces in their params still parse."""
+
+    def remote_runner(argv, workdir, timeout_s):
+        out = subprocess_runner(argv, workdir, timeout_s)
+        (workdir / ".rolecast-grade.xml").unlink()
+        return out
+
+    g = grade(cases_task, copy_repo(cases_task, tmp_path / "work"), remote_runner)
+    assert {o.id for o in g.outcomes} == CASE_IDS and set(g.failed_ids) == BUGGY_FAILS
+
+
+def test_hidden_test_that_reports_nothing_counts_as_not_run(cases_task, tmp_path):
+    (cases_task.hidden_dir / "test_hidden_gone.py").write_text("def test_gone():\n    pass\n\n\ndel test_gone\n")
+    g = grade(cases_task, copy_repo(cases_task, tmp_path / "work"))
+    assert (g.passed, g.total) == (5, 10)
+    gone = [o for o in g.outcomes if o.id == "tests/hidden/test_hidden_gone.py::test_gone"]
+    assert [(o.status, o.message) for o in gone] == [("error", "not run")]

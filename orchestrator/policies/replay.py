@@ -5,11 +5,11 @@ lines with an ``"episode": N`` key are used only by the episode with that index.
 """
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from pathlib import Path
 
-from ..errors import PolicyError
+from ..errors import ConfigError, PolicyError
+from ..yamlfile import load_json_lines
 from .base import PolicyOutput, PolicyRequest
 
 
@@ -17,15 +17,9 @@ class ReplayPolicy:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.lines: list[dict] = []
-        for n, raw in enumerate(self.path.read_text(encoding="utf-8").splitlines(), 1):
-            if not raw.strip():
-                continue
-            try:
-                line = json.loads(raw)
-            except ValueError as exc:
-                raise PolicyError(f"{self.path}:{n}: not valid JSON: {exc}") from None
+        for n, line in load_json_lines(self.path):
             if not isinstance(line, dict) or not isinstance(line.get("role"), str) or not isinstance(line.get("text"), str):
-                raise PolicyError(f'{self.path}:{n}: each line needs "role" and "text" strings')
+                raise ConfigError(self.path, n, "(line)", 'each line needs "role" and "text" strings')
             self.lines.append(line)
         self.cursors: dict[tuple[str, str], int] = defaultdict(int)
 

@@ -1,0 +1,126 @@
+"""Hostile input files (YAML bombs, deep nesting, huge files) fail fast with one config error."""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from support import ERROR_LINE, write
+from orchestrator.errors import ConfigError
+from orchestrator.issue_tasks import TaskFileError, load_task
+from orchestrator.policies.replay import ReplayPolicy
+from orchestrator.role import load_role
+from orchestrator.team import load_team
+from orchestrator.yamlfile import MAX_DEPTH, MAX_YAML_BYTES, load_json_lines, load_yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+FAST_S = 2.0  # a guard that nothing expands the bomb, not a performance target
+
+
+def bomb(levels: int = 9) -> str:
+    """The "billion laughs": each anchor holds nine aliases of the one before (9**9 leaves)."""
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+def assert_fails_fast(load, arg: Path, words: str, file: Path | None = None) -> ConfigError:
+    """``load(arg)`` raises a one-line ConfigError naming ``file`` (default ``arg``), quickly."""
+    started = time.monotonic()
+    with pytest.raises(ConfigError) as info:
+        load(arg)
+    assert time.monotonic() - started < FAST_S
+    assert info.value.file == str(file or arg) and words in info.value.problem, str(info.value)
+    assert "\n" not in str(info.value)
+    return info.value
+
+
+def test_billion_laughs_role_is_refused_fast(workspace):
+    role = workspace / "echo.yaml"
+    role.write_text(role.read_text() + bomb())
+    err = assert_fails_fast(load_role, role, "aliases expand to more than")
+    assert err.key == "(yaml)" and err.line is not None
+
+
+def test_billion_laughs_via_cli_is_one_line_exit_2(workspace, cli):
+    path = write(workspace / "laughs.yaml", bomb())
+    started = time.monotonic()
+    code, out, err = cli("validate", path)
+    assert time.monotonic() - started < FAST_S
+    assert code == 2 and out == "" and "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1
+    m = ERROR_LINE.match(lines[0])
+    assert m and m["file"] == str(path) and m["key"] == "(yaml)", lines[0]
+
+
+def test_recursive_alias_is_refused(tmp_path):
+    assert_fails_fast(load_yaml, write(tmp_path / "loop.yaml", "a: &a [1, *a]\n"), "contains it")
+
+
+def test_aliases_within_the_bound_still_work(tmp_path):
+    path = write(tmp_path / "ok.yaml", "base: &b {x: 1, y: [1, 2]}\nc:\n  <<: *b\n  z: 3\nd: *b\n")
+    assert load_yaml(path).data == {"base": {"x": 1, "y": [1, 2]}, "c": {"x": 1, "y": [1, 2], "z": 3},
+                                    "d": {"x": 1, "y": [1, 2]}}
+
+
+@pytest.mark.parametrize("text", [
+    "x: " + "[" * 5000 + "]" * 5000 + "\n",  # flow style: would hit Python's recursion limit
+    "".join("  " * i + f"k{i}:\n" for i in range(MAX_DEPTH + 5)) + "  " * (MAX_DEPTH + 5) + "v\n",
+], ids=["flow", "block"])
+def test_deep_nesting_is_refused(tmp_path, text):
+    err = assert_fails_fast(load_yaml, write(tmp_path / "deep.yaml", text), f"nested deeper than {MAX_DEPTH}")
+    assert err.line is not None
+
+
+def test_nesting_within_the_bound_loads(tmp_path):
+    depth = MAX_DEPTH - 2
+    data = load_yaml(write(tmp_path / "ok.yaml", "x: " + "[" * depth + "]" * depth + "\n")).data
+    assert isinstance(data["x"], list)
+
+
+def test_oversize_file_is_refused_before_parsing(tmp_path):
+    path = tmp_path / "big.yaml"
+    path.write_text("x: " + "a" * MAX_YAML_BYTES + "\n")
+    err = assert_fails_fast(load_yaml, path, "larger than")
+    assert err.key == "(file)"
+
+
+def test_tasks_file_bomb_is_named_at_its_own_line(workspace):
+    write(workspace / "tasks.yaml", bomb() + "tasks: [{text: x}]\n")
+    team = workspace / "team.yaml"
+    team.write_text(team.read_text().split("tasks:")[0] + "tasks: tasks.yaml\n")
+    assert_fails_fast(load_team, team, "aliases expand", workspace / "tasks.yaml")
+
+
+def test_deep_jsonl_tasks_file_is_refused(workspace):
+    (workspace / "tasks.jsonl").write_text('{"text": "ok"}\n' + '{"a": ' * 3000 + "1" + "}" * 3000 + "\n")
+    team = workspace / "team.yaml"
+    team.write_text(team.read_text().split("tasks:")[0] + "tasks: tasks.jsonl\n")
+    err = assert_fails_fast(load_team, team, "nested deeper than", workspace / "tasks.jsonl")
+    assert err.line == 2
+
+
+def test_task_yaml_bomb_is_a_task_file_error(tmp_path):
+    folder = tmp_path / "036-roman-subtractive"
+    shutil.copytree(ROOT / "tasks" / folder.name, folder, ignore=shutil.ignore_patterns("__pycache__"))
+    (folder / "task.yaml").write_text((folder / "task.yaml").read_text() + bomb())
+    err = assert_fails_fast(load_task, folder, "aliases expand", folder / "task.yaml")
+    assert isinstance(err, TaskFileError)
+
+
+@pytest.mark.parametrize("depth", [100, 100_000], ids=["over-the-cap", "past-the-recursion-limit"])
+def test_replay_file_with_deep_json_is_a_config_error(tmp_path, depth):
+    path = tmp_path / "replay.jsonl"
+    path.write_text(json.dumps({"role": "a", "text": "x"}) + "\n" + "[" * depth + "]" * depth + "\n")
+    err = assert_fails_fast(ReplayPolicy, path, "nested deeper than")
+    assert (err.line, err.key) == (2, "(json)")
+
+
+def test_jsonl_lines_split_on_newlines_only(tmp_path):
+    path = tmp_path / "lines.jsonl"
+    path.write_text(json.dumps({"text": "a\u2028b"}, ensure_ascii=False) + "\r\n\n{}\n", encoding="utf-8")
+    assert load_json_lines(path) == [(1, {"text": "a\u2028b"}), (3, {})]
