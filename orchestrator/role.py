@@ -145,8 +145,9 @@ def _load_schema(value: dict[str, Any] | str, doc: YamlDoc, loc: Loc) -> dict[st
         path = (doc.path.parent / value).resolve()
         try:
             schema = json.loads(read_text(path, MAX_YAML_BYTES))
-        except ConfigError as exc:
-            raise doc.error(loc, f"schema file {path}: {exc.problem}") from None
+        except ConfigError as exc:  # missing, unreadable or too large
+            missing = exc.problem == "file not found"
+            raise doc.error(loc, f"schema file not found: {path}" if missing else f"cannot read schema file {path}: {exc.problem}") from None
         except ValueError as exc:
             raise doc.error(loc, f"cannot read schema file {path}: {exc}") from None
         except RecursionError:
