@@ -16,6 +16,40 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class PluginConfig(Strict):
+    """A plugin's options: a trainer's ``trainer_config``, a reward's ``reward_config``, a loss's
+    ``loss_config``. Subclass it with a default and a description for every field; unknown keys
+    are errors, so a misspelt option fails ``rolecast validate`` instead of being ignored."""
+
+
+Aggregation = Literal["token-sum", "token-mean", "sequence-mean"]
+
+
+class LossConfig(PluginConfig):
+    """What every loss reads (``training/losses.py`` has the equations)."""
+
+    aggregation: Aggregation = Field("token-sum", description="how per-token losses reduce to the batch's loss")
+    kl_coef: float = Field(0.0, ge=0.0, description="beta of the k3 KL penalty to the base model; 0 = none")
+    # In a recipe this is not an option: `rolecast train` sets it from each role's sampling.temperature.
+    temperature: float = Field(1.0, ge=0.0, description="temperature the actions were sampled at (0 is read as 1)")
+
+
+class PPOConfig(LossConfig):
+    clip_low_threshold: float = Field(0.8, ge=0.0, le=1.0, description="lower bound of the clipped ratio")
+    clip_high_threshold: float = Field(1.2, ge=1.0, description="upper bound of the clipped ratio")
+
+
+# What `rolecast train` adds under a recipe's loss_config (the client's own default is token-sum):
+# a mean keeps the step size independent of how long the replies are.
+RECIPE_LOSS_DEFAULTS = {"aggregation": "token-mean"}
+
+LOSS_CONFIGS: dict[str, type[LossConfig]] = {
+    "cross_entropy": LossConfig,
+    "importance_sampling": LossConfig,
+    "ppo": PPOConfig,
+}
+
+
 class SamplingConfig(Strict):
     temperature: float = Field(0.8, ge=0.0, le=5.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
@@ -84,15 +118,18 @@ class LoraSpec(Strict):
 class TrainingConfig(Strict):
     """The ``training:`` block of a recipe: what ``rolecast train`` does each step."""
 
+    # The *_config blocks are checked against the named plugin's Config when the team loads
+    # (team.py), since which model applies depends on the plugin named beside them.
     trainer: str = Field("grpo", description="trainer plugin")
-    trainer_config: dict[str, Any] = Field(default_factory=dict)
+    trainer_config: dict[str, Any] = Field(default_factory=dict, description="the trainer's Config")
     reward: str = Field("env", description="reward plugin: env, outcome, hybrid, zero-sum, judge, ...")
-    reward_config: dict[str, Any] = Field(default_factory=dict)
+    reward_config: dict[str, Any] = Field(default_factory=dict, description="the reward's Config")
     steps: int = Field(20, ge=1)
     group_size: int = Field(8, ge=1, description="episodes per task; their rewards are compared")
     groups_per_step: int = Field(4, ge=1, description="tasks per step")
     loss: Literal["cross_entropy", "importance_sampling", "ppo"] = "ppo"
-    loss_config: dict[str, Any] = Field(default_factory=lambda: {"aggregation": "token-mean"})
+    loss_config: dict[str, Any] = Field(default_factory=dict, description=(
+        "the loss's Config (LOSS_CONFIGS), less temperature; aggregation defaults to token-mean here"))
     adam: AdamConfig = Field(default_factory=AdamConfig)
     lora: LoraSpec = Field(default_factory=LoraSpec)
     invalid: Literal["penalize", "drop"] = Field("penalize", description="what training does with invalid attempts")

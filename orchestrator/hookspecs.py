@@ -30,12 +30,21 @@ def register_policies(register):
 
 @hookspec
 def register_rewards(register):
-    """Register reward functions: ``register(name, reward)``."""
+    """Register reward functions: ``register(name, reward)``.
+
+    ``reward(episode, roles, config) -> {role: reward}``. Its options are a ``Config`` attribute,
+    a subclass of ``orchestrator.config.PluginConfig``; ``config`` is the recipe's
+    ``reward_config`` validated against it. A reward without a ``Config`` takes no options.
+    """
 
 
 @hookspec
 def register_trainers(register):
-    """Register trainer algorithms: ``register(name, trainer_class)``."""
+    """Register trainer algorithms: ``register(name, trainer_class)``.
+
+    The class subclasses ``orchestrator.training.trainer.Trainer``; its ``Config`` (a
+    ``PluginConfig`` subclass) validates the recipe's ``trainer_config``, read as ``self.config``.
+    """
 
 
 @hookspec

@@ -1,7 +1,8 @@
 """Discovers plugins through the ``rolecast.plugins`` entry points and keeps what they register.
 
 A plugin that fails to import, or whose hook raises, is recorded with its error and skipped:
-one broken plugin never takes the CLI down.
+one broken plugin never takes the CLI down. So is a trainer that is not a ``Trainer`` subclass,
+and a trainer or reward whose ``Config`` lets unknown keys through.
 """
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ from functools import lru_cache
 from typing import Any
 
 import pluggy
+from pydantic import BaseModel
 
 from . import hookspecs
+from .config import PluginConfig
+from .training.trainer import Trainer
 
 ENTRY_POINT_GROUP = "rolecast.plugins"
 KINDS = ("envs", "policies", "rewards", "trainers", "sandboxes")
@@ -75,12 +79,31 @@ class Registry:
         def register(name: str, obj: Any) -> None:
             if not isinstance(name, str) or not name:
                 raise ValueError(f"{kind} plugin name must be a non-empty string, got {name!r}")
+            _check_plugin(kind, obj)
             taken = self.items[kind].get(name)
             if taken is not None and taken.plugin != plugin:
                 raise ValueError(f"{SINGULAR[kind]} {name!r} is already registered by plugin {taken.plugin!r}")
             self.items[kind][name] = Registration(kind, name, obj, plugin, source)
 
         return register
+
+
+def config_model(plugin: Any) -> type[BaseModel]:
+    """The options model of a trainer or reward: its ``Config``; ``PluginConfig`` (no options) without one."""
+    return getattr(plugin, "Config", PluginConfig)
+
+
+def _check_plugin(kind: str, obj: Any) -> None:
+    # Checked at registration, so a plugin that breaks the contract shows in `rolecast plugins`
+    # rather than as a crash in the middle of a training run.
+    what = getattr(obj, "__qualname__", repr(obj))
+    if kind == "trainers" and not (isinstance(obj, type) and issubclass(obj, Trainer)):
+        raise TypeError(f"{what} is not a subclass of orchestrator.training.trainer.Trainer")
+    if kind in ("trainers", "rewards"):
+        config = config_model(obj)
+        if not (isinstance(config, type) and issubclass(config, BaseModel)) or config.model_config.get("extra") != "forbid":
+            raise TypeError(f"{what}.Config must be a pydantic model that forbids unknown keys "
+                            "(subclass orchestrator.config.PluginConfig)")
 
 
 def _one_line(exc: BaseException) -> str:

@@ -2,7 +2,8 @@
 
 Everything that can be checked without running is checked here: unknown keys and types, the
 protocol plugin, roles the protocol routes to, duplicate role names, prompt templates and the
-variables they use, output schemas, policy bindings.
+variables they use, output schemas, policy bindings, the training block's plugins and their
+options.
 """
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .config import TeamConfig
+from .config import LOSS_CONFIGS, TeamConfig, TrainingConfig
 from .envs.base import Env, EnvConfig
 from .errors import ConfigError
-from .registry import Registry, default_registry
+from .registry import Registry, config_model, default_registry
 from .role import BASE_VARIABLES, RoleSpec, library_roles, load_role, resolve_role_path
 from .validation import problem_text, validate_model
 from .yamlfile import YamlDoc, load_json_lines, load_yaml
@@ -68,11 +69,7 @@ def load_team(path: str | Path, registry: Registry | None = None) -> Team:
     tasks = _load_tasks(config.tasks, doc, ("tasks",))
     eval_tasks = None
     if config.training is not None:
-        for kind, key in (("trainers", "trainer"), ("rewards", "reward")):
-            try:
-                registry.get(kind, getattr(config.training, key))
-            except KeyError as exc:
-                raise doc.error(("training", key), exc.args[0]) from None
+        _check_training(config.training, doc, registry)
         if config.training.eval_tasks is not None:
             eval_tasks = _load_tasks(config.training.eval_tasks, doc, ("training", "eval_tasks"))
     return Team(config=config, path=doc.path, roles=roles, env_class=env_class, env_config=env_config,
@@ -90,6 +87,19 @@ def _load_protocol(config: TeamConfig, doc: YamlDoc, registry: Registry) -> tupl
     except ValidationError as exc:
         err = exc.errors()[0]
         raise doc.error(("protocol",) + tuple(err["loc"]), problem_text(err, env_class.Config)) from None
+
+
+def _check_training(training: TrainingConfig, doc: YamlDoc, registry: Registry) -> None:
+    """The trainer and reward plugins exist, and their options and the loss's fit their Configs."""
+    for kind, key in (("trainers", "trainer"), ("rewards", "reward")):
+        try:
+            plugin = registry.get(kind, getattr(training, key))
+        except KeyError as exc:
+            raise doc.error(("training", key), exc.args[0]) from None
+        validate_model(config_model(plugin), getattr(training, f"{key}_config"), doc, ("training", f"{key}_config"))
+    if "temperature" in training.loss_config:  # training sets it per role: a value here would be ignored
+        raise doc.error(("training", "loss_config", "temperature"), "not an option: each role's policy.sampling.temperature is used")
+    validate_model(LOSS_CONFIGS[training.loss], training.loss_config, doc, ("training", "loss_config"))
 
 
 def _load_roles(config: TeamConfig, doc: YamlDoc, registry: Registry) -> dict[str, RoleSpec]:

@@ -3,15 +3,20 @@
 ``episode`` is an ``EpisodeRecord``: ``episode.rewards`` holds each role's environment reward
 (invalid-turn penalties included); environments with a team outcome put it in
 ``episode.outcome["outcome"]`` and per-role process rewards in ``episode.outcome["process"]``.
+
+A reward's options are its ``Config`` attribute, a ``PluginConfig`` model: the recipe's
+``reward_config`` is checked against it when the recipe loads, and the reward is called with the
+validated instance. A reward without a ``Config`` takes no options.
 """
 from __future__ import annotations
 
-from typing import Any
+from pydantic import Field
 
+from orchestrator.config import NAME_PATTERN, PluginConfig
 from orchestrator.transcript import EpisodeRecord
 
 
-def env_reward(episode: EpisodeRecord, roles: list[str], config: dict[str, Any]) -> dict[str, float]:
+def env_reward(episode: EpisodeRecord, roles: list[str], config: PluginConfig) -> dict[str, float]:
     """The environment's own per-role rewards."""
     return {role: episode.rewards.get(role, 0.0) for role in roles}
 
@@ -24,47 +29,65 @@ def team_outcome(episode: EpisodeRecord, roles: list[str]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def outcome_reward(episode: EpisodeRecord, roles: list[str], config: dict[str, Any]) -> dict[str, float]:
+def outcome_reward(episode: EpisodeRecord, roles: list[str], config: PluginConfig) -> dict[str, float]:
     """One shared team reward R for every role."""
     r = team_outcome(episode, roles)
     return {role: r for role in roles}
 
 
-def hybrid_reward(episode: EpisodeRecord, roles: list[str], config: dict[str, Any]) -> dict[str, float]:
+class HybridConfig(PluginConfig):
+    alpha: float = Field(0.6, ge=0.0, le=1.0, description="a: the team outcome's weight against the process reward")
+
+
+def hybrid_reward(episode: EpisodeRecord, roles: list[str], config: HybridConfig) -> dict[str, float]:
     """r_i = a*R + (1-a)*p_i, with p_i the role's process reward (0 when the env gives none)."""
-    a = float(config.get("alpha", 0.6))
-    if not 0.0 <= a <= 1.0:
-        raise ValueError(f"hybrid reward: alpha must be in [0, 1], got {a}")
+    a = config.alpha
     r = team_outcome(episode, roles)
     process = episode.outcome.get("process") or {}
     return {role: a * r + (1 - a) * float(process.get(role, 0.0)) for role in roles}
 
 
-def zero_sum_reward(episode: EpisodeRecord, roles: list[str], config: dict[str, Any]) -> dict[str, float]:
+hybrid_reward.Config = HybridConfig
+
+
+class ZeroSumConfig(PluginConfig):
+    players: list[str] | None = Field(None, min_length=1, description="the roles in the game; default: every role")
+
+
+def zero_sum_reward(episode: EpisodeRecord, roles: list[str], config: ZeroSumConfig) -> dict[str, float]:
     """r_i = e_i - mean_j e_j over the players: what one gains the others lose."""
-    players = list(config.get("players") or roles)
+    players = list(config.players or roles)
     values = {p: episode.rewards.get(p, 0.0) for p in players}
     mean = sum(values.values()) / len(values) if values else 0.0
     return {role: values[role] - mean if role in values else 0.0 for role in roles}
 
 
-def judge_reward(episode: EpisodeRecord, roles: list[str], config: dict[str, Any]) -> dict[str, float]:
-    """The judge role's verdict: the role (or stance) named in its ``field`` wins.
+zero_sum_reward.Config = ZeroSumConfig
 
-    config: judge (role, default "judge"), field (default "winner"), win (1.0), lose (-0.5),
-    stances ({role: stance} to match stances as well as role names).
-    """
-    judge, field = config.get("judge", "judge"), config.get("field", "winner")
-    win, lose = float(config.get("win", 1.0)), float(config.get("lose", -0.5))
-    stances = {str(v).lower(): k for k, v in (config.get("stances") or {}).items()}
+
+class JudgeConfig(PluginConfig):
+    judge: str = Field("judge", pattern=NAME_PATTERN, description="the role whose last valid verdict decides")
+    field: str = Field("winner", description="the verdict's key that names the winner")
+    win: float = Field(1.0, description="the winner's reward")
+    lose: float = Field(-0.5, description="every other role's reward (the judge gets 0)")
+    stances: dict[str, str] = Field(default_factory=dict, description="{role: stance}: a verdict may name a stance")
+
+
+def judge_reward(episode: EpisodeRecord, roles: list[str], config: JudgeConfig) -> dict[str, float]:
+    """The judge role's verdict: the role (or stance) named in its ``field`` wins."""
+    judge = config.judge
+    stances = {v.lower(): k for k, v in config.stances.items()}
     verdicts = [t.content for t in episode.turns if t.role == judge and t.valid and t.content]
     if not verdicts:
         return {role: 0.0 for role in roles}
-    named = str(verdicts[-1].get(field, "")).strip().lower()
+    named = str(verdicts[-1].get(config.field, "")).strip().lower()
     winner = named if named in roles else stances.get(named)
     if winner is None:
         return {role: 0.0 for role in roles}
-    return {role: 0.0 if role == judge else (win if role == winner else lose) for role in roles}
+    return {role: 0.0 if role == judge else (config.win if role == winner else config.lose) for role in roles}
+
+
+judge_reward.Config = JudgeConfig
 
 
 REWARDS = {

@@ -9,13 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from support import write
+from support import ERROR_LINE, write
 from orchestrator.registry import Registry, discover
 
 PLUGIN = '''
 import json
+from pydantic import Field
+from orchestrator.config import PluginConfig
 from orchestrator.envs import Env, EnvConfig, StepResult
 from orchestrator.hookspecs import hookimpl
+from orchestrator.training.trainer import Trainer
 
 
 class CoinConfig(EnvConfig):
@@ -56,9 +59,45 @@ class AlwaysHeads:
         return '{"call": "heads"}'
 
 
+class Scaled(Trainer):
+    """Advantage = gain * reward: no baseline."""
+
+    class Config(PluginConfig):
+        gain: float = Field(1.0, gt=0, description="scales every reward")
+
+    def advantages(self, rewards):
+        return [[{r: self.config.gain * v for r, v in ep.items()} for ep in group] for group in rewards]
+
+
+class StreakConfig(PluginConfig):
+    bonus: float = Field(0.5, description="added to every role's reward")
+
+
+def streak_reward(episode, roles, config):
+    return {r: episode.rewards.get(r, 0.0) + config.bonus for r in roles}
+
+
+streak_reward.Config = StreakConfig
+
+
+def plain_reward(episode, roles, config):  # no Config: takes no options
+    return {r: 0.0 for r in roles}
+
+
 @hookimpl
 def register_envs(register):
     register("coin", CoinEnv)
+
+
+@hookimpl
+def register_trainers(register):
+    register("scaled", Scaled)
+
+
+@hookimpl
+def register_rewards(register):
+    register("streak", streak_reward)
+    register("plain", plain_reward)
 
 
 @hookimpl
@@ -111,7 +150,7 @@ def test_plugins_lists_third_party_and_broken_plugin(plugin_site):
     data = json.loads(proc.stdout)
     registered = {(r["plugin"], r["kind"], r["name"]) for r in data["registered"]}
     assert {("core", "env", "debate"), ("core", "env", "pipeline"), ("coin", "env", "coin"),
-            ("coin", "policy", "always-heads")} <= registered
+            ("coin", "policy", "always-heads"), ("coin", "trainer", "scaled"), ("coin", "reward", "streak")} <= registered
     coin_source = next(r["source"] for r in data["registered"] if r["plugin"] == "coin")
     assert coin_source == "rolecast-coin==0.3.0 (rolecast_coin)"
     assert data["failed"] == [{"plugin": "broken", "source": "rolecast-coin==0.3.0 (rolecast_coin_broken)",
@@ -141,6 +180,47 @@ def test_team_on_third_party_env_runs(plugin_site, tmp_path):
     assert summary["status"] == {"ok": 5} and summary["roles"]["caller"]["turns"] == 20
     assert 0.0 < summary["roles"]["caller"]["mean_reward"] < 4.0  # seeded flips, not all heads
     assert rolecast(plugin_site, "validate", "team.yaml", cwd=tmp_path).returncode == 0
+
+
+CALLER = """
+    name: caller
+    description: Calls coin flips.
+    prompt: caller.md.j2
+    output_schema: {type: object, properties: {call: {enum: [heads, tails]}}, required: [call]}
+    policy: {adapter: caller}
+    """
+TRAINED_TEAM = """
+    name: coins
+    protocol: {type: coin, player: caller}
+    roles: [{use: ./caller.yaml}]
+    tasks: [{}]
+    training:
+      trainer: scaled
+      trainer_config: {gain: 2.0}
+      reward: streak
+      reward_config: {bonus: 1.0}
+    """
+
+
+@pytest.mark.parametrize("old, new, line, key, words", [
+    ("", "", None, None, None),
+    ("gain: 2.0", "gian: 2.0", 7, "training.trainer_config.gian", "unknown key (allowed: gain)"),
+    ("gain: 2.0", "gain: -1", 7, "training.trainer_config.gain", "greater than 0"),
+    ("bonus: 1.0", "bonsu: 1.0", 9, "training.reward_config.bonsu", "unknown key (allowed: bonus)"),
+    ("reward: streak", "reward: plain", 9, "training.reward_config.bonus", "unknown key"),
+], ids=["valid", "trainer-typo", "trainer-range", "reward-typo", "reward-without-config"])
+def test_third_party_trainer_and_reward_options_are_validated(plugin_site, tmp_path, old, new, line, key, words):
+    write(tmp_path / "caller.md.j2", "Flip {{ flip }}: heads or tails?\n{{ schema }}\n")
+    write(tmp_path / "caller.yaml", CALLER)
+    write(tmp_path / "team.yaml", TRAINED_TEAM.replace(old, new))
+    proc = rolecast(plugin_site, "validate", "team.yaml", cwd=tmp_path)
+    if line is None:
+        assert proc.returncode == 0, proc.stderr
+        return
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    m = ERROR_LINE.match(proc.stderr.strip())
+    assert m and m["file"] == "team.yaml" and int(m["line"]) == line and m["key"] == key, proc.stderr
+    assert words in m["problem"], proc.stderr
 
 
 def test_without_the_plugin_its_env_is_an_unknown_plugin(tmp_path, cli):

@@ -33,9 +33,10 @@ from safetensors.torch import load_file, save_file
 from transformers.cache_utils import DynamicCache
 
 from ..compute import compute_thread
+from ..config import LOSS_CONFIGS
 from ..engines.grammar import book_for
 from ..models import LoadedModel, load_model
-from .losses import AGGREGATIONS, LOSS_FNS, aggregate, k3_kl, token_logprobs
+from .losses import LOSS_FNS, aggregate, k3_kl, token_logprobs
 from .types import AdamParams, Datum, ForwardBackwardOutput, LoraConfig, OptimStepResponse
 
 T = TypeVar("T")
@@ -156,17 +157,14 @@ class TrainingClient:
         if not data:
             raise ValueError("forward_backward needs at least one Datum")
         fn, needed = LOSS_FNS[loss_fn]
-        how = config.get("aggregation", "token-sum")
-        if how not in AGGREGATIONS:
-            raise ValueError(f"unknown aggregation {how!r}: use one of {', '.join(AGGREGATIONS)}")
+        options = LOSS_CONFIGS[loss_fn].model_validate(config)  # a ValueError on an unknown key or a bad value
         for key in needed:
             missing = [i for i, d in enumerate(data) if key not in d.loss_fn_inputs]
             if missing:
                 raise ValueError(f"loss {loss_fn!r} needs loss_fn_inputs[{key!r}] (missing in datum {missing[0]})")
         model = self.service.peft
         model.set_adapter(self.name)
-        temperature = float(config.get("temperature", 1.0))
-        kl_coef = float(config.get("kl_coef", 0.0))
+        temperature, kl_coef = options.temperature, options.kl_coef
         masks = [d.mask() for d in data]
         total_tokens = float(sum(m.sum() for m in masks))
         sums: dict[str, float] = defaultdict(float)
@@ -182,14 +180,14 @@ class TrainingClient:
             bitmask = self._grammar_masks(part, [masks[i] for i in rows])
             with torch.set_grad_enabled(backward):
                 logp = self._logprobs(part, targets, mask, temperature, bitmask)
-                per_token, extra = fn(logp, inputs, config)
+                per_token, extra = fn(logp, inputs, options)
                 if kl_coef:
                     with torch.no_grad(), model.disable_adapter():
                         base_logp = self._logprobs(part, targets, mask, temperature, bitmask)
                     kl = k3_kl(logp, base_logp)
                     per_token = per_token + kl_coef * kl
                     extra = {**extra, "kl": kl}
-                loss = aggregate(per_token, mask, lengths, how, total_tokens=total_tokens, total_sequences=len(data))
+                loss = aggregate(per_token, mask, lengths, options.aggregation, total_tokens=total_tokens, total_sequences=len(data))
                 if backward:
                     loss.backward()
             sums["loss"] += float(loss.detach())

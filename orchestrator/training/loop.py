@@ -30,19 +30,19 @@ import structlog
 import torch
 import yaml
 
-from ..config import TrainingConfig
+from ..config import RECIPE_LOSS_DEFAULTS, TrainingConfig
 from ..engines.base import Engine
 from ..episode import derive_seed
 from ..errors import RolecastError
 from ..evaluation import CHECKPOINT_ADAPTER, bind_opponent
 from ..evaluation import evaluate as evaluate_results
-from ..registry import Registry, default_registry
+from ..registry import Registry, config_model, default_registry
 from ..runner import RunOptions, build_policies, run_team
 from ..team import Team
 from ..transcript import EpisodeRecord
 from .datums import DatumBuildOptions, role_datums
 from .metrics import MetricsWriter
-from .trainer import TrainerContext
+from .trainer import Trainer, TrainerContext
 from .types import AdamParams, Datum, LoraConfig
 
 log = structlog.get_logger()
@@ -83,8 +83,15 @@ class TrainingRun:
         self.roles = trainable_roles(team)
         if not self.roles:
             raise RolecastError(f"{team.path}: no trainable role (trainable: true, an adapter, bound to the model)")
-        self.trainer = self.registry.get("trainers", self.cfg.trainer)(TrainerContext(self.roles, dict(self.cfg.trainer_config)))
+        # The configs were checked when the team loaded; here they become the plugins' models.
+        trainer_cls: type[Trainer] = self.registry.get("trainers", self.cfg.trainer)
+        trainer_config = trainer_cls.Config.model_validate(self.cfg.trainer_config)
+        try:
+            self.trainer = trainer_cls(TrainerContext(self.roles, trainer_config))
+        except ValueError as exc:  # options that do not fit the team, e.g. self-play players on two adapters
+            raise RolecastError(f"{team.path}: training.trainer_config: {exc}") from None
         self.reward_fn = self.registry.get("rewards", self.cfg.reward)
+        self.reward_config = config_model(self.reward_fn).model_validate(self.cfg.reward_config)
         lora = LoraConfig(**{**self.cfg.lora.model_dump(), "target_modules": tuple(self.cfg.lora.target_modules)})
         self.clients = {a: service.create_lora_training_client(a, lora) for a in dict.fromkeys(self.roles.values())}
         self.policies = build_policies(team, {}, lambda: engine, self.registry)
@@ -125,7 +132,7 @@ class TrainingRun:
     async def train_step(self, step: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         groups = await self.rollout(step)
-        rewards = [[self.reward_fn(ep, list(self.team.roles), self.cfg.reward_config) for ep in g] for g in groups]
+        rewards = [[self.reward_fn(ep, list(self.team.roles), self.reward_config) for ep in g] for g in groups]
         advantages = self.trainer.advantages([[{r: rw[r] for r in self.roles} for rw in g] for g in rewards])
         t_roll = time.perf_counter() - t0
         row: dict[str, Any] = {"step": step, "kind": "train"}
@@ -139,9 +146,7 @@ class TrainingRun:
         row["episodes"] = sum(len(g) for g in groups)
         for adapter in self.trainer.adapters_to_train(step):
             row.update(await self._update(adapter, groups, advantages))
-        after_step = getattr(self.trainer, "after_step", None)  # e.g. self-play: results, Elo, snapshots
-        if after_step:
-            row.update(after_step(step, [ep for g in groups for ep in g], [rw for g in rewards for rw in g], self._snapshot))
+        row.update(self.trainer.after_step(step, [ep for g in groups for ep in g], [rw for g in rewards for rw in g], self._snapshot))
         row["rollout_s"] = round(t_roll, 3)
         row["step_s"] = round(time.perf_counter() - t0, 3)
         self.metrics.write(row)
@@ -152,7 +157,6 @@ class TrainingRun:
         chosen = [rng.choice(self.team.tasks) for _ in range(self.cfg.groups_per_step)]
         size = self.cfg.group_size
         team = replace(self.team, tasks=[t for t in chosen for _ in range(size)])
-        adapters_for = getattr(self.trainer, "adapters_for", None)
         result = await run_team(team, self.policies, RunOptions(
             episodes=len(team.tasks),
             seed=derive_seed(self.options.seed, step),
@@ -160,7 +164,7 @@ class TrainingRun:
             concurrency=self.team.config.concurrency,
             episode_timeout_s=self.team.config.episode_timeout_s,
             progress=False,
-            adapters_for=(lambda i: adapters_for(step, i)) if adapters_for else None,
+            adapters_for=lambda i: self.trainer.adapters_for(step, i),
         ))
         return [result.episodes[g * size:(g + 1) * size] for g in range(len(chosen))]
 
@@ -181,7 +185,7 @@ class TrainingRun:
         if n_datums == 0:
             return {f"{adapter}/datums": 0}
         for temperature, data in by_temperature.items():
-            config = {**self.cfg.loss_config, "temperature": temperature}
+            config = {**RECIPE_LOSS_DEFAULTS, **self.cfg.loss_config, "temperature": temperature}
             out = await (await client.forward_backward_async(data, self.cfg.loss, config)).result_async()
             for key, value in out.metrics.items():
                 metrics[f"{adapter}/{key}"] = metrics.get(f"{adapter}/{key}", 0.0) + value / len(by_temperature)
@@ -207,7 +211,7 @@ class TrainingRun:
             row[f"eval_reward/{role}"] = stats["mean_reward"]
             row[f"eval_ci95/{role}"] = stats["reward_ci95"] or 0.0  # None: a single episode
             if self.cfg.reward != "env":
-                shaped = [self.reward_fn(ep, list(self.team.roles), self.cfg.reward_config)[role] for ep in result.episodes]
+                shaped = [self.reward_fn(ep, list(self.team.roles), self.reward_config)[role] for ep in result.episodes]
                 row[f"eval_trained_reward/{role}"] = sum(shaped) / len(shaped)
         for role, e in evaluate_results(team, result.episodes, result.summary).items():
             row[f"eval_win_rate/{role}"] = e["win_rate"]
@@ -266,7 +270,7 @@ class TrainingRun:
         for adapter, client in self.clients.items():
             client.load_state(folder / "adapters" / adapter).result()
         self.trainer.load_state_dict(state["trainer"])
-        for name in getattr(self.trainer, "pool", []):  # self-play opponents back into the engine
+        for name in self.trainer.opponent_adapters():  # e.g. self-play's snapshots back into the engine
             self.engine.load_adapter(name, self.run_dir / "pool" / name)
         for adapter, client in self.clients.items():
             client.save_weights_for_sampler(self._sampler_dir(adapter)).result()

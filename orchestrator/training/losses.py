@@ -15,17 +15,21 @@ Notation, per action token t (mask m_t = 1) of a sequence:
 
 Aggregation over the batch: ``token-sum`` (Tinker's), ``token-mean`` (over all action tokens) or
 ``sequence-mean`` (mean over sequences of each sequence's token mean).
+
+Each loss's options (``loss_fn_config``, a recipe's ``loss_config``) are its ``LOSS_CONFIGS``
+model in ``config.py``, kept free of torch so that ``rolecast validate`` checks them cheaply.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, get_args
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from ..config import Aggregation, LossConfig, PPOConfig
 from ..engines.grammar import allowed_tokens
 
-AGGREGATIONS = ("token-sum", "token-mean", "sequence-mean")
+AGGREGATIONS: tuple[str, ...] = get_args(Aggregation)
 
 
 def token_logprobs(
@@ -60,18 +64,17 @@ def _chunk_logprobs(
     return logits.gather(-1, y[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
-def _cross_entropy(logp, inputs, config):
+def _cross_entropy(logp, inputs, config: LossConfig):
     return -logp, {}
 
 
-def _importance_sampling(logp, inputs, config):
+def _importance_sampling(logp, inputs, config: LossConfig):
     ratio = torch.exp(logp - inputs["logprobs"])
     return -ratio * inputs["advantages"], {"ratio": ratio}
 
 
-def _ppo(logp, inputs, config):
-    lo = float(config.get("clip_low_threshold", 0.8))
-    hi = float(config.get("clip_high_threshold", 1.2))
+def _ppo(logp, inputs, config: PPOConfig):
+    lo, hi = config.clip_low_threshold, config.clip_high_threshold
     ratio = torch.exp(logp - inputs["logprobs"])
     adv = inputs["advantages"]
     unclipped, clipped = ratio * adv, ratio.clamp(lo, hi) * adv

@@ -4,38 +4,80 @@ and decides which adapters learn at each step.
 A *group* is the episodes that share one task (GRPO's group): their rewards are compared with
 each other. ``rewards[g][e][role]`` is the reward of ``role`` in episode ``e`` of group ``g``
 (after the reward plugin); a trainer returns advantages of the same shape.
+
+A trainer subclasses ``Trainer``, writes ``advantages`` and overrides the other hooks it needs;
+its options are a ``Config`` model (the recipe's ``trainer_config``, checked when the recipe
+loads) that it reads as ``self.config``.
 """
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ..config import PluginConfig
+
+if TYPE_CHECKING:
+    from ..transcript import EpisodeRecord
 
 Rewards = list[list[dict[str, float]]]
+Snapshot = Callable[[str, str], None]  # snapshot(adapter, name)
 
 
 @dataclass
 class TrainerContext:
-    """What every trainer is told about the team: role -> adapter for the trainable roles."""
+    """What every trainer is told: role -> adapter for the trainable roles, and its options."""
 
     adapters: dict[str, str]  # trainable role -> adapter name (several roles may share one)
-    config: dict[str, Any] = field(default_factory=dict)  # the recipe's trainer_config
+    config: PluginConfig | None = None  # the trainer's Config from trainer_config; None = its defaults
 
     @property
     def adapter_names(self) -> list[str]:
         return list(dict.fromkeys(self.adapters.values()))
 
 
-class Trainer(Protocol):
-    def __init__(self, context: TrainerContext): ...
+class Trainer(ABC):
+    """The hooks the training loop calls, in the order it calls them each step."""
 
-    def adapters_to_train(self, step: int) -> list[str]: ...
+    Config: ClassVar[type[PluginConfig]] = PluginConfig  # no options unless a subclass declares some
 
-    def advantages(self, rewards: Rewards) -> Rewards: ...
+    def __init__(self, context: TrainerContext):
+        self.context = context
+        self.config = context.config if context.config is not None else self.Config()
 
-    def state_dict(self) -> dict[str, Any]: ...
+    def adapters_for(self, step: int, index: int) -> dict[str, str]:
+        """role -> adapter overrides for episode ``index`` of the step's rollout (e.g. a past
+        snapshot as the opponent). Roles played by an override do not train on that episode."""
+        return {}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    @abstractmethod
+    def advantages(self, rewards: Rewards) -> Rewards:
+        """Per-role advantages for every episode, in the shape of ``rewards``."""
+
+    def adapters_to_train(self, step: int) -> list[str]:
+        """The adapters that take an optimizer step at ``step``: by default all of them."""
+        return self.context.adapter_names
+
+    def after_step(
+        self, step: int, episodes: list[EpisodeRecord], rewards: list[dict[str, float]], snapshot: Snapshot
+    ) -> dict[str, float]:
+        """Called after the step's updates with its episodes and rewards, flat in rollout order;
+        ``snapshot(adapter, name)`` freezes an adapter's live weights as adapter ``name``.
+        Returns extra metrics for the step's row."""
+        return {}
+
+    def opponent_adapters(self) -> list[str]:
+        """The snapshot names (made with ``snapshot``) that ``--resume`` loads back into the engine."""
+        return []
+
+    def state_dict(self) -> dict[str, Any]:
+        """The trainer's state for a checkpoint (JSON-serialisable)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` returned, on ``--resume``."""
 
 
 def centred(values: list[float], scale_std: bool, eps: float = 1e-6) -> list[float]:

@@ -7,7 +7,7 @@ of slower joint progress. Advantages are GRPO's.
 """
 from __future__ import annotations
 
-from typing import Any
+from pydantic import Field
 
 from orchestrator.training.trainer import TrainerContext
 
@@ -15,18 +15,19 @@ from .grpo import GRPO
 
 
 class FreezeRotate(GRPO):
+    class Config(GRPO.Config):
+        every: int = Field(10, ge=1, description="steps per phase")
+        schedule: list[str] | None = Field(
+            None, min_length=1, description="adapters in phase order, repeats allowed; default: every trainable adapter")
+
+    config: Config
+
     def __init__(self, context: TrainerContext):
         super().__init__(context)
-        self.every = int(context.config.get("every", 10))
-        if self.every < 1:
-            raise ValueError("freeze-rotate: `every` must be at least 1")
-        self.schedule = list(context.config.get("schedule") or context.adapter_names)
+        self.schedule = list(self.config.schedule or context.adapter_names)
         unknown = sorted(set(self.schedule) - set(context.adapter_names))
         if unknown or not self.schedule:
             raise ValueError(f"freeze-rotate: schedule names unknown adapter(s) {unknown}; trainable: {context.adapter_names}")
 
     def adapters_to_train(self, step: int) -> list[str]:
-        return [self.schedule[(step // self.every) % len(self.schedule)]]
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
+        return [self.schedule[(step // self.config.every) % len(self.schedule)]]

@@ -8,30 +8,23 @@ and every action token of role i in episode e gets A_{e,i}.
 """
 from __future__ import annotations
 
-from typing import Any
+from pydantic import Field
 
-from orchestrator.training.trainer import Rewards, TrainerContext, centred
+from orchestrator.config import PluginConfig
+from orchestrator.training.trainer import Rewards, Trainer, centred
 
 
-class GRPO:
-    def __init__(self, context: TrainerContext):
-        self.context = context
-        self.scale_std = bool(context.config.get("scale_std", False))
+class GRPO(Trainer):
+    class Config(PluginConfig):
+        scale_std: bool = Field(False, description="divide each group's centred rewards by their std")
 
-    def adapters_to_train(self, step: int) -> list[str]:
-        return self.context.adapter_names
+    config: Config
 
     def advantages(self, rewards: Rewards) -> Rewards:
         out: Rewards = [[{} for _ in group] for group in rewards]
         for g, group in enumerate(rewards):
             for role in self.context.adapters:
-                adv = centred([episode.get(role, 0.0) for episode in group], self.scale_std)
+                adv = centred([episode.get(role, 0.0) for episode in group], self.config.scale_std)
                 for e, value in enumerate(adv):
                     out[g][e][role] = value
         return out
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass

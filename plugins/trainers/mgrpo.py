@@ -9,28 +9,33 @@ advantage instead, so credit follows each role's process reward.
 """
 from __future__ import annotations
 
-from orchestrator.training.trainer import Rewards, TrainerContext, centred
+from pydantic import Field
+
+from orchestrator.config import NAME_PATTERN
+from orchestrator.training.trainer import Rewards, centred
 
 from .grpo import GRPO
 
 
 class MGRPO(GRPO):
-    def __init__(self, context: TrainerContext):
-        super().__init__(context)
-        self.per_role = bool(context.config.get("per_role", False))
-        self.team_role = context.config.get("team_reward_role")
+    class Config(GRPO.Config):
+        per_role: bool = Field(False, description="each role's own group-relative advantage (GRPO's) instead of the team's")
+        team_reward_role: str | None = Field(
+            None, pattern=NAME_PATTERN, description="the role whose reward is the team's; default: the mean over roles")
+
+    config: Config
 
     def team_reward(self, episode: dict[str, float]) -> float:
-        if self.team_role:
-            return episode.get(self.team_role, 0.0)
+        if self.config.team_reward_role:
+            return episode.get(self.config.team_reward_role, 0.0)
         values = [episode.get(role, 0.0) for role in self.context.adapters]
         return sum(values) / len(values) if values else 0.0
 
     def advantages(self, rewards: Rewards) -> Rewards:
-        if self.per_role:
+        if self.config.per_role:
             return super().advantages(rewards)
         out: Rewards = []
         for group in rewards:
-            adv = centred([self.team_reward(episode) for episode in group], self.scale_std)
+            adv = centred([self.team_reward(episode) for episode in group], self.config.scale_std)
             out.append([{role: a for role in self.context.adapters} for a in adv])
         return out

@@ -15,30 +15,36 @@ round and round; old snapshots anchor it.
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, Literal
 
-from orchestrator.training.trainer import TrainerContext
+from pydantic import Field
+
+from orchestrator.training.trainer import Snapshot, TrainerContext
+from orchestrator.transcript import EpisodeRecord
 
 from .grpo import GRPO
 
 
 class SelfPlay(GRPO):
+    class Config(GRPO.Config):
+        players: list[str] | None = Field(
+            None, min_length=2, description="the roles that share the adapter; default: every trainable role")
+        snapshot_every: int = Field(5, ge=0, description="steps between snapshots joining the pool; 0 = none")
+        pool_size: int = Field(5, ge=1, description="snapshots kept; the oldest leaves")
+        latest_prob: float = Field(0.8, ge=0.0, le=1.0, description="chance an episode's opponent is the live adapter")
+        sampling: Literal["uniform", "win_rate"] = Field("uniform", description="how a snapshot opponent is drawn")
+        elo_k: float = Field(16.0, ge=0.0, description="Elo K-factor")
+        seed: int = Field(0, description="seeds the opponent draws")
+
+    config: Config
+
     def __init__(self, context: TrainerContext):
         super().__init__(context)
-        cfg = context.config
-        self.players: list[str] = list(cfg.get("players") or context.adapters)
+        self.players: list[str] = list(self.config.players or context.adapters)
         adapters = {context.adapters.get(p) for p in self.players}
         if len(self.players) < 2 or len(adapters) != 1 or None in adapters:
             raise ValueError(f"self-play needs two or more trainable players sharing one adapter; got {self.players}")
         self.adapter = adapters.pop()
-        self.snapshot_every = int(cfg.get("snapshot_every", 5))
-        self.pool_size = int(cfg.get("pool_size", 5))
-        self.latest_prob = float(cfg.get("latest_prob", 0.8))
-        self.sampling = cfg.get("sampling", "uniform")
-        if self.sampling not in ("uniform", "win_rate"):
-            raise ValueError("self-play: sampling must be 'uniform' or 'win_rate'")
-        self.k = float(cfg.get("elo_k", 16.0))
-        self.seed = int(cfg.get("seed", 0))
         self.pool: list[str] = []
         self.record: dict[str, list[int]] = {}  # snapshot -> [snapshot wins, games] against the learner
         self.elo: dict[str, float] = {"latest": 1000.0}
@@ -49,10 +55,10 @@ class SelfPlay(GRPO):
 
     def opponent(self, step: int, index: int) -> str | None:
         """The snapshot the non-learners play in this episode, or None for the live adapter."""
-        rng = random.Random(f"{self.seed}:{step}:{index}")
-        if not self.pool or rng.random() < self.latest_prob:
+        rng = random.Random(f"{self.config.seed}:{step}:{index}")
+        if not self.pool or rng.random() < self.config.latest_prob:
             return None
-        if self.sampling == "uniform":
+        if self.config.sampling == "uniform":
             return rng.choice(self.pool)
         weights = [(self.record[n][0] + 1) / (self.record[n][1] + 2) for n in self.pool]
         return rng.choices(self.pool, weights=weights)[0]
@@ -64,9 +70,9 @@ class SelfPlay(GRPO):
         return {p: snapshot for p in self.players if p != self.learner(index)}
 
     # -- after each step: results, Elo, snapshots ----------------------------------------------
-    def after_step(self, step: int, episodes: list, rewards: list[dict[str, float]], snapshot) -> dict[str, Any]:
-        """``episodes``/``rewards`` flat in rollout order; ``snapshot(adapter, name)`` copies the
-        adapter's live weights into the engine under ``name``."""
+    def after_step(
+        self, step: int, episodes: list[EpisodeRecord], rewards: list[dict[str, float]], snapshot: Snapshot
+    ) -> dict[str, float]:
         wins = {"latest": [0, 0], "pool": [0, 0]}
         for ep, rw in zip(episodes, rewards):
             me = self.learner(ep.index)
@@ -79,13 +85,14 @@ class SelfPlay(GRPO):
             bucket[1] += 1
             if opp:
                 self._update_elo(opp, score)
-        if self.snapshot_every and step % self.snapshot_every == 0:
+        every = self.config.snapshot_every
+        if every and step % every == 0:
             name = f"{self.adapter}@{step}"
             snapshot(self.adapter, name)
             self.pool.append(name)
             self.record[name] = [0, 0]
             self.elo[name] = self.elo["latest"]
-            if len(self.pool) > self.pool_size:
+            if len(self.pool) > self.config.pool_size:
                 self.record.pop(self.pool.pop(0))
         out = {f"win_rate/vs_{k}": v[0] / v[1] for k, v in wins.items() if v[1]}
         out.update({f"elo/{k}": v for k, v in self.elo.items() if k == "latest" or k in self.pool})
@@ -93,10 +100,13 @@ class SelfPlay(GRPO):
 
     def _update_elo(self, snapshot: str, score: float) -> None:
         expected = 1.0 / (1.0 + 10 ** ((self.elo[snapshot] - self.elo["latest"]) / 400))
-        self.elo["latest"] += self.k * (score - expected)
-        self.elo[snapshot] -= self.k * (score - expected)
+        self.elo["latest"] += self.config.elo_k * (score - expected)
+        self.elo[snapshot] -= self.config.elo_k * (score - expected)
         self.record[snapshot][0] += int(score == 0.0)
         self.record[snapshot][1] += 1
+
+    def opponent_adapters(self) -> list[str]:
+        return list(self.pool)
 
     def state_dict(self) -> dict[str, Any]:
         return {"pool": self.pool, "record": self.record, "elo": self.elo}

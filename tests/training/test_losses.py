@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from orchestrator.config import LossConfig, PPOConfig
 from orchestrator.training import AdamParams, Datum, LoraConfig, ModelInput, ServiceClient
 from orchestrator.training.losses import LOSS_FNS, aggregate, k3_kl, token_logprobs
 
@@ -13,9 +14,9 @@ from orchestrator.training.losses import LOSS_FNS, aggregate, k3_kl, token_logpr
 def test_cross_entropy_and_importance_sampling_by_hand():
     logp = torch.tensor([-1.0, -2.0, -0.5])
     inputs = {"logprobs": torch.tensor([-1.0, -1.0, -1.0]), "advantages": torch.tensor([2.0, -1.0, 0.5])}
-    ce, _ = LOSS_FNS["cross_entropy"][0](logp, inputs, {})
+    ce, _ = LOSS_FNS["cross_entropy"][0](logp, inputs, LossConfig())
     assert ce.tolist() == [1.0, 2.0, 0.5]
-    is_, extra = LOSS_FNS["importance_sampling"][0](logp, inputs, {})
+    is_, extra = LOSS_FNS["importance_sampling"][0](logp, inputs, LossConfig())
     ratios = [1.0, math.exp(-1.0), math.exp(0.5)]
     assert is_.tolist() == pytest.approx([-2.0 * ratios[0], 1.0 * ratios[1], -0.5 * ratios[2]])
     assert extra["ratio"].tolist() == pytest.approx(ratios)
@@ -25,7 +26,7 @@ def test_ppo_clips_by_hand():
     # ratios 1.5 (A>0: clipped to 1.2), 0.5 (A>0: unclipped is smaller), 0.5 (A<0: clipped to 0.8)
     logp = torch.log(torch.tensor([1.5, 0.5, 0.5]))
     inputs = {"logprobs": torch.zeros(3), "advantages": torch.tensor([1.0, 1.0, -1.0])}
-    loss, extra = LOSS_FNS["ppo"][0](logp, inputs, {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2})
+    loss, extra = LOSS_FNS["ppo"][0](logp, inputs, PPOConfig(clip_low_threshold=0.8, clip_high_threshold=1.2))
     assert loss.tolist() == pytest.approx([-1.2, -0.5, 0.8])
     assert extra["clipped"].tolist() == [1.0, 0.0, 1.0]
 
@@ -117,6 +118,10 @@ def test_bad_calls_are_clear(service):
     c = service.create_lora_training_client("bad", LoraConfig(rank=4))
     with pytest.raises(ValueError, match="unknown loss_fn"):
         c.forward([datum()], "dpo").result()
+    with pytest.raises(ValueError, match="clip_low"):  # a misspelt option is an error, not the default
+        c.forward([datum()], "ppo", {"clip_low": 0.9}).result()
+    with pytest.raises(ValueError, match="aggregation"):
+        c.forward([datum()], "importance_sampling", {"aggregation": "mean"}).result()
     d = datum()
     del d.loss_fn_inputs["advantages"]
     with pytest.raises(ValueError, match="needs loss_fn_inputs\\['advantages'\\]"):

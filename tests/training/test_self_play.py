@@ -10,7 +10,7 @@ from orchestrator.transcript import EpisodeRecord
 
 def make(**config):
     cls = default_registry().get("trainers", "self-play")
-    return cls(TrainerContext(adapters={"x": "player", "o": "player"}, config=config))
+    return cls(TrainerContext(adapters={"x": "player", "o": "player"}, config=cls.Config(**config)))
 
 
 def fill_pool(t, names):
@@ -71,6 +71,7 @@ def test_after_step_snapshots_bounded_pool_and_elo():
         metrics = t.after_step(step, episodes, rewards, snapshot)
     assert saved == [("player", "player@2"), ("player", "player@4"), ("player", "player@6")]
     assert t.pool == ["player@4", "player@6"] and set(t.record) == {"player@4", "player@6"}
+    assert t.opponent_adapters() == t.pool  # what --resume loads back into the engine
     assert metrics["win_rate/vs_pool"] == 1.0
     assert t.elo["latest"] > t.elo["player@4"]  # it kept beating the snapshot it was rated equal to
     state = t.state_dict()

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
-from orchestrator.registry import default_registry
+from orchestrator.registry import config_model, default_registry
 from orchestrator.training.trainer import TrainerContext
 from orchestrator.transcript import EpisodeRecord, Turn
 
@@ -11,7 +12,8 @@ REG = default_registry()
 
 
 def trainer(name: str, **config):
-    return REG.get("trainers", name)(TrainerContext(adapters={"pro": "pro", "con": "con"}, config=config))
+    cls = REG.get("trainers", name)
+    return cls(TrainerContext(adapters={"pro": "pro", "con": "con"}, config=cls.Config(**config)))
 
 
 # two groups (tasks) of three episodes each
@@ -52,6 +54,8 @@ def test_freeze_rotate_schedule():
     assert [t.adapters_to_train(s)[0] for s in range(4)] == ["con", "con", "pro", "con"]
     with pytest.raises(ValueError, match="unknown adapter"):
         trainer("freeze-rotate", schedule=["judge"])
+    with pytest.raises(ValidationError, match="greater than or equal to 1"):
+        trainer("freeze-rotate", every=0)
 
 
 def episode(rewards, outcome=None, judge_says=None):
@@ -62,7 +66,8 @@ def episode(rewards, outcome=None, judge_says=None):
 
 
 def reward(name, ep, roles, **config):
-    return REG.get("rewards", name)(ep, roles, config)
+    fn = REG.get("rewards", name)
+    return fn(ep, roles, config_model(fn)(**config))
 
 
 def test_reward_plugins_by_hand():
@@ -72,7 +77,7 @@ def test_reward_plugins_by_hand():
     assert reward("outcome", ep, roles) == {"planner": 0.5, "coder": 0.5}
     assert reward("hybrid", ep, roles) == pytest.approx({"planner": 0.6 * 0.5 + 0.4 * 1.0, "coder": 0.6 * 0.5 + 0.4 * 0.25})
     assert reward("hybrid", ep, roles, alpha=1.0) == {"planner": 0.5, "coder": 0.5}
-    with pytest.raises(ValueError):
+    with pytest.raises(ValidationError, match="less than or equal to 1"):
         reward("hybrid", ep, roles, alpha=2)
     duel = episode({"pro": 1.0, "con": -0.5})
     assert reward("zero-sum", duel, ["pro", "con"]) == {"pro": 0.75, "con": -0.75}

@@ -1,0 +1,123 @@
+"""trainer_config, reward_config and loss_config are checked against the plugins' Config models:
+a misspelt or out-of-range option is one ``FILE:LINE: KEY: problem`` line and exit code 2."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.config import PluginConfig
+from orchestrator.errors import RolecastError
+from orchestrator.hookspecs import hookimpl
+from orchestrator.registry import discover
+from orchestrator.team import load_team
+from support import ERROR_LINE
+
+RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+
+# (id, recipe, text in it, replacement, line, key, words the problem must contain)
+CASES = [
+    ("trainer-typo", "rps.yaml", "snapshot_every: 5", "snapshot_evry: 5",
+     33, "training.trainer_config.snapshot_evry", "unknown key (allowed: elo_k, latest_prob, players, pool_size"),
+    ("trainer-bad-choice", "rps.yaml", "pool_size: 5}", "pool_size: 5, sampling: winrate}",
+     33, "training.trainer_config.sampling", "'uniform' or 'win_rate'"),
+    ("trainer-out-of-range", "rps.yaml", "pool_size: 5}", "pool_size: 5, latest_prob: 1.5}",
+     33, "training.trainer_config.latest_prob", "less than or equal to 1"),
+    ("trainer-option-of-another-trainer", "debate.yaml", "trainer: grpo", "trainer: grpo\n  trainer_config: {per_role: true}",
+     34, "training.trainer_config.per_role", "unknown key (allowed: scale_std)"),
+    ("reward-typo", "guess_number.yaml", "{alpha: 0.6}", "{alhpa: 0.6}",
+     33, "training.reward_config.alhpa", "unknown key (allowed: alpha)"),
+    ("reward-bad-value", "guess_number.yaml", "{alpha: 0.6}", "{alpha: 2}",
+     33, "training.reward_config.alpha", "less than or equal to 1 (got 2)"),
+    ("reward-without-options", "debate.yaml", "reward: env", "reward: env\n  reward_config: {alpha: 0.5}",
+     35, "training.reward_config.alpha", "unknown key"),
+    ("judge-reward-typo", "debate.yaml", "reward: env", "reward: judge\n  reward_config:\n    judge: judge\n    loose: -1",
+     37, "training.reward_config.loose", "unknown key (allowed: field, judge, lose, stances, win)"),
+    ("loss-typo", "debate.yaml", "clip_low_threshold: 0.8", "clip_low: 0.8",
+     39, "training.loss_config.clip_low", "unknown key (allowed: aggregation, clip_high_threshold, clip_low_threshold"),
+    ("loss-option-of-another-loss", "debate.yaml", "loss: ppo", "loss: importance_sampling",
+     39, "training.loss_config.clip_low_threshold", "unknown key (allowed: aggregation, kl_coef, temperature)"),
+    ("loss-bad-aggregation", "debate.yaml", "aggregation: token-mean", "aggregation: mean",
+     39, "training.loss_config.aggregation", "'token-sum', 'token-mean' or 'sequence-mean'"),
+    ("loss-temperature", "debate.yaml", "aggregation: token-mean}", "aggregation: token-mean, temperature: 0.7}",
+     39, "training.loss_config.temperature", "policy.sampling.temperature"),
+    ("unknown-trainer", "rps.yaml", "trainer: self-play", "trainer: self_play",
+     32, "training.trainer", "unknown trainer plugin 'self_play'"),
+]
+
+
+def recipe(tmp_path: Path, name: str, old: str = "", new: str = "") -> Path:
+    text = (RECIPES / name).read_text()
+    assert old in text, f"{old!r} not in {name}"
+    path = tmp_path / name
+    path.write_text(text.replace(old, new, 1))
+    return path
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_plugin_option_is_one_line_exit_2(case, tmp_path, cli):
+    _, name, old, new, line, key, words = case
+    path = recipe(tmp_path, name, old, new)
+    code, _, err = cli("validate", path)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    m = ERROR_LINE.match(lines[0])
+    assert m and m["file"] == str(path) and int(m["line"]) == line and m["key"] == key, lines[0]
+    assert words in m["problem"], lines[0]
+
+
+def test_options_reach_the_plugins_as_their_models(tmp_path):
+    team = load_team(recipe(tmp_path, "rps.yaml"))
+    assert team.config.training.trainer_config == {"players": ["alice", "bob"], "snapshot_every": 5, "pool_size": 5}
+    from orchestrator.training.loop import TrainingRun, TrainOptions
+
+    class Service:
+        def create_lora_training_client(self, adapter, lora):
+            return None
+
+    run = TrainingRun(team, TrainOptions(out_dir=tmp_path / "run", model="tiny"), engine=None, service=Service())
+    assert run.trainer.config.snapshot_every == 5 and run.trainer.config.latest_prob == 0.8  # given, and a default
+    assert run.trainer.players == ["alice", "bob"]
+    assert type(run.reward_config) is PluginConfig  # `env` takes no options
+
+
+def test_options_that_do_not_fit_the_team_are_one_line_at_train_time(tmp_path):
+    from orchestrator.training.loop import TrainingRun, TrainOptions
+
+    team = load_team(recipe(tmp_path, "rps.yaml", "name: bob\n    policy: {adapter: player}", "name: bob\n    policy: {adapter: other}"))
+    with pytest.raises(RolecastError) as caught:
+        TrainingRun(team, TrainOptions(out_dir=tmp_path / "run", model="tiny"), engine=None, service=None)
+    assert str(caught.value).startswith(f"{team.path}: training.trainer_config: self-play needs two or more")
+
+
+def test_registry_refuses_trainers_and_rewards_that_break_the_contract():
+    class Loose(PluginConfig):
+        model_config = {"extra": "ignore"}
+
+    def loose_reward(episode, roles, config):
+        return {}
+
+    loose_reward.Config = Loose
+
+    class DuckTrainer:  # the loop's hooks are not all there
+        def advantages(self, rewards):
+            return rewards
+
+    class Plugin:
+        @staticmethod
+        @hookimpl
+        def register_trainers(register):
+            register("duck", DuckTrainer)
+
+        @staticmethod
+        @hookimpl
+        def register_rewards(register):
+            register("loose", loose_reward)
+
+    registry = discover()
+    registry.add_module(Plugin, "shaky", "test")
+    errors = sorted(f.error for f in registry.failures if f.plugin == "shaky")
+    assert "register_rewards: TypeError" in errors[0] and "forbids unknown keys" in errors[0]
+    assert "register_trainers: TypeError" in errors[1] and "not a subclass of" in errors[1]
+    assert "duck" not in registry.names("trainers") and "loose" not in registry.names("rewards")
