@@ -5,7 +5,8 @@ Games report ``outcome()["results"]`` (``{role: win | draw | loss}``); for other
 trainable role's result is the sign of its episode reward. ``--opponent`` rebinds the role the
 protocol declares as the opponent (``opponent_role()`` of its config): ``random``, ``minimax`` or
 any builtin policy, ``base`` (the model without an adapter) or ``checkpoint:PATH`` (a saved
-PEFT adapter, loaded into the engine).
+PEFT adapter, loaded into the engine). Where a role bound to ``builtin:random`` cannot see the
+game's legal moves (some TextArena games), eval warns and lists it under ``illegal_baseline``.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import structlog
 from rich.console import Console
 from rich.table import Table
 
@@ -29,6 +31,7 @@ from .role import RoleSpec
 from .team import Team
 from .transcript import EpisodeRecord
 
+log = structlog.get_logger()
 CHECKPOINT_ADAPTER = "eval-opponent"
 RESULTS = ("win", "draw", "loss")
 
@@ -103,6 +106,15 @@ def bind_opponent(team: Team, opponent: str, overrides: dict[str, Binding]) -> t
     return team, role, None
 
 
+def blind_random_roles(team: Team, bindings: dict[str, str]) -> list[str]:
+    """Roles bound to ``builtin:random`` in a game whose views list no legal moves (some TextArena
+    games): it sends random words, which the game rejects, so it is no baseline there."""
+    known = getattr(team.env_config, "legal_moves_known", None)
+    if known is None or known():
+        return []
+    return [name for name, binding in bindings.items() if binding == "builtin:random"]
+
+
 def handler(args: argparse.Namespace) -> int:
     from .cli import _load_engine, _parse_adapter_flags, _parse_policy_flags
     from .runner import RunOptions, build_policies, run_team
@@ -123,6 +135,12 @@ def handler(args: argparse.Namespace) -> int:
                             {**adapters, **({CHECKPOINT_ADAPTER: checkpoint} if checkpoint else {})})
 
     policies = build_policies(team, overrides, engine_factory)
+    bindings = {name: str(overrides.get(name) or spec.binding or f"model ({spec.config.policy.adapter or 'base'})")
+                for name, spec in team.roles.items()}
+    blind = blind_random_roles(team, bindings)
+    if blind:
+        log.warning("builtin:random is no baseline here: the game lists no legal moves, so it sends random words "
+                    "and loses", team=team.name, roles=blind)
     out = args.out or Path("runs") / f"eval-{team.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     options = RunOptions(episodes=args.episodes, seed=seed, out_dir=out, concurrency=args.concurrency or cfg.concurrency,
                          episode_timeout_s=cfg.episode_timeout_s, progress=not (args.no_progress or args.json),
@@ -137,12 +155,10 @@ def handler(args: argparse.Namespace) -> int:
                 await engine.aclose()
 
     result = asyncio.run(go())
-    bindings = {name: str(overrides.get(name) or spec.binding or f"model ({spec.config.policy.adapter or 'base'})")
-                for name, spec in team.roles.items()}
     report = {"team": team.name, "episodes": len(result.episodes), "status": result.summary["status"],
               "opponent": {"role": opponent_role, "policy": args.opponent} if opponent_role else None,
               "bindings": bindings, "roles": evaluate(team, result.episodes, result.summary),
-              "run_dir": str(result.run_dir)}
+              "illegal_baseline": blind, "run_dir": str(result.run_dir)}
     (result.run_dir / "eval.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
     if args.json:
         print(json.dumps(report))
@@ -166,6 +182,9 @@ def print_report(report: dict[str, Any]) -> None:
     console = Console()
     console.print(table)
     console.print(f"win rate = success rate in one-player games; run dir: {report['run_dir']}", highlight=False)
+    if report["illegal_baseline"]:
+        console.print(f"not a baseline: builtin:random ({', '.join(report['illegal_baseline'])}) cannot see this game's "
+                      "legal moves", highlight=False)
 
 
 def register_cli(subparsers: Any) -> None:

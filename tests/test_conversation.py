@@ -86,6 +86,7 @@ def test_a_conversation_role_extends_its_turns_and_trains_on_one_sequence(loaded
         result = asyncio.run(run_team(team, policies, RunOptions(episodes=3, seed=0, out_dir=tmp_path, progress=False)))
     finally:
         asyncio.run(engine.aclose())
+    assert len(result.episodes) == 3
     for episode in result.episodes:
         attempts = [a for t in episode.turns for a in t.attempts]
         assert len(attempts) >= 2

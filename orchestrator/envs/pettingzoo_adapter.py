@@ -2,7 +2,7 @@
 
     protocol:
       type: pettingzoo
-      env: tictactoe_v3          # a classic game, a registry id (classic/tictactoe-v3), or a module with env()
+      env: tictactoe_v3          # a classic game, family/name_vN or a registry id (classic/tictactoe-v3), or a module with env()
       players: [p1, p2]          # one role per agent, in `possible_agents` order
       env_kwargs: {}
       illegal_penalty: -1.0      # an action outside the action mask: the game ends
@@ -44,17 +44,29 @@ class PettingZooConfig(GameConfig):
         return self
 
 
+def registry_id(name: str) -> str:
+    """tictactoe_v3, classic/tictactoe_v3 and classic/tictactoe-v3 all name classic/tictactoe-v3."""
+    family, _, game = name.rpartition("/")
+    game = re.sub(r"_v(\d+)$", r"-v\1", game)
+    return f"{family or 'classic'}/{game}"
+
+
 def make_env(name: str, kwargs: dict[str, Any]) -> Any:
     """An AEC env from the registry (PettingZoo >= 1.27, which deprecates the module API) or a module."""
     pettingzoo = require("pettingzoo")
     registry = getattr(pettingzoo, "aec_registry", None)
-    if "/" in name or registry is not None and "." not in name:
-        # tictactoe_v3 -> classic/tictactoe-v3
-        env_id = name if "/" in name else "classic/" + "-v".join(name.rsplit("_v", 1))
-        if registry is None or env_id not in registry:
-            raise ValueError(f"unknown PettingZoo env {name!r} (registry id {env_id!r})")
-        return pettingzoo.make("aec", env_id, **kwargs)
-    module = require(name if "." in name else f"pettingzoo.classic.{name}")
+    if "." in name:
+        return module_env(name, kwargs)
+    env_id = registry_id(name)
+    if registry is None:  # older PettingZoo: classic/tictactoe-v3 -> pettingzoo.classic.tictactoe_v3
+        return module_env("pettingzoo." + re.sub(r"-v(\d+)$", r"_v\1", env_id).replace("/", "."), kwargs)
+    if env_id not in registry:
+        raise ValueError(f"unknown PettingZoo env {name!r} (registry id {env_id!r})")
+    return pettingzoo.make("aec", env_id, **kwargs)
+
+
+def module_env(module_name: str, kwargs: dict[str, Any]) -> Any:
+    module = require(module_name)
     if not callable(getattr(module, "env", None)):
         raise ValueError(f"{module.__name__} has no env() constructor")
     return module.env(**kwargs)

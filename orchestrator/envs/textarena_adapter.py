@@ -9,14 +9,18 @@
 
 A role sends ``{"move": "[4]"}``; the text goes to TextArena as the player's action, and
 TextArena's own rules judge it (its invalid-move handling and rewards apply). Each role observes
-its player's TextArena observation. ``legal_moves`` are the ``moves`` given here, else the
-quoted bracketed moves the last "available/valid moves" line of the observation lists (as
-TicTacToe-v0 prints them), else empty. Rewards are TextArena's final rewards; the results compare them.
+its player's TextArena observation. ``legal_moves`` are the ``moves`` given here, else those read
+from the game state for the games in ``STATE_MOVES`` (Nim, Chopsticks, Breakthrough, in every
+variant), else the quoted bracketed moves the last "available/valid moves" line of the observation
+lists (as TicTacToe-v0 prints them), else empty: then ``builtin:random`` can only send random words,
+which TextArena rejects, and ``rolecast eval`` says so. Rewards are TextArena's final rewards; the
+results compare them; the outcome adds TextArena's reason (``detail``) and the roles that lost on
+an invalid move (``invalid_move``).
 """
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from pydantic import Field, model_validator
 
@@ -26,6 +30,62 @@ from .game import GameConfig, GameEnv, require, results_by_score
 
 MOVES_LINE = re.compile(r"(?:available|valid|legal) (?:moves|actions)[^\n]*", re.IGNORECASE)
 QUOTED_MOVE = re.compile(r"'(\[[^\]'\n]+\])'")
+
+
+def listed_moves(observation: str) -> list[str]:
+    lines = MOVES_LINE.findall(observation)
+    return QUOTED_MOVE.findall(lines[-1]) if lines else []
+
+
+def nim_moves(env: Any, player: int) -> list[str]:
+    """Take 1..n objects from a pile of n."""
+    piles = env.state.game_state["piles"]
+    return [f"[{i} {n}]" for i, pile in enumerate(piles) for n in range(1, pile + 1)]
+
+
+def chopsticks_moves(env: Any, player: int) -> list[str]:
+    """Attack a live hand with a live hand, or split your fingers into any other (L, R) with the same sum."""
+    hands = env.state.game_state["hands"]
+    mine, theirs = hands[player], hands[1 - player]
+    attacks = [f"[attack {m} {o}]" for m in (0, 1) for o in (0, 1) if mine[m] and theirs[o]]
+    total = sum(mine)
+    return attacks + [f"[split {left} {total - left}]" for left in range(total + 1) if [left, total - left] != list(mine)]
+
+
+def breakthrough_moves(env: Any, player: int) -> list[str]:
+    """One row forward (White up, Black down): straight onto an empty square, diagonally onto an enemy piece."""
+    board, size = env.state.game_state["board"], env.board_size
+    mine, theirs, step = ("W", "B", 1) if player == 0 else ("B", "W", -1)
+
+    def square(row: int, col: int) -> str:
+        return f"{chr(ord('a') + col)}{row + 1}"
+
+    return [f"[{square(r, c)}{square(r + step, c + dc)}]"
+            for r, row in enumerate(board) for c, piece in enumerate(row) if piece == mine and 0 <= r + step < size
+            for dc in (-1, 0, 1) if 0 <= c + dc < size and board[r + step][c + dc] == (theirs if dc else "")]
+
+
+# Games whose observation lists no moves but whose state makes them easy to enumerate, by entry point
+# (which every registered variant of a game shares: Nim-v0, Nim-v0-large, Nim-v0-train, ...).
+STATE_MOVES: dict[str, Callable[[Any, int], list[str]]] = {
+    "textarena.envs.Nim.env:NimEnv": nim_moves,
+    "textarena.envs.Chopsticks.env:ChopsticksEnv": chopsticks_moves,
+    "textarena.envs.Breakthrough.env:BreakthroughEnv": breakthrough_moves,
+}
+
+
+def state_moves(env_id: str) -> Callable[[Any, int], list[str]] | None:
+    from textarena.envs.registration import ENV_REGISTRY
+
+    return STATE_MOVES.get(str(ENV_REGISTRY[env_id].entry_point))
+
+
+def start(env_id: str, env_kwargs: dict[str, Any], players: int, seed: int) -> Any:
+    import textarena
+
+    env = textarena.make(env_id=env_id, **env_kwargs)
+    env.reset(num_players=players, seed=seed)  # TextArena seeds Python's global `random` from this seed
+    return env
 
 
 class TextArenaConfig(GameConfig):
@@ -43,10 +103,16 @@ class TextArenaConfig(GameConfig):
             raise ValueError(f"unknown TextArena env_id {self.env_id!r}")
         return self
 
-
-def listed_moves(observation: str) -> list[str]:
-    lines = MOVES_LINE.findall(observation)
-    return QUOTED_MOVE.findall(lines[-1]) if lines else []
+    def legal_moves_known(self) -> bool:
+        """Whether the views list the legal moves, so ``builtin:random`` plays legally: ``moves`` are
+        given, the game is in ``STATE_MOVES``, or its first observation lists them (a trial reset)."""
+        if self.moves or state_moves(self.env_id):
+            return True
+        env = start(self.env_id, self.env_kwargs, len(self.players), seed=0)
+        try:
+            return bool(listed_moves(env.get_observation()[1]))
+        finally:
+            env.close()
 
 
 class TextArenaEnv(GameEnv):
@@ -56,19 +122,25 @@ class TextArenaEnv(GameEnv):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        import textarena
-
-        self.env = textarena.make(env_id=self.config.env_id, **self.config.env_kwargs)
-        # TextArena seeds Python's global `random` from this seed.
-        self.env.reset(num_players=len(self.config.players), seed=self.rng.randrange(2**31))
+        c = self.config
+        self.env = start(c.env_id, c.env_kwargs, len(c.players), self.rng.randrange(2**31))
+        self.enumerate_moves = state_moves(c.env_id)
         self.player_id, self.text = self.env.get_observation()
+        self.detail: str | None = None
+        self.invalid_move: list[str] = []
+
+    def legal_moves(self) -> list[str]:
+        if self.config.moves:
+            return self.config.moves
+        if self.enumerate_moves is not None:
+            return self.enumerate_moves(self.env, self.player_id)
+        return listed_moves(self.text)
 
     def next_role(self) -> str | None:
         return None if self.done else self.config.players[self.player_id]
 
     def observe(self, role: str) -> dict[str, Any]:
-        moves = self.config.moves or listed_moves(self.text)
-        return {"observation": self.text.strip(), "legal_moves": moves, "player_id": self.player_id}
+        return {"observation": self.text.strip(), "legal_moves": self.legal_moves(), "player_id": self.player_id}
 
     async def step(self, role: str, message: Message) -> StepResult:
         if not message.valid:
@@ -77,9 +149,16 @@ class TextArenaEnv(GameEnv):
         if not done:
             self.player_id, self.text = self.env.get_observation()
             return StepResult()
-        rewards, _ = self.env.close()  # where TextArena hands out the final rewards
-        scores = {p: float((rewards or {}).get(i, 0.0)) for i, p in enumerate(self.config.players)}
+        rewards, info = self.env.close()  # where TextArena hands out the final rewards
+        players = self.config.players
+        scores = {p: float((rewards or {}).get(i, 0.0)) for i, p in enumerate(players)}
+        views = [info.get(i) or {} for i in range(len(players))] if isinstance(info, dict) else []
+        self.detail = next((str(v["reason"]) for v in views if v.get("reason")), None)
+        self.invalid_move = [p for p, v in zip(players, views) if v.get("invalid_move")]
         return self.finish(results_by_score(scores), scores, "game_over")
+
+    def outcome(self) -> dict[str, Any]:
+        return {**super().outcome(), "detail": self.detail, "invalid_move": self.invalid_move}
 
     async def close(self) -> None:
         self.env.close()

@@ -92,6 +92,7 @@ def test_secrets_come_from_the_seed_when_tasks_have_none(tmp_path):
 def test_random_guesses_stay_in_range(tmp_path):
     t = small(tasks=[{"secret": s} for s in range(3, 10)], low=3, high=9, turns=50)
     result = play(t, {"guesser": "builtin:random"}, tmp_path, episodes=20)
+    assert len(result.episodes) == 20
     assert all(e.outcome["reason"] == "correct" for e in result.episodes)  # never illegal
 
 

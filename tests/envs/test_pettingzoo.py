@@ -5,6 +5,8 @@ import pytest
 
 from play import moves, play
 from support import write
+from orchestrator.envs.pettingzoo_adapter import registry_id
+from orchestrator.errors import ConfigError
 from orchestrator.team import load_team
 
 
@@ -26,16 +28,30 @@ def zoo(tmp_path, env: str, players: tuple[str, str] = ("p1", "p2")) -> object:
     return load_team(path)
 
 
-@pytest.mark.parametrize("env,max_turns", [("tictactoe_v3", 9), ("classic/connect_four-v3", 42), ("leduc_holdem_v4", 64)])
+@pytest.mark.parametrize("env,max_turns", [("tictactoe_v3", 9), ("classic/connect_four-v3", 42), ("leduc_holdem_v4", 64),
+                                           ("classic/texas_holdem_v4", 64)])
 def test_random_players_play_to_the_end(tmp_path, env, max_turns):
     team = zoo(tmp_path, env)
     result = play(team, {"p1": "builtin:random", "p2": "builtin:random"}, tmp_path, episodes=8)
+    assert len(result.episodes) == 8
     for ep in result.episodes:
         assert ep.status == "ok" and ep.outcome["reason"] == "game_over" and len(ep.turns) <= max_turns
         totals = ep.outcome["totals"]
         assert ep.rewards == totals and sum(totals.values()) == pytest.approx(0.0)  # zero-sum games
         expected = "draw" if totals["p1"] == totals["p2"] else "win" if totals["p1"] > totals["p2"] else "loss"
         assert ep.outcome["results"]["p1"] == expected
+
+
+@pytest.mark.parametrize("name", ["texas_holdem_v4", "classic/texas_holdem_v4", "classic/texas_holdem-v4"])
+def test_a_game_by_any_of_its_names(tmp_path, name):
+    assert registry_id(name) == "classic/texas_holdem-v4"
+    assert zoo(tmp_path, name).env_config.env == name  # it loads: PettingZoo made the env to count its agents
+
+
+def test_an_unknown_game_names_its_registry_id(tmp_path):
+    message = r"unknown PettingZoo env 'classic/texas_holdem_v9' \(registry id 'classic/texas_holdem-v9'\)"
+    with pytest.raises(ConfigError, match=message):
+        zoo(tmp_path, "classic/texas_holdem_v9")
 
 
 def test_tictactoe_rewards_and_rendering(tmp_path):
@@ -60,7 +76,5 @@ def test_players_must_match_the_agents(tmp_path):
         roles: [{use: game_player, name: solo}]
         tasks: [{}]
         """)
-    from orchestrator.errors import ConfigError
-
     with pytest.raises(ConfigError, match="has 2 agents"):
         load_team(path)

@@ -47,4 +47,5 @@ def test_an_invalid_message_ends_the_game_with_the_role_penalty(tmp_path):
 
 def test_random_players_finish_every_game(tmp_path):
     result = play(team("prisoners_dilemma"), {"alice": "builtin:random", "bob": "builtin:random"}, tmp_path, episodes=20)
+    assert len(result.episodes) == 20
     assert all(len(e.turns) == 10 and e.outcome["reason"] == "rounds" for e in result.episodes)

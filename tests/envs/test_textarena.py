@@ -1,13 +1,19 @@
 """The TextArena adapter, on TextArena's own games with random players (extra `games`)."""
 from __future__ import annotations
 
+import copy
+import json
+import random
+
 import pytest
 
 from play import moves, play
 from orchestrator.envs.game import require
-from orchestrator.envs.textarena_adapter import listed_moves
+from orchestrator.envs.textarena_adapter import listed_moves, start, state_moves
 from support import write
 from orchestrator.team import load_team
+
+RANDOM = {"p0": "builtin:random", "p1": "builtin:random"}
 
 
 def arena(tmp_path, env_id: str, extra: str = "") -> object:
@@ -40,26 +46,115 @@ def test_moves_listed_in_the_observation():
     assert listed_moves(text) == ["[2]", "[8]"] and listed_moves("no list") == []
 
 
+def alternating(ep) -> bool:
+    """Each turn passes to the other player: TextArena asked no one to retry an invalid move."""
+    return [t.role for t in ep.turns] == [("p0", "p1")[i % 2] for i in range(len(ep.turns))]
+
+
 def test_tictactoe_random_players_play_to_the_end(tmp_path):
-    team = arena(tmp_path, "TicTacToe-v0")
-    result = play(team, {"p0": "builtin:random", "p1": "builtin:random"}, tmp_path, episodes=6)
+    result = play(arena(tmp_path, "TicTacToe-v0"), RANDOM, tmp_path, episodes=6)
+    assert len(result.episodes) == 6
     for ep in result.episodes:
-        assert ep.status == "ok" and ep.outcome["reason"] == "game_over"
-        assert 5 <= len(ep.turns) <= 9 and all(t.valid for t in ep.turns)
+        assert ep.status == "ok" and ep.outcome["reason"] == "game_over" and ep.outcome["invalid_move"] == []
+        assert 5 <= len(ep.turns) <= 9 and all(t.valid for t in ep.turns) and alternating(ep)
         results, rewards = ep.outcome["results"], ep.rewards
-        assert sorted(results.values()) in (["draw", "draw"], ["loss", "win"])
-        winner = [p for p, r in results.items() if r == "win"]
-        assert not winner or rewards[winner[0]] > min(rewards.values())
+        if rewards["p0"] == rewards["p1"]:  # a draw fills the board
+            assert results == {"p0": "draw", "p1": "draw"} and len(ep.turns) == 9
+        else:
+            winner = max(rewards, key=rewards.get)
+            assert results[winner] == "win" and ep.turns[-1].role == winner  # the last move made the line
 
 
 def test_rock_paper_scissors_with_configured_moves(tmp_path):
     team = arena(tmp_path, "IteratedRockPaperScissors-v0", 'moves: ["[rock]", "[paper]", "[scissors]"]')
-    result = play(team, {"p0": "builtin:random", "p1": "builtin:random"}, tmp_path, episodes=3)
-    assert all(e.status == "ok" and len(e.turns) == 18 and e.outcome["results"] for e in result.episodes)
+    result = play(team, RANDOM, tmp_path, episodes=3)
+    assert len(result.episodes) == 3
+    for ep in result.episodes:
+        assert ep.status == "ok" and len(ep.turns) == 18 and ep.outcome["invalid_move"] == []
+        assert {t.content["move"] for t in ep.turns} <= {"[rock]", "[paper]", "[scissors]"}
+        assert sorted(ep.outcome["results"].values()) in (["draw", "draw"], ["loss", "win"])
+
+
+def test_random_players_play_nim_by_the_rules(tmp_path):
+    result = play(arena(tmp_path, "Nim-v0"), RANDOM, tmp_path, episodes=5)
+    assert len(result.episodes) == 5
+    for ep in result.episodes:
+        piles = [3, 4, 5]  # Nim-v0's
+        for turn in ep.turns:
+            pile, taken = map(int, turn.content["move"].strip("[]").split())
+            assert 1 <= taken <= piles[pile]
+            piles[pile] -= taken
+        assert piles == [0, 0, 0] and alternating(ep) and ep.outcome["invalid_move"] == []
+        last = ep.turns[-1].role
+        assert ep.outcome["results"][last] == "win" and ep.outcome["detail"].endswith("took the last object(s)!")
+
+
+@pytest.mark.parametrize("env_id,endings", [
+    ("Chopsticks-v0", ("Both opponent hands dead.", "The turn limit has been reached.")),
+    ("Breakthrough-v0-tiny", ("White reached Black's home row.", "Black reached White's home row.",
+                              "All White pieces captured.", "All Black pieces captured.")),
+])
+def test_random_players_finish_by_the_rules(tmp_path, env_id, endings):
+    result = play(arena(tmp_path, env_id), RANDOM, tmp_path, episodes=4)
+    assert len(result.episodes) == 4
+    for ep in result.episodes:
+        assert ep.status == "ok" and alternating(ep) and ep.outcome["invalid_move"] == []
+        assert ep.outcome["detail"] in endings
+        draw = ep.outcome["detail"] == "The turn limit has been reached."
+        assert sorted(ep.outcome["results"].values()) == (["draw", "draw"] if draw else ["loss", "win"])
+
+
+def accepts(env, move: str) -> bool:
+    """Whether TextArena takes ``move`` now: the game ends or passes to the other player (an invalid
+    move keeps the player, who is asked to retry)."""
+    trial = copy.deepcopy(env)
+    player = trial.state.current_player_id
+    done, _ = trial.step(move)
+    return done or trial.state.current_player_id != player
+
+
+SQUARES = [f"{col}{row}" for col in "abcde" for row in range(1, 6)]
+
+
+@pytest.mark.parametrize("env_id,candidates", [
+    ("Nim-v0", [f"[{pile} {n}]" for pile in range(4) for n in range(7)]),
+    ("Chopsticks-v0", [f"[attack {m} {o}]" for m in (0, 1) for o in (0, 1)]
+     + [f"[split {a} {b}]" for a in range(9) for b in range(9)]),
+    ("Breakthrough-v0-tiny", [f"[{a}{b}]" for a in SQUARES for b in SQUARES]),
+])
+def test_state_moves_are_the_moves_textarena_accepts(env_id, candidates):
+    pytest.importorskip("textarena")
+    env, moves_of, rng = start(env_id, {}, 2, seed=0), state_moves(env_id), random.Random(0)
+    for ply in range(10):
+        legal = moves_of(env, env.state.current_player_id)
+        assert len(set(legal)) == len(legal) and set(legal) == {m for m in candidates if accepts(env, m)}
+        if env.step(rng.choice(legal))[0]:
+            break
+    assert ply >= 2  # positions after play were checked too, not only the opening
 
 
 def test_textarena_judges_its_own_invalid_moves(tmp_path):
     team = arena(tmp_path, "TicTacToe-v0")
     (ep,) = play(team, {"p0": moves("[4]", "[4]", "[4]", "[4]"), "p1": moves("[4]", "[4]", "[4]")}, tmp_path).episodes
     assert ep.status == "ok" and ep.outcome["reason"] == "game_over"
-    assert ep.outcome["results"]["p1"] == "loss"
+    assert ep.outcome["results"]["p1"] == "loss" and ep.outcome["invalid_move"] == ["p1"]
+
+
+def eval_json(cli, tmp_path, team) -> tuple[dict, str]:
+    code, out, err = cli("eval", team.path, "--episodes", "3", "--json", "--policy", "p0=builtin:random",
+                         "--opponent", "random", "--out", tmp_path / "ev")
+    assert code == 0, err
+    return json.loads(out), err
+
+
+def test_eval_says_random_is_no_baseline_where_the_game_lists_no_moves(cli, tmp_path):
+    report, err = eval_json(cli, tmp_path, arena(tmp_path, "IteratedRockPaperScissors-v0"))  # no `moves` given
+    assert report["illegal_baseline"] == ["p0", "p1"]
+    assert len([line for line in err.splitlines() if "builtin:random is no baseline here" in line]) == 1
+    assert report["roles"]["p0"]["loss"] == 3  # the first to move sends a word twice and forfeits
+
+
+def test_eval_of_a_game_with_known_moves_flags_nothing(cli, tmp_path):
+    report, err = eval_json(cli, tmp_path, arena(tmp_path, "Nim-v0"))
+    assert report["illegal_baseline"] == [] and "no baseline" not in err
+    assert report["roles"]["p0"]["games"] == 3

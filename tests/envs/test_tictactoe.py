@@ -8,7 +8,7 @@ def test_minimax_never_loses_to_random_in_200_games(tmp_path):
     t = team("tictactoe")
     as_x = play(t, {"x": "builtin:minimax", "o": "builtin:random"}, tmp_path, episodes=100).episodes
     as_o = play(t, {"x": "builtin:random", "o": "builtin:minimax"}, tmp_path, episodes=100, seed=1).episodes
-    assert all(e.status == "ok" for e in as_x + as_o)
+    assert len(as_x) == len(as_o) == 100 and all(e.status == "ok" for e in as_x + as_o)
     assert all(e.outcome["results"]["x"] != "loss" for e in as_x)
     assert all(e.outcome["results"]["o"] != "loss" for e in as_o)
     assert sum(e.outcome["results"]["x"] == "win" for e in as_x) > 80  # it also wins
@@ -16,6 +16,7 @@ def test_minimax_never_loses_to_random_in_200_games(tmp_path):
 
 def test_minimax_against_itself_always_draws(tmp_path):
     episodes = play(team("tictactoe"), {"x": "builtin:minimax", "o": "builtin:minimax"}, tmp_path, episodes=10).episodes
+    assert len(episodes) == 10
     assert all(e.outcome["results"] == {"x": "draw", "o": "draw"} and e.rewards == {"x": 0.0, "o": 0.0} for e in episodes)
 
 

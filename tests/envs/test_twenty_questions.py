@@ -16,6 +16,7 @@ def test_the_secret_never_reaches_the_guesser(tmp_path):
     guesser = ask("Is it alive?", "Is it bigger than a chair?", "Can you eat it?", guess="zzz")
     answerer = Script(*[{"answer": "no"}] * 3)
     result = play(team("twenty_questions"), {"guesser": guesser, "answerer": answerer}, tmp_path, episodes=30)
+    assert len(result.episodes) == 30 and len(guesser.requests) == 30 * 4 and len(answerer.requests) == 30 * 3
     secrets = {e.outcome["secret"] for e in result.episodes}
     assert len(secrets) > 10
     by_episode = {e.id: e.outcome["secret"] for e in result.episodes}
@@ -86,4 +87,5 @@ def test_secrets_come_from_the_chosen_split(tmp_path):
 def test_random_guesser_and_answerer_finish(tmp_path):
     result = play(team("twenty_questions"), {"guesser": "builtin:random", "answerer": "builtin:random"}, tmp_path,
                   episodes=20)
+    assert len(result.episodes) == 20
     assert all(e.status == "ok" and e.outcome["results"] is not None for e in result.episodes)
