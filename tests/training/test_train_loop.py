@@ -69,6 +69,7 @@ def test_train_writes_metrics_checkpoints_and_refreshes_the_sampler(tmp_path):
     # the sampler copy is what the latest step trained
     trained = load_file(str(run / "checkpoints" / "step-000002" / "adapters" / "pro" / "adapter_model.safetensors"))
     sampler = load_file(str(run / "sampler" / "pro" / "adapter_model.safetensors"))
+    assert trained.keys() == sampler.keys() and len(trained) > 0
     assert all(torch.equal(trained[k], sampler[k]) for k in trained)
     report = subprocess.run([sys.executable, "-m", "orchestrator.cli", "report", str(run), "--json"],
                             capture_output=True, text=True, timeout=120)
@@ -125,6 +126,7 @@ def _check_resume_restores_the_checkpoint(path: Path, run: Path, done: str) -> N
         step = tr._resume()
         assert f"step-{step:06d}" == done
         folder = run / "checkpoints" / done / "adapters"
+        assert sorted(tr.clients) == ["con", "pro"]
         for adapter, client in tr.clients.items():
             saved = load_file(str(folder / adapter / "adapter_model.safetensors"))
             now = client.adapter_state()
