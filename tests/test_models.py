@@ -1,0 +1,60 @@
+"""Model names: the bundled default, the tiny test model, a local dir, a hub id from the cache or
+not there at all (no network is used: the hub is offline in every test here)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from huggingface_hub import constants
+from orchestrator.models import checkpoint_dir, load_model
+
+REVISION = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch):
+    """An empty huggingface_hub cache, offline."""
+    cache = tmp_path / "hub"
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    return cache
+
+
+def cache_model(cache, repo_id: str) -> None:
+    """Put the tiny model into the cache as a download of ``repo_id`` would (snapshot + refs/main)."""
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / REVISION
+    tiny = load_model("tiny", dtype="float32", seed=3)
+    tiny.model.save_pretrained(snapshot)
+    tiny.tokenizer.save_pretrained(snapshot)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(REVISION)
+
+
+def test_a_local_dir_loads(tmp_path):
+    tiny = load_model("tiny", dtype="float32", seed=3)
+    tiny.model.save_pretrained(tmp_path / "m")
+    tiny.tokenizer.save_pretrained(tmp_path / "m")
+    loaded = load_model(str(tmp_path / "m"), dtype="float32")
+    assert checkpoint_dir(str(tmp_path / "m")) == tmp_path / "m"
+    assert torch.equal(loaded.model.lm_head.weight, tiny.model.lm_head.weight)
+
+
+def test_a_cached_hub_id_loads_offline(hub_cache):
+    cache_model(hub_cache, "someorg/tiny-llama")
+    loaded = load_model("someorg/tiny-llama", dtype="float32")
+    assert checkpoint_dir("someorg/tiny-llama").name == REVISION
+    assert torch.equal(loaded.model.lm_head.weight, load_model("tiny", dtype="float32", seed=3).model.lm_head.weight)
+    assert loaded.tokenizer.eos_token is not None
+
+
+def test_an_uncached_hub_id_offline_says_what_to_do(hub_cache, workspace, cli):
+    code, out, err = cli("run", workspace / "team.yaml", "--model", "Qwen/Qwen2.5-0.5B-Instruct", "--no-progress")
+    assert code == 2 and out == ""
+    [line] = err.strip().splitlines()
+    assert "'Qwen/Qwen2.5-0.5B-Instruct'" in line and "HF_HUB_OFFLINE" in line and "hf download" in line
+    assert str(hub_cache) in line and "Traceback" not in err
+
+
+def test_a_name_that_is_neither_is_refused():
+    with pytest.raises(ValueError, match="unknown model 'no such model'"):
+        load_model("no such model")
