@@ -19,27 +19,27 @@ generated token. Modes alternate in rounds, so load from elsewhere on the machin
 alike. Grammars are compiled before the clock starts (`compile_s`); `grammar_s` is the time the
 engine spent on masks and length budgets.
 
-    python benchmarks/constrained.py [--model smollm2-135m] [--samples 32] [--rounds 2]
+    python benchmarks/constrained.py [--model smollm2-135m] [--samples 32] [--rounds 2] [--max-tokens N] [--smoke]
+
+``--smoke``: the tiny random model, 2 replies per role, replies capped at 8 tokens: seconds, to
+check that the script still runs (tests/test_benchmarks.py).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import random
 import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
-# Run as a script, this file's folder comes first on sys.path and benchmarks/orchestrator.py
-# would shadow the `orchestrator` package.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-
-from orchestrator.engines.base import GenerationRequest, SamplingParams  # noqa: E402
-from orchestrator.engines.hf import HFEngine  # noqa: E402
-from orchestrator.messages import parse_message, schema_json  # noqa: E402
-from orchestrator.models import load_model  # noqa: E402
-from orchestrator.role import LIBRARY_DIR, RoleSpec, library_roles, load_role  # noqa: E402
+from orchestrator.engines.base import GenerationRequest, SamplingParams
+from orchestrator.engines.hf import HFEngine
+from orchestrator.envs.guess_number import GuessNumberConfig, GuessNumberEnv
+from orchestrator.messages import Message, parse_message, schema_json
+from orchestrator.models import load_model
+from orchestrator.role import LIBRARY_DIR, RoleSpec, library_roles, load_role
 
 TASKS = [
     "cart.total() skips the last item of the cart.",
@@ -57,9 +57,23 @@ ARGUMENTS = [{"stance": "for", "argument": "Children need time to play and rest 
              {"stance": "against", "argument": "Practice at home builds habits that last."}]
 
 
+def number_guesser_observation(i: int) -> dict:
+    """Guess the Number's own observation, ``i % 2`` guesses in: the template reads what the env's
+    ``observe()`` provides, which a copy here would not follow when it changes (one did)."""
+    role = "number_guesser"
+    config = GuessNumberConfig(players=[role], low=1, high=100, turns=7)
+    env = GuessNumberEnv(config, {}, {"secret": 37}, random.Random(i))
+    for turn in range(i % 2):
+        asyncio.run(env.step(role, Message(id=f"bench:{turn}", episode="bench", turn=turn, sender=role, recipients=[],
+                                           content={"guess": 50}, raw='{"guess": 50}', valid=True)))
+    return env.observe(role)
+
+
 def observation(role: str, i: int) -> tuple[dict, dict]:
     """A (task, observation) the role's template renders, varied by ``i``."""
     task = {"text": TASKS[i % len(TASKS)]}
+    if role == "number_guesser":
+        return task, number_guesser_observation(i)
     by_role = {
         "answerer": {"secret": ["dog", "piano", "apple", "bicycle"][i % 4],
                      "question": ["Is it alive?", "Can you eat it?", "Is it bigger than a chair?", "Does it make sound?"][i // 4 % 4]},
@@ -69,8 +83,6 @@ def observation(role: str, i: int) -> tuple[dict, dict]:
                         "legal_moves": ["b1", "a2", "c2", "a3", "b3"]},
         "guesser": {"history": [{"question": "Is it alive?", "answer": "no"}][: i % 2], "questions_left": 20 - i % 5},
         "judge": {"topic": TOPICS[i % 4], "arguments": ARGUMENTS, "debaters": [{"stance": "for"}, {"stance": "against"}]},
-        "number_guesser": {"low": 1, "high": 100, "turns": 7, "turns_left": 7 - i % 3,
-                           "history": [{"guess": 50, "feedback": "too high"}][: i % 2]},
         "planner": {"history": []},
         "reviewer": {"history": HISTORY},
         "tester": {"history": HISTORY},
@@ -78,13 +90,12 @@ def observation(role: str, i: int) -> tuple[dict, dict]:
     return task, by_role.get(role, {})
 
 
-def requests(engine: HFEngine, spec: RoleSpec, n: int, constrained: bool,
-             budgets: list[int] | None = None) -> list[GenerationRequest]:
+def requests(engine: HFEngine, spec: RoleSpec, n: int, constrained: bool, cap: int | None) -> list[GenerationRequest]:
     s, prefix, out = spec.config.policy.sampling, spec.config.reply_prefix, []
     for i in range(n):
         task, obs = observation(spec.name, i)
         prompt = engine.apply_chat_template(spec.render(spec.context(task, obs))) + engine.encode(prefix)
-        max_tokens = budgets[i] if budgets else s.max_tokens
+        max_tokens = s.max_tokens if cap is None else min(s.max_tokens, cap)
         out.append(GenerationRequest(
             tuple(prompt), SamplingParams(s.temperature, s.top_p, max_tokens, tuple(s.stop), seed=1000 + i),
             json_schema=schema_json(spec.schema) if constrained else None, reply_prefix=prefix if constrained else "",
@@ -105,7 +116,11 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=32, help="replies per role and mode")
     parser.add_argument("--rounds", type=int, default=2, help="free/constrained alternations (samples split across them)")
     parser.add_argument("--roles", nargs="*", default=None, help="library roles (default: all)")
+    parser.add_argument("--max-tokens", type=int, default=None, help="cap on every role's budget (default: none)")
+    parser.add_argument("--smoke", action="store_true", help="seconds on the tiny model: does the script still run")
     args = parser.parse_args()
+    if args.smoke:  # a random-weight model seldom stops by itself, hence the cap
+        args.model, args.samples, args.rounds, args.max_tokens = "tiny", 2, 1, 8
 
     loaded = load_model(args.model, dtype=args.dtype)
     engine = HFEngine(loaded)
@@ -116,7 +131,7 @@ def main() -> None:
     compile_s = time.perf_counter() - t0
 
     modes = ("free", "constrained", "free_matched")
-    work = {m: [(spec, r) for spec in specs for r in requests(engine, spec, args.samples, m == "constrained")]
+    work = {m: [(spec, r) for spec in specs for r in requests(engine, spec, args.samples, m == "constrained", args.max_tokens)]
             for m in modes[:2]}
     stats = {m: {"tokens": 0, "seconds": 0.0, "grammar_s": 0.0, "results": []} for m in modes}
 
@@ -160,7 +175,7 @@ def main() -> None:
         print(f"{name:15s} {json.dumps(row)}", file=sys.stderr)
     print(json.dumps({
         "model": args.model, "dtype": str(loaded.dtype).removeprefix("torch."), "roles": len(specs),
-        "samples_per_role": args.samples, "per_role": per_role,
+        "samples_per_role": args.samples, "max_tokens": args.max_tokens, "per_role": per_role,
         "valid_free": round(stats["free"]["valid"], 3), "valid_constrained": round(stats["constrained"]["valid"], 3),
         "free_tok_s": round(stats["free"]["tok_s"], 1), "constrained_tok_s": round(stats["constrained"]["tok_s"], 1),
         "free_matched_tok_s": round(stats["free_matched"]["tok_s"], 1),

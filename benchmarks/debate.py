@@ -4,39 +4,28 @@ In one run, on the default model: the debate recipe (two debaters with their own
 judge) runs the same episodes, seeds and token budgets through the whole orchestrator, once with
 the engine batching across episodes and roles (the default) and once with ``max_batch=1``
 (requests served one after another: what rolecast would do without the batched engine). The
-two alternate ``--repeats`` times; wall times and generated tokens are summed per side.
+two alternate ``--repeats`` times after one untimed warm-up episode; wall times and generated
+tokens are summed per side.
 
-    python benchmarks/debate.py [--episodes 8] [--repeats 1]
+    python benchmarks/debate.py [--model smollm2-135m] [--episodes 8] [--repeats 1] [--smoke]
+
+``--smoke``: the tiny random model, one episode, the recipe's own budgets (at most 128 tokens a
+reply): seconds, to check that the script still runs (tests/test_benchmarks.py).
 """
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import tempfile
 from pathlib import Path
 
-# benchmarks/orchestrator.py would shadow the `orchestrator` package when this folder leads sys.path.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+from _recipes import run_recipe, warm_up
 
-from orchestrator.engines.hf import HFEngine  # noqa: E402
-from orchestrator.models import load_model  # noqa: E402
-from orchestrator.runner import RunOptions, build_policies, run_team  # noqa: E402
-from orchestrator.team import load_team  # noqa: E402
+from orchestrator.models import load_model
+from orchestrator.team import load_team
 
 RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "debate.yaml"
-
-
-async def one_run(team, loaded, max_batch: int, episodes: int, out: Path) -> tuple[int, float, float]:
-    engine = HFEngine(loaded, max_batch=max_batch)
-    policies = build_policies(team, {}, lambda: engine)
-    try:
-        result = await run_team(team, policies, RunOptions(episodes=episodes, seed=0, out_dir=out, progress=False))
-    finally:
-        await engine.aclose()
-    s = result.summary
-    return s["generated_tokens"], s["wall_s"], s["valid_turn_rate"]
 
 
 def main() -> None:
@@ -44,18 +33,24 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--episodes", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--smoke", action="store_true", help="seconds on the tiny model: does the script still run")
     args = parser.parse_args()
+    if args.smoke:
+        args.model, args.episodes, args.repeats = "tiny", 1, 1
 
     team = load_team(RECIPE)
     loaded = load_model(args.model)
     totals = {"batched": [0, 0.0], "one_at_a_time": [0, 0.0]}
     with tempfile.TemporaryDirectory() as tmp:
+        warm_up(team, loaded, Path(tmp) / "warm-up")
         for r in range(args.repeats):
             for side, max_batch in (("batched", 64), ("one_at_a_time", 1)):
-                tokens, wall, valid = asyncio.run(one_run(team, loaded, max_batch, args.episodes, Path(tmp) / f"{side}{r}"))
-                totals[side][0] += tokens
-                totals[side][1] += wall
-                print(f"{side}: {tokens} tokens in {wall:.1f}s, valid turns {valid}", file=sys.stderr)
+                result, _ = run_recipe(team, loaded, args.episodes, Path(tmp) / f"{side}{r}", max_batch=max_batch)
+                s = result.summary
+                totals[side][0] += s["generated_tokens"]
+                totals[side][1] += s["wall_s"]
+                print(f"{side}: {s['generated_tokens']} tokens in {s['wall_s']:.1f}s, valid turns {s['valid_turn_rate']}",
+                      file=sys.stderr)
     (bt, bw), (st, sw) = totals["batched"], totals["one_at_a_time"]
     print(json.dumps({
         "model": args.model, "dtype": str(loaded.dtype).removeprefix("torch."), "episodes": args.episodes,

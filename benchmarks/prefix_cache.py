@@ -3,41 +3,28 @@
 Guess the Number (recipes/guess_number.yaml): the guesser keeps its conversation, so each turn's
 prompt continues the last one token for token, and every episode opens with the same prompt.
 The same episodes (seeds, secrets, budgets) run through the whole orchestrator on an engine with
-the prefix cache and on one without; the two alternate ``--rounds`` times, and wall times and
-prompt tokens computed are summed per side.
+the prefix cache and on one without; the two alternate ``--rounds`` times after one untimed
+warm-up episode, and wall times and prompt tokens computed are summed per side.
 
-    python benchmarks/prefix_cache.py [--episodes 32] [--rounds 2]
+    python benchmarks/prefix_cache.py [--model smollm2-135m] [--episodes 32] [--rounds 2] [--smoke]
+
+``--smoke``: the tiny random model, 2 episodes, one round: seconds, to check that the script
+still runs (tests/test_benchmarks.py); the guesser's budget is 12 tokens already.
 """
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import tempfile
 from pathlib import Path
 
-# benchmarks/orchestrator.py would shadow the `orchestrator` package when this folder leads sys.path.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+from _recipes import run_recipe, warm_up
 
-from orchestrator.engines.hf import HFEngine  # noqa: E402
-from orchestrator.models import load_model  # noqa: E402
-from orchestrator.runner import RunOptions, build_policies, run_team  # noqa: E402
-from orchestrator.team import load_team  # noqa: E402
+from orchestrator.models import load_model
+from orchestrator.team import load_team
 
 RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "guess_number.yaml"
-
-
-async def one_run(team, loaded, cache_tokens: int, episodes: int, out: Path) -> dict:
-    engine = HFEngine(loaded, prefix_cache_tokens=cache_tokens)
-    try:
-        result = await run_team(team, build_policies(team, {}, lambda: engine),
-                                RunOptions(episodes=episodes, seed=0, out_dir=out, concurrency=episodes, progress=False))
-    finally:
-        await engine.aclose()
-    s = engine.stats
-    return {"wall_s": result.summary["wall_s"], "prefill_tokens": s.prefill_tokens, "hit_tokens": s.prefix_hit_tokens,
-            "generated": result.summary["generated_tokens"], "turns": sum(len(e.turns) for e in result.episodes)}
 
 
 def main() -> None:
@@ -45,16 +32,24 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--episodes", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--smoke", action="store_true", help="seconds on the tiny model: does the script still run")
     args = parser.parse_args()
+    if args.smoke:
+        args.model, args.episodes, args.rounds = "tiny", 2, 1
 
     team = load_team(RECIPE)
     loaded = load_model(args.model)
     sides = {"cached": 16384, "uncached": 0}
     totals = {side: {"wall_s": 0.0, "prefill_tokens": 0, "hit_tokens": 0, "generated": 0, "turns": 0} for side in sides}
     with tempfile.TemporaryDirectory() as tmp:
+        warm_up(team, loaded, Path(tmp) / "warm-up")
         for r in range(args.rounds):
             for side, tokens in sides.items():
-                row = asyncio.run(one_run(team, loaded, tokens, args.episodes, Path(tmp) / f"{side}{r}"))
+                result, stats = run_recipe(team, loaded, args.episodes, Path(tmp) / f"{side}{r}",
+                                           concurrency=args.episodes, prefix_cache_tokens=tokens)
+                row = {"wall_s": result.summary["wall_s"], "prefill_tokens": stats.prefill_tokens,
+                       "hit_tokens": stats.prefix_hit_tokens, "generated": result.summary["generated_tokens"],
+                       "turns": sum(len(e.turns) for e in result.episodes)}
                 for k, v in row.items():
                     totals[side][k] += v
                 print(f"round {r} {side}: {row}", file=sys.stderr)

@@ -10,13 +10,20 @@ In one run, same model and dtype, same prompts and token budgets:
     and its end-to-end rate too (``engine_vs_prefill``);
   - decode path: the same engine run again, stepping through transformers' forward instead of
     its fused decode step (``engines/decoder.py``); ``fused_vs_transformers`` compares decode rates;
+  - fallback: the fused step with its weights laid out as on a lesser CPU (``decoder.weight_layout``:
+    bf16 weights prepacked as fp32 as on an AVX2-only CPU where this one prepacks bf16, else plain
+    weights as without oneDNN); ``fused_vs_fallback`` compares decode rates;
   - mixed adapters: 64 requests spread over 4 LoRA adapters versus all on one adapter.
 Generated tokens are counted on both sides (EOS may end a reply early on either).
 
 Every side runs once per round (``--rounds``) and the totals are compared, so the machine's slow
 spells hit all sides alike.
 
-    python benchmarks/rollout.py [--requests 64] [--max-tokens 64] [--sequential 9] [--rounds 3]
+    python benchmarks/rollout.py [--model smollm2-135m] [--requests 64] [--max-tokens 64] [--sequential 9]
+                                 [--rounds 3] [--smoke]
+
+``--smoke``: the tiny random model, 4 requests of 4 tokens, 2 of them sequential, one round:
+seconds, to check that the script still runs (tests/test_benchmarks.py).
 """
 from __future__ import annotations
 
@@ -25,17 +32,15 @@ import asyncio
 import json
 import sys
 import time
-from pathlib import Path
 
-# benchmarks/orchestrator.py would shadow the `orchestrator` package when this folder leads sys.path.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+import torch
 
-import torch  # noqa: E402
-
-from orchestrator.compute import compute_thread  # noqa: E402
-from orchestrator.engines.base import GenerationRequest, SamplingParams  # noqa: E402
-from orchestrator.engines.hf import EngineStats, HFEngine  # noqa: E402
-from orchestrator.models import load_model  # noqa: E402
+from orchestrator.compute import compute_thread
+from orchestrator.cpu import CpuFeatures, host
+from orchestrator.engines.base import GenerationRequest, SamplingParams
+from orchestrator.engines.decoder import weight_layout
+from orchestrator.engines.hf import EngineStats, HFEngine
+from orchestrator.models import load_model
 
 TOPICS = ["a lighthouse keeper", "a chess tournament", "bread baking", "a lost dog", "the first day of school",
           "a mountain storm", "a broken robot", "a market at dawn", "an old map", "a jazz trio", "a river crossing",
@@ -98,6 +103,13 @@ def randomize(engine: HFEngine, name: str, seed: int, rank: int = 16) -> None:
     engine.update_adapter(name, state, scale=2.0)
 
 
+def lesser_cpu(dtype: torch.dtype) -> CpuFeatures:
+    """A CPU whose fused-step layout is the next one down from this machine's."""
+    if weight_layout(dtype)[0] == "onednn" and dtype == torch.bfloat16:
+        return CpuFeatures(frozenset({"avx2", "fma"}))  # onednn-fp32, as on an AVX2-only EPYC
+    return CpuFeatures(host().flags, onednn=False)  # plain weights
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="smollm2-135m")
@@ -106,7 +118,10 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--sequential", type=int, default=9, help="prompts timed one at a time (split over rounds)")
     parser.add_argument("--rounds", type=int, default=3, help="every side runs once per round")
+    parser.add_argument("--smoke", action="store_true", help="seconds on the tiny model: does the script still run")
     args = parser.parse_args()
+    if args.smoke:
+        args.model, args.requests, args.max_tokens, args.sequential, args.rounds = "tiny", 4, 4, 2, 1
 
     loaded = load_model(args.model, dtype=args.dtype)
     # No prefix cache: every side prefills its prompts in full each round, as plain `generate` does
@@ -121,24 +136,30 @@ def main() -> None:
         randomize(engine, name, i)
     # Every side runs once per round, so a slow spell of the machine hits all of them alike.
     totals = {k: [0, 0.0] for k in ("engine", "sequential", "prefill", "one", "mixed")}
-    decode = {True: EngineStats(), False: EngineStats()}  # fused decode step or transformers' forward
+    # the fused decode step on this CPU's layout, on a lesser CPU's, and transformers' forward
+    sides = {"fused": (True, None), "fallback": (True, lesser_cpu(loaded.dtype)), "transformers": (False, None)}
+    decode = {side: EngineStats() for side in sides}
+    paths = {}
 
     def add(key, tokens, seconds):
         totals[key][0] += tokens
         totals[key][1] += seconds
 
     async def measure():
-        await engine_run(engine, ps[:4], 4)  # warm-up
         for r in range(args.rounds):
-            for fused in (True, False):
-                engine.fused_decode, engine.stats = fused, EngineStats()
+            for side, (fused, cpu) in sides.items():
+                engine.fused_decode, engine.cpu = fused, cpu
+                await engine_run(engine, ps[:4], 4)  # untimed: packs the side's weights
+                engine.stats = EngineStats()
                 tokens_seconds = await engine_run(engine, ps, args.max_tokens)
-                if fused:
+                if side == "fused":
                     add("engine", *tokens_seconds)
-                decode[fused].decode_s += engine.stats.decode_s
-                decode[fused].decode_tokens += engine.stats.decode_tokens
-                decode[fused].decode_steps += engine.stats.decode_steps
-            engine.fused_decode = True
+                paths[side] = engine.decode_path
+                decode[side].decode_s += engine.stats.decode_s
+                decode[side].decode_tokens += engine.stats.decode_tokens
+                decode[side].decode_steps += engine.stats.decode_steps
+            engine.fused_decode, engine.cpu = True, None
+            await engine_run(engine, ps[:4], 4)  # repacked for this CPU before the adapter sides
             # on the compute thread, as the engine: a second thread of torch work would slow every
             # side after it (orchestrator/compute.py)
             add("sequential", *compute.submit(sequential_run, loaded.model, ps[r : args.sequential : args.rounds],
@@ -151,19 +172,22 @@ def main() -> None:
 
     asyncio.run(measure())
     rate = {k: t / s for k, (t, s) in totals.items()}
-    decode_tok_s, transformers_decode_tok_s = (decode[f].decode_tokens / decode[f].decode_s for f in (True, False))
+    decode_rate = {side: d.decode_tokens / d.decode_s for side, d in decode.items()}
+    decode_tok_s, transformers_decode_tok_s = decode_rate["fused"], decode_rate["transformers"]
     print(json.dumps({
         "model": args.model, "dtype": str(loaded.dtype).removeprefix("torch."), "requests": args.requests,
         "max_tokens": args.max_tokens, "sequential_prompts": args.sequential,
         "rounds": args.rounds,
         "engine_tok_s": round(rate["engine"], 1), "sequential_tok_s": round(rate["sequential"], 1),
         "ratio": round(rate["engine"] / rate["sequential"], 2), "prefill_tok_s": round(rate["prefill"], 1),
-        "decode_path": engine.decode_path,
+        "decode_path": paths["fused"],
         "decode_tok_s": round(decode_tok_s, 1),
-        "decode_rows_per_step": round(decode[True].decode_tokens / decode[True].decode_steps, 1),
+        "decode_rows_per_step": round(decode["fused"].decode_tokens / decode["fused"].decode_steps, 1),
         "decode_vs_prefill": round(decode_tok_s / rate["prefill"], 3),
         "transformers_decode_tok_s": round(transformers_decode_tok_s, 1),
         "fused_vs_transformers": round(decode_tok_s / transformers_decode_tok_s, 3),
+        "fallback_path": paths["fallback"], "fallback_decode_tok_s": round(decode_rate["fallback"], 1),
+        "fused_vs_fallback": round(decode_tok_s / decode_rate["fallback"], 3),
         "engine_vs_prefill": round(rate["engine"] / rate["prefill"], 3),
         "one_adapter_tok_s": round(rate["one"], 1), "mixed_adapter_tok_s": round(rate["mixed"], 1),
         "mixed_adapter_ratio": round(rate["mixed"] / rate["one"], 3),

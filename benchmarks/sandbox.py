@@ -2,7 +2,9 @@
 
 Runs alternate (bare, sandbox, bare, ...) so machine noise hits both alike; prints
 per-run timings and, last, one JSON line with the MEDIAN wall time per run of each.
-Usage: python benchmarks/sandbox.py [--runs N] [--backend B]
+Usage: python benchmarks/sandbox.py [--runs N] [--backend B] [--smoke]
+
+``--smoke``: one counted run: seconds, to check that the script still runs (tests/test_benchmarks.py).
 """
 from __future__ import annotations
 
@@ -41,7 +43,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--backend", default="auto")
+    parser.add_argument("--smoke", action="store_true", help="seconds: does the script still run")
     opts = parser.parse_args()
+    if opts.smoke:
+        opts.runs = 1
 
     with tempfile.TemporaryDirectory(prefix="rolecast-bench-") as tmp:
         project = Path(tmp)

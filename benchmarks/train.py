@@ -6,7 +6,11 @@ its full [batch, length, vocab] logits to float32 and gathers the targets; the c
 transformer, then the LM head and log-softmax in checkpointed chunks. Each side runs in its own
 subprocess (so peak RSS is its own), alternating, and reports the median.
 
-    python benchmarks/train.py [--model smollm2-135m] [--batch 8] [--length 384] [--rounds 2]
+    python benchmarks/train.py [--model smollm2-135m] [--batch 8] [--length 384] [--iters 3] [--rounds 2] [--smoke]
+
+``--smoke``: the tiny random model, 2 sequences of 16 tokens, one step per side, one round:
+seconds (most of it the two workers' imports), to check that the script still runs
+(tests/test_benchmarks.py).
 """
 from __future__ import annotations
 
@@ -18,8 +22,6 @@ import sys
 import time
 from pathlib import Path
 
-# benchmarks/orchestrator.py would shadow the `orchestrator` package when this folder leads sys.path.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 
 def _rss_mb(field: str) -> float:
@@ -98,7 +100,10 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--worker", choices=["client", "plain"])
+    parser.add_argument("--smoke", action="store_true", help="seconds on the tiny model: does the script still run")
     args = parser.parse_args()
+    if args.smoke:
+        args.model, args.batch, args.length, args.iters, args.rounds = "tiny", 2, 16, 1, 1
     if args.worker:
         print(json.dumps(worker(args.worker, args.model, args.batch, args.length, args.iters)))
         return

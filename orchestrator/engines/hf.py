@@ -97,7 +97,7 @@ class HFEngine:
         self.lora = MultiLoRA(self.model)
         use_decode_attention(self.model)  # decode steps: two matmuls instead of SDPA's kernel
         self.fused_decode = fused_decode  # decoder.py's step where the model's shape allows (read every step)
-        self.cpu = cpu  # the CPU the fused step lays its weights out for (None: this machine's; cpu.py)
+        self._cpu = cpu  # the CPU the fused step lays its weights out for (None: this machine's; cpu.py)
         self.versions: dict[str, int] = {}
         self.eos_ids = end_of_turn_ids(self.tokenizer)
         self._pending: queue.Queue[_Seq] = queue.Queue()
@@ -160,6 +160,17 @@ class HFEngine:
         if not self.fused_decode or self._fused is None:
             return "transformers"
         return f"fused:{self._fused.layout}"
+
+    @property
+    def cpu(self) -> CpuFeatures | None:
+        return self._cpu
+
+    @cpu.setter
+    def cpu(self, cpu: CpuFeatures | None) -> None:
+        """Lay the fused step's weights out for another CPU's features (the next decode step repacks)."""
+        with self._lock:
+            self._cpu = cpu
+            self.__dict__.pop("_fused", None)
 
     @property
     def busy(self) -> int:
@@ -329,7 +340,7 @@ class HFEngine:
     @cached_property
     def _fused(self) -> FusedDecoder | None:
         # built on first use, on the compute thread: packing weights is torch work (compute.py)
-        decoder = FusedDecoder.build(self.model, self.lora, rows_hint=self.max_batch, cpu=self.cpu)
+        decoder = FusedDecoder.build(self.model, self.lora, rows_hint=self.max_batch, cpu=self._cpu)
         if decoder is None:
             log.info("engine.decode_path", path="transformers", model_type=self.model.config.model_type)
         else:

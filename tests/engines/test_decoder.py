@@ -166,3 +166,12 @@ def test_a_prepack_that_fails_its_probe_falls_back(monkeypatch):
     assert weight_layout(torch.bfloat16, AVX2)[0] == "plain"
     assert weight_layout(torch.float32, AVX2)[0] == "plain"
 
+
+
+def test_setting_the_cpu_relays_the_weights_out():
+    engine = HFEngine(load_model("tiny", dtype="float32", seed=0))
+    assert engine.decode_path == "fused:onednn"
+    engine.cpu = NO_ONEDNN
+    assert engine.decode_path == "fused:plain"
+    engine.cpu = None
+    assert engine.decode_path == "fused:onednn"

@@ -5,7 +5,10 @@ routing through the pipeline (with a review loop), transcript records and the JS
 The baseline, measured in the same run, is the bare cost of extracting and validating the same
 replies in a loop; `validation_share` is the fraction of the run's time that this floor takes.
 
-    python benchmarks/orchestrator.py [--episodes 2000] [--concurrency 64]
+    python benchmarks/pipeline.py [--episodes 2000] [--concurrency 64] [--smoke]
+
+``--smoke``: 20 episodes, 8 at a time: seconds, to check that the script still runs
+(tests/test_benchmarks.py).
 """
 from __future__ import annotations
 
@@ -17,9 +20,6 @@ import tempfile
 import time
 from pathlib import Path
 
-# Run as a script, this file's folder comes first on sys.path and its name would shadow the
-# `orchestrator` package.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 from orchestrator.messages import parse_message
 from orchestrator.policies.python import PythonPolicy
@@ -67,14 +67,18 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--episodes", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--smoke", action="store_true", help="seconds: does the script still run")
     args = parser.parse_args()
+    if args.smoke:
+        args.episodes, args.concurrency = 20, 8
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "team.yaml").write_text(TEAM)
         team = load_team(Path(tmp) / "team.yaml")
         policies = {name: PythonPolicy(reply) for name in team.roles}
         options = RunOptions(episodes=args.episodes, seed=0, out_dir=Path(tmp) / "run",
                              concurrency=args.concurrency, progress=False)
-        asyncio.run(run_team(team, policies, RunOptions(**{**options.__dict__, "episodes": 50})))  # warm-up
+        warm_up = RunOptions(**{**options.__dict__, "episodes": min(50, args.episodes)})
+        asyncio.run(run_team(team, policies, warm_up))
         t0 = time.perf_counter()
         result = asyncio.run(run_team(team, policies, options))
         wall = time.perf_counter() - t0

@@ -1,0 +1,93 @@
+"""Every script in benchmarks/ runs with ``--smoke`` (seconds, the tiny model) and prints its JSON.
+
+Benchmarks run by hand only now and then; a change elsewhere that breaks one (a prompt reading a
+new observation key, a renamed stat) would otherwise go unnoticed until someone next measures.
+The scripts are found by glob, so a new benchmark without ``--smoke`` or without its keys listed
+here fails too.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from sandboxes import available_backends
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = sorted(p for p in (ROOT / "benchmarks").glob("*.py") if not p.name.startswith("_"))  # _*.py: shared helpers
+TIMEOUT_S = 240  # a smoke run takes 5-20 s alone; the margin is for a machine busy with other work
+# The keys each JSON line must have, as a full run prints them (extra keys are fine; a renamed one is not).
+KEYS = {
+    "constrained": {"model", "dtype", "roles", "samples_per_role", "max_tokens", "per_role", "valid_free",
+                    "valid_constrained", "free_tok_s", "constrained_tok_s", "free_matched_tok_s", "tokens",
+                    "throughput_ratio", "end_to_end_ratio", "grammar_s", "constrained_s", "compile_s"},
+    "debate": {"model", "dtype", "episodes", "repeats", "batched_s", "one_at_a_time_s", "batched_tok_s",
+               "one_at_a_time_tok_s", "speedup"},
+    "pipeline": {"episodes", "messages", "wall_s", "messages_per_s", "bare_validate_per_s", "validation_share"},
+    "prefix_cache": {"model", "dtype", "episodes", "rounds", "cached", "uncached", "same_turns", "speedup",
+                     "prefill_tokens_ratio"},
+    "rollout": {"model", "dtype", "requests", "max_tokens", "sequential_prompts", "rounds", "engine_tok_s",
+                "sequential_tok_s", "ratio", "prefill_tok_s", "decode_path", "decode_tok_s", "decode_rows_per_step",
+                "decode_vs_prefill", "transformers_decode_tok_s", "fused_vs_transformers", "fallback_path",
+                "fallback_decode_tok_s", "fused_vs_fallback", "engine_vs_prefill",
+                "one_adapter_tok_s", "mixed_adapter_tok_s", "mixed_adapter_ratio"},
+    "sandbox": {"sandbox_s", "bare_s", "ratio", "backend", "runs", "stat"},
+    "train": {"model", "batch", "length", "client_tok_s", "plain_tok_s", "ratio", "client_peak_mb", "plain_peak_mb"},
+}
+
+
+def skip_reason(script: Path) -> str | None:
+    if script.stem == "sandbox" and not available_backends():
+        return "no isolating sandbox backend here (bwrap or unshare as root)"
+    return None
+
+
+def smoke(script: Path) -> subprocess.CompletedProcess[str]:
+    # One torch thread each: two runs share the two cores, and torch threads that outnumber the
+    # cores spin-wait for each other (a tiny model's decode steps turn 10x slower).
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, str(script), "--smoke"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=TIMEOUT_S)
+
+
+@pytest.fixture(scope="module")
+def runs(request: pytest.FixtureRequest) -> Iterator[dict[Path, Future]]:
+    """The selected benchmarks' smoke runs, started together and run two at a time: most of each
+    run is importing torch on one core, so this halves the file's wall time."""
+    selected = [item.callspec.params["script"] for item in request.session.items if item.module is request.module]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        yield {script: pool.submit(smoke, script) for script in selected if skip_reason(script) is None}
+
+
+def numbers(value: object) -> Iterator[float]:
+    if isinstance(value, dict):
+        for v in value.values():
+            yield from numbers(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from numbers(v)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        yield value
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)
+def test_smoke_run_prints_its_json_line(script: Path, runs: dict[Path, Future]) -> None:
+    if reason := skip_reason(script):
+        pytest.skip(reason)
+    proc = runs[script].result()
+    assert proc.returncode == 0, f"{script.name} --smoke exited {proc.returncode}:\n{proc.stderr[-4000:]}"
+    lines = proc.stdout.strip().splitlines()
+    assert lines, f"{script.name} --smoke printed nothing on stdout"
+    out = json.loads(lines[-1])
+    assert isinstance(out, dict) and out, lines[-1]
+    expected = KEYS.get(script.stem)
+    assert expected is not None, f"list the keys of {script.name}'s JSON line in KEYS"
+    assert not expected - out.keys(), f"missing keys {sorted(expected - out.keys())} in {lines[-1]}"
+    assert all(math.isfinite(x) for x in numbers(out)), lines[-1]
