@@ -3,10 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from pathlib import Path
-
-import pytest
 
 from support import write
 from orchestrator.policies.binding import Binding

@@ -98,7 +98,7 @@ def test_sigkill_then_resume_continues_after_the_last_checkpoint(tmp_path):
     out, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err
     k = int(done.split("-")[1])
-    assert f"resumed" in err and f"step={k}" in err
+    assert "resumed" in err and f"step={k}" in err
     train_steps = [r["step"] for r in rows(run) if r["kind"] == "train"]
     assert train_steps == [1, 2, 3, 4][: len(train_steps)] and train_steps[-1] == 4  # each step once
     assert (latest.read_text()) == "step-000004"
