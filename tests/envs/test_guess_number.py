@@ -115,4 +115,5 @@ def test_process_reward_is_the_share_of_guesses_the_feedback_allowed(tmp_path):
     (ep,) = play(small(tasks=[{"secret": 5}]), {"guesser": script}, tmp_path).episodes
     assert ep.outcome["process"] == {"guesser": 0.5} and ep.outcome["reason"] == "correct"
     from plugins.rewards import hybrid_reward
-    assert hybrid_reward(ep, ["guesser"], {"alpha": 0.6}) == {"guesser": pytest.approx(0.6 * 0.5 + 0.4 * 0.5)}
+    config = hybrid_reward.Config(alpha=0.6)
+    assert hybrid_reward(ep, ["guesser"], config) == {"guesser": pytest.approx(0.6 * 0.5 + 0.4 * 0.5)}
