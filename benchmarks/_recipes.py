@@ -8,7 +8,7 @@ from typing import Any
 
 from orchestrator.engines.hf import EngineStats, HFEngine
 from orchestrator.models import LoadedModel
-from orchestrator.runner import RunOptions, RunResult, build_policies, run_team
+from orchestrator.rollout import RunOptions, RunResult, build_policies, run_team
 from orchestrator.team import Team
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from orchestrator.messages import parse_message
 from orchestrator.policies.python import PythonPolicy
-from orchestrator.runner import RunOptions, run_team
+from orchestrator.rollout import RunOptions, run_team
 from orchestrator.team import load_team
 
 TEAM = """

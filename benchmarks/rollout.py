@@ -35,7 +35,7 @@ import time
 
 import torch
 
-from orchestrator.compute import compute_thread
+from orchestrator.compute_thread import compute_thread
 from orchestrator.cpu import CpuFeatures, host
 from orchestrator.engines.base import GenerationRequest, SamplingParams
 from orchestrator.engines.decoder import weight_layout
@@ -161,7 +161,7 @@ def main() -> None:
             engine.fused_decode, engine.cpu = True, None
             await engine_run(engine, ps[:4], 4)  # repacked for this CPU before the adapter sides
             # on the compute thread, as the engine: a second thread of torch work would slow every
-            # side after it (orchestrator/compute.py)
+            # side after it (orchestrator/compute_thread.py)
             add("sequential", *compute.submit(sequential_run, loaded.model, ps[r : args.sequential : args.rounds],
                                               args.max_tokens, loaded.tokenizer.pad_token_id).result())
             add("prefill", *compute.submit(prefill_run, loaded.model, ps).result())

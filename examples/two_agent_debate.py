@@ -14,7 +14,7 @@ from pathlib import Path
 
 from orchestrator.engines.hf import HFEngine
 from orchestrator.models import load_model
-from orchestrator.runner import RunOptions, build_policies, run_team
+from orchestrator.rollout import RunOptions, build_policies, run_team
 from orchestrator.team import load_team
 from orchestrator.training.client import ServiceClient
 from orchestrator.training.datums import role_datums

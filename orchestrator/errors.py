@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+EXIT_USAGE = 2  # the exit code of a command stopped by a user's mistake (argparse's own)
+
 
 class RolecastError(Exception):
     """Base class of every error rolecast reports to a user without a traceback."""

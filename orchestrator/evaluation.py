@@ -1,5 +1,5 @@
-"""``rolecast eval RECIPE``: play N episodes and report, per role, win/draw/loss (success, for
-one-player games) rates with 95% Wilson intervals and the mean reward.
+"""Evaluation: per role, win/draw/loss (success, for one-player games) rates with 95% Wilson
+intervals and the mean reward, over a run's episodes (``rolecast eval``, and training's evaluations).
 
 Games report ``outcome()["results"]`` (``{role: win | draw | loss}``); for other environments a
 trainable role's result is the sign of its episode reward. ``--opponent`` rebinds the role the
@@ -10,19 +10,11 @@ game's legal moves (some TextArena games), eval warns and lists it under ``illeg
 """
 from __future__ import annotations
 
-import argparse
-import asyncio
 import dataclasses
-import json
 import math
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
-
-import structlog
-from rich.console import Console
-from rich.table import Table
 
 from .errors import RolecastError
 from .policies.binding import Binding
@@ -31,7 +23,6 @@ from .role import RoleSpec
 from .team import Team
 from .transcript import EpisodeRecord
 
-log = structlog.get_logger()
 CHECKPOINT_ADAPTER = "eval-opponent"
 RESULTS = ("win", "draw", "loss")
 
@@ -113,97 +104,3 @@ def blind_random_roles(team: Team, bindings: dict[str, str]) -> list[str]:
     if known is None or known():
         return []
     return [name for name, binding in bindings.items() if binding == "builtin:random"]
-
-
-def handler(args: argparse.Namespace) -> int:
-    from .cli import _load_engine, _parse_adapter_flags, _parse_policy_flags
-    from .runner import RunOptions, build_policies, run_team
-    from .team import load_team
-
-    team = load_team(args.recipe)
-    overrides = _parse_policy_flags(args.policy)
-    adapters = _parse_adapter_flags(args.adapter)
-    opponent_role, checkpoint = None, None
-    if args.opponent:
-        team, opponent_role, checkpoint = bind_opponent(team, args.opponent, overrides)
-    cfg = team.config
-    model = args.model or cfg.model
-    seed = cfg.seed if args.seed is None else args.seed
-
-    def engine_factory():
-        return _load_engine(model, args.dtype, seed, args.engine,
-                            {**adapters, **({CHECKPOINT_ADAPTER: checkpoint} if checkpoint else {})})
-
-    policies = build_policies(team, overrides, engine_factory)
-    bindings = {name: str(overrides.get(name) or spec.binding or f"model ({spec.config.policy.adapter or 'base'})")
-                for name, spec in team.roles.items()}
-    blind = blind_random_roles(team, bindings)
-    if blind:
-        log.warning("builtin:random is no baseline here: the game lists no legal moves, so it sends random words "
-                    "and loses", team=team.name, roles=blind)
-    out = args.out or Path("runs") / f"eval-{team.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    options = RunOptions(episodes=args.episodes, seed=seed, out_dir=out, concurrency=args.concurrency or cfg.concurrency,
-                         episode_timeout_s=cfg.episode_timeout_s, progress=not (args.no_progress or args.json),
-                         extra={"eval": True, "model": model, "policy": args.policy, "opponent": args.opponent,
-                                "adapter": args.adapter})
-
-    async def go():
-        try:
-            return await run_team(team, policies, options)
-        finally:
-            for engine in {id(p.engine): p.engine for p in policies.values() if hasattr(p, "engine")}.values():
-                await engine.aclose()
-
-    result = asyncio.run(go())
-    report = {"team": team.name, "episodes": len(result.episodes), "status": result.summary["status"],
-              "opponent": {"role": opponent_role, "policy": args.opponent} if opponent_role else None,
-              "bindings": bindings, "roles": evaluate(team, result.episodes, result.summary),
-              "illegal_baseline": blind, "run_dir": str(result.run_dir)}
-    (result.run_dir / "eval.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
-    if args.json:
-        print(json.dumps(report))
-    else:
-        print_report(report)
-    return 0
-
-
-def print_report(report: dict[str, Any]) -> None:
-    title = f"{report['team']}: {report['episodes']} episodes {report['status']}"
-    if report["opponent"]:
-        title += f", opponent {report['opponent']['role']} = {report['opponent']['policy']}"
-    table = Table(title=title)
-    for col in ("role", "policy", "W-D-L", "win rate", "95% CI", "mean reward"):
-        table.add_column(col, justify="left" if col in ("role", "policy") else "right", no_wrap=True)
-    for name, e in report["roles"].items():
-        lo, hi = e["win_ci95"]
-        reward = f"{e['mean_reward']:.3f}" + ("" if e["reward_ci95"] is None else f" ±{e['reward_ci95']:.3f}")
-        table.add_row(name, report["bindings"][name], f"{e['win']}-{e['draw']}-{e['loss']}", f"{e['win_rate']:.3f}",
-                      f"{lo:.3f}-{hi:.3f}", reward)
-    console = Console()
-    console.print(table)
-    console.print(f"win rate = success rate in one-player games; run dir: {report['run_dir']}", highlight=False)
-    if report["illegal_baseline"]:
-        console.print(f"not a baseline: builtin:random ({', '.join(report['illegal_baseline'])}) cannot see this game's "
-                      "legal moves", highlight=False)
-
-
-def register_cli(subparsers: Any) -> None:
-    from .cli import ADAPTER_HELP, ENGINE_HELP, ENGINES
-
-    p = subparsers.add_parser("eval", help="win/draw/loss (or success) rates with 95%% intervals, per role")
-    p.add_argument("recipe", type=Path, help="team or recipe YAML")
-    p.add_argument("--episodes", type=int, default=100, help="episodes to play (default 100)")
-    p.add_argument("--policy", action="append", default=[], metavar="ROLE=BINDING",
-                   help="bind a role, as for `rolecast run` (repeatable)")
-    p.add_argument("--opponent", metavar="OPPONENT",
-                   help="rebind the recipe's opponent role: random, minimax (any builtin), base, or checkpoint:PATH")
-    p.add_argument("--model", help="smollm2-135m (default), tiny, a local Hugging Face model dir, or a hub id (org/name)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
-    p.add_argument("--engine", default="hf", choices=ENGINES, help=ENGINE_HELP)
-    p.add_argument("--adapter", action="append", default=[], metavar="NAME=PATH", help=ADAPTER_HELP)
-    p.add_argument("--seed", type=int, help="run seed (default: the team's `seed`)")
-    p.add_argument("--concurrency", type=int, help="episodes in flight at once")
-    p.add_argument("--out", type=Path, help="run dir (default: runs/eval-<team>-<time>)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    p.set_defaults(func=handler)

@@ -1,6 +1,7 @@
 """The hooks a rolecast plugin may implement.
 
-Each hook hands the plugin a ``register`` callback (the simonw/llm style)::
+Each ``register_*`` hook but ``register_commands`` hands the plugin a ``register`` callback (the
+simonw/llm style)::
 
     from orchestrator.hookspecs import hookimpl
 
@@ -48,5 +49,8 @@ def register_trainers(register):
 
 
 @hookspec
-def register_sandboxes(register):
-    """Register sandbox backends: ``register(name, backend)``."""
+def register_commands(subparsers):
+    """Add ``rolecast`` commands: ``p = subparsers.add_parser(NAME, help=...)`` (argparse), add its
+    arguments, then ``p.set_defaults(func=handler)``; ``handler(args)`` returns the exit code.
+    A ``RolecastError`` it raises is one line on stderr and exit code 2, as for built-in commands.
+    """

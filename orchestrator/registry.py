@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.metadata
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
@@ -19,8 +20,8 @@ from .config import PluginConfig
 from .training.trainer import Trainer
 
 ENTRY_POINT_GROUP = "rolecast.plugins"
-KINDS = ("envs", "policies", "rewards", "trainers", "sandboxes")
-SINGULAR = {"envs": "env", "policies": "policy", "rewards": "reward", "trainers": "trainer", "sandboxes": "sandbox"}
+KINDS = ("envs", "policies", "rewards", "trainers")
+SINGULAR = {"envs": "env", "policies": "policy", "rewards": "reward", "trainers": "trainer"}
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class Registry:
     items: dict[str, dict[str, Registration]] = field(default_factory=lambda: {k: {} for k in KINDS})
     failures: list[PluginFailure] = field(default_factory=list)
     plugins: list[tuple[str, str]] = field(default_factory=list)  # (name, source) loaded fine
+    commands: list[tuple[str, str, Callable[..., Any]]] = field(default_factory=list)  # (plugin, source, hook)
 
     def get(self, kind: str, name: str) -> Any:
         try:
@@ -61,9 +63,11 @@ class Registry:
         pm.add_hookspecs(hookspecs)
         try:
             pm.register(module, name=plugin)
-        except Exception as exc:  # e.g. a hookimpl whose name matches no hookspec
+            pm.check_pending()  # a hookimpl whose name matches no hookspec (a misspelt hook)
+        except Exception as exc:
             self.failures.append(PluginFailure(plugin, source, _one_line(exc)))
             return
+        self.commands += [(plugin, source, impl.function) for impl in pm.hook.register_commands.get_hookimpls()]
         ok = True
         for kind in KINDS:
             for impl in getattr(pm.hook, f"register_{kind}").get_hookimpls():
@@ -74,6 +78,14 @@ class Registry:
                     ok = False
         if ok:
             self.plugins.append((plugin, source))
+
+    def add_commands(self, subparsers: Any) -> None:
+        """Let each plugin add its CLI commands; one that fails is recorded, not raised."""
+        for plugin, source, hook in self.commands:
+            try:
+                hook(subparsers=subparsers)
+            except Exception as exc:  # argparse refuses a command name that is taken, say
+                self.failures.append(PluginFailure(plugin, source, f"register_commands: {_one_line(exc)}"))
 
     def _registrar(self, kind: str, plugin: str, source: str):
         def register(name: str, obj: Any) -> None:

@@ -14,12 +14,12 @@ from pydantic import ValidationError
 import roles as _library
 
 from .config import RoleConfig
-from .engines.grammar import GrammarError, check_reply_prefix
 from .errors import ConfigError
+from .grammar.schema import GrammarError, check_reply_prefix
 from .messages import check_schema, compile_validator, schema_json
 from .policies.binding import Binding, parse_binding
 from .registry import Registry, default_registry
-from .validation import problem_text
+from .config_errors import problem_text
 from .yamlfile import MAX_YAML_BYTES, Loc, YamlDoc, load_yaml, read_text
 
 LIBRARY_DIR = Path(_library.__file__).resolve().parent

@@ -19,7 +19,7 @@ from .envs.base import Env, EnvConfig
 from .errors import ConfigError
 from .registry import Registry, config_model, default_registry
 from .role import BASE_VARIABLES, RoleSpec, library_roles, load_role, resolve_role_path
-from .validation import problem_text, validate_model
+from .config_errors import problem_text, validate_model
 from .yamlfile import YamlDoc, load_json_lines, load_yaml
 
 

@@ -1,11 +1,11 @@
 """rolecast's own built-ins, registered through its own ``rolecast.plugins`` entry point."""
 from __future__ import annotations
 
-from orchestrator.envs.issue_fix import IssueFixEnv
+from orchestrator.issue_fix.env import IssueFixEnv
 from orchestrator.hookspecs import hookimpl
 from orchestrator.policies.stub import StubPolicy
-from orchestrator.protocols.debate import DebateEnv
-from orchestrator.protocols.pipeline import PipelineEnv
+from orchestrator.envs.debate import DebateEnv
+from orchestrator.envs.pipeline import PipelineEnv
 
 from .rewards import REWARDS
 from .trainers.freeze_rotate import FreezeRotate

@@ -9,7 +9,7 @@ from orchestrator.envs.textarena_adapter import TextArenaEnv
 from orchestrator.envs.tictactoe import TicTacToeEnv
 from orchestrator.envs.twenty_questions import TwentyQuestionsEnv
 from orchestrator.hookspecs import hookimpl
-from orchestrator.policies.reference import BinarySearchPolicy, MinimaxPolicy, RandomPolicy
+from orchestrator.policies.baselines import BinarySearchPolicy, MinimaxPolicy, RandomPolicy
 
 
 @hookimpl

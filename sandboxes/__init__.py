@@ -8,9 +8,11 @@ from .base import (
     UnsafeBackendRefused,
 )
 from .pool import SandboxPool
-from .runner import arun, available_backends, run, select_backend
+from .runner import BACKENDS, ISOLATING, arun, available_backends, run, select_backend
 
 __all__ = [
+    "BACKENDS",
+    "ISOLATING",
     "Limits",
     "SandboxError",
     "SandboxPool",

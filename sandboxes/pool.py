@@ -2,16 +2,29 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any, TypeVar
 
 from .base import Limits, SandboxResult, SandboxSetupError
 from .runner import Command, arun, select_backend
+
+T = TypeVar("T")
+
+
+def copy_private(src: str | os.PathLike[str], dest: str | os.PathLike[str], ignore: Callable | None = None) -> Path:
+    """A real copy of the folder ``src`` at ``dest`` (which must not exist): hardlinks would let one
+    episode's in-place writes show up in another's files. ``ignore`` as for ``shutil.copytree``."""
+    src = Path(src)
+    if not src.is_dir():
+        raise SandboxSetupError(f"repo {src} is not a directory")
+    return Path(shutil.copytree(src, dest, symlinks=True, ignore=ignore))
 
 
 class SandboxPool:
@@ -36,6 +49,11 @@ class SandboxPool:
         self._semaphore = asyncio.Semaphore(self.max_concurrent)
         self._executor = ThreadPoolExecutor(self.max_concurrent, thread_name_prefix="sandbox")
 
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)``, a blocking function that runs sandboxes one after another, on the pool's
+        threads: however many episodes call at once, at most ``max_concurrent`` run."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(fn, *args))
+
     async def run(
         self,
         command: Command,
@@ -52,25 +70,12 @@ class SandboxPool:
 
     @asynccontextmanager
     async def episode(self, repo: str | os.PathLike[str]) -> AsyncIterator[Path]:
-        """A private copy of ``repo`` for one episode, deleted on exit.
-
-        A real copy (reflinked where the filesystem can): hardlinks would let one
-        episode's in-place writes show up in another's files.
-        """
-        src = Path(repo).resolve()
-        if not src.is_dir():
-            raise SandboxSetupError(f"repo {src} is not a directory")
+        """A private copy of ``repo`` for one episode (:func:`copy_private`), deleted on exit."""
         self.scratch_dir.mkdir(parents=True, exist_ok=True)
         dest = Path(tempfile.mkdtemp(prefix="episode-", dir=self.scratch_dir))
         try:
-            proc = await asyncio.create_subprocess_exec(
-                "cp", "-a", "--reflink=auto", "--", f"{src}/.", str(dest),
-                stderr=asyncio.subprocess.PIPE,
-            )
-            _, err = await proc.communicate()
-            if proc.returncode != 0:
-                raise SandboxSetupError(f"copying {src}: {err.decode(errors='replace').strip()}")
-            yield dest
+            await asyncio.to_thread(copy_private, repo, dest / "repo")
+            yield dest / "repo"
         finally:
             await asyncio.to_thread(shutil.rmtree, dest, ignore_errors=True)
 

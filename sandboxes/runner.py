@@ -43,6 +43,7 @@ from .unshare import UnshareBackend
 log = structlog.get_logger()
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (BwrapBackend(), UnshareBackend(), NoneBackend())}
+ISOLATING = tuple(name for name, b in BACKENDS.items() if b.isolating)  # what untrusted code may run in
 AUTO_ORDER = ("bwrap", "unshare")  # best first; "none" is never chosen automatically
 HIDDEN = (Path("/root"), Path("/home"))
 

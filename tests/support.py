@@ -33,3 +33,69 @@ requires_bf16 = pytest.mark.skipif(not _bf16_runs(), reason="torch cannot run bf
 AVX512 = CpuFeatures(frozenset({"avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq"}))
 AVX2 = CpuFeatures(frozenset({"avx2", "fma"}))  # an AMD EPYC of this project's: no oneDNN bf16 kernels
 NO_ONEDNN = CpuFeatures(frozenset({"avx2"}), onednn=False)
+
+
+def no_engine():
+    """The engine factory of tests that bind no role to the model."""
+    raise AssertionError("no role here should need the model")
+
+
+def tiny_engine(dtype: str = "float32", seed: int = 0, **options):
+    """The HF engine over the tiny random model (real tokenizer)."""
+    from orchestrator.engines.hf import HFEngine
+    from orchestrator.models import load_model
+
+    return HFEngine(load_model("tiny", dtype=dtype, seed=seed), **options)
+
+
+def lora_state(model: torch.nn.Module, seed: int, rank: int = 4, std: float = 1.0,
+               modules: tuple[str, ...] | None = None) -> dict[str, torch.Tensor]:
+    """A PEFT-format state dict with random A and B for ``model``'s linears (all but the LM head,
+    or those whose names end with one of ``modules``); ``std`` 0 gives zeros."""
+    g = torch.Generator().manual_seed(seed)
+    state = {}
+    for name, m in model.named_modules():
+        if not isinstance(m, torch.nn.Linear) or name.endswith("lm_head"):
+            continue
+        if modules is None or name.endswith(modules):
+            state[f"base_model.model.{name}.lora_A.weight"] = torch.randn(rank, m.in_features, generator=g) * std
+            state[f"base_model.model.{name}.lora_B.weight"] = torch.randn(m.out_features, rank, generator=g) * std
+    return state
+
+
+def peft_dir(folder: Path, state: dict[str, torch.Tensor], alpha: float | None = None) -> Path:
+    """An adapter dir as PEFT writes one (weights and the config rolecast reads), for ``state``."""
+    import json
+
+    from safetensors.torch import save_file
+
+    rank = next(v.shape[0] for k, v in state.items() if k.endswith("lora_A.weight"))
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(folder / "adapter_model.safetensors"))
+    (folder / "adapter_config.json").write_text(json.dumps({"r": rank, "lora_alpha": alpha or 2 * rank}))
+    return folder
+
+
+def make_attempt(prompt_ids=None, token_ids=None, logprobs=None, *, valid: bool = True, text: str = "",
+                 messages=(), finish_reason: str | None = None):
+    from orchestrator.transcript import Attempt
+
+    return Attempt(messages=list(messages), text=text, valid=valid, errors=[], prompt_ids=prompt_ids,
+                   token_ids=token_ids, logprobs=logprobs, finish_reason=finish_reason)
+
+
+def make_episode(*turns, rewards: dict[str, float] | None = None, outcome: dict | None = None):
+    """An episode record of ``turns``: (role, attempts) or (role, attempts, content) each."""
+    from orchestrator.transcript import EpisodeRecord, Turn
+
+    ep = EpisodeRecord(id="e", index=0, team="t", task={}, seed=0, rewards=rewards or {}, outcome=outcome or {})
+    for i, (role, attempts, *content) in enumerate(turns):
+        valid = attempts[-1].valid if attempts else True
+        ep.turns.append(Turn(turn=i, role=role, message_id=f"e:{i}", content=content[0] if content else None,
+                             valid=valid, retries=max(len(attempts) - 1, 0), penalty=0.0, attempts=list(attempts)))
+    return ep
+
+
+def randomize(engine, name: str, seed: int) -> int:
+    """Give ``engine``'s adapter ``name`` random non-zero weights, so it really differs from the base."""
+    return engine.update_adapter(name, lora_state(engine.model, seed, std=0.5))

@@ -9,10 +9,11 @@ import pytest
 from orchestrator.engines.hf import HFEngine
 from orchestrator.engines.tokens import chat_prompt_ids, continuation_ids
 from orchestrator.models import load_model
-from orchestrator.runner import RunOptions, build_policies, run_team
+from orchestrator.rollout import RunOptions, build_policies, run_team
 from orchestrator.team import load_team
 from orchestrator.training.datums import role_datums
 from orchestrator.transcript import Attempt
+from support import make_attempt
 
 ROOT = Path(__file__).resolve().parents[1]
 MESSAGES = [{"role": "system", "content": "You guess numbers."}, {"role": "user", "content": "From 1 to 16?"}]
@@ -24,8 +25,7 @@ def loaded():
 
 
 def attempt(tok, text: str, token_ids: list[int], finish: str = "eos") -> Attempt:
-    return Attempt(messages=MESSAGES, text=text, valid=True, errors=[], prompt_ids=chat_prompt_ids(tok, MESSAGES),
-                   token_ids=token_ids, finish_reason=finish)
+    return make_attempt(chat_prompt_ids(tok, MESSAGES), token_ids, text=text, messages=MESSAGES, finish_reason=finish)
 
 
 def later(text: str) -> list[dict[str, str]]:

@@ -10,7 +10,7 @@ import pytest
 
 from support import ERROR_LINE, write
 from orchestrator.errors import ConfigError
-from orchestrator.issue_tasks import TaskFileError, load_task
+from orchestrator.issue_fix.task import TaskFileError, load_task
 from orchestrator.policies.replay import ReplayPolicy
 from orchestrator.role import load_role
 from orchestrator.team import load_team

@@ -103,6 +103,18 @@ def register_rewards(register):
 @hookimpl
 def register_policies(register):
     register("always-heads", AlwaysHeads)
+
+
+def flip(args):
+    print(f"flipped {args.times} coins")
+    return 3 if args.times > 9 else 0
+
+
+@hookimpl
+def register_commands(subparsers):
+    p = subparsers.add_parser("coin-flip", help="flip coins from the command line")
+    p.add_argument("--times", type=int, default=1)
+    p.set_defaults(func=flip)
 '''
 
 PYPROJECT = '''
@@ -157,6 +169,13 @@ def test_plugins_lists_third_party_and_broken_plugin(plugin_site):
                                "error": "ImportError: needs libfoo 2.0"}]
     table = rolecast(plugin_site, "plugins")
     assert table.returncode == 0 and "needs libfoo 2.0" in table.stdout and "always-heads" in table.stdout
+
+
+def test_a_plugin_adds_a_command(plugin_site):
+    proc = rolecast(plugin_site, "coin-flip", "--times", "3")
+    assert proc.returncode == 0 and proc.stdout == "flipped 3 coins\n", proc.stderr
+    assert rolecast(plugin_site, "coin-flip", "--times", "12").returncode == 3  # the handler's exit code
+    assert "flip coins from the command line" in rolecast(plugin_site, "--help").stdout
 
 
 def test_team_on_third_party_env_runs(plugin_site, tmp_path):
@@ -256,6 +275,34 @@ def test_hook_that_raises_is_reported_and_others_still_register():
     assert errors["bad"] == "register_envs: RuntimeError: oops"
     assert "already registered by plugin 'core'" in errors["clash"]
     assert registry.get("envs", "debate").__name__ == "DebateEnv"
+
+
+def test_a_misspelt_hook_or_a_taken_command_is_reported():
+    import argparse
+
+    from orchestrator.hookspecs import hookimpl
+
+    class Misspelt:
+        @staticmethod
+        @hookimpl
+        def register_env(register):  # no such hook: register_envs
+            register("typo", object)
+
+    class TakesRun:
+        @staticmethod
+        @hookimpl
+        def register_commands(subparsers):
+            subparsers.add_parser("run")
+
+    registry = discover()
+    registry.add_module(Misspelt, "misspelt", "test")
+    registry.add_module(TakesRun, "takes-run", "test")
+    sub = argparse.ArgumentParser().add_subparsers()
+    sub.add_parser("run")
+    registry.add_commands(sub)
+    errors = {f.plugin: f.error for f in registry.failures}
+    assert "register_env" in errors["misspelt"] and "typo" not in registry.names("envs")
+    assert errors["takes-run"].startswith("register_commands: ") and "run" in errors["takes-run"]
 
 
 def test_registry_get_unknown_names_known():

@@ -5,10 +5,10 @@ import asyncio
 import json
 from pathlib import Path
 
-from support import write
+from support import no_engine, write
 from orchestrator.policies.binding import Binding
 from orchestrator.policies.python import PythonPolicy
-from orchestrator.runner import RunOptions, build_policies, run_team
+from orchestrator.rollout import RunOptions, build_policies, run_team
 from orchestrator.team import load_team
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,7 +66,7 @@ def garbage(request):
 
 def test_garbage_policy_is_retried_penalised_and_recorded(tmp_path):
     team = load_team(ROOT / "recipes/debate.yaml")
-    policies = build_policies(team, stub_all(team), _no_engine)
+    policies = build_policies(team, stub_all(team), no_engine)
     policies["con"] = PythonPolicy(garbage)
     result = asyncio.run(run_team(team, policies, RunOptions(episodes=2, seed=1, out_dir=tmp_path, progress=False)))
     assert [e.status for e in result.episodes] == ["ok", "ok"]
@@ -91,10 +91,6 @@ def stub_all(team):
     return {name: Binding("builtin", "stub") for name in team.roles}
 
 
-def _no_engine():
-    raise AssertionError("no role here should need the model")
-
-
 def test_replay_exhaustion_and_policy_crash_end_the_episode_not_the_run(tmp_path):
     team = load_team(ROOT / "recipes/debate.yaml")
     short = tmp_path / "short.jsonl"
@@ -103,14 +99,14 @@ def test_replay_exhaustion_and_policy_crash_end_the_episode_not_the_run(tmp_path
     def boom(request):
         raise RuntimeError("policy server down")
 
-    policies = build_policies(team, {**stub_all(team), "pro": Binding("replay", str(short))}, _no_engine)
+    policies = build_policies(team, {**stub_all(team), "pro": Binding("replay", str(short))}, no_engine)
     policies["con"] = PythonPolicy(lambda r: '{"argument": "y"}')
     result = asyncio.run(run_team(team, policies, RunOptions(episodes=1, seed=0, out_dir=tmp_path / "a", progress=False)))
     ep = result.episodes[0]
     assert ep.status == "error" and "no more lines for role 'pro'" in ep.error
     assert [t.role for t in ep.turns] == ["pro", "con"]  # what happened before is kept
 
-    policies = build_policies(team, stub_all(team), _no_engine)
+    policies = build_policies(team, stub_all(team), no_engine)
     policies["con"] = PythonPolicy(boom)
     result = asyncio.run(run_team(team, policies, RunOptions(episodes=2, seed=0, out_dir=tmp_path / "b", progress=False)))
     assert [e.status for e in result.episodes] == ["error", "error"]
@@ -140,7 +136,7 @@ def test_pipeline_loops_back_until_approved(tmp_path):
     def reviewer(request):
         return json.dumps({"verdict": next(verdicts), "comments": ["c"]})
 
-    policies = build_policies(team, stub_all(team), _no_engine)
+    policies = build_policies(team, stub_all(team), no_engine)
     policies["reviewer"] = PythonPolicy(reviewer)
     result = asyncio.run(run_team(team, policies, RunOptions(episodes=1, seed=0, out_dir=tmp_path, progress=False)))
     ep = result.episodes[0]
@@ -155,7 +151,7 @@ def test_pipeline_loops_back_until_approved(tmp_path):
 
 def test_pipeline_stops_at_max_rounds(tmp_path):
     team = load_team(ROOT / "recipes/code_review.yaml")
-    policies = build_policies(team, stub_all(team), _no_engine)
+    policies = build_policies(team, stub_all(team), no_engine)
     policies["reviewer"] = PythonPolicy(lambda r: '{"verdict": "request_changes"}')
     result = asyncio.run(run_team(team, policies, RunOptions(episodes=1, seed=0, out_dir=tmp_path, progress=False)))
     ep = result.episodes[0]

@@ -1,7 +1,7 @@
 """The default backend: Hugging Face transformers on the local CPU, many LoRA adapters.
 
 Requests from every concurrent episode and role go into one queue. A scheduler serves them with
-continuous batching, one iteration at a time on the process's compute thread (``compute.py``:
+continuous batching, one iteration at a time on the process's compute thread (``compute_thread.py``:
 the trainer's jobs run there too, between iterations): each iteration prefills the newcomers
 (together), appends their KV cache to the running batch, then advances every running sequence
 by one token in a single forward pass (``decoder.py`` writes that step out for Llama-shaped
@@ -30,13 +30,13 @@ import torch
 import torch.nn.functional as F
 from transformers.cache_utils import DynamicCache
 
-from ..compute import compute_thread
+from ..compute_thread import compute_thread
 from ..cpu import CpuFeatures
+from ..grammar.book import ConstrainedRow, GrammarBook, book_for
 from ..models import LoadedModel
 from .attention import use_decode_attention
 from .base import Completion, GenerationRequest
 from .decoder import FusedDecoder
-from .grammar import ConstrainedRow, GrammarBook, book_for
 from .kv import BatchKV
 from .lora import MultiLoRA
 from .prefix_cache import PrefixCache
@@ -339,7 +339,7 @@ class HFEngine:
 
     @cached_property
     def _fused(self) -> FusedDecoder | None:
-        # built on first use, on the compute thread: packing weights is torch work (compute.py)
+        # built on first use, on the compute thread: packing weights is torch work (compute_thread.py)
         decoder = FusedDecoder.build(self.model, self.lora, rows_hint=self.max_batch, cpu=self._cpu)
         if decoder is None:
             log.info("engine.decode_path", path="transformers", model_type=self.model.config.model_type)
@@ -404,7 +404,7 @@ class HFEngine:
         keys, values = self._kv.row(row)
         self._prefix.insert((list(seq.request.prompt_ids) + seq.tokens)[:count], seq.cache_key, keys, values)
 
-    # -- constrained decoding (engines/grammar.py) ----------------------------------------------
+    # -- constrained decoding (orchestrator/grammar/) ----------------------------------------------
     @cached_property
     def _grammars(self) -> GrammarBook:
         return book_for(self.tokenizer, self.model.get_output_embeddings().weight.shape[0])

@@ -52,7 +52,7 @@ from typing import Any, Coroutine
 import structlog
 
 from .base import Completion, FinishReason, GenerationRequest
-from .grammar import grammar_after
+from ..grammar.schema import grammar_after
 from .tokens import chat_prompt_ids, end_of_turn_ids
 
 log = structlog.get_logger()

@@ -6,7 +6,7 @@
     await (await pro.optim_step_async(AdamParams(learning_rate=1e-4))).result_async()
     pro.save_weights_for_sampler("pro")     # the attached engine now samples the new weights
 
-All model work runs as jobs on the process's compute thread (``compute.py``, shared with the
+All model work runs as jobs on the process's compute thread (``compute_thread.py``, shared with the
 engine's scheduler), in submission order, so adapters never race for the shared base model.
 Each adapter has its own optimizer over its own parameters: PEFT's ``set_adapter`` flips
 ``requires_grad``, so gradients reach only the adapter being trained.
@@ -32,9 +32,9 @@ from peft import get_peft_model, get_peft_model_state_dict, set_peft_model_state
 from safetensors.torch import load_file, save_file
 from transformers.cache_utils import DynamicCache
 
-from ..compute import compute_thread
+from ..compute_thread import compute_thread
 from ..config import LOSS_CONFIGS
-from ..engines.grammar import book_for
+from ..grammar.book import book_for
 from ..models import LoadedModel, load_model
 from .losses import LOSS_FNS, aggregate, k3_kl, token_logprobs
 from .types import AdamParams, Datum, ForwardBackwardOutput, LoraConfig, OptimStepResponse

@@ -37,7 +37,7 @@ from ..errors import RolecastError
 from ..evaluation import CHECKPOINT_ADAPTER, bind_opponent
 from ..evaluation import evaluate as evaluate_results
 from ..registry import Registry, config_model, default_registry
-from ..runner import RunOptions, build_policies, run_team
+from ..rollout import RunOptions, build_policies, run_team
 from ..team import Team
 from ..transcript import EpisodeRecord
 from .datums import DatumBuildOptions, role_datums

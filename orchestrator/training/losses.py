@@ -27,7 +27,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from ..config import Aggregation, LossConfig, PPOConfig
-from ..engines.grammar import allowed_tokens
+from ..grammar.book import allowed_tokens
 
 AGGREGATIONS: tuple[str, ...] = get_args(Aggregation)
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 from orchestrator.engines.attention import NAME, decode_attention
-from orchestrator.engines.hf import HFEngine
-from orchestrator.models import load_model
+from support import tiny_engine
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 
@@ -47,5 +46,5 @@ def test_longer_queries_and_gradients_go_to_sdpa():
 
 
 def test_the_engine_switches_its_model_to_decode_attention():
-    engine = HFEngine(load_model("tiny", dtype="float32", seed=0))
+    engine = tiny_engine()
     assert engine.model.config._attn_implementation == NAME

@@ -8,10 +8,9 @@ import json
 import jsonschema
 import pytest
 from orchestrator.engines.base import GenerationRequest, SamplingParams
-from orchestrator.engines.grammar import GrammarError
-from orchestrator.engines.hf import HFEngine
+from orchestrator.grammar.schema import GrammarError
 from orchestrator.messages import schema_json
-from orchestrator.models import load_model
+from support import tiny_engine
 
 VERDICT = {"type": "object", "properties": {"verdict": {"type": "string", "enum": ["approve", "request_changes"]},
                                             "comments": {"type": "array", "items": {"type": "string"}, "maxItems": 3}},
@@ -35,7 +34,7 @@ UNICODE = {"type": "object", "properties": {"mot": {"enum": ["café", "naïve", 
 
 @pytest.fixture(scope="module")
 def engine():
-    e = HFEngine(load_model("tiny", dtype="float32", seed=0), max_batch=16, max_prefill=16)
+    e = tiny_engine(max_batch=16, max_prefill=16)
     yield e
     asyncio.run(e.aclose())
 

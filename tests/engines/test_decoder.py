@@ -13,8 +13,7 @@ from orchestrator.engines.base import GenerationRequest, SamplingParams
 from orchestrator.engines.decoder import FusedDecoder, weight_layout
 from orchestrator.engines.hf import BASE, HFEngine, _Seq
 from orchestrator.models import LoadedModel, load_model
-from support import AVX2, AVX512, NO_ONEDNN, requires_bf16
-from test_hf_engine import randomize
+from support import AVX2, AVX512, NO_ONEDNN, randomize, requires_bf16, tiny_engine
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
 
 def cpu_for(layout: str, dtype: torch.dtype) -> CpuFeatures:
@@ -119,7 +118,7 @@ def test_engines_on_either_path_sample_the_same_tokens(layout):
     outs = {}
     cpu = cpu_for(layout, torch.bfloat16)
     for fused in (True, False):
-        engine = HFEngine(load_model("tiny", dtype="bfloat16", seed=0), fused_decode=fused, cpu=cpu)
+        engine = tiny_engine("bfloat16", fused_decode=fused, cpu=cpu)
         engine.add_adapter("alpha")
         randomize(engine, "alpha", 1)
         reqs = [GenerationRequest(tuple(range(5, 10 + i)), SamplingParams(temperature=1.0, max_tokens=16, seed=i),
@@ -141,7 +140,7 @@ def test_other_shapes_step_through_transformers():
     engine = HFEngine(LoadedModel(model=model.eval(), tokenizer=load_model("tiny").tokenizer, name="m", dtype=torch.float32))
     assert FusedDecoder.build(model, engine.lora) is None
     assert engine.decode_path == "transformers"
-    assert HFEngine(load_model("tiny", dtype="float32", seed=0)).decode_path == "fused:onednn"
+    assert tiny_engine().decode_path == "fused:onednn"
 
 
 @pytest.mark.parametrize("cpu,dtype,expected", [
@@ -169,7 +168,7 @@ def test_a_prepack_that_fails_its_probe_falls_back(monkeypatch):
 
 
 def test_setting_the_cpu_relays_the_weights_out():
-    engine = HFEngine(load_model("tiny", dtype="float32", seed=0))
+    engine = tiny_engine()
     assert engine.decode_path == "fused:onednn"
     engine.cpu = NO_ONEDNN
     assert engine.decode_path == "fused:plain"

@@ -6,9 +6,7 @@ import asyncio
 import pytest
 import torch
 from orchestrator.engines.base import GenerationRequest, SamplingParams
-from orchestrator.engines.hf import HFEngine
-from orchestrator.models import load_model
-from support import AVX2, requires_bf16
+from support import AVX2, lora_state, peft_dir, randomize, requires_bf16, tiny_engine
 
 PROMPTS = [
     [{"role": "user", "content": "Name a colour."}],
@@ -20,24 +18,9 @@ PROMPTS = [
 
 @pytest.fixture
 def engine():
-    e = HFEngine(load_model("tiny", dtype="float32", seed=0), max_batch=8, max_prefill=3)
+    e = tiny_engine(max_batch=8, max_prefill=3)
     yield e
     asyncio.run(e.aclose())
-
-
-def random_lora(engine: HFEngine, seed: int, rank: int = 4, std: float = 0.5) -> dict[str, torch.Tensor]:
-    """A PEFT-format state dict with random non-zero A and B for every linear of the model."""
-    g = torch.Generator().manual_seed(seed)
-    state = {}
-    for name, m in engine.lora.linears.items():
-        state[f"base_model.model.{name}.lora_A.weight"] = torch.randn(rank, m.in_features, generator=g) * std
-        state[f"base_model.model.{name}.lora_B.weight"] = torch.randn(m.out_features, rank, generator=g) * std
-    return state
-
-
-def randomize(engine: HFEngine, name: str, seed: int) -> int:
-    """Give adapter ``name`` random non-zero weights so it really differs from the base."""
-    return engine.update_adapter(name, random_lora(engine, seed))
 
 
 def request(engine, i, adapter=None, **sampling) -> GenerationRequest:
@@ -65,7 +48,7 @@ def test_sampling_logprobs_match_teacher_forcing(engine):
 @pytest.mark.parametrize("cpu", [None, AVX2], ids=["this-cpu", "avx2"])
 def test_bf16_logprobs_agree_loosely(cpu):
     """--dtype bfloat16 runs on any x86-64 CPU: on an AVX2-only one the fused step's weights are fp32."""
-    e = HFEngine(load_model("tiny", dtype="bfloat16", seed=0), cpu=cpu)
+    e = tiny_engine("bfloat16", cpu=cpu)
     try:
         r = request(e, 0)
         out = asyncio.run(e.generate(r))
@@ -158,13 +141,10 @@ def test_closed_engine_refuses_work(engine):
 
 
 def test_adapters_load_from_peft_format_dirs(engine, tmp_path):
-    from safetensors.torch import save_file
-
-    save_file(random_lora(engine, 3), str(tmp_path / "adapter_model.safetensors"))
-    (tmp_path / "adapter_config.json").write_text('{"r": 4, "lora_alpha": 8}')
-    assert engine.load_adapter("disk", tmp_path) == 1
+    state = lora_state(engine.model, 3, std=0.5)
+    assert engine.load_adapter("disk", peft_dir(tmp_path, state, alpha=8)) == 1
     engine.add_adapter("same")
-    assert engine.update_adapter("same", random_lora(engine, 3), scale=2.0) == 2  # alpha / r = 8 / 4
+    assert engine.update_adapter("same", state, scale=2.0) == 2  # alpha / r = 8 / 4
     a = asyncio.run(engine.generate(request(engine, 0, adapter="disk", temperature=0.0)))
     b = asyncio.run(engine.generate(request(engine, 0, adapter="same", temperature=0.0)))
     assert a.token_ids == b.token_ids

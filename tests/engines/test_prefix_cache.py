@@ -11,7 +11,8 @@ from orchestrator.engines.hf import HFEngine
 from orchestrator.engines.prefix_cache import BLOCK, PrefixCache
 from orchestrator.models import load_model
 
-from test_hf_engine import PROMPTS, randomize
+from support import randomize, tiny_engine
+from test_hf_engine import PROMPTS
 
 
 def kv(n: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -69,7 +70,7 @@ def close(engine):
 
 @pytest.mark.parametrize("adapter", [None, "alpha"])
 def test_reused_prefixes_give_the_outputs_of_a_full_prefill(loaded, adapter):
-    cached, fresh = HFEngine(loaded), HFEngine(load_model("tiny", dtype="float32", seed=0), prefix_cache_tokens=0)
+    cached, fresh = HFEngine(loaded), tiny_engine(prefix_cache_tokens=0)
     try:
         for e in (cached, fresh):
             e.add_adapter("alpha")

@@ -10,12 +10,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import save_file
 
 from orchestrator.policies.binding import Binding
-from orchestrator.runner import RunOptions, build_policies, run_team
+from orchestrator.rollout import RunOptions, build_policies, run_team
 from orchestrator.team import load_team
+from support import lora_state, peft_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,17 +23,7 @@ def tiny_adapter(folder: Path) -> Path:
     """A random PEFT-format LoRA for the tiny model's q/v projections."""
     from orchestrator.models import load_model
 
-    model = load_model("tiny").model
-    g = torch.Generator().manual_seed(5)
-    state = {}
-    for name, m in model.named_modules():
-        if name.endswith(("q_proj", "v_proj")):
-            state[f"base_model.model.{name}.lora_A.weight"] = torch.randn(4, m.in_features, generator=g)
-            state[f"base_model.model.{name}.lora_B.weight"] = torch.randn(m.out_features, 4, generator=g)
-    folder.mkdir(parents=True)
-    save_file(state, str(folder / "adapter_model.safetensors"))
-    (folder / "adapter_config.json").write_text(json.dumps({"r": 4, "lora_alpha": 8}))
-    return folder
+    return peft_dir(folder, lora_state(load_model("tiny").model, 5, modules=("q_proj", "v_proj")))
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ import fake_vllm
 from fake_vllm import Reply
 from orchestrator.config import SamplingConfig
 from orchestrator.engines.base import Engine, GenerationRequest, SamplingParams
-from orchestrator.engines.grammar import grammar_after
+from orchestrator.grammar.schema import grammar_after
 from orchestrator.messages import parse_message
 from orchestrator.models import checkpoint_dir
 from orchestrator.policies.base import PolicyRequest

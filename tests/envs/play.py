@@ -12,8 +12,9 @@ from typing import Any, Callable
 from orchestrator.policies.base import PolicyRequest
 from orchestrator.policies.binding import Binding
 from orchestrator.policies.python import PythonPolicy
-from orchestrator.runner import RunOptions, RunResult, build_policies, run_team
+from orchestrator.rollout import RunOptions, RunResult, build_policies, run_team
 from orchestrator.team import Team, load_team
+from support import no_engine
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,15 +40,11 @@ def play(t: Team, policies: dict[str, str | Callable], tmp_path: Path, episodes:
     """``policies``: role -> "builtin:NAME" or a Python callable (every role must be bound)."""
     # Python-bound roles get a stub binding first, so no role falls back to the model.
     bindings = {r: Binding("builtin", p.partition(":")[2] if isinstance(p, str) else "stub") for r, p in policies.items()}
-    bound = build_policies(t, bindings, _no_engine)
+    bound = build_policies(t, bindings, no_engine)
     bound.update({r: PythonPolicy(p) for r, p in policies.items() if not isinstance(p, str)})
     options = RunOptions(episodes=episodes, seed=seed, out_dir=tmp_path / f"run-{len(list(tmp_path.iterdir()))}",
                          progress=False)
     return asyncio.run(run_team(t, bound, options))
-
-
-def _no_engine():
-    raise AssertionError("these tests run without a model")
 
 
 class Script:

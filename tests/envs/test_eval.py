@@ -6,6 +6,7 @@ import json
 import pytest
 
 from orchestrator.evaluation import wilson
+from support import lora_state, peft_dir
 from play import ROOT
 
 
@@ -66,19 +67,9 @@ def test_base_opponent_samples_without_an_adapter(tmp_path):
 
 def test_checkpoint_opponent_samples_from_the_loaded_adapter(cli, tmp_path):
     """--opponent checkpoint:PATH loads a PEFT-format adapter into the engine for the opponent only."""
-    torch = pytest.importorskip("torch")
-    from safetensors.torch import save_file
-
     from orchestrator.models import load_model
 
-    folder = tmp_path / "ckpt"
-    folder.mkdir()
-    model = load_model("tiny").model
-    state = {f"base_model.model.{name}.lora_{ab}.weight": torch.zeros(shape)
-             for name, m in model.named_modules() if name.endswith("q_proj")
-             for ab, shape in (("A", (2, m.in_features)), ("B", (m.out_features, 2)))}
-    save_file(state, str(folder / "adapter_model.safetensors"))
-    (folder / "adapter_config.json").write_text(json.dumps({"r": 2, "lora_alpha": 4}))
+    folder = peft_dir(tmp_path / "ckpt", lora_state(load_model("tiny").model, 0, rank=2, std=0.0, modules=("q_proj",)))
     code, out, err = cli("eval", ROOT / "recipes/tictactoe.yaml", "--episodes", "2", "--model", "tiny", "--json",
                          "--policy", "x=builtin:random", "--opponent", f"checkpoint:{folder}", "--out", tmp_path / "ev")
     assert code == 0, err
@@ -87,29 +78,11 @@ def test_checkpoint_opponent_samples_from_the_loaded_adapter(cli, tmp_path):
     assert {a["adapter"] for ts in turns for t in ts if t["role"] == "o" for a in t["attempts"]} == {"eval-opponent"}
 
 
-def peft_dir(path, seed: int = 0):
-    """A PEFT-format adapter for the tiny model, with non-zero weights."""
-    import torch
-    from safetensors.torch import save_file
-
-    from orchestrator.models import load_model
-
-    g = torch.Generator().manual_seed(seed)
-    model = load_model("tiny", dtype="float32").model
-    state = {}
-    for name, m in model.named_modules():
-        if isinstance(m, torch.nn.Linear) and name != "lm_head":
-            state[f"base_model.model.{name}.lora_A.weight"] = torch.randn(4, m.in_features, generator=g)
-            state[f"base_model.model.{name}.lora_B.weight"] = torch.randn(m.out_features, 4, generator=g)
-    path.mkdir()
-    save_file(state, str(path / "adapter_model.safetensors"))
-    (path / "adapter_config.json").write_text('{"r": 4, "lora_alpha": 8}')
-    return path
-
-
 @pytest.mark.parametrize("command", ["run", "eval"])
 def test_adapter_flag_loads_trained_weights(cli, tmp_path, command):
-    adapter = peft_dir(tmp_path / "player")
+    from orchestrator.models import load_model
+
+    adapter = peft_dir(tmp_path / "player", lora_state(load_model("tiny").model, 0))
     extra = ["--opponent", "random"] if command == "eval" else []
     code, out, err = cli(command, ROOT / "recipes/tictactoe.yaml", "--model", "tiny", "--episodes", "2", *extra,
                          "--adapter", f"player={adapter}", "--out", tmp_path / "run", "--no-progress")

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from play import Script, play, team
-from orchestrator.policies.reference import next_guess
+from orchestrator.policies.baselines import next_guess
 
 
 def small(tasks: list[dict] | None = None, **protocol):

@@ -21,7 +21,7 @@ from sandboxes import (
     run,
     select_backend,
 )
-from sandboxes.cli import register_cli
+from orchestrator.cli.sandbox import register as register_cli
 
 
 def test_auto_picks_an_isolating_backend(workdir):

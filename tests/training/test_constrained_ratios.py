@@ -8,12 +8,11 @@ import dataclasses
 import pytest
 import torch
 from orchestrator.engines.base import GenerationRequest, SamplingParams
-from orchestrator.engines.hf import HFEngine
 from orchestrator.messages import schema_json
-from orchestrator.models import load_model
 from orchestrator.training import LoraConfig, ServiceClient
 from orchestrator.training.datums import role_datums
 from orchestrator.transcript import Attempt, EpisodeRecord, Turn
+from support import tiny_engine
 
 VERDICT = schema_json({"type": "object", "properties": {
     "verdict": {"enum": ["approve", "request_changes"]},
@@ -26,7 +25,7 @@ T = 0.8
 def episode():
     """One role's attempts from the engine: constrained with a prefix, closed by force, a retry
     that extends the first prompt (merged into one sequence), and a free one."""
-    engine = HFEngine(load_model("tiny", dtype="float32", seed=0))
+    engine = tiny_engine()
     chat = engine.apply_chat_template([{"role": "user", "content": "Review this change, in JSON."}])
 
     async def attempt(prompt, schema, prefix="", max_tokens=24, seed=0):

@@ -1,19 +1,8 @@
 from __future__ import annotations
 
 from orchestrator.training.datums import DatumBuildOptions, role_datums
-from orchestrator.transcript import Attempt, EpisodeRecord, Turn
-
-
-def attempt(prompt, action, logprobs, valid=True):
-    return Attempt(messages=[], text="", valid=valid, errors=[], prompt_ids=prompt, token_ids=action, logprobs=logprobs)
-
-
-def episode(*turns):
-    ep = EpisodeRecord(id="e", index=0, team="t", task={}, seed=0)
-    for i, (role, attempts) in enumerate(turns):
-        ep.turns.append(Turn(turn=i, role=role, message_id=f"e:{i}", content=None, valid=attempts[-1].valid,
-                             retries=len(attempts) - 1, penalty=0.0, attempts=attempts))
-    return ep
+from support import make_attempt as attempt
+from support import make_episode as episode
 
 
 def test_retry_that_extends_the_prompt_merges_into_one_sequence():

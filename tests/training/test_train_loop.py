@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from support import write
+from support import tiny_engine, write
 
 RECIPE = """
 name: tiny_debate
@@ -112,13 +112,11 @@ def _check_resume_restores_the_checkpoint(path: Path, run: Path, done: str) -> N
     """In-process: after _resume(), adapter, optimizer, step and RNG equal the checkpoint's."""
     import asyncio
 
-    from orchestrator.engines.hf import HFEngine
-    from orchestrator.models import load_model
     from orchestrator.team import load_team
     from orchestrator.training.client import ServiceClient
     from orchestrator.training.loop import TrainingRun, TrainOptions
 
-    engine = HFEngine(load_model("tiny", dtype="float32"))
+    engine = tiny_engine()
     service = ServiceClient("tiny")
     service.attach_engine(engine)
     try:

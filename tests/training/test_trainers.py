@@ -6,7 +6,7 @@ from pydantic import ValidationError
 
 from orchestrator.registry import config_model, default_registry
 from orchestrator.training.trainer import TrainerContext
-from orchestrator.transcript import EpisodeRecord, Turn
+from support import make_episode
 
 REG = default_registry()
 
@@ -59,10 +59,8 @@ def test_freeze_rotate_schedule():
 
 
 def episode(rewards, outcome=None, judge_says=None):
-    ep = EpisodeRecord(id="e", index=0, team="t", task={}, seed=0, rewards=rewards, outcome=outcome or {})
-    if judge_says is not None:
-        ep.turns.append(Turn(turn=4, role="judge", message_id="e:4", content={"winner": judge_says}, valid=True, retries=0, penalty=0.0))
-    return ep
+    turns = [] if judge_says is None else [("judge", [], {"winner": judge_says})]
+    return make_episode(*turns, rewards=rewards, outcome=outcome)
 
 
 def reward(name, ep, roles, **config):

@@ -12,16 +12,18 @@ from pathlib import Path
 import pytest
 
 import sandboxes
-from orchestrator.edits import apply_edits
-from orchestrator.issue_rewards import coder_reward, planner_reward, reviewer_reward
-from orchestrator.issue_tasks import apply_patch, copy_repo, grade, grade_work, graded_path, load_task, load_tasks
+from orchestrator.issue_fix.edits import apply_edits
+from orchestrator.issue_fix.grading import grade, grade_work, graded_path
+from orchestrator.issue_fix.rewards import coder_reward, planner_reward, reviewer_reward
+from orchestrator.issue_fix.running import apply_patch, copy_repo
+from orchestrator.issue_fix.task import load_task, load_tasks
 from orchestrator.policies.binding import Binding
 from orchestrator.policies.python import PythonPolicy
-from orchestrator.runner import RunOptions, build_policies, run_team
+from orchestrator.rollout import RunOptions, build_policies, run_team
 from orchestrator.team import load_team
 from support import write
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes/issue_fix.yaml"
 SLUG = ROOT / "tasks/001-slugify-unicode"
 needs_sandbox = pytest.mark.skipif(

@@ -10,7 +10,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from .edits import EditResult, PathRefused, resolve_in
-from .issue_tasks import IssueTask, Runner, apply_patch, copy_repo, run_tests, static_test_names
+from .grading import run_tests
+from .running import Runner, apply_patch, copy_repo
+from .task import IssueTask, static_test_names
 
 
 def _norm(path: str) -> str:

@@ -1,12 +1,13 @@
-"""The grammar of what follows a reply prefix (engines/ebnf.py) allows exactly what the schema's
+"""The grammar of what follows a reply prefix (grammar/ebnf.py) allows exactly what the schema's
 grammar allows after that prefix, checked with xgrammar's own matcher on every library role."""
 from __future__ import annotations
 
 import random
 
 import pytest
-from orchestrator.engines.ebnf import EbnfError, parse, quotient
-from orchestrator.engines.grammar import book_for, tight_grammar
+from orchestrator.grammar.ebnf import EbnfError, parse, quotient
+from orchestrator.grammar.book import book_for
+from orchestrator.grammar.schema import tight_grammar
 from orchestrator.models import load_model
 from orchestrator.role import LIBRARY_DIR, library_roles, load_role
 

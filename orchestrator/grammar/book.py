@@ -1,38 +1,18 @@
-"""Schema-constrained decoding: a role's JSON schema as a token mask at every sampling step.
-
-xgrammar compiles a schema once per (schema, tokenizer) into a grammar whose matcher says, for
-the text so far, which tokens may come next (a packed bitmask, one bit per vocabulary entry).
-The engine keeps one matcher per constrained request, fills the masks of a batch in one call
-and applies them with one tensor op; unconstrained rows of the same batch are left alone.
-
-JSON is tight: no free whitespace, ``", "`` and ``": "`` as separators (what ``json.dumps``
-writes, and what the built-in roles' ``reply_prefix`` uses). A model under a mask that allows
-whitespace tends to fill its budget with newlines; here every token carries content.
-
-Length budgets (``ConstrainedRow.plan``): before each step the engine knows the shortest text
-that closes the message from the current state (``GrammarBook.closing``); when sampling on
-would leave too little room for it, the message is closed by force with that text and the end
-of turn. Those forced tokens are not the policy's choice: completions count them
-(``Completion.forced_tokens``), their logprob is 0, and training treats them as observations.
-A message that cannot be closed within ``max_tokens`` at all samples on and ends with
-``finish_reason == "length"`` (logged as ``engine.grammar_truncated``).
-
-xgrammar is imported on first use: it takes a second or two to load.
-"""
+"""Masks from grammars: ``GrammarBook`` (one per tokenizer: compiled grammars, byte tokens, the
+shortest closing of a message), ``ConstrainedRow`` (a request's matcher and length budget) and the
+bitmask helpers the engine and the training client share."""
 from __future__ import annotations
 
-import re
 import threading
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any, Sequence
 
 import numpy as np
 import structlog
 import torch
 
-from .ebnf import EbnfError, quotient
-from .tokens import end_of_turn_ids
+from ..engines.tokens import end_of_turn_ids
+from .schema import GrammarError, tight_grammar, xgrammar
 
 log = structlog.get_logger()
 
@@ -40,79 +20,6 @@ MARGIN = 16  # look at the budget every step once fewer than this many spare tok
 CHECK_EVERY = 16  # ... and at least this often before that: a closing can grow as a message nests
 MAX_CLOSING_BYTES = 512
 SEARCH_NODES = 4096  # breadth-first fallback for closings the greedy walk misses (patterns)
-
-
-class GrammarError(ValueError):
-    """A schema xgrammar cannot compile, or a reply prefix the schema does not allow."""
-
-    def __init__(self, message: str, key: str = "output_schema"):
-        super().__init__(message)
-        self.key = key  # the role key at fault
-
-
-def _xgr():
-    import xgrammar
-
-    return xgrammar
-
-
-# xgrammar 0.2 spells a string with minLength / maxLength as <"> [^"\\\r\n]{m,n} <">: no
-# escapes, yet raw control characters (invalid JSON). The characters lose the control range;
-# a string with only a minLength becomes m JSON characters (an escape counts as one) and then
-# the ordinary JSON string tail, so it may hold newlines and quotes. Bounded strings stay
-# escape-free: an escape alternative inside {m,n} makes every mask fill scan the vocabulary
-# (0.03 ms -> 60-250 ms per token, measured).
-_LENGTH_CHARS = re.compile(r'^(\w+_characters) ::= \(\(\[\^\\"\\\\\\r\\n\]\)\)$', re.M)
-_MIN_ONLY = re.compile(r'^(\w+) ::= \(\("\\"" \w+_characters\{(\d+), -1\} "\\""\)\)$', re.M)
-_JSON_CHAR = r'([^\0-\x1f\"\\] | ("\\" basic_escape))'
-
-
-def _min_length_string(match: re.Match) -> str:
-    return f'{match[1]} ::= (("\\"" {" ".join([_JSON_CHAR] * int(match[2]))} basic_string_sub))'
-
-
-def tight_grammar(json_schema: str) -> Any:
-    """The xgrammar Grammar of a schema's messages, tight whitespace, properties in declared order."""
-    xgr = _xgr()
-    try:
-        grammar = xgr.Grammar.from_json_schema(json_schema, any_whitespace=False, separators=(", ", ": "))
-    except RuntimeError as exc:  # xgrammar reports conversion errors as RuntimeError with a C++ prefix
-        raise GrammarError(f"xgrammar cannot compile this schema: {str(exc).split('] ')[-1]}") from None
-    text = str(grammar)
-    if "basic_string_sub ::=" in text and "basic_escape ::=" in text:
-        text = _MIN_ONLY.sub(_min_length_string, text)
-    text = _LENGTH_CHARS.sub(r'\1 ::= (([^\\0-\\x1f\\"\\\\]))', text)
-    return xgr.Grammar.from_ebnf(text) if text != str(grammar) else grammar
-
-
-@lru_cache(maxsize=256)
-def grammar_after(json_schema: str, prefix: str = "") -> str:
-    """The EBNF (xgrammar's dialect) of what may follow ``prefix`` in a message of the schema:
-    for backends that take a grammar, not a matcher that has read the prefix (vLLM)."""
-    try:
-        return quotient(str(tight_grammar(json_schema)), prefix)
-    except EbnfError as exc:
-        raise GrammarError(f"reply_prefix {prefix!r}: {exc}", key="reply_prefix") from None
-
-
-_NO_VOCAB: Any = None
-
-
-def check_reply_prefix(json_schema: str, prefix: str) -> None:
-    """Raise GrammarError unless the schema compiles and ``prefix`` starts a message it allows.
-
-    No tokenizer is needed: a grammar over an empty vocabulary still matches text.
-    """
-    global _NO_VOCAB
-    xgr = _xgr()
-    if _NO_VOCAB is None:
-        _NO_VOCAB = xgr.GrammarCompiler(xgr.TokenizerInfo([]), max_threads=1)
-    matcher = xgr.GrammarMatcher(_NO_VOCAB.compile_grammar(tight_grammar(json_schema)), terminate_without_stop_token=True)
-    if prefix and not matcher.accept_string(prefix):
-        raise GrammarError(
-            f"reply_prefix {prefix!r} does not start a message the schema allows (constrained decoding "
-            "writes compact JSON with ', ' and ': ' and properties in the schema's order)", key="reply_prefix"
-        )
 
 
 class GrammarBook:
@@ -123,7 +30,7 @@ class GrammarBook:
     """
 
     def __init__(self, tokenizer: Any, vocab_size: int):
-        xgr = _xgr()
+        xgr = xgrammar()
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         stops = sorted(end_of_turn_ids(tokenizer))
@@ -157,7 +64,7 @@ class GrammarBook:
 
     def matcher(self, json_schema: str, prefix: str = "") -> Any:
         """A fresh matcher that has already read ``prefix`` (the reply text already in the prompt)."""
-        matcher = _xgr().GrammarMatcher(self.compiled(json_schema))
+        matcher = xgrammar().GrammarMatcher(self.compiled(json_schema))
         if prefix and not matcher.accept_string(prefix):
             raise GrammarError(f"reply_prefix {prefix!r} does not start a message the schema allows", key="reply_prefix")
         return matcher

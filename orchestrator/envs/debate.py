@@ -15,9 +15,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..envs.base import Env, EnvConfig, StepResult
 from ..messages import Message
 from ..yamlfile import Loc
+from .base import Env, EnvConfig, StepResult
 
 
 class DebateRewards(BaseModel):

@@ -3,8 +3,8 @@
 A DIR is a task folder (holding task.yaml) or a folder of task folders; plain files are
 skipped, so ``rolecast tasks check tasks/*`` works with tasks/README.md there. Every task is
 loaded before any runs: a bad one is one line (``FILE:LINE: KEY: problem`` for a bad task.yaml)
-on stderr and exit code 2. Then each task is checked (:func:`issue_tasks.check_task` with
-:func:`issue_tasks.sandbox_runner`): one row per task, a summary, exit code 1 when any task
+on stderr and exit code 2. Then each task is checked (:func:`issue_fix.checking.check_task` with
+:func:`issue_fix.running.sandbox_runner`): one row per task, a summary, exit code 1 when any task
 fails (a sandbox fault fails that task only).
 """
 from __future__ import annotations
@@ -18,16 +18,20 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
-from .issue_tasks import TASK_FILE, CheckReport, IssueTask, check_task, load_task, load_tasks, sandbox_runner
+import sandboxes
+
+from ..errors import EXIT_USAGE, ConfigError
+from ..issue_fix.checking import CheckReport, check_task
+from ..issue_fix.running import sandbox_runner
+from ..issue_fix.task import TASK_FILE, IssueTask, load_task, load_tasks
 
 
-def register_cli(subparsers: Any) -> None:
-    tasks = subparsers.add_parser("tasks", help="issue-fixing task folders")
+def register(sub: Any) -> None:
+    tasks = sub.add_parser("tasks", help="issue-fixing task folders")
     commands = tasks.add_subparsers(dest="tasks_command", required=True)
     p = commands.add_parser("check", help="prove tasks sound: hidden tests fail on the bug, pass with the fix")
     p.add_argument("dirs", nargs="+", type=Path, metavar="DIR", help="task folders, or folders of them")
-    p.add_argument("--backend", default="auto", choices=["auto", "bwrap", "unshare"], help="sandbox backend")
+    p.add_argument("--backend", default="auto", choices=["auto", *sandboxes.ISOLATING], help="sandbox backend")
     p.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), help="tasks checked at once")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of rows")
     p.set_defaults(func=handle_check)
@@ -53,8 +57,6 @@ def find_tasks(paths: list[Path]) -> list[IssueTask]:
 
 
 def handle_check(args: argparse.Namespace) -> int:
-    import sandboxes
-
     try:
         tasks = find_tasks(args.dirs)
         runner = sandbox_runner(args.backend)
@@ -62,10 +64,10 @@ def handle_check(args: argparse.Namespace) -> int:
             raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
     except ConfigError as exc:  # a bad task.yaml: FILE:LINE: KEY: problem, as `rolecast validate` says it
         print(exc, file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except (ValueError, sandboxes.SandboxError) as exc:
         print(f"rolecast tasks check: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     started = time.perf_counter()
 
     def one(task: IssueTask) -> tuple[CheckReport, float]:

@@ -1,4 +1,4 @@
-"""The issue-fixing task suite (tasks/) and its loader/grader (orchestrator.issue_tasks)."""
+"""The issue-fixing task suite (tasks/) and its loader/grader (orchestrator/issue_fix/)."""
 from __future__ import annotations
 
 import difflib
@@ -9,21 +9,12 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import ConfigError
-from orchestrator.issue_tasks import (
-    IssueTask,
-    RunOutcome,
-    TaskFileError,
-    apply_patch,
-    check_task,
-    copy_repo,
-    grade,
-    grade_work,
-    load_task,
-    load_tasks,
-    subprocess_runner,
-)
+from orchestrator.issue_fix.checking import check_task
+from orchestrator.issue_fix.grading import grade, grade_work
+from orchestrator.issue_fix.running import RunOutcome, apply_patch, copy_repo, subprocess_runner
+from orchestrator.issue_fix.task import IssueTask, TaskFileError, load_task, load_tasks
 
-TASKS_DIR = Path(__file__).resolve().parents[1] / "tasks"
+TASKS_DIR = Path(__file__).resolve().parents[2] / "tasks"
 TASK_DIRS = sorted(p.parent for p in TASKS_DIR.glob("*/task.yaml"))
 
 

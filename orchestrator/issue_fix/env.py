@@ -9,7 +9,7 @@ Planner -> Coder -> Reviewer -> Tester, then back to the Coder until the Reviewe
 the tests pass, or ``max_rounds`` rounds are spent. The Coder's edits apply to the episode's own
 copy of the task's repo (failures go back to it); after the Tester writes its test, the visible
 tests and that test run in the sandbox and their results go to everyone. At the end the work is
-graded in a fresh copy (:func:`issue_tasks.grade_work`): every role gets the fraction of hidden
+graded in a fresh copy (:func:`grading.grade_work`): every role gets the fraction of hidden
 tests that pass, and ``outcome()`` keeps that and each role's process reward apart. Tasks are
 ``{"dir": "tasks/<id>"}``, a task folder; a relative ``dir`` is taken from the current directory.
 """
@@ -21,41 +21,39 @@ import functools
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ..edits import EditResult, PathRefused, apply_edits, read_regular, resolve_in
-from ..issue_rewards import coder_reward, planner_reward, reviewer_reward, tester_reward
-from ..issue_tasks import (
-    Grade,
-    TaskFileError,
-    copy_repo,
-    grade_work,
-    load_task,
-    repo_files,
-    run_tests,
-    sandbox_runner,
-    workdir_changes,
-)
+from sandboxes import ISOLATING, SandboxPool
+
+from ..envs.base import Env, EnvConfig, StepResult
 from ..errors import RolecastError
 from ..messages import Message
 from ..yamlfile import Loc
-from .base import Env, EnvConfig, StepResult
-
-T = TypeVar("T")
+from .edits import EditResult, PathRefused, apply_edits, read_regular, resolve_in
+from .grading import Grade, grade_work, repo_files, run_tests, workdir_changes
+from .rewards import coder_reward, planner_reward, reviewer_reward, tester_reward
+from .running import copy_repo, sandbox_runner
+from .task import TaskFileError, load_task
 
 
 class SandboxOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    backend: Literal["auto", "bwrap", "unshare"] = "auto"
+    backend: str = Field("auto", description="auto, or an isolating backend (bwrap, unshare)")
     memory_mb: int = Field(1024, ge=64)
     timeout_s: float | None = Field(None, gt=0, description="per test run; default: the task's timeout_s")
     max_concurrent: int | None = Field(
         None, ge=1, description="sandboxed runs at once, all episodes together; default: the CPU count")
+
+
+    @field_validator("backend")
+    @classmethod
+    def _isolating(cls, value: str) -> str:
+        if value not in ("auto", *ISOLATING):
+            raise ValueError(f"must be auto or one of {', '.join(ISOLATING)} (the team's code is untrusted)")
+        return value
 
 
 class IssueFixConfig(EnvConfig):
@@ -94,8 +92,8 @@ class IssueFixEnv(Env):
             raise ValueError('an issue_fix task is {"dir": "tasks/<id>"} (a task folder)')
         self.issue = load_task(self.task["dir"])
         box = self.config.sandbox
-        self.runner = sandbox_runner(box.backend, box.memory_mb, box.timeout_s)
-        self.sandbox_threads = _sandbox_threads(box.max_concurrent or os.cpu_count() or 1)
+        self.pool = shared_pool(box.backend, box.max_concurrent or os.cpu_count() or 1)
+        self.runner = sandbox_runner(self.pool.backend, box.memory_mb, box.timeout_s)
         self._tmp = Path(tempfile.mkdtemp(prefix=f"rolecast-issue-{self.issue.id}-"))
         try:
             self.workdir = copy_repo(self.issue, self._tmp / "repo")
@@ -186,7 +184,7 @@ class IssueFixEnv(Env):
             refused = self._write_test(content["path"], content["code"])
             if refused is None:
                 paths.append(self.test["path"])
-        g = await self._confined(run_tests, self.issue, self.workdir, self.runner, paths, [])
+        g = await self.pool.call(run_tests, self.issue, self.workdir, self.runner, paths, [])
         report = _report(g, self.config.max_output_chars)
         if refused:
             report["summary"] = f"test file refused: {refused}; " + report["summary"]
@@ -220,8 +218,8 @@ class IssueFixEnv(Env):
     async def _finish(self) -> StepResult:
         self.done = True
         graded, repro = await asyncio.gather(
-            self._confined(grade_work, self.issue, self.workdir, self.runner),
-            self._confined(tester_reward, self.issue, self.test["path"], self.test["code"], self.runner)
+            self.pool.call(grade_work, self.issue, self.workdir, self.runner),
+            self.pool.call(tester_reward, self.issue, self.test["path"], self.test["code"], self.runner)
             if self.test else _nothing((0.0, "no test file was written")),
         )
         c = self.config
@@ -252,10 +250,6 @@ class IssueFixEnv(Env):
 
     async def close(self) -> None:
         await asyncio.to_thread(shutil.rmtree, self._tmp, True)
-
-    async def _confined(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)``, which runs sandboxes one after another, on the shared sandbox threads."""
-        return await asyncio.get_running_loop().run_in_executor(self.sandbox_threads, functools.partial(fn, *args))
 
     # ------------------------------------------------------------------------------ views
 
@@ -311,7 +305,7 @@ async def _nothing(value: Any) -> Any:
 
 
 @functools.cache
-def _sandbox_threads(size: int) -> ThreadPoolExecutor:
-    """One pool per size for the whole process: it bounds sandboxes across concurrent episodes
-    and keeps their long waits off asyncio's default executor (which policies use)."""
-    return ThreadPoolExecutor(size, thread_name_prefix="rolecast-sandbox")
+def shared_pool(backend: str, size: int) -> SandboxPool:
+    """One pool per (backend, size) for the whole process: it bounds sandboxes across concurrent
+    episodes and keeps their long waits off asyncio's default executor (which policies use)."""
+    return SandboxPool(size, backend=backend)

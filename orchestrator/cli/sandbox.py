@@ -7,12 +7,13 @@ import os
 import sys
 from typing import Any
 
-from .base import Limits, SandboxError
-from .runner import BACKENDS, run
+from sandboxes import BACKENDS, Limits, SandboxError, run
+
+from ..errors import EXIT_USAGE
 
 
-def register_cli(subparsers: Any) -> None:
-    sandbox = subparsers.add_parser("sandbox", help="run commands in a sandbox")
+def register(sub: Any) -> None:
+    sandbox = sub.add_parser("sandbox", help="run commands in a sandbox")
     commands = sandbox.add_subparsers(dest="sandbox_command", required=True)
     p = commands.add_parser("run", help="run one command confined to a work directory")
     defaults = Limits()
@@ -30,13 +31,13 @@ def handle_run(args: argparse.Namespace) -> int:
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         print("rolecast sandbox run: missing command after --", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     try:
         limits = Limits(wall_time_s=args.timeout, memory_mb=args.memory)
         result = run(cmd, args.workdir, limits, backend=args.backend, allow_unsafe=args.unsafe)
     except (SandboxError, ValueError) as exc:
         print(f"rolecast sandbox run: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     if args.json:
         print(json.dumps(result.to_dict()))
     else:

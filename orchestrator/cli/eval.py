@@ -1,0 +1,106 @@
+"""``rolecast eval RECIPE``: play N episodes and report per role win/draw/loss rates with 95%
+intervals (``evaluation.py``), against a rebound opponent if asked."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from ..evaluation import CHECKPOINT_ADAPTER, bind_opponent, blind_random_roles, evaluate
+from .flags import add_model_flags, add_policy_flag, close_engines, parse_adapter_flags, parse_policy_flags, run_dir
+
+log = structlog.get_logger()
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("eval", help="win/draw/loss (or success) rates with 95%% intervals, per role")
+    p.add_argument("recipe", type=Path, help="team or recipe YAML")
+    p.add_argument("--episodes", type=int, default=100, help="episodes to play (default 100)")
+    add_policy_flag(p, help="bind a role, as for `rolecast run` (repeatable)")
+    p.add_argument("--opponent", metavar="OPPONENT",
+                   help="rebind the recipe's opponent role: random, minimax (any builtin), base, or checkpoint:PATH")
+    add_model_flags(p)
+    p.add_argument("--seed", type=int, help="run seed (default: the team's `seed`)")
+    p.add_argument("--concurrency", type=int, help="episodes in flight at once")
+    p.add_argument("--out", type=Path, help="run dir (default: runs/eval-<team>-<time>)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.set_defaults(func=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    from ..engines.load import load_engine
+    from ..rollout import RunOptions, build_policies, run_team
+    from ..team import load_team
+
+    team = load_team(args.recipe)
+    overrides = parse_policy_flags(args.policy)
+    adapters = parse_adapter_flags(args.adapter)
+    opponent_role, checkpoint = None, None
+    if args.opponent:
+        team, opponent_role, checkpoint = bind_opponent(team, args.opponent, overrides)
+    cfg = team.config
+    model = args.model or cfg.model
+    seed = cfg.seed if args.seed is None else args.seed
+
+    def engine_factory():
+        return load_engine(model, args.dtype, seed, args.engine,
+                            {**adapters, **({CHECKPOINT_ADAPTER: checkpoint} if checkpoint else {})})
+
+    policies = build_policies(team, overrides, engine_factory)
+    bindings = {name: str(overrides.get(name) or spec.binding or f"model ({spec.config.policy.adapter or 'base'})")
+                for name, spec in team.roles.items()}
+    blind = blind_random_roles(team, bindings)
+    if blind:
+        log.warning("builtin:random is no baseline here: the game lists no legal moves, so it sends random words "
+                    "and loses", team=team.name, roles=blind)
+    out = run_dir(args.out, f"eval-{team.name}")
+    options = RunOptions(episodes=args.episodes, seed=seed, out_dir=out, concurrency=args.concurrency or cfg.concurrency,
+                         episode_timeout_s=cfg.episode_timeout_s, progress=not (args.no_progress or args.json),
+                         extra={"eval": True, "model": model, "policy": args.policy, "opponent": args.opponent,
+                                "adapter": args.adapter})
+
+    async def go():
+        try:
+            return await run_team(team, policies, options)
+        finally:
+            await close_engines(policies)
+
+    result = asyncio.run(go())
+    report = {"team": team.name, "episodes": len(result.episodes), "status": result.summary["status"],
+              "opponent": {"role": opponent_role, "policy": args.opponent} if opponent_role else None,
+              "bindings": bindings, "roles": evaluate(team, result.episodes, result.summary),
+              "illegal_baseline": blind, "run_dir": str(result.run_dir)}
+    (result.run_dir / "eval.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print_report(report)
+    return 0
+
+
+def print_report(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    title = f"{report['team']}: {report['episodes']} episodes {report['status']}"
+    if report["opponent"]:
+        title += f", opponent {report['opponent']['role']} = {report['opponent']['policy']}"
+    table = Table(title=title)
+    for col in ("role", "policy", "W-D-L", "win rate", "95% CI", "mean reward"):
+        table.add_column(col, justify="left" if col in ("role", "policy") else "right", no_wrap=True)
+    for name, e in report["roles"].items():
+        lo, hi = e["win_ci95"]
+        reward = f"{e['mean_reward']:.3f}" + ("" if e["reward_ci95"] is None else f" ±{e['reward_ci95']:.3f}")
+        table.add_row(name, report["bindings"][name], f"{e['win']}-{e['draw']}-{e['loss']}", f"{e['win_rate']:.3f}",
+                      f"{lo:.3f}-{hi:.3f}", reward)
+    console = Console()
+    console.print(table)
+    console.print(f"win rate = success rate in one-player games; run dir: {report['run_dir']}", highlight=False)
+    if report["illegal_baseline"]:
+        console.print(f"not a baseline: builtin:random ({', '.join(report['illegal_baseline'])}) cannot see this game's "
+                      "legal moves", highlight=False)

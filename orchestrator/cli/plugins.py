@@ -1,0 +1,40 @@
+"""``rolecast plugins``: what is installed, what each plugin registers, and what failed to load."""
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from ..registry import SINGULAR, default_registry
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("plugins", help="list installed plugins and what they register")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    registry = default_registry()
+    rows = [
+        {"plugin": reg.plugin, "kind": SINGULAR[kind], "name": name, "source": reg.source}
+        for kind, items in registry.items.items()
+        for name, reg in sorted(items.items())
+    ]
+    failures = [{"plugin": f.plugin, "source": f.source, "error": f.error} for f in registry.failures]
+    if args.json:
+        print(json.dumps({"registered": rows, "failed": failures}))
+        return 0
+    console = Console()
+    table = Table(title="rolecast plugins")
+    for col in ("plugin", "kind", "name", "source"):
+        table.add_column(col)
+    for row in rows:
+        table.add_row(row["plugin"], row["kind"], row["name"], row["source"])
+    console.print(table)
+    for f in failures:
+        console.print(f"[red]failed[/red] plugin {f['plugin']} ({f['source']}): {f['error']}", markup=True, highlight=False)
+    return 0

@@ -1,0 +1,31 @@
+"""``rolecast report RUN_DIR``: plot a training run's curves (PNG) and print its summary."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from ..errors import RolecastError
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("report", help="plot a training run's curves (PNG) and print its summary")
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    from ..training.report import write_report
+
+    if not (args.run_dir / "metrics.jsonl").exists():
+        raise RolecastError(f"{args.run_dir}: no metrics.jsonl (is this a training run dir?)")
+    summary = write_report(args.run_dir)
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(summary["table"])
+        for plot in summary["plots"]:
+            print(f"plot: {plot}")
+    return 0

@@ -1,0 +1,86 @@
+"""``rolecast run TEAM``: run episodes of a team and summarise them per role."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from .flags import add_model_flags, add_policy_flag, close_engines, parse_adapter_flags, parse_policy_flags, run_dir
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("run", help="run episodes of a team")
+    p.add_argument("team", type=Path, help="team or recipe YAML")
+    p.add_argument("--episodes", type=int, help="number of episodes (default: the team's `episodes`)")
+    p.add_argument("--task", action="append", default=[], metavar="TASK",
+                   help="run these tasks instead of the team's (repeatable; the protocol says what TASK means)")
+    p.add_argument("--out", type=Path, help="run dir (default: runs/<team>-<time>)")
+    add_policy_flag(p)
+    add_model_flags(p)
+    p.add_argument("--seed", type=int, help="run seed (default: the team's `seed`)")
+    p.add_argument("--concurrency", type=int, help="episodes in flight at once")
+    p.add_argument("--timeout", type=float, help="per-episode timeout in seconds")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.set_defaults(func=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    from ..engines.load import load_engine
+    from ..rollout import RunOptions, build_policies, run_team
+    from ..team import load_team
+
+    team = load_team(args.team)
+    if args.task:
+        team = dataclasses.replace(team, tasks=[team.env_class.task_from_cli(t) for t in args.task])
+    overrides = parse_policy_flags(args.policy)
+    adapters = parse_adapter_flags(args.adapter)
+    cfg = team.config
+    model = args.model or cfg.model
+    seed = cfg.seed if args.seed is None else args.seed
+    policies = build_policies(team, overrides, lambda: load_engine(model, args.dtype, seed, args.engine, adapters))
+    options = RunOptions(
+        episodes=args.episodes or cfg.episodes,
+        seed=seed,
+        out_dir=run_dir(args.out, team.name),
+        concurrency=args.concurrency or cfg.concurrency,
+        episode_timeout_s=args.timeout or cfg.episode_timeout_s,
+        progress=not args.no_progress,
+        extra={"model": model, "dtype": args.dtype, "engine": args.engine, "policy": args.policy, "adapter": args.adapter},
+    )
+
+    async def go():
+        try:
+            return await run_team(team, policies, options)
+        finally:
+            await close_engines(policies)
+
+    result = asyncio.run(go())
+    if args.json:
+        print(json.dumps(result.summary))
+    else:
+        print_summary(result.summary)
+    print(f"transcripts: {result.run_dir / 'transcripts.jsonl'}", file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{summary['team']}: {summary['episodes']} episodes  {summary['status']}")
+    for col in ("role", "mean reward", "±95%", "turns", "invalid", "retries"):
+        table.add_column(col, justify="left" if col == "role" else "right")
+    for name, r in summary["roles"].items():
+        ci = "" if r["reward_ci95"] is None else f"{r['reward_ci95']:.3f}"
+        table.add_row(name, f"{r['mean_reward']:.3f}", ci, str(r["turns"]), str(r["invalid_turns"]), str(r["retries"]))
+    console = Console()
+    console.print(table)
+    console.print(
+        f"valid turns {summary['valid_turn_rate']}, first-try valid {summary['first_try_valid_rate']}, "
+        f"{summary['generated_tokens']} tokens generated in {summary['wall_s']}s"
+    )

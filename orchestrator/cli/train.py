@@ -1,0 +1,56 @@
+"""``rolecast train RECIPE``: train the recipe's trainable roles, each its own LoRA adapter."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..errors import RolecastError
+from .flags import add_model_flags, run_dir
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("train", help="train the recipe's trainable roles (each its own LoRA adapter)")
+    p.add_argument("recipe", type=Path, help="team YAML with a `training:` block")
+    p.add_argument("--steps", type=int, help="training steps (default: the recipe's)")
+    p.add_argument("--out", type=Path, help="run dir (default: runs/train-<recipe>-<time>)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    add_model_flags(p, adapter_help=None, dtype_help="sampling dtype")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    from ..engines.load import load_engine
+    from ..team import load_team
+    from ..training.client import ServiceClient
+    from ..training.loop import TrainingRun, TrainOptions
+
+    team = load_team(args.recipe)
+    if args.resume and not args.out:
+        raise RolecastError("--resume needs --out RUN_DIR (the run to continue)")
+    cfg = team.config
+    model = args.model or cfg.model
+    seed = cfg.seed if args.seed is None else args.seed
+    out = run_dir(args.out, f"train-{team.name}")
+    engine = load_engine(model, args.dtype, seed, args.engine)
+    service = ServiceClient(model, seed=seed)
+    service.attach_engine(engine)
+    options = TrainOptions(out_dir=out, model=model, dtype=args.dtype, seed=seed, steps=args.steps,
+                           resume=args.resume, progress=not args.no_progress)
+
+    async def go():
+        try:
+            return await TrainingRun(team, options, engine, service).run()
+        finally:
+            await engine.aclose()
+            service.close()
+
+    final = asyncio.run(go())
+    print(json.dumps(final))
+    print(f"run dir: {out}", file=sys.stderr)
+    return 0

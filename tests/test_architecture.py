@@ -1,0 +1,110 @@
+"""The layering, read from the source: no import cycle inside orchestrator/ (imports inside
+functions included), and the lower packages never import the upper ones."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def modules(package: str) -> dict[str, Path]:
+    out = {}
+    for path in (ROOT / package).rglob("*.py"):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def imports(name: str, path: Path) -> set[str]:
+    """Every module ``path`` imports, anywhere in it, as absolute dotted names."""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
+            found |= {base} | {f"{base}.{alias.name}" for alias in node.names}  # `from pkg import module`
+    return found
+
+
+def graph(package: str) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports. Importing ``a.b.c`` runs ``a/__init__`` and
+    ``a/b/__init__`` too, so those count as imported."""
+    known = modules(package)
+    edges: dict[str, set[str]] = {}
+    for name, path in known.items():
+        targets = set()
+        for target in imports(name, path):
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            while target in known:
+                targets.add(target)
+                target = target.rpartition(".")[0]
+        edges[name] = targets - {name} - {n for n in targets if name.startswith(n + ".")}
+    return edges
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in edges:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(edges[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(edges[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_the_scan_sees_a_cycle_when_there_is_one():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_orchestrator_has_no_import_cycle():
+    edges = graph("orchestrator")
+    assert len(edges) > 50 and edges["orchestrator.cli.run"]  # the scan read the package
+    assert cycles(edges) == []
+
+
+def test_lower_packages_do_not_import_upper_ones():
+    for package, banned in (("sandboxes", ("orchestrator", "plugins")), ("orchestrator", ("plugins",))):
+        for name, path in modules(package).items():
+            bad = sorted(t for t in imports(name, path) if t.split(".")[0] in banned)
+            assert not bad, f"{name} imports {bad}"
