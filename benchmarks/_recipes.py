@@ -2,6 +2,7 @@
 of tests/test_benchmarks.py): run a recipe's episodes on a fresh engine over a loaded model."""
 from __future__ import annotations
 
+import argparse
 import asyncio
 from pathlib import Path
 from typing import Any
@@ -33,3 +34,17 @@ def warm_up(team: Team, loaded: LoadedModel, out: Path) -> None:
     """One untimed episode, so that first-call costs (grammar compiles, weight packing, allocator
     growth) fall on neither side of a comparison."""
     run_recipe(team, loaded, 1, out)
+
+
+def parse_args(repeats: str, default_episodes: int, default_repeats: int, smoke_episodes: int) -> argparse.Namespace:
+    """--model, --episodes, ``--<repeats>`` and --smoke (tiny model, one repeat, ``smoke_episodes``)."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--episodes", type=int, default=default_episodes)
+    parser.add_argument(f"--{repeats}", type=int, default=default_repeats, help="the sides alternate this many times")
+    parser.add_argument("--smoke", action="store_true", help="seconds on the tiny model: does the script still run")
+    args = parser.parse_args()
+    if args.smoke:
+        args.model, args.episodes = "tiny", smoke_episodes
+        setattr(args, repeats, 1)
+    return args

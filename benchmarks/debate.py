@@ -14,13 +14,12 @@ reply): seconds, to check that the script still runs (tests/test_benchmarks.py).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
 from pathlib import Path
 
-from _recipes import run_recipe, warm_up
+from _recipes import parse_args, run_recipe, warm_up
 
 from orchestrator.models import load_model
 from orchestrator.team import load_team
@@ -29,14 +28,7 @@ RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "debate.yaml"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--episodes", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--smoke", action="store_true", help="seconds on the tiny model: does the script still run")
-    args = parser.parse_args()
-    if args.smoke:
-        args.model, args.episodes, args.repeats = "tiny", 1, 1
+    args = parse_args("repeats", default_episodes=8, default_repeats=1, smoke_episodes=1)
 
     team = load_team(RECIPE)
     loaded = load_model(args.model)

@@ -13,13 +13,12 @@ still runs (tests/test_benchmarks.py); the guesser's budget is 12 tokens already
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
 from pathlib import Path
 
-from _recipes import run_recipe, warm_up
+from _recipes import parse_args, run_recipe, warm_up
 
 from orchestrator.models import load_model
 from orchestrator.team import load_team
@@ -28,14 +27,7 @@ RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "guess_number.yaml
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--episodes", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--smoke", action="store_true", help="seconds on the tiny model: does the script still run")
-    args = parser.parse_args()
-    if args.smoke:
-        args.model, args.episodes, args.rounds = "tiny", 2, 1
+    args = parse_args("rounds", default_episodes=32, default_repeats=2, smoke_episodes=2)
 
     team = load_team(RECIPE)
     loaded = load_model(args.model)

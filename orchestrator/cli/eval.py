@@ -3,7 +3,6 @@ intervals (``evaluation.py``), against a rebound opponent if asked."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -11,7 +10,9 @@ from typing import Any
 import structlog
 
 from ..evaluation import CHECKPOINT_ADAPTER, bind_opponent, blind_random_roles, evaluate
-from .flags import add_model_flags, add_policy_flag, close_engines, parse_adapter_flags, parse_policy_flags, run_dir
+from .flags import (
+    add_episode_flags, add_model_flags, add_policy_flag, parse_adapter_flags, parse_policy_flags, play, run_dir,
+)
 
 log = structlog.get_logger()
 
@@ -24,17 +25,14 @@ def register(sub: Any) -> None:
     p.add_argument("--opponent", metavar="OPPONENT",
                    help="rebind the recipe's opponent role: random, minimax (any builtin), base, or checkpoint:PATH")
     add_model_flags(p)
-    p.add_argument("--seed", type=int, help="run seed (default: the team's `seed`)")
-    p.add_argument("--concurrency", type=int, help="episodes in flight at once")
     p.add_argument("--out", type=Path, help="run dir (default: runs/eval-<team>-<time>)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_episode_flags(p, json_help="print the report as JSON")
     p.set_defaults(func=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
     from ..engines.load import load_engine
-    from ..rollout import RunOptions, build_policies, run_team
+    from ..rollout import RunOptions, build_policies
     from ..team import load_team
 
     team = load_team(args.recipe)
@@ -63,14 +61,7 @@ def handle(args: argparse.Namespace) -> int:
                          episode_timeout_s=cfg.episode_timeout_s, progress=not (args.no_progress or args.json),
                          extra={"eval": True, "model": model, "policy": args.policy, "opponent": args.opponent,
                                 "adapter": args.adapter})
-
-    async def go():
-        try:
-            return await run_team(team, policies, options)
-        finally:
-            await close_engines(policies)
-
-    result = asyncio.run(go())
+    result = play(team, policies, options)
     report = {"team": team.name, "episodes": len(result.episodes), "status": result.summary["status"],
               "opponent": {"role": opponent_role, "policy": args.opponent} if opponent_role else None,
               "bindings": bindings, "roles": evaluate(team, result.episodes, result.summary),

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import time
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,14 @@ def add_model_flags(p: argparse.ArgumentParser, *, model_default: str | None = N
     p.add_argument("--engine", default="hf", choices=BACKENDS, help=ENGINE_HELP)
     if adapter_help is not None:
         p.add_argument("--adapter", action="append", default=[], metavar="NAME=PATH", help=adapter_help)
+
+
+def add_episode_flags(p: argparse.ArgumentParser, json_help: str) -> None:
+    """--seed, --concurrency, --json and --no-progress: how a command plays its episodes."""
+    p.add_argument("--seed", type=int, help="run seed (default: the team's `seed`)")
+    p.add_argument("--concurrency", type=int, help="episodes in flight at once")
+    p.add_argument("--json", action="store_true", help=json_help)
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
 def add_policy_flag(p: argparse.ArgumentParser, help: str = POLICY_HELP) -> None:
@@ -62,7 +71,15 @@ def run_dir(out: Path | None, stem: str) -> Path:
     return out or Path("runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-async def close_engines(policies: dict[str, Any]) -> None:
-    """Close each engine the policies use, once."""
-    for engine in {id(p.engine): p.engine for p in policies.values() if hasattr(p, "engine")}.values():
-        await engine.aclose()
+def play(team: Any, policies: dict[str, Any], options: Any) -> Any:
+    """``run_team`` to the end, then close each engine the policies use, once."""
+    from ..rollout import run_team
+
+    async def go():
+        try:
+            return await run_team(team, policies, options)
+        finally:
+            for engine in {id(p.engine): p.engine for p in policies.values() if hasattr(p, "engine")}.values():
+                await engine.aclose()
+
+    return asyncio.run(go())

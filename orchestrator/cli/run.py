@@ -2,14 +2,15 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from .flags import add_model_flags, add_policy_flag, close_engines, parse_adapter_flags, parse_policy_flags, run_dir
+from .flags import (
+    add_episode_flags, add_model_flags, add_policy_flag, parse_adapter_flags, parse_policy_flags, play, run_dir,
+)
 
 
 def register(sub: Any) -> None:
@@ -21,17 +22,14 @@ def register(sub: Any) -> None:
     p.add_argument("--out", type=Path, help="run dir (default: runs/<team>-<time>)")
     add_policy_flag(p)
     add_model_flags(p)
-    p.add_argument("--seed", type=int, help="run seed (default: the team's `seed`)")
-    p.add_argument("--concurrency", type=int, help="episodes in flight at once")
     p.add_argument("--timeout", type=float, help="per-episode timeout in seconds")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_episode_flags(p, json_help="print the summary as JSON on stdout")
     p.set_defaults(func=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
     from ..engines.load import load_engine
-    from ..rollout import RunOptions, build_policies, run_team
+    from ..rollout import RunOptions, build_policies
     from ..team import load_team
 
     team = load_team(args.team)
@@ -52,14 +50,7 @@ def handle(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         extra={"model": model, "dtype": args.dtype, "engine": args.engine, "policy": args.policy, "adapter": args.adapter},
     )
-
-    async def go():
-        try:
-            return await run_team(team, policies, options)
-        finally:
-            await close_engines(policies)
-
-    result = asyncio.run(go())
+    result = play(team, policies, options)
     if args.json:
         print(json.dumps(result.summary))
     else:

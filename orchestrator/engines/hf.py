@@ -41,7 +41,7 @@ from .kv import BatchKV
 from .lora import MultiLoRA
 from .prefix_cache import PrefixCache
 from .sampling import sample_rows
-from .tokens import chat_prompt_ids, end_of_turn_ids
+from .tokens import TokenizerMethods, end_of_turn_ids
 
 log = structlog.get_logger()
 BASE = "__base__"
@@ -86,7 +86,7 @@ class EngineStats:
         return {k: round(v, 4) if isinstance(v, float) else v for k, v in self.__dict__.items()}
 
 
-class HFEngine:
+class HFEngine(TokenizerMethods):
     def __init__(self, loaded: LoadedModel, max_batch: int = 64, max_prefill: int = 16, prefix_cache_tokens: int = 16384,
                  fused_decode: bool = True, cpu: CpuFeatures | None = None):
         self.loaded = loaded
@@ -134,15 +134,6 @@ class HFEngine:
             seq.cancelled = True  # the scheduler drops it at its next iteration
             self._compute.wake()
             raise
-
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
-        return chat_prompt_ids(self.tokenizer, messages)
-
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     async def aclose(self) -> None:
         self._closed = True

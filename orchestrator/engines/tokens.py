@@ -49,3 +49,18 @@ def end_of_turn_ids(tokenizer: Any) -> set[int]:
     if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
         ids.add(im_end)
     return {i for i in ids if i is not None}
+
+
+class TokenizerMethods:
+    """The Engine protocol's tokenizer half, for an engine with a Hugging Face ``tokenizer``."""
+
+    tokenizer: Any
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
+        return chat_prompt_ids(self.tokenizer, messages)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)

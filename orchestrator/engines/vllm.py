@@ -53,7 +53,7 @@ import structlog
 
 from .base import Completion, FinishReason, GenerationRequest
 from ..grammar.schema import grammar_after
-from .tokens import chat_prompt_ids, end_of_turn_ids
+from .tokens import TokenizerMethods, end_of_turn_ids
 
 log = structlog.get_logger()
 INSTALL_HINT = "pip install 'rolecast[vllm]' (needs a CUDA GPU)"
@@ -97,7 +97,7 @@ class _Version:
     retired: bool = False
 
 
-class VLLMEngine:
+class VLLMEngine(TokenizerMethods):
     """The Engine protocol over ``vllm.AsyncLLMEngine``, with HFEngine's adapter API."""
 
     def __init__(
@@ -160,15 +160,6 @@ class VLLMEngine:
         if final is None or not final.outputs:
             raise RuntimeError(f"vllm returned no output for request {request_id}")
         return self._completion(request, final.outputs[0], version)
-
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
-        return chat_prompt_ids(self.tokenizer, messages)
-
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     async def aclose(self) -> None:
         self._closed = True
