@@ -128,6 +128,9 @@ class TrainingConfig(Strict):
     group_size: int = Field(8, ge=1, description="episodes per task; their rewards are compared")
     groups_per_step: int = Field(4, ge=1, description="tasks per step")
     loss: Literal["cross_entropy", "importance_sampling", "ppo"] = "ppo"
+    ppo_epochs: int = Field(1, ge=1, le=64, description=(
+        "passes over each step's datums; passes after the first are off-policy, so clipping bites"))
+    minibatches: int = Field(1, ge=1, description="optimizer steps per pass: the datums split into this many")
     loss_config: dict[str, Any] = Field(default_factory=dict, description=(
         "the loss's Config (LOSS_CONFIGS), less temperature; aggregation defaults to token-mean here"))
     adam: AdamConfig = Field(default_factory=AdamConfig)

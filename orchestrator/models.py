@@ -47,9 +47,12 @@ class LoadedModel:
     dtype: torch.dtype
 
 
-def load_model(name: str = DEFAULT_MODEL, dtype: str = "auto", seed: int = 0) -> LoadedModel:
-    """Load ``smollm2-135m``, ``tiny`` (random weights, real tokenizer) or a local HF model dir."""
-    torch_dtype = resolve_dtype(dtype)
+def load_model(name: str = DEFAULT_MODEL, dtype: str = "auto", seed: int = 0,
+               device: str | torch.device = "cpu") -> LoadedModel:
+    """Load ``smollm2-135m``, ``tiny`` (random weights, real tokenizer), a local HF model dir or a
+    hub id, onto ``device`` (a name for :func:`resolve_device`, or a torch device)."""
+    device = resolve_device(device) if isinstance(device, str) else device
+    torch_dtype = resolve_dtype(dtype, device)
     if name == "tiny":
         tokenizer = AutoTokenizer.from_pretrained(_smollm2_checkpoint(), local_files_only=True)
         model = _tiny_model(tokenizer, seed).to(torch_dtype)
@@ -60,25 +63,44 @@ def load_model(name: str = DEFAULT_MODEL, dtype: str = "auto", seed: int = 0) ->
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         except OSError as exc:  # a dir without weights or tokenizer (an interrupted download, say)
             raise ValueError(f"cannot load {name!r} from {path}: {' '.join(str(exc).split())}") from None
-    model.eval()
+    model.to(device).eval()
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, dtype=torch_dtype)
 
 
-def resolve_dtype(dtype: str) -> torch.dtype:
-    """``auto`` picks bf16 where the CPU has native bf16 math (else it is emulated and slower)."""
+def resolve_dtype(dtype: str, device: torch.device = torch.device("cpu")) -> torch.dtype:
+    """``auto`` picks bf16 where ``device`` has native bf16 math (else it is emulated and slower)."""
     if dtype == "auto":
-        return torch.bfloat16 if cpu_has_bf16() else torch.float32
+        return torch.bfloat16 if bf16_native(device) else torch.float32
     if dtype not in _DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}: use 'auto', 'float32' or 'bfloat16'")
     return _DTYPES[dtype]
 
 
-def cpu_has_bf16() -> bool:
-    if torch.cuda.is_available():
-        return torch.cuda.is_bf16_supported()
-    return host().native_bf16
+def bf16_native(device: torch.device) -> bool:
+    return torch.cuda.is_bf16_supported() if device.type == "cuda" else host().native_bf16
+
+
+def resolve_device(spec: str = "auto") -> torch.device:
+    """``auto`` (a CUDA GPU where there is one, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``."""
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(spec)
+    except RuntimeError:
+        raise ValueError(f"unknown device {spec!r}: use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cpu":
+        return device
+    if device.type != "cuda":
+        raise ValueError(f"device {spec!r}: rolecast runs on cpu or cuda")
+    if not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise ValueError(f"device {spec!r}: no CUDA GPU is usable here (torch {torch.__version__}, {build}); "
+                         "use --device cpu, or auto")
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"device {spec!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return device
 
 
 def cache_dir() -> Path:

@@ -40,12 +40,12 @@ def no_engine():
     raise AssertionError("no role here should need the model")
 
 
-def tiny_engine(dtype: str = "float32", seed: int = 0, **options):
+def tiny_engine(dtype: str = "float32", seed: int = 0, device: str = "cpu", **options):
     """The HF engine over the tiny random model (real tokenizer)."""
     from orchestrator.engines.hf import HFEngine
     from orchestrator.models import load_model
 
-    return HFEngine(load_model("tiny", dtype=dtype, seed=seed), **options)
+    return HFEngine(load_model("tiny", dtype=dtype, seed=seed, device=device), **options)
 
 
 def lora_state(model: torch.nn.Module, seed: int, rank: int = 4, std: float = 1.0,
@@ -99,3 +99,37 @@ def make_episode(*turns, rewards: dict[str, float] | None = None, outcome: dict 
 def randomize(engine, name: str, seed: int) -> int:
     """Give ``engine``'s adapter ``name`` random non-zero weights, so it really differs from the base."""
     return engine.update_adapter(name, lora_state(engine.model, seed, std=0.5))
+
+
+TRAIN_RECIPE = """
+name: tiny_debate
+protocol: {type: debate, debaters: [pro, con], judge: judge, rounds: 1}
+roles:
+  - {use: debater, name: pro, params: {stance: for}, policy: {adapter: pro, sampling: {max_tokens: 6}}, max_retries: 0}
+  - {use: debater, name: con, params: {stance: against}, policy: {adapter: con, sampling: {max_tokens: 6}}, max_retries: 0}
+  - {use: judge, policy: {sampling: {max_tokens: 6}}, max_retries: 0}
+tasks: [{topic: "Cats are better than dogs."}, {topic: "Tea is better than coffee."}]
+model: tiny
+training:
+  trainer: grpo
+  steps: {steps}
+  group_size: 2
+  groups_per_step: 1
+  eval_every: 0
+  eval_episodes: 2
+  checkpoint_every: 1
+  keep_checkpoints: 2
+  adam: {learning_rate: 1.0e-3}
+"""
+
+
+def train_recipe(tmp_path: Path, steps: int) -> Path:
+    """A two-debater recipe on the tiny model that trains ``steps`` steps, checkpointing each."""
+    return write(tmp_path / "recipe.yaml", TRAIN_RECIPE.replace("{steps}", str(steps)))
+
+
+def metric_rows(run: Path) -> list[dict]:
+    """The rows of a training run's metrics.jsonl."""
+    import json
+
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

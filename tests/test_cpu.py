@@ -1,7 +1,6 @@
 """CPU feature checks: what /proc/cpuinfo says each machine of this project can run."""
 from __future__ import annotations
 
-import pytest
 import torch
 from orchestrator.cpu import CpuFeatures, host
 from orchestrator.models import resolve_dtype
@@ -42,6 +41,4 @@ def test_unreadable_cpuinfo_promises_nothing():
 
 
 def test_auto_dtype_follows_this_cpu():
-    if torch.cuda.is_available():
-        pytest.skip("auto follows the GPU where there is one")
-    assert resolve_dtype("auto") == (torch.bfloat16 if host().native_bf16 else torch.float32)
+    assert resolve_dtype("auto", torch.device("cpu")) == (torch.bfloat16 if host().native_bf16 else torch.float32)

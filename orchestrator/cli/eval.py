@@ -47,7 +47,7 @@ def handle(args: argparse.Namespace) -> int:
 
     def engine_factory():
         return load_engine(model, args.dtype, seed, args.engine,
-                            {**adapters, **({CHECKPOINT_ADAPTER: checkpoint} if checkpoint else {})})
+                           {**adapters, **({CHECKPOINT_ADAPTER: checkpoint} if checkpoint else {})}, args.device)
 
     policies = build_policies(team, overrides, engine_factory)
     bindings = {name: str(overrides.get(name) or spec.binding or f"model ({spec.config.policy.adapter or 'base'})")
@@ -59,7 +59,7 @@ def handle(args: argparse.Namespace) -> int:
     out = run_dir(args.out, f"eval-{team.name}")
     options = RunOptions(episodes=args.episodes, seed=seed, out_dir=out, concurrency=args.concurrency or cfg.concurrency,
                          episode_timeout_s=cfg.episode_timeout_s, progress=not (args.no_progress or args.json),
-                         extra={"eval": True, "model": model, "policy": args.policy, "opponent": args.opponent,
+                         extra={"eval": True, "model": model, "device": args.device, "policy": args.policy, "opponent": args.opponent,
                                 "adapter": args.adapter})
     result = play(team, policies, options)
     report = {"team": team.name, "episodes": len(result.episodes), "status": result.summary["status"],

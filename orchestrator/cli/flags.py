@@ -13,17 +13,19 @@ from ..policies.binding import Binding, parse_binding
 from ..registry import default_registry
 
 MODEL_HELP = "smollm2-135m (default), tiny, a local Hugging Face model dir, or a hub id (org/name)"
-ENGINE_HELP = "generation backend: hf (default; runs on the CPU) or vllm (GPU; pip install 'rolecast[vllm]')"
+ENGINE_HELP = "generation backend: hf (default) or vllm (GPU only; pip install 'rolecast[vllm]')"
+DEVICE_HELP = "auto (default: a CUDA GPU where there is one, else the CPU), cpu, cuda or cuda:N"
 ADAPTER_HELP = "load a PEFT-format adapter dir (a run's sampler/NAME, say) as adapter NAME (repeatable)"
 POLICY_HELP = "bind a role: replay:FILE, python:pkg.mod:fn, builtin:NAME, openai:MODEL@URL or model (repeatable)"
 
 
 def add_model_flags(p: argparse.ArgumentParser, *, model_default: str | None = None,
                     adapter_help: str | None = ADAPTER_HELP, dtype_help: str | None = None) -> None:
-    """--model, --dtype, --engine, and --adapter unless ``adapter_help`` is None."""
+    """--model, --dtype, --engine, --device, and --adapter unless ``adapter_help`` is None."""
     p.add_argument("--model", default=model_default, help=MODEL_HELP)
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help=dtype_help)
     p.add_argument("--engine", default="hf", choices=BACKENDS, help=ENGINE_HELP)
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
     if adapter_help is not None:
         p.add_argument("--adapter", action="append", default=[], metavar="NAME=PATH", help=adapter_help)
 

@@ -40,7 +40,7 @@ def handle(args: argparse.Namespace) -> int:
     cfg = team.config
     model = args.model or cfg.model
     seed = cfg.seed if args.seed is None else args.seed
-    policies = build_policies(team, overrides, lambda: load_engine(model, args.dtype, seed, args.engine, adapters))
+    policies = build_policies(team, overrides, lambda: load_engine(model, args.dtype, seed, args.engine, adapters, args.device))
     options = RunOptions(
         episodes=args.episodes or cfg.episodes,
         seed=seed,
@@ -48,7 +48,7 @@ def handle(args: argparse.Namespace) -> int:
         concurrency=args.concurrency or cfg.concurrency,
         episode_timeout_s=args.timeout or cfg.episode_timeout_s,
         progress=not args.no_progress,
-        extra={"model": model, "dtype": args.dtype, "engine": args.engine, "policy": args.policy, "adapter": args.adapter},
+        extra={"model": model, "dtype": args.dtype, "engine": args.engine, "device": args.device, "policy": args.policy, "adapter": args.adapter},
     )
     result = play(team, policies, options)
     if args.json:

@@ -21,7 +21,7 @@ def handle(args: argparse.Namespace) -> int:
     from ..serve import serve
 
     adapters = parse_adapter_flags(args.adapter)
-    engine = load_engine(args.model, args.dtype, 0, args.engine)
+    engine = load_engine(args.model, args.dtype, 0, args.engine, device=args.device)
 
     def ready(port: int) -> None:
         print(f"listening on http://{args.host}:{port}/v1", flush=True)

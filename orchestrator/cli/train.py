@@ -25,7 +25,7 @@ def register(sub: Any) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from ..engines.load import load_engine
+    from ..engines.load import device_for, load_engine
     from ..team import load_team
     from ..training.client import ServiceClient
     from ..training.loop import TrainingRun, TrainOptions
@@ -37,11 +37,11 @@ def handle(args: argparse.Namespace) -> int:
     model = args.model or cfg.model
     seed = cfg.seed if args.seed is None else args.seed
     out = run_dir(args.out, f"train-{team.name}")
-    engine = load_engine(model, args.dtype, seed, args.engine)
-    service = ServiceClient(model, seed=seed)
+    engine = load_engine(model, args.dtype, seed, args.engine, device=args.device)
+    service = ServiceClient(model, seed=seed, device=device_for(args.device))
     service.attach_engine(engine)
     options = TrainOptions(out_dir=out, model=model, dtype=args.dtype, seed=seed, steps=args.steps,
-                           resume=args.resume, progress=not args.no_progress)
+                           resume=args.resume, progress=not args.no_progress, extra={"device": str(service.device)})
 
     async def go():
         try:

@@ -153,7 +153,9 @@ class FusedDecoder:
         parts = ("embed_tokens", "norm", "rotary_emb", "layers")
         if base is None or not all(hasattr(base, p) for p in parts) or model.get_output_embeddings() is None:
             return None
-        return cls(model, lora, rows_hint, *weight_layout(model.dtype, cpu))
+        device = next(model.parameters()).device
+        layout = weight_layout(model.dtype, cpu) if device.type == "cpu" else ("plain", f"{device.type}: no prepacking off the CPU")
+        return cls(model, lora, rows_hint, *layout)
 
     def __call__(self, ids: torch.Tensor, kv: BatchKV, positions: torch.Tensor) -> torch.Tensor:
         """Logits [rows, vocab] for ``ids`` [rows], each row's next token; writes its K/V to ``kv``.

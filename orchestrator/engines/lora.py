@@ -51,7 +51,8 @@ class MultiLoRA:
             raise ValueError("this model already serves an open engine: close that engine first, or load another copy")
         model._rolecast_lora = self
         self.model = model
-        self.dtype = next(model.parameters()).dtype
+        first = next(model.parameters())
+        self.dtype, self.device = first.dtype, first.device  # stacks and row masks live beside the model
         self.linears = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and name != "lm_head"}
         self.adapters: dict[str, dict[str, _Weights]] = {}  # adapter -> module name -> weights
         self._stacks: OrderedDict[tuple[str, ...], _Stack] = OrderedDict()
@@ -78,7 +79,7 @@ class MultiLoRA:
         stack = self._stack(present)
         masks = None
         if len(present) > 1 or None in names:
-            mask = torch.zeros(len(names), stack.width, dtype=self.dtype)
+            mask = torch.zeros(len(names), stack.width, dtype=self.dtype, device=self.device)
             for row, name in enumerate(names):
                 if name is not None:
                     mask[row, stack.columns[name]] = 1
@@ -107,8 +108,8 @@ class MultiLoRA:
         a_t, b_t = {}, {}
         for module in dict.fromkeys(m for n in present for m in self.adapters[n]):
             linear = self.linears[module]
-            a = torch.zeros(at, linear.in_features, dtype=self.dtype)
-            b = torch.zeros(at, linear.out_features, dtype=self.dtype)
+            a = torch.zeros(at, linear.in_features, dtype=self.dtype, device=self.device)
+            b = torch.zeros(at, linear.out_features, dtype=self.dtype, device=self.device)
             for n in present:
                 w = self.adapters[n].get(module)
                 if w is not None:  # an adapter that skips a module (or has a lower rank there) adds zeros
@@ -125,9 +126,9 @@ class MultiLoRA:
 
     def _group_stack(self, group: tuple[str, ...], a_t: dict, b_t: dict, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
         linears = [self.linears[m] for m in group]
-        a = torch.cat([a_t[m] if m in a_t else torch.zeros(lin.in_features, rank, dtype=self.dtype)
+        a = torch.cat([a_t[m] if m in a_t else torch.zeros(lin.in_features, rank, dtype=self.dtype, device=self.device)
                        for m, lin in zip(group, linears)], dim=1)
-        b = torch.zeros(len(group) * rank, sum(lin.out_features for lin in linears), dtype=self.dtype)
+        b = torch.zeros(len(group) * rank, sum(lin.out_features for lin in linears), dtype=self.dtype, device=self.device)
         col = 0
         for i, (m, lin) in enumerate(zip(group, linears)):
             if m in b_t:
@@ -188,7 +189,8 @@ class MultiLoRA:
                 raise KeyError(f"adapter {name!r}: module {module} lacks lora_A or lora_B")
             if not p["lora_B"].any():  # B = 0 (a fresh adapter): its delta is zero, skip the matmuls
                 continue
-            weights[module] = _Weights(a=p["lora_A"].to(self.dtype), b=(p["lora_B"].float() * scale).to(self.dtype))
+            b = p["lora_B"].float() * scale
+            weights[module] = _Weights(a=p["lora_A"].to(self.device, self.dtype), b=b.to(self.device, self.dtype))
         self.adapters[name] = weights
         self._changed()
 

@@ -17,7 +17,6 @@ import asyncio
 import concurrent.futures
 import json
 import os
-import random
 import shutil
 import tempfile
 import warnings
@@ -35,12 +34,16 @@ from transformers.cache_utils import DynamicCache
 from ..compute_thread import compute_thread
 from ..config import LOSS_CONFIGS
 from ..grammar.book import book_for
-from ..models import LoadedModel, load_model
+from ..models import LoadedModel, bf16_native, load_model
 from .losses import LOSS_FNS, aggregate, k3_kl, token_logprobs
+from .rng import load_rng, save_rng
 from .types import AdamParams, Datum, ForwardBackwardOutput, LoraConfig, OptimStepResponse
 
 T = TypeVar("T")
 
+
+# Per-token metrics whose names already say they are means over the action tokens.
+MEAN_NAMED = frozenset({"kl", "approx_kl", "clip_fraction"})
 
 class APIFuture(Generic[T]):
     """The result of a submitted call: ``result()`` blocks, ``await result_async()`` does not."""
@@ -59,19 +62,19 @@ class APIFuture(Generic[T]):
 
 
 class ServiceClient:
-    """Owns the base model (fp32 master weights); all adapters' jobs run on the compute thread."""
+    """Owns the base model (fp32 master weights) on ``device``; all adapters' jobs run on the
+    compute thread."""
 
     def __init__(
         self, model: str | LoadedModel = "smollm2-135m", *, bf16_autocast: bool | None = None, seed: int = 0,
-        micro_batch_tokens: int = 4096,
+        micro_batch_tokens: int = 4096, device: str | torch.device = "cpu",
     ):
         self.micro_batch_tokens = micro_batch_tokens  # cost budget per forward/backward pass (see _micro_batches)
+        self.device = torch.device(device)
         self.loaded = model if isinstance(model, LoadedModel) else load_model(model, dtype="float32", seed=seed)
-        if self.loaded.dtype != torch.float32:
-            self.loaded.model.float()  # master weights in fp32; autocast runs the matmuls in bf16
-        from ..models import cpu_has_bf16
-
-        self.autocast = cpu_has_bf16() if bf16_autocast is None else bf16_autocast
+        # master weights in fp32 on the device; autocast runs the matmuls in bf16
+        self.loaded.model.to(self.device, torch.float32)
+        self.autocast = bf16_native(self.device) if bf16_autocast is None else bf16_autocast
         self.peft = None  # created with the first adapter
         self.clients: dict[str, TrainingClient] = {}
         self.engine = None
@@ -174,9 +177,10 @@ class TrainingClient:
         for rows in self._micro_batches(data):
             part = [data[i] for i in rows]
             lengths = [d.model_input.length for d in part]
-            mask = torch.cat([masks[i] for i in rows])
-            targets = torch.cat([d.tensor("target_tokens", torch.long) for d in part])
-            inputs = {key: torch.cat([d.tensor(key) for d in part]) for key in needed}
+            device = self.service.device
+            mask = torch.cat([masks[i] for i in rows]).to(device)
+            targets = torch.cat([d.tensor("target_tokens", torch.long) for d in part]).to(device)
+            inputs = {key: torch.cat([d.tensor(key) for d in part]).to(device) for key in needed}
             bitmask = self._grammar_masks(part, [masks[i] for i in rows])
             with torch.set_grad_enabled(backward):
                 logp = self._logprobs(part, targets, mask, temperature, bitmask)
@@ -194,11 +198,11 @@ class TrainingClient:
             sums["loss:sum"] += float((per_token.detach() * mask).sum())
             for key, value in extra.items():
                 sums[key] += float((value.detach() * mask).sum())
-            for i, lp in zip(rows, logp.detach().split(lengths)):
+            for i, lp in zip(rows, logp.detach().cpu().split(lengths)):
                 logps[i] = lp
         metrics = {"loss": sums.pop("loss"), "loss:sum": sums.pop("loss:sum"), "tokens": total_tokens}
         for key, value in sums.items():
-            metrics["kl" if key == "kl" else f"{key}_mean"] = value / max(total_tokens, 1.0)
+            metrics[key if key in MEAN_NAMED else f"{key}_mean"] = value / max(total_tokens, 1.0)
         return ForwardBackwardOutput(loss_fn_outputs=[{"logprobs": lp} for lp in logps], metrics=metrics)
 
     def _micro_batches(self, data: list[Datum]) -> list[list[int]]:
@@ -240,7 +244,7 @@ class TrainingClient:
                 replayed = book.replay(span.json_schema, span.prefix, targets[span.start:end], [p - span.start for p in wanted])
                 block[[row_of[p] for p in wanted]] = replayed
             blocks.append(block)
-        return torch.cat(blocks)
+        return torch.cat(blocks).to(self.service.device)
 
     def _logprobs(
         self, data: list[Datum], targets: torch.Tensor, mask: torch.Tensor, temperature: float,
@@ -259,8 +263,10 @@ class TrainingClient:
         for i, d in enumerate(data):
             ids[i, : lengths[i]] = torch.tensor(d.model_input.tokens)
             attn[i, : lengths[i]] = 1
+        device = self.service.device
+        ids, attn = ids.to(device), attn.to(device)  # built on the host, moved in one copy each
         inner = self.service.peft.get_base_model()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.service.autocast):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.service.autocast):
             hidden = _hidden_states(inner.model, ids, attn, _shared_prefix([d.model_input.tokens for d in data]))
             flat = hidden[attn.bool()]  # right padding: row-major order keeps each datum contiguous
             keep = mask > 0
@@ -282,7 +288,7 @@ class TrainingClient:
     def adapter_state(self) -> dict[str, torch.Tensor]:
         """This adapter's weights in PEFT's saved format (keys without the adapter name)."""
         state = get_peft_model_state_dict(self.service.peft, adapter_name=self.name)
-        return {k: v.detach().to(torch.float32).clone().contiguous() for k, v in state.items()}
+        return {k: v.detach().to("cpu", torch.float32).clone().contiguous() for k, v in state.items()}
 
     def _write_adapter(self, folder: Path) -> None:
         save_file(self.adapter_state(), str(folder / "adapter_model.safetensors"))
@@ -297,7 +303,7 @@ class TrainingClient:
         try:
             self._write_adapter(tmp)
             torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-            torch.save({"torch": torch.get_rng_state(), "python": random.getstate()}, tmp / "rng.pt")
+            save_rng(tmp / "rng.pt")
             (tmp / "state.json").write_text(json.dumps({"adapter": self.name, "step": self.step, "lora": asdict(self.lora)}))
             _fsync_dir(tmp)
             if path.exists():
@@ -312,9 +318,7 @@ class TrainingClient:
         meta = json.loads((path / "state.json").read_text())
         set_peft_model_state_dict(self.service.peft, load_file(str(path / "adapter_model.safetensors")), adapter_name=self.name)
         self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
-        rng = torch.load(path / "rng.pt", weights_only=False)
-        torch.set_rng_state(rng["torch"])
-        random.setstate(rng["python"])
+        load_rng(path / "rng.pt")
         self.step = int(meta["step"])
         return self.step
 
@@ -355,7 +359,7 @@ def _hidden_states(body: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor,
     past = DynamicCache()
     for i, layer in enumerate(head.past_key_values.layers):
         past.update(layer.keys.expand(rows, -1, -1, -1), layer.values.expand(rows, -1, -1, -1), i)
-    positions = torch.arange(shared, width).expand(rows, -1)
+    positions = torch.arange(shared, width, device=ids.device).expand(rows, -1)
     tail = body(input_ids=ids[:, shared:], attention_mask=attn, past_key_values=past, position_ids=positions)
     return torch.cat([head.last_hidden_state.expand(rows, -1, -1), tail.last_hidden_state], dim=1)
 

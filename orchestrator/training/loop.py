@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-import torch
 import yaml
 
 from ..config import RECIPE_LOSS_DEFAULTS, TrainingConfig
@@ -42,6 +41,7 @@ from ..team import Team
 from ..transcript import EpisodeRecord
 from .datums import DatumBuildOptions, role_datums
 from .metrics import MetricsWriter
+from .rng import load_rng, save_rng
 from .trainer import Trainer, TrainerContext
 from .types import AdamParams, Datum, LoraConfig
 
@@ -145,7 +145,7 @@ class TrainingRun:
         row["valid_turn_rate"] = sum(t.valid for t in turns) / max(len(turns), 1)
         row["episodes"] = sum(len(g) for g in groups)
         for adapter in self.trainer.adapters_to_train(step):
-            row.update(await self._update(adapter, groups, advantages))
+            row.update(await self._update(step, adapter, groups, advantages))
         row.update(self.trainer.after_step(step, [ep for g in groups for ep in g], [rw for g in rewards for rw in g], self._snapshot))
         row["rollout_s"] = round(t_roll, 3)
         row["step_s"] = round(time.perf_counter() - t0, 3)
@@ -168,33 +168,52 @@ class TrainingRun:
         ))
         return [result.episodes[g * size:(g + 1) * size] for g in range(len(chosen))]
 
-    async def _update(self, adapter: str, groups: list[list[EpisodeRecord]], advantages) -> dict[str, Any]:
-        """forward_backward over every datum of the adapter's roles, one optim_step, publish."""
+    async def _update(self, step: int, adapter: str, groups: list[list[EpisodeRecord]], advantages) -> dict[str, Any]:
+        """The adapter's datums in ``ppo_epochs`` passes of ``minibatches`` optimizer steps each, then
+        publish. With one of each (the default) that is a single on-policy step; after the first
+        optimizer step the policy has moved, the importance ratios leave 1 and PPO's clip bites."""
         options = DatumBuildOptions(invalid=self.cfg.invalid, invalid_advantage=self.cfg.invalid_advantage)
-        by_temperature: dict[float, list[Datum]] = defaultdict(list)
+        items: list[tuple[float, Datum]] = []  # (sampling temperature, datum)
         for g, group in enumerate(groups):
             for e, episode in enumerate(group):
                 for role, role_adapter in self.roles.items():
                     if role_adapter != adapter or role in episode.adapters:  # an opponent snapshot played it
                         continue
                     t = self.team.roles[role].config.policy.sampling.temperature
-                    by_temperature[t if t > 0 else 1.0] += role_datums(episode, role, advantages[g][e][role], options)
-        client = self.clients[adapter]
-        metrics: dict[str, Any] = {}
-        n_datums = sum(len(d) for d in by_temperature.values())
-        if n_datums == 0:
+                    items += [(t if t > 0 else 1.0, d) for d in role_datums(episode, role, advantages[g][e][role], options)]
+        if not items:
             return {f"{adapter}/datums": 0}
-        for temperature, data in by_temperature.items():
-            config = {**RECIPE_LOSS_DEFAULTS, **self.cfg.loss_config, "temperature": temperature}
-            out = await (await client.forward_backward_async(data, self.cfg.loss, config)).result_async()
-            for key, value in out.metrics.items():
-                metrics[f"{adapter}/{key}"] = metrics.get(f"{adapter}/{key}", 0.0) + value / len(by_temperature)
-        opt = await (await client.optim_step_async(AdamParams(**self.cfg.adam.model_dump()))).result_async()
-        metrics.update({f"{adapter}/{k}": v for k, v in opt.metrics.items()})
+        epochs, parts = self.cfg.ppo_epochs, min(self.cfg.minibatches, len(items))
+        rng = random.Random(f"{self.options.seed}:minibatches:{step}:{adapter}")
+        passes = []
+        for _ in range(epochs):
+            order = list(items)
+            if epochs > 1 or parts > 1:
+                rng.shuffle(order)
+            size = -(-len(order) // parts)
+            passes.append(_mean([await self._minibatch(adapter, order[i:i + size]) for i in range(0, len(order), size)]))
+        metrics = {f"{adapter}/{k}": v for k, v in _mean(passes).items()}
+        if epochs > 1:  # how far each pass strayed from the sampler
+            for e, p in enumerate(passes, 1):
+                metrics.update({f"{adapter}/epoch{e}/{k}": p[k] for k in ("clip_fraction", "approx_kl") if k in p})
+        client = self.clients[adapter]
         version = await (await client.save_weights_for_sampler_async(self._sampler_dir(adapter))).result_async()
-        metrics[f"{adapter}/datums"] = n_datums
+        metrics[f"{adapter}/datums"] = len(items)
         metrics[f"{adapter}/version"] = version
         return metrics
+
+    async def _minibatch(self, adapter: str, items: list[tuple[float, Datum]]) -> dict[str, float]:
+        """forward_backward per sampling temperature (logprobs are taken at it), then one optim_step."""
+        client = self.clients[adapter]
+        by_temperature: dict[float, list[Datum]] = defaultdict(list)
+        for t, d in items:
+            by_temperature[t].append(d)
+        outs = []
+        for temperature, data in by_temperature.items():
+            config = {**RECIPE_LOSS_DEFAULTS, **self.cfg.loss_config, "temperature": temperature}
+            outs.append((await (await client.forward_backward_async(data, self.cfg.loss, config)).result_async()).metrics)
+        opt = await (await client.optim_step_async(AdamParams(**self.cfg.adam.model_dump()))).result_async()
+        return {**_mean(outs), **opt.metrics}
 
     async def evaluate(self, step: int) -> dict[str, Any]:
         tasks = self.team.eval_tasks or self.team.tasks
@@ -248,7 +267,7 @@ class TrainingRun:
             for adapter, client in self.clients.items():
                 client.save_state(tmp / "adapters" / adapter).result()
             (tmp / "trainer.json").write_text(json.dumps({"step": step, "trainer": self.trainer.state_dict()}))
-            torch.save({"torch": torch.get_rng_state(), "python": random.getstate()}, tmp / "rng.pt")
+            save_rng(tmp / "rng.pt")
             final = root / name
             if final.exists():
                 shutil.rmtree(final)
@@ -275,12 +294,19 @@ class TrainingRun:
         for adapter, client in self.clients.items():
             client.save_weights_for_sampler(self._sampler_dir(adapter)).result()
         # last: loading adapters into the engine draws from the RNG (PEFT initialises before loading)
-        rng = torch.load(folder / "rng.pt", weights_only=False)
-        torch.set_rng_state(rng["torch"])
-        random.setstate(rng["python"])
+        load_rng(folder / "rng.pt")
         self.metrics.truncate_after(state["step"])
         log.info("resumed", step=state["step"], checkpoint=str(folder))
         return int(state["step"])
+
+
+def _mean(rows: list[dict[str, float]]) -> dict[str, float]:
+    """Key by key mean of metric dicts (a key missing from some is averaged over those that have it)."""
+    sums: dict[str, list[float]] = defaultdict(list)
+    for row in rows:
+        for k, v in row.items():
+            sums[k].append(v)
+    return {k: sum(v) / len(v) for k, v in sums.items()}
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -68,17 +68,26 @@ def _cross_entropy(logp, inputs, config: LossConfig):
     return -logp, {}
 
 
+def _ratio(logp, inputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """r_t, and per token (r_t - 1) - log r_t: the estimate of KL(sampler || current) PPO
+    implementations report as ``approx_kl`` (0 on-policy, grows as passes reuse the data)."""
+    log_ratio = logp - inputs["logprobs"]
+    ratio = torch.exp(log_ratio)
+    return ratio, {"ratio": ratio, "approx_kl": (ratio - 1) - log_ratio}
+
+
 def _importance_sampling(logp, inputs, config: LossConfig):
-    ratio = torch.exp(logp - inputs["logprobs"])
-    return -ratio * inputs["advantages"], {"ratio": ratio}
+    ratio, extra = _ratio(logp, inputs)
+    return -ratio * inputs["advantages"], extra
 
 
 def _ppo(logp, inputs, config: PPOConfig):
     lo, hi = config.clip_low_threshold, config.clip_high_threshold
-    ratio = torch.exp(logp - inputs["logprobs"])
+    ratio, extra = _ratio(logp, inputs)
     adv = inputs["advantages"]
     unclipped, clipped = ratio * adv, ratio.clamp(lo, hi) * adv
-    return -torch.minimum(unclipped, clipped), {"ratio": ratio, "clipped": (clipped < unclipped).float()}
+    # clip_fraction: the tokens whose clipped term is the smaller one (their gradient is cut)
+    return -torch.minimum(unclipped, clipped), {**extra, "clip_fraction": (clipped < unclipped).float()}
 
 
 LOSS_FNS: dict[str, tuple[Callable, tuple[str, ...]]] = {
@@ -107,7 +116,7 @@ def aggregate(
     if how == "token-sum":
         return weighted.sum()
     if how == "token-mean":
-        denominator = mask.sum() if total_tokens is None else torch.tensor(total_tokens)
+        denominator = mask.sum() if total_tokens is None else mask.new_tensor(total_tokens)
         return weighted.sum() / denominator.clamp(min=1.0)
     if how == "sequence-mean":
         means = [w.sum() / m.sum().clamp(min=1.0) for w, m in zip(weighted.split(lengths), mask.split(lengths))]

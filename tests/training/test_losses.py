@@ -28,7 +28,9 @@ def test_ppo_clips_by_hand():
     inputs = {"logprobs": torch.zeros(3), "advantages": torch.tensor([1.0, 1.0, -1.0])}
     loss, extra = LOSS_FNS["ppo"][0](logp, inputs, PPOConfig(clip_low_threshold=0.8, clip_high_threshold=1.2))
     assert loss.tolist() == pytest.approx([-1.2, -0.5, 0.8])
-    assert extra["clipped"].tolist() == [1.0, 0.0, 1.0]
+    assert extra["clip_fraction"].tolist() == [1.0, 0.0, 1.0]
+    # approx_kl = (r - 1) - log r per token
+    assert extra["approx_kl"].tolist() == pytest.approx([0.5 - math.log(1.5), -0.5 - math.log(0.5), -0.5 - math.log(0.5)])
 
 
 def test_k3_kl_by_hand():
@@ -107,7 +109,7 @@ def test_on_policy_ratio_is_one(service):
     d.loss_fn_inputs["logprobs"] = logp.tolist()
     out = c.forward_backward([d], "ppo", {"temperature": 0.8}).result()
     assert out.metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
-    assert out.metrics["clipped_mean"] == 0.0
+    assert out.metrics["clip_fraction"] == 0.0 and out.metrics["approx_kl"] == pytest.approx(0.0, abs=1e-6)
 
 
 def test_kl_to_base_is_zero_for_a_fresh_adapter(service):

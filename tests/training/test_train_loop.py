@@ -13,41 +13,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from support import metric_rows as rows
 from support import tiny_engine, write
-
-RECIPE = """
-name: tiny_debate
-protocol: {type: debate, debaters: [pro, con], judge: judge, rounds: 1}
-roles:
-  - {use: debater, name: pro, params: {stance: for}, policy: {adapter: pro, sampling: {max_tokens: 6}}, max_retries: 0}
-  - {use: debater, name: con, params: {stance: against}, policy: {adapter: con, sampling: {max_tokens: 6}}, max_retries: 0}
-  - {use: judge, policy: {sampling: {max_tokens: 6}}, max_retries: 0}
-tasks: [{topic: "Cats are better than dogs."}, {topic: "Tea is better than coffee."}]
-model: tiny
-training:
-  trainer: grpo
-  steps: {steps}
-  group_size: 2
-  groups_per_step: 1
-  eval_every: 0
-  eval_episodes: 2
-  checkpoint_every: 1
-  keep_checkpoints: 2
-  adam: {learning_rate: 1.0e-3}
-"""
-
-
-def recipe(tmp_path: Path, steps: int) -> Path:
-    return write(tmp_path / "recipe.yaml", RECIPE.replace("{steps}", str(steps)))
-
+from support import train_recipe as recipe
 
 def train(*args: str, **kwargs) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "train", *args, "--no-progress", "--dtype", "float32"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
-
-
-def rows(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_train_writes_metrics_checkpoints_and_refreshes_the_sampler(tmp_path):

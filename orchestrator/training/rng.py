@@ -1,0 +1,22 @@
+"""The random state a checkpoint keeps, so that ``--resume`` draws what the run would have drawn."""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import torch
+
+
+def save_rng(path: Path) -> None:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():  # dropout and sampling on a GPU draw from its own generators
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    torch.save(state, path)
+
+
+def load_rng(path: Path) -> None:
+    state = torch.load(path, weights_only=False)
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

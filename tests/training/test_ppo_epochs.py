@@ -1,0 +1,68 @@
+"""PPO epochs and minibatches: a step's datums in several optimizer steps, so that importance
+ratios leave 1 and clipping bites (with one step per batch the ratio is always 1)."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from orchestrator.hookspecs import hookimpl
+from orchestrator.registry import discover
+from orchestrator.team import load_team
+from orchestrator.training.client import ServiceClient
+from orchestrator.training.loop import TrainingRun, TrainOptions
+from orchestrator.training.trainer import Trainer
+from support import tiny_engine, train_recipe
+
+
+class AlwaysUp(Trainer):
+    """Advantage +1 for every action: pushes up what was sampled, so the ratios grow."""
+
+    def advantages(self, rewards):
+        return [[{role: 1.0 for role in episode} for episode in group] for group in rewards]
+
+
+class Plugin:
+    @staticmethod
+    @hookimpl
+    def register_trainers(register):
+        register("always-up", AlwaysUp)
+
+
+def one_step(tmp_path, epochs: int, minibatches: int) -> tuple[dict, TrainingRun]:
+    registry = discover()
+    registry.add_module(Plugin, "test", "test")
+    path = train_recipe(tmp_path, 1)
+    text = path.read_text().replace("trainer: grpo", "trainer: always-up").replace(
+        "adam: {learning_rate: 1.0e-3}", f"adam: {{learning_rate: 0.05}}\n  ppo_epochs: {epochs}\n  minibatches: {minibatches}")
+    path.write_text(text)
+    engine, service = tiny_engine(), ServiceClient("tiny", bf16_autocast=False)
+    service.attach_engine(engine)
+    run = TrainingRun(load_team(path, registry), TrainOptions(out_dir=tmp_path / "run", model="tiny", progress=False),
+                      engine, service, registry)
+
+    async def go():
+        try:
+            await run._publish_all()
+            return await run.train_step(1)
+        finally:
+            await engine.aclose()
+            service.close()
+
+    return asyncio.run(go()), run
+
+
+def test_the_second_epoch_clips(tmp_path):
+    row, run = one_step(tmp_path, epochs=2, minibatches=1)
+    for adapter in ("pro", "con"):
+        assert row[f"{adapter}/datums"] > 0
+        assert row[f"{adapter}/epoch1/clip_fraction"] == 0.0  # on-policy: every ratio is 1
+        assert row[f"{adapter}/epoch1/approx_kl"] == pytest.approx(0.0, abs=1e-4)
+        assert row[f"{adapter}/epoch2/clip_fraction"] > 0.0  # the policy moved, past 1.2 on some tokens
+        assert row[f"{adapter}/epoch2/approx_kl"] > 1e-3
+        assert run.clients[adapter].step == 2  # one optimizer step per pass
+
+
+def test_minibatches_are_optimizer_steps(tmp_path):
+    row, run = one_step(tmp_path, epochs=1, minibatches=2)
+    assert [run.clients[a].step for a in ("pro", "con")] == [2, 2]
+    assert "pro/epoch1/clip_fraction" not in row and row["pro/clip_fraction"] >= 0.0
