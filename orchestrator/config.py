@@ -1,13 +1,15 @@
 """The strict schemas of role and team YAML files (pydantic v2, ``extra="forbid"``).
 
-Loading, reference checks and compiled forms live in ``roles_loader`` and ``team``; this
+Loading, reference checks and compiled forms live in ``role`` and ``team``; this
 module only says what a valid file looks like.
 """
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from sandboxes import ISOLATING
 
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_\-]*$"
 
@@ -48,6 +50,23 @@ LOSS_CONFIGS: dict[str, type[LossConfig]] = {
     "importance_sampling": LossConfig,
     "ppo": PPOConfig,
 }
+
+
+class SandboxOptions(Strict):
+    """Where an environment runs the team's code (``protocol.sandbox``)."""
+
+    backend: str = Field("auto", description="auto, or an isolating backend (bwrap, unshare)")
+    memory_mb: int = Field(1024, ge=64)
+    timeout_s: float | None = Field(None, gt=0, description="per test run; default: the task's timeout_s")
+    max_concurrent: int | None = Field(
+        None, ge=1, description="sandboxed runs at once, all episodes together; default: the CPU count")
+
+    @field_validator("backend")
+    @classmethod
+    def _isolating(cls, value: str) -> str:
+        if value not in ("auto", *ISOLATING):
+            raise ValueError(f"must be auto or one of {', '.join(ISOLATING)} (the team's code is untrusted)")
+        return value
 
 
 class SamplingConfig(Strict):

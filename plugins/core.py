@@ -1,11 +1,13 @@
 """rolecast's own built-ins, registered through its own ``rolecast.plugins`` entry point."""
 from __future__ import annotations
 
-from orchestrator.issue_fix.env import IssueFixEnv
-from orchestrator.hookspecs import hookimpl
-from orchestrator.policies.stub import StubPolicy
+from orchestrator.envs.code_pair import CodePairEnv
 from orchestrator.envs.debate import DebateEnv
 from orchestrator.envs.pipeline import PipelineEnv
+from orchestrator.envs.propose_solve import ProposeSolveEnv
+from orchestrator.hookspecs import hookimpl
+from orchestrator.issue_fix.env import IssueFixEnv
+from orchestrator.policies.stub import StubPolicy
 
 from .rewards import REWARDS
 from .trainers.freeze_rotate import FreezeRotate
@@ -19,6 +21,8 @@ def register_envs(register):
     register("pipeline", PipelineEnv)
     register("debate", DebateEnv)
     register("issue_fix", IssueFixEnv)
+    register("code_pair", CodePairEnv)
+    register("propose_solve", ProposeSolveEnv)
 
 
 @hookimpl

@@ -7,7 +7,7 @@ from .base import (
     SandboxUnavailable,
     UnsafeBackendRefused,
 )
-from .pool import SandboxPool
+from .pool import SandboxPool, shared_pool
 from .runner import BACKENDS, ISOLATING, arun, available_backends, run, select_backend
 
 __all__ = [
@@ -24,4 +24,5 @@ __all__ = [
     "available_backends",
     "run",
     "select_backend",
+    "shared_pool",
 ]

@@ -87,3 +87,11 @@ class SandboxPool:
 
     async def __aexit__(self, *exc: object) -> None:
         self.close()
+
+
+@functools.cache
+def shared_pool(backend: str = "auto", size: int | None = None) -> SandboxPool:
+    """One pool per (backend, size) for the whole process: it bounds sandboxes across the episodes
+    of every environment that runs code, and keeps their long waits off asyncio's default
+    executor (which policies use). ``size`` None: the CPU count."""
+    return SandboxPool(size or os.cpu_count() or 1, backend=backend)

@@ -133,3 +133,24 @@ def metric_rows(run: Path) -> list[dict]:
     import json
 
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def plugin(**hooks):
+    """An in-memory plugin module: ``hooks`` (hook name -> function), each marked as a hookimpl."""
+    from types import SimpleNamespace
+
+    from orchestrator.hookspecs import hookimpl
+
+    return SimpleNamespace(**{name: hookimpl(fn) for name, fn in hooks.items()})
+
+
+def _sandbox_here() -> bool:
+    import os
+
+    from sandboxes import available_backends
+
+    return os.geteuid() == 0 and bool(available_backends())
+
+
+# tests that run a team's code: the sandbox needs root and bwrap or unshare
+needs_sandbox = pytest.mark.skipif(not _sandbox_here(), reason="the sandbox needs root and bwrap or unshare")

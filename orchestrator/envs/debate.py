@@ -6,12 +6,13 @@
       judge: judge
       rounds: 2
       rewards: {winner: 1.0, loser: -0.5, tie: 0.0}
+      first: random          # who opens each episode (or: fixed, the first of debaters)
 
 The judge's ``winner`` field may name a debater role or its ``params.stance``.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -33,6 +34,9 @@ class DebateConfig(EnvConfig):
     rounds: int = Field(2, ge=1, le=20)
     rewards: DebateRewards = Field(default_factory=DebateRewards)
     winner_field: str = "winner"
+    # Small judges favour the side that spoke first; a fixed order would hand one debater every
+    # win, and a group of equal rewards gives GRPO nothing to learn from.
+    first: Literal["random", "fixed"] = "random"
 
     @model_validator(mode="after")
     def _distinct(self) -> "DebateConfig":
@@ -59,6 +63,9 @@ class DebateEnv(Env):
         # side their prompt names first (position bias), which would make the reward constant.
         self.judge_order = list(self.config.debaters)
         self.rng.shuffle(self.judge_order)
+        self.speakers = list(self.config.debaters)
+        if self.config.first == "random":
+            self.rng.shuffle(self.speakers)
 
     def _stance(self, role: str) -> str:
         return str(self.roles[role].config.params.get("stance", role))
@@ -67,7 +74,7 @@ class DebateEnv(Env):
         if self.done:
             return None
         if self.turn < 2 * self.config.rounds:
-            return self.config.debaters[self.turn % 2]
+            return self.speakers[self.turn % 2]
         return self.config.judge
 
     def observe(self, role: str) -> dict[str, Any]:
@@ -105,4 +112,4 @@ class DebateEnv(Env):
         return None
 
     def outcome(self) -> dict[str, Any]:
-        return {"winner": self.winner}
+        return {"winner": self.winner, "first": self.speakers[0]}

@@ -17,17 +17,16 @@ from __future__ import annotations
 
 import asyncio
 import difflib
-import functools
-import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
-from sandboxes import ISOLATING, SandboxPool
+from sandboxes import shared_pool
 
+from ..config import SandboxOptions
 from ..envs.base import Env, EnvConfig, StepResult
 from ..errors import RolecastError
 from ..messages import Message
@@ -37,23 +36,6 @@ from .grading import Grade, grade_work, repo_files, run_tests, workdir_changes
 from .rewards import coder_reward, planner_reward, reviewer_reward, tester_reward
 from .running import copy_repo, sandbox_runner
 from .task import TaskFileError, load_task
-
-
-class SandboxOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    backend: str = Field("auto", description="auto, or an isolating backend (bwrap, unshare)")
-    memory_mb: int = Field(1024, ge=64)
-    timeout_s: float | None = Field(None, gt=0, description="per test run; default: the task's timeout_s")
-    max_concurrent: int | None = Field(
-        None, ge=1, description="sandboxed runs at once, all episodes together; default: the CPU count")
-
-
-    @field_validator("backend")
-    @classmethod
-    def _isolating(cls, value: str) -> str:
-        if value not in ("auto", *ISOLATING):
-            raise ValueError(f"must be auto or one of {', '.join(ISOLATING)} (the team's code is untrusted)")
-        return value
 
 
 class IssueFixConfig(EnvConfig):
@@ -92,7 +74,7 @@ class IssueFixEnv(Env):
             raise ValueError('an issue_fix task is {"dir": "tasks/<id>"} (a task folder)')
         self.issue = load_task(self.task["dir"])
         box = self.config.sandbox
-        self.pool = shared_pool(box.backend, box.max_concurrent or os.cpu_count() or 1)
+        self.pool = shared_pool(box.backend, box.max_concurrent)
         self.runner = sandbox_runner(self.pool.backend, box.memory_mb, box.timeout_s)
         self._tmp = Path(tempfile.mkdtemp(prefix=f"rolecast-issue-{self.issue.id}-"))
         try:
@@ -302,10 +284,3 @@ def _cut(text: str, limit: int, tail: bool = False) -> str:
 
 async def _nothing(value: Any) -> Any:
     return value
-
-
-@functools.cache
-def shared_pool(backend: str, size: int) -> SandboxPool:
-    """One pool per (backend, size) for the whole process: it bounds sandboxes across concurrent
-    episodes and keeps their long waits off asyncio's default executor (which policies use)."""
-    return SandboxPool(size, backend=backend)

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import tempfile
 import threading
@@ -21,14 +20,11 @@ from orchestrator.policies.binding import Binding
 from orchestrator.policies.python import PythonPolicy
 from orchestrator.rollout import RunOptions, build_policies, run_team
 from orchestrator.team import load_team
-from support import write
+from support import needs_sandbox, write
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes/issue_fix.yaml"
 SLUG = ROOT / "tasks/001-slugify-unicode"
-needs_sandbox = pytest.mark.skipif(
-    os.geteuid() != 0 or not sandboxes.available_backends(), reason="the sandbox needs root and bwrap or unshare"
-)
 
 
 def patch_edits(patch: str) -> list[dict[str, str]]:

@@ -1,0 +1,148 @@
+"""``code_pair``: a Tester and a Coder write a one-line Python function from a spec, graded by
+hidden tests in the sandbox. Small enough for a 135M model to learn on a CPU.
+
+    protocol:
+      type: code_pair
+      tester: tester            # writes one example call and its result, from the spec
+      coder: coder              # sees the spec and that example; writes the function's return expression
+      sandbox: {backend: auto, timeout_s: 10}
+
+A task is ``{"spec": "Return x plus 3.", "arg": "x", "tests": [[1, 4], [10, 13]], "reference": "x + 3"}``:
+``tests`` are (input, expected output) pairs of JSON values, ``reference`` a correct return
+expression (the recipe author's code: it runs on the host). The Tester's message is
+``{"input": "2", "output": "5"}`` (Python literals); the Coder's is ``{"body": "x + 3"}``, run as
+``def f(x): return x + 3`` in the sandbox on the hidden tests' inputs.
+
+Rewards: every role gets the team outcome, the share of hidden tests the function passes. The
+process rewards beside it (``outcome()["process"]``): the Tester's is 1 for a correct example
+(a valid call whose output the reference gives), the Coder's the outcome itself.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from sandboxes import Limits, shared_pool
+
+from ..config import SandboxOptions
+from ..messages import Message
+from ..yamlfile import Loc
+from .base import Env, EnvConfig, StepResult
+
+MARK = "@@rolecast-check "
+# Runs in the sandbox: the team's function on each test input, printed as one marked JSON line
+# (after whatever the function printed). The expected outputs never enter the sandbox, so a
+# function that forges this line still has to compute the right values to pass.
+CHECKER = r'''
+import json
+MARK = __MARK__
+job = json.load(open("job.json"))
+out = {"results": [], "error": None}
+try:
+    scope = {}
+    exec(compile("def f(%s):\n    return %s\n" % (job["arg"], job["body"]), "<team>", "exec"), scope)
+    for given in job["inputs"]:
+        try:
+            out["results"].append([True, json.dumps(scope["f"](given))])
+        except Exception as exc:
+            out["results"].append([False, type(exc).__name__])
+except Exception as exc:
+    out["error"] = "%s: %s" % (type(exc).__name__, exc)
+print("\n" + MARK + json.dumps(out))
+'''.replace("__MARK__", repr(MARK))
+
+
+class CodePairConfig(EnvConfig):
+    tester: str = "tester"
+    coder: str = "coder"
+    sandbox: SandboxOptions = Field(default_factory=lambda: SandboxOptions(timeout_s=10.0, memory_mb=256))
+
+    @model_validator(mode="after")
+    def _two_roles(self) -> "CodePairConfig":
+        if self.tester == self.coder:
+            raise ValueError("tester and coder must be different roles")
+        return self
+
+    def role_refs(self) -> list[tuple[Loc, str]]:
+        return [(("tester",), self.tester), (("coder",), self.coder)]
+
+
+class CodePairEnv(Env):
+    Config = CodePairConfig
+    observation_keys = frozenset({"spec", "arg", "example"})
+    config: CodePairConfig
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        task = self.task
+        if not isinstance(task.get("spec"), str) or not isinstance(task.get("reference"), str) or not task.get("tests"):
+            raise ValueError('a code_pair task needs "spec", "reference" and a non-empty "tests" list')
+        self.order = [self.config.tester, self.config.coder]
+        self.example: dict[str, str] | None = None
+        self.result: dict[str, Any] = {}
+
+    def next_role(self) -> str | None:
+        return self.order[0] if self.order else None
+
+    def observe(self, role: str) -> dict[str, Any]:
+        shown = self.example if role == self.config.coder else None
+        return {"spec": self.task["spec"], "arg": self.task.get("arg", "x"), "example": shown}
+
+    async def step(self, role: str, message: Message) -> StepResult:
+        self.order.pop(0)
+        content = message.content if message.valid else None
+        if role == self.config.tester:
+            self.example = content
+            return StepResult()
+        passed, error = await self._run_tests(content["body"]) if content else (0, "no valid function")
+        outcome = passed / len(self.task["tests"])
+        correct = self._example_correct()
+        c = self.config
+        self.result = {"outcome": outcome, "passed": passed, "total": len(self.task["tests"]), "error": error,
+                       "example_correct": correct, "process": {c.tester: float(correct), c.coder: outcome}}
+        return StepResult(rewards={name: outcome for name in self.roles}, done=True)
+
+    def outcome(self) -> dict[str, Any]:
+        return {"spec": self.task["spec"], **self.result}
+
+    def _example_correct(self) -> bool:
+        """Whether the Tester's example is what the reference returns. Both sides are Python
+        literals of at most 40 characters (its schema) and the reference is the recipe's own
+        expression, so this runs here, not in the sandbox."""
+        if self.example is None:
+            return False
+        try:
+            given, said = ast.literal_eval(self.example["input"]), ast.literal_eval(self.example["output"])
+            reference = eval(f"lambda {self.task.get('arg', 'x')}: {self.task['reference']}")  # the recipe's code
+            return bool(reference(given) == said)
+        except Exception:  # not literals, or a call the reference refuses: not an example of f
+            return False
+
+    async def _run_tests(self, body: str) -> tuple[int, str | None]:
+        """How many hidden tests the function passes, and why it failed to run (if it did)."""
+        tests = self.task["tests"]
+        job = {"arg": self.task.get("arg", "x"), "body": body, "inputs": [given for given, _ in tests]}
+        box = self.config.sandbox
+        workdir = Path(tempfile.mkdtemp(prefix="rolecast-code-pair-"))
+        try:
+            (workdir / "job.json").write_text(json.dumps(job))
+            (workdir / "check.py").write_text(CHECKER)
+            limits = Limits(wall_time_s=box.timeout_s or 10.0, memory_mb=box.memory_mb)
+            res = await shared_pool(box.backend, box.max_concurrent).run([sys.executable, "check.py"], workdir, limits)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        marked = [line for line in res.stdout.splitlines() if line.startswith(MARK)]
+        try:
+            out = json.loads(marked[-1][len(MARK):])
+            results = out["results"][:len(tests)]
+            passed = sum(ok and json.loads(value) == expected for (ok, value), (_, expected) in zip(results, tests))
+            return passed, out["error"]
+        except (ValueError, IndexError, KeyError, TypeError):  # a timeout, a crash, output that is not ours
+            return 0, "timed out" if res.timed_out else f"the check failed (exit {res.exit_code})"

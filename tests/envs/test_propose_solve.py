@@ -1,0 +1,30 @@
+"""propose_solve: the Solver earns the share it solved, the Proposer 4 p (1 - p)."""
+from __future__ import annotations
+
+import pytest
+from play import Script, play, team
+
+
+@pytest.mark.parametrize("answers, solver, proposer", [
+    ([444, 444, 444, 444], 1.0, 0.0),      # always solved: too easy
+    ([444, 1, 444, 2], 0.5, 1.0),          # half: the edge of the Solver's ability
+    ([444, 0, 0, 0], 0.25, 0.75),
+    ([0, 0, 0, 0], 0.0, 0.0),              # never solved: too hard
+])
+def test_rewards_follow_the_solved_share(tmp_path, answers, solver, proposer):
+    solver_script = Script(*({"answer": a} for a in answers))
+    (ep,) = play(team("propose_solve"), {"proposer": Script({"a": 37, "op": "*", "b": 12}), "solver": solver_script},
+                 tmp_path).episodes
+    assert [t.role for t in ep.turns] == ["proposer"] + ["solver"] * 4
+    assert ep.rewards == {"solver": solver, "proposer": pytest.approx(proposer)}
+    assert ep.outcome["answer"] == 444 and ep.outcome["answers"] == answers
+    prompts = [r.messages[-1]["content"] for r in solver_script.requests]
+    assert len(prompts) == 4 and all("37 * 12" in p for p in prompts)  # each try sees only the problem
+
+
+def test_a_problem_outside_the_rules_ends_the_episode(tmp_path):
+    t = team("propose_solve", max_operand=10)
+    proposer = Script({"a": 37, "op": "+", "b": 1})  # 37 > max_operand
+    (ep,) = play(t, {"proposer": proposer, "solver": Script({"answer": 38})}, tmp_path).episodes
+    assert [turn.role for turn in ep.turns] == ["proposer"] and ep.outcome["reason"] == "no valid problem"
+    assert ep.rewards == {"proposer": 0.0, "solver": 0.0}
