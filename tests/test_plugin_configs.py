@@ -8,10 +8,9 @@ import pytest
 
 from orchestrator.config import PluginConfig
 from orchestrator.errors import RolecastError
-from orchestrator.hookspecs import hookimpl
 from orchestrator.registry import discover
 from orchestrator.team import load_team
-from support import ERROR_LINE
+from support import ERROR_LINE, plugin
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 
@@ -23,8 +22,8 @@ CASES = [
      33, "training.trainer_config.sampling", "'uniform' or 'win_rate'"),
     ("trainer-out-of-range", "rps.yaml", "pool_size: 5}", "pool_size: 5, latest_prob: 1.5}",
      33, "training.trainer_config.latest_prob", "less than or equal to 1"),
-    ("trainer-option-of-another-trainer", "debate.yaml", "trainer: grpo", "trainer: grpo\n  trainer_config: {per_role: true}",
-     34, "training.trainer_config.per_role", "unknown key (allowed: scale_std)"),
+    ("trainer-option-of-another-trainer", "debate.yaml", "trainer: grpo", "trainer: grpo\n  trainer_config: {baseline: team}",
+     34, "training.trainer_config.baseline", "unknown key (allowed: scale_std)"),
     ("reward-typo", "guess_number.yaml", "{alpha: 0.6}", "{alhpa: 0.6}",
      33, "training.reward_config.alhpa", "unknown key (allowed: alpha)"),
     ("reward-bad-value", "guess_number.yaml", "{alpha: 0.6}", "{alpha: 2}",
@@ -104,19 +103,9 @@ def test_registry_refuses_trainers_and_rewards_that_break_the_contract():
         def advantages(self, rewards):
             return rewards
 
-    class Plugin:
-        @staticmethod
-        @hookimpl
-        def register_trainers(register):
-            register("duck", DuckTrainer)
-
-        @staticmethod
-        @hookimpl
-        def register_rewards(register):
-            register("loose", loose_reward)
-
     registry = discover()
-    registry.add_module(Plugin, "shaky", "test")
+    registry.add_module(plugin(register_trainers=lambda register: register("duck", DuckTrainer),
+                               register_rewards=lambda register: register("loose", loose_reward)), "shaky", "test")
     errors = sorted(f.error for f in registry.failures if f.plugin == "shaky")
     assert "register_rewards: TypeError" in errors[0] and "forbids unknown keys" in errors[0]
     assert "register_trainers: TypeError" in errors[1] and "not a subclass of" in errors[1]

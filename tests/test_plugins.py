@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from support import ERROR_LINE, write
+from support import ERROR_LINE, plugin, write
 from orchestrator.registry import Registry, discover
 
 PLUGIN = '''
@@ -254,23 +254,12 @@ def test_without_the_plugin_its_env_is_an_unknown_plugin(tmp_path, cli):
 
 
 def test_hook_that_raises_is_reported_and_others_still_register():
-    from orchestrator.hookspecs import hookimpl
-
-    class Bad:
-        @staticmethod
-        @hookimpl
-        def register_envs(register):
-            raise RuntimeError("oops")
-
-    class Clash:
-        @staticmethod
-        @hookimpl
-        def register_envs(register):
-            register("debate", object)
+    def bad(register):
+        raise RuntimeError("oops")
 
     registry = discover()
-    registry.add_module(Bad, "bad", "test")
-    registry.add_module(Clash, "clash", "test")
+    registry.add_module(plugin(register_envs=bad), "bad", "test")
+    registry.add_module(plugin(register_envs=lambda register: register("debate", object)), "clash", "test")
     errors = {f.plugin: f.error for f in registry.failures}
     assert errors["bad"] == "register_envs: RuntimeError: oops"
     assert "already registered by plugin 'core'" in errors["clash"]
@@ -280,23 +269,10 @@ def test_hook_that_raises_is_reported_and_others_still_register():
 def test_a_misspelt_hook_or_a_taken_command_is_reported():
     import argparse
 
-    from orchestrator.hookspecs import hookimpl
-
-    class Misspelt:
-        @staticmethod
-        @hookimpl
-        def register_env(register):  # no such hook: register_envs
-            register("typo", object)
-
-    class TakesRun:
-        @staticmethod
-        @hookimpl
-        def register_commands(subparsers):
-            subparsers.add_parser("run")
-
     registry = discover()
-    registry.add_module(Misspelt, "misspelt", "test")
-    registry.add_module(TakesRun, "takes-run", "test")
+    # no such hook as register_env (it is register_envs)
+    registry.add_module(plugin(register_env=lambda register: register("typo", object)), "misspelt", "test")
+    registry.add_module(plugin(register_commands=lambda subparsers: subparsers.add_parser("run")), "takes-run", "test")
     sub = argparse.ArgumentParser().add_subparsers()
     sub.add_parser("run")
     registry.add_commands(sub)

@@ -14,7 +14,7 @@ from .. import logs
 from ..errors import EXIT_USAGE, ConfigError, RolecastError
 from ..registry import default_registry
 
-COMMANDS = ("validate", "run", "train", "eval", "report", "serve", "plugins", "tasks", "sandbox")
+COMMANDS = ("validate", "run", "train", "compare", "eval", "report", "serve", "plugins", "tasks", "sandbox")
 
 
 def main(argv: list[str] | None = None) -> int:

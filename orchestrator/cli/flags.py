@@ -85,3 +85,48 @@ def play(team: Any, policies: dict[str, Any], options: Any) -> Any:
                 await engine.aclose()
 
     return asyncio.run(go())
+
+
+# Training options a run may change from the command line: budgets and optimizer knobs. The
+# plugin choices and their options stay the recipe's, where `rolecast validate` checks them.
+NOT_SETTABLE = ("trainer", "trainer_config", "reward", "reward_config", "loss_config", "eval_tasks", "eval_opponent")
+
+
+def add_set_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
+                   help="change a training option for this run: group_size=4, eval_episodes=8, adam.learning_rate=1e-4 ... "
+                        "(repeatable)")
+
+
+def apply_sets(team: Any, sets: list[str]) -> Any:
+    """``team`` with ``--set`` training options applied and validated."""
+    import dataclasses
+
+    import yaml
+    from pydantic import ValidationError
+
+    from ..config import TrainingConfig
+
+    if not sets:
+        return team
+    if team.config.training is None:
+        raise RolecastError(f"--set: {team.path} has no `training:` block")
+    data = team.config.training.model_dump()
+    for flag in sets:
+        key, sep, raw = flag.partition("=")
+        path = key.split(".")
+        if not sep or path[0] not in data or path[0] in NOT_SETTABLE:
+            settable = ", ".join(k for k in data if k not in NOT_SETTABLE)
+            raise RolecastError(f"--set {flag!r}: expected KEY=VALUE with KEY one of {settable} (or adam.X, lora.X)")
+        node = data
+        for part in path[:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+            if not isinstance(node, dict):
+                raise RolecastError(f"--set {flag!r}: {key} is not an option")
+        node[path[-1]] = yaml.safe_load(raw)
+    try:
+        training = TrainingConfig.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise RolecastError(f"--set: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+    return dataclasses.replace(team, config=team.config.model_copy(update={"training": training}))

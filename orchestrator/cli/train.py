@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RolecastError
-from .flags import add_model_flags, run_dir
+from .flags import add_model_flags, add_set_flag, apply_sets, run_dir
 
 
 def register(sub: Any) -> None:
@@ -19,29 +19,39 @@ def register(sub: Any) -> None:
     p.add_argument("--out", type=Path, help="run dir (default: runs/train-<recipe>-<time>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     add_model_flags(p, adapter_help=None, dtype_help="sampling dtype")
+    add_set_flag(p)
     p.add_argument("--seed", type=int)
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
-    from ..engines.load import device_for, load_engine
     from ..team import load_team
+
+    team = apply_sets(load_team(args.recipe), args.sets)
+    if args.resume and not args.out:
+        raise RolecastError("--resume needs --out RUN_DIR (the run to continue)")
+    out = run_dir(args.out, f"train-{team.name}")
+    final = train(team, args, out, resume=args.resume)
+    print(json.dumps(final))
+    print(f"run dir: {out}", file=sys.stderr)
+    return 0
+
+
+def train(team: Any, args: argparse.Namespace, out: Path, resume: bool, extra: dict[str, Any] | None = None) -> dict:
+    """Train ``team`` into ``out`` on a fresh engine and training service, as --model, --dtype,
+    --engine, --device, --seed, --steps and --no-progress say; the final evaluation's row."""
+    from ..engines.load import device_for, load_engine
     from ..training.client import ServiceClient
     from ..training.loop import TrainingRun, TrainOptions
 
-    team = load_team(args.recipe)
-    if args.resume and not args.out:
-        raise RolecastError("--resume needs --out RUN_DIR (the run to continue)")
-    cfg = team.config
-    model = args.model or cfg.model
-    seed = cfg.seed if args.seed is None else args.seed
-    out = run_dir(args.out, f"train-{team.name}")
+    model = args.model or team.config.model
+    seed = team.config.seed if args.seed is None else args.seed
     engine = load_engine(model, args.dtype, seed, args.engine, device=args.device)
     service = ServiceClient(model, seed=seed, device=device_for(args.device))
     service.attach_engine(engine)
-    options = TrainOptions(out_dir=out, model=model, dtype=args.dtype, seed=seed, steps=args.steps,
-                           resume=args.resume, progress=not args.no_progress, extra={"device": str(service.device)})
+    options = TrainOptions(out_dir=out, model=model, dtype=args.dtype, seed=seed, steps=args.steps, resume=resume,
+                           progress=not args.no_progress, extra={"device": str(service.device), **(extra or {})})
 
     async def go():
         try:
@@ -50,7 +60,4 @@ def handle(args: argparse.Namespace) -> int:
             await engine.aclose()
             service.close()
 
-    final = asyncio.run(go())
-    print(json.dumps(final))
-    print(f"run dir: {out}", file=sys.stderr)
-    return 0
+    return asyncio.run(go())

@@ -6,7 +6,8 @@ Run dir::
     config.yaml                   the resolved recipe and run options
     metrics.jsonl                 one line per step (and per evaluation)
     tb/                           TensorBoard events of the same metrics
-    rollouts/step-000001/         that step's transcripts.jsonl and summary.json
+    rollouts/step-000001/         that step's transcripts.jsonl, summary.json and credit.jsonl (each
+                                  role's reward and advantage per episode, and whether it trained)
     checkpoints/step-000005/      every adapter's weights, optimizer, RNG; trainer state
     checkpoints/latest            the name of the last complete checkpoint (replaced atomically)
 
@@ -144,13 +145,31 @@ class TrainingRun:
         turns = [t for g in groups for ep in g for t in ep.turns]
         row["valid_turn_rate"] = sum(t.valid for t in turns) / max(len(turns), 1)
         row["episodes"] = sum(len(g) for g in groups)
-        for adapter in self.trainer.adapters_to_train(step):
+        trained = self.trainer.adapters_to_train(step)
+        self._write_credit(step, groups, rewards, advantages, trained)
+        for adapter in trained:
             row.update(await self._update(step, adapter, groups, advantages))
         row.update(self.trainer.after_step(step, [ep for g in groups for ep in g], [rw for g in rewards for rw in g], self._snapshot))
         row["rollout_s"] = round(t_roll, 3)
         row["step_s"] = round(time.perf_counter() - t0, 3)
         self.metrics.write(row)
         return row
+
+    def _write_credit(self, step: int, groups, rewards, advantages, trained: list[str]) -> None:
+        """rollouts/step-N/credit.jsonl: per episode, each role's reward, the advantage the trainer
+        gave it, and whether its adapter trained this step: how credit was assigned, per role."""
+        lines = []
+        for g, group in enumerate(groups):
+            for e, episode in enumerate(group):
+                lines.append(json.dumps({
+                    "episode": episode.id, "group": g,
+                    "rewards": {r: rewards[g][e][r] for r in self.roles},
+                    "advantages": {r: advantages[g][e].get(r, 0.0) for r in self.roles},
+                    "trained": sorted(r for r, a in self.roles.items() if a in trained and r not in episode.adapters),
+                }))
+        folder = self.run_dir / "rollouts" / f"step-{step:06d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "credit.jsonl").write_text("".join(line + "\n" for line in lines))
 
     async def rollout(self, step: int) -> list[list[EpisodeRecord]]:
         rng = random.Random(f"{self.options.seed}:tasks:{step}")

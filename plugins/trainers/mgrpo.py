@@ -1,13 +1,22 @@
-"""``m-grpo``: multi-agent GRPO on team rewards.
+"""``m-grpo``: multi-agent GRPO: group-relative advantages for a team of roles.
 
-G teams play the same task. The team reward of episode e is R_e (the mean of its roles'
-rewards, or ``team_reward_role``'s reward when set); it is compared within the group:
-    A_e = R_e - mean_e' R_e'   (divided by std when scale_std)
-and every trainable role's tokens in episode e get A_e. With ``per_role: true`` (use it with
-the ``hybrid`` reward, r_i = a*R + (1-a)*p_i), each role gets its own group-relative
-advantage instead, so credit follows each role's process reward.
+G teams play the same task; r_{e,i} is role i's reward in episode e (after the reward plugin).
+``baseline`` says what each reward is compared with:
+
+    team      A_{e,i} = R_e - mean_e' R_e'                  R_e: the team's reward (the mean of
+              the roles' rewards, or ``team_reward_role``'s); every role of episode e gets it
+    global    A_{e,i} = r_{e,i} - mean_{e',j} r_{e',j}      one baseline pooled over every role
+              (GRPO applied to the team as if it were one agent)
+    per_role  A_{e,i} = r_{e,i} - mean_e' r_{e',i}          each role against its own rewards
+
+With ``scale_std`` each is divided by the std of the same set: for ``per_role`` that is Dr. MAS's
+agent-wise normalisation (Feng et al., 2026), which keeps a role whose rewards sit in another range
+from getting gradients of another scale, as a ``global`` baseline would give it.
 """
 from __future__ import annotations
+
+import statistics
+from typing import Literal
 
 from pydantic import Field
 
@@ -19,7 +28,7 @@ from .grpo import GRPO
 
 class MGRPO(GRPO):
     class Config(GRPO.Config):
-        per_role: bool = Field(False, description="each role's own group-relative advantage (GRPO's) instead of the team's")
+        baseline: Literal["team", "global", "per_role"] = Field("team", description="what a reward is compared with")
         team_reward_role: str | None = Field(
             None, pattern=NAME_PATTERN, description="the role whose reward is the team's; default: the mean over roles")
 
@@ -32,10 +41,17 @@ class MGRPO(GRPO):
         return sum(values) / len(values) if values else 0.0
 
     def advantages(self, rewards: Rewards) -> Rewards:
-        if self.config.per_role:
+        if self.config.baseline == "per_role":
             return super().advantages(rewards)
+        roles = list(self.context.adapters)
         out: Rewards = []
         for group in rewards:
-            adv = centred([self.team_reward(episode) for episode in group], self.config.scale_std)
-            out.append([{role: a for role in self.context.adapters} for a in adv])
+            if self.config.baseline == "team":
+                adv = centred([self.team_reward(episode) for episode in group], self.config.scale_std)
+                out.append([{role: a for role in roles} for a in adv])
+                continue
+            pooled = [episode.get(role, 0.0) for episode in group for role in roles]
+            mean = sum(pooled) / len(pooled)
+            scale = statistics.pstdev(pooled) + 1e-6 if self.config.scale_std and len(pooled) > 1 else 1.0
+            out.append([{role: (episode.get(role, 0.0) - mean) / scale for role in roles} for episode in group])
         return out

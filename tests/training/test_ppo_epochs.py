@@ -5,13 +5,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from orchestrator.hookspecs import hookimpl
 from orchestrator.registry import discover
 from orchestrator.team import load_team
 from orchestrator.training.client import ServiceClient
 from orchestrator.training.loop import TrainingRun, TrainOptions
 from orchestrator.training.trainer import Trainer
-from support import tiny_engine, train_recipe
+from support import plugin, tiny_engine, train_recipe
 
 
 class AlwaysUp(Trainer):
@@ -21,16 +20,9 @@ class AlwaysUp(Trainer):
         return [[{role: 1.0 for role in episode} for episode in group] for group in rewards]
 
 
-class Plugin:
-    @staticmethod
-    @hookimpl
-    def register_trainers(register):
-        register("always-up", AlwaysUp)
-
-
 def one_step(tmp_path, epochs: int, minibatches: int) -> tuple[dict, TrainingRun]:
     registry = discover()
-    registry.add_module(Plugin, "test", "test")
+    registry.add_module(plugin(register_trainers=lambda register: register("always-up", AlwaysUp)), "test", "test")
     path = train_recipe(tmp_path, 1)
     text = path.read_text().replace("trainer: grpo", "trainer: always-up").replace(
         "adam: {learning_rate: 1.0e-3}", f"adam: {{learning_rate: 0.05}}\n  ppo_epochs: {epochs}\n  minibatches: {minibatches}")

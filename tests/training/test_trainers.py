@@ -43,8 +43,21 @@ def test_mgrpo_gives_every_role_the_team_advantage():
     expected = [t - 0.5 for t in team]
     assert [e["pro"] for e in adv[0]] == pytest.approx(expected)
     assert [e["con"] for e in adv[0]] == pytest.approx(expected)
-    per_role = trainer("m-grpo", per_role=True).advantages(rewards)
+    per_role = trainer("m-grpo", baseline="per_role").advantages(rewards)
     assert [e["pro"] for e in per_role[0]] == pytest.approx([1 / 3, -2 / 3, 1 / 3])
+    assert [e["con"] for e in per_role[0]] == pytest.approx([-1 / 3, -1 / 3, 2 / 3])
+
+
+def test_mgrpo_global_pools_every_role_and_per_role_scales_each_role_by_its_own_std():
+    # con's rewards sit ten times lower than pro's: one pooled baseline leaves con's advantages all
+    # negative and tiny; per role, with std scaling (Dr. MAS), both roles get unit-scale advantages.
+    rewards = [[{"pro": 1.0, "con": 0.1}, {"pro": 0.0, "con": 0.0}]]
+    pooled = trainer("m-grpo", baseline="global").advantages(rewards)
+    assert [e["con"] for e in pooled[0]] == pytest.approx([0.1 - 0.275, -0.275])
+    assert [e["pro"] for e in pooled[0]] == pytest.approx([1.0 - 0.275, -0.275])
+    agent_wise = trainer("m-grpo", baseline="per_role", scale_std=True).advantages(rewards)
+    for role in ("pro", "con"):
+        assert [e[role] for e in agent_wise[0]] == pytest.approx([1.0, -1.0], rel=1e-4)
 
 
 def test_freeze_rotate_schedule():

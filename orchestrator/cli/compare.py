@@ -1,0 +1,88 @@
+"""``rolecast compare RECIPE``: train one recipe several ways (``training/strategies.py``) with the
+same seed and budget, then put their held-out evaluation curves side by side.
+
+Each strategy trains in ``OUT/<strategy>/`` (a normal run dir); a strategy whose run has a
+checkpoint resumes from it, so an interrupted comparison goes on where it stopped. ``OUT`` gets
+``compare.json`` (per strategy and evaluation step: each role's mean environment reward and its
+95% interval) and ``compare.png``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from ..errors import RolecastError
+from .flags import add_model_flags, add_set_flag, apply_sets, run_dir
+
+
+def register(sub: Any) -> None:
+    from ..training.strategies import STRATEGIES
+
+    p = sub.add_parser("compare", help="train a recipe several ways and compare held-out curves")
+    p.add_argument("recipe", type=Path, help="team YAML with a `training:` block")
+    p.add_argument("--strategy", action="append", choices=list(STRATEGIES), metavar="NAME",
+                   help=f"repeatable; default: all of {', '.join(STRATEGIES)}")
+    p.add_argument("--steps", type=int, help="training steps per strategy (default: the recipe's)")
+    p.add_argument("--every", type=int, default=5, help="freeze-rotate: steps per phase (default 5)")
+    p.add_argument("--out", type=Path, help="where the runs go (default: runs/compare-<recipe>-<time>)")
+    add_model_flags(p, adapter_help=None, dtype_help="sampling dtype")
+    add_set_flag(p)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    from ..team import load_team
+    from ..training.strategies import STRATEGIES, with_strategy
+    from .train import train
+
+    base = apply_sets(load_team(args.recipe), args.sets)
+    if base.config.training is None:
+        raise RolecastError(f"{base.path}: the recipe has no `training:` block")
+    out = run_dir(args.out, f"compare-{base.name}")
+    for name in args.strategy or list(STRATEGIES):
+        folder = out / name
+        resume = (folder / "checkpoints" / "latest").exists()
+        train(with_strategy(base, name, args.every), args, folder, resume=resume, extra={"strategy": name})
+    print(json.dumps(write_comparison(out, list(base.roles))))
+    return 0
+
+
+def write_comparison(out: Path, roles: list[str]) -> dict[str, Any]:
+    """compare.json and compare.png from the strategies' run dirs under ``out``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ..training.metrics import read_metrics
+
+    result: dict[str, Any] = {"run_dir": str(out), "strategies": {}}
+    fig, axes = plt.subplots(1, len(roles), figsize=(6 * len(roles), 4), squeeze=False)
+    for folder in sorted(p for p in out.iterdir() if (p / "metrics.jsonl").exists()):
+        evals = [r for r in read_metrics(folder) if r.get("kind") == "eval"]
+        curves = {role: [{"step": r["step"], "reward": r[f"eval_reward/{role}"], "ci95": r.get(f"eval_ci95/{role}", 0.0)}
+                         for r in evals if f"eval_reward/{role}" in r] for role in roles}
+        result["strategies"][folder.name] = curves
+        for ax, role in zip(axes[0], roles):
+            points = curves[role]
+            if not points:
+                continue
+            xs = [p["step"] for p in points]
+            ys = [p["reward"] for p in points]
+            ax.plot(xs, ys, marker="o", markersize=3, label=folder.name)
+            ax.fill_between(xs, [y - p["ci95"] for y, p in zip(ys, points)], [y + p["ci95"] for y, p in zip(ys, points)],
+                            alpha=0.15)
+    for ax, role in zip(axes[0], roles):
+        ax.set_title(f"{role}: held-out reward (95% interval)")
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "compare.png", dpi=110)
+    plt.close(fig)
+    (out / "compare.json").write_text(json.dumps(result, indent=2))
+    return result

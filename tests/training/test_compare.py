@@ -1,0 +1,41 @@
+"""`rolecast compare`: one recipe trained several ways with the same seed and budget."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from orchestrator.team import load_team
+from orchestrator.training.strategies import SHARED_ADAPTER, STRATEGIES, with_strategy
+from support import train_recipe
+
+
+def test_each_strategy_changes_only_how_the_team_learns(tmp_path):
+    team = load_team(train_recipe(tmp_path, 3))
+    for name in STRATEGIES:
+        changed = with_strategy(team, name, every=4)
+        t = changed.config.training
+        assert (t.steps, t.group_size, t.reward) == (team.config.training.steps, team.config.training.group_size, "env")
+    assert with_strategy(team, "freeze-rotate", every=4).config.training.trainer_config == {"every": 4}
+    assert with_strategy(team, "dr-mas").config.training.trainer_config == {"baseline": "per_role", "scale_std": True}
+    shared = with_strategy(team, "shared")
+    assert {n: s.config.policy.adapter for n, s in shared.roles.items()} == {"pro": SHARED_ADAPTER, "con": SHARED_ADAPTER,
+                                                                              "judge": None}
+    assert {n: s.config.policy.adapter for n, s in team.roles.items()}["pro"] == "pro"  # the recipe is untouched
+    with pytest.raises(ValueError, match="unknown strategy"):
+        with_strategy(team, "ppo")
+
+
+def test_compare_trains_each_strategy_and_plots_them(cli, tmp_path):
+    out = tmp_path / "cmp"
+    code, stdout, err = cli("compare", train_recipe(tmp_path, 1), "--strategy", "grpo", "--strategy", "shared",
+                            "--model", "tiny", "--dtype", "float32", "--out", out, "--no-progress",
+                            "--set", "eval_episodes=2")
+    assert code == 0, err
+    result = json.loads(stdout.strip().splitlines()[-1])
+    assert sorted(result["strategies"]) == ["grpo", "shared"]
+    for name in ("grpo", "shared"):
+        curve = result["strategies"][name]["pro"]
+        assert [p["step"] for p in curve] == [0, 1] and all(-1.0 <= p["reward"] <= 1.0 for p in curve)
+    assert sorted(p.name for p in (out / "grpo" / "sampler").iterdir()) == ["con", "pro"]
+    assert sorted(p.name for p in (out / "shared" / "sampler").iterdir()) == [SHARED_ADAPTER]
+    assert (out / "compare.png").stat().st_size > 0 and (out / "compare.json").exists()
