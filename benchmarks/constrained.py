@@ -69,6 +69,9 @@ def number_guesser_observation(i: int) -> dict:
     return env.observe(role)
 
 
+SPECS = ["Return x plus 3.", "Return the string x reversed.", "Return the largest number in the list x."]
+
+
 def observation(role: str, i: int) -> tuple[dict, dict]:
     """A (task, observation) the role's template renders, varied by ``i``."""
     task = {"text": TASKS[i % len(TASKS)]}
@@ -78,6 +81,10 @@ def observation(role: str, i: int) -> tuple[dict, dict]:
         "answerer": {"secret": ["dog", "piano", "apple", "bicycle"][i % 4],
                      "question": ["Is it alive?", "Can you eat it?", "Is it bigger than a chair?", "Does it make sound?"][i // 4 % 4]},
         "coder": {"history": HISTORY[:1]},
+        "example_tester": {"spec": SPECS[i % len(SPECS)], "arg": "x"},
+        "function_coder": {"spec": SPECS[i % len(SPECS)], "arg": "x", "example": {"input": "2", "output": "5"}},
+        "proposer": {"max_operand": 999},
+        "solver": {"problem": {"a": 12 + i, "op": "+*-"[i % 3], "b": 7}},
         "debater": {"topic": TOPICS[i % 4], "round": 1 + i % 2, "rounds": 2, "arguments": ARGUMENTS[: i % 3]},
         "game_player": {"observation": "Tic-Tac-Toe, you are X.\n X | . | O\n . | O | .\n . | . | X",
                         "legal_moves": ["b1", "a2", "c2", "a3", "b3"]},

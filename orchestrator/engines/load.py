@@ -31,10 +31,13 @@ def load_engine(model: str, dtype: str = "auto", seed: int = 0, backend: str = "
     """
     if backend not in BACKENDS:
         raise RolecastError(f"unknown engine {backend!r}: use one of {', '.join(BACKENDS)}")
-    where = device_for(device)
-    if backend == "vllm" and where.type != "cuda":
-        raise RolecastError(f"--engine vllm runs on a CUDA GPU; --device {device} gives {where}")
-    served = _vllm(model, dtype, seed) if backend == "vllm" else _hf(model, dtype, seed, where)
+    if backend == "vllm":  # vLLM places itself on the GPUs it sees
+        if device == "cpu":
+            raise RolecastError("--engine vllm runs on a CUDA GPU, not --device cpu")
+        served, where = _vllm(model, dtype, seed), "vllm's"
+    else:
+        where = device_for(device)
+        served = _hf(model, dtype, seed, where)
     log.info("engine", backend=backend, model=model, device=str(where), requested=device)
     for name, path in (adapters or {}).items():
         served.load_adapter(name, path)
