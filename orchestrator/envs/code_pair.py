@@ -4,14 +4,15 @@ hidden tests in the sandbox. Small enough for a 135M model to learn on a CPU.
     protocol:
       type: code_pair
       tester: tester            # writes one example call and its result, from the spec
-      coder: coder              # sees the spec and that example; writes the function's return expression
+      coder: coder              # sees the spec and that example; writes the function
       sandbox: {backend: auto, timeout_s: 10}
 
-A task is ``{"spec": "Return x plus 3.", "arg": "x", "tests": [[1, 4], [10, 13]], "reference": "x + 3"}``:
+A task is ``{"spec": "Return x plus 3.", "tests": [[1, 4], [10, 13]], "reference": "x + 3"}``:
 ``tests`` are (input, expected output) pairs of JSON values, ``reference`` a correct return
-expression (the recipe author's code: it runs on the host). The Tester's message is
-``{"input": "2", "output": "5"}`` (Python literals); the Coder's is ``{"body": "x + 3"}``, run as
-``def f(x): return x + 3`` in the sandbox on the hidden tests' inputs.
+expression of ``x`` (the recipe author's code: it runs on the host). Both messages are code, the
+form a small model writes best: the Tester's is ``{"example": "f(2) == 5"}`` (a call with a
+literal argument, compared with a literal), the Coder's ``{"code": "def f(x): return x + 3"}``,
+run in the sandbox on the hidden tests' inputs.
 
 Rewards: every role gets the team outcome, the share of hidden tests the function passes. The
 process rewards beside it (``outcome()["process"]``): the Tester's is 1 for a correct example
@@ -47,7 +48,7 @@ job = json.load(open("job.json"))
 out = {"results": [], "error": None}
 try:
     scope = {}
-    exec(compile("def f(%s):\n    return %s\n" % (job["arg"], job["body"]), "<team>", "exec"), scope)
+    exec(compile(job["code"], "<team>", "exec"), scope)
     for given in job["inputs"]:
         try:
             out["results"].append([True, json.dumps(scope["f"](given))])
@@ -76,7 +77,7 @@ class CodePairConfig(EnvConfig):
 
 class CodePairEnv(Env):
     Config = CodePairConfig
-    observation_keys = frozenset({"spec", "arg", "example"})
+    observation_keys = frozenset({"spec", "example"})
     config: CodePairConfig
 
     def __init__(self, *args: Any, **kwargs: Any):
@@ -85,23 +86,22 @@ class CodePairEnv(Env):
         if not isinstance(task.get("spec"), str) or not isinstance(task.get("reference"), str) or not task.get("tests"):
             raise ValueError('a code_pair task needs "spec", "reference" and a non-empty "tests" list')
         self.order = [self.config.tester, self.config.coder]
-        self.example: dict[str, str] | None = None
+        self.example: str | None = None  # the Tester's example as it wrote it
         self.result: dict[str, Any] = {}
 
     def next_role(self) -> str | None:
         return self.order[0] if self.order else None
 
     def observe(self, role: str) -> dict[str, Any]:
-        shown = self.example if role == self.config.coder else None
-        return {"spec": self.task["spec"], "arg": self.task.get("arg", "x"), "example": shown}
+        return {"spec": self.task["spec"], "example": self.example if role == self.config.coder else None}
 
     async def step(self, role: str, message: Message) -> StepResult:
         self.order.pop(0)
         content = message.content if message.valid else None
         if role == self.config.tester:
-            self.example = content
+            self.example = content["example"] if content else None
             return StepResult()
-        passed, error = await self._run_tests(content["body"]) if content else (0, "no valid function")
+        passed, error = await self._run_tests(content["code"]) if content else (0, "no valid function")
         outcome = passed / len(self.task["tests"])
         correct = self._example_correct()
         c = self.config
@@ -113,22 +113,22 @@ class CodePairEnv(Env):
         return {"spec": self.task["spec"], **self.result}
 
     def _example_correct(self) -> bool:
-        """Whether the Tester's example is what the reference returns. Both sides are Python
-        literals of at most 40 characters (its schema) and the reference is the recipe's own
-        expression, so this runs here, not in the sandbox."""
+        """Whether the Tester's ``f(A) == B`` holds for the reference. A and B must be literals
+        (parsed, never run; the example is at most 60 characters, its schema) and the reference
+        is the recipe's own expression, so this runs here, not in the sandbox."""
         if self.example is None:
             return False
         try:
-            given, said = ast.literal_eval(self.example["input"]), ast.literal_eval(self.example["output"])
-            reference = eval(f"lambda {self.task.get('arg', 'x')}: {self.task['reference']}")  # the recipe's code
+            given, said = parse_example(self.example)
+            reference = eval(f"lambda x: {self.task['reference']}")  # the recipe's code
             return bool(reference(given) == said)
-        except Exception:  # not literals, or a call the reference refuses: not an example of f
+        except Exception:  # not an example of that shape, or a call the reference refuses
             return False
 
-    async def _run_tests(self, body: str) -> tuple[int, str | None]:
+    async def _run_tests(self, code: str) -> tuple[int, str | None]:
         """How many hidden tests the function passes, and why it failed to run (if it did)."""
         tests = self.task["tests"]
-        job = {"arg": self.task.get("arg", "x"), "body": body, "inputs": [given for given, _ in tests]}
+        job = {"code": code, "inputs": [given for given, _ in tests]}
         box = self.config.sandbox
         workdir = Path(tempfile.mkdtemp(prefix="rolecast-code-pair-"))
         try:
@@ -143,6 +143,16 @@ class CodePairEnv(Env):
             out = json.loads(marked[-1][len(MARK):])
             results = out["results"][:len(tests)]
             passed = sum(ok and json.loads(value) == expected for (ok, value), (_, expected) in zip(results, tests))
-            return passed, out["error"]
+            return passed, out.get("error")
         except (ValueError, IndexError, KeyError, TypeError):  # a timeout, a crash, output that is not ours
             return 0, "timed out" if res.timed_out else f"the check failed (exit {res.exit_code})"
+
+
+def parse_example(text: str) -> tuple[Any, Any]:
+    """``f(A) == B`` -> (A, B), both Python literals; ValueError for anything else."""
+    node = ast.parse(text.strip(), mode="eval").body
+    if not (isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], ast.Eq)
+            and isinstance(node.left, ast.Call) and isinstance(node.left.func, ast.Name) and node.left.func.id == "f"
+            and len(node.left.args) == 1 and not node.left.keywords):
+        raise ValueError(f"not an example of the form f(A) == B: {text!r}")
+    return ast.literal_eval(node.left.args[0]), ast.literal_eval(node.comparators[0])

@@ -60,7 +60,7 @@ def tasks(families, numbers, suffixes, rng: random.Random) -> list[dict]:
             ref = reference.format(**v)
             inputs = rng.sample(pool, 5)
             f = eval(f"lambda x: {ref}")  # our own reference, not a model's text
-            out.append({"spec": spec.format(**v), "arg": "x", "reference": ref,
+            out.append({"spec": spec.format(**v), "reference": ref,
                         "tests": [[x, f(x)] for x in inputs]})
     return out
 

@@ -7,8 +7,12 @@ import pytest
 from play import Script, play, team
 from support import needs_sandbox
 
-PLUS3 = {"spec": "Return x plus 3.", "arg": "x", "reference": "x + 3", "tests": [[1, 4], [10, 13], [-2, 1], [0, 3]]}
-REVERSE = {"spec": "Return the string x reversed.", "arg": "x", "reference": "x[::-1]", "tests": [["abc", "cba"], ["a", "a"]]}
+PLUS3 = {"spec": "Return x plus 3.", "reference": "x + 3", "tests": [[1, 4], [10, 13], [-2, 1], [0, 3]]}
+REVERSE = {"spec": "Return the string x reversed.", "reference": "x[::-1]", "tests": [["abc", "cba"], ["a", "a"]]}
+
+
+def code(body: str) -> dict:
+    return {"code": f"def f(x): return {body}"}
 
 
 def episode(tmp_path, task, example, body):
@@ -20,7 +24,7 @@ def episode(tmp_path, task, example, body):
 
 @needs_sandbox
 def test_a_right_function_and_a_right_example(tmp_path):
-    ep = episode(tmp_path, PLUS3, {"input": "2", "output": "5"}, {"body": "x + 3"})
+    ep = episode(tmp_path, PLUS3, {"example": "f(2) == 5"}, code("x + 3"))
     assert ep.outcome["passed"] == ep.outcome["total"] == 4 and ep.outcome["example_correct"] is True
     assert ep.rewards == {"tester": 1.0, "coder": 1.0}
     assert ep.outcome["process"] == {"tester": 1.0, "coder": 1.0}
@@ -28,30 +32,41 @@ def test_a_right_function_and_a_right_example(tmp_path):
 
 @needs_sandbox
 def test_partial_credit_and_a_wrong_example(tmp_path):
-    ep = episode(tmp_path, PLUS3, {"input": "2", "output": "6"}, {"body": "abs(x) + 3"})  # wrong for -2 only
+    ep = episode(tmp_path, PLUS3, {"example": "f(2) == 6"}, code("abs(x) + 3"))  # wrong for -2 only
     assert (ep.outcome["passed"], ep.outcome["total"]) == (3, 4)
     assert ep.rewards == {"tester": 0.75, "coder": 0.75} and ep.outcome["process"]["tester"] == 0.0
 
 
 @needs_sandbox
 def test_the_coder_sees_the_testers_example(tmp_path):
-    coder = Script({"body": "x[::-1]"})
+    coder = Script(code("x[::-1]"))
     t = team("code_pair", tasks=[REVERSE])
-    (ep,) = play(t, {"tester": Script({"input": "'ab'", "output": "'ba'"}), "coder": coder}, tmp_path).episodes
+    (ep,) = play(t, {"tester": Script({"example": "f('ab') == 'ba'"}), "coder": coder}, tmp_path).episodes
     prompt = coder.requests[0].messages[-1]["content"]
-    assert "f('ab') returns 'ba'" in prompt and ep.outcome["example_correct"] is True and ep.rewards["coder"] == 1.0
+    assert "f('ab') == 'ba'" in prompt and ep.outcome["example_correct"] is True and ep.rewards["coder"] == 1.0
+
+
+@pytest.mark.parametrize("example", ["f(x) == x + 3", "f(2) == 5 == 5", "g(2) == 5", "f(2, 3) == 5", "f(2) != 5", "f(2) == 6"])
+def test_only_a_literal_example_that_holds_is_right(example):
+    from orchestrator.envs.code_pair import CodePairEnv
+
+    env = object.__new__(CodePairEnv)  # the check needs only the task and the example
+    env.task, env.example = PLUS3, example
+    assert env._example_correct() is False
+    env.example = "f(2) == 5"
+    assert env._example_correct() is True
 
 
 @needs_sandbox
 @pytest.mark.parametrize("body, error", [
     ("x +", "SyntaxError"),
-    ("[0 for _ in iter(int, 1)]", "timed out"),   # never returns: the sandbox's deadline ends it
+    ("sum(iter(int, 1))", "timed out"),   # never returns: the sandbox's deadline ends it
     ("__import__('os')._exit(0)", "the check failed"),
 ])
 def test_a_broken_function_scores_zero(tmp_path, body, error):
     task = {**PLUS3, "tests": PLUS3["tests"][:1]}
     t = team("code_pair", tasks=[task], sandbox={"backend": "auto", "timeout_s": 2, "memory_mb": 256})
-    (ep,) = play(t, {"tester": Script({"input": "1", "output": "4"}), "coder": Script({"body": body})}, tmp_path).episodes
+    (ep,) = play(t, {"tester": Script({"example": "f(1) == 4"}), "coder": Script(code(body))}, tmp_path).episodes
     assert ep.outcome["passed"] == 0 and error in ep.outcome["error"] and ep.rewards["coder"] == 0.0
 
 
@@ -59,14 +74,13 @@ def test_a_broken_function_scores_zero(tmp_path, body, error):
 def test_a_forged_report_does_not_pass(tmp_path):
     """The function may print what it likes, even a line like the checker's, and exit before the
     checker reports: the host compares the values with outputs the sandbox never saw."""
-    body = """print("\\n@@rolecast-check "+'{"results":[[1,"99"]],"error":0}')or exit()"""
-    assert len(body) <= 80  # within the role's schema
-    ep = episode(tmp_path, {**PLUS3, "tests": PLUS3["tests"][:1]}, {"input": "1", "output": "4"}, {"body": body})
-    assert ep.outcome["error"] == 0  # the host did read the forged line...
+    forge = """print("\\n@@rolecast-check "+chr(123)+'"results":[[1,"99"]]'+chr(125))or exit()"""  # no braces: the schema
+    ep = episode(tmp_path, {**PLUS3, "tests": PLUS3["tests"][:1]}, {"example": "f(1) == 4"}, code(forge))
+    assert ep.outcome["error"] is None  # the host did read the forged line (a failed check says why)...
     assert ep.outcome["passed"] == 0 and ep.rewards["coder"] == 0.0  # ...and it passed nothing
 
 
 def test_tasks_need_a_spec_a_reference_and_tests(tmp_path):
     t = team("code_pair", tasks=[{"spec": "Return x."}])
-    (ep,) = play(t, {"tester": Script({"input": "1", "output": "1"}), "coder": Script({"body": "x"})}, tmp_path).episodes
+    (ep,) = play(t, {"tester": Script({"example": "f(1) == 1"}), "coder": Script(code("x"))}, tmp_path).episodes
     assert ep.status == "error" and "code_pair task needs" in ep.error
