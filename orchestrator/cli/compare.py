@@ -2,7 +2,8 @@
 same seed and budget, then put their held-out evaluation curves side by side.
 
 Each strategy trains in ``OUT/<strategy>/`` (a normal run dir); a strategy whose run has a
-checkpoint resumes from it, so an interrupted comparison goes on where it stopped. ``OUT`` gets
+checkpoint resumes from it (one that stopped before its first checkpoint starts over), so an
+interrupted comparison goes on where it stopped. ``OUT`` gets
 ``compare.json`` (per strategy and evaluation step: each role's mean environment reward and its
 95% interval) and ``compare.png``.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,8 @@ def handle(args: argparse.Namespace) -> int:
     for name in args.strategy or list(STRATEGIES):
         folder = out / name
         resume = (folder / "checkpoints" / "latest").exists()
+        if not resume:  # a run that stopped before its first checkpoint starts over
+            shutil.rmtree(folder, ignore_errors=True)
         train(with_strategy(base, name, args.every), args, folder, resume=resume, extra={"strategy": name})
     print(json.dumps(write_comparison(out, list(base.roles))))
     return 0

@@ -3,12 +3,14 @@ intervals (``evaluation.py``), against a rebound opponent if asked."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
 import structlog
 
+from ..errors import RolecastError
 from ..evaluation import CHECKPOINT_ADAPTER, bind_opponent, blind_random_roles, evaluate
 from .flags import (
     add_episode_flags, add_model_flags, add_policy_flag, parse_adapter_flags, parse_policy_flags, play, run_dir,
@@ -21,6 +23,8 @@ def register(sub: Any) -> None:
     p = sub.add_parser("eval", help="win/draw/loss (or success) rates with 95%% intervals, per role")
     p.add_argument("recipe", type=Path, help="team or recipe YAML")
     p.add_argument("--episodes", type=int, default=100, help="episodes to play (default 100)")
+    p.add_argument("--held-out", action="store_true",
+                   help="play the recipe's held-out tasks (training.eval_tasks) instead of its tasks")
     add_policy_flag(p, help="bind a role, as for `rolecast run` (repeatable)")
     p.add_argument("--opponent", metavar="OPPONENT",
                    help="rebind the recipe's opponent role: random, minimax (any builtin), base, or checkpoint:PATH")
@@ -36,6 +40,10 @@ def handle(args: argparse.Namespace) -> int:
     from ..team import load_team
 
     team = load_team(args.recipe)
+    if args.held_out:
+        if team.eval_tasks is None:
+            raise RolecastError(f"--held-out: {team.path} has no training.eval_tasks")
+        team = dataclasses.replace(team, tasks=team.eval_tasks)
     overrides = parse_policy_flags(args.policy)
     adapters = parse_adapter_flags(args.adapter)
     opponent_role, checkpoint = None, None

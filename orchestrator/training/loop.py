@@ -109,6 +109,9 @@ class TrainingRun:
 
     # -- the loop --------------------------------------------------------------------------------
     async def run(self) -> dict[str, Any]:
+        if not self.options.resume and (self.run_dir / "metrics.jsonl").exists():  # its rows would mix with ours
+            raise RolecastError(f"{self.run_dir} already holds a training run: add --resume to continue it, "
+                                "or give another --out")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         start = self._resume() + 1 if self.options.resume else 0
         if start == 0:

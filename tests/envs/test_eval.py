@@ -37,6 +37,16 @@ def test_eval_json_success_rate(cli, tmp_path):
     assert report["opponent"] is None and report["bindings"] == {"guesser": "builtin:binary-search"}
 
 
+def test_held_out_plays_the_recipes_eval_tasks(cli, tmp_path):
+    code, out, err = cli("eval", ROOT / "recipes/guess_number.yaml", "--episodes", "8", "--json", "--held-out",
+                         "--policy", "guesser=builtin:binary-search", "--out", tmp_path / "ev")
+    assert code == 0, err
+    secrets = {json.loads(line)["outcome"]["secret"] for line in (tmp_path / "ev" / "transcripts.jsonl").read_text().splitlines()}
+    assert secrets == {3, 6, 11, 14}  # the recipe's training.eval_tasks, never its training secrets
+    code, _, err = cli("eval", ROOT / "recipes/tictactoe.yaml", "--episodes", "2", "--held-out")
+    assert code == 2 and "has no training.eval_tasks" in err
+
+
 def test_eval_of_two_random_players_counts_every_game(cli, tmp_path):
     code, out, _ = cli("eval", ROOT / "recipes/rps.yaml", "--episodes", "30", "--json", "--opponent", "random",
                        "--policy", "alice=builtin:random", "--out", tmp_path / "ev")

@@ -48,6 +48,11 @@ def test_train_writes_metrics_checkpoints_and_refreshes_the_sampler(tmp_path):
     assert report.returncode == 0, report.stderr
     summary = json.loads(report.stdout)
     assert any(p.endswith("reward.png") for p in summary["plots"]) and "pro" in summary["eval"]
+    # a second fresh run into the same dir would mix its metrics with these: refused, nothing touched
+    again = train(str(recipe(tmp_path, 2)), "--out", str(run))
+    _, err = again.communicate(timeout=300)
+    assert again.returncode == 2 and "already holds a training run" in err and "--resume" in err
+    assert len(rows(run)) == len(metrics)
 
 
 def test_sigkill_then_resume_continues_after_the_last_checkpoint(tmp_path):
