@@ -28,7 +28,9 @@ def copy_private(src: str | os.PathLike[str], dest: str | os.PathLike[str], igno
 
 
 class SandboxPool:
-    """At most ``max_concurrent`` sandboxes at once, each in its own worker thread."""
+    """At most ``max_concurrent`` sandboxes at once, each in its own worker thread. The thread pool
+    is the only bound: it holds no asyncio object, so one pool serves successive event loops (a
+    ``rolecast compare`` trains each strategy under its own ``asyncio.run``)."""
 
     def __init__(
         self,
@@ -46,7 +48,6 @@ class SandboxPool:
         # Under /tmp by default: the sandbox mounts its own /tmp, so the copies' host
         # ancestors never need to be searchable by the sandbox uids.
         self.scratch_dir = Path(scratch_dir or Path(tempfile.gettempdir()) / "rolecast-episodes")
-        self._semaphore = asyncio.Semaphore(self.max_concurrent)
         self._executor = ThreadPoolExecutor(self.max_concurrent, thread_name_prefix="sandbox")
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
@@ -62,11 +63,10 @@ class SandboxPool:
         *,
         env: Mapping[str, str] | None = None,
     ) -> SandboxResult:
-        async with self._semaphore:
-            return await arun(
-                command, workdir, limits or self.limits, executor=self._executor,
-                backend=self.backend, allow_unsafe=self.allow_unsafe, env=env,
-            )
+        return await arun(
+            command, workdir, limits or self.limits, executor=self._executor,
+            backend=self.backend, allow_unsafe=self.allow_unsafe, env=env,
+        )
 
     @asynccontextmanager
     async def episode(self, repo: str | os.PathLike[str]) -> AsyncIterator[Path]:

@@ -110,6 +110,21 @@ async def test_pool_bounds_concurrency_and_isolates_episodes(tmp_path):
     assert max(end for _, _, end in results) - min(start for _, start, _ in results) >= 0.8
 
 
+def test_one_pool_serves_successive_event_loops(tmp_path):
+    """`rolecast compare` runs each strategy under its own asyncio.run with the process's shared
+    pool: a loop-bound lock in the pool failed every episode after the first strategy."""
+    pool = SandboxPool(max_concurrent=1, limits=Limits(wall_time_s=5))
+
+    async def two_at_once() -> list[str]:
+        return [r.stdout for r in await asyncio.gather(*(pool.run("echo ok", tmp_path) for _ in range(2)))]
+
+    try:
+        assert asyncio.run(two_at_once()) == ["ok\n", "ok\n"]
+        assert asyncio.run(two_at_once()) == ["ok\n", "ok\n"]
+    finally:
+        pool.close()
+
+
 def _cli(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="rolecast")
     register_cli(parser.add_subparsers())
