@@ -13,6 +13,7 @@ from .rewards import REWARDS
 from .trainers.freeze_rotate import FreezeRotate
 from .trainers.grpo import GRPO
 from .trainers.mgrpo import MGRPO
+from .trainers.population import Population
 from .trainers.self_play import SelfPlay
 
 
@@ -42,3 +43,4 @@ def register_trainers(register):
     register("freeze-rotate", FreezeRotate)
     register("m-grpo", MGRPO)
     register("self-play", SelfPlay)
+    register("population", Population)

@@ -135,6 +135,25 @@ def metric_rows(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+SMALL_TRAINING = ["--set", "group_size=2", "--set", "groups_per_step=1", "--set", "eval_episodes=2", "--set", "eval_every=0"]
+
+
+def train_tiny(cli, recipe: Path, out: Path, steps: int, *extra: str) -> None:
+    """``rolecast train`` on the tiny model with small groups and no evaluation between steps;
+    ``extra`` flags come last, so they override those."""
+    code, _, err = cli("train", recipe, "--model", "tiny", "--steps", str(steps), "--out", out, "--no-progress",
+                       "--dtype", "float32", *SMALL_TRAINING, *extra)
+    assert code == 0, err
+
+
+def credit(run: Path, step: int) -> list[dict]:
+    """The rows of a training run's rollouts/step-N/credit.jsonl."""
+    import json
+
+    lines = (run / "rollouts" / f"step-{step:06d}" / "credit.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
 def plugin(**hooks):
     """An in-memory plugin module: ``hooks`` (hook name -> function), each marked as a hookimpl."""
     from types import SimpleNamespace

@@ -94,12 +94,12 @@ class TrainingRun:
         self.reward_fn = self.registry.get("rewards", self.cfg.reward)
         self.reward_config = config_model(self.reward_fn).model_validate(self.cfg.reward_config)
         lora = LoraConfig(**{**self.cfg.lora.model_dump(), "target_modules": tuple(self.cfg.lora.target_modules)})
-        self.clients = {a: service.create_lora_training_client(a, lora) for a in dict.fromkeys(self.roles.values())}
+        self.clients = {a: service.create_lora_training_client(a, lora) for a in self.trainer.learners()}
         self.policies = build_policies(team, {}, lambda: engine, self.registry)
-        self.eval_team, self.eval_policies = team, self.policies
+        self.eval_team, self.eval_policies, self.eval_opponent_role = team, self.policies, None
         if self.cfg.eval_opponent:  # evaluations rebind the protocol's opponent role
             overrides: dict = {}
-            self.eval_team, _, checkpoint = bind_opponent(team, self.cfg.eval_opponent, overrides)
+            self.eval_team, self.eval_opponent_role, checkpoint = bind_opponent(team, self.cfg.eval_opponent, overrides)
             if checkpoint is not None:
                 engine.load_adapter(CHECKPOINT_ADAPTER, checkpoint)
             self.eval_policies = build_policies(self.eval_team, overrides, lambda: engine, self.registry)
@@ -160,7 +160,8 @@ class TrainingRun:
 
     def _write_credit(self, step: int, groups, rewards, advantages, trained: list[str]) -> None:
         """rollouts/step-N/credit.jsonl: per episode, each role's reward, the advantage the trainer
-        gave it, and whether its adapter trained this step: how credit was assigned, per role."""
+        gave it, the adapter that played it, and whether that adapter trained this step: how
+        credit was assigned, per role."""
         lines = []
         for g, group in enumerate(groups):
             for e, episode in enumerate(group):
@@ -168,7 +169,8 @@ class TrainingRun:
                     "episode": episode.id, "group": g,
                     "rewards": {r: rewards[g][e][r] for r in self.roles},
                     "advantages": {r: advantages[g][e].get(r, 0.0) for r in self.roles},
-                    "trained": sorted(r for r, a in self.roles.items() if a in trained and r not in episode.adapters),
+                    "adapters": {r: self._played(episode, r) for r in self.roles},
+                    "trained": sorted(r for r in self.roles if self._played(episode, r) in trained),
                 }))
         folder = self.run_dir / "rollouts" / f"step-{step:06d}"
         folder.mkdir(parents=True, exist_ok=True)
@@ -198,8 +200,8 @@ class TrainingRun:
         items: list[tuple[float, Datum]] = []  # (sampling temperature, datum)
         for g, group in enumerate(groups):
             for e, episode in enumerate(group):
-                for role, role_adapter in self.roles.items():
-                    if role_adapter != adapter or role in episode.adapters:  # an opponent snapshot played it
+                for role in self.roles:
+                    if self._played(episode, role) != adapter:
                         continue
                     t = self.team.roles[role].config.policy.sampling.temperature
                     items += [(t if t > 0 else 1.0, d) for d in role_datums(episode, role, advantages[g][e][role], options)]
@@ -224,6 +226,10 @@ class TrainingRun:
         metrics[f"{adapter}/version"] = version
         return metrics
 
+    def _played(self, episode: EpisodeRecord, role: str) -> str:
+        """The adapter that played ``role`` in ``episode``: the trainer's override, else the role's own."""
+        return episode.adapters.get(role, self.roles[role])
+
     async def _minibatch(self, adapter: str, items: list[tuple[float, Datum]]) -> dict[str, float]:
         """forward_backward per sampling temperature (logprobs are taken at it), then one optim_step."""
         client = self.clients[adapter]
@@ -244,6 +250,7 @@ class TrainingRun:
         result = await run_team(team, self.eval_policies, RunOptions(
             episodes=n, seed=derive_seed(self.options.seed, 999_999), out_dir=self.run_dir / "evals" / f"step-{step:06d}",
             concurrency=self.team.config.concurrency, episode_timeout_s=self.team.config.episode_timeout_s, progress=False,
+            adapters_for=lambda i: {r: a for r, a in self.trainer.eval_adapters_for(i).items() if r != self.eval_opponent_role},
         ))
         # Evaluations report the environment's own rewards, whatever reward training optimises.
         row: dict[str, Any] = {"step": step, "kind": "eval", "episodes": n}

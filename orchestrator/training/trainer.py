@@ -47,9 +47,20 @@ class Trainer(ABC):
         self.context = context
         self.config = context.config if context.config is not None else self.Config()
 
+    def learners(self) -> list[str]:
+        """The adapters that learn, one training client and sampler dir each: by default the
+        trainable roles' adapters (a population returns its members instead)."""
+        return self.context.adapter_names
+
     def adapters_for(self, step: int, index: int) -> dict[str, str]:
-        """role -> adapter overrides for episode ``index`` of the step's rollout (e.g. a past
-        snapshot as the opponent). Roles played by an override do not train on that episode."""
+        """role -> adapter overrides for episode ``index`` of the step's rollout (a past snapshot
+        as the opponent, a population's members). A role's tokens train the adapter that played
+        it, if that adapter is one of ``learners``; a snapshot's train nothing."""
+        return {}
+
+    def eval_adapters_for(self, index: int) -> dict[str, str]:
+        """role -> adapter overrides for evaluation episode ``index`` (roles the evaluation
+        opponent binds are left alone): needed when the recipe's adapter is not a learner."""
         return {}
 
     @abstractmethod
@@ -57,8 +68,8 @@ class Trainer(ABC):
         """Per-role advantages for every episode, in the shape of ``rewards``."""
 
     def adapters_to_train(self, step: int) -> list[str]:
-        """The adapters that take an optimizer step at ``step``: by default all of them."""
-        return self.context.adapter_names
+        """The adapters that take an optimizer step at ``step``: by default every learner."""
+        return self.learners()
 
     def after_step(
         self, step: int, episodes: list[EpisodeRecord], rewards: list[dict[str, float]], snapshot: Snapshot

@@ -3,26 +3,14 @@ read back from what the run recorded: credit.jsonl says, per step and episode, e
 reward, the advantage the trainer gave it, and whether its adapter trained."""
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 
 import pytest
-from support import metric_rows, needs_sandbox
+from support import credit, metric_rows, needs_sandbox
+from support import train_tiny as train
 
 ROOT = Path(__file__).resolve().parents[2]
-SMALL = ["--set", "group_size=2", "--set", "groups_per_step=1", "--set", "eval_episodes=2", "--set", "eval_every=0"]
-
-
-def train(cli, recipe: Path, out: Path, steps: int, *extra: str) -> None:
-    code, _, err = cli("train", recipe, "--model", "tiny", "--steps", str(steps), "--out", out, "--no-progress",
-                       "--dtype", "float32", *SMALL, *extra)
-    assert code == 0, err
-
-
-def credit(run: Path, step: int) -> list[dict]:
-    lines = (run / "rollouts" / f"step-{step:06d}" / "credit.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines]
 
 
 @pytest.mark.parametrize("recipe, adapters", [

@@ -1,0 +1,200 @@
+"""The population trainer: seating, matchmaking frequencies per rule, ratings and records on
+scripted results, per-member advantages, snapshots, and exact state round trips."""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from support import credit, metric_rows, train_tiny
+
+from orchestrator.registry import default_registry
+from orchestrator.training.trainer import TrainerContext
+from orchestrator.transcript import EpisodeRecord
+
+N_DRAWS = 20000
+
+
+def make(**config):
+    cls = default_registry().get("trainers", "population")
+    return cls(TrainerContext(adapters={"x": "player", "o": "player"}, config=cls.Config(**config)))
+
+
+def opponents(t, member: str, step: int = 1) -> Counter:
+    """Who ``member`` was matched with over many episodes where it is the focal member."""
+    n = len(t.members)
+    k = t.members.index(member)
+    picks = Counter()
+    for i in range(k, N_DRAWS * n, n):
+        seats = t.match(step, i)
+        _, seat = t.focal(i)
+        picks.update(a for p, a in seats.items() if p != seat)
+    return picks
+
+
+def test_members_seats_and_learners():
+    t = make(members=3)
+    assert t.members == t.learners() == ["player-0", "player-1", "player-2"]
+    assert make(members=["ann", "bea"]).members == ["ann", "bea"]
+    # every member plays every seat equally often; the focal member is in its seat, never its own opponent
+    seen = Counter()
+    for i in range(60):
+        member, seat = t.focal(i)
+        seats = t.match(1, i)
+        assert seats[seat] == member and len(set(seats.values())) == 2
+        seen[member, seat] += 1
+    assert len(seen) == 6 and set(seen.values()) == {10}
+
+
+def test_needs_players_sharing_one_adapter():
+    cls = default_registry().get("trainers", "population")
+    with pytest.raises(ValueError, match="sharing one adapter"):
+        cls(TrainerContext(adapters={"x": "px", "o": "po"}))
+    with pytest.raises(ValueError, match="two or more distinct members"):
+        cls.Config(members=["a", "a"])
+
+
+def test_uniform_matchmaking_frequencies():
+    t = make(members=4)
+    t.pool = ["player-0@5"]
+    t.rating["player-0@5"] = 1000.0
+    picks = opponents(t, "player-0")
+    assert sum(picks.values()) == N_DRAWS
+    assert set(picks) == {"player-1", "player-2", "player-3", "player-0@5"}
+    for name in picks:
+        assert picks[name] / N_DRAWS == pytest.approx(0.25, abs=0.015)
+
+
+def test_elo_matchmaking_prefers_near_ratings():
+    t = make(members=4, matchmaking="elo", elo_scale=100.0)
+    t.rating.update({"player-0": 1000.0, "player-1": 1050.0, "player-2": 1200.0, "player-3": 1400.0})
+    weights = {m: math.exp(-abs(1000.0 - r) / 100.0) for m, r in t.rating.items() if m != "player-0"}
+    total = sum(weights.values())
+    picks = opponents(t, "player-0")
+    for name, w in weights.items():
+        assert picks[name] / N_DRAWS == pytest.approx(w / total, abs=0.015)
+
+
+@pytest.mark.parametrize("weighting", ["even", "hard"])
+def test_pfsp_matchmaking_follows_the_record(weighting):
+    t = make(members=4, matchmaking="pfsp", pfsp_weighting=weighting)
+    # player-0 beat player-1 in 9 of 10, scored 5 of 10 against player-2, 1 of 10 against player-3
+    t.record = {"player-0": {"player-1": [9.0, 10], "player-2": [5.0, 10], "player-3": [1.0, 10]}}
+    p = {"player-1": 10 / 12, "player-2": 6 / 12, "player-3": 2 / 12}
+    f = {m: v * (1 - v) if weighting == "even" else (1 - v) ** 2 for m, v in p.items()}
+    picks = opponents(t, "player-0")
+    for name, w in f.items():
+        assert picks[name] / N_DRAWS == pytest.approx(w / sum(f.values()), abs=0.015)
+    top = picks.most_common(1)[0][0]
+    assert top == ("player-2" if weighting == "even" else "player-3")
+
+
+def test_draws_repeat_for_the_same_seed_step_and_episode():
+    a, b = make(matchmaking="uniform", seed=3), make(matchmaking="uniform", seed=3)
+    assert [a.match(7, i) for i in range(40)] == [b.match(7, i) for i in range(40)]
+    assert [a.match(7, i) for i in range(40)] != [make(seed=4).match(7, i) for i in range(40)]
+
+
+def scripted_step(t, step: int, winner_of) -> dict[str, float]:
+    """One step of 8 episodes where ``winner_of(seats)`` names the winning adapter (None: draw)."""
+    episodes, rewards = [], []
+    for i in range(8):
+        seats = t.adapters_for(step, i)
+        won = winner_of(seats)
+        episodes.append(EpisodeRecord(id=f"{step}-{i}", index=i, team="t", task={}, seed=0, adapters=seats))
+        rewards.append({p: 0.0 if won is None else 1.0 if a == won else -1.0 for p, a in seats.items()})
+    t.advantages([rewards[:4], rewards[4:]])
+    return t.after_step(step, episodes, rewards, lambda adapter, name: None)
+
+
+def test_elo_and_records_on_scripted_results():
+    t = make(members=2, elo_k=16.0)
+    t.result("player-0", "player-1", 1.0)  # equal ratings: expected 1/2, so K/2 moves across
+    assert t.rating == {"player-0": 1008.0, "player-1": 992.0}
+    assert t.record == {"player-0": {"player-1": [1.0, 1]}, "player-1": {"player-0": [0.0, 1]}}
+    t.result("player-1", "player-0", 0.5)  # a draw moves the lower-rated side up
+    assert t.rating["player-1"] > 992.0 and t.record["player-0"]["player-1"] == [1.5, 2]
+
+    t = make(members=4)
+    metrics = scripted_step(t, 1, lambda seats: "player-3" if "player-3" in seats.values() else None)
+    assert metrics["win_rate/player-3"] == 1.0 and metrics["elo/player-3"] > 1000.0
+    assert all(metrics[f"elo/player-{k}"] <= 1000.0 for k in range(3))
+    assert sum(t.rating.values()) == pytest.approx(4000.0)  # Elo moves points, it makes none
+
+
+def test_each_member_is_centred_on_its_own_rewards_in_its_group():
+    t = make(members=4)
+    rewards = []
+    seats = [t.adapters_for(1, i) for i in range(8)]
+    for i, s in enumerate(seats):
+        rewards.append({"x": float(i), "o": float(-i)})
+    adv = t.advantages([rewards[:4], rewards[4:]])
+    for g in range(2):
+        for member in t.members:
+            places = [(e, p) for e in range(4) for p in ("x", "o") if seats[4 * g + e][p] == member]
+            own = [rewards[4 * g + e][p] for e, p in places]
+            assert [adv[g][e][p] for e, p in places] == pytest.approx([r - statistics.mean(own) for r in own])
+
+
+def test_snapshots_join_a_bounded_pool_in_turn_and_state_round_trips():
+    t = make(members=3, snapshot_every=1, pool_size=2, matchmaking="pfsp")
+    taken = []
+    for step in range(1, 5):
+        t.after_step(step, [], [], lambda adapter, name: taken.append((adapter, name)))
+    assert taken == [("player-0", "player-0@1"), ("player-1", "player-1@2"),
+                     ("player-2", "player-2@3"), ("player-0", "player-0@4")]
+    assert t.pool == t.opponent_adapters() == ["player-2@3", "player-0@4"]
+    assert set(t.rating) == {"player-0", "player-1", "player-2", "player-2@3", "player-0@4"}
+    scripted_step(t, 5, lambda seats: sorted(seats.values())[0])
+    assert any(a.endswith("@4") or a.endswith("@3") for row in t.record.values() for a in row)
+
+    fresh = make(members=3, snapshot_every=1, pool_size=2, matchmaking="pfsp")
+    fresh.load_state_dict(t.state_dict())
+    assert fresh.state_dict() == t.state_dict()
+    assert [fresh.match(6, i) for i in range(30)] == [t.match(6, i) for i in range(30)]
+    with pytest.raises(ValueError, match="members"):
+        make(members=2).load_state_dict(t.state_dict())
+
+
+def test_evaluations_seat_each_member_in_turn():
+    t = make(members=3)
+    assert [t.eval_adapters_for(i)["x"] for i in range(6)] == ["player-0", "player-1", "player-2"] * 2
+    assert all(t.eval_adapters_for(i)["o"] != t.eval_adapters_for(i)["x"] for i in range(6))
+
+
+# -- end to end on the tiny model ----------------------------------------------------------------
+ROOT = Path(__file__).resolve().parents[2]
+MEMBERS = ["player-0", "player-1", "player-2", "player-3"]
+
+
+@pytest.mark.parametrize("recipe, seats", [("rps_population", ["alice", "bob"]), ("tictactoe_population", ["o", "x"])])
+def test_population_recipes_train_every_member(cli, tmp_path, recipe, seats):
+    run = tmp_path / "run"
+    train_tiny(cli, ROOT / "recipes" / f"{recipe}.yaml", run, 2, "--set", "group_size=4")
+    assert sorted(p.name for p in (run / "sampler").iterdir()) == MEMBERS
+    for step in (1, 2):
+        lines = credit(run, step)
+        assert len(lines) == 4
+        # four episodes, one per focal member: every member played, and only members played
+        assert {a for line in lines for a in line["adapters"].values()} == set(MEMBERS)
+        assert all(line["trained"] == seats for line in lines)  # no pool yet: every seat is a learner
+    train_rows = [r for r in metric_rows(run) if r["kind"] == "train"]
+    assert [r["step"] for r in train_rows] == [1, 2]
+    assert all(f"elo/{m}" in train_rows[-1] and f"{m}/version" in train_rows[-1] for m in MEMBERS)
+
+
+def test_resume_restores_the_population_exactly(cli, tmp_path):
+    recipe = tmp_path / "rps.yaml"
+    text = (ROOT / "recipes/rps_population.yaml").read_text()
+    recipe.write_text(text.replace("snapshot_every: 5", "snapshot_every: 1"))
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    train_tiny(cli, recipe, straight, 3, "--set", "group_size=4")
+    train_tiny(cli, recipe, resumed, 2, "--set", "group_size=4")
+    train_tiny(cli, recipe, resumed, 3, "--set", "group_size=4", "--resume")
+    state = [json.loads((run / "checkpoints/step-000003/trainer.json").read_text()) for run in (straight, resumed)]
+    assert state[0] == state[1] and len(state[0]["trainer"]["pool"]) == 3  # ratings, records, pool, turn
+    assert [line["adapters"] for line in credit(straight, 3)] == [line["adapters"] for line in credit(resumed, 3)]
+    assert sorted(p.name for p in (resumed / "pool").iterdir()) == state[0]["trainer"]["pool"]
