@@ -29,7 +29,12 @@ def register(sub: Any) -> None:
     p.add_argument("--opponent", metavar="OPPONENT",
                    help="rebind the recipe's opponent role: random, minimax (any builtin), base, or checkpoint:PATH")
     add_model_flags(p)
-    p.add_argument("--out", type=Path, help="run dir (default: runs/eval-<team>-<time>)")
+    p.add_argument("--population", type=Path, metavar="RUN_DIR",
+                   help="a round robin among a population run's members, snapshots and --baseline policies")
+    p.add_argument("--baseline", action="append", default=[], metavar="NAME",
+                   help="--population: a builtin policy that joins the round robin (repeatable; default: random)")
+    p.add_argument("--games-per-pair", type=int, default=20, help="--population: games each pair plays (default 20)")
+    p.add_argument("--out", type=Path, help="run dir (default: runs/eval-<team>-<time>; --population: RUN_DIR/population)")
     add_episode_flags(p, json_help="print the report as JSON")
     p.set_defaults(func=handle)
 
@@ -40,6 +45,10 @@ def handle(args: argparse.Namespace) -> int:
     from ..team import load_team
 
     team = load_team(args.recipe)
+    if args.population:
+        from . import eval_population
+
+        return eval_population.handle(args, team)
     if args.held_out:
         if team.eval_tasks is None:
             raise RolecastError(f"--held-out: {team.path} has no training.eval_tasks")

@@ -1,6 +1,8 @@
-"""``rolecast report RUN_DIR``: PNG curves of a training run and a summary table."""
+"""``rolecast report RUN_DIR``: PNG curves of a training run and a summary table; for a population
+run evaluated with ``rolecast eval --population``, the payoff heatmap too."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +53,9 @@ def write_report(run_dir: Path) -> dict[str, Any]:
         fig.savefig(out_dir / filename, dpi=110)
         plt.close(fig)
         written.append(str(out_dir / filename))
+    population = run_dir / "population" / "population.json"
+    if population.is_file():
+        written.append(str(payoff_heatmap(json.loads(population.read_text()), out_dir / "payoff.png")))
     evals = [r for r in rows if r.get("kind") == "eval"]
     summary = {"run_dir": str(run_dir), "steps": max((r["step"] for r in rows), default=0), "plots": written}
     if evals:
@@ -70,3 +75,31 @@ def write_report(run_dir: Path) -> dict[str, Any]:
     (out_dir / "summary.md").write_text("\n".join(lines) + "\n")
     summary["table"] = "\n".join(lines)
     return summary
+
+
+def payoff_heatmap(report: dict[str, Any], path: Path) -> Path:
+    """The round robin's payoff matrix (row entrant's mean reward against the column's), annotated."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [e["name"] for e in report["entrants"]]
+    cells = [[report["payoff"][a][b] for b in names] for a in names]
+    values = [[float("nan") if v is None else v for v in row] for row in cells]
+    bound = max((abs(v) for row in cells for v in row if v is not None), default=1.0) or 1.0
+    size = 1.0 + 0.7 * len(names)
+    fig, ax = plt.subplots(figsize=(size + 1.5, size))
+    image = ax.imshow(values, cmap="RdBu", vmin=-bound, vmax=bound)
+    ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=8)
+    ax.set_yticks(range(len(names)), names, fontsize=8)
+    for i, row in enumerate(cells):
+        for j, v in enumerate(row):
+            if v is not None:
+                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7)
+    ax.set_title(f"{report['team']}: row's mean reward against column ({report['games_per_pair']} games a pair)")
+    fig.colorbar(image, ax=ax, fraction=0.046)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,89 @@
+"""``rolecast eval RECIPE --population RUN_DIR``: a round robin among a population run's members,
+their snapshots and builtin baselines; writes ``population.json`` (payoff and score matrices,
+ratings with 95% intervals, 3-cycles) to ``RUN_DIR/population/`` unless ``--out`` says where.
+``rolecast report RUN_DIR`` then draws the payoff heatmap."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from ..errors import RolecastError
+
+
+def handle(args: argparse.Namespace, team: Any) -> int:
+    from ..engines.load import load_engine
+    from ..population import Entrant, analyse, play_round_robin
+    from ..registry import default_registry
+    from ..training.loop import trainable_roles
+    from ..training.trainer import TrainerContext
+
+    run: Path = args.population
+    mixed = [flag for flag, value in (("--opponent", args.opponent), ("--policy", args.policy), ("--adapter", args.adapter))
+             if value]
+    if mixed:
+        raise RolecastError(f"--population plays its own entrants: drop {', '.join(mixed)}")
+    training = team.config.training
+    if training is None or training.trainer != "population":
+        raise RolecastError(f"--population: {team.path} does not train a population (training.trainer: population)")
+    registry = default_registry()
+    cls = registry.get("trainers", "population")
+    trainer = cls(TrainerContext(trainable_roles(team), cls.Config.model_validate(training.trainer_config)))
+    if len(trainer.players) != 2:
+        raise RolecastError(f"--population: round robins seat two players; {team.path} has {trainer.players}")
+    missing = [m for m in trainer.members if not (run / "sampler" / m / "adapter_config.json").is_file()]
+    if missing:
+        raise RolecastError(f"--population: {run / 'sampler'} lacks member(s) {', '.join(missing)} (is it a run of this recipe?)")
+    baselines = args.baseline or ["random"]
+    unknown = [b for b in baselines if b not in registry.items["policies"]]
+    if unknown:
+        raise RolecastError(f"--baseline {', '.join(unknown)}: unknown (builtin policies: {', '.join(registry.names('policies'))})")
+    pool = sorted((p for p in (run / "pool").glob("*@*") if (p / "adapter_config.json").is_file()),
+                  key=lambda p: (int(re.sub(r".*@", "", p.name)), p.name))
+    adapters = {m: run / "sampler" / m for m in trainer.members} | {p.name: p for p in pool}
+    entrants = [Entrant(name, adapter=name) for name in adapters] + [Entrant(b, builtin=b) for b in baselines]
+    seed = team.config.seed if args.seed is None else args.seed
+    engine = load_engine(args.model or team.config.model, args.dtype, seed, args.engine, adapters, args.device)
+
+    async def go():
+        try:
+            return await play_round_robin(
+                team, trainer.players, entrants, engine, args.games_per_pair, seed=seed, out_dir=out,
+                concurrency=args.concurrency or team.config.concurrency, registry=registry,
+                progress=not (args.no_progress or args.json))
+        finally:
+            await engine.aclose()
+
+    out = args.out or run / "population"
+    games = asyncio.run(go())
+    report = {"team": team.name, "run_dir": str(run), **analyse(entrants, games, args.games_per_pair, seed)}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "population.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print_report(report, out)
+    return 0
+
+
+def print_report(report: dict[str, Any], out: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    names = [e["name"] for e in report["entrants"]]
+    table = Table(title=f"{report['team']}: {report['games_played']} games, {report['games_per_pair']} a pair")
+    for col in ("entrant", "Elo", "95% CI", "mean score"):
+        table.add_column(col, justify="left" if col == "entrant" else "right", no_wrap=True)
+    for name in sorted(names, key=lambda n: -report["ratings"][n]["elo"]):
+        r = report["ratings"][name]
+        scores = [s for s in report["score"][name].values() if s is not None]
+        ci = f"{r['ci95'][0]:.0f}-{r['ci95'][1]:.0f}" if r["ci95"] else "-"
+        table.add_row(name, f"{r['elo']:.0f}", ci, f"{sum(scores) / len(scores):.3f}" if scores else "-")
+    console = Console()
+    console.print(table)
+    nt = report["non_transitivity"]
+    console.print(f"3-cycles in the win graph: {nt['cyclic_triads']} of {nt['decided_triads']} decided triads; "
+                  f"written: {out / 'population.json'}", highlight=False)

@@ -1,0 +1,100 @@
+"""`rolecast eval --population`: the round robin's schedule, payoff and score matrices, Bradley-Terry
+ratings, 3-cycles, and the command end to end on a tiny population run."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from support import train_tiny
+
+from orchestrator.population import Entrant, Game, analyse, bradley_terry, matrices, schedule, three_cycles
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_schedule_plays_each_pair_equally_in_both_seats():
+    entrants = [Entrant("a", adapter="a"), Entrant("b", adapter="b"), Entrant("random", builtin="random")]
+    games = schedule(entrants, ["x", "o"], 4)
+    assert len(games) == 3 * 4
+    for first in ("a", "b", "random"):
+        for second in ("a", "b", "random"):
+            if first != second:
+                assert sum(g["x"].name == first and g["o"].name == second for g in games) == 2
+
+
+def rps_games() -> list[Game]:
+    """rock beats scissors beats paper beats rock, each pair 3 games: 2 wins and a draw."""
+    out = []
+    for winner, loser in (("rock", "scissors"), ("scissors", "paper"), ("paper", "rock")):
+        out += [Game(winner, loser, 1.0, -1.0), Game(loser, winner, -1.0, 1.0), Game(winner, loser, 0.0, 0.0)]
+    return out
+
+
+def test_zero_sum_payoff_is_antisymmetric_and_scores_complement():
+    names = ["rock", "paper", "scissors"]
+    m = matrices(names, rps_games())
+    for a in names:
+        assert m["payoff"][a][a] is None
+        for b in names:
+            if a != b:
+                assert m["payoff"][a][b] == pytest.approx(-m["payoff"][b][a])
+                assert m["score"][a][b] + m["score"][b][a] == pytest.approx(1.0)
+                assert m["games"][a][b] == 3
+    assert m["payoff"]["rock"]["scissors"] == pytest.approx(2 / 3, abs=1e-4)
+    assert m["score"]["rock"]["scissors"] == pytest.approx(5 / 6, abs=1e-4)
+
+
+def test_three_cycles_and_ratings_of_a_cyclic_and_a_transitive_population():
+    names = ["rock", "paper", "scissors"]
+    cyclic = analyse([Entrant(n, adapter=n) for n in names], rps_games(), 3)
+    assert cyclic["non_transitivity"] == {"three_cycles": [["rock", "scissors", "paper"]], "cyclic_triads": 1,
+                                          "decided_triads": 1}
+    elos = [cyclic["ratings"][n]["elo"] for n in names]
+    assert elos == pytest.approx([1000.0] * 3, abs=0.5)  # a perfect cycle: nobody is stronger
+    # a transitive order: strong beats mid beats weak, and strong beats weak
+    games = [Game("strong", "mid", 1, -1)] * 4 + [Game("mid", "weak", 1, -1)] * 4 + [Game("strong", "weak", 1, -1)] * 4
+    ranked = analyse([Entrant(n, adapter=n) for n in ("weak", "mid", "strong")], games, 4)
+    r = {n: ranked["ratings"][n]["elo"] for n in ("weak", "mid", "strong")}
+    assert r["strong"] > r["mid"] > r["weak"] and sum(r.values()) == pytest.approx(3000.0)
+    assert ranked["non_transitivity"]["cyclic_triads"] == 0
+    lo, hi = ranked["ratings"]["strong"]["ci95"]
+    assert lo <= r["strong"] <= hi
+
+
+def test_bradley_terry_matches_the_two_player_closed_form():
+    # with the prior, a 3-1 record is 3.5 points of 5 games: p = 0.7, a gap of 400 log10(0.7/0.3)
+    games = [Game("a", "b", 1, -1)] * 3 + [Game("b", "a", 1, -1)]
+    r = bradley_terry(["a", "b"], games)
+    assert r["a"] - r["b"] == pytest.approx(400 * __import__("math").log10(0.7 / 0.3), abs=0.01)
+    assert three_cycles(["a", "b"], matrices(["a", "b"], games)["score"]) == ([], 0)
+
+
+def test_eval_population_end_to_end(cli, tmp_path):
+    recipe = tmp_path / "rps.yaml"
+    recipe.write_text((ROOT / "recipes/rps_population.yaml").read_text().replace("members: 4", "members: 3")
+                      .replace("snapshot_every: 5", "snapshot_every: 1"))
+    run = tmp_path / "run"
+    train_tiny(cli, recipe, run, 2, "--set", "group_size=3")
+    code, out, err = cli("eval", recipe, "--population", run, "--model", "tiny", "--dtype", "float32",
+                         "--games-per-pair", "2", "--json", "--no-progress")
+    assert code == 0, err
+    report = json.loads(out.strip().splitlines()[-1])
+    names = [e["name"] for e in report["entrants"]]
+    assert names == ["player-0", "player-1", "player-2", "player-0@1", "player-1@2", "random"]
+    assert report["games_played"] == 15 * 2
+    for a in names:  # rps pays +1/-1/0: zero-sum, so the payoff matrix is antisymmetric
+        for b in names:
+            if a != b:
+                assert report["payoff"][a][b] == pytest.approx(-report["payoff"][b][a])
+    assert json.loads((run / "population" / "population.json").read_text())["ratings"] == report["ratings"]
+    code, _, err = cli("report", run, "--json")
+    assert code == 0, err
+    assert (run / "report" / "payoff.png").stat().st_size > 0
+
+
+def test_eval_population_refuses_a_recipe_that_trains_no_population(cli, tmp_path):
+    code, _, err = cli("eval", ROOT / "recipes/rps.yaml", "--population", tmp_path, "--model", "tiny")
+    assert code == 2 and "does not train a population" in err
+    code, _, err = cli("eval", ROOT / "recipes/rps_population.yaml", "--population", tmp_path, "--model", "tiny")
+    assert code == 2 and "lacks member(s) player-0" in err
