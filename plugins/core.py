@@ -5,6 +5,7 @@ from orchestrator.envs.code_pair import CodePairEnv
 from orchestrator.envs.debate import DebateEnv
 from orchestrator.envs.pipeline import PipelineEnv
 from orchestrator.envs.propose_solve import ProposeSolveEnv
+from orchestrator.envs.teacher_student import TeacherStudentEnv
 from orchestrator.hookspecs import hookimpl
 from orchestrator.issue_fix.env import IssueFixEnv
 from orchestrator.policies.stub import StubPolicy
@@ -24,6 +25,7 @@ def register_envs(register):
     register("issue_fix", IssueFixEnv)
     register("code_pair", CodePairEnv)
     register("propose_solve", ProposeSolveEnv)
+    register("teacher_student", TeacherStudentEnv)
 
 
 @hookimpl

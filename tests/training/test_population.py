@@ -170,20 +170,25 @@ ROOT = Path(__file__).resolve().parents[2]
 MEMBERS = ["player-0", "player-1", "player-2", "player-3"]
 
 
-@pytest.mark.parametrize("recipe, seats", [("rps_population", ["alice", "bob"]), ("tictactoe_population", ["o", "x"])])
+@pytest.mark.parametrize("recipe, seats", [
+    ("rps_population", ["alice", "bob"]), ("tictactoe_population", ["o", "x"]), ("debate_population", ["con", "pro"]),
+])
 def test_population_recipes_train_every_member(cli, tmp_path, recipe, seats):
     run = tmp_path / "run"
     train_tiny(cli, ROOT / "recipes" / f"{recipe}.yaml", run, 2, "--set", "group_size=4")
-    assert sorted(p.name for p in (run / "sampler").iterdir()) == MEMBERS
+    prefix = "debater" if recipe.startswith("debate") else "player"
+    assert sorted(p.name for p in (run / "sampler").iterdir()) == [m.replace("player", prefix) for m in MEMBERS]
     for step in (1, 2):
         lines = credit(run, step)
         assert len(lines) == 4
         # four episodes, one per focal member: every member played, and only members played
-        assert {a for line in lines for a in line["adapters"].values()} == set(MEMBERS)
+        assert {a for line in lines for a in line["adapters"].values()} == {m.replace("player", prefix) for m in MEMBERS}
         assert all(line["trained"] == seats for line in lines)  # no pool yet: every seat is a learner
     train_rows = [r for r in metric_rows(run) if r["kind"] == "train"]
     assert [r["step"] for r in train_rows] == [1, 2]
-    assert all(f"elo/{m}" in train_rows[-1] and f"{m}/version" in train_rows[-1] for m in MEMBERS)
+    for m in MEMBERS:
+        member = m.replace("player", prefix)
+        assert f"elo/{member}" in train_rows[-1] and f"{member}/version" in train_rows[-1]
 
 
 def test_resume_restores_the_population_exactly(cli, tmp_path):

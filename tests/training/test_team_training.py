@@ -84,3 +84,24 @@ def test_self_play_trains_only_the_learner_against_a_snapshot(cli, tmp_path):
     assert all(line["trained"] == ["alice", "bob"] for line in credit(run, 1))  # no snapshot yet: both sides learn
     second = credit(run, 2)  # every opponent is the step-1 snapshot: only the learner's side learns
     assert len(second) == 2 and [line["trained"] for line in second] == [["alice"], ["bob"]]
+
+
+def test_teacher_student_trains_teachers_and_student_but_not_the_baseline(cli, tmp_path):
+    import json
+
+    run = tmp_path / "run"
+    train(cli, ROOT / "recipes/teacher_student.yaml", run, 2, "--set", "groups_per_step=2")
+    assert sorted(p.name for p in (run / "sampler").iterdir()) == ["student", "teacher_addition", "teacher_sequences"]
+    for step in (1, 2):
+        transcripts = (run / "rollouts" / f"step-{step:06d}" / "transcripts.jsonl").read_text().splitlines()
+        records = {r["id"]: r for r in map(json.loads, transcripts)}
+        lines = credit(run, step)
+        assert len(lines) == 4
+        for line in lines:
+            # student_alone samples from the student's adapter but is not trainable
+            assert "student_alone" not in line["trained"] and "student" in line["trained"]
+            record = records[line["episode"]]
+            teacher = f"teacher_{record['outcome']['domain']}"
+            assert [t["role"] for t in record["turns"]][0] == teacher
+            assert line["rewards"][teacher] == pytest.approx(
+                line["rewards"]["student"] - record["rewards"]["student_alone"])

@@ -1,0 +1,100 @@
+"""teacher_student: each domain's problem goes to its teacher, only the student sees the example,
+and the teacher is paid the improvement its example made for a scripted student."""
+from __future__ import annotations
+
+import json
+import random
+import re
+
+import pytest
+from play import Script, play, team
+from support import ERROR_LINE
+
+from orchestrator.envs.teacher_student import GENERATORS
+
+
+def student(skill: str):
+    """A scripted student: ``uses-examples`` is right only with an example that shows a result
+    (an ``=``), ``misled`` is right only without one, ``never`` is never right."""
+    def answer(request) -> str:
+        prompt = request.messages[-1]["content"]
+        a, b = map(int, re.search(r"Now solve: (\d+) \+ (\d+)", prompt).groups())
+        shown = "=" in prompt.split("Now solve:")[0]
+        right = {"uses-examples": shown, "misled": "worked example" not in prompt, "never": False}[skill]
+        return json.dumps({"answer": a + b if right else -1})
+    return answer
+
+
+@pytest.mark.parametrize("example, skill, rewards", [
+    ("2 + 3 = 5", "uses-examples", {"student": 1.0, "teacher_addition": 1.0, "student_alone": 0.0}),
+    ("2 + 3", "uses-examples", {"student": 0.0, "teacher_addition": 0.0, "student_alone": 0.0}),
+    ("2 + 3 = 5", "misled", {"student": 0.0, "teacher_addition": -1.0, "student_alone": 1.0}),
+    ("2 + 3 = 5", "never", {"student": 0.0, "teacher_addition": 0.0, "student_alone": 0.0}),
+])
+def test_the_teacher_earns_the_improvement_its_example_made(tmp_path, example, skill, rewards):
+    t = team("teacher_student", tasks=[{"domain": "addition"}])
+    teacher = Script({"example": example})
+    policy = student(skill)
+    (ep,) = play(t, {"teacher_addition": teacher, "teacher_sequences": Script(), "student": policy,
+                     "student_alone": policy}, tmp_path).episodes
+    assert ep.status == "ok", ep.error
+    assert [turn.role for turn in ep.turns] == ["teacher_addition", "student", "student_alone"]
+    assert ep.rewards == {**rewards, "teacher_sequences": 0.0}
+    assert ep.outcome["worked"] != ep.outcome["problem"] and ep.outcome["example"] == example
+
+
+def test_problems_go_to_their_domains_teacher_and_only_the_student_sees_the_example(tmp_path):
+    t = team("teacher_student", tasks=[{"domain": "addition"}, {"domain": "sequences"}])
+    teachers = {"teacher_addition": Script(*[{"example": "ADD-EXAMPLE"}] * 2),
+                "teacher_sequences": Script(*[{"example": "SEQ-EXAMPLE"}] * 2)}
+    seen: dict[str, list[str]] = {"student": [], "student_alone": []}
+
+    def recorder(role):
+        def answer(request):
+            seen[role].append(json.dumps(request.messages))
+            return json.dumps({"answer": 0})
+        return answer
+
+    episodes = play(t, {**teachers, "student": recorder("student"), "student_alone": recorder("student_alone")},
+                    tmp_path, episodes=4).episodes
+    assert [ep.turns[0].role for ep in episodes] == ["teacher_addition", "teacher_sequences"] * 2
+    assert [ep.outcome["domain"] for ep in episodes] == ["addition", "sequences"] * 2
+    assert len(seen["student"]) == 4 and all("EXAMPLE" in s for s in seen["student"])
+    assert len(seen["student_alone"]) == 4 and not any("EXAMPLE" in s for s in seen["student_alone"])
+    assert all("What comes next" in ep.outcome["problem"]["text"] for ep in episodes[1::2])
+
+
+@pytest.mark.parametrize("domain", sorted(GENERATORS))
+def test_generators_give_same_shape_problems_with_right_answers(domain):
+    rng = random.Random(0)
+    for _ in range(50):
+        draw = GENERATORS[domain](rng)
+        p, q = draw(rng), draw(rng)
+        assert isinstance(p["answer"], int) and isinstance(q["answer"], int)
+        if domain == "addition":
+            assert eval(p["text"]) == p["answer"]  # "a + b"
+        elif domain == "sequences":
+            terms = [int(x) for x in re.findall(r"\d+", p["text"])]
+            assert p["answer"] - terms[-1] == terms[1] - terms[0] == terms[3] - terms[2]
+            assert terms[1] - terms[0] == [int(x) for x in re.findall(r"\d+", q["text"])][1] - int(re.findall(r"\d+", q["text"])[0])
+        else:
+            assert p["text"].split(" are in ")[0] == q["text"].split(" are in ")[0]  # the same unit pair
+
+
+@pytest.mark.parametrize("edit, message", [
+    ("domains: {}", "at least 1 item"),
+    ("domains: {algebra: teacher_addition}", "unknown domain(s) algebra (known: addition, sequences, units)"),
+])
+def test_bad_domains_are_one_line_at_validate(cli, tmp_path, edit, message):
+    from play import ROOT
+
+    text = (ROOT / "recipes/teacher_student.yaml").read_text()
+    text = re.sub(r"  domains:\n(    .*\n)+", f"  {edit}\n", text)
+    path = tmp_path / "ts.yaml"
+    path.write_text(text)
+    code, _, err = cli("validate", path)
+    assert code == 2
+    (line,) = [x for x in err.splitlines() if x.strip()]
+    m = ERROR_LINE.match(line)
+    assert m and m["file"] == str(path) and m["line"] == "13" and m["key"] == "protocol.domains"
+    assert message in m["problem"]
