@@ -31,6 +31,8 @@ KEYS = {
     "debate": {"model", "dtype", "episodes", "repeats", "batched_s", "one_at_a_time_s", "batched_tok_s",
                "one_at_a_time_tok_s", "speedup"},
     "pipeline": {"episodes", "messages", "wall_s", "messages_per_s", "bare_validate_per_s", "validation_share"},
+    "populations": {"model", "seeds", "steps", "train_episodes", "probe_games", "per_seed", "self_play_exploitability",
+                    "population_exploitability", "best_member_exploitability", "goal_met", "cost_ratio"},
     "prefix_cache": {"model", "dtype", "episodes", "rounds", "cached", "uncached", "same_turns", "speedup",
                      "prefill_tokens_ratio"},
     "rollout": {"model", "dtype", "requests", "max_tokens", "sequential_prompts", "rounds", "engine_tok_s",

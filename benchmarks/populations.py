@@ -1,0 +1,130 @@
+"""A population of learners versus single self-play on Rock-Paper-Scissors: how exploitable the
+learnt move distributions are, and what a population costs per training episode.
+
+For each seed, ``recipes/rps.yaml`` (self-play: one adapter, its snapshot pool) and
+``recipes/rps_population.yaml`` (four members, PFSP matchmaking) train for the same number of
+steps, so the same number of training episodes (16 a step in both). Then every trained adapter
+plays ``--probe`` games as alice against ``builtin:random``, and its moves give its distribution
+per round. The exploitability of a distribution p is the best response's expected payoff,
+
+    max(p_scissors - p_paper, p_rock - p_scissors, p_paper - p_rock)
+
+(win 1, loss -1): 0 at the uniform Nash mixture, 1 for a pure strategy; per round, then averaged
+over the rounds. The population's mixture is the members' distributions averaged (a member drawn
+uniformly each game). Cost: training episodes per second of rollout, the population's over
+self-play's, from the two runs' metrics of the same seed in this invocation.
+
+    python benchmarks/populations.py [--model smollm2-135m] [--seeds 3] [--steps 20] [--probe 64] [--smoke]
+
+``--smoke``: the tiny model, one seed, one step, 4 probe games (tests/test_benchmarks.py).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MOVES = ("rock", "paper", "scissors")
+
+
+def exploitability(dist: dict[str, float]) -> float:
+    r, p, s = (dist.get(m, 0.0) for m in MOVES)
+    return max(s - p, r - s, p - r)
+
+
+def train(recipe: str, out: Path, args: argparse.Namespace, seed: int) -> None:
+    from orchestrator.cli import main
+
+    code = main(["train", str(ROOT / "recipes" / recipe), "--model", args.model, "--steps", str(args.steps),
+                 "--seed", str(seed), "--out", str(out), "--no-progress", "--dtype", "float32",
+                 "--set", "eval_every=0", "--set", "eval_episodes=2", "--set", f"checkpoint_every={args.steps}"])
+    if code != 0:
+        sys.exit(f"training {recipe} (seed {seed}) failed with exit code {code}")
+
+
+def move_distributions(adapters: dict[str, Path], args: argparse.Namespace, out: Path) -> dict[str, list[dict]]:
+    """adapter -> per round, its move frequencies as alice against builtin:random."""
+    from orchestrator.engines.load import load_engine
+    from orchestrator.policies.binding import Binding
+    from orchestrator.rollout import RunOptions, build_policies, run_team
+    from orchestrator.team import load_team
+
+    team = load_team(ROOT / "recipes/rps.yaml")
+    engine = load_engine(args.model, "float32", 0, "hf", adapters, "cpu")
+    policies = build_policies(team, {"bob": Binding("builtin", "random")}, lambda: engine)
+    names = list(adapters)
+
+    async def go():
+        try:
+            return await run_team(team, policies, RunOptions(
+                episodes=args.probe * len(names), seed=0, out_dir=out, progress=False,
+                adapters_for=lambda i: {"alice": names[i % len(names)]}))
+        finally:
+            await engine.aclose()
+
+    counts = {n: [Counter() for _ in range(team.env_config.rounds)] for n in names}
+    for record in asyncio.run(go()).episodes:
+        mine = [t.content["move"] for t in record.turns if t.role == "alice" and t.valid and t.content]
+        for k, move in enumerate(mine[: team.env_config.rounds]):
+            counts[names[record.index % len(names)]][k][move] += 1
+    return {n: [{m: c[m] / max(sum(c.values()), 1) for m in MOVES} for c in rounds] for n, rounds in counts.items()}
+
+
+def score(rounds: list[dict[str, float]]) -> dict:
+    per_round = [round(exploitability(d), 4) for d in rounds]
+    return {"per_round": per_round, "mean": round(statistics.mean(per_round), 4),
+            "distribution": [{m: round(d[m], 3) for m in MOVES} for d in rounds]}
+
+
+def episodes_per_s(run: Path) -> float:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [r for r in rows if r.get("kind") == "train"]
+    return sum(r["episodes"] for r in train_rows) / sum(r["rollout_s"] for r in train_rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=20, help="training steps of each run (16 episodes a step)")
+    parser.add_argument("--probe", type=int, default=64, help="games each trained adapter plays against random")
+    parser.add_argument("--smoke", action="store_true", help="seconds on the tiny model: does the script still run")
+    args = parser.parse_args()
+    if args.smoke:
+        args.model, args.seeds, args.steps, args.probe = "tiny", 1, 1, 4
+    seeds = []
+    with tempfile.TemporaryDirectory(prefix="populations-") as tmp:
+        for seed in range(args.seeds):
+            work = Path(tmp) / f"seed-{seed}"
+            train("rps.yaml", work / "self-play", args, seed)
+            train("rps_population.yaml", work / "population", args, seed)
+            members = sorted((work / "population" / "sampler").iterdir())
+            adapters = {"self-play": work / "self-play" / "sampler" / "player", **{m.name: m for m in members}}
+            dists = move_distributions(adapters, args, work / "probe")
+            mixture = [{m: statistics.mean(dists[p.name][k][m] for p in members) for m in MOVES}
+                       for k in range(len(dists["self-play"]))]
+            result = {"seed": seed, "self_play": score(dists["self-play"]), "population_mixture": score(mixture),
+                      "members": {p.name: score(dists[p.name]) for p in members},
+                      "cost_ratio": round(episodes_per_s(work / "population") / episodes_per_s(work / "self-play"), 3)}
+            print(json.dumps(result), file=sys.stderr)
+            seeds.append(result)
+    mixture = [s["population_mixture"]["mean"] for s in seeds]
+    print(json.dumps({
+        "model": args.model, "seeds": args.seeds, "steps": args.steps, "train_episodes": args.steps * 16,
+        "probe_games": args.probe, "per_seed": seeds,
+        "self_play_exploitability": [s["self_play"]["mean"] for s in seeds],
+        "population_exploitability": mixture,
+        "best_member_exploitability": [min(m["mean"] for m in s["members"].values()) for s in seeds],
+        "goal_met": all(p <= 0.15 and p < s["self_play"]["mean"] for p, s in zip(mixture, seeds)),
+        "cost_ratio": round(statistics.mean(s["cost_ratio"] for s in seeds), 3),
+    }))
+
+
+if __name__ == "__main__":
+    main()
