@@ -89,13 +89,14 @@ def play(team: Any, policies: dict[str, Any], options: Any) -> Any:
 
 # Training options a run may change from the command line: budgets and optimizer knobs. The
 # plugin choices and their options stay the recipe's, where `rolecast validate` checks them.
-NOT_SETTABLE = ("trainer", "trainer_config", "reward", "reward_config", "loss_config", "eval_tasks", "eval_opponent")
+NOT_SETTABLE = ("trainer", "reward", "eval_tasks", "eval_opponent")
+PLUGIN_OPTIONS = ("trainer_config", "reward_config", "loss_config")  # settable one option at a time
 
 
 def add_set_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
-                   help="change a training option for this run: group_size=4, eval_episodes=8, adam.learning_rate=1e-4 ... "
-                        "(repeatable)")
+                   help="change a training option for this run: group_size=4, eval_episodes=8, adam.learning_rate=1e-4, "
+                        "trainer_config.members=8 ... (repeatable)")
 
 
 def apply_sets(team: Any, sets: list[str]) -> Any:
@@ -105,7 +106,9 @@ def apply_sets(team: Any, sets: list[str]) -> Any:
     import yaml
     from pydantic import ValidationError
 
-    from ..config import TrainingConfig
+    from ..config import LOSS_CONFIGS, TrainingConfig
+    from ..config_errors import problem_text
+    from ..registry import config_model, default_registry
 
     if not sets:
         return team
@@ -115,18 +118,31 @@ def apply_sets(team: Any, sets: list[str]) -> Any:
     for flag in sets:
         key, sep, raw = flag.partition("=")
         path = key.split(".")
-        if not sep or path[0] not in data or path[0] in NOT_SETTABLE:
-            settable = ", ".join(k for k in data if k not in NOT_SETTABLE)
-            raise RolecastError(f"--set {flag!r}: expected KEY=VALUE with KEY one of {settable} (or adam.X, lora.X)")
+        if not sep or path[0] not in data or path[0] in NOT_SETTABLE or (path[0] in PLUGIN_OPTIONS and len(path) < 2):
+            settable = ", ".join(k for k in data if k not in NOT_SETTABLE + PLUGIN_OPTIONS)
+            raise RolecastError(f"--set {flag!r}: expected KEY=VALUE with KEY one of {settable} "
+                                "(or adam.X, lora.X, trainer_config.X, reward_config.X, loss_config.X)")
         node = data
         for part in path[:-1]:
             node = node.get(part) if isinstance(node, dict) else None
             if not isinstance(node, dict):
                 raise RolecastError(f"--set {flag!r}: {key} is not an option")
         node[path[-1]] = yaml.safe_load(raw)
+
+    def invalid(prefix: tuple[str, ...], exc: ValidationError, model: Any) -> RolecastError:
+        err = exc.errors()[0]
+        return RolecastError(f"--set: {'.'.join(map(str, (*prefix, *err['loc'])))}: {problem_text(err, model)}")
+
     try:
         training = TrainingConfig.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        raise RolecastError(f"--set: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+        raise invalid((), exc, TrainingConfig) from None
+    registry = default_registry()
+    for key, model in (("trainer_config", config_model(registry.get("trainers", training.trainer))),
+                       ("reward_config", config_model(registry.get("rewards", training.reward))),
+                       ("loss_config", LOSS_CONFIGS[training.loss])):
+        try:
+            model.model_validate(getattr(training, key))
+        except ValidationError as exc:
+            raise invalid((key,), exc, model) from None
     return dataclasses.replace(team, config=team.config.model_copy(update={"training": training}))

@@ -1,0 +1,45 @@
+"""`--set KEY=VALUE` on train and compare: budgets and plugin options, checked like the recipe."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cli.flags import apply_sets
+from orchestrator.errors import RolecastError
+from orchestrator.team import load_team
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def team():
+    return load_team(ROOT / "recipes/rps_population.yaml")
+
+
+def test_budget_and_plugin_options_apply(team):
+    t = apply_sets(team, ["group_size=3", "adam.learning_rate=1e-3", "trainer_config.members=2",
+                          "trainer_config.matchmaking=elo", "loss_config.kl_coef=0.1"])
+    training = t.config.training
+    assert training.group_size == 3 and training.adam.learning_rate == 1e-3
+    assert training.trainer_config["members"] == 2 and training.trainer_config["matchmaking"] == "elo"
+    assert training.trainer_config["snapshot_every"] == 5  # the recipe's other options stay
+    assert training.loss_config["kl_coef"] == 0.1
+    assert team.config.training.group_size == 8  # the loaded team is not changed
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("trainer_config.members=1", "--set: trainer_config: members: a population needs two or more distinct members"),
+    ("trainer_config.snapshot_evry=5", "--set: trainer_config.snapshot_evry: unknown key (allowed: "),
+    ("trainer_config.matchmaking=nearest", "--set: trainer_config.matchmaking: Input should be 'uniform', 'elo' or "
+                                           "'pfsp' (got 'nearest')"),
+    ("group_size=0", "--set: group_size: Input should be greater than or equal to 1 (got 0)"),
+    ("trainer_config=1", "expected KEY=VALUE"),
+    ("trainer=grpo", "expected KEY=VALUE"),
+    ("adam.nope.x=1", "adam.nope.x is not an option"),
+])
+def test_bad_values_are_one_line_errors(team, flag, message):
+    with pytest.raises(RolecastError) as info:
+        apply_sets(team, [flag])
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
