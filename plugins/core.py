@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from orchestrator.envs.code_pair import CodePairEnv
 from orchestrator.envs.debate import DebateEnv
+from orchestrator.envs.generate_judge import GenerateJudgeEnv
 from orchestrator.envs.pipeline import PipelineEnv
 from orchestrator.envs.propose_solve import ProposeSolveEnv
 from orchestrator.envs.teacher_student import TeacherStudentEnv
@@ -26,6 +27,7 @@ def register_envs(register):
     register("code_pair", CodePairEnv)
     register("propose_solve", ProposeSolveEnv)
     register("teacher_student", TeacherStudentEnv)
+    register("generate_judge", GenerateJudgeEnv)
 
 
 @hookimpl

@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
     pytest.param("issue_fix", ["planner", "coder", "reviewer", "tester"], marks=needs_sandbox),
     pytest.param("code_pair", ["tester", "coder"], marks=needs_sandbox),
     ("prisoners_dilemma", ["alice", "bob"]),
+    ("generate_judge", ["generator", "judge"]),
 ])
 def test_team_recipes_train_every_role(cli, tmp_path, monkeypatch, recipe, adapters):
     monkeypatch.chdir(ROOT)  # issue_fix's task dirs are relative to the repo root
