@@ -8,7 +8,8 @@
       rewards: {winner: 1.0, loser: -0.5, tie: 0.0}
       first: random          # who opens each episode (or: fixed, the first of debaters)
 
-The judge's ``winner`` field may name a debater role or its ``params.stance``.
+The judge sees the sides labelled A, B in a per-episode random order; its ``winner`` field may
+name a side's label, its debater role or its ``params.stance``.
 """
 from __future__ import annotations
 
@@ -78,15 +79,22 @@ class DebateEnv(Env):
         return self.config.judge
 
     def observe(self, role: str) -> dict[str, Any]:
+        judging = role == self.config.judge
+        labels = {d: self._label(d) for d in self.config.debaters} if judging else {}
         return {
             "topic": self.task.get("topic", ""),
-            "arguments": self.arguments,
+            "arguments": [{**a, "label": labels.get(a["role"])} for a in self.arguments],
             "round": min(self.turn // 2 + 1, self.config.rounds),
             "rounds": self.config.rounds,
             "stance": self._stance(role) if role in self.config.debaters else None,
-            "debaters": [{"role": d, "stance": self._stance(d)}
-                         for d in (self.judge_order if role == self.config.judge else self.config.debaters)],
+            "debaters": [{"role": d, "stance": self._stance(d), "label": labels.get(d)}
+                         for d in (self.judge_order if judging else self.config.debaters)],
         }
+
+    def _label(self, debater: str) -> str:
+        """The judge knows the sides as A, B, ... in its per-episode order, not by stance: a small
+        judge that favours a stance's word ("for") would otherwise give one side every win."""
+        return chr(ord("A") + self.judge_order.index(debater))
 
     async def step(self, role: str, message: Message) -> StepResult:
         if role != self.config.judge:
@@ -107,7 +115,7 @@ class DebateEnv(Env):
     def _match(self, value: Any) -> str | None:
         wanted = str(value).strip().lower()
         for d in self.config.debaters:
-            if wanted in (d.lower(), self._stance(d).lower()):
+            if wanted in (d.lower(), self._stance(d).lower(), self._label(d).lower()):
                 return d
         return None
 

@@ -20,3 +20,21 @@ def test_configured_rewards(tmp_path, winner, expected):
     t = team("debate", tasks=[{"topic": "t"}], rewards={"winner": 2.0, "loser": -1.0, "tie": 0.25})
     (ep,) = play(t, debate(winner), tmp_path).episodes
     assert ep.rewards == {**expected, "judge": 0.0}
+
+
+def test_the_judge_sees_letters_in_a_random_order_and_a_letter_names_its_side(tmp_path):
+    """A position-biased judge that always answers "A" must not hand one debater every win: the
+    sides are lettered in a per-episode random order, and no stance word reaches the judge."""
+    judge = Script(*[{"winner": "A", "reason": "r"}] * 40)
+    policies = {"pro": Script(*[{"argument": "pro says"}] * 2), "con": Script(*[{"argument": "con says"}] * 2),
+                "judge": judge}
+    episodes = play(team("debate", tasks=[{"topic": "t"}]), policies, tmp_path, episodes=40).episodes
+    assert len(episodes) == 40 and len(judge.requests) == 40
+    for ep, request in zip(episodes, sorted(judge.requests, key=lambda r: r.episode)):
+        prompt = request.messages[-1]["content"]
+        a_side = "pro" if "[A] pro says" in prompt else "con"
+        assert f"[B] {'con' if a_side == 'pro' else 'pro'} says" in prompt
+        assert "[for]" not in prompt and "[against]" not in prompt
+        assert ep.outcome["winner"] == a_side
+    wins = sum(ep.outcome["winner"] == "pro" for ep in episodes)
+    assert 10 <= wins <= 30  # about half: the letter, not the side, carries the bias
