@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RolecastError
-from .flags import add_model_flags, add_set_flag, apply_sets, run_dir
+from .flags import add_training_flags, apply_sets, run_dir
 
 
 def register(sub: Any) -> None:
@@ -29,10 +29,7 @@ def register(sub: Any) -> None:
     p.add_argument("--steps", type=int, help="training steps per strategy (default: the recipe's)")
     p.add_argument("--every", type=int, default=5, help="freeze-rotate: steps per phase (default 5)")
     p.add_argument("--out", type=Path, help="where the runs go (default: runs/compare-<recipe>-<time>)")
-    add_model_flags(p, adapter_help=None, dtype_help="sampling dtype")
-    add_set_flag(p)
-    p.add_argument("--seed", type=int)
-    p.add_argument("--no-progress", action="store_true")
+    add_training_flags(p)
     p.set_defaults(func=handle)
 
 

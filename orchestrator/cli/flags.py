@@ -93,6 +93,14 @@ NOT_SETTABLE = ("trainer", "reward", "eval_tasks", "eval_opponent")
 PLUGIN_OPTIONS = ("trainer_config", "reward_config", "loss_config")  # settable one option at a time
 
 
+def add_training_flags(p: argparse.ArgumentParser) -> None:
+    """--model, --dtype, --engine, --device, --set, --seed and --no-progress: how a command trains."""
+    add_model_flags(p, adapter_help=None, dtype_help="sampling dtype")
+    add_set_flag(p)
+    p.add_argument("--seed", type=int, help="run seed (default: the recipe's `seed`)")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
 def add_set_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
                    help="change a training option for this run: group_size=4, eval_episodes=8, adam.learning_rate=1e-4, "
