@@ -14,7 +14,9 @@ PLOTS = [
     ("eval.png", "evaluation reward per role (95% interval)", ("eval_reward/",)),
     ("loss.png", "loss per adapter", ("/loss",)),
     ("kl.png", "KL to the base model and importance ratio", ("/kl", "/ratio_mean")),
-    ("win_rate.png", "win rates (self-play; eval_: against the evaluation opponent)", ("win_rate/", "eval_win_rate/")),
+    ("win_rate.png", "win rates (self-play, population; eval_: against the evaluation opponent)",
+     ("win_rate/", "eval_win_rate/")),
+    ("elo.png", "Elo ratings (self-play: learner and snapshots; population: members and snapshots)", ("elo/",)),
 ]
 
 

@@ -91,6 +91,7 @@ def test_eval_population_end_to_end(cli, tmp_path):
     code, _, err = cli("report", run, "--json")
     assert code == 0, err
     assert (run / "report" / "payoff.png").stat().st_size > 0
+    assert (run / "report" / "elo.png").stat().st_size > 0  # the members' ratings over the steps
 
 
 def test_eval_population_refuses_a_recipe_that_trains_no_population(cli, tmp_path):
