@@ -33,6 +33,7 @@ import random
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 from orchestrator.engines.base import GenerationRequest, SamplingParams
 from orchestrator.engines.hf import HFEngine
@@ -40,6 +41,7 @@ from orchestrator.envs.guess_number import GuessNumberConfig, GuessNumberEnv
 from orchestrator.messages import Message, parse_message, schema_json
 from orchestrator.models import load_model
 from orchestrator.role import LIBRARY_DIR, RoleSpec, library_roles, load_role
+from orchestrator.team import load_team
 
 TASKS = [
     "cart.total() skips the last item of the cart.",
@@ -69,6 +71,31 @@ def number_guesser_observation(i: int) -> dict:
     return env.observe(role)
 
 
+RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+# library role -> (recipe, the role's name there) for roles whose observation an environment builds
+# as the episode goes; the turns before theirs get these replies, by the acting role's name.
+PLAYED_IN = {"judge": ("debate.yaml", "judge"), "teacher": ("teacher_student.yaml", "teacher_addition"),
+             "student": ("teacher_student.yaml", "student"), "verifier": ("generate_judge.yaml", "judge")}
+REPLIES = {"pro": {"argument": ARGUMENTS[0]["argument"]}, "con": {"argument": ARGUMENTS[1]["argument"]},
+           "teacher_addition": {"example": "3 + 4 = 7, so the answer is 7."}, "generator": {"answer": 12}}
+
+
+def env_observation(role: str, i: int) -> tuple[dict, dict]:
+    """The (task, observation) the environment gives ``role`` in episode ``i`` of its recipe, after
+    the scripted turns before it: built by the env itself, so it follows the env's changes."""
+    recipe, name = PLAYED_IN[role]
+    team = load_team(RECIPES / recipe)
+    task = team.tasks[i % len(team.tasks)] if recipe != "teacher_student.yaml" else {"domain": "addition"}
+    env = team.make_env(task, random.Random(i))
+    turn = 0
+    while (who := env.next_role()) != name:
+        content = REPLIES[who]
+        asyncio.run(env.step(who, Message(id=f"bench:{turn}", episode="bench", turn=turn, sender=who, recipients=[],
+                                          content=content, raw=json.dumps(content), valid=True)))
+        turn += 1
+    return task, env.observe(name)
+
+
 SPECS = ["Return x plus 3.", "Return the string x reversed.", "Return the largest number in the list x."]
 
 
@@ -77,6 +104,8 @@ def observation(role: str, i: int) -> tuple[dict, dict]:
     task = {"text": TASKS[i % len(TASKS)]}
     if role == "number_guesser":
         return task, number_guesser_observation(i)
+    if role in PLAYED_IN:
+        return env_observation(role, i)
     by_role = {
         "answerer": {"secret": ["dog", "piano", "apple", "bicycle"][i % 4],
                      "question": ["Is it alive?", "Can you eat it?", "Is it bigger than a chair?", "Does it make sound?"][i // 4 % 4]},
@@ -89,7 +118,6 @@ def observation(role: str, i: int) -> tuple[dict, dict]:
         "game_player": {"observation": "Tic-Tac-Toe, you are X.\n X | . | O\n . | O | .\n . | . | X",
                         "legal_moves": ["b1", "a2", "c2", "a3", "b3"]},
         "guesser": {"history": [{"question": "Is it alive?", "answer": "no"}][: i % 2], "questions_left": 20 - i % 5},
-        "judge": {"topic": TOPICS[i % 4], "arguments": ARGUMENTS, "debaters": [{"stance": "for"}, {"stance": "against"}]},
         "planner": {"history": []},
         "reviewer": {"history": HISTORY},
         "tester": {"history": HISTORY},
