@@ -47,6 +47,7 @@ def handle(args: argparse.Namespace, team: Any) -> int:
     entrants = [Entrant(name, adapter=name) for name in adapters] + [Entrant(b, builtin=b) for b in baselines]
     seed = team.config.seed if args.seed is None else args.seed
     engine = load_engine(args.model or team.config.model, args.dtype, seed, args.engine, adapters, args.device)
+    out = args.out or run / "population"
 
     async def go():
         try:
@@ -57,7 +58,6 @@ def handle(args: argparse.Namespace, team: Any) -> int:
         finally:
             await engine.aclose()
 
-    out = args.out or run / "population"
     games = asyncio.run(go())
     report = {"team": team.name, "run_dir": str(run), **analyse(entrants, games, args.games_per_pair, seed)}
     out.mkdir(parents=True, exist_ok=True)

@@ -32,6 +32,12 @@ class EnvConfig(BaseModel):
         return []
 
 
+def whole_number(message: Message, field: str = "answer") -> int | None:
+    """``message``'s ``field`` when the message is valid and it is an int (not a bool), else None."""
+    value = (message.content or {}).get(field) if message.valid else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 @dataclass
 class StepResult:
     rewards: dict[str, float] = field(default_factory=dict)

@@ -22,7 +22,7 @@ from pydantic import Field, model_validator
 
 from ..messages import Message
 from ..yamlfile import Loc
-from .base import Env, EnvConfig, StepResult
+from .base import Env, EnvConfig, StepResult, whole_number
 from .propose_solve import OPS
 
 
@@ -65,12 +65,10 @@ class GenerateJudgeEnv(Env):
     async def step(self, role: str, message: Message) -> StepResult:
         c = self.config
         self.turn += 1
-        content = (message.content or {}) if message.valid else {}
         if role == c.generator:
-            answer = content.get("answer")
-            self.answer = answer if isinstance(answer, int) and not isinstance(answer, bool) else None
+            self.answer = whole_number(message)
             return StepResult()
-        verdict = content.get("verdict")
+        verdict = (message.content or {}).get("verdict") if message.valid else None
         self.verdict = verdict if verdict in ("correct", "incorrect") else None
         right = self.answer == self.truth
         agrees = self.verdict == ("correct" if right else "incorrect")

@@ -27,7 +27,7 @@ from pydantic import Field, model_validator
 
 from ..messages import Message
 from ..yamlfile import Loc
-from .base import Env, EnvConfig, StepResult
+from .base import Env, EnvConfig, StepResult, whole_number
 
 OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
@@ -77,8 +77,7 @@ class ProposeSolveEnv(Env):
                 return StepResult(done=True)
             self.problem = problem
             return StepResult()
-        answer = (message.content or {}).get("answer") if message.valid else None
-        self.answers.append(answer if isinstance(answer, int) and not isinstance(answer, bool) else None)
+        self.answers.append(whole_number(message))
         if len(self.answers) < c.attempts:
             return StepResult()
         self.done, self.reason = True, "solved" if self.solved_share() else "unsolved"

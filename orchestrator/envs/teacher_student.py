@@ -33,7 +33,7 @@ from pydantic import Field, field_validator, model_validator
 
 from ..messages import Message
 from ..yamlfile import Loc
-from .base import Env, EnvConfig, StepResult
+from .base import Env, EnvConfig, StepResult, whole_number
 
 Problem = dict[str, Any]  # {"text": ..., "answer": int}
 
@@ -143,8 +143,7 @@ class TeacherStudentEnv(Env):
             text = (message.content or {}).get("example") if message.valid else None
             self.example = text.strip() if isinstance(text, str) and text.strip() else None
             return StepResult()
-        answer = (message.content or {}).get("answer") if message.valid else None
-        self.answers[role] = answer if isinstance(answer, int) and not isinstance(answer, bool) else None
+        self.answers[role] = whole_number(message)
         if role != c.student_alone:
             return StepResult()
         with_example, alone = (float(self.answers.get(r) == self.problem["answer"]) for r in (c.student, c.student_alone))
