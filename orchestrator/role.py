@@ -89,6 +89,27 @@ class RoleSpec:
         """The user message of a conversation role's later turn."""
         return {"role": "user", "content": self.followup_template.render(context).strip()}
 
+    # Pickling (rollout workers get the team this way): compiled templates do not pickle, so they
+    # travel as their file names and are compiled again on arrival; cached properties are dropped.
+    def __getstate__(self) -> dict[str, Any]:
+        state = {k: v for k, v in self.__dict__.items() if k not in _CACHED}
+        for key in ("template", "followup_template"):
+            state[key] = state[key] and state[key].filename
+        state["system_template"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for key in ("template", "followup_template"):
+            if state[key] is not None:
+                path = Path(state[key])
+                state[key] = _jinja_env(str(path.parent)).get_template(path.name)
+        env = _jinja_env(str(Path(state["template_path"]).parent))
+        state["system_template"] = env.from_string(state["config"].system or DEFAULT_SYSTEM)
+        self.__dict__.update(state)
+
+
+_CACHED = frozenset(k for k, v in vars(RoleSpec).items() if isinstance(v, cached_property))
+
 
 def library_roles() -> list[str]:
     return sorted(p.stem for p in LIBRARY_DIR.glob("*.yaml"))
