@@ -13,7 +13,7 @@ import json
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,9 @@ class RunOptions:
     extra: dict[str, Any] = field(default_factory=dict)  # recorded in config.yaml (CLI choices)
     # episode index -> {role: adapter} for this episode only (e.g. a self-play opponent snapshot)
     adapters_for: Callable[[int], dict[str, str]] | None = None
+    # where episodes are played: None = here, with the given policies; else a coroutine function
+    # that plays a record elsewhere and returns it played (a rollout worker: workers.py)
+    play: Callable[[EpisodeRecord], Awaitable[EpisodeRecord]] | None = None
 
 
 @dataclass
@@ -113,7 +116,8 @@ async def run_team(team: Team, policies: Mapping[str, Policy], options: RunOptio
         async with semaphore:
             t0 = time.perf_counter()
             try:
-                await asyncio.wait_for(run_episode(team, policies, record), options.episode_timeout_s)
+                played = options.play(record) if options.play else run_episode(team, policies, record)
+                record = await asyncio.wait_for(played, options.episode_timeout_s)
             except asyncio.TimeoutError:
                 record.status, record.error = "timeout", f"episode exceeded {options.episode_timeout_s:g}s"
             except Exception as exc:  # a policy or environment fault ends this episode, not the run

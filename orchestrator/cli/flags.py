@@ -94,11 +94,34 @@ PLUGIN_OPTIONS = ("trainer_config", "reward_config", "loss_config")  # settable 
 
 
 def add_training_flags(p: argparse.ArgumentParser) -> None:
-    """--model, --dtype, --engine, --device, --set, --seed and --no-progress: how a command trains."""
+    """--model, --dtype, --engine, --device, --set, --seed, --no-progress and the Ray flags: how a
+    command trains."""
     add_model_flags(p, adapter_help=None, dtype_help="sampling dtype")
     add_set_flag(p)
     p.add_argument("--seed", type=int, help="run seed (default: the recipe's `seed`)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_ray_flags(p)
+
+
+def add_ray_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
+                   help="play episodes on Ray rollout workers: `local` (default) starts Ray here; "
+                        "an address (auto, ray://host:10001) joins a cluster (pip install 'rolecast[ray]')")
+    p.add_argument("--rollout-workers", type=int, default=2, metavar="N",
+                   help="--ray: rollout workers, each with its own engine (default 2)")
+
+
+def rollout_workers(args: argparse.Namespace, model: str, seed: int) -> Any:
+    """The Ray rollout workers ``--ray`` asks for, or None. Workers take the command's --device;
+    on CUDA each gets a GPU of its own."""
+    if args.ray is None:
+        return None
+    from ..workers import RayOptions, RayRollouts
+
+    cuda = str(args.device).startswith("cuda")
+    options = RayOptions(address=args.ray, workers=args.rollout_workers, gpus_per_worker=1.0 if cuda else 0.0)
+    return RayRollouts(options, model=model, dtype=args.dtype, seed=seed, backend=args.engine,
+                       device=args.device if cuda else "cpu")
 
 
 def add_set_flag(p: argparse.ArgumentParser) -> None:

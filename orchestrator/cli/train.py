@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RolecastError
-from .flags import add_training_flags, apply_sets, run_dir
+from .flags import add_training_flags, apply_sets, rollout_workers, run_dir
 
 
 def register(sub: Any) -> None:
@@ -37,7 +37,7 @@ def handle(args: argparse.Namespace) -> int:
 
 def train(team: Any, args: argparse.Namespace, out: Path, resume: bool, extra: dict[str, Any] | None = None) -> dict:
     """Train ``team`` into ``out`` on a fresh engine and training service, as --model, --dtype,
-    --engine, --device, --seed, --steps and --no-progress say; the final evaluation's row."""
+    --engine, --device, --seed, --steps, --no-progress and --ray say; the final evaluation's row."""
     from ..engines.load import device_for, load_engine
     from ..training.client import ServiceClient
     from ..training.loop import TrainingRun, TrainOptions
@@ -47,14 +47,18 @@ def train(team: Any, args: argparse.Namespace, out: Path, resume: bool, extra: d
     engine = load_engine(model, args.dtype, seed, args.engine, device=args.device)
     service = ServiceClient(model, seed=seed, device=device_for(args.device))
     service.attach_engine(engine)
+    workers = rollout_workers(args, model, seed)
+    where = {"rollout_workers": workers.workers, "ray": args.ray} if workers else {}
     options = TrainOptions(out_dir=out, model=model, dtype=args.dtype, seed=seed, steps=args.steps, resume=resume,
-                           progress=not args.no_progress, extra={"device": str(service.device), **(extra or {})})
+                           progress=not args.no_progress, extra={"device": str(service.device), **where, **(extra or {})})
 
     async def go():
         try:
-            return await TrainingRun(team, options, engine, service).run()
+            return await TrainingRun(team, options, engine, service, rollouts=workers).run()
         finally:
             await engine.aclose()
             service.close()
+            if workers:
+                workers.close()
 
     return asyncio.run(go())

@@ -72,7 +72,8 @@ def trainable_roles(team: Team) -> dict[str, str]:
 
 
 class TrainingRun:
-    def __init__(self, team: Team, options: TrainOptions, engine: Engine, service: Any, registry: Registry | None = None):
+    def __init__(self, team: Team, options: TrainOptions, engine: Engine, service: Any, registry: Registry | None = None,
+                 rollouts: Any = None):
         if team.config.training is None:
             raise RolecastError(f"{team.path}: the recipe has no `training:` block")
         self.team = team
@@ -95,14 +96,18 @@ class TrainingRun:
         self.reward_config = config_model(self.reward_fn).model_validate(self.cfg.reward_config)
         lora = LoraConfig(**{**self.cfg.lora.model_dump(), "target_modules": tuple(self.cfg.lora.target_modules)})
         self.clients = {a: service.create_lora_training_client(a, lora) for a in self.trainer.learners()}
+        self.rollouts = rollouts  # None: episodes play here; else rollout workers (workers.RayRollouts)
         self.policies = build_policies(team, {}, lambda: engine, self.registry)
         self.eval_team, self.eval_policies, self.eval_opponent_role = team, self.policies, None
+        overrides: dict = {}
         if self.cfg.eval_opponent:  # evaluations rebind the protocol's opponent role
-            overrides: dict = {}
             self.eval_team, self.eval_opponent_role, checkpoint = bind_opponent(team, self.cfg.eval_opponent, overrides)
             if checkpoint is not None:
-                engine.load_adapter(CHECKPOINT_ADAPTER, checkpoint)
+                self._load(CHECKPOINT_ADAPTER, checkpoint)
             self.eval_policies = build_policies(self.eval_team, overrides, lambda: engine, self.registry)
+        self.play = rollouts.bind(team, {}) if rollouts else None
+        self.play_eval = rollouts.bind(self.eval_team, overrides) if rollouts else None
+        self.concurrency = team.config.concurrency * (rollouts.workers if rollouts else 1)
         self.run_dir = options.out_dir
         self.steps = options.steps or self.cfg.steps
         self.metrics = MetricsWriter(self.run_dir)
@@ -113,7 +118,7 @@ class TrainingRun:
             raise RolecastError(f"{self.run_dir} already holds a training run: add --resume to continue it, "
                                 "or give another --out")
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        start = self._resume() + 1 if self.options.resume else 0
+        start = await self._resume() + 1 if self.options.resume else 0
         if start == 0:
             self._write_config()
             await self._publish_all()
@@ -185,10 +190,11 @@ class TrainingRun:
             episodes=len(team.tasks),
             seed=derive_seed(self.options.seed, step),
             out_dir=self.run_dir / "rollouts" / f"step-{step:06d}",
-            concurrency=self.team.config.concurrency,
+            concurrency=self.concurrency,
             episode_timeout_s=self.team.config.episode_timeout_s,
             progress=False,
             adapters_for=lambda i: self.trainer.adapters_for(step, i),
+            play=self.play,
         ))
         return [result.episodes[g * size:(g + 1) * size] for g in range(len(chosen))]
 
@@ -220,8 +226,7 @@ class TrainingRun:
         if epochs > 1:  # how far each pass strayed from the sampler
             for e, p in enumerate(passes, 1):
                 metrics.update({f"{adapter}/epoch{e}/{k}": p[k] for k in ("clip_fraction", "approx_kl") if k in p})
-        client = self.clients[adapter]
-        version = await (await client.save_weights_for_sampler_async(self._sampler_dir(adapter))).result_async()
+        version = await self._publish(adapter)
         metrics[f"{adapter}/datums"] = len(items)
         metrics[f"{adapter}/version"] = version
         return metrics
@@ -249,8 +254,9 @@ class TrainingRun:
         team = replace(self.eval_team, tasks=tasks)
         result = await run_team(team, self.eval_policies, RunOptions(
             episodes=n, seed=derive_seed(self.options.seed, 999_999), out_dir=self.run_dir / "evals" / f"step-{step:06d}",
-            concurrency=self.team.config.concurrency, episode_timeout_s=self.team.config.episode_timeout_s, progress=False,
+            concurrency=self.concurrency, episode_timeout_s=self.team.config.episode_timeout_s, progress=False,
             adapters_for=lambda i: {r: a for r, a in self.trainer.eval_adapters_for(i).items() if r != self.eval_opponent_role},
+            play=self.play_eval,
         ))
         # Evaluations report the environment's own rewards, whatever reward training optimises.
         row: dict[str, Any] = {"step": step, "kind": "eval", "episodes": n}
@@ -276,11 +282,25 @@ class TrainingRun:
         """Freeze the adapter's current weights as opponent ``name`` (kept on disk for --resume)."""
         path = self.run_dir / "pool" / name
         shutil.copytree(self._sampler_dir(adapter), path, dirs_exist_ok=True)
-        self.engine.load_adapter(name, path)
+        self._load(name, path)
+
+    def _load(self, name: str, path: Path) -> None:
+        """A frozen adapter into the engine, and to the rollout workers."""
+        version = self.engine.load_adapter(name, path)
+        if self.rollouts:
+            self.rollouts.publish(name, path, version)
+
+    async def _publish(self, adapter: str) -> int:
+        """A learner's current weights to its sampler dir, the engine and the rollout workers."""
+        folder = self._sampler_dir(adapter)
+        version = await (await self.clients[adapter].save_weights_for_sampler_async(folder)).result_async()
+        if self.rollouts:
+            self.rollouts.publish(adapter, folder, version)
+        return version
 
     async def _publish_all(self) -> None:
-        for adapter, client in self.clients.items():
-            await (await client.save_weights_for_sampler_async(self._sampler_dir(adapter))).result_async()
+        for adapter in self.clients:
+            await self._publish(adapter)
 
     def _write_config(self) -> None:
         config = {"recipe": self.team.resolved(), "run": {"seed": self.options.seed, "model": self.options.model,
@@ -309,7 +329,7 @@ class TrainingRun:
         log.info("checkpoint", step=step, path=str(root / name))
         return root / name
 
-    def _resume(self) -> int:
+    async def _resume(self) -> int:
         latest = self.run_dir / "checkpoints" / "latest"
         if not latest.exists():
             raise RolecastError(f"--resume: no checkpoint in {self.run_dir / 'checkpoints'}")
@@ -319,9 +339,8 @@ class TrainingRun:
             client.load_state(folder / "adapters" / adapter).result()
         self.trainer.load_state_dict(state["trainer"])
         for name in self.trainer.opponent_adapters():  # e.g. self-play's snapshots back into the engine
-            self.engine.load_adapter(name, self.run_dir / "pool" / name)
-        for adapter, client in self.clients.items():
-            client.save_weights_for_sampler(self._sampler_dir(adapter)).result()
+            self._load(name, self.run_dir / "pool" / name)
+        await self._publish_all()
         # last: loading adapters into the engine draws from the RNG (PEFT initialises before loading)
         load_rng(folder / "rng.pt")
         self.metrics.truncate_after(state["step"])

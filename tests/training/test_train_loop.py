@@ -98,7 +98,7 @@ def _check_resume_restores_the_checkpoint(path: Path, run: Path, done: str) -> N
     service.attach_engine(engine)
     try:
         tr = TrainingRun(load_team(path), TrainOptions(out_dir=run, model="tiny", resume=True), engine, service)
-        step = tr._resume()
+        step = asyncio.run(tr._resume())
         assert f"step-{step:06d}" == done
         folder = run / "checkpoints" / done / "adapters"
         assert sorted(tr.clients) == ["con", "pro"]

@@ -1,0 +1,201 @@
+"""Rollout workers on Ray: episodes played by N actors, each with its own engine.
+
+    pool = RayRollouts(RayOptions(address="local", workers=2), model="smollm2-135m")
+    play = pool.bind(team, overrides)            # the team's roles and bindings, on every worker
+    pool.publish("coder", sampler_dir, version)  # new LoRA weights: sent once, fetched by each worker
+    record = await play(record)                  # one episode, on worker record.index % N
+
+The driver keeps everything that writes: transcripts, metrics, checkpoints, training. A worker
+gets a team once (``bind``), adapters as PEFT files through Ray's object store with the driver's
+version number (``publish``; a worker fetches only the ones that changed, before its next
+episode), and episodes one at a time; an episode's turns come back numbered with the driver's
+adapter versions, so a transcript says which published weights sampled each turn. Episode i
+always goes to worker i mod N, and sampling seeds come from the episode, so a run with workers
+samples what the single-process run samples (up to the last bits of batched arithmetic).
+
+A worker that dies is replaced (its teams bound and adapters sent again) and its unfinished
+episodes re-played there from the start; an episode that raised on a live worker is a result
+(status ``error``), as it is without Ray. Sandboxes run inside the worker that plays the episode.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from .errors import RolecastError
+from .transcript import EpisodeRecord
+
+log = structlog.get_logger()
+
+MAX_RESTARTS = 3  # per episode: a worker that dies this often in a row is a fault of the episode
+
+
+@dataclass
+class RayOptions:
+    address: str = "local"  # "local": start a Ray instance in this process; else a cluster address ("auto", ray://...)
+    workers: int = 2
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float = 0.0  # 1 on a GPU cluster: each worker its own GPU
+
+
+def start_env() -> None:
+    """Before a local Ray starts: Ray runs its workers at niceness 15 by default, so that its own
+    daemons stay responsive; here the workers are the main compute, and at 15 the trainer in the
+    driver starves them (an engine took 80 s to load instead of 9 on two busy cores)."""
+    os.environ.setdefault("RAY_worker_niceness", "0")
+
+
+class RolloutWorker:
+    """The body of a Ray actor (async: its episodes share the engine's batches)."""
+
+    def __init__(self, model: str, dtype: str, seed: int, backend: str, device: str, threads: int):
+        import torch
+
+        from .engines.load import load_engine
+
+        if threads:
+            torch.set_num_threads(threads)
+        self.engine = load_engine(model, dtype, seed, backend, device=device)
+        self.teams: dict[str, tuple[Any, dict]] = {}
+        self.loaded: dict[str, int] = {}  # adapter -> driver version held
+        self.driver_version: dict[tuple[str, int], int] = {}  # (adapter, engine version) -> driver version
+        self.folder = Path(tempfile.mkdtemp(prefix="rolecast-worker-"))
+
+    def bind(self, key: str, team: Any, overrides: dict) -> None:
+        from .rollout import build_policies
+
+        self.teams[key] = (team, build_policies(team, overrides, lambda: self.engine))
+
+    def sync(self, adapters: dict[str, tuple[int, Any]]) -> None:
+        """Load every adapter whose driver version differs from the one held; ``adapters`` maps
+        name -> (version, object ref of its files)."""
+        import ray
+
+        for name, (version, ref) in adapters.items():
+            if self.loaded.get(name) == version:
+                continue
+            folder = self.folder / name / str(version)
+            folder.mkdir(parents=True, exist_ok=True)
+            for file, data in ray.get(ref).items():
+                (folder / file).write_bytes(data)
+            self.driver_version[(name, self.engine.load_adapter(name, folder))] = version
+            self.loaded[name] = version
+
+    async def play(self, key: str, record: EpisodeRecord) -> EpisodeRecord:
+        from .episode import run_episode
+
+        team, policies = self.teams[key]
+        await run_episode(team, policies, record)
+        for turn in record.turns:
+            for attempt in turn.attempts:
+                if attempt.adapter is not None and attempt.adapter_version:
+                    attempt.adapter_version = self.driver_version.get((attempt.adapter, attempt.adapter_version))
+        return record
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class RayRollouts:
+    """The driver's side: starts (or joins) Ray, owns the workers, replaces the ones that die."""
+
+    def __init__(self, options: RayOptions, *, model: str, dtype: str = "auto", seed: int = 0, backend: str = "hf",
+                 device: str = "cpu"):
+        try:
+            import ray
+        except ImportError:
+            raise RolecastError("--ray needs Ray: pip install 'rolecast[ray]'") from None
+        if options.workers < 1:
+            raise RolecastError(f"--rollout-workers {options.workers}: needs at least 1")
+        self.ray, self.options = ray, options
+        self.started_ray = not ray.is_initialized()
+        if self.started_ray:
+            kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
+            if options.address == "local":
+                start_env()
+                kwargs["num_cpus"] = max(os.cpu_count() or 1, int(options.workers * options.cpus_per_worker + 0.999))
+            else:
+                kwargs["address"] = options.address
+            ray.init(**kwargs)
+        threads = max(1, int(options.cpus_per_worker)) if device == "cpu" else 0
+        self._actor_class = ray.remote(num_cpus=options.cpus_per_worker, num_gpus=options.gpus_per_worker,
+                                       max_restarts=0)(RolloutWorker)
+        self._args = (model, dtype, seed, backend, device, threads)
+        self.teams: dict[str, tuple[Any, dict]] = {}
+        self.adapters: dict[str, tuple[int, Any]] = {}  # name -> (driver version, ref to its files)
+        self.changes = 0  # bumped by every publish; a worker is synced when it has seen the latest
+        self.actors = [self._actor_class.remote(*self._args) for _ in range(options.workers)]
+        self.generation = [0] * options.workers
+        self.seen = [-1] * options.workers
+        self.locks = [asyncio.Lock() for _ in range(options.workers)]
+        self.restarts = 0
+
+    @property
+    def workers(self) -> int:
+        return len(self.actors)
+
+    def bind(self, team: Any, overrides: dict) -> Callable[[EpisodeRecord], Awaitable[EpisodeRecord]]:
+        """Send ``team`` (with its policy ``overrides``) to every worker; the returned coroutine
+        function plays one of its episodes remotely."""
+        key = f"team-{len(self.teams)}"
+        self.teams[key] = (team, overrides)
+        self.ray.get([actor.bind.remote(key, team, overrides) for actor in self.actors])
+
+        async def play(record: EpisodeRecord) -> EpisodeRecord:
+            return await self._play(key, record)
+
+        return play
+
+    def publish(self, name: str, folder: Path, version: int) -> None:
+        """New weights for adapter ``name`` (a PEFT dir): workers load them before their next episode."""
+        files = {p.name: p.read_bytes() for p in Path(folder).iterdir() if p.is_file()}
+        self.adapters[name] = (version, self.ray.put(files))
+        self.changes += 1
+
+    async def _play(self, key: str, record: EpisodeRecord) -> EpisodeRecord:
+        slot = record.index % self.workers
+        for _ in range(MAX_RESTARTS + 1):
+            actor, generation = await self._ready(slot)
+            ref = actor.play.remote(key, record)
+            try:
+                return await ref
+            except asyncio.CancelledError:  # the episode's timeout: stop it on the worker too
+                self.ray.cancel(ref)
+                raise
+            except self.ray.exceptions.RayActorError as exc:
+                log.warning("rollout worker died", worker=slot, episode=record.id, error=str(exc).splitlines()[0])
+                await self._replace(slot, generation)
+        raise RolecastError(f"episode {record.id}: its rollout worker died {MAX_RESTARTS + 1} times")
+
+    async def _ready(self, slot: int) -> tuple[Any, int]:
+        """The slot's actor with every published adapter loaded."""
+        async with self.locks[slot]:
+            if self.seen[slot] != self.changes:
+                changes = self.changes
+                await self.actors[slot].sync.remote(self.adapters)
+                self.seen[slot] = changes
+            return self.actors[slot], self.generation[slot]
+
+    async def _replace(self, slot: int, generation: int) -> None:
+        async with self.locks[slot]:
+            if self.generation[slot] != generation:  # another episode of this slot replaced it already
+                return
+            self.restarts += 1
+            actor = self._actor_class.remote(*self._args)
+            for key, (team, overrides) in self.teams.items():
+                await actor.bind.remote(key, team, overrides)
+            self.actors[slot], self.generation[slot], self.seen[slot] = actor, generation + 1, -1
+
+    def close(self) -> None:
+        for actor in self.actors:
+            self.ray.kill(actor)
+        self.actors = []
+        if self.started_ray:
+            self.ray.shutdown()

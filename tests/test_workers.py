@@ -1,0 +1,103 @@
+"""Rollout workers on Ray (orchestrator/workers.py): what two workers sample equals what one
+process samples, and a worker killed in the middle of a rollout is replaced with nothing lost."""
+from __future__ import annotations
+
+import asyncio
+import json
+import pickle
+import random
+from pathlib import Path
+
+import pytest
+
+from orchestrator.team import load_team
+from tests.support import SMALL_TRAINING, credit, tiny_engine
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_a_team_pickles_and_renders_the_same_prompts():
+    """Workers receive the team pickled: templates travel as file names and compile again."""
+    team = load_team(ROOT / "recipes/code_pair.yaml")
+    again = pickle.loads(pickle.dumps(team))
+    env = team.make_env(team.tasks[0], random.Random(0))
+    role = env.next_role()
+    context = team.roles[role].context(team.tasks[0], env.observe(role))
+    assert again.roles[role].render(context) == team.roles[role].render(context)
+    assert [s.json_schema for s in again.roles.values()] == [s.json_schema for s in team.roles.values()]
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    ray = pytest.importorskip("ray")
+    from orchestrator.workers import start_env
+
+    start_env()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def _sampled(run: Path, step: int) -> list[list[tuple]]:
+    """Per episode (in index order), each attempt's sampled tokens and adapter version."""
+    lines = (run / "rollouts" / f"step-{step:06d}" / "transcripts.jsonl").read_text().splitlines()
+    episodes = sorted((json.loads(line) for line in lines), key=lambda e: e["index"])
+    return [[(a["token_ids"], a["adapter"], a["adapter_version"]) for t in e["turns"] for a in t["attempts"]]
+            for e in episodes]
+
+
+def test_two_workers_sample_and_train_what_one_process_does(ray_local, cli, tmp_path):
+    flags = ["--model", "tiny", "--steps", "2", "--no-progress", "--dtype", "float32", *SMALL_TRAINING,
+             "--set", "groups_per_step=2"]
+    recipe = ROOT / "recipes/code_pair.yaml"
+    code, _, err = cli("train", recipe, *flags, "--out", tmp_path / "here")
+    assert code == 0, err
+    code, _, err = cli("train", recipe, *flags, "--out", tmp_path / "ray", "--ray", "--rollout-workers", "2")
+    assert code == 0, err
+    for step in (1, 2):
+        assert credit(tmp_path / "ray", step) == credit(tmp_path / "here", step)
+        assert _sampled(tmp_path / "ray", step) == _sampled(tmp_path / "here", step)
+    # every turn names the published version it was sampled with: 1 before the first update, then 2
+    assert {v for e in _sampled(tmp_path / "ray", 2) for _, _, v in e} == {2}
+    here = [json.loads(line) for line in (tmp_path / "here" / "metrics.jsonl").read_text().splitlines()]
+    there = [json.loads(line) for line in (tmp_path / "ray" / "metrics.jsonl").read_text().splitlines()]
+    assert [r.get("coder/loss") for r in there] == [r.get("coder/loss") for r in here]
+
+
+def test_a_worker_killed_mid_rollout_is_replaced_and_nothing_is_lost(ray_local, tmp_path):
+    from orchestrator.rollout import RunOptions, build_policies, run_team
+    from orchestrator.workers import RayOptions, RayRollouts
+
+    team = load_team(ROOT / "recipes/code_pair.yaml")
+    options = dict(episodes=8, seed=3, progress=False)
+    engine = tiny_engine()
+
+    async def here():
+        try:
+            return await run_team(team, build_policies(team, {}, lambda: engine), RunOptions(out_dir=tmp_path / "here", **options))
+        finally:
+            await engine.aclose()
+
+    expected = asyncio.run(here())
+    pool = RayRollouts(RayOptions(workers=2), model="tiny", dtype="float32")
+    play = pool.bind(team, {})
+    killed: list[int] = []
+
+    async def play_then_kill(record):
+        played = await play(record)
+        if not killed:  # the first episode to finish: every episode of the other worker is unfinished
+            killed.append(1 - record.index % 2)
+            ray_local.kill(pool.actors[killed[0]])
+        return played
+
+    try:
+        result = asyncio.run(run_team(team, {}, RunOptions(out_dir=tmp_path / "ray", play=play_then_kill, **options)))
+    finally:
+        pool.close()
+    assert pool.restarts == 1
+    assert [r.status for r in result.episodes] == ["ok"] * 8
+    assert len({r.id for r in result.episodes}) == 8  # each episode once
+    lines = (tmp_path / "ray" / "transcripts.jsonl").read_text().splitlines()
+    assert sorted(json.loads(line)["index"] for line in lines) == list(range(8))
+    tokens = [[a.token_ids for t in r.turns for a in t.attempts] for r in result.episodes]
+    assert tokens == [[a.token_ids for t in r.turns for a in t.attempts] for r in expected.episodes]
