@@ -150,6 +150,9 @@ class TrainingConfig(Strict):
     ppo_epochs: int = Field(1, ge=1, le=64, description=(
         "passes over each step's datums; passes after the first are off-policy, so clipping bites"))
     minibatches: int = Field(1, ge=1, description="optimizer steps per pass: the datums split into this many")
+    max_staleness: int = Field(0, ge=0, le=8, description=(
+        "async training: rollouts of this many later steps sample while a step trains; their turns "
+        "may be this many adapter versions old (PPO's ratio corrects them), older ones are dropped"))
     loss_config: dict[str, Any] = Field(default_factory=dict, description=(
         "the loss's Config (LOSS_CONFIGS), less temperature; aggregation defaults to token-mean here"))
     adam: AdamConfig = Field(default_factory=AdamConfig)

@@ -11,7 +11,8 @@ applies the same masks; tokens that closed a reply by force are observations (ma
 
 Attempts that stayed invalid follow ``invalid``: ``"penalize"`` trains them with
 ``invalid_advantage`` (format errors are pushed down whatever the episode's outcome), ``"drop"``
-leaves them out.
+leaves them out. Attempts sampled by an adapter version older than ``min_version`` (async
+training's staleness bound) are left out too.
 """
 from __future__ import annotations
 
@@ -74,7 +75,8 @@ class DatumBuildOptions:
     invalid: Literal["penalize", "drop"] = "penalize"
     invalid_advantage: float = -1.0
     merge: bool = True
-    stats: dict[str, int] = field(default_factory=lambda: {"attempts": 0, "dropped": 0, "no_tokens": 0})
+    min_version: int | None = None  # attempts sampled by an older adapter version are stale: dropped
+    stats: dict[str, int] = field(default_factory=lambda: {"attempts": 0, "dropped": 0, "no_tokens": 0, "stale": 0})
 
 
 def role_datums(
@@ -87,6 +89,10 @@ def role_datums(
         options.stats["attempts"] += 1
         if not attempt.token_ids:
             options.stats["no_tokens"] += 1  # e.g. a replay or Python policy: nothing was sampled
+            continue
+        version = attempt.adapter_version
+        if options.min_version is not None and version is not None and version < options.min_version:
+            options.stats["stale"] += 1
             continue
         if not attempt.valid and options.invalid == "drop":
             options.stats["dropped"] += 1

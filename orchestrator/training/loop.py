@@ -16,6 +16,7 @@ so a kill -9 at any moment leaves the last good one; ``--resume`` continues at t
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
@@ -25,7 +26,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable
 
 import structlog
 import yaml
@@ -108,6 +109,7 @@ class TrainingRun:
         self.play = rollouts.bind(team, {}) if rollouts else None
         self.play_eval = rollouts.bind(self.eval_team, overrides) if rollouts else None
         self.concurrency = team.config.concurrency * (rollouts.workers if rollouts else 1)
+        self.published: dict[str, int] = {}  # learner adapter -> the version last published to the samplers
         self.run_dir = options.out_dir
         self.steps = options.steps or self.cfg.steps
         self.metrics = MetricsWriter(self.run_dir)
@@ -125,22 +127,31 @@ class TrainingRun:
             await self.evaluate(0)
         from rich.progress import Progress
 
-        with Progress(disable=not self.options.progress) as bar:
-            task = bar.add_task("training", total=self.steps, completed=start)
-            for step in range(max(start, 1), self.steps + 1):
-                await self.train_step(step)
-                if self.cfg.eval_every and step % self.cfg.eval_every == 0 and step != self.steps:
-                    await self.evaluate(step)
-                if step % self.cfg.checkpoint_every == 0 or step == self.steps:
-                    self.checkpoint(step)
-                bar.update(task, completed=step)
+        ahead: dict[int, asyncio.Task] = {}  # async training: later steps' rollouts, sampling meanwhile
+        try:
+            with Progress(disable=not self.options.progress) as bar:
+                task = bar.add_task("training", total=self.steps, completed=start)
+                for step in range(max(start, 1), self.steps + 1):
+                    for later in range(step, min(step + self.cfg.max_staleness, self.steps) + 1):
+                        if later not in ahead:
+                            ahead[later] = asyncio.create_task(self.rollout(later))
+                    await self.train_step(step, ahead.pop(step))
+                    if self.cfg.eval_every and step % self.cfg.eval_every == 0 and step != self.steps:
+                        await self.evaluate(step)
+                    if step % self.cfg.checkpoint_every == 0 or step == self.steps:
+                        self.checkpoint(step)
+                    bar.update(task, completed=step)
+        finally:
+            for pending in ahead.values():
+                pending.cancel()
         final = await self.evaluate(self.steps)
         self.metrics.close()
         return final
 
-    async def train_step(self, step: int) -> dict[str, Any]:
+    async def train_step(self, step: int, rollout: Awaitable[list[list[EpisodeRecord]]] | None = None) -> dict[str, Any]:
+        """One step on ``rollout``'s episodes (by default, a rollout of this step started now)."""
         t0 = time.perf_counter()
-        groups = await self.rollout(step)
+        groups = await (rollout or self.rollout(step))
         rewards = [[self.reward_fn(ep, list(self.team.roles), self.reward_config) for ep in g] for g in groups]
         advantages = self.trainer.advantages([[{r: rw[r] for r in self.roles} for rw in g] for g in rewards])
         t_roll = time.perf_counter() - t0
@@ -202,7 +213,11 @@ class TrainingRun:
         """The adapter's datums in ``ppo_epochs`` passes of ``minibatches`` optimizer steps each, then
         publish. With one of each (the default) that is a single on-policy step; after the first
         optimizer step the policy has moved, the importance ratios leave 1 and PPO's clip bites."""
-        options = DatumBuildOptions(invalid=self.cfg.invalid, invalid_advantage=self.cfg.invalid_advantage)
+        # async training: turns more than max_staleness versions behind the learner are dropped
+        current = self.published[adapter]
+        options = DatumBuildOptions(invalid=self.cfg.invalid, invalid_advantage=self.cfg.invalid_advantage,
+                                    min_version=current - self.cfg.max_staleness)
+        lags: list[int] = []  # per sampled attempt, how many versions behind the learner
         items: list[tuple[float, Datum]] = []  # (sampling temperature, datum)
         for g, group in enumerate(groups):
             for e, episode in enumerate(group):
@@ -210,9 +225,12 @@ class TrainingRun:
                     if self._played(episode, role) != adapter:
                         continue
                     t = self.team.roles[role].config.policy.sampling.temperature
+                    lags += [current - a.adapter_version for turn in episode.turns if turn.role == role
+                             for a in turn.attempts if a.adapter_version is not None]
                     items += [(t if t > 0 else 1.0, d) for d in role_datums(episode, role, advantages[g][e][role], options)]
+        stale = {f"{adapter}/stale_dropped": options.stats["stale"]} if self.cfg.max_staleness else {}
         if not items:
-            return {f"{adapter}/datums": 0}
+            return {f"{adapter}/datums": 0, **stale}
         epochs, parts = self.cfg.ppo_epochs, min(self.cfg.minibatches, len(items))
         rng = random.Random(f"{self.options.seed}:minibatches:{step}:{adapter}")
         passes = []
@@ -229,6 +247,9 @@ class TrainingRun:
         version = await self._publish(adapter)
         metrics[f"{adapter}/datums"] = len(items)
         metrics[f"{adapter}/version"] = version
+        if self.cfg.max_staleness:
+            metrics[f"{adapter}/staleness"] = sum(lags) / len(lags) if lags else 0.0
+        metrics.update(stale)
         return metrics
 
     def _played(self, episode: EpisodeRecord, role: str) -> str:
@@ -294,6 +315,7 @@ class TrainingRun:
         """A learner's current weights to its sampler dir, the engine and the rollout workers."""
         folder = self._sampler_dir(adapter)
         version = await (await self.clients[adapter].save_weights_for_sampler_async(folder)).result_async()
+        self.published[adapter] = version
         if self.rollouts:
             self.rollouts.publish(adapter, folder, version)
         return version

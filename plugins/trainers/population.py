@@ -78,7 +78,9 @@ class Population(Trainer):
         self.rating: dict[str, float] = {name: START_RATING for name in self.members}
         self.record: dict[str, dict[str, list[float]]] = {}  # a -> b -> [a's score against b, games]
         self.snapshots_taken = 0
-        self._seats: dict[int, dict[str, str]] = {}  # this step's episode index -> seat -> adapter
+        # step -> episode index -> seat -> adapter; async training samples later steps before a step
+        # is credited, and steps are credited in order, so advantages() takes the oldest
+        self._seats: dict[int, dict[int, dict[str, str]]] = {}
 
     # -- who plays whom ----------------------------------------------------------------------
     def learners(self) -> list[str]:
@@ -112,10 +114,8 @@ class Population(Trainer):
         return {p: member if p == seat else opponent for p in self.players}
 
     def adapters_for(self, step: int, index: int) -> dict[str, str]:
-        if index == 0:
-            self._seats = {}
-        self._seats[index] = self.match(step, index)
-        return dict(self._seats[index])
+        seats = self._seats.setdefault(step, {})[index] = self.match(step, index)
+        return dict(seats)
 
     def eval_adapters_for(self, index: int) -> dict[str, str]:
         """Evaluations seat the members in turn (the other seats: the next member, or whatever
@@ -126,9 +126,10 @@ class Population(Trainer):
     # -- credit ------------------------------------------------------------------------------
     def advantages(self, rewards: Rewards) -> Rewards:
         out: Rewards = [[{} for _ in group] for group in rewards]
+        step_seats = self._seats.pop(min(self._seats))
         index = 0
         for g, group in enumerate(rewards):
-            seats = [self._seats[index + e] for e in range(len(group))]
+            seats = [step_seats[index + e] for e in range(len(group))]
             index += len(group)
             for member in self.members:
                 places = [(e, p) for e, seat in enumerate(seats) for p in self.players if seat[p] == member]

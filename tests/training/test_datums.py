@@ -31,3 +31,11 @@ def test_attempts_without_tokens_are_counted_not_trained():
     ep = episode(("p", [attempt(None, None, None)]))
     opts = DatumBuildOptions()
     assert role_datums(ep, "p", 1.0, opts) == [] and opts.stats["no_tokens"] == 1
+
+
+def test_attempts_sampled_by_an_adapter_older_than_the_bound_are_dropped():
+    old, new = attempt([1, 2], [3], [-1.0]), attempt([7, 8], [9], [-2.0])
+    old.adapter_version, new.adapter_version = 3, 5
+    opts = DatumBuildOptions(min_version=4)
+    (d,) = role_datums(episode(("p", [old]), ("p", [new])), "p", 1.0, opts)
+    assert d.loss_fn_inputs["target_tokens"] == [8, 9] and opts.stats["stale"] == 1
