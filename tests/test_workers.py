@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.team import load_team
-from tests.support import SMALL_TRAINING, credit, tiny_engine
+from support import SMALL_TRAINING, credit, tiny_engine
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -101,3 +101,17 @@ def test_a_worker_killed_mid_rollout_is_replaced_and_nothing_is_lost(ray_local, 
     assert sorted(json.loads(line)["index"] for line in lines) == list(range(8))
     tokens = [[a.token_ids for t in r.turns for a in t.attempts] for r in result.episodes]
     assert tokens == [[a.token_ids for t in r.turns for a in t.attempts] for r in expected.episodes]
+
+
+def test_run_plays_on_workers_what_it_plays_here(ray_local, cli, tmp_path):
+    flags = ["--model", "tiny", "--dtype", "float32", "--episodes", "4", "--no-progress", "--json"]
+    recipe = ROOT / "recipes/code_pair.yaml"
+    for name, extra in (("here", []), ("ray", ["--ray", "--rollout-workers", "2"])):
+        code, out, err = cli("run", recipe, *flags, "--out", tmp_path / name, *extra)
+        assert code == 0, err
+    here, there = (json.loads((tmp_path / n / "summary.json").read_text()) for n in ("here", "ray"))
+    assert there["status"] == {"ok": 4} and there["generated_tokens"] == here["generated_tokens"]
+    episodes = {n: sorted(map(json.loads, (tmp_path / n / "transcripts.jsonl").read_text().splitlines()),
+                          key=lambda e: e["index"]) for n in ("here", "ray")}
+    assert [[t["content"] for t in e["turns"]] for e in episodes["ray"]] == \
+        [[t["content"] for t in e["turns"]] for e in episodes["here"]]

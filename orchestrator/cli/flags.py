@@ -81,7 +81,8 @@ def play(team: Any, policies: dict[str, Any], options: Any) -> Any:
         try:
             return await run_team(team, policies, options)
         finally:
-            for engine in {id(p.engine): p.engine for p in policies.values() if hasattr(p, "engine")}.values():
+            engines = {id(p.engine): p.engine for p in policies.values() if getattr(p, "engine", None) is not None}
+            for engine in engines.values():
                 await engine.aclose()
 
     return asyncio.run(go())

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from .flags import (
-    add_episode_flags, add_model_flags, add_policy_flag, parse_adapter_flags, parse_policy_flags, play, run_dir,
+    add_episode_flags, add_model_flags, add_policy_flag, add_ray_flags, parse_adapter_flags, parse_policy_flags, play,
+    rollout_workers, run_dir,
 )
 
 
@@ -24,6 +25,7 @@ def register(sub: Any) -> None:
     add_model_flags(p)
     p.add_argument("--timeout", type=float, help="per-episode timeout in seconds")
     add_episode_flags(p, json_help="print the summary as JSON on stdout")
+    add_ray_flags(p)
     p.set_defaults(func=handle)
 
 
@@ -40,17 +42,29 @@ def handle(args: argparse.Namespace) -> int:
     cfg = team.config
     model = args.model or cfg.model
     seed = cfg.seed if args.seed is None else args.seed
-    policies = build_policies(team, overrides, lambda: load_engine(model, args.dtype, seed, args.engine, adapters, args.device))
+    workers = rollout_workers(args, model, seed)
+    if workers:  # the engines live in the workers; here the bindings are only checked
+        policies = build_policies(team, overrides, lambda: None)
+        for name, path in adapters.items():
+            workers.publish(name, path, 1)
+    else:
+        policies = build_policies(team, overrides, lambda: load_engine(model, args.dtype, seed, args.engine, adapters, args.device))
     options = RunOptions(
         episodes=args.episodes or cfg.episodes,
         seed=seed,
         out_dir=run_dir(args.out, team.name),
-        concurrency=args.concurrency or cfg.concurrency,
+        concurrency=(args.concurrency or cfg.concurrency) * (workers.workers if workers else 1),
+        play=workers.bind(team, overrides) if workers else None,
         episode_timeout_s=args.timeout or cfg.episode_timeout_s,
         progress=not args.no_progress,
-        extra={"model": model, "dtype": args.dtype, "engine": args.engine, "device": args.device, "policy": args.policy, "adapter": args.adapter},
+        extra={"model": model, "dtype": args.dtype, "engine": args.engine, "device": args.device, "policy": args.policy, "adapter": args.adapter,
+               "ray": args.ray, "rollout_workers": workers.workers if workers else None},
     )
-    result = play(team, policies, options)
+    try:
+        result = play(team, policies, options)
+    finally:
+        if workers:
+            workers.close()
     if args.json:
         print(json.dumps(result.summary))
     else:
