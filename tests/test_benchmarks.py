@@ -7,6 +7,7 @@ here fails too.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -40,6 +41,7 @@ KEYS = {
                 "decode_vs_prefill", "transformers_decode_tok_s", "fused_vs_transformers", "fallback_path",
                 "fallback_decode_tok_s", "fused_vs_fallback", "engine_vs_prefill",
                 "one_adapter_tok_s", "mixed_adapter_tok_s", "mixed_adapter_ratio"},
+    "scale": {"model", "recipe", "steps", "episodes_per_step", "cpus", "episodes_per_s", "ratio_to_single"},
     "sandbox": {"sandbox_s", "bare_s", "ratio", "backend", "runs", "stat"},
     "train": {"model", "batch", "length", "client_tok_s", "plain_tok_s", "ratio", "client_peak_mb", "plain_peak_mb"},
 }
@@ -48,6 +50,8 @@ KEYS = {
 def skip_reason(script: Path) -> str | None:
     if script.stem == "sandbox" and not available_backends():
         return "no isolating sandbox backend here (bwrap or unshare as root)"
+    if script.stem == "scale" and importlib.util.find_spec("ray") is None:
+        return "Ray is not installed (pip install 'rolecast[ray]')"
     return None
 
 
