@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import tempfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -86,6 +87,8 @@ class RolloutWorker:
             for file, data in ray.get(ref).items():
                 (folder / file).write_bytes(data)
             self.driver_version[(name, self.engine.load_adapter(name, folder))] = version
+            if name in self.loaded:  # only the held version stays on disk (an engine may reread it)
+                shutil.rmtree(self.folder / name / str(self.loaded[name]), ignore_errors=True)
             self.loaded[name] = version
 
     async def play(self, key: str, record: EpisodeRecord) -> EpisodeRecord:
