@@ -137,7 +137,7 @@ class RayRollouts:
         self.actors = [self._actor_class.remote(*self._args) for _ in range(options.workers)]
         self.generation = [0] * options.workers
         self.seen = [-1] * options.workers
-        self.locks = [asyncio.Lock() for _ in range(options.workers)]
+        self._locks: tuple[Any, list[asyncio.Lock]] = (None, [])  # (event loop, a lock per slot)
         self.restarts = 0
 
     @property
@@ -179,7 +179,7 @@ class RayRollouts:
 
     async def _ready(self, slot: int) -> tuple[Any, int]:
         """The slot's actor with every published adapter loaded."""
-        async with self.locks[slot]:
+        async with self._lock(slot):
             if self.seen[slot] != self.changes:
                 changes = self.changes
                 await self.actors[slot].sync.remote(self.adapters)
@@ -187,7 +187,7 @@ class RayRollouts:
             return self.actors[slot], self.generation[slot]
 
     async def _replace(self, slot: int, generation: int) -> None:
-        async with self.locks[slot]:
+        async with self._lock(slot):
             if self.generation[slot] != generation:  # another episode of this slot replaced it already
                 return
             self.restarts += 1
@@ -195,6 +195,14 @@ class RayRollouts:
             for key, (team, overrides) in self.teams.items():
                 await actor.bind.remote(key, team, overrides)
             self.actors[slot], self.generation[slot], self.seen[slot] = actor, generation + 1, -1
+
+    def _lock(self, slot: int) -> asyncio.Lock:
+        """The slot's lock in the running event loop (a lock is bound to the first loop that waits
+        on it, and one pool may serve several asyncio.run calls)."""
+        loop = asyncio.get_running_loop()
+        if self._locks[0] is not loop:
+            self._locks = (loop, [asyncio.Lock() for _ in self.actors])
+        return self._locks[1][slot]
 
     def close(self) -> None:
         for actor in self.actors:

@@ -92,8 +92,11 @@ def test_a_worker_killed_mid_rollout_is_replaced_and_nothing_is_lost(ray_local, 
 
     try:
         result = asyncio.run(run_team(team, {}, RunOptions(out_dir=tmp_path / "ray", play=play_then_kill, **options)))
+        # the same pool serves a second event loop (its locks are per loop)
+        again = asyncio.run(run_team(team, {}, RunOptions(out_dir=tmp_path / "again", play=play, **options)))
     finally:
         pool.close()
+    assert [r.status for r in again.episodes] == ["ok"] * 8
     assert pool.restarts == 1
     assert [r.status for r in result.episodes] == ["ok"] * 8
     assert len({r.id for r in result.episodes}) == 8  # each episode once
