@@ -106,11 +106,12 @@ def test_a_worker_killed_mid_rollout_is_replaced_and_nothing_is_lost(ray_local, 
     assert tokens == [[a.token_ids for t in r.turns for a in t.attempts] for r in expected.episodes]
 
 
-def test_run_plays_on_workers_what_it_plays_here(ray_local, cli, tmp_path):
+@pytest.mark.parametrize("command", ["run", "eval"])
+def test_run_and_eval_play_on_workers_what_they_play_here(ray_local, cli, tmp_path, command):
     flags = ["--model", "tiny", "--dtype", "float32", "--episodes", "4", "--no-progress", "--json"]
     recipe = ROOT / "recipes/code_pair.yaml"
     for name, extra in (("here", []), ("ray", ["--ray", "--rollout-workers", "2"])):
-        code, out, err = cli("run", recipe, *flags, "--out", tmp_path / name, *extra)
+        code, out, err = cli(command, recipe, *flags, "--out", tmp_path / name, *extra)
         assert code == 0, err
     here, there = (json.loads((tmp_path / n / "summary.json").read_text()) for n in ("here", "ray"))
     assert there["status"] == {"ok": 4} and there["generated_tokens"] == here["generated_tokens"]

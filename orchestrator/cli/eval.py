@@ -13,7 +13,8 @@ import structlog
 from ..errors import RolecastError
 from ..evaluation import CHECKPOINT_ADAPTER, bind_opponent, blind_random_roles, evaluate
 from .flags import (
-    add_episode_flags, add_model_flags, add_policy_flag, parse_adapter_flags, parse_policy_flags, play, run_dir,
+    add_episode_flags, add_model_flags, add_policy_flag, add_ray_flags, parse_adapter_flags, parse_policy_flags, play,
+    policies_and_workers, run_dir,
 )
 
 log = structlog.get_logger()
@@ -36,18 +37,20 @@ def register(sub: Any) -> None:
     p.add_argument("--games-per-pair", type=int, default=20, help="--population: games each pair plays (default 20)")
     p.add_argument("--out", type=Path, help="run dir (default: runs/eval-<team>-<time>; --population: RUN_DIR/population)")
     add_episode_flags(p, json_help="print the report as JSON")
+    add_ray_flags(p)
     p.set_defaults(func=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
-    from ..engines.load import load_engine
-    from ..rollout import RunOptions, build_policies
+    from ..rollout import RunOptions
     from ..team import load_team
 
     team = load_team(args.recipe)
     if args.population:
         from . import eval_population
 
+        if args.ray is not None:
+            raise RolecastError("--ray plays plain evaluations; --population plays its round robin in this process")
         return eval_population.handle(args, team)
     if args.held_out:
         if team.eval_tasks is None:
@@ -62,11 +65,8 @@ def handle(args: argparse.Namespace) -> int:
     model = args.model or cfg.model
     seed = cfg.seed if args.seed is None else args.seed
 
-    def engine_factory():
-        return load_engine(model, args.dtype, seed, args.engine,
-                           {**adapters, **({CHECKPOINT_ADAPTER: checkpoint} if checkpoint else {})}, args.device)
-
-    policies = build_policies(team, overrides, engine_factory)
+    policies, workers = policies_and_workers(args, team, overrides, model, seed, adapters,
+                                             {CHECKPOINT_ADAPTER: checkpoint} if checkpoint else None)
     bindings = {name: str(overrides.get(name) or spec.binding or f"model ({spec.config.policy.adapter or 'base'})")
                 for name, spec in team.roles.items()}
     blind = blind_random_roles(team, bindings)
@@ -77,8 +77,8 @@ def handle(args: argparse.Namespace) -> int:
     options = RunOptions(episodes=args.episodes, seed=seed, out_dir=out, concurrency=args.concurrency or cfg.concurrency,
                          episode_timeout_s=cfg.episode_timeout_s, progress=not (args.no_progress or args.json),
                          extra={"eval": True, "model": model, "device": args.device, "policy": args.policy, "opponent": args.opponent,
-                                "adapter": args.adapter})
-    result = play(team, policies, options)
+                                "adapter": args.adapter, "ray": args.ray})
+    result = play(team, policies, options, workers, overrides)
     report = {"team": team.name, "episodes": len(result.episodes), "status": result.summary["status"],
               "opponent": {"role": opponent_role, "policy": args.opponent} if opponent_role else None,
               "bindings": bindings, "roles": evaluate(team, result.episodes, result.summary),

@@ -73,9 +73,35 @@ def run_dir(out: Path | None, stem: str) -> Path:
     return out or Path("runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def play(team: Any, policies: dict[str, Any], options: Any) -> Any:
-    """``run_team`` to the end, then close each engine the policies use, once."""
+def policies_and_workers(args: argparse.Namespace, team: Any, overrides: dict[str, Binding], model: str, seed: int,
+                         adapters: dict[str, Path], extra_adapters: dict[str, Path] | None = None) -> tuple[dict, Any]:
+    """The policies that play ``team`` here, loading the engine with ``adapters`` when a role needs
+    it; or, with --ray, Ray rollout workers holding the adapters (the policies then only check
+    the bindings)."""
+    from ..engines.load import load_engine
+    from ..rollout import build_policies
+
+    adapters = {**adapters, **(extra_adapters or {})}
+    workers = rollout_workers(args, model, seed)
+    if workers is None:
+        return build_policies(team, overrides, lambda: load_engine(model, args.dtype, seed, args.engine, adapters,
+                                                                   args.device)), None
+    for name, path in adapters.items():
+        workers.publish(name, path, 1)
+    return build_policies(team, overrides, lambda: None), workers
+
+
+def play(team: Any, policies: dict[str, Any], options: Any, workers: Any = None,
+         overrides: dict[str, Binding] | None = None) -> Any:
+    """``run_team`` to the end (on ``workers``, when given, with ``options.concurrency`` episodes in
+    flight on each), then close each engine the policies use, once, and the workers."""
+    import dataclasses
+
     from ..rollout import run_team
+
+    if workers is not None:
+        options = dataclasses.replace(options, play=workers.bind(team, overrides or {}),
+                                      concurrency=options.concurrency * workers.workers)
 
     async def go():
         try:
@@ -84,6 +110,8 @@ def play(team: Any, policies: dict[str, Any], options: Any) -> Any:
             engines = {id(p.engine): p.engine for p in policies.values() if getattr(p, "engine", None) is not None}
             for engine in engines.values():
                 await engine.aclose()
+            if workers is not None:
+                workers.close()
 
     return asyncio.run(go())
 

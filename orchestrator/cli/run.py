@@ -10,7 +10,7 @@ from typing import Any
 
 from .flags import (
     add_episode_flags, add_model_flags, add_policy_flag, add_ray_flags, parse_adapter_flags, parse_policy_flags, play,
-    rollout_workers, run_dir,
+    policies_and_workers, run_dir,
 )
 
 
@@ -30,8 +30,7 @@ def register(sub: Any) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from ..engines.load import load_engine
-    from ..rollout import RunOptions, build_policies
+    from ..rollout import RunOptions
     from ..team import load_team
 
     team = load_team(args.team)
@@ -42,29 +41,18 @@ def handle(args: argparse.Namespace) -> int:
     cfg = team.config
     model = args.model or cfg.model
     seed = cfg.seed if args.seed is None else args.seed
-    workers = rollout_workers(args, model, seed)
-    if workers:  # the engines live in the workers; here the bindings are only checked
-        policies = build_policies(team, overrides, lambda: None)
-        for name, path in adapters.items():
-            workers.publish(name, path, 1)
-    else:
-        policies = build_policies(team, overrides, lambda: load_engine(model, args.dtype, seed, args.engine, adapters, args.device))
+    policies, workers = policies_and_workers(args, team, overrides, model, seed, adapters)
     options = RunOptions(
         episodes=args.episodes or cfg.episodes,
         seed=seed,
         out_dir=run_dir(args.out, team.name),
-        concurrency=(args.concurrency or cfg.concurrency) * (workers.workers if workers else 1),
-        play=workers.bind(team, overrides) if workers else None,
+        concurrency=args.concurrency or cfg.concurrency,
         episode_timeout_s=args.timeout or cfg.episode_timeout_s,
         progress=not args.no_progress,
         extra={"model": model, "dtype": args.dtype, "engine": args.engine, "device": args.device, "policy": args.policy, "adapter": args.adapter,
                "ray": args.ray, "rollout_workers": workers.workers if workers else None},
     )
-    try:
-        result = play(team, policies, options)
-    finally:
-        if workers:
-            workers.close()
+    result = play(team, policies, options, workers, overrides)
     if args.json:
         print(json.dumps(result.summary))
     else:
