@@ -32,6 +32,8 @@ class LossConfig(PluginConfig):
 
     aggregation: Aggregation = Field("token-sum", description="how per-token losses reduce to the batch's loss")
     kl_coef: float = Field(0.0, ge=0.0, description="beta of the k3 KL penalty to the base model; 0 = none")
+    entropy_coef: float = Field(
+        0.0, ge=0.0, description="weight of the entropy bonus (over the grammar's allowed tokens where constrained); 0 = none")
     # In a recipe this is not an option: `rolecast train` sets it from each role's sampling.temperature.
     temperature: float = Field(1.0, ge=0.0, description="temperature the actions were sampled at (0 is read as 1)")
 

@@ -20,6 +20,7 @@ import os
 import shutil
 import tempfile
 import warnings
+import zlib
 from collections import defaultdict
 from dataclasses import asdict
 from pathlib import Path
@@ -43,7 +44,7 @@ T = TypeVar("T")
 
 
 # Per-token metrics whose names already say they are means over the action tokens.
-MEAN_NAMED = frozenset({"kl", "approx_kl", "clip_fraction"})
+MEAN_NAMED = frozenset({"kl", "approx_kl", "clip_fraction", "entropy"})
 
 class APIFuture(Generic[T]):
     """The result of a submitted call: ``result()`` blocks, ``await result_async()`` does not."""
@@ -138,6 +139,11 @@ class TrainingClient:
     def save_weights_for_sampler(self, path: str | Path) -> APIFuture[int | None]:
         return self.service.submit(self._save_for_sampler, Path(path))
 
+    def perturb(self, std: float, seed: int | str) -> APIFuture[None]:
+        """Add N(0, std^2) noise, seeded, to the adapter's LoRA B matrices (B starts at 0, so a
+        fresh adapter is the base model; noise makes learners that start alike start apart)."""
+        return self.service.submit(self._perturb, std, seed)
+
     async def forward_backward_async(self, *args: Any, **kwargs: Any) -> APIFuture[ForwardBackwardOutput]:
         return self.forward_backward(*args, **kwargs)
 
@@ -149,6 +155,9 @@ class TrainingClient:
 
     async def save_weights_for_sampler_async(self, path: str | Path) -> APIFuture[int | None]:
         return self.save_weights_for_sampler(path)
+
+    async def perturb_async(self, std: float, seed: int | str) -> APIFuture[None]:
+        return self.perturb(std, seed)
 
     def get_tokenizer(self):
         return self.service.loaded.tokenizer
@@ -183,8 +192,14 @@ class TrainingClient:
             inputs = {key: torch.cat([d.tensor(key) for d in part]).to(device) for key in needed}
             bitmask = self._grammar_masks(part, [masks[i] for i in rows])
             with torch.set_grad_enabled(backward):
-                logp = self._logprobs(part, targets, mask, temperature, bitmask)
-                per_token, extra = fn(logp, inputs, options)
+                if options.entropy_coef:
+                    logp, entropy = self._logprobs(part, targets, mask, temperature, bitmask, entropy=True)
+                    per_token, extra = fn(logp, inputs, options)
+                    per_token = per_token - options.entropy_coef * entropy
+                    extra = {**extra, "entropy": entropy}
+                else:
+                    logp = self._logprobs(part, targets, mask, temperature, bitmask)
+                    per_token, extra = fn(logp, inputs, options)
                 if kl_coef:
                     with torch.no_grad(), model.disable_adapter():
                         base_logp = self._logprobs(part, targets, mask, temperature, bitmask)
@@ -248,9 +263,10 @@ class TrainingClient:
 
     def _logprobs(
         self, data: list[Datum], targets: torch.Tensor, mask: torch.Tensor, temperature: float,
-        bitmask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Flat logprobs of the datums' target tokens under the active adapter.
+        bitmask: torch.Tensor | None = None, entropy: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Flat logprobs of the datums' target tokens under the active adapter (with ``entropy``,
+        also the policy's entropy at each position: a pair).
 
         Only positions with mask > 0 go through the LM head (in RL most positions are prompt);
         the others are reported as 0.0. ``bitmask`` rows (one per such position) mask the
@@ -270,8 +286,19 @@ class TrainingClient:
             hidden = _hidden_states(inner.model, ids, attn, _shared_prefix([d.model_input.tokens for d in data]))
             flat = hidden[attn.bool()]  # right padding: row-major order keeps each datum contiguous
             keep = mask > 0
-            picked = token_logprobs(flat[keep], inner.lm_head, targets[keep], temperature, bitmask=bitmask)
+            picked = token_logprobs(flat[keep], inner.lm_head, targets[keep], temperature, bitmask=bitmask, entropy=entropy)
+        if entropy:
+            logp, ent = picked
+            return (torch.zeros(len(targets), dtype=logp.dtype).masked_scatter(keep, logp),
+                    torch.zeros(len(targets), dtype=ent.dtype).masked_scatter(keep, ent))
         return torch.zeros(len(targets), dtype=picked.dtype).masked_scatter(keep, picked)
+
+    def _perturb(self, std: float, seed: int | str) -> None:
+        generator = torch.Generator().manual_seed(zlib.crc32(str(seed).encode()))
+        with torch.no_grad():
+            for name, p in self.service.peft.named_parameters():
+                if "lora_B" in name and f".{self.name}." in name:
+                    p.add_(torch.randn(p.shape, generator=generator).to(p) * std)
 
     def _optim_step(self, params: AdamParams) -> OptimStepResponse:
         for group in self.optimizer.param_groups:

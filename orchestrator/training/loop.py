@@ -123,6 +123,9 @@ class TrainingRun:
         start = await self._resume() + 1 if self.options.resume else 0
         if start == 0:
             self._write_config()
+            for adapter, client in self.clients.items():
+                if std := self.trainer.init_noise(adapter):
+                    await (await client.perturb_async(std, f"{self.options.seed}:{adapter}")).result_async()
             await self._publish_all()
             await self.evaluate(0)
         from rich.progress import Progress

@@ -12,6 +12,10 @@ Notation, per action token t (mask m_t = 1) of a sequence:
     importance_sampling  l_t = -r_t * A_t
     ppo                  l_t = -min(r_t * A_t, clip(r_t, lo, hi) * A_t)      (lo, hi: ratio thresholds)
     KL to the base (k3)  l_t += beta * (exp(b_t - logp_t) - (b_t - logp_t) - 1), b_t the base logprob
+    entropy bonus        l_t -= eta * H_t, H_t the entropy of pi_theta(. | s_t) at the sampling
+                         temperature, over the allowed tokens where a grammar masked the step (so
+                         a constrained choice, say among three moves, is pushed towards uniform
+                         over those moves, not over the vocabulary)
 
 Aggregation over the batch: ``token-sum`` (Tinker's), ``token-mean`` (over all action tokens) or
 ``sequence-mean`` (mean over sequences of each sequence's token mean).
@@ -34,9 +38,10 @@ AGGREGATIONS: tuple[str, ...] = get_args(Aggregation)
 
 def token_logprobs(
     hidden: torch.Tensor, lm_head: torch.nn.Module, targets: torch.Tensor, temperature: float = 1.0, chunk: int = 512,
-    bitmask: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """log softmax(lm_head(hidden) / T)[target] for flat ``hidden`` [N, H] and ``targets`` [N].
+    bitmask: torch.Tensor | None = None, entropy: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """log softmax(lm_head(hidden) / T)[target] for flat ``hidden`` [N, H] and ``targets`` [N];
+    with ``entropy``, also each row's entropy: (logprobs, entropies).
 
     ``bitmask`` [N, ceil(V / 32)] (packed int32; all ones = free) restricts each row's softmax
     to its allowed tokens. Chunks of positions are checkpointed: only a [chunk, vocab] float32
@@ -47,21 +52,36 @@ def token_logprobs(
         h, y = hidden[start : start + chunk], targets[start : start + chunk]
         bm = None if bitmask is None else bitmask[start : start + chunk]
         if torch.is_grad_enabled() and h.requires_grad:
-            pieces.append(checkpoint(_chunk_logprobs, h, y, lm_head, temperature, bm, use_reentrant=False))
+            pieces.append(checkpoint(_chunk_logprobs, h, y, lm_head, temperature, bm, entropy, use_reentrant=False))
         else:
-            pieces.append(_chunk_logprobs(h, y, lm_head, temperature, bm))
-    return torch.cat(pieces) if pieces else hidden.new_zeros(0, dtype=torch.float32)
+            pieces.append(_chunk_logprobs(h, y, lm_head, temperature, bm, entropy))
+    if not pieces:
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        return (empty, empty) if entropy else empty
+    if entropy:
+        return torch.cat([lp for lp, _ in pieces]), torch.cat([ent for _, ent in pieces])
+    return torch.cat(pieces)
 
 
 def _chunk_logprobs(
-    h: torch.Tensor, y: torch.Tensor, lm_head: torch.nn.Module, temperature: float, bitmask: torch.Tensor | None = None
-) -> torch.Tensor:
+    h: torch.Tensor, y: torch.Tensor, lm_head: torch.nn.Module, temperature: float,
+    bitmask: torch.Tensor | None = None, entropy: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     logits = lm_head(h).float()
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
+    allowed = None
     if bitmask is not None:  # out of place: banned tokens get no gradient
-        logits = logits.masked_fill(~allowed_tokens(bitmask, logits.shape[-1]), float("-inf"))
-    return logits.gather(-1, y[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+        allowed = allowed_tokens(bitmask, logits.shape[-1])
+        logits = logits.masked_fill(~allowed, float("-inf"))
+    log_z = torch.logsumexp(logits, dim=-1)
+    picked = logits.gather(-1, y[:, None]).squeeze(-1) - log_z
+    if not entropy:
+        return picked
+    log_p = logits - log_z[:, None]
+    if allowed is not None:  # banned tokens have p = 0 and contribute 0, not 0 * -inf
+        log_p = log_p.masked_fill(~allowed, 0.0)
+    return picked, -(log_p.exp() * log_p).sum(-1)
 
 
 def _cross_entropy(logp, inputs, config: LossConfig):

@@ -52,6 +52,11 @@ class Trainer(ABC):
         trainable roles' adapters (a population returns its members instead)."""
         return self.context.adapter_names
 
+    def init_noise(self, adapter: str) -> float:
+        """Std of the noise added to a learner's LoRA B before the first step (0: it starts as
+        the base model)."""
+        return 0.0
+
     def adapters_for(self, step: int, index: int) -> dict[str, str]:
         """role -> adapter overrides for episode ``index`` of the step's rollout (a past snapshot
         as the opponent, a population's members). A role's tokens train the adapter that played

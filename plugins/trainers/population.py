@@ -22,6 +22,9 @@ member trains that member; seats played by a snapshot train nothing. A member's 
 reward minus the mean of its own rewards in the same group (GRPO's baseline, per member), divided
 by their std with ``scale_std``.
 
+Members start as the base model (LoRA B = 0), so alike that in a game like Rock-Paper-Scissors
+they collapse together; ``init_noise`` adds seeded noise of that std to each member's B first.
+
 After each step every decisive result updates the Elo ratings (K = ``elo_k``) of both sides and
 the pairwise records; every ``snapshot_every`` steps (0: never) one member, in turn, is frozen
 into a pool of at most ``pool_size`` snapshots (the oldest leaves). Ratings, records, pool and
@@ -56,6 +59,9 @@ class Population(Trainer):
         snapshot_every: int = Field(0, ge=0, description="steps between a member joining the pool; 0 = no pool")
         pool_size: int = Field(5, ge=1, description="snapshots kept; the oldest leaves")
         scale_std: bool = Field(False, description="divide each member's centred rewards by their std")
+        init_noise: float = Field(
+            0.0, ge=0.0, description="std of noise added to each member's LoRA B at the start, so members start apart; "
+                                     "0: all start as the base model")
         seed: int = Field(0, description="seeds the matchmaking draws")
 
         def model_post_init(self, _context: Any) -> None:
@@ -85,6 +91,9 @@ class Population(Trainer):
     # -- who plays whom ----------------------------------------------------------------------
     def learners(self) -> list[str]:
         return list(self.members)
+
+    def init_noise(self, adapter: str) -> float:
+        return self.config.init_noise
 
     def focal(self, index: int) -> tuple[str, str]:
         """(member, seat) that episode ``index`` is drawn for."""

@@ -62,6 +62,27 @@ def test_chunked_logprobs_equal_full_log_softmax_with_gradients():
     assert torch.allclose(g1, g2, atol=1e-5)
 
 
+def test_entropy_is_the_full_or_the_masked_softmax_entropy_with_gradients():
+    from orchestrator.grammar.book import allowed_tokens
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(8, 64, bias=False)
+    hidden = torch.randn(9, 8, requires_grad=True)
+    targets = torch.randint(0, 3, (9,))
+    bitmask = torch.zeros(9, 2, dtype=torch.int32)
+    bitmask[:5, 0] = 0b111  # rows 0-4: three allowed tokens (a constrained choice); rows 5-8: free
+    bitmask[5:] = -1
+    logp, ent = token_logprobs(hidden, head, targets, temperature=0.7, chunk=4, bitmask=bitmask, entropy=True)
+    logits = (head(hidden) / 0.7).masked_fill(~allowed_tokens(bitmask, 64), float("-inf"))
+    full = torch.log_softmax(logits, -1)
+    expected = torch.stack([-(row[row > -math.inf].exp() * row[row > -math.inf]).sum() for row in full])
+    assert torch.allclose(ent, expected, atol=1e-5) and torch.allclose(logp, full.gather(-1, targets[:, None]).squeeze(-1))
+    assert (ent[:5] <= math.log(3) + 1e-6).all() and (ent[5:] > math.log(3)).all()
+    (g1,) = torch.autograd.grad(ent.sum(), hidden)
+    (g2,) = torch.autograd.grad(expected.sum(), hidden)
+    assert torch.isfinite(g1).all() and torch.allclose(g1, g2, atol=1e-5)
+
+
 @pytest.fixture(scope="module")
 def service():
     svc = ServiceClient("tiny", bf16_autocast=False)
@@ -116,6 +137,19 @@ def test_kl_to_base_is_zero_for_a_fresh_adapter(service):
     c = service.create_lora_training_client("kl", LoraConfig(rank=4))
     out = c.forward([datum()], "importance_sampling", {"kl_coef": 0.1}).result()
     assert out.metrics["kl"] == pytest.approx(0.0, abs=1e-6)  # B = 0: the adapter is the base model
+
+
+def test_the_entropy_bonus_raises_the_entropy_it_reports(service):
+    c = service.create_lora_training_client("ent", LoraConfig(rank=4))
+    d = datum(advantage=0.0)  # no policy gradient: the bonus alone moves the adapter
+    before = c.forward([d], "importance_sampling", {"entropy_coef": 1.0}).result()
+    assert before.metrics["entropy"] > 0 and before.metrics["loss"] == pytest.approx(-before.metrics["entropy"] * before.metrics["tokens"], rel=1e-4)
+    for _ in range(3):
+        c.forward_backward([d], "importance_sampling", {"entropy_coef": 1.0}).result()
+        c.optim_step(AdamParams(learning_rate=1e-2)).result()
+    after = c.forward([d], "importance_sampling", {"entropy_coef": 1.0}).result()
+    assert after.metrics["entropy"] > before.metrics["entropy"]
+    assert "entropy" not in c.forward([d], "importance_sampling").result().metrics  # off by default
 
 
 def test_bad_calls_are_clear(service):
@@ -187,3 +221,17 @@ def test_a_shared_prefix_computed_once_gives_the_same_logprobs_and_gradients(ser
                for a, b in zip(shared.loss_fn_outputs, full.loss_fn_outputs))
     assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-7) for a, b in zip(g_shared, g_full))
     assert any(g.abs().sum() > 0 for g in g_shared)
+
+
+def test_perturb_moves_only_its_own_adapter_b_and_is_seeded(service):
+    x = service.create_lora_training_client("noisy-x", LoraConfig(rank=4))
+    y = service.create_lora_training_client("noisy-y", LoraConfig(rank=4))
+    before_y = y.adapter_state()
+    x.perturb(0.01, "0:noisy-x").result()
+    state = x.adapter_state()
+    bs = [v for k, v in state.items() if "lora_B" in k]
+    assert bs and all(v.abs().max() > 0 for v in bs) and 0.005 < torch.cat([v.flatten() for v in bs]).std() < 0.02
+    assert all(torch.equal(before_y[k], v) for k, v in y.adapter_state().items())  # the other member is untouched
+    z = service.create_lora_training_client("noisy-z", LoraConfig(rank=4))
+    z.perturb(0.01, "0:noisy-x").result()  # the same seed draws the same noise
+    assert all(torch.equal(state[k], v) for k, v in z.adapter_state().items() if "lora_B" in k)
