@@ -4,9 +4,17 @@ Both sides compute the same PPO loss on the same batch of the same model (fp32 m
 the same autocast setting, the same LoRA config): the plain loop calls the PEFT model, takes
 its full [batch, length, vocab] logits to float32 and gathers the targets; the client runs the
 transformer, then the LM head and log-softmax in checkpointed chunks. Each side runs in its own
-subprocess (so peak RSS is its own), alternating, and reports the median.
+subprocess (so peak memory is its own), alternating, and reports the median.
 
-    python benchmarks/train.py [--model smollm2-135m] [--batch 8] [--length 384] [--iters 3] [--rounds 2] [--smoke]
+``--device`` (auto: a CUDA GPU where there is one) places both sides: the client's ServiceClient
+and the plain loop's tensors, with bf16 autocast where the device has native bf16. Peak memory
+(``*_peak_mb``): on the CPU, the growth of peak RSS (VmHWM) over the RSS after the warm-up step;
+on CUDA, ``torch.cuda.max_memory_allocated()`` over the timed steps (after
+``torch.cuda.reset_peak_memory_stats()``), so it includes the weights and optimizer state, the
+same on both sides.
+
+    python benchmarks/train.py [--model smollm2-135m] [--device auto] [--batch 8] [--length 384] [--iters 3]
+                               [--rounds 2] [--smoke]
 
 ``--smoke``: the tiny random model, 2 sequences of 16 tokens, one step per side, one round:
 seconds (most of it the two workers' imports), to check that the script still runs
@@ -48,14 +56,17 @@ def _batch(batch: int, length: int, vocab: int):
     return data
 
 
-def worker(side: str, model: str, batch: int, length: int, iters: int) -> dict:
+def worker(side: str, model: str, batch: int, length: int, iters: int, device: str = "cpu") -> dict:
     import torch
 
+    from orchestrator.models import resolve_device
     from orchestrator.training.client import ServiceClient
     from orchestrator.training.types import LoraConfig
 
     torch.manual_seed(0)
-    service = ServiceClient(model)
+    dev = resolve_device(device)
+    cuda = dev.type == "cuda"
+    service = ServiceClient(model, device=dev)
     client = service.create_lora_training_client("bench", LoraConfig(rank=16))
     data = _batch(batch, length, len(service.loaded.tokenizer))
     config = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2, "aggregation": "token-mean"}
@@ -65,15 +76,15 @@ def worker(side: str, model: str, batch: int, length: int, iters: int) -> dict:
             client.forward_backward(data, "ppo", config).result()
     else:
         peft_model = service.peft
-        ids = torch.tensor([d.model_input.to_ints() for d in data])
-        targets = torch.tensor([d.loss_fn_inputs["target_tokens"] for d in data])
-        mask = torch.tensor([d.loss_fn_inputs["mask"] for d in data])
-        old = torch.tensor([d.loss_fn_inputs["logprobs"] for d in data])
-        adv = torch.tensor([d.loss_fn_inputs["advantages"] for d in data])
+        ids = torch.tensor([d.model_input.to_ints() for d in data], device=dev)
+        targets = torch.tensor([d.loss_fn_inputs["target_tokens"] for d in data], device=dev)
+        mask = torch.tensor([d.loss_fn_inputs["mask"] for d in data], device=dev)
+        old = torch.tensor([d.loss_fn_inputs["logprobs"] for d in data], device=dev)
+        adv = torch.tensor([d.loss_fn_inputs["advantages"] for d in data], device=dev)
 
         def step():
             peft_model.set_adapter("bench")
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=service.autocast):
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=service.autocast):
                 logits = peft_model(input_ids=ids).logits
             logp = torch.log_softmax(logits.float(), -1).gather(-1, targets[..., None]).squeeze(-1)
             ratio = torch.exp(logp - old)
@@ -82,19 +93,27 @@ def worker(side: str, model: str, batch: int, length: int, iters: int) -> dict:
 
     step()  # warm-up
     client.optimizer.zero_grad(set_to_none=True)
-    base = _rss_mb("VmRSS")
-    Path("/proc/self/clear_refs").write_text("5")  # reset the peak-RSS mark to the current RSS
+    if cuda:
+        torch.cuda.synchronize(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+    else:
+        base = _rss_mb("VmRSS")
+        Path("/proc/self/clear_refs").write_text("5")  # reset the peak-RSS mark to the current RSS
     t0 = time.perf_counter()
     for _ in range(iters):
         step()
         client.optimizer.zero_grad(set_to_none=True)
+    if cuda:
+        torch.cuda.synchronize(dev)  # the plain loop's backward is still queued on the GPU
     elapsed = time.perf_counter() - t0
-    return {"tok_s": batch * length * iters / elapsed, "peak_mb": _rss_mb("VmHWM") - base}
+    peak = torch.cuda.max_memory_allocated(dev) / 2**20 if cuda else _rss_mb("VmHWM") - base
+    return {"tok_s": batch * length * iters / elapsed, "peak_mb": peak, "device": str(dev)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--device", default="auto", help="auto (a CUDA GPU where there is one), cpu, cuda, cuda:N")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--length", type=int, default=384)
     parser.add_argument("--iters", type=int, default=3)
@@ -105,21 +124,27 @@ def main() -> None:
     if args.smoke:
         args.model, args.batch, args.length, args.iters, args.rounds = "tiny", 2, 16, 1, 1
     if args.worker:
-        print(json.dumps(worker(args.worker, args.model, args.batch, args.length, args.iters)))
+        print(json.dumps(worker(args.worker, args.model, args.batch, args.length, args.iters, args.device)))
         return
+    from orchestrator.models import resolve_device
+
+    try:
+        device = str(resolve_device(args.device))
+    except ValueError as exc:
+        sys.exit(f"--device {args.device}: {exc}")
     results: dict[str, list[dict]] = {"client": [], "plain": []}
     for r in range(args.rounds):
         for side in ("client", "plain") if r % 2 == 0 else ("plain", "client"):
             out = subprocess.run(
                 [sys.executable, __file__, "--worker", side, "--model", args.model, "--batch", str(args.batch),
-                 "--length", str(args.length), "--iters", str(args.iters)],
+                 "--length", str(args.length), "--iters", str(args.iters), "--device", device],
                 capture_output=True, text=True, check=True,
             )
             results[side].append(json.loads(out.stdout.strip().splitlines()[-1]))
             print(f"round {r} {side}: {results[side][-1]}", file=sys.stderr)
     med = {side: {k: statistics.median(x[k] for x in rows) for k in ("tok_s", "peak_mb")} for side, rows in results.items()}
     print(json.dumps({
-        "model": args.model, "batch": args.batch, "length": args.length,
+        "model": args.model, "device": device, "batch": args.batch, "length": args.length,
         "client_tok_s": round(med["client"]["tok_s"], 1), "plain_tok_s": round(med["plain"]["tok_s"], 1),
         "ratio": round(med["client"]["tok_s"] / med["plain"]["tok_s"], 3),
         "client_peak_mb": round(med["client"]["peak_mb"], 1), "plain_peak_mb": round(med["plain"]["peak_mb"], 1),
