@@ -38,9 +38,10 @@ import torch
 import torch.nn.functional as F
 
 from ..cpu import CpuFeatures, host
-from .attention import attend, banned_columns
+from .attention import attend, attend_biased
 from .kv import BatchKV
-from .lora import MultiLoRA
+from .lora import MultiLoRA, SlotLoRA
+from .slots import SlotKV
 
 log = structlog.get_logger()
 
@@ -129,6 +130,9 @@ class FusedDecoder:
     def __init__(self, model: torch.nn.Module, lora: MultiLoRA, rows_hint: int, layout: Layout, layout_reason: str = ""):
         self.lora = lora
         self.layout, self.layout_reason = layout, layout_reason
+        # On a GPU a step is bound by kernel launches, so it takes fused forms of the same
+        # arithmetic (one RMSNorm kernel, a biased batched matmul for attention scores).
+        self.gpu = next(model.parameters()).device.type == "cuda"
         base = model.base_model
         self.embed, self.norm, self.rotary = base.embed_tokens, base.norm, base.rotary_emb
         config = model.config
@@ -139,53 +143,83 @@ class FusedDecoder:
             self.layers = [_Layer(layer, names, lora, rows_hint, layout) for layer in base.layers]
             self.lm_head = _stacked(model.get_output_embeddings(), rows_hint=rows_hint, layout=layout)
 
+    @staticmethod
+    def supports(model: torch.nn.Module) -> bool:
+        """Whether ``model`` has Llama's shape (the step below): else transformers' forward steps."""
+        config = model.config
+        if config.model_type not in _FAMILIES or getattr(config, "sliding_window", None) is not None:
+            return False
+        if any(t != "full_attention" for t in getattr(config, "layer_types", None) or []):
+            return False
+        base = getattr(model, "base_model", None)
+        parts = ("embed_tokens", "norm", "rotary_emb", "layers")
+        return base is not None and all(hasattr(base, p) for p in parts) and model.get_output_embeddings() is not None
+
     @classmethod
     def build(cls, model: torch.nn.Module, lora: MultiLoRA, rows_hint: int = 64,
               cpu: CpuFeatures | None = None) -> FusedDecoder | None:
         """The fused decode step for ``model`` (weights laid out for ``cpu``, default this machine's),
         or None when its shape is not Llama's."""
-        config = model.config
-        if config.model_type not in _FAMILIES or getattr(config, "sliding_window", None) is not None:
-            return None
-        if any(t != "full_attention" for t in getattr(config, "layer_types", None) or []):
-            return None
-        base = getattr(model, "base_model", None)
-        parts = ("embed_tokens", "norm", "rotary_emb", "layers")
-        if base is None or not all(hasattr(base, p) for p in parts) or model.get_output_embeddings() is None:
+        if not cls.supports(model):
             return None
         device = next(model.parameters()).device
         layout = weight_layout(model.dtype, cpu) if device.type == "cpu" else ("plain", f"{device.type}: no prepacking off the CPU")
         return cls(model, lora, rows_hint, *layout)
 
-    def __call__(self, ids: torch.Tensor, kv: BatchKV, positions: torch.Tensor) -> torch.Tensor:
+    def __call__(self, ids: torch.Tensor, kv: BatchKV | SlotKV, positions: torch.Tensor,
+                 lora: MultiLoRA | SlotLoRA | None = None) -> torch.Tensor:
         """Logits [rows, vocab] for ``ids`` [rows], each row's next token; writes its K/V to ``kv``.
 
-        The caller routes adapters (``lora.route``) and advances ``kv`` after the step.
+        The caller routes adapters (``lora.route``; for the static path's ``SlotLoRA``, its
+        ``route``) and advances ``kv`` after the step. ``lora`` None: the engine's ``MultiLoRA``.
         """
+        lora = self.lora if lora is None else lora
         rows, heads, kv_heads, dim = ids.shape[0], self.heads, self.kv_heads, self.head_dim
         kv.reserve()
         h = self.embed(ids)  # [rows, hidden]
         cos, sin = self.rotary(h, positions)  # [rows, 1, dim]: broadcast over heads
-        banned = banned_columns(F.pad(kv.mask, (0, 1), value=1).bool(), kv_heads)
+        banned = kv.banned(kv_heads)
         half = dim // 2
+        gpu = self.gpu
+        if gpu:  # once a step: the mask as an additive bias, rotate_half's signs folded into sin
+            bias = torch.zeros(banned.shape, dtype=h.dtype, device=h.device).masked_fill_(banned, float("-inf"))
+            sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+        norm = _fused_norm if gpu else _module_norm
+        lora.begin(rows)
         for index, layer in enumerate(self.layers):
-            x = layer.input_norm(h)
+            x = norm(layer.input_norm, h)
             qkv = layer.qkv(x)
-            self.lora.add_delta(layer.qkv_key, x, qkv)
+            lora.add_delta(layer.qkv_key, x, qkv)
             k_end = layer.q_size + layer.kv_size
             # rotary on q and k at once: transformers' (t * cos) + (rotate_half(t) * sin)
             qk = qkv[:, :k_end].view(rows, heads + kv_heads, dim)
-            qk = (qk * cos) + (torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin)
+            if gpu:  # rotate_half(t) is roll(t, half) with the first half negated (in sin, above)
+                qk = torch.addcmul(qk * cos, qk.roll(half, dims=-1), sin)
+            else:
+                qk = (qk * cos) + (torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin)
             keys, values = kv.write(index, qk[:, heads:, None], qkv[:, k_end:].view(rows, kv_heads, 1, dim))
-            out = attend(qk[:, :heads], keys, values, banned, layer.scaling).reshape(rows, heads * dim)
+            if gpu:
+                out = attend_biased(qk[:, :heads], keys, values, bias, layer.scaling).reshape(rows, heads * dim)
+            else:
+                out = attend(qk[:, :heads], keys, values, banned, layer.scaling).reshape(rows, heads * dim)
             o = layer.o(out)
-            self.lora.add_delta(layer.o_key, out, o)
+            lora.add_delta(layer.o_key, out, o)
             h = h + o
-            x = layer.post_norm(h)
+            x = norm(layer.post_norm, h)
             gate_up = layer.gate_up(x)
-            self.lora.add_delta(layer.gate_up_key, x, gate_up)
+            lora.add_delta(layer.gate_up_key, x, gate_up)
             act = layer.act(gate_up[:, :layer.inner]) * gate_up[:, layer.inner:]
             down = layer.down(act)
-            self.lora.add_delta(layer.down_key, act, down)
+            lora.add_delta(layer.down_key, act, down)
             h = h + down
-        return self.lm_head(self.norm(h))
+        return self.lm_head(norm(self.norm, h))
+
+
+def _module_norm(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return module(x)
+
+
+def _fused_norm(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The model's RMSNorm as one kernel (transformers' is six elementwise ops: on a GPU each is a
+    launch). Computed in fp32 inside the kernel as transformers' is; rounding may differ."""
+    return F.rms_norm(x, (x.shape[-1],), module.weight, module.variance_epsilon)

@@ -5,7 +5,8 @@ continuous batching, one iteration at a time on the process's compute thread (``
 the trainer's jobs run there too, between iterations): each iteration prefills the newcomers
 (together), appends their KV cache to the running batch, then advances every running sequence
 by one token in a single forward pass (``decoder.py`` writes that step out for Llama-shaped
-models; others step through transformers' forward). Sequences leave the batch as soon as they
+models; others step through transformers' forward). On a GPU the step runs over a static KV cache
+(``slots.py``) and is replayed from CUDA graphs (``graphs.py``): the static path. Sequences leave the batch as soon as they
 finish, and waiting requests take their place, so a short reply never waits for the longest one.
 Rows of one forward pass may use different adapters (``lora.MultiLoRA``: rows routed to their
 adapter once per forward pass).
@@ -37,10 +38,12 @@ from ..models import LoadedModel
 from .attention import use_decode_attention
 from .base import Completion, GenerationRequest
 from .decoder import FusedDecoder
+from .graphs import StepGraphs, rows_bucket, window_bucket
 from .kv import BatchKV
-from .lora import MultiLoRA
+from .lora import NO_LORA, MultiLoRA, SlotLoRA
 from .prefix_cache import PrefixCache
-from .sampling import sample_rows
+from .sampling import counter_uniforms, sample_rows
+from .slots import SlotKV
 from .tokens import TokenizerMethods, end_of_turn_ids
 
 log = structlog.get_logger()
@@ -52,7 +55,8 @@ class _Seq:
     request: GenerationRequest
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
-    generator: torch.Generator
+    seed: int  # the i-th draw's uniform is counter_uniforms(seed, i): no generator state to keep
+    draws: int = 0
     adapter_key: str = BASE  # set at prefill, under the lock, with the version it samples from
     adapter_version: int = 0
     tokens: list[int] = field(default_factory=list)
@@ -87,17 +91,28 @@ class EngineStats:
 
 
 class HFEngine(TokenizerMethods):
-    def __init__(self, loaded: LoadedModel, max_batch: int = 64, max_prefill: int = 16, prefix_cache_tokens: int = 16384,
-                 fused_decode: bool = True, cpu: CpuFeatures | None = None):
+    def __init__(self, loaded: LoadedModel, max_batch: int | None = None, max_prefill: int | None = None,
+                 prefix_cache_tokens: int = 16384, fused_decode: bool = True, cpu: CpuFeatures | None = None,
+                 static: bool | None = None, cuda_graphs: bool = True):
+        """``max_batch`` rows decode together (default 64 on the CPU, 256 on a GPU), ``max_prefill``
+        newcomers prefill together (default 16 on the CPU, all that fit on a GPU). ``static``: the
+        static path (default: on a GPU, for Llama-shaped models), with its steps replayed from CUDA
+        graphs unless ``cuda_graphs`` is False (or on the CPU, where it runs eagerly: for tests)."""
         self.loaded = loaded
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
-        self.max_batch = max_batch
-        self.max_prefill = max_prefill
         self.lora = MultiLoRA(self.model)
         self.device = self.lora.device  # the model's: its KV cache, batches and sampling live there too
+        gpu = self.device.type == "cuda"
+        self.max_batch = max_batch or (256 if gpu else 64)
+        self.max_prefill = max_prefill or (self.max_batch if gpu else 16)
         use_decode_attention(self.model)  # decode steps: two matmuls instead of SDPA's kernel
         self.fused_decode = fused_decode  # decoder.py's step where the model's shape allows (read every step)
+        supported = fused_decode and FusedDecoder.supports(self.model)
+        if static and not supported:
+            raise ValueError("the static decode path needs a Llama-shaped model and fused_decode")
+        self.static = supported if static is None and gpu else bool(static)
+        self.cuda_graphs = cuda_graphs and gpu and self.static
         self._cpu = cpu  # the CPU the fused step lays its weights out for (None: this machine's; cpu.py)
         self.versions: dict[str, int] = {}
         self.eos_ids = end_of_turn_ids(self.tokenizer)
@@ -108,7 +123,11 @@ class HFEngine(TokenizerMethods):
         self._serving = False  # the scheduler's step is on the compute thread
         self._stopped = threading.Event()
         self._active: list[_Seq] = []
-        self._kv = BatchKV(self.device)
+        self._kv = SlotKV(self.device, self.max_batch) if self.static else BatchKV(self.device)
+        if self.static:
+            self._slots = SlotLoRA(self.lora, self.max_batch)
+            self._ids = torch.zeros(self.max_batch, dtype=torch.long, device=self.device)  # the step's input
+            self._graphs = StepGraphs(self._static_forward, self.device) if gpu else None
         self._warned: set[str] = set()
         self.stats = EngineStats()
         # KV of finished sequences, reused by prompts that start the same way (0 turns it off)
@@ -119,11 +138,9 @@ class HFEngine(TokenizerMethods):
         if self._closed:
             raise RuntimeError("the engine is closed")
         loop = asyncio.get_running_loop()
-        seq = _Seq(
-            request=request, future=loop.create_future(), loop=loop,
-            generator=torch.Generator().manual_seed(request.sampling.seed if request.sampling.seed is not None
-                                                    else int(torch.randint(0, 2**62, (1,)))),
-        )
+        seed = request.sampling.seed
+        seq = _Seq(request=request, future=loop.create_future(), loop=loop,
+                   seed=seed if seed is not None else int(torch.randint(0, 2**62, (1,))))
         if request.json_schema:  # compiling a new schema can take a second: off the event loop
             seq.grammar = await asyncio.to_thread(self._constrained_row, request)
         self._start()
@@ -147,8 +164,11 @@ class HFEngine(TokenizerMethods):
 
     @property
     def decode_path(self) -> str:
-        """``fused:LAYOUT`` when decode steps run ``decoder.py``'s step (LAYOUT: its weights' layout,
-        ``onednn``, ``onednn-fp32`` or ``plain``), ``transformers`` when they run the model's forward."""
+        """``static:graphs`` (or ``static:eager``) on the static path; else ``fused:LAYOUT`` when decode
+        steps run ``decoder.py``'s step (LAYOUT: its weights' layout, ``onednn``, ``onednn-fp32`` or
+        ``plain``), ``transformers`` when they run the model's forward."""
+        if self.static:
+            return "static:graphs" if self.cuda_graphs else "static:eager"
         if not self.fused_decode or self._fused is None:
             return "transformers"
         return f"fused:{self._fused.layout}"
@@ -256,7 +276,8 @@ class HFEngine(TokenizerMethods):
             log.error("engine.step_failed", error=f"{type(exc).__name__}: {exc}")
             for seq in self._active + newcomers:
                 self._fail(seq, exc)
-            self._active, self._kv = [], BatchKV(self.device)
+            self._active = []
+            self._kv.keep([])
         return True
 
     def _admit(self) -> list[_Seq]:
@@ -345,8 +366,10 @@ class HFEngine(TokenizerMethods):
         t0, rows = time.perf_counter(), len(self._active)
         adapters = [s.adapter_key for s in self._active]
         ids = torch.tensor([s.tokens[-1] for s in self._active], device=self.device)
-        fused = self._fused if self.fused_decode else None
-        if fused is not None:
+        fused = self._fused if self.fused_decode or self.static else None
+        if self.static:
+            logits = self._static_step(adapters, ids)
+        elif fused is not None:
             self._route(adapters)
             logits = fused(ids, self._kv, self._kv.positions())
         else:
@@ -358,16 +381,38 @@ class HFEngine(TokenizerMethods):
         self.stats.decode_steps += 1
         self.stats.decode_tokens += rows
 
+    def _static_step(self, adapters: list[str], ids: torch.Tensor) -> torch.Tensor:
+        """Logits of the running rows from a step over their bucket of slots (graphs.py)."""
+        kv, rows = self._kv, len(adapters)
+        kv.reserve()
+        self._slots.sync()
+        bucket = rows_bucket(rows, kv.slots)
+        window = window_bucket(max(kv.lengths) + 1, kv.columns)
+        self._slots.route(adapters, bucket)
+        self._ids[:rows] = ids  # rows past them keep stale ids: their slots are idle
+        shape = (bucket, window, self._slots.uses_any(adapters))
+        if self.cuda_graphs:  # read every step: a benchmark may switch it
+            logits = self._graphs(shape, (kv.generation, self._slots.generation))
+        else:
+            logits = self._static_forward(*shape)
+        return logits[:rows]
+
+    def _static_forward(self, rows: int, window: int, lora: bool) -> torch.Tensor:
+        """The static step over ``rows`` slots and ``window`` columns (what a CUDA graph records)."""
+        kv = self._kv
+        kv.step_rows, kv.window = rows, window
+        return self._fused(self._ids[:rows], kv, kv.positions(), self._slots if lora else NO_LORA)
+
     def _take(self, seqs: list[_Seq], logits: torch.Tensor) -> None:
         """Append each row's sampled token (or its forced closing), then retire the rows that are done."""
         sp = [s.request.sampling for s in seqs]
         t0 = time.perf_counter()
         bitmask, masked = self._grammar_masks(seqs)
         self.stats.grammar_s += time.perf_counter() - t0
-        tokens, logprobs = sample_rows(
-            logits, [p.temperature for p in sp], [p.top_p for p in sp], [s.generator for s in seqs], bitmask, masked
-        )
+        uniforms = counter_uniforms(torch.tensor([s.seed for s in seqs]), torch.tensor([s.draws for s in seqs]))
+        tokens, logprobs = sample_rows(logits, [p.temperature for p in sp], [p.top_p for p in sp], uniforms, bitmask, masked)
         for seq, token, lp in zip(seqs, tokens, logprobs):
+            seq.draws += 1
             if seq.grammar is not None and seq.grammar.forced:
                 self._force_closing(seq)
             else:
@@ -385,15 +430,16 @@ class HFEngine(TokenizerMethods):
                 for i, s in enumerate(self._active):
                     if s.done and not s.done.forced_tokens:  # forced closings: tokens and KV part ways
                         self._remember(i, s)
-            self._active = [self._active[i] for i in keep]
-            self._kv.keep(keep)
+            order = self._kv.compaction(keep)  # the static path fills holes from the end
+            self._active = [self._active[i] for i in order]
+            self._kv.keep(order)
             # Resolve only after the rows left the batch, so a caller woken by its result sees `busy` without them.
             for s in finished:
                 s.loop.call_soon_threadsafe(_resolve, s.future, s.done)
 
     def _remember(self, row: int, seq: _Seq) -> None:
         """Put a finished row's keys and values in the prefix cache, with the tokens they encode."""
-        count = int(self._kv.mask[row].sum())  # the last sampled token was never fed
+        count = self._kv.length(row)  # the last sampled token was never fed
         keys, values = self._kv.row(row)
         self._prefix.insert((list(seq.request.prompt_ids) + seq.tokens)[:count], seq.cache_key, keys, values)
 

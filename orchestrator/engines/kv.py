@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
+from .attention import banned_columns
+
 _MIN_COLUMNS = 64  # headroom added on growth, so short runs never reallocate
 
 
@@ -49,6 +51,10 @@ class BatchKV:
             vb[rows:rows + n, :, self.end - length:self.end] = v
         self.mask = torch.cat([F.pad(self.mask, (width - self.mask.shape[1], 0)), F.pad(mask, (width - length, 0))])
 
+    def compaction(self, keep: list[int]) -> list[int]:
+        """The order the kept rows take: theirs (every kept row moves up past the ones that left)."""
+        return keep
+
     def keep(self, rows: list[int]) -> None:
         """Keep only ``rows`` (in that order); the batch shrinks to them."""
         idx = torch.tensor(rows, dtype=torch.long, device=self.device)
@@ -72,6 +78,14 @@ class BatchKV:
         """Account for a decode step that added one real token to every row."""
         self.end += 1
         self.mask = torch.cat([self.mask, self.mask.new_ones(self.rows, 1)], dim=1)
+
+    def banned(self, kv_heads: int) -> torch.Tensor:
+        """A decode step's attention mask (``attention.attend``'s): the padding, not the new column."""
+        return banned_columns(F.pad(self.mask, (0, 1), value=1).bool(), kv_heads)
+
+    def length(self, row: int) -> int:
+        """Tokens that row ``row`` holds keys and values for."""
+        return int(self.mask[row].sum())
 
     def positions(self) -> torch.Tensor:
         """The position id of each row's next token: how many real tokens it has so far."""

@@ -58,6 +58,7 @@ class MultiLoRA:
         self._stacks: OrderedDict[tuple[str, ...], _Stack] = OrderedDict()
         self._groups: set[tuple[str, ...]] = set()
         self._active: tuple[_Stack, dict[int, torch.Tensor] | None] | None = None  # row masks by width
+        self.version = 0  # bumps on every change of any adapter's weights (SlotLoRA copies on a change)
         self._hooks = [module.register_forward_hook(self._hook(name)) for name, module in self.linears.items()]
 
     def detach(self) -> None:
@@ -136,6 +137,9 @@ class MultiLoRA:
             col += lin.out_features
         return a, b
 
+    def begin(self, rows: int) -> None:
+        """A forward pass over ``rows`` rows starts (the row masks were built by ``route``)."""
+
     def add_delta(self, key: Key, x: torch.Tensor, out: torch.Tensor) -> None:
         """``out += `` each row's LoRA delta for ``x``, the input of module (or group) ``key``, in place.
 
@@ -207,9 +211,130 @@ class MultiLoRA:
         """Adapter weights changed: stacked copies are stale (the engine holds its lock here)."""
         self._stacks.clear()
         self._active = None
+        self.version += 1
 
 
 def lora_scale(config: dict) -> float:
     """alpha / r, or alpha / sqrt(r) for rank-stabilised LoRA (PEFT's adapter_config.json keys)."""
     r, alpha = config.get("r", 8), config.get("lora_alpha", 8)
     return alpha / math.sqrt(r) if config.get("use_rslora") else alpha / r
+
+
+class SlotLoRA:
+    """Every adapter of a ``MultiLoRA`` in a fixed slot of stacks that never move, for decode
+    steps replayed as CUDA graphs (a graph replays the addresses it was captured with).
+
+    Per module (or group) ``a_t`` is ``[in, C R]`` and ``b_t`` ``[C R, out]`` (block-diagonal for a
+    group), C slots of rank R (an adapter of lower rank pads with zeros). A row's slot lives on
+    the device (``rows``), so the row masks are built inside the step (``begin``) and a batch may
+    mix any adapters: two matmuls per module, whatever the mix. New weights for an adapter are
+    copied into its slot in place; only more adapters, a higher rank or new target modules
+    allocate new stacks (``generation`` bumps: the engine recaptures its graphs).
+    """
+
+    def __init__(self, lora: MultiLoRA, rows: int):
+        self.lora = lora
+        self.rows = torch.full((rows,), -1, dtype=torch.long, device=lora.device)  # each row's slot; -1: base
+        self.slots: dict[str, int] = {}
+        self.capacity = self.rank = 0
+        self.a_t: dict[Key, torch.Tensor] = {}
+        self.b_t: dict[Key, torch.Tensor] = {}
+        self.generation = 0
+        self._columns = torch.zeros(0, dtype=torch.long, device=lora.device)  # the slot of each of the C R columns
+        self._masks: dict[int, torch.Tensor] = {}
+        self._synced = -1
+
+    def sync(self) -> None:
+        """Bring the slots up to date with the adapters' weights (nothing to do if unchanged)."""
+        if self._synced == self.lora.version:
+            return
+        adapters = {n: w for n, w in self.lora.adapters.items() if w}  # an empty adapter is the base model
+        rank = max((w.a.shape[0] for ws in adapters.values() for w in ws.values()), default=0)
+        keys = self._keys(adapters)
+        if len(adapters) > self.capacity or rank > self.rank or set(keys) != set(self.a_t):
+            self._allocate(keys, max(len(adapters), 1), rank)
+        for name in [n for n in self.slots if n not in adapters]:
+            del self.slots[name]
+        free = iter(sorted(set(range(self.capacity)) - set(self.slots.values())))
+        for name in adapters:
+            if name not in self.slots:
+                self.slots[name] = next(free)
+        for key in keys:
+            a, b = self._stacked(key, adapters)
+            self.a_t[key].copy_(a)
+            self.b_t[key].copy_(b)
+        self._synced = self.lora.version
+
+    def route(self, adapters: list[str | None], rows: int) -> None:
+        """Set the slots of the step's ``rows`` rows: ``adapters`` for the first, base for the rest."""
+        slots = [self.slots.get(a, -1) if a is not None else -1 for a in adapters]
+        self.rows[:rows].copy_(torch.tensor(slots + [-1] * (rows - len(slots))))
+
+    def uses_any(self, adapters: list[str | None]) -> bool:
+        return any(a in self.slots for a in adapters)
+
+    def begin(self, rows: int) -> None:
+        """Row masks for a step over ``rows`` rows (per width: one slot's columns, repeated per group member)."""
+        if not self.capacity:
+            self._masks = {}
+            return
+        mask = (self._columns[None, :] == self.rows[:rows, None]).to(self.lora.dtype)
+        widths = {t.shape[1] for t in self.a_t.values()}
+        self._masks = {w: mask if w == mask.shape[1] else mask.repeat(1, w // mask.shape[1]) for w in widths}
+
+    def add_delta(self, key: Key, x: torch.Tensor, out: torch.Tensor) -> None:
+        a_t = self.a_t.get(key)
+        if a_t is None:
+            return
+        h = x @ a_t
+        h.mul_(self._masks[h.shape[-1]])
+        out.addmm_(h, self.b_t[key])
+
+    def _keys(self, adapters: dict[str, dict[str, _Weights]]) -> list[Key]:
+        """The groups, and the modules outside them, that some adapter has weights for."""
+        targeted = {m for ws in adapters.values() for m in ws}
+        grouped = {m for g in self.lora._groups for m in g}
+        return ([g for g in self.lora._groups if targeted & set(g)] +
+                sorted(m for m in targeted if m not in grouped))
+
+    def _allocate(self, keys: list[Key], capacity: int, rank: int) -> None:
+        self.capacity, self.rank = capacity, rank
+        self.slots = {}
+        self.a_t, self.b_t = {}, {}
+        for key in keys:
+            a, b = self._stacked(key, {})
+            self.a_t[key], self.b_t[key] = a, b
+        self._columns = torch.arange(capacity, device=self.lora.device).repeat_interleave(rank)
+        self.generation += 1
+
+    def _stacked(self, key: Key, adapters: dict[str, dict[str, _Weights]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``key``'s stacks for the adapters in their slots (zeros where a slot is empty)."""
+        modules = key if isinstance(key, tuple) else (key,)
+        width = self.capacity * self.rank
+        lora = self.lora
+        a = torch.zeros(lora.linears[modules[0]].in_features, len(modules) * width, dtype=lora.dtype, device=lora.device)
+        b = torch.zeros(len(modules) * width, sum(lora.linears[m].out_features for m in modules),
+                        dtype=lora.dtype, device=lora.device)
+        out = 0
+        for i, module in enumerate(modules):
+            for name, slot in self.slots.items():
+                w = adapters.get(name, {}).get(module)
+                if w is not None:
+                    at = i * width + slot * self.rank
+                    a[:, at:at + w.a.shape[0]] = w.a.T
+                    b[at:at + w.a.shape[0], out:out + w.b.shape[0]] = w.b.T
+            out += lora.linears[module].out_features
+        return a, b
+
+
+class _NoLoRA:
+    """The adapter hooks of a step in which no row uses an adapter: nothing to add."""
+
+    def begin(self, rows: int) -> None:
+        pass
+
+    def add_delta(self, key: Key, x: torch.Tensor, out: torch.Tensor) -> None:
+        pass
+
+
+NO_LORA = _NoLoRA()

@@ -3,17 +3,47 @@ from __future__ import annotations
 
 import torch
 
+# splitmix64's constants as signed int64 (torch has no uint64 arithmetic)
+_GOLDEN = -0x61C8864680B583EB  # 0x9E3779B97F4A7C15
+_MIX1 = -0x40A7B892E31B1A47  # 0xBF58476D1CE4E5B9
+_MIX2 = -0x6B2FB644ECCEEE15  # 0x94D049BB133111EB
+
+
+def _shr(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's >> is arithmetic)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def _mix(z: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finaliser (int64 products wrap, as its uint64 ones do)."""
+    z = (z ^ _shr(z, 30)) * _MIX1
+    z = (z ^ _shr(z, 27)) * _MIX2
+    return z ^ _shr(z, 31)
+
+
+def counter_uniforms(seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    """One uniform in [0, 1) per row, a pure function of (seed, counter): the counter-th output of
+    a splitmix64 stream whose start is the mixed seed, top 24 bits (a float32's mantissa).
+
+    A request draws its i-th token's uniform from (its seed, i): what it samples does not depend
+    on what shares its batch, the numbers need no generator state on the host, and the same
+    int64 arithmetic gives the same numbers on the CPU and on a GPU. ``seeds`` and ``counters``
+    are int64 tensors of one shape, on any device.
+    """
+    z = _mix(_mix(seeds * _GOLDEN) + (counters + 1) * _GOLDEN)
+    return _shr(z, 40).to(torch.float32) / float(1 << 24)
+
 
 def sample_rows(
-    logits: torch.Tensor, temperatures: list[float], top_ps: list[float], generators: list[torch.Generator],
+    logits: torch.Tensor, temperatures: list[float], top_ps: list[float], uniforms: torch.Tensor,
     bitmask: torch.Tensor | None = None, masked_rows: list[int] | None = None,
 ) -> tuple[list[int], list[float]]:
     """One token per row of ``logits`` [B, V].
 
     The recorded logprob is log softmax(logits / T) at the chosen token (raw logits for greedy
     T == 0), before any top-p truncation: exactly what a teacher-forced pass at temperature T
-    gives, which importance ratios need. Each row draws from its own generator, so a request's
-    sample does not depend on what else shares the batch.
+    gives, which importance ratios need. Row i draws with ``uniforms[i]`` (in [0, 1), on any
+    device; ``counter_uniforms`` makes them per request), by inverse CDF.
 
     ``bitmask`` [B, ceil(V / 32)] (packed int32, xgrammar's layout) bans, in ``masked_rows``, the
     tokens whose bit is 0: their logits become -inf before everything above, so those rows sample
@@ -40,11 +70,10 @@ def sample_rows(
     for i, top_p in enumerate(top_ps):
         if top_p < 1.0 and temperatures[i] > 0:
             weights[i] = _top_p(weights[i] / total[i], top_p)
-    # Inverse-CDF sampling, one uniform per row from the row's own generator: a batched cumsum
-    # and searchsorted cost far less than a multinomial call per row over a 49k vocabulary.
+    # Inverse-CDF sampling, one uniform per row: a batched cumsum and searchsorted cost far less
+    # than a multinomial call per row over a 49k vocabulary.
     cdf = weights.cumsum_(dim=-1)
-    # The generators are the requests' own, on the CPU: B numbers cross to the device, not B draws.
-    u = torch.stack([torch.rand((), generator=g) for g in generators]).to(device)
+    u = uniforms.to(device, torch.float32)
     target = (1.0 - u) * cdf[:, -1]  # in (0, total]: never lands on a zero-mass prefix
     chosen_ids = torch.searchsorted(cdf, target[:, None]).squeeze(-1).clamp(max=logits.shape[-1] - 1)
     if argmax is not None:

@@ -278,5 +278,5 @@ def book_for(tokenizer: Any, vocab_size: int) -> GrammarBook:
 
 def allowed_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Unpack int32 bitmask rows [N, W] to booleans [N, vocab_size] (for differentiable masking)."""
-    bits = (bitmask.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
+    bits = (bitmask.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32, device=bitmask.device)) & 1
     return bits.view(bitmask.shape[0], -1)[:, :vocab_size].bool()

@@ -289,9 +289,9 @@ class TrainingClient:
             picked = token_logprobs(flat[keep], inner.lm_head, targets[keep], temperature, bitmask=bitmask, entropy=entropy)
         if entropy:
             logp, ent = picked
-            return (torch.zeros(len(targets), dtype=logp.dtype).masked_scatter(keep, logp),
-                    torch.zeros(len(targets), dtype=ent.dtype).masked_scatter(keep, ent))
-        return torch.zeros(len(targets), dtype=picked.dtype).masked_scatter(keep, picked)
+            return (logp.new_zeros(len(targets)).masked_scatter(keep, logp),
+                    ent.new_zeros(len(targets)).masked_scatter(keep, ent))
+        return picked.new_zeros(len(targets)).masked_scatter(keep, picked)
 
     def _perturb(self, std: float, seed: int | str) -> None:
         generator = torch.Generator().manual_seed(zlib.crc32(str(seed).encode()))

@@ -32,9 +32,9 @@ UNICODE = {"type": "object", "properties": {"mot": {"enum": ["café", "naïve", 
            "required": ["mot", "note"], "additionalProperties": False}
 
 
-@pytest.fixture(scope="module")
-def engine():
-    e = tiny_engine(max_batch=16, max_prefill=16)
+@pytest.fixture(scope="module", params=[False, True], ids=["batch-kv", "static"])
+def engine(request):
+    e = tiny_engine(max_batch=16, max_prefill=16, static=request.param)
     yield e
     asyncio.run(e.aclose())
 

@@ -55,7 +55,7 @@ def running_batch(engine: HFEngine, adapters: list[str | None]) -> list[_Seq]:
     """Prefill prompts of different lengths (left padding), one per adapter, and decode two steps."""
     loop = asyncio.new_event_loop()
     seqs = [_Seq(GenerationRequest(tuple(range(5, 12 + 3 * i)), SamplingParams(max_tokens=100, seed=i), adapter),
-                 loop.create_future(), loop, torch.Generator().manual_seed(i)) for i, adapter in enumerate(adapters)]
+                 loop.create_future(), loop, seed=i) for i, adapter in enumerate(adapters)]
     engine._prefill(seqs[:3])
     engine._decode()
     engine._prefill(seqs[3:])  # newcomers join a batch that has decoded already

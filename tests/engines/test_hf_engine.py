@@ -16,9 +16,10 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture
-def engine():
-    e = tiny_engine(max_batch=8, max_prefill=3)
+@pytest.fixture(params=[False, True], ids=["batch-kv", "static"])
+def engine(request):
+    """Both decode paths: the CPU's (left-padded BatchKV) and the GPU's static one, run eagerly here."""
+    e = tiny_engine(max_batch=8, max_prefill=3, static=request.param)
     yield e
     asyncio.run(e.aclose())
 

@@ -3,17 +3,31 @@ recorded logprob is log softmax(logits / T) of the drawn token, masks included."
 from __future__ import annotations
 
 import torch
-from orchestrator.engines.sampling import sample_rows
+from orchestrator.engines.sampling import counter_uniforms, sample_rows
 
 LOGITS = torch.tensor([[0.0, 1.0, 2.0, -1.0]])
 
 
 def frequencies(top_p: float, temperature: float = 1.0, n: int = 20000) -> torch.Tensor:
-    g, counts = torch.Generator().manual_seed(0), torch.zeros(4)
-    for _ in range(n):
-        ids, _ = sample_rows(LOGITS, [temperature], [top_p], [g])
-        counts[ids[0]] += 1
-    return counts / n
+    """One request's first n draws: uniforms from its seed and token counter, as the engine draws them."""
+    u = counter_uniforms(torch.zeros(n, dtype=torch.long), torch.arange(n))
+    ids, _ = sample_rows(LOGITS.expand(n, -1), [temperature] * n, [top_p] * n, u)
+    return torch.bincount(torch.tensor(ids), minlength=4).float() / n
+
+
+def test_counter_uniforms_are_uniform_and_independent_across_seeds_and_counters():
+    n = 50000
+    along = counter_uniforms(torch.full((n,), 7), torch.arange(n))  # one request's stream
+    across = counter_uniforms(torch.arange(n), torch.zeros(n, dtype=torch.long))  # first draws of many requests
+    for u in (along, across):
+        assert 0 <= u.min() and u.max() < 1
+        assert abs(u.mean() - 0.5) < 0.01 and abs(u.std() - 12**-0.5) < 0.01
+        assert torch.histc(u, bins=10, min=0, max=1).sub(n / 10).abs().max() < 0.05 * n / 10
+        assert abs(torch.corrcoef(torch.stack([u[:-1], u[1:]]))[0, 1]) < 0.02
+    # neighbouring seeds and counters do not share numbers (seed s at counter c vs seed s+1 at c-1)
+    assert not torch.isin(counter_uniforms(torch.arange(1, 1000), torch.zeros(999, dtype=torch.long)),
+                          counter_uniforms(torch.arange(999), torch.ones(999, dtype=torch.long))).any()
+    assert torch.equal(counter_uniforms(torch.tensor([3]), torch.tensor([5])), counter_uniforms(torch.tensor([3]), torch.tensor([5])))
 
 
 def test_draws_follow_the_tempered_softmax():
@@ -32,7 +46,7 @@ def test_logprobs_are_log_softmax_of_the_drawn_token_per_row():
     g = torch.Generator().manual_seed(3)
     logits = (torch.randn(5, 300, generator=g) * 3).to(torch.bfloat16)
     temps, top_ps = [0.7, 1.0, 0.0, 1.3, 1.0], [1.0, 0.9, 1.0, 1.0, 0.5]
-    ids, logprobs = sample_rows(logits, temps, top_ps, [torch.Generator().manual_seed(i) for i in range(5)])
+    ids, logprobs = sample_rows(logits, temps, top_ps, torch.rand(5, generator=g))
     scale = torch.tensor([t if t > 0 else 1.0 for t in temps])[:, None]
     ref = torch.log_softmax(logits.float() / scale, -1)
     for row, (token, lp) in enumerate(zip(ids, logprobs)):
@@ -45,7 +59,7 @@ def test_masked_rows_sample_allowed_tokens_with_renormalised_logprobs():
     bitmask = torch.zeros(2, 2, dtype=torch.int32)
     bitmask[0, 0] = 0b1010  # row 0 may take tokens 1 and 3 only
     for seed in range(20):
-        ids, logprobs = sample_rows(logits, [1.0, 1.0], [1.0, 1.0], [torch.Generator().manual_seed(seed)] * 2,
+        ids, logprobs = sample_rows(logits, [1.0, 1.0], [1.0, 1.0], counter_uniforms(torch.tensor([seed] * 2), torch.tensor([0, 1])),
                                     bitmask, masked_rows=[0])
         assert ids[0] in (1, 3) and abs(logprobs[0] - torch.log(torch.tensor(0.5)).item()) < 1e-6
         assert abs(logprobs[1] - torch.log(torch.tensor(1 / 64)).item()) < 1e-6  # row 1 is free
@@ -54,6 +68,6 @@ def test_masked_rows_sample_allowed_tokens_with_renormalised_logprobs():
 def test_the_callers_logits_are_left_alone():
     logits = torch.randn(3, 50)
     before = logits.clone()
-    sample_rows(logits, [0.5, 1.0, 1.0], [1.0, 0.8, 1.0], [torch.Generator().manual_seed(i) for i in range(3)],
+    sample_rows(logits, [0.5, 1.0, 1.0], [1.0, 0.8, 1.0], torch.rand(3),
                 torch.zeros(3, 2, dtype=torch.int32) - 1, masked_rows=[1])
     assert torch.equal(logits, before)

@@ -42,9 +42,47 @@ def generate(engine, reqs):
 def test_the_engine_places_everything_on_the_gpu():
     engine = tiny_engine(device=CUDA)
     assert engine.device.type == "cuda" and next(engine.model.parameters()).is_cuda
-    assert engine.decode_path == "fused:plain"
+    assert engine.decode_path == "static:graphs" and engine._kv.device.type == "cuda"
     outs = generate(engine, requests(8))
     assert [len(o.token_ids) for o in outs] == [16] * 8
+    assert engine._kv.keys.is_cuda and engine._graphs.captured >= 1
+
+
+def test_graph_replayed_and_eager_steps_sample_the_same_tokens():
+    """Mixed adapters, rows joining and leaving (max_batch 6 < 20 requests, unequal budgets), and
+    an adapter update between rounds: its weights are copied into the captured stacks in place."""
+    outs = {}
+    for graphs in (True, False):
+        engine = tiny_engine(device=CUDA, max_batch=6, cuda_graphs=graphs)
+        for seed, name in enumerate(("alpha", "beta"), 1):
+            engine.add_adapter(name)
+            randomize(engine, name, seed)
+        reqs = [GenerationRequest(tuple(range(5, 9 + (i * 7) % 23)), SamplingParams(temperature=1.0, max_tokens=10 + i % 7,
+                                                                                   seed=i), (None, "alpha", "beta")[i % 3])
+                for i in range(20)]
+
+        async def rounds(engine=engine, reqs=reqs):
+            first = await asyncio.gather(*(engine.generate(r) for r in reqs))
+            randomize(engine, "alpha", 5)
+            second = await asyncio.gather(*(engine.generate(r) for r in reqs))
+            await engine.aclose()
+            return first + second
+
+        outs[graphs] = [(o.token_ids, o.logprobs) for o in asyncio.run(rounds())]
+        assert engine.decode_path == ("static:graphs" if graphs else "static:eager")
+    assert [t for t, _ in outs[True]] == [t for t, _ in outs[False]]
+    assert max(abs(a - b) for (_, x), (_, y) in zip(outs[True], outs[False]) for a, b in zip(x, y)) < 1e-4
+    assert outs[True][:20] != outs[True][20:]  # the update reached the graphs
+
+
+def test_the_static_path_samples_what_the_batch_kv_path_samples_on_cuda():
+    outs = {}
+    for static in (True, False):
+        engine = tiny_engine(device=CUDA, max_batch=6, static=static)
+        engine.add_adapter("alpha")
+        randomize(engine, "alpha", 1)
+        outs[static] = [o.token_ids for o in generate(engine, requests(12, adapters=(None, "alpha")))]
+    assert outs[True] == outs[False]
 
 
 @pytest.mark.parametrize("dtype,tolerance", [("float32", 1e-3), ("bfloat16", 0.1)])
@@ -54,9 +92,14 @@ def test_sampling_logprobs_equal_teacher_forcing_on_cuda(dtype, tolerance):
     engine.add_adapter("alpha")
     randomize(engine, "alpha", 1)
     reqs = requests(6, adapters=(None, "alpha"), temperature=0.7)
-    outs = generate(engine, reqs)
-    for r, out in zip(reqs, outs):
-        ref = engine.teacher_forced_logprobs(list(r.prompt_ids), out.token_ids, r.adapter, 0.7)
+
+    async def go():  # teacher forcing before the engine closes: closing takes its adapters off the model
+        outs = await asyncio.gather(*(engine.generate(r) for r in reqs))
+        refs = [engine.teacher_forced_logprobs(list(r.prompt_ids), o.token_ids, r.adapter, 0.7) for r, o in zip(reqs, outs)]
+        await engine.aclose()
+        return outs, refs
+
+    for out, ref in zip(*asyncio.run(go())):
         assert len(ref) == len(out.logprobs) > 0
         assert max(abs(a - b) for a, b in zip(ref, out.logprobs)) < tolerance
 
@@ -78,7 +121,7 @@ def test_a_mixed_adapter_batch_equals_single_adapter_runs():
 def test_both_decode_paths_sample_the_same_tokens():
     outs = {}
     for fused in (True, False):
-        engine = tiny_engine(device=CUDA, fused_decode=fused)
+        engine = tiny_engine(device=CUDA, fused_decode=fused, static=False)
         outs[fused] = [o.token_ids for o in generate(engine, requests(6))]
     assert outs[True] == outs[False]
 
@@ -111,6 +154,7 @@ def test_kill_then_resume_on_cuda(tmp_path):
     deadline = time.monotonic() + 300
     while not latest.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
+    assert proc.poll() is None, proc.communicate()[1][-3000:]  # still running: a checkpoint, then the kill
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     done = latest.read_text().strip()

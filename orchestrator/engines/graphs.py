@@ -1,0 +1,71 @@
+"""The static decode step, captured once per shape as a CUDA graph and replayed.
+
+A decode step of a small model is hundreds of small kernels; launched one by one from Python,
+their launch cost, not the GPU's arithmetic or memory, sets the step's time. A CUDA graph
+records the kernels of one call and replays them with a single launch. It replays fixed
+addresses and shapes, so the step reads its inputs from buffers that never move (the token ids,
+``slots.SlotKV``, ``lora.SlotLoRA``), and a graph is kept per shape: a bucket of rows, a window of
+columns, and whether any row uses an adapter. Buckets round up, so a handful of graphs serve a
+run whose batch and lengths change every step; when the buffers move (``generation``), the
+graphs are dropped and captured again on demand.
+"""
+from __future__ import annotations
+
+from typing import Callable, Hashable
+
+import torch
+
+
+def rows_bucket(rows: int, slots: int) -> int:
+    """Rows a step covers for ``rows`` running: powers of two to 8, then multiples of 16 to 128,
+    then of 32 (never more than the ``slots`` there are)."""
+    step = 1 << (rows - 1).bit_length() if rows <= 8 else 16 if rows <= 128 else 32
+    return min(-(-rows // step) * step, slots)
+
+
+def window_bucket(needed: int, columns: int) -> int:
+    """Columns a step reads when the longest row needs ``needed``: multiples of 64 to 512, then
+    of 256 to 4096, then of 1024 (never more than the ``columns`` there are)."""
+    step = 64 if needed <= 512 else 256 if needed <= 4096 else 1024
+    return min(-(-needed // step) * step, columns)
+
+
+class StepGraphs:
+    """``step(*shape)`` replayed from a CUDA graph per shape; captured on first use."""
+
+    def __init__(self, step: Callable[..., torch.Tensor], device: torch.device):
+        self.step = step
+        self.device = device
+        self.captured = 0  # graphs captured so far (a count for logs and tests)
+        self._graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._generation: Hashable = None
+        self._pool = None
+
+    def __call__(self, shape: tuple, generation: Hashable) -> torch.Tensor:
+        """The step's output for ``shape``; ``generation`` names the buffers the graphs read."""
+        if generation != self._generation:
+            self._graphs.clear()
+            self._generation = generation
+        entry = self._graphs.get(shape)
+        if entry is None:
+            entry = self._graphs[shape] = self._capture(shape)
+        graph, out = entry
+        graph.replay()
+        return out
+
+    def _capture(self, shape: tuple) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        # One eager run on a side stream first: lazy initialisations (cuBLAS handles and
+        # workspaces) must not happen inside a capture. The step only writes what its inputs
+        # determine (this step's keys and values), so running it twice changes nothing.
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            self.step(*shape)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()  # one pool: graphs replay one at a time
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            out = self.step(*shape)
+        self.captured += 1
+        return graph, out

@@ -1,0 +1,156 @@
+"""A static KV cache for the GPU's decode path: every running row owns a fixed slot.
+
+``kv.BatchKV`` keeps the batch left-padded to a common end column, which suits the CPU: a step
+writes one column for every row. A step replayed as a CUDA graph needs the opposite: tensors at
+fixed addresses and of fixed shapes. Here keys and values live in one buffer per kind,
+``[layers, slots, kv_heads, columns, head_dim]``, allocated once (and regrown, rarely, by
+doubling the columns). Row i of the batch is slot i; its tokens sit in columns ``[0, lens[i])``
+from the left, so its next key goes to column ``lens[i]``, a per-row index that lives on the
+device and moves without the host. A decode step covers a bucket of ``step_rows`` slots (the
+running rows and idle slots after them, whose writes land in their own column 0 and are never
+read) and a window of ``window`` columns; the attention mask comes from ``lens``.
+
+A finished row leaves by the last row moving into its slot (one copy of that row), not by every
+later row moving up. Prefilled newcomers (left-padded by the engine, perhaps in two runs of real
+tokens when a prefix came from the prefix cache) are gathered to the left of fresh slots.
+"""
+from __future__ import annotations
+
+import itertools
+
+import torch
+from transformers.cache_utils import DynamicCache
+
+from .attention import banned_columns
+
+_MIN_COLUMNS = 512
+_GENERATIONS = itertools.count(1)
+
+
+class SlotKV:
+    def __init__(self, device: torch.device | str, slots: int) -> None:
+        self.device = torch.device(device)
+        self.slots = slots
+        self.keys: torch.Tensor | None = None  # [layers, slots, H, columns, D]
+        self.values: torch.Tensor | None = None
+        self.lens = torch.zeros(slots, dtype=torch.long, device=self.device)  # tokens held, per slot
+        self.lengths: list[int] = []  # the host's copy, for the running rows
+        self.generation = 0  # changes when the buffers move: graphs captured over them are stale
+        self.step_rows = 0  # the bucket a step covers (>= rows); the engine sets both before a step
+        self.window = 0  # columns a step reads (> every running row's length)
+        self._columns = torch.arange(0, device=self.device)
+        self._rows = torch.arange(slots, device=self.device)
+
+    @property
+    def rows(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def columns(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[3]
+
+    # -- rows joining and leaving --------------------------------------------------------------
+    def append(self, cache: DynamicCache, mask: torch.Tensor) -> None:
+        """Add prefilled rows: their cache ``[n, H, W, D]`` per layer, real tokens where ``mask`` is 1."""
+        keys = torch.stack([layer.keys for layer in cache.layers])  # [layers, n, H, W, D]
+        values = torch.stack([layer.values for layer in cache.layers])
+        n, width = mask.shape
+        if self.rows + n > self.slots:
+            raise ValueError(f"{self.rows + n} rows do not fit in {self.slots} slots")
+        lengths = mask.sum(dim=1).tolist()
+        if self.keys is None:
+            layers, _, heads, _, dim = keys.shape
+            self._allocate(layers, heads, dim, keys.dtype, max(_MIN_COLUMNS, 2 * width))
+        elif width > self.columns:
+            self._grow(2 * width)
+        # Each row's real columns first, in order (stable sort of "is padding"): a gather moves them left.
+        order = torch.argsort((mask == 0).to(torch.int8), dim=1, stable=True).to(self.device)
+        index = order[None, :, None, :, None].expand_as(keys)
+        first = self.rows
+        self.keys[:, first:first + n, :, :width] = torch.gather(keys, 3, index)
+        self.values[:, first:first + n, :, :width] = torch.gather(values, 3, index)
+        self.lens[first:first + n] = torch.tensor(lengths, device=self.device)
+        self.lengths += lengths
+
+    def compaction(self, keep: list[int]) -> list[int]:
+        """The order the kept rows take (new row i = old row ``order[i]``): rows after the last
+        kept place fill the holes, so rows that stay in place are not copied."""
+        kept = set(keep)
+        holes = [i for i in range(len(keep)) if i not in kept]
+        movers = [r for r in keep if r >= len(keep)]
+        order = list(range(len(keep)))
+        for hole, mover in zip(holes, movers):
+            order[hole] = mover
+        return order
+
+    def keep(self, order: list[int]) -> None:
+        """The batch becomes old rows ``order``, in that order; slots after them fall idle."""
+        moved = [(new, old) for new, old in enumerate(order) if new != old]
+        if moved:
+            new, old = (torch.tensor(x, device=self.device) for x in zip(*moved))
+            span = max(self.lengths[o] for _, o in moved)
+            self.keys[:, new, :, :span] = self.keys[:, old, :, :span]
+            self.values[:, new, :, :span] = self.values[:, old, :, :span]
+            self.lens[new] = self.lens[old]
+        self.lens[len(order):self.rows] = 0  # idle slots write their column 0 and read nothing
+        self.lengths = [self.lengths[o] for o in order]
+
+    # -- a decode step -------------------------------------------------------------------------
+    def reserve(self) -> None:
+        """Make room for the next column of every running row."""
+        if self.rows and max(self.lengths) + 1 > self.columns:
+            self._grow(2 * self.columns)
+
+    def positions(self) -> torch.Tensor:
+        """Each stepped row's next position [step_rows, 1]: a view of ``lens``."""
+        return self.lens[: self.step_rows, None]
+
+    def banned(self, kv_heads: int) -> torch.Tensor:
+        """The step's attention mask (``attention.attend``'s): columns past each row's next token.
+        Called once a step, before the writes: it also places them."""
+        lens = self.lens[: self.step_rows]
+        _, _, heads, columns, _ = self.keys.shape
+        # where (row, head)'s next key goes in a layer's buffer seen as [slots * H * columns, D]
+        self._write_at = ((self._rows[: self.step_rows, None] * heads + self._heads) * columns + lens[:, None]).reshape(-1)
+        allowed = self._columns[None, : self.window] <= lens[:, None]
+        return banned_columns(allowed, kv_heads)
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Put one new key and value per stepped row (``[rows, H, 1, D]``) at its own next column
+        (one ``index_copy_`` each); return the step's window of the layer (views)."""
+        dim = k.shape[-1]
+        self.keys[layer].view(-1, dim).index_copy_(0, self._write_at, k.reshape(-1, dim))
+        self.values[layer].view(-1, dim).index_copy_(0, self._write_at, v.reshape(-1, dim))
+        return (self.keys[layer, : self.step_rows, :, : self.window],
+                self.values[layer, : self.step_rows, :, : self.window])
+
+    def advance(self) -> None:
+        """Account for a decode step that added one token to every running row."""
+        self.lens[: self.rows] += 1
+        self.lengths = [n + 1 for n in self.lengths]
+
+    # -- reading rows back (the prefix cache) --------------------------------------------------
+    def length(self, row: int) -> int:
+        return self.lengths[row]
+
+    def row(self, i: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Row ``i``'s keys and values, per layer ``[H, tokens, D]`` (copies)."""
+        n = self.lengths[i]
+        return ([k.clone() for k in self.keys[:, i, :, :n]], [v.clone() for v in self.values[:, i, :, :n]])
+
+    # -- buffers -------------------------------------------------------------------------------
+    def _allocate(self, layers: int, heads: int, dim: int, dtype: torch.dtype, columns: int) -> None:
+        # zeros, not empty: masked columns still meet the values in attention, and 0 * NaN = NaN
+        shape = (layers, self.slots, heads, columns, dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=self.device)
+        self.values = torch.zeros(shape, dtype=dtype, device=self.device)
+        self._columns = torch.arange(columns, device=self.device)
+        self._heads = torch.arange(heads, device=self.device)
+        self.generation = next(_GENERATIONS)  # unique across instances: graphs key on it
+
+    def _grow(self, columns: int) -> None:
+        old_k, old_v = self.keys, self.values
+        layers, _, heads, have, dim = old_k.shape
+        self._allocate(layers, heads, dim, old_k.dtype, columns)
+        self.keys[:, :, :, :have] = old_k
+        self.values[:, :, :, :have] = old_v

@@ -1,0 +1,157 @@
+"""The static decode path (the GPU's: slots.SlotKV, lora.SlotLoRA, graphs' buckets), run eagerly on
+the CPU: it must sample what the CPU's BatchKV path samples. CUDA graphs themselves: tests/gpu."""
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from orchestrator.engines.base import GenerationRequest, SamplingParams
+from orchestrator.engines.graphs import rows_bucket, window_bucket
+from orchestrator.engines.slots import SlotKV
+from support import lora_state, randomize, tiny_engine
+
+LAYERS, HEADS, DIM = 2, 3, 4
+
+
+def _prefilled(runs: list[tuple[int, int]], gen: torch.Generator):
+    """A prefill cache whose rows hold real tokens in up to two runs (a cached prefix, then the
+    rest: the engine's layout), junk elsewhere; and each row's real keys and values per layer."""
+    width = max(a + b for a, b in runs) + 3
+    mask = torch.zeros(len(runs), width, dtype=torch.long)
+    for i, (prefix, rest) in enumerate(runs):
+        mask[i, 2:2 + prefix] = 1  # junk columns before, between and after the two runs
+        mask[i, width - rest:] = 1
+    layers, truth = [], [[] for _ in runs]
+    for _ in range(LAYERS):
+        k, v = torch.randn(len(runs), HEADS, width, DIM, generator=gen), torch.randn(len(runs), HEADS, width, DIM, generator=gen)
+        layers.append((k, v))
+        for i in range(len(runs)):
+            real = mask[i].bool()
+            truth[i].append((k[i][:, real], v[i][:, real]))
+    return DynamicCache(ddp_cache_data=layers), mask, truth
+
+
+def test_slot_kv_matches_a_per_row_reference_through_joins_steps_and_leaves():
+    gen, rng = torch.Generator().manual_seed(0), random.Random(0)
+    kv, truth = SlotKV("cpu", slots=12), []
+    for step in range(300):
+        if (step % 20 == 0 or not truth) and len(truth) < 8:
+            runs = [(rng.choice([0, 0, rng.randint(1, 9)]), rng.randint(1, 40 if step < 150 else 300))
+                    for _ in range(rng.randint(1, 12 - len(truth)))]
+            cache, mask, new = _prefilled(runs, gen)
+            kv.append(cache, mask)
+            truth += new
+        elif step % 7 == 0:  # some rows finish: holes are filled from the end
+            keep = sorted(rng.sample(range(len(truth)), k=rng.randint(0, len(truth))))
+            order = kv.compaction(keep)
+            assert sorted(order) == keep and all(order[i] == i for i in range(len(keep)) if i in keep)
+            kv.keep(order)
+            truth = [truth[i] for i in order]
+        else:  # a step over a bucket of slots: running rows write at their own next column
+            kv.reserve()
+            kv.step_rows = rows_bucket(len(truth), kv.slots)
+            kv.window = window_bucket(max(kv.lengths) + 1, kv.columns)
+            banned = kv.banned(HEADS).reshape(kv.step_rows, HEADS, kv.window)[:, 0]
+            for row, n in enumerate(kv.lengths):
+                assert not banned[row, : n + 1].any() and banned[row, n + 1:].all()
+            for layer in range(LAYERS):
+                k = torch.randn(kv.step_rows, HEADS, 1, DIM, generator=gen)
+                v = torch.randn(kv.step_rows, HEADS, 1, DIM, generator=gen)
+                keys, _ = kv.write(layer, k, v)
+                assert keys.shape == (kv.step_rows, HEADS, kv.window, DIM)
+                for row in range(len(truth)):
+                    pk, pv = truth[row][layer]
+                    truth[row][layer] = (torch.cat([pk, k[row]], 1), torch.cat([pv, v[row]], 1))
+            kv.advance()
+        assert kv.rows == len(truth)
+        assert kv.lens[: kv.rows].tolist() == kv.lengths == [t[0][0].shape[1] for t in truth]
+        assert not kv.lens[kv.rows:].any()  # idle slots write their column 0 and read nothing
+        for row, per_layer in enumerate(truth):
+            keys, values = kv.row(row)
+            for layer in range(LAYERS):
+                assert torch.equal(keys[layer], per_layer[layer][0]) and torch.equal(values[layer], per_layer[layer][1])
+
+
+def test_buckets_cover_what_runs_and_stay_within_the_buffers():
+    assert [rows_bucket(n, 256) for n in (1, 3, 5, 8, 9, 17, 128, 129, 250)] == [1, 4, 8, 8, 16, 32, 128, 160, 256]
+    assert rows_bucket(200, 200) == 200
+    assert [window_bucket(n, 8192) for n in (1, 64, 65, 513, 4097)] == [64, 64, 128, 768, 5120]
+    assert window_bucket(600, 600) == 600
+
+
+def _requests(n, adapters, max_tokens=14):
+    return [GenerationRequest(tuple(range(5, 9 + (i * 7) % 23)), SamplingParams(temperature=1.0, max_tokens=max_tokens + i % 6,
+                                                                                seed=i), adapters[i % len(adapters)])
+            for i in range(n)]
+
+
+def _generate(engine, reqs):
+    async def go():
+        return await asyncio.gather(*(engine.generate(r) for r in reqs))
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize("max_batch", [5, 64])
+def test_the_static_path_samples_what_the_batch_path_samples(max_batch):
+    outs = {}
+    for static in (False, True):
+        engine = tiny_engine(static=static, max_batch=max_batch, max_prefill=4)
+        for seed, name in enumerate(("alpha", "beta"), 1):
+            engine.add_adapter(name)
+            randomize(engine, name, seed)
+        assert (engine.decode_path == "static:eager") == static
+        reqs = _requests(18, (None, "alpha", "beta"))
+        first = _generate(engine, reqs)
+        # again, with the prefix cache now holding the first round's rows: two-run prefills
+        again = _generate(engine, [GenerationRequest(r.prompt_ids + tuple(o.token_ids[:3]), r.sampling, r.adapter)
+                                   for r, o in zip(reqs, first)])
+        outs[static] = [(o.token_ids, o.logprobs) for o in first + again]
+        assert engine.stats.prefix_hit_tokens > 0
+        asyncio.run(engine.aclose())
+    for (tokens, logprobs), (ref_tokens, ref_logprobs) in zip(outs[True], outs[False]):
+        assert tokens == ref_tokens and max(abs(a - b) for a, b in zip(logprobs, ref_logprobs)) < 1e-4
+
+
+def test_slot_lora_copies_new_weights_in_place_and_grows_only_for_more_adapters():
+    engine = tiny_engine(static=True)
+    slots = engine._slots
+    engine.add_adapter("alpha")
+    slots.sync()
+    assert slots.capacity == 0 and not slots.uses_any(["alpha"])  # a fresh adapter (B = 0) is the base model
+    randomize(engine, "alpha", 1)
+    slots.sync()
+    generation, stacks = slots.generation, {k: v.data_ptr() for k, v in slots.a_t.items()}
+    assert slots.uses_any([None, "alpha"]) and not slots.uses_any([None, "__base__"])
+    randomize(engine, "alpha", 2)  # a training step's new weights: same buffers, new contents
+    slots.sync()
+    assert slots.generation == generation and {k: v.data_ptr() for k, v in slots.a_t.items()} == stacks
+    key = next(iter(slots.a_t))
+    module = key[0] if isinstance(key, tuple) else key
+    a = lora_state(engine.model, 2, std=0.5)[f"base_model.model.{module}.lora_A.weight"]
+    assert torch.equal(slots.a_t[key][:, : a.shape[0]], a.T)
+    engine.add_adapter("beta")
+    randomize(engine, "beta", 3)
+    slots.sync()
+    assert slots.generation > generation and slots.capacity == 2 and set(slots.slots) == {"alpha", "beta"}
+    engine.remove_adapter("alpha")
+    slots.sync()
+    assert set(slots.slots) == {"beta"} and slots.capacity == 2  # a slot frees; nothing moves
+
+
+def test_the_gpu_forms_of_the_step_give_the_same_samples_on_the_cpu():
+    """decoder.py's GPU forms (fused RMSNorm, roll-based rotary, biased baddbmm attention), forced
+    on here in fp32: what they sample and its logprobs match the CPU forms'."""
+    outs = {}
+    for gpu in (False, True):
+        engine = tiny_engine(static=True, max_batch=5, max_prefill=4)
+        engine.add_adapter("alpha")
+        randomize(engine, "alpha", 1)
+        engine._fused.gpu = gpu
+        outs[gpu] = [(o.token_ids, o.logprobs) for o in _generate(engine, _requests(9, (None, "alpha")))]
+        asyncio.run(engine.aclose())
+    for (tokens, logprobs), (ref_tokens, ref_logprobs) in zip(outs[True], outs[False]):
+        assert tokens == ref_tokens and max(abs(a - b) for a, b in zip(logprobs, ref_logprobs)) < 1e-4
