@@ -24,11 +24,25 @@ spells hit all sides alike.
 
 ``--smoke``: the tiny random model, 4 requests of 4 tokens, 2 of them sequential, one round:
 seconds, to check that the script still runs (tests/test_benchmarks.py).
+
+On a GPU (``--device cuda``) the sides are the GPU's own (``gpu_main``):
+  - engine: ``--requests`` (256) concurrent requests of ``--max-tokens`` (128) through the engine on
+    its static path (static KV cache, steps replayed from CUDA graphs), no adapter; ``one``: all
+    on one LoRA adapter; ``mixed``: spread over 4 adapters; ``eager``: the static path with its
+    steps launched op by op instead of replayed (what the graphs buy);
+  - generate: the same prompts as one batch through ``model.generate``, and through
+    ``model.generate(cache_implementation="static")`` (transformers compiles its decode step:
+    its best; the compile happens in an untimed first call), both with ``min_new_tokens`` =
+    ``max_new_tokens`` so every row generates the full budget.
+``--random-weights``: the model's shape with random weights (``--model`` a dir with its config
+and tokenizer): they rarely sample EOS, so the engine's rows run their full budget too, and
+generated tokens are counted on every side.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import sys
 import time
@@ -110,20 +124,116 @@ def lesser_cpu(dtype: torch.dtype) -> CpuFeatures:
     return CpuFeatures(host().flags, onednn=False)  # plain weights
 
 
+def random_model(folder: str, dtype: str, device: torch.device):
+    """``folder``'s model shape (config and tokenizer) with seeded random weights."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from orchestrator.models import LoadedModel, resolve_dtype
+
+    torch_dtype = resolve_dtype(dtype, device)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), dtype=torch_dtype).to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return LoadedModel(model=model, tokenizer=tokenizer, name=folder, dtype=torch_dtype)
+
+
+def batch_generate(model, ps, max_tokens: int, pad_id: int, **options) -> tuple[int, float]:
+    """All prompts as one left-padded batch through ``model.generate``, every row ``max_tokens`` long."""
+    width = max(len(p) for p in ps)
+    ids = torch.full((len(ps), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(ps):
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    ids, mask = ids.to(model.device), mask.to(model.device)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    model._rolecast_lora.route([None])  # the engine's adapter hooks on the model: the base model here
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, max_new_tokens=max_tokens,
+                             min_new_tokens=max_tokens, pad_token_id=pad_id, **options)
+    torch.cuda.synchronize()
+    return (out.shape[1] - width) * len(ps), time.perf_counter() - t0
+
+
+def gpu_main(args, loaded) -> None:
+    engine = HFEngine(loaded, max_batch=args.requests, prefix_cache_tokens=0)
+    ps = prompts(engine, args.requests)
+    compute = compute_thread()
+    names = [f"role{i}" for i in range(4)]
+    for i, name in enumerate(names):
+        engine.add_adapter(name)
+        randomize(engine, name, i)
+    pad = loaded.tokenizer.pad_token_id
+    sides = ("engine", "one", "mixed", "eager", "generate", "static_generate")
+    totals = {k: [0, 0.0] for k in sides}
+
+    def add(key, tokens, seconds):
+        totals[key][0] += tokens
+        totals[key][1] += seconds
+
+    async def measure():
+        # untimed: captures the graphs every side below replays, and compiles static generate's step
+        for adapters in (None, names[:1], names):
+            await engine_run(engine, ps, args.max_tokens, adapters)
+        static = functools.partial(batch_generate, loaded.model, ps, args.max_tokens, pad, cache_implementation="static")
+        compute.submit(static).result()
+        for r in range(args.rounds):
+            add("engine", *await engine_run(engine, ps, args.max_tokens))
+            add("one", *await engine_run(engine, ps, args.max_tokens, names[:1]))
+            add("mixed", *await engine_run(engine, ps, args.max_tokens, names))
+            engine.cuda_graphs = False
+            add("eager", *await engine_run(engine, ps, args.max_tokens))
+            engine.cuda_graphs = True
+            add("generate", *compute.submit(batch_generate, loaded.model, ps, args.max_tokens, pad).result())
+            add("static_generate", *compute.submit(static).result())
+            print(f"round {r}: " + ", ".join(f"{k} {t} tok in {s:.2f}s" for k, (t, s) in totals.items()), file=sys.stderr)
+        await engine.aclose()
+
+    asyncio.run(measure())
+    rate = {k: t / s for k, (t, s) in totals.items()}
+    print(json.dumps({
+        "model": args.model, "device": torch.cuda.get_device_name(), "dtype": str(loaded.dtype).removeprefix("torch."),
+        "requests": args.requests, "max_tokens": args.max_tokens, "rounds": args.rounds, "decode_path": engine.decode_path,
+        "graphs_captured": engine._graphs.captured, **{f"{k}_tok_s": round(v, 1) for k, v in rate.items()},
+        "engine_vs_static_generate": round(rate["engine"] / rate["static_generate"], 3),
+        "one_adapter_vs_static_generate": round(rate["one"] / rate["static_generate"], 3),
+        "mixed_vs_static_generate": round(rate["mixed"] / rate["static_generate"], 3),
+        "mixed_adapter_ratio": round(rate["mixed"] / rate["one"], 3),
+        "graphs_vs_eager": round(rate["engine"] / rate["eager"], 3),
+        "static_generate_vs_generate": round(rate["static_generate"] / rate["generate"], 3),
+    }))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--requests", type=int, default=64)
-    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda for the GPU's sides (gpu_main)")
+    parser.add_argument("--random-weights", action="store_true", help="--model is a dir: its shape, random weights")
+    parser.add_argument("--requests", type=int, default=None, help="concurrent requests (64 on the CPU, 256 on a GPU)")
+    parser.add_argument("--max-tokens", type=int, default=None, help="new tokens per request (64 on the CPU, 128 on a GPU)")
     parser.add_argument("--sequential", type=int, default=9, help="prompts timed one at a time (split over rounds)")
-    parser.add_argument("--rounds", type=int, default=3, help="every side runs once per round")
+    parser.add_argument("--rounds", type=int, default=None, help="every side runs once per round (3 on the CPU, 2 on a GPU)")
     parser.add_argument("--smoke", action="store_true", help="seconds on the tiny model: does the script still run")
     args = parser.parse_args()
+    from orchestrator.models import resolve_device
+
+    device = resolve_device(args.device)
+    gpu = device.type == "cuda"
+    args.requests = args.requests or (256 if gpu else 64)
+    args.max_tokens = args.max_tokens or (128 if gpu else 64)
+    args.rounds = args.rounds or (2 if gpu else 3)
     if args.smoke:
         args.model, args.requests, args.max_tokens, args.sequential, args.rounds = "tiny", 4, 4, 2, 1
 
-    loaded = load_model(args.model, dtype=args.dtype)
+    loaded = (random_model(args.model, args.dtype, device) if args.random_weights
+              else load_model(args.model, dtype=args.dtype, device=device))
+    if gpu:
+        gpu_main(args, loaded)
+        return
     # No prefix cache: every side prefills its prompts in full each round, as plain `generate` does
     # (benchmarks/prefix_cache.py measures the cache).
     engine = HFEngine(loaded, max_batch=args.requests, prefix_cache_tokens=0)
