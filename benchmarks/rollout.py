@@ -190,14 +190,24 @@ def gpu_main(args, loaded) -> None:
             add("generate", *compute.submit(batch_generate, loaded.model, ps, args.max_tokens, pad).result())
             add("static_generate", *compute.submit(static).result())
             print(f"round {r}: " + ", ".join(f"{k} {t} tok in {s:.2f}s" for k, (t, s) in totals.items()), file=sys.stderr)
+        engine.stats = EngineStats()
+        await engine_run(engine, ps, args.max_tokens, names)
+        stats.update(engine.stats.as_dict())
         await engine.aclose()
 
+    stats: dict = {}
     asyncio.run(measure())
     rate = {k: t / s for k, (t, s) in totals.items()}
+    # one step's GPU time, per captured shape of the full bucket: what the host adds is the rest of a step
+    full = [shape for shape in engine._graphs.shapes if shape[0] == args.requests]
+    replay_ms = {f"{'lora' if lora else 'base'}_{rows}x{window}": round(1e3 * engine._graphs.replay_seconds((rows, window, lora)), 3)
+                 for rows, window, lora in full}
     print(json.dumps({
         "model": args.model, "device": torch.cuda.get_device_name(), "dtype": str(loaded.dtype).removeprefix("torch."),
         "requests": args.requests, "max_tokens": args.max_tokens, "rounds": args.rounds, "decode_path": engine.decode_path,
         "graphs_captured": engine._graphs.captured, **{f"{k}_tok_s": round(v, 1) for k, v in rate.items()},
+        "mixed_decode_ms_per_step": round(1e3 * stats["decode_s"] / stats["decode_steps"], 3),
+        "mixed_prefill_s": stats["prefill_s"], "graph_replay_ms": replay_ms,
         "engine_vs_static_generate": round(rate["engine"] / rate["static_generate"], 3),
         "one_adapter_vs_static_generate": round(rate["one"] / rate["static_generate"], 3),
         "mixed_vs_static_generate": round(rate["mixed"] / rate["static_generate"], 3),

@@ -11,6 +11,7 @@ graphs are dropped and captured again on demand.
 """
 from __future__ import annotations
 
+import time
 from typing import Callable, Hashable
 
 import torch
@@ -45,6 +46,7 @@ class StepGraphs:
         """The step's output for ``shape``; ``generation`` names the buffers the graphs read."""
         if generation != self._generation:
             self._graphs.clear()
+            self._pool = None  # a pool whose graphs are all gone is released: its handle must not be reused
             self._generation = generation
         entry = self._graphs.get(shape)
         if entry is None:
@@ -52,6 +54,20 @@ class StepGraphs:
         graph, out = entry
         graph.replay()
         return out
+
+    @property
+    def shapes(self) -> list[tuple]:
+        return list(self._graphs)
+
+    def replay_seconds(self, shape: tuple, repeats: int = 50) -> float:
+        """The GPU time of one replay of ``shape``'s graph (its launch included, no host work)."""
+        graph, _ = self._graphs[shape]
+        torch.cuda.synchronize(self.device)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            graph.replay()
+        torch.cuda.synchronize(self.device)
+        return (time.perf_counter() - start) / repeats
 
     def _capture(self, shape: tuple) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         # One eager run on a side stream first: lazy initialisations (cuBLAS handles and

@@ -235,3 +235,19 @@ def test_perturb_moves_only_its_own_adapter_b_and_is_seeded(service):
     z = service.create_lora_training_client("noisy-z", LoraConfig(rank=4))
     z.perturb(0.01, "0:noisy-x").result()  # the same seed draws the same noise
     assert all(torch.equal(state[k], v) for k, v in z.adapter_state().items() if "lora_B" in k)
+
+
+def test_lora_a_is_drawn_from_the_seed_and_the_adapter_name():
+    from orchestrator.models import load_model
+
+    def a_weights(seed, names):
+        svc = ServiceClient(load_model("tiny", dtype="float32"), seed=seed, bf16_autocast=False)
+        clients = {n: svc.create_lora_training_client(n, LoraConfig(rank=4)) for n in names}
+        return {n: {k: v for k, v in c.adapter_state().items() if "lora_A" in k} for n, c in clients.items()}
+
+    first, reordered, other_seed = a_weights(0, ["p", "q"]), a_weights(0, ["q", "p"]), a_weights(1, ["p"])
+    key = next(iter(first["p"]))
+    assert all(torch.equal(first[n][k], reordered[n][k]) for n in "pq" for k in first[n])  # creation order is irrelevant
+    assert not torch.equal(first["p"][key], first["q"][key]) and not torch.equal(first["p"][key], other_seed["p"][key])
+    bound = first["p"][key].shape[1] ** -0.5  # PEFT's kaiming-uniform range
+    assert 0.5 * bound < first["p"][key].abs().max() <= bound
