@@ -158,14 +158,21 @@ def batch_generate(model, ps, max_tokens: int, pad_id: int, **options) -> tuple[
     return (out.shape[1] - width) * len(ps), time.perf_counter() - t0
 
 
-def gpu_main(args, loaded) -> None:
-    engine = HFEngine(loaded, max_batch=args.requests, prefix_cache_tokens=0)
-    ps = prompts(engine, args.requests)
-    compute = compute_thread()
+def engine_with_adapters(loaded, requests: int) -> tuple[HFEngine, list[tuple[int, ...]], list[str]]:
+    """The engine under test, its prompts, and 4 adapters with random weights. No prefix cache:
+    every side prefills its prompts in full each round, as plain `generate` does
+    (benchmarks/prefix_cache.py measures the cache)."""
+    engine = HFEngine(loaded, max_batch=requests, prefix_cache_tokens=0)
     names = [f"role{i}" for i in range(4)]
     for i, name in enumerate(names):
         engine.add_adapter(name)
         randomize(engine, name, i)
+    return engine, prompts(engine, requests), names
+
+
+def gpu_main(args, loaded) -> None:
+    engine, ps, names = engine_with_adapters(loaded, args.requests)
+    compute = compute_thread()
     pad = loaded.tokenizer.pad_token_id
     sides = ("engine", "one", "mixed", "eager", "generate", "static_generate")
     totals = {k: [0, 0.0] for k in sides}
@@ -244,16 +251,8 @@ def main() -> None:
     if gpu:
         gpu_main(args, loaded)
         return
-    # No prefix cache: every side prefills its prompts in full each round, as plain `generate` does
-    # (benchmarks/prefix_cache.py measures the cache).
-    engine = HFEngine(loaded, max_batch=args.requests, prefix_cache_tokens=0)
-    ps = prompts(engine, args.requests)
-
+    engine, ps, names = engine_with_adapters(loaded, args.requests)
     compute = compute_thread()
-    names = [f"role{i}" for i in range(4)]
-    for i, name in enumerate(names):
-        engine.add_adapter(name)
-        randomize(engine, name, i)
     # Every side runs once per round, so a slow spell of the machine hits all of them alike.
     totals = {k: [0, 0.0] for k in ("engine", "sequential", "prefill", "one", "mixed")}
     # the fused decode step on this CPU's layout, on a lesser CPU's, and transformers' forward
