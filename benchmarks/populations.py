@@ -14,7 +14,11 @@ over the rounds. The population's mixture is the members' distributions averaged
 uniformly each game). Cost: training episodes per second of rollout, the population's over
 self-play's, from the two runs' metrics of the same seed in this invocation.
 
-    python benchmarks/populations.py [--model smollm2-135m] [--seeds 3] [--steps 20] [--probe 64] [--smoke]
+    python benchmarks/populations.py [--model smollm2-135m] [--seeds 3] [--steps 20] [--probe 64]
+                                     [--set KEY=VALUE ...] [--population-set KEY=VALUE ...] [--smoke]
+
+``--set`` options go to both runs (an entropy bonus: ``loss_config.entropy_coef=0.1``),
+``--population-set`` to the population's only (members started apart: ``trainer_config.init_noise=0.02``).
 
 ``--smoke``: the tiny model, one seed, one step, 4 probe games (tests/test_benchmarks.py).
 """
@@ -38,12 +42,13 @@ def exploitability(dist: dict[str, float]) -> float:
     return max(s - p, r - s, p - r)
 
 
-def train(recipe: str, out: Path, args: argparse.Namespace, seed: int) -> None:
+def train(recipe: str, out: Path, args: argparse.Namespace, seed: int, extra: list[str]) -> None:
     from orchestrator.cli import main
 
+    sets = [flag for item in args.set + extra for flag in ("--set", item)]
     code = main(["train", str(ROOT / "recipes" / recipe), "--model", args.model, "--steps", str(args.steps),
                  "--seed", str(seed), "--out", str(out), "--no-progress", "--dtype", "float32",
-                 "--set", "eval_every=0", "--set", "eval_episodes=2", "--set", f"checkpoint_every={args.steps}"])
+                 "--set", "eval_every=0", "--set", "eval_episodes=2", "--set", f"checkpoint_every={args.steps}", *sets])
     if code != 0:
         sys.exit(f"training {recipe} (seed {seed}) failed with exit code {code}")
 
@@ -94,16 +99,21 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20, help="training steps of each run (16 episodes a step)")
     parser.add_argument("--probe", type=int, default=64, help="games each trained adapter plays against random")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a training option for both runs (rolecast train --set), e.g. loss_config.entropy_coef=0.1")
+    parser.add_argument("--population-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a training option for the population's run only, e.g. trainer_config.init_noise=0.02")
     parser.add_argument("--smoke", action="store_true", help="seconds on the tiny model: does the script still run")
     args = parser.parse_args()
     if args.smoke:
         args.model, args.seeds, args.steps, args.probe = "tiny", 1, 1, 4
+        args.set, args.population_set = ["loss_config.entropy_coef=0.01"], ["trainer_config.init_noise=0.01"]
     seeds = []
     with tempfile.TemporaryDirectory(prefix="populations-") as tmp:
         for seed in range(args.seeds):
             work = Path(tmp) / f"seed-{seed}"
-            train("rps.yaml", work / "self-play", args, seed)
-            train("rps_population.yaml", work / "population", args, seed)
+            train("rps.yaml", work / "self-play", args, seed, [])
+            train("rps_population.yaml", work / "population", args, seed, args.population_set)
             members = sorted((work / "population" / "sampler").iterdir())
             adapters = {"self-play": work / "self-play" / "sampler" / "player", **{m.name: m for m in members}}
             dists = move_distributions(adapters, args, work / "probe")
@@ -117,6 +127,7 @@ def main() -> None:
     mixture = [s["population_mixture"]["mean"] for s in seeds]
     print(json.dumps({
         "model": args.model, "seeds": args.seeds, "steps": args.steps, "train_episodes": args.steps * 16,
+        "set": args.set, "population_set": args.population_set,
         "probe_games": args.probe, "per_seed": seeds,
         "self_play_exploitability": [s["self_play"]["mean"] for s in seeds],
         "population_exploitability": mixture,
