@@ -42,7 +42,7 @@ from .graphs import StepGraphs, rows_bucket, window_bucket
 from .kv import BatchKV
 from .lora import NO_LORA, MultiLoRA, SlotLoRA
 from .prefix_cache import PrefixCache
-from .sampling import counter_uniforms, sample_rows
+from .sampling import counter_uniforms, sample_on_device
 from .slots import SlotKV
 from .tokens import TokenizerMethods, end_of_turn_ids
 
@@ -68,6 +68,34 @@ class _Seq:
     @property
     def cache_key(self) -> tuple[str, int]:
         return self.adapter_key, self.adapter_version
+
+
+@dataclass
+class _Flight:
+    """A static-path step whose sampled tokens the host has not read yet: they feed the next step
+    on the device while they travel to the host (pinned buffers, an event on a GPU)."""
+
+    seqs: list[_Seq]  # its rows, in the order they had when it was launched
+    tokens: torch.Tensor  # sampled ids on the device [rows]
+    host: tuple[torch.Tensor, torch.Tensor]  # ids and logprobs arriving on the host
+    ready: torch.cuda.Event | None = None
+
+    @classmethod
+    def launch(cls, seqs: list[_Seq], tokens: torch.Tensor, logprobs: torch.Tensor) -> "_Flight":
+        if tokens.device.type != "cuda":
+            return cls(seqs, tokens, (tokens, logprobs))
+        host = (torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True),
+                torch.empty(logprobs.shape, dtype=logprobs.dtype, pin_memory=True))
+        host[0].copy_(tokens, non_blocking=True)
+        host[1].copy_(logprobs, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return cls(seqs, tokens, host, ready)
+
+    def read(self) -> tuple[list[int], list[float]]:
+        if self.ready is not None:
+            self.ready.synchronize()
+        return self.host[0].tolist(), self.host[1].tolist()
 
 
 @dataclass
@@ -123,6 +151,7 @@ class HFEngine(TokenizerMethods):
         self._serving = False  # the scheduler's step is on the compute thread
         self._stopped = threading.Event()
         self._active: list[_Seq] = []
+        self._flight: _Flight | None = None  # the static path's step in flight
         self._kv = SlotKV(self.device, self.max_batch) if self.static else BatchKV(self.device)
         if self.static:
             self._slots = SlotLoRA(self.lora, self.max_batch)
@@ -259,26 +288,67 @@ class HFEngine(TokenizerMethods):
         if self._closed:
             for seq in self._active:
                 self._fail(seq, RuntimeError("the engine was closed"))
-            self._active = []
+            self._active, self._flight = [], None
             self._compute.remove_loop(self._step)
             self._stopped.set()
             return False
         newcomers = self._admit()
-        if not newcomers and not self._active:
+        if not newcomers and not self._active and self._flight is None:
             return False
         try:
             with self._lock, torch.inference_mode():
-                if newcomers:
-                    self._prefill(newcomers)
-                if self._active:
-                    self._decode()
+                if self.static:
+                    self._static_iteration(newcomers)
+                else:
+                    if newcomers:
+                        self._prefill(newcomers)
+                    if self._active:
+                        self._decode()
         except Exception as exc:  # a model fault fails the requests in flight, not the engine
             log.error("engine.step_failed", error=f"{type(exc).__name__}: {exc}")
             for seq in self._active + newcomers:
                 self._fail(seq, exc)
-            self._active = []
+            self._active, self._flight = [], None
             self._kv.keep([])
         return True
+
+    def _static_iteration(self, newcomers: list[_Seq]) -> None:
+        """The static path runs one step ahead of the host: step t+1 is launched with step t's
+        tokens straight from the device, and the host reads and books step t (new tokens, grammar
+        state, stops) while the device computes step t+1. A row that step t finished has its step
+        t+1 computed and ignored. What each request samples is what the sequential order samples:
+        the same logits, the same per-request uniforms."""
+        flight, self._flight = self._flight, None
+        if newcomers:
+            self._prefill(newcomers)  # their first tokens, on the host now
+        launched, logits = list(self._active), None
+        if launched:
+            t0 = time.perf_counter()
+            logits = self._static_step([s.adapter_key for s in launched], self._next_ids(launched, flight))
+            self.stats.decode_s += time.perf_counter() - t0
+        if flight is not None:
+            self._apply(flight.seqs, *flight.read())  # while the device runs the step just launched
+        if launched:
+            t0 = time.perf_counter()
+            self._flight = _Flight.launch(launched, *self._sample(launched, logits))
+            self._kv.advance()
+            self.stats.decode_s += time.perf_counter() - t0
+            self.stats.decode_steps += 1
+            self.stats.decode_tokens += len(launched)
+        self._retire()
+
+    def _next_ids(self, rows: list[_Seq], flight: _Flight | None) -> torch.Tensor:
+        """Each row's last token, on the device: from the step in flight where the row was in it
+        (not read by the host yet), else from the host (rows prefilled since)."""
+        ids = torch.tensor([s.tokens[-1] for s in rows], device=self.device)
+        if flight is None:
+            return ids
+        where = {id(s): i for i, s in enumerate(flight.seqs)}
+        src = [where.get(id(s), -1) for s in rows]
+        if src == list(range(len(rows))):
+            return flight.tokens[: len(rows)]
+        index = torch.tensor(src, device=self.device)
+        return torch.where(index >= 0, flight.tokens[index.clamp(min=0)], ids)
 
     def _admit(self) -> list[_Seq]:
         room = min(self.max_batch - len(self._active), self.max_prefill)
@@ -366,10 +436,8 @@ class HFEngine(TokenizerMethods):
         t0, rows = time.perf_counter(), len(self._active)
         adapters = [s.adapter_key for s in self._active]
         ids = torch.tensor([s.tokens[-1] for s in self._active], device=self.device)
-        fused = self._fused if self.fused_decode or self.static else None
-        if self.static:
-            logits = self._static_step(adapters, ids)
-        elif fused is not None:
+        fused = self._fused if self.fused_decode else None
+        if fused is not None:
             self._route(adapters)
             logits = fused(ids, self._kv, self._kv.positions())
         else:
@@ -385,6 +453,8 @@ class HFEngine(TokenizerMethods):
         """Logits of the running rows from a step over their bucket of slots (graphs.py)."""
         kv, rows = self._kv, len(adapters)
         kv.reserve()
+        if self._fused is None:  # built first: it registers the LoRA groups the slots stack
+            raise RuntimeError("the static path needs the fused decode step")
         self._slots.sync()
         bucket = rows_bucket(rows, kv.slots)
         window = window_bucket(max(kv.lengths) + 1, kv.columns)
@@ -404,14 +474,26 @@ class HFEngine(TokenizerMethods):
         return self._fused(self._ids[:rows], kv, kv.positions(), self._slots if lora else NO_LORA)
 
     def _take(self, seqs: list[_Seq], logits: torch.Tensor) -> None:
-        """Append each row's sampled token (or its forced closing), then retire the rows that are done."""
+        """Sample each row's next token, append it (or its forced closing), retire the rows that are done."""
+        tokens, logprobs = self._sample(seqs, logits)
+        self._apply(seqs, tokens.tolist(), logprobs.tolist())
+        self._retire()
+
+    def _sample(self, seqs: list[_Seq], logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's next token and its logprob, on the device (rows already done are sampled freely
+        and ignored: the static path's step runs one step ahead of what the host has read)."""
         sp = [s.request.sampling for s in seqs]
         t0 = time.perf_counter()
         bitmask, masked = self._grammar_masks(seqs)
         self.stats.grammar_s += time.perf_counter() - t0
         uniforms = counter_uniforms(torch.tensor([s.seed for s in seqs]), torch.tensor([s.draws for s in seqs]))
-        tokens, logprobs = sample_rows(logits, [p.temperature for p in sp], [p.top_p for p in sp], uniforms, bitmask, masked)
+        return sample_on_device(logits, [p.temperature for p in sp], [p.top_p for p in sp], uniforms, bitmask, masked)
+
+    def _apply(self, seqs: list[_Seq], tokens: list[int], logprobs: list[float]) -> None:
+        """Append each running row's sampled token (or its forced closing); mark the rows that are done."""
         for seq, token, lp in zip(seqs, tokens, logprobs):
+            if seq.done is not None or seq.cancelled:
+                continue
             seq.draws += 1
             if seq.grammar is not None and seq.grammar.forced:
                 self._force_closing(seq)
@@ -423,6 +505,9 @@ class HFEngine(TokenizerMethods):
             self._check_done(seq)
             if seq.done is not None and seq.grammar is not None:
                 seq.done.forced_tokens = seq.grammar.forced_count
+
+    def _retire(self) -> None:
+        """Take the rows that are done or cancelled out of the batch, then resolve the done ones."""
         if any(s.done or s.cancelled for s in self._active):
             keep = [i for i, s in enumerate(self._active) if not (s.done or s.cancelled)]
             finished = [s for s in self._active if s.done]
@@ -456,7 +541,7 @@ class HFEngine(TokenizerMethods):
         """Plan each constrained row's step; fill the masks of the rows that sample, in one call."""
         rows = []
         for i, s in enumerate(seqs):
-            if s.grammar is not None:
+            if s.grammar is not None and s.done is None and not s.cancelled:
                 s.grammar.plan(len(s.tokens))
                 if not s.grammar.forced:
                     rows.append(i)

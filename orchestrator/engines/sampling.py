@@ -38,7 +38,17 @@ def sample_rows(
     logits: torch.Tensor, temperatures: list[float], top_ps: list[float], uniforms: torch.Tensor,
     bitmask: torch.Tensor | None = None, masked_rows: list[int] | None = None,
 ) -> tuple[list[int], list[float]]:
-    """One token per row of ``logits`` [B, V].
+    """``sample_on_device``, read back to the host: (token ids, logprobs) as lists."""
+    ids, logprobs = sample_on_device(logits, temperatures, top_ps, uniforms, bitmask, masked_rows)
+    return ids.tolist(), logprobs.tolist()
+
+
+def sample_on_device(
+    logits: torch.Tensor, temperatures: list[float], top_ps: list[float], uniforms: torch.Tensor,
+    bitmask: torch.Tensor | None = None, masked_rows: list[int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row of ``logits`` [B, V]: ids [B] (int64) and their logprobs [B] (fp32), on
+    the logits' device (nothing waits for the device).
 
     The recorded logprob is log softmax(logits / T) at the chosen token (raw logits for greedy
     T == 0), before any top-p truncation: exactly what a teacher-forced pass at temperature T
@@ -61,7 +71,6 @@ def sample_rows(
     scale = torch.tensor([t if t > 0 else 1.0 for t in temperatures], dtype=torch.float32, device=device)[:, None]
     if any(t > 0 and t != 1.0 for t in temperatures):  # decided on the host: no device sync
         x.div_(scale)
-    greedy = torch.tensor([t <= 0 for t in temperatures], device=device)
     argmax = x.argmax(dim=-1) if any(t <= 0 for t in temperatures) else None
     top = x.amax(dim=-1, keepdim=True)
     weights = x.sub_(top).exp_()  # x now holds unnormalised probabilities (max 1)
@@ -77,10 +86,10 @@ def sample_rows(
     target = (1.0 - u) * cdf[:, -1]  # in (0, total]: never lands on a zero-mass prefix
     chosen_ids = torch.searchsorted(cdf, target[:, None]).squeeze(-1).clamp(max=logits.shape[-1] - 1)
     if argmax is not None:
-        chosen_ids = torch.where(greedy, argmax, chosen_ids)
+        chosen_ids = torch.where(torch.tensor([t <= 0 for t in temperatures], device=device), argmax, chosen_ids)
     # The chosen tokens are allowed by any mask, so their logits are the unmasked ones.
     chosen = logits.gather(-1, chosen_ids[:, None]).squeeze(-1).float() / scale.squeeze(-1) - log_z.squeeze(-1)
-    return chosen_ids.tolist(), chosen.tolist()
+    return chosen_ids, chosen
 
 
 def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
