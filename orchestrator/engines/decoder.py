@@ -167,11 +167,12 @@ class FusedDecoder:
         return cls(model, lora, rows_hint, *layout)
 
     def __call__(self, ids: torch.Tensor, kv: BatchKV | SlotKV, positions: torch.Tensor,
-                 lora: MultiLoRA | SlotLoRA | None = None) -> torch.Tensor:
+                 lora: MultiLoRA | SlotLoRA | None = None, lora_mode: str = "mixed") -> torch.Tensor:
         """Logits [rows, vocab] for ``ids`` [rows], each row's next token; writes its K/V to ``kv``.
 
         The caller routes adapters (``lora.route``; for the static path's ``SlotLoRA``, its
-        ``route``) and advances ``kv`` after the step. ``lora`` None: the engine's ``MultiLoRA``.
+        ``route``) and advances ``kv`` after the step. ``lora`` None: the engine's ``MultiLoRA``;
+        ``lora_mode``: ``SlotLoRA.mode``'s answer for the step.
         """
         lora = self.lora if lora is None else lora
         rows, heads, kv_heads, dim = ids.shape[0], self.heads, self.kv_heads, self.head_dim
@@ -185,7 +186,7 @@ class FusedDecoder:
             bias = torch.zeros(banned.shape, dtype=h.dtype, device=h.device).masked_fill_(banned, float("-inf"))
             sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
         norm = _fused_norm if gpu else _module_norm
-        lora.begin(rows)
+        lora.begin(rows, lora_mode)
         for index, layer in enumerate(self.layers):
             x = norm(layer.input_norm, h)
             qkv = layer.qkv(x)

@@ -460,18 +460,19 @@ class HFEngine(TokenizerMethods):
         window = window_bucket(max(kv.lengths) + 1, kv.columns)
         self._slots.route(adapters, bucket)
         self._ids[:rows] = ids  # rows past them keep stale ids: their slots are idle
-        shape = (bucket, window, self._slots.uses_any(adapters))
+        shape = (bucket, window, self._slots.mode(adapters))
         if self.cuda_graphs:  # read every step: a benchmark may switch it
             logits = self._graphs(shape, (kv.generation, self._slots.generation))
         else:
             logits = self._static_forward(*shape)
         return logits[:rows]
 
-    def _static_forward(self, rows: int, window: int, lora: bool) -> torch.Tensor:
-        """The static step over ``rows`` slots and ``window`` columns (what a CUDA graph records)."""
+    def _static_forward(self, rows: int, window: int, lora: str) -> torch.Tensor:
+        """The static step over ``rows`` slots and ``window`` columns, adding LoRA as ``lora`` says
+        (``SlotLoRA.mode``): what a CUDA graph records."""
         kv = self._kv
         kv.step_rows, kv.window = rows, window
-        return self._fused(self._ids[:rows], kv, kv.positions(), self._slots if lora else NO_LORA)
+        return self._fused(self._ids[:rows], kv, kv.positions(), NO_LORA if lora == "none" else self._slots, lora)
 
     def _take(self, seqs: list[_Seq], logits: torch.Tensor) -> None:
         """Sample each row's next token, append it (or its forced closing), retire the rows that are done."""

@@ -137,7 +137,7 @@ class MultiLoRA:
             col += lin.out_features
         return a, b
 
-    def begin(self, rows: int) -> None:
+    def begin(self, rows: int, mode: str = "mixed") -> None:
         """A forward pass over ``rows`` rows starts (the row masks were built by ``route``)."""
 
     def add_delta(self, key: Key, x: torch.Tensor, out: torch.Tensor) -> None:
@@ -270,12 +270,19 @@ class SlotLoRA:
         slots = [self.slots.get(a, -1) if a is not None else -1 for a in adapters]
         self.rows[:rows].copy_(torch.tensor(slots + [-1] * (rows - len(slots))))
 
-    def uses_any(self, adapters: list[str | None]) -> bool:
-        return any(a in self.slots for a in adapters)
+    def mode(self, adapters: list[str | None]) -> str:
+        """How a step over rows with these adapters adds LoRA: ``none`` (no row has one), ``one``
+        (one slot, every row in it: no row mask, the bucket's idle rows get the adapter too and are
+        ignored), ``mixed`` (row masks). Part of a graph's shape: ``begin`` reads it."""
+        used = {a in self.slots for a in adapters}
+        if True not in used:
+            return "none"
+        return "one" if self.capacity == 1 and used == {True} else "mixed"
 
-    def begin(self, rows: int) -> None:
-        """Row masks for a step over ``rows`` rows (per width: one slot's columns, repeated per group member)."""
-        if not self.capacity:
+    def begin(self, rows: int, mode: str = "mixed") -> None:
+        """Row masks for a step over ``rows`` rows (per width: one slot's columns, repeated per group
+        member), or none in mode ``one``."""
+        if not self.capacity or mode == "one":
             self._masks = {}
             return
         mask = (self._columns[None, :] == self.rows[:rows, None]).to(self.lora.dtype)
@@ -287,7 +294,8 @@ class SlotLoRA:
         if a_t is None:
             return
         h = x @ a_t
-        h.mul_(self._masks[h.shape[-1]])
+        if self._masks:
+            h.mul_(self._masks[h.shape[-1]])
         out.addmm_(h, self.b_t[key])
 
     def _keys(self, adapters: dict[str, dict[str, _Weights]]) -> list[Key]:
@@ -330,7 +338,7 @@ class SlotLoRA:
 class _NoLoRA:
     """The adapter hooks of a step in which no row uses an adapter: nothing to add."""
 
-    def begin(self, rows: int) -> None:
+    def begin(self, rows: int, mode: str = "none") -> None:
         pass
 
     def add_delta(self, key: Key, x: torch.Tensor, out: torch.Tensor) -> None:

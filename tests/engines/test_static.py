@@ -95,22 +95,26 @@ def _generate(engine, reqs):
     return asyncio.run(go())
 
 
-@pytest.mark.parametrize("max_batch", [5, 64])
-def test_the_static_path_samples_what_the_batch_path_samples(max_batch):
+@pytest.mark.parametrize("max_batch,adapters", [(5, (None, "alpha", "beta")), (64, (None, "alpha", "beta")),
+                                                (5, ("alpha",))], ids=["mixed-5", "mixed-64", "one-adapter-5"])
+def test_the_static_path_samples_what_the_batch_path_samples(max_batch, adapters):
     outs = {}
     for static in (False, True):
         engine = tiny_engine(static=static, max_batch=max_batch, max_prefill=4)
         for seed, name in enumerate(("alpha", "beta"), 1):
-            engine.add_adapter(name)
-            randomize(engine, name, seed)
+            if name in adapters:
+                engine.add_adapter(name)
+                randomize(engine, name, seed)
         assert (engine.decode_path == "static:eager") == static
-        reqs = _requests(18, (None, "alpha", "beta"))
+        reqs = _requests(18, adapters)
         first = _generate(engine, reqs)
         # again, with the prefix cache now holding the first round's rows: two-run prefills
         again = _generate(engine, [GenerationRequest(r.prompt_ids + tuple(o.token_ids[:3]), r.sampling, r.adapter)
                                    for r, o in zip(reqs, first)])
         outs[static] = [(o.token_ids, o.logprobs) for o in first + again]
         assert engine.stats.prefix_hit_tokens > 0
+        if static:
+            assert engine._slots.mode(list(adapters)) == ("one" if adapters == ("alpha",) else "mixed")
         asyncio.run(engine.aclose())
     for (tokens, logprobs), (ref_tokens, ref_logprobs) in zip(outs[True], outs[False]):
         assert tokens == ref_tokens and max(abs(a - b) for a, b in zip(logprobs, ref_logprobs)) < 1e-4
@@ -121,11 +125,12 @@ def test_slot_lora_copies_new_weights_in_place_and_grows_only_for_more_adapters(
     slots = engine._slots
     engine.add_adapter("alpha")
     slots.sync()
-    assert slots.capacity == 0 and not slots.uses_any(["alpha"])  # a fresh adapter (B = 0) is the base model
+    assert slots.capacity == 0 and slots.mode(["alpha"]) == "none"  # a fresh adapter (B = 0) is the base model
     randomize(engine, "alpha", 1)
     slots.sync()
     generation, stacks = slots.generation, {k: v.data_ptr() for k, v in slots.a_t.items()}
-    assert slots.uses_any([None, "alpha"]) and not slots.uses_any([None, "__base__"])
+    assert slots.mode([None, "alpha"]) == "mixed" and slots.mode([None, "__base__"]) == "none"
+    assert slots.mode(["alpha", "alpha"]) == "one"  # one slot, every row in it: no row masks
     randomize(engine, "alpha", 2)  # a training step's new weights: same buffers, new contents
     slots.sync()
     assert slots.generation == generation and {k: v.data_ptr() for k, v in slots.a_t.items()} == stacks
@@ -137,6 +142,7 @@ def test_slot_lora_copies_new_weights_in_place_and_grows_only_for_more_adapters(
     randomize(engine, "beta", 3)
     slots.sync()
     assert slots.generation > generation and slots.capacity == 2 and set(slots.slots) == {"alpha", "beta"}
+    assert slots.mode(["alpha", "alpha"]) == "mixed"  # two slots: the masks pick each row's
     engine.remove_adapter("alpha")
     slots.sync()
     assert set(slots.slots) == {"beta"} and slots.capacity == 2  # a slot frees; nothing moves
