@@ -6,9 +6,8 @@ Both sides run the same GRPO step on the same model and device, in the same run:
     sampled ``--generations`` times at temperature 1 (64 = 8 x 8 completions per step by default);
   - exactly ``--new-tokens`` sampled tokens per completion (64 by default). TRL's generate gets
     ``generation_kwargs={"min_new_tokens": N}`` with ``max_completion_length=N`` (EOS is masked
-    out until the length is reached); rolecast's engine has no such option, so its end-of-turn
-    set (``HFEngine.eos_ids``) is emptied and ``max_tokens=N`` ends every reply (a sampled EOS
-    is kept as an ordinary token). Each side checks that every completion has N tokens;
+    out until the length is reached); rolecast's requests set ``SamplingParams.ignore_eos`` and
+    ``max_tokens=N`` ends every reply (a sampled EOS is kept as an ordinary token). Each side checks that every completion has N tokens;
   - the same reward on the decoded completion (special tokens skipped): the fraction of its
     characters that are digits, something a 135M model can move;
   - GRPO advantages: reward minus its group's mean, over the group's std + 1e-4 (TRL's
@@ -110,9 +109,6 @@ def rolecast_worker(args: argparse.Namespace) -> dict:
     device = _device(args.device)
     torch.manual_seed(args.seed)  # LoRA A's initialisation (TRL's trainer seeds its own)
     engine = load_engine(args.model, "auto", args.seed, "hf", device=str(device))
-    if not hasattr(engine, "eos_ids"):
-        sys.exit("HFEngine has no eos_ids any more: this benchmark cannot make it sample a fixed length")
-    engine.eos_ids = set()  # ignore EOS: every reply runs to max_tokens, as min_new_tokens does on TRL's side
     service = ServiceClient(args.model, seed=args.seed, device=device, bf16_autocast=bf16_native(device),
                             micro_batch_tokens=args.micro_batch_tokens)
     service.attach_engine(engine)
@@ -141,7 +137,7 @@ def rolecast_worker(args: argparse.Namespace) -> dict:
                 t0 = time.perf_counter()
                 prompts = [engine.apply_chat_template([{"role": "user", "content": t}])
                            for t in texts[step * args.prompts:(step + 1) * args.prompts]]
-                requests = [GenerationRequest(tuple(p), SamplingParams(temperature=1.0, top_p=1.0, max_tokens=N,
+                requests = [GenerationRequest(tuple(p), SamplingParams(temperature=1.0, top_p=1.0, max_tokens=N, ignore_eos=True,
                                                                        seed=args.seed * 1_000_003 + step * 10_007 + i),
                                               adapter="grpo")
                             for i, p in enumerate(p for p in prompts for _ in range(G))]

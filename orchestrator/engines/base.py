@@ -19,6 +19,9 @@ class SamplingParams:
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    # Keep sampling past an end-of-turn token (kept as an ordinary token) until max_tokens or a
+    # stop string: fixed-length generation, for benchmarks and length-controlled experiments.
+    ignore_eos: bool = False
 
 
 @dataclass(frozen=True)

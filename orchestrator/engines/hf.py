@@ -563,7 +563,8 @@ class HFEngine(TokenizerMethods):
     def _check_done(self, seq: _Seq) -> None:
         sp = seq.request.sampling
         token = seq.tokens[-1]
-        reason = "eos" if token in self.eos_ids else "length" if len(seq.tokens) >= sp.max_tokens else None
+        eos = token in self.eos_ids and not sp.ignore_eos
+        reason = "eos" if eos else "length" if len(seq.tokens) >= sp.max_tokens else None
         if reason is None and not sp.stop:
             return  # the text is only needed to look for stop strings, or once the reply is done
         text = self.decode([t for t in seq.tokens if t not in self.eos_ids])

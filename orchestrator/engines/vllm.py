@@ -186,7 +186,8 @@ class VLLMEngine(TokenizerMethods):
         kwargs: dict[str, Any] = dict(
             n=1, temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens, seed=s.seed,
             stop=[x for x in s.stop if x] or None,
-            stop_token_ids=sorted(self.eos_ids),  # end of turn, like the HF engine, not only the model's EOS
+            stop_token_ids=None if s.ignore_eos else sorted(self.eos_ids),  # end of turn, like the HF engine
+            ignore_eos=s.ignore_eos,
             logprobs=0,  # the sampled token's own logprob, no alternatives
             skip_special_tokens=True, output_kind=self._v.RequestOutputKind.FINAL_ONLY,
         )

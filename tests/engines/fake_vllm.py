@@ -68,6 +68,7 @@ class SamplingParams:
     seed: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
     max_tokens: int | None = 16
     logprobs: int | None = None
     skip_special_tokens: bool = True

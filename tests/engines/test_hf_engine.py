@@ -88,6 +88,14 @@ def test_max_tokens_and_stop_strings(engine):
     assert stop not in cut.text
 
 
+def test_ignore_eos_samples_past_an_end_of_turn_token(engine):
+    full = asyncio.run(engine.generate(request(engine, 2, max_tokens=8)))  # seeded: repeatable
+    engine.eos_ids = {full.token_ids[2]}  # pretend its third token ends the turn
+    assert asyncio.run(engine.generate(request(engine, 2, max_tokens=8))).finish_reason == "eos"
+    kept = asyncio.run(engine.generate(request(engine, 2, max_tokens=8, ignore_eos=True)))
+    assert kept.token_ids == full.token_ids and kept.finish_reason == "length"
+
+
 def test_adapter_update_changes_outputs_and_versions(engine):
     assert engine.add_adapter("p") == 1
     r = request(engine, 2, adapter="p", temperature=0.0, max_tokens=8)

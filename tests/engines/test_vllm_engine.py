@@ -91,6 +91,9 @@ async def test_sampling_params_mapping(vllm_engine, tokenizer):
     assert tokenizer.convert_tokens_to_ids("<|im_end|>") in p.stop_token_ids  # end of turn, as in the HF engine
     assert p.output_kind.name == "FINAL_ONLY" and p.structured_outputs is None
     assert fake(vllm_engine).calls[-1].prompt == {"prompt_token_ids": [1, 2, 3]}
+    await vllm_engine.generate(req(max_tokens=7, ignore_eos=True))
+    p = fake(vllm_engine).calls[-1].params
+    assert p.ignore_eos is True and not p.stop_token_ids  # no end of turn either: a fixed length
 
 
 async def test_json_schema_goes_to_structured_outputs_as_the_hf_engines_grammar(vllm_engine):
