@@ -109,8 +109,8 @@ def rolecast_worker(args: argparse.Namespace) -> dict:
     device = _device(args.device)
     torch.manual_seed(args.seed)  # LoRA A's initialisation (TRL's trainer seeds its own)
     engine = load_engine(args.model, "auto", args.seed, "hf", device=str(device))
-    service = ServiceClient(args.model, seed=args.seed, device=device, bf16_autocast=bf16_native(device),
-                            micro_batch_tokens=args.micro_batch_tokens)
+    service = ServiceClient.for_engine(engine, args.model, seed=args.seed, device=device,
+                                       bf16_autocast=bf16_native(device), micro_batch_tokens=args.micro_batch_tokens)
     service.attach_engine(engine)
     client = service.create_lora_training_client("grpo", LoraConfig(rank=16, alpha=32.0, dropout=0.0))
     adam = AdamParams(learning_rate=args.lr, beta1=0.9, beta2=0.999, eps=1e-8, grad_clip_norm=1.0)
@@ -255,8 +255,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="each side runs once per round, order alternating")
     parser.add_argument("--lr", type=float, default=5e-5)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--micro-batch-tokens", type=int, default=4096,
-                        help="rolecast's training client: padded-token budget per forward/backward pass")
+    parser.add_argument("--micro-batch-tokens", type=int, default=None,
+                        help="rolecast's training client: cost budget per forward/backward pass (default: the device's)")
     parser.add_argument("--trl-micro-batch", type=int, default=0,
                         help="TRL's per-device batch (gradient accumulation makes up the rest); 0 = all completions")
     parser.add_argument("--trl-gradient-checkpointing", action="store_true", help="TRL's default; off here")

@@ -46,7 +46,7 @@ def train(team: Any, args: argparse.Namespace, out: Path, resume: bool, extra: d
     seed = team.config.seed if args.seed is None else args.seed
     workers = rollout_workers(args, model, seed)  # first: a missing Ray fails before the model loads
     engine = load_engine(model, args.dtype, seed, args.engine, device=args.device)
-    service = ServiceClient(model, seed=seed, device=device_for(args.device))
+    service = ServiceClient.for_engine(engine, model, seed=seed, device=device_for(args.device))
     service.attach_engine(engine)
     where = {"rollout_workers": workers.workers, "ray": args.ray} if workers else {}
     options = TrainOptions(out_dir=out, model=model, dtype=args.dtype, seed=seed, steps=args.steps, resume=resume,

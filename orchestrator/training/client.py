@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import math
 import os
@@ -25,7 +26,7 @@ import zlib
 from collections import defaultdict
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Generic, TypeVar
+from typing import Any, Callable, Generic, Iterator, TypeVar
 
 import torch
 from peft import LoraConfig as PeftLoraConfig
@@ -66,12 +67,22 @@ class APIFuture(Generic[T]):
 
 class ServiceClient:
     """Owns the base model (fp32 master weights) on ``device``; all adapters' jobs run on the
-    compute thread."""
+    compute thread.
+
+    ``shared``: ``model`` is an engine's ``LoadedModel``, trained as it is: one copy of the base
+    weights on the device, frozen, in the engine's dtype (bf16 on a GPU: under bf16 autocast the
+    matmuls see the same numbers as from fp32 masters), with LoRA weights and optimizer state in
+    fp32. PEFT's layers are switched on only inside this service's passes, so the engine's own
+    forward passes over the same modules see the base model (plus its own adapters' deltas).
+    """
 
     def __init__(
         self, model: str | LoadedModel = "smollm2-135m", *, bf16_autocast: bool | None = None, seed: int = 0,
-        micro_batch_tokens: int | None = None, device: str | torch.device = "cpu",
+        micro_batch_tokens: int | None = None, device: str | torch.device = "cpu", shared: bool = False,
     ):
+        if shared and not isinstance(model, LoadedModel):
+            raise ValueError("a shared ServiceClient trains an engine's loaded model: pass engine.loaded")
+        self.shared = shared
         self.device = torch.device(device)
         self.seed = seed
         # Cost budget per forward/backward pass (see _micro_batches). A GPU runs 16 passes of 4
@@ -82,13 +93,35 @@ class ServiceClient:
         self.micro_batch_tokens = micro_batch_tokens or (131072 if gpu else 4096)
         self.logprob_chunk = 4096 if gpu else 512
         self.loaded = model if isinstance(model, LoadedModel) else load_model(model, dtype="float32", seed=seed)
-        # master weights in fp32 on the device; autocast runs the matmuls in bf16
-        self.loaded.model.to(self.device, torch.float32)
+        if not shared:  # master weights in fp32 on the device; autocast runs the matmuls in bf16
+            self.loaded.model.to(self.device, torch.float32)
         self.autocast = bf16_native(self.device) if bf16_autocast is None else bf16_autocast
         self.peft = None  # created with the first adapter
         self.clients: dict[str, TrainingClient] = {}
         self.engine = None
         self._compute = compute_thread()
+
+    @classmethod
+    def for_engine(cls, engine: Any, model: str, **options: Any) -> "ServiceClient":
+        """The service ``rolecast train`` uses beside ``engine``: sharing its base weights where it
+        is the HF engine on a GPU (one copy in GPU memory), else a model of its own."""
+        from ..engines.hf import HFEngine
+
+        if isinstance(engine, HFEngine) and engine.device.type == "cuda":
+            return cls(engine.loaded, shared=True, **{**options, "device": engine.device})
+        return cls(model, **options)
+
+    @contextlib.contextmanager
+    def adapters_on(self) -> Iterator[None]:
+        """PEFT's layers on for this block (a shared model keeps them off for the engine's passes)."""
+        if not self.shared:
+            yield
+            return
+        self.peft.base_model.enable_adapter_layers()
+        try:
+            yield
+        finally:
+            self.peft.base_model.disable_adapter_layers()
 
     def attach_engine(self, engine: Any) -> None:
         """After ``save_weights_for_sampler`` the engine samples from the new adapter weights."""
@@ -108,6 +141,8 @@ class ServiceClient:
                 self.peft = get_peft_model(self.loaded.model, peft_config, adapter_name=name)
             else:
                 self.peft.add_adapter(name, peft_config)
+            if self.shared:
+                self.peft.base_model.disable_adapter_layers()
         client = TrainingClient(self, name, lora)
         self._seed_init(client)
         self.clients[name] = client
@@ -185,6 +220,10 @@ class TrainingClient:
 
     # -- work done on the service's thread ----------------------------------------------------
     def _forward(self, data: list[Datum], loss_fn: str, config: dict[str, Any], backward: bool) -> ForwardBackwardOutput:
+        with self.service.adapters_on():
+            return self._passes(data, loss_fn, config, backward)
+
+    def _passes(self, data: list[Datum], loss_fn: str, config: dict[str, Any], backward: bool) -> ForwardBackwardOutput:
         if loss_fn not in LOSS_FNS:
             raise ValueError(f"unknown loss_fn {loss_fn!r}: use one of {', '.join(LOSS_FNS)}")
         if not data:

@@ -163,3 +163,19 @@ def test_kill_then_resume_on_cuda(tmp_path):
     assert "resumed" in resumed.stderr and f"step={int(done.split('-')[1])}" in resumed.stderr
     train_steps = [r["step"] for r in metric_rows(run) if r["kind"] == "train"]
     assert train_steps[-1] == 4 and train_steps == sorted(set(train_steps))  # each step once
+
+
+def test_rolecast_train_shares_the_engines_base_weights_on_cuda():
+    engine = tiny_engine("bfloat16", device=CUDA)
+    service = ServiceClient.for_engine(engine, "tiny", bf16_autocast=True)
+    before = torch.cuda.memory_allocated()
+    client = service.create_lora_training_client("s", LoraConfig(rank=4))
+    assert service.shared and service.loaded is engine.loaded and next(engine.model.parameters()).dtype == torch.bfloat16
+    assert all(p.dtype == torch.float32 for p in client.params)  # LoRA and its optimizer state in fp32
+    assert torch.cuda.memory_allocated() - before < 0.1 * sum(p.numel() * 2 for p in engine.model.parameters())
+    toks = list(range(100, 121))
+    datum = Datum(ModelInput.from_ints(toks[:-1]), {"target_tokens": toks[1:], "mask": [0.0] * 6 + [1.0] * 14,
+                                                     "logprobs": [-5.0] * 20, "advantages": [1.0] * 20})
+    assert client.forward_backward([datum], "importance_sampling").result().metrics["tokens"] == 14
+    outs = generate(engine, requests(4))
+    assert [len(o.token_ids) for o in outs] == [16] * 4

@@ -1,6 +1,7 @@
 """Losses against hand-computed values, and the training client's isolation between adapters."""
 from __future__ import annotations
 
+import asyncio
 import math
 
 import pytest
@@ -251,3 +252,49 @@ def test_lora_a_is_drawn_from_the_seed_and_the_adapter_name():
     assert not torch.equal(first["p"][key], first["q"][key]) and not torch.equal(first["p"][key], other_seed["p"][key])
     bound = first["p"][key].shape[1] ** -0.5  # PEFT's kaiming-uniform range
     assert 0.5 * bound < first["p"][key].abs().max() <= bound
+
+
+def test_a_shared_service_trains_the_engines_model_without_changing_what_the_engine_samples():
+    """shared=True (what `rolecast train` does on a GPU): one copy of the base weights for the
+    engine and the trainer. PEFT's layers stay off for the engine's passes, and a training step
+    computes what a service with a model of its own computes."""
+    import asyncio
+
+    from orchestrator.engines.base import GenerationRequest, SamplingParams
+    from support import tiny_engine
+
+    def sample(engine):
+        reqs = [GenerationRequest(tuple(range(5, 12 + i)), SamplingParams(max_tokens=6, seed=i)) for i in range(3)]
+        return [o.token_ids for o in asyncio.run(_gather(engine, reqs))]
+
+    engine = tiny_engine(static=True)
+    before = sample(engine)
+    shared = ServiceClient(engine.loaded, shared=True, bf16_autocast=False)
+    own = ServiceClient(tiny_engine().loaded, bf16_autocast=False)
+    d = datum()
+    outs = []
+    for svc in (shared, own):
+        c = svc.create_lora_training_client("s", LoraConfig(rank=4))
+        with torch.no_grad():  # the same non-zero adapter in both, so the pass really adds LoRA
+            for name, p in svc.peft.named_parameters():
+                if "lora_B" in name:
+                    p.fill_(0.01)
+        outs.append(c.forward_backward([d], "importance_sampling").result())
+    assert outs[0].metrics["loss"] == pytest.approx(outs[1].metrics["loss"], rel=1e-5)
+    assert torch.allclose(outs[0].loss_fn_outputs[0]["logprobs"], outs[1].loss_fn_outputs[0]["logprobs"], atol=1e-5)
+    assert sample(engine) == before  # the trainer's adapter, non-zero now, is not in the engine's passes
+    later = tiny_engine(static=True)  # PEFT's layers in place before this engine builds its decode step
+    svc = ServiceClient(later.loaded, shared=True, bf16_autocast=False)
+    svc.create_lora_training_client("s", LoraConfig(rank=4))
+    with torch.no_grad():
+        for name, p in svc.peft.named_parameters():
+            if "lora_B" in name:
+                p.fill_(0.01)
+    assert sample(later) == before
+    assert next(engine.model.parameters()).dtype == torch.float32 and shared.loaded is engine.loaded
+    with pytest.raises(ValueError, match="engine.loaded"):
+        ServiceClient("tiny", shared=True)
+
+
+async def _gather(engine, reqs):
+    return await asyncio.gather(*(engine.generate(r) for r in reqs))
