@@ -9,6 +9,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 from support import credit, metric_rows, train_tiny
 
 from orchestrator.registry import default_registry
@@ -208,3 +210,7 @@ def test_resume_restores_the_population_exactly(cli, tmp_path):
     assert state[0] == state[1] and len(state[0]["trainer"]["pool"]) == 3  # ratings, records, pool, turn
     assert [line["adapters"] for line in credit(straight, 3)] == [line["adapters"] for line in credit(resumed, 3)]
     assert sorted(p.name for p in (resumed / "pool").iterdir()) == state[0]["trainer"]["pool"]
+    # the members' start noise (the recipe's init_noise) is drawn once, not again on --resume
+    for member in MEMBERS:
+        weights = [load_file(str(run / "sampler" / member / "adapter_model.safetensors")) for run in (straight, resumed)]
+        assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
