@@ -340,13 +340,13 @@ class HFEngine(TokenizerMethods):
     def _next_ids(self, rows: list[_Seq], flight: _Flight | None) -> torch.Tensor:
         """Each row's last token, on the device: from the step in flight where the row was in it
         (not read by the host yet), else from the host (rows prefilled since)."""
-        ids = torch.tensor([s.tokens[-1] for s in rows], device=self.device)
         if flight is None:
-            return ids
+            return torch.tensor([s.tokens[-1] for s in rows], device=self.device)
         where = {id(s): i for i, s in enumerate(flight.seqs)}
         src = [where.get(id(s), -1) for s in rows]
-        if src == list(range(len(rows))):
+        if src == list(range(len(rows))):  # the usual step: same rows, same order, nothing from the host
             return flight.tokens[: len(rows)]
+        ids = torch.tensor([s.tokens[-1] for s in rows], device=self.device)
         index = torch.tensor(src, device=self.device)
         return torch.where(index >= 0, flight.tokens[index.clamp(min=0)], ids)
 
@@ -525,7 +525,7 @@ class HFEngine(TokenizerMethods):
 
     def _remember(self, row: int, seq: _Seq) -> None:
         """Put a finished row's keys and values in the prefix cache, with the tokens they encode."""
-        count = self._kv.length(row)  # the last sampled token was never fed
+        count = self._kv.length(row)  # fed tokens (the CPU path never feeds the last sampled one)
         keys, values = self._kv.row(row)
         self._prefix.insert((list(seq.request.prompt_ids) + seq.tokens)[:count], seq.cache_key, keys, values)
 

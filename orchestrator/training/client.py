@@ -154,10 +154,9 @@ class ServiceClient:
         adapters were created before it."""
         generator = torch.Generator().manual_seed(zlib.crc32(f"{self.seed}:{client.name}".encode()))
         with torch.no_grad():
-            for name, p in self.peft.named_parameters():
-                if "lora_A" in name and f".{client.name}." in name:
-                    bound = 1 / math.sqrt(p.shape[1])  # PEFT's default: kaiming-uniform(a=sqrt(5)) on A
-                    p.copy_(torch.empty(p.shape).uniform_(-bound, bound, generator=generator))
+            for p in client.lora_params("lora_A"):
+                bound = 1 / math.sqrt(p.shape[1])  # PEFT's default: kaiming-uniform(a=sqrt(5)) on A
+                p.copy_(torch.empty(p.shape).uniform_(-bound, bound, generator=generator))
 
     def submit(self, fn: Callable[..., T], *args: Any) -> APIFuture[T]:
         return APIFuture(self._compute.submit(fn, *args))
@@ -173,7 +172,7 @@ class TrainingClient:
         self.name = name
         self.lora = lora
         self.step = 0
-        self.params = [p for n, p in service.peft.named_parameters() if "lora_" in n and f".{name}." in n]
+        self.params = self.lora_params()
         self.optimizer = torch.optim.AdamW(self.params, lr=1e-4)
 
     # -- the Tinker-shaped API -------------------------------------------------------------
@@ -214,6 +213,10 @@ class TrainingClient:
 
     async def perturb_async(self, std: float, seed: int | str) -> APIFuture[None]:
         return self.perturb(std, seed)
+
+    def lora_params(self, part: str = "lora_") -> list[torch.nn.Parameter]:
+        """This adapter's LoRA parameters (``part`` ``lora_A`` or ``lora_B``: one kind only)."""
+        return [p for n, p in self.service.peft.named_parameters() if part in n and f".{self.name}." in n]
 
     def get_tokenizer(self):
         return self.service.loaded.tokenizer
@@ -357,9 +360,8 @@ class TrainingClient:
     def _perturb(self, std: float, seed: int | str) -> None:
         generator = torch.Generator().manual_seed(zlib.crc32(str(seed).encode()))
         with torch.no_grad():
-            for name, p in self.service.peft.named_parameters():
-                if "lora_B" in name and f".{self.name}." in name:
-                    p.add_(torch.randn(p.shape, generator=generator).to(p) * std)
+            for p in self.lora_params("lora_B"):
+                p.add_(torch.randn(p.shape, generator=generator).to(p) * std)
 
     def _optim_step(self, params: AdamParams) -> OptimStepResponse:
         for group in self.optimizer.param_groups:
