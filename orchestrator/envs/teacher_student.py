@@ -6,8 +6,8 @@ problem with it; the teacher is paid for the improvement its example made.
       student: student               # answers with the teacher's example in its prompt (trains)
       student_alone: student_alone   # the same adapter, no example: the baseline (trainable: false)
       domains:                       # each domain's problems go to its own teacher role
-        addition: teacher_addition
-        sequences: teacher_sequences
+        largest: teacher_largest
+        smallest: teacher_smallest
 
 A task names its domain (``{domain: sequences}``; a task without one draws a domain). The episode
 draws two problems of the same shape from the domain's generator: the teacher works the first
@@ -19,9 +19,10 @@ answer is right:
     teacher        c(with the example) - c(without one)      in [-1, 1]
     student_alone  c(without)                                  (reported; it should not train)
 
-Only the student sees the example. Domains: ``addition`` (one-digit a + b), ``sequences``
-(the next term of an arithmetic sequence, one step size per episode) and ``units`` (conversions:
-km to m, hours to minutes, ...; SmolLM2-135M solved none of 16, so no recipe uses it yet).
+Only the student sees the example. Domains: ``largest`` and ``smallest`` (of three numbers),
+``addition`` (one-digit a + b), ``sequences`` (the next term of an arithmetic sequence, one step
+size per episode) and ``units`` (conversions: km to m, hours to minutes, ...). With SmolLM2-135M
+only the first two move with an example (docs/populations.md), so the recipe uses those.
 """
 from __future__ import annotations
 
@@ -57,6 +58,16 @@ def sequences(rng: random.Random) -> Callable[[random.Random], Problem]:
     return draw
 
 
+def extreme(word: str, choose: Callable[[list[int]], int]) -> Callable[[random.Random], Callable[[random.Random], Problem]]:
+    """The ``word`` (largest, smallest) of three different numbers below 60, picked by ``choose``."""
+    def generator(rng: random.Random) -> Callable[[random.Random], Problem]:
+        def draw(r: random.Random) -> Problem:
+            numbers = r.sample(range(1, 60), 3)
+            return {"text": f"Which is the {word}: " + ", ".join(map(str, numbers)) + "?", "answer": choose(numbers)}
+        return draw
+    return generator
+
+
 UNITS = [("km", "m", 1000), ("m", "cm", 100), ("kg", "g", 1000), ("hours", "minutes", 60),
          ("minutes", "seconds", 60), ("days", "hours", 24), ("weeks", "days", 7), ("dollars", "cents", 100)]
 
@@ -74,7 +85,8 @@ def units(rng: random.Random) -> Callable[[random.Random], Problem]:
 # domain -> a function of the episode's generator that fixes the problems' shape (a sequence's
 # step, a unit pair) and returns the problem generator.
 GENERATORS: dict[str, Callable[[random.Random], Callable[[random.Random], Problem]]] = {
-    "addition": addition, "sequences": sequences, "units": units,
+    "addition": addition, "sequences": sequences, "units": units, "largest": extreme("largest", max),
+    "smallest": extreme("smallest", min),
 }
 
 

@@ -18,35 +18,35 @@ def student(skill: str):
     (an ``=``), ``misled`` is right only without one, ``never`` is never right."""
     def answer(request) -> str:
         prompt = request.messages[-1]["content"]
-        a, b = map(int, re.search(r"Now solve: (\d+) \+ (\d+)", prompt).groups())
+        numbers = map(int, re.search(r"Now solve: Which is the largest: ([\d, ]+)\?", prompt)[1].split(","))
         shown = "=" in prompt.split("Now solve:")[0]
         right = {"uses-examples": shown, "misled": "worked example" not in prompt, "never": False}[skill]
-        return json.dumps({"answer": a + b if right else -1})
+        return json.dumps({"answer": max(numbers) if right else -1})
     return answer
 
 
 @pytest.mark.parametrize("example, skill, rewards", [
-    ("2 + 3 = 5", "uses-examples", {"student": 1.0, "teacher_addition": 1.0, "student_alone": 0.0}),
-    ("2 + 3", "uses-examples", {"student": 0.0, "teacher_addition": 0.0, "student_alone": 0.0}),
-    ("2 + 3 = 5", "misled", {"student": 0.0, "teacher_addition": -1.0, "student_alone": 1.0}),
-    ("2 + 3 = 5", "never", {"student": 0.0, "teacher_addition": 0.0, "student_alone": 0.0}),
+    ("largest of 2, 7, 3 = 7", "uses-examples", {"student": 1.0, "teacher_largest": 1.0, "student_alone": 0.0}),
+    ("largest of 2, 7, 3", "uses-examples", {"student": 0.0, "teacher_largest": 0.0, "student_alone": 0.0}),
+    ("largest of 2, 7, 3 = 7", "misled", {"student": 0.0, "teacher_largest": -1.0, "student_alone": 1.0}),
+    ("largest of 2, 7, 3 = 7", "never", {"student": 0.0, "teacher_largest": 0.0, "student_alone": 0.0}),
 ])
 def test_the_teacher_earns_the_improvement_its_example_made(tmp_path, example, skill, rewards):
-    t = team("teacher_student", tasks=[{"domain": "addition"}])
+    t = team("teacher_student", tasks=[{"domain": "largest"}])
     teacher = Script({"example": example})
     policy = student(skill)
-    (ep,) = play(t, {"teacher_addition": teacher, "teacher_sequences": Script(), "student": policy,
+    (ep,) = play(t, {"teacher_largest": teacher, "teacher_smallest": Script(), "student": policy,
                      "student_alone": policy}, tmp_path).episodes
     assert ep.status == "ok", ep.error
-    assert [turn.role for turn in ep.turns] == ["teacher_addition", "student", "student_alone"]
-    assert ep.rewards == {**rewards, "teacher_sequences": 0.0}
+    assert [turn.role for turn in ep.turns] == ["teacher_largest", "student", "student_alone"]
+    assert ep.rewards == {**rewards, "teacher_smallest": 0.0}
     assert ep.outcome["worked"] != ep.outcome["problem"] and ep.outcome["example"] == example
 
 
 def test_problems_go_to_their_domains_teacher_and_only_the_student_sees_the_example(tmp_path):
-    t = team("teacher_student", tasks=[{"domain": "addition"}, {"domain": "sequences"}])
-    teachers = {"teacher_addition": Script(*[{"example": "ADD-EXAMPLE"}] * 2),
-                "teacher_sequences": Script(*[{"example": "SEQ-EXAMPLE"}] * 2)}
+    t = team("teacher_student", tasks=[{"domain": "largest"}, {"domain": "smallest"}])
+    teachers = {"teacher_largest": Script(*[{"example": "MAX-EXAMPLE"}] * 2),
+                "teacher_smallest": Script(*[{"example": "MIN-EXAMPLE"}] * 2)}
     seen: dict[str, list[str]] = {"student": [], "student_alone": []}
 
     def recorder(role):
@@ -57,11 +57,11 @@ def test_problems_go_to_their_domains_teacher_and_only_the_student_sees_the_exam
 
     episodes = play(t, {**teachers, "student": recorder("student"), "student_alone": recorder("student_alone")},
                     tmp_path, episodes=4).episodes
-    assert [ep.turns[0].role for ep in episodes] == ["teacher_addition", "teacher_sequences"] * 2
-    assert [ep.outcome["domain"] for ep in episodes] == ["addition", "sequences"] * 2
+    assert [ep.turns[0].role for ep in episodes] == ["teacher_largest", "teacher_smallest"] * 2
+    assert [ep.outcome["domain"] for ep in episodes] == ["largest", "smallest"] * 2
     assert len(seen["student"]) == 4 and all("EXAMPLE" in s for s in seen["student"])
     assert len(seen["student_alone"]) == 4 and not any("EXAMPLE" in s for s in seen["student_alone"])
-    assert all("What comes next" in ep.outcome["problem"]["text"] for ep in episodes[1::2])
+    assert all("smallest" in ep.outcome["problem"]["text"] for ep in episodes[1::2])
 
 
 @pytest.mark.parametrize("domain", sorted(GENERATORS))
@@ -77,13 +77,18 @@ def test_generators_give_same_shape_problems_with_right_answers(domain):
             terms = [int(x) for x in re.findall(r"\d+", p["text"])]
             assert p["answer"] - terms[-1] == terms[1] - terms[0] == terms[3] - terms[2]
             assert terms[1] - terms[0] == [int(x) for x in re.findall(r"\d+", q["text"])][1] - int(re.findall(r"\d+", q["text"])[0])
+        elif domain in ("largest", "smallest"):
+            numbers = [int(x) for x in re.findall(r"\d+", p["text"])]
+            assert len(set(numbers)) == 3 and p["answer"] == (max if domain == "largest" else min)(numbers)
+            assert domain in p["text"] and domain in q["text"]
         else:
             assert p["text"].split(" are in ")[0] == q["text"].split(" are in ")[0]  # the same unit pair
 
 
 @pytest.mark.parametrize("edit, message", [
     ("domains: {}", "at least 1 item"),
-    ("domains: {algebra: teacher_addition}", "unknown domain(s) algebra (known: addition, sequences, units)"),
+    ("domains: {algebra: teacher_largest}",
+     "unknown domain(s) algebra (known: addition, sequences, units, largest, smallest)"),
 ])
 def test_bad_domains_are_one_line_at_validate(cli, tmp_path, edit, message):
     from play import ROOT
@@ -96,5 +101,5 @@ def test_bad_domains_are_one_line_at_validate(cli, tmp_path, edit, message):
     assert code == 2
     (line,) = [x for x in err.splitlines() if x.strip()]
     m = ERROR_LINE.match(line)
-    assert m and m["file"] == str(path) and m["line"] == "13" and m["key"] == "protocol.domains"
+    assert m and m["file"] == str(path) and m["line"] == "17" and m["key"] == "protocol.domains"
     assert message in m["problem"]

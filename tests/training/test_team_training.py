@@ -92,7 +92,7 @@ def test_teacher_student_trains_teachers_and_student_but_not_the_baseline(cli, t
 
     run = tmp_path / "run"
     train(cli, ROOT / "recipes/teacher_student.yaml", run, 2, "--set", "groups_per_step=2")
-    assert sorted(p.name for p in (run / "sampler").iterdir()) == ["student", "teacher_addition", "teacher_sequences"]
+    assert sorted(p.name for p in (run / "sampler").iterdir()) == ["student", "teacher_largest", "teacher_smallest"]
     for step in (1, 2):
         transcripts = (run / "rollouts" / f"step-{step:06d}" / "transcripts.jsonl").read_text().splitlines()
         records = {r["id"]: r for r in map(json.loads, transcripts)}
