@@ -16,7 +16,7 @@ PLOTS = [
     ("kl.png", "KL to the base model and importance ratio", ("/kl", "/ratio_mean")),
     ("win_rate.png", "win rates (self-play, population; eval_: against the evaluation opponent)",
      ("win_rate/", "eval_win_rate/")),
-    ("elo.png", "Elo ratings (self-play: learner and snapshots; population: members and snapshots)", ("elo/",)),
+    ("elo.png", "Elo ratings (learners and snapshots)", ("elo/",)),
 ]
 
 
