@@ -45,7 +45,7 @@ KEYS = {
                 "one_adapter_tok_s", "mixed_adapter_tok_s", "mixed_adapter_ratio"},
     "scale": {"model", "recipe", "steps", "episodes_per_step", "cpus", "episodes_per_s", "ratio_to_single"},
     "sandbox": {"sandbox_s", "bare_s", "ratio", "backend", "runs", "stat"},
-    "teacher_student": {"model", "episodes_per_domain", "student_temperature", "per_domain", "none_repeats"},
+    "teacher_student": {"model", "episodes_per_domain", "student_temperature", "per_domain"},
     "train": {"model", "device", "batch", "length", "client_tok_s", "plain_tok_s", "ratio", "client_peak_mb", "plain_peak_mb"},
 }
 
