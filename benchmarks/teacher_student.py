@@ -5,14 +5,15 @@ In the ``teacher_student`` protocol a teacher is paid (student right with its ex
 student role, at its temperature) answers the same problems, with the same sampling seeds, three
 ways in one invocation:
 
-- ``right_example``: after a scripted teacher's right worked example ("<problem> Answer: <n>.");
+- ``right_example``: after a scripted teacher's right worked example ("<problem> Answer: <n>.",
+  or with ``--example-format bare`` "<problem> <n>");
 - ``model_teacher``: after the untrained model teacher's example (where training starts);
 - ``none``: with no example (``student_alone``, in the scripted run's episodes).
 
 ``right_example - none`` bounds what a teacher of the domain can earn by writing good examples;
 where it is not above zero the student cannot use an example and no teacher can learn there.
 
-    python benchmarks/teacher_student.py [--model smollm2-135m] [--episodes 64] [--smoke]
+    python benchmarks/teacher_student.py [--model smollm2-135m] [--episodes 64] [--example-format answer|bare] [--smoke]
 
 ``--episodes``: per domain. ``--smoke``: the tiny model, 2 episodes a domain (tests/test_benchmarks.py).
 """
@@ -52,9 +53,14 @@ def solve(text: str) -> int:
     raise ValueError(f"no solver for problem {text!r}")
 
 
-def right_example(request) -> str:
-    problem = request.context["problem"]
-    return json.dumps({"example": f"{problem} Answer: {solve(problem)}."})
+FORMATS = {"answer": "{problem} Answer: {n}.", "bare": "{problem} {n}"}
+
+
+def right_example(form: str):
+    def teacher(request) -> str:
+        problem = request.context["problem"]
+        return json.dumps({"example": FORMATS[form].format(problem=problem, n=solve(problem))})
+    return teacher
 
 
 def team_file(folder: Path) -> Path:
@@ -82,6 +88,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--episodes", type=int, default=64, help="episodes per domain")
+    parser.add_argument("--example-format", choices=sorted(FORMATS), default="answer",
+                        help="how the scripted teacher writes its example")
     parser.add_argument("--smoke", action="store_true", help="seconds on the tiny model: does the script still run")
     args = parser.parse_args()
     if args.smoke:
@@ -94,7 +102,7 @@ def main() -> None:
         async def run(scripted: bool, out: str):
             policies = build_policies(team, {}, lambda: engine)
             if scripted:
-                policies.update({t: PythonPolicy(right_example) for t in teachers})
+                policies.update({t: PythonPolicy(right_example(args.example_format)) for t in teachers})
             result = await run_team(team, policies, RunOptions(
                 episodes=args.episodes * len(GENERATORS), seed=0, out_dir=Path(tmp) / out, progress=False))
             bad = [ep.error for ep in result.episodes if ep.status != "ok"]
@@ -109,13 +117,15 @@ def main() -> None:
                 await engine.aclose()
 
         right, model = asyncio.run(both())
-    wrong = [ep.outcome["worked"] for ep in right if not ep.outcome["example"].endswith(f" {ep.outcome['worked']['answer']}.")]
+    form = FORMATS[args.example_format]
+    wrong = [w for w, e in ((ep.outcome["worked"], ep.outcome["example"]) for ep in right)
+             if e != form.format(problem=w["text"], n=w["answer"])]
     if wrong:
         sys.exit(f"the scripted teacher solved {wrong[0]} wrong")
     with_right, with_model = accuracy(right, "student"), accuracy(model, "student")
     none = accuracy(right, "student_alone")
     print(json.dumps({
-        "model": args.model, "episodes_per_domain": args.episodes,
+        "model": args.model, "episodes_per_domain": args.episodes, "example_format": args.example_format,
         "student_temperature": team.roles["student"].config.policy.sampling.temperature,
         "per_domain": {d: {"right_example": round(with_right[d], 3), "model_teacher": round(with_model[d], 3),
                            "none": round(none[d], 3), "ceiling": round(with_right[d] - none[d], 3),
