@@ -99,7 +99,9 @@ def payoff_heatmap(report: dict[str, Any], path: Path) -> Path:
         for j, v in enumerate(row):
             if v is not None:
                 ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7)
-    ax.set_title(f"{report['team']}: row's mean reward against column ({report['games_per_pair']} games a pair)")
+    # two lines: a figure for five entrants is too narrow for one
+    ax.set_title(f"{report['team']}\nrow's mean reward against column, {report['games_per_pair']} games a pair",
+                 fontsize=10)
     fig.colorbar(image, ax=ax, fraction=0.046)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
