@@ -74,10 +74,10 @@ def number_guesser_observation(i: int) -> dict:
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 # library role -> (recipe, the role's name there) for roles whose observation an environment builds
 # as the episode goes; the turns before theirs get these replies, by the acting role's name.
-PLAYED_IN = {"judge": ("debate.yaml", "judge"), "teacher": ("teacher_student.yaml", "teacher_addition"),
+PLAYED_IN = {"judge": ("debate.yaml", "judge"), "teacher": ("teacher_student.yaml", "teacher_largest"),
              "student": ("teacher_student.yaml", "student"), "verifier": ("generate_judge.yaml", "judge")}
 REPLIES = {"pro": {"argument": ARGUMENTS[0]["argument"]}, "con": {"argument": ARGUMENTS[1]["argument"]},
-           "teacher_addition": {"example": "3 + 4 = 7, so the answer is 7."}, "generator": {"answer": 12}}
+           "teacher_largest": {"example": "Which is the largest: 3, 9, 4? Answer: 9."}, "generator": {"answer": 12}}
 
 
 def env_observation(role: str, i: int) -> tuple[dict, dict]:
@@ -85,7 +85,7 @@ def env_observation(role: str, i: int) -> tuple[dict, dict]:
     the scripted turns before it: built by the env itself, so it follows the env's changes."""
     recipe, name = PLAYED_IN[role]
     team = load_team(RECIPES / recipe)
-    task = team.tasks[i % len(team.tasks)] if recipe != "teacher_student.yaml" else {"domain": "addition"}
+    task = team.tasks[i % len(team.tasks)] if recipe != "teacher_student.yaml" else {"domain": "largest"}
     env = team.make_env(task, random.Random(i))
     turn = 0
     while (who := env.next_role()) != name:
