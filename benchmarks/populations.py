@@ -121,6 +121,7 @@ def main() -> None:
                        for k in range(len(dists["self-play"]))]
             result = {"seed": seed, "self_play": score(dists["self-play"]), "population_mixture": score(mixture),
                       "members": {p.name: score(dists[p.name]) for p in members},
+                      "rollout_episodes_per_s": {run: round(episodes_per_s(work / run), 3) for run in ("self-play", "population")},
                       "cost_ratio": round(episodes_per_s(work / "population") / episodes_per_s(work / "self-play"), 3)}
             print(json.dumps(result), file=sys.stderr)
             seeds.append(result)

@@ -41,7 +41,7 @@ from .decoder import FusedDecoder
 from .graphs import StepGraphs, rows_bucket, window_bucket
 from .kv import BatchKV
 from .lora import NO_LORA, MultiLoRA, SlotLoRA
-from .prefix_cache import PrefixCache
+from .prefix_cache import BLOCK, PrefixCache, shared_prefixes
 from .sampling import counter_uniforms, sample_on_device
 from .slots import SlotKV
 from .tokens import TokenizerMethods, end_of_turn_ids
@@ -68,6 +68,21 @@ class _Seq:
     @property
     def cache_key(self) -> tuple[str, int]:
         return self.adapter_key, self.adapter_version
+
+
+def prefill_batches(rests: list[int], slack: int = 64) -> list[list[int]]:
+    """Indices of newcomers grouped for prefill by how many prompt tokens each still needs (its
+    rest, after the prefix cache), longest first: a row joins the current batch unless padding it
+    to the batch's longest rest would waste more than its own length and more than ``slack``
+    tokens (what a separate forward pass costs, roughly)."""
+    batches: list[list[int]] = []
+    for i in sorted(range(len(rests)), key=lambda i: -rests[i]):
+        longest = rests[batches[-1][0]] if batches else 0
+        if batches and longest - rests[i] <= max(rests[i], slack):
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
 
 
 @dataclass
@@ -121,9 +136,10 @@ class EngineStats:
 class HFEngine(TokenizerMethods):
     def __init__(self, loaded: LoadedModel, max_batch: int | None = None, max_prefill: int | None = None,
                  prefix_cache_tokens: int = 16384, fused_decode: bool = True, cpu: CpuFeatures | None = None,
-                 static: bool | None = None, cuda_graphs: bool = True):
+                 static: bool | None = None, cuda_graphs: bool = True, share_prefixes: bool = True):
         """``max_batch`` rows decode together (default 64 on the CPU, 256 on a GPU), ``max_prefill``
-        newcomers prefill together (default 16 on the CPU, all that fit on a GPU). ``static``: the
+        newcomers prefill together (default 16 on the CPU, all that fit on a GPU), their common
+        prefixes computed once with ``share_prefixes`` (needs the prefix cache). ``static``: the
         static path (default: on a GPU, for Llama-shaped models), with its steps replayed from CUDA
         graphs unless ``cuda_graphs`` is False (or on the CPU, where it runs eagerly: for tests)."""
         self.loaded = loaded
@@ -161,6 +177,7 @@ class HFEngine(TokenizerMethods):
         self.stats = EngineStats()
         # KV of finished sequences, reused by prompts that start the same way (0 turns it off)
         self._prefix = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens > 0 else None
+        self.share_prefixes = share_prefixes
 
     # -- the Engine interface ------------------------------------------------------------------
     async def generate(self, request: GenerationRequest) -> Completion:
@@ -378,32 +395,71 @@ class HFEngine(TokenizerMethods):
         self.lora.route([None if a == BASE else a for a in adapters])
 
     def _prefill(self, seqs: list[_Seq]) -> None:
-        """Prefill newcomers together: each row's cached prefix (if any) comes from the prefix
-        cache, the rest of its prompt goes through the model; both parts are left-padded."""
+        """Prefill newcomers: each row's cached prefix (if any) comes from the prefix cache, the
+        rest of its prompt goes through the model, in batches of rows whose rests are alike in
+        length (``prefill_batches``): a row's padding is computed like real tokens, so one long
+        rest in a batch would cost every cache hit in it its savings."""
         t0 = time.perf_counter()
-        hits = []
         for s in seqs:
             s.adapter_key = self._adapter_key(s.request.adapter)
             s.adapter_version = 0 if s.adapter_key == BASE else self.versions[s.adapter_key]
-            hits.append(self._prefix.lookup(s.request.prompt_ids, s.cache_key) if self._prefix else (0, None))
+        if self._prefix is not None and self.share_prefixes:
+            self._share_prefixes(seqs)
+        hits = [self._prefix.lookup(s.request.prompt_ids, s.cache_key) if self._prefix else (0, None) for s in seqs]
+        for batch in prefill_batches([len(s.request.prompt_ids) - n for s, (n, _) in zip(seqs, hits)]):
+            self._prefill_rows([seqs[i] for i in batch], [hits[i] for i in batch])
+        self.stats.prefill_s += time.perf_counter() - t0
+        self.stats.prefix_hit_tokens += sum(n for n, _ in hits)
+
+    def _prefill_rows(self, seqs: list[_Seq], hits: list[tuple[int, Any]]) -> None:
+        """One forward over ``seqs``; their keys and values join the batch, their first tokens are sampled."""
+        out, mask, cached = self._forward_rests([s.request.prompt_ids for s in seqs], [s.adapter_key for s in seqs], hits)
+        self._kv.append(out.past_key_values, mask)
+        self._active += seqs
+        self._take(seqs, out.logits[:, -1])
+        self.stats.prefill_tokens += int(mask[:, cached:].sum())
+
+    def _forward_rests(self, prompts: list, adapters: list[str], hits: list[tuple[int, Any]]):
+        """One forward over each prompt's rest after its cached prefix, both parts left-padded:
+        (output, mask over cached + rest columns, cached columns)."""
         cached = max(n for n, _ in hits)
-        width = max(len(s.request.prompt_ids) - n for s, (n, _) in zip(seqs, hits))
-        ids = torch.full((len(seqs), width), self.tokenizer.pad_token_id or 0, dtype=torch.long)
-        mask = torch.zeros(len(seqs), cached + width, dtype=torch.long)
-        for i, (s, (n, _)) in enumerate(zip(seqs, hits)):
-            rest = s.request.prompt_ids[n:]
+        width = max(len(p) - n for p, (n, _) in zip(prompts, hits))
+        ids = torch.full((len(prompts), width), self.tokenizer.pad_token_id or 0, dtype=torch.long)
+        mask = torch.zeros(len(prompts), cached + width, dtype=torch.long)
+        for i, (p, (n, _)) in enumerate(zip(prompts, hits)):
+            rest = p[n:]
             ids[i, width - len(rest):] = torch.tensor(rest)
             mask[i, cached - n:cached] = 1
             mask[i, cached + width - len(rest):] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)  # built on the host, moved in one copy each
         positions = (mask.cumsum(1) - 1).clamp(min=0)[:, cached:]
-        out = self._forward(ids, mask, self._past(hits, cached), [s.adapter_key for s in seqs], positions, keep_last=True)
-        self._kv.append(out.past_key_values, mask)
-        self._active += seqs
-        self._take(seqs, out.logits[:, -1])
-        self.stats.prefill_s += time.perf_counter() - t0
-        self.stats.prefill_tokens += int(mask[:, cached:].sum())
-        self.stats.prefix_hit_tokens += sum(n for n, _ in hits)
+        return self._forward(ids, mask, self._past(hits, cached), adapters, positions, keep_last=True), mask, cached
+
+    def _share_prefixes(self, seqs: list[_Seq]) -> None:
+        """Newcomers that open the same way under the same adapter (a GRPO group's episodes, a
+        seat's instructions) get their common prefixes computed once and put in the prefix cache,
+        so each row looks them up instead of prefilling them again. Prefixes that extend none of
+        the others go first, all adapters in one batch, then those that extend them, reusing them."""
+        by_key: dict[tuple[str, int], list[list[int]]] = {}
+        for s in seqs:
+            by_key.setdefault(s.cache_key, []).append(list(s.request.prompt_ids))
+        todo = [(key, tokens) for key, prompts in by_key.items() for tokens in shared_prefixes(prompts)]
+        while todo:
+            level = [(k, t) for k, t in todo
+                     if not any(k2 == k and len(t2) < len(t) and t[:len(t2)] == t2 for k2, t2 in todo)]
+            todo = [x for x in todo if x not in level]
+            rows = [(k, t, hit) for k, t in level
+                    if len(t) - (hit := self._prefix.lookup(t + [-1], k))[0] >= BLOCK]  # -1: a stored copy of all of t counts
+            for batch in prefill_batches([len(t) - hit[0] for _, t, hit in rows]):
+                chosen = [rows[i] for i in batch]
+                out, mask, cached = self._forward_rests([t for _, t, _ in chosen], [k[0] for k, _, _ in chosen],
+                                                        [hit for _, _, hit in chosen])
+                layers = out.past_key_values.layers
+                for i, (key, tokens, _) in enumerate(chosen):
+                    cols = mask[i].nonzero().squeeze(-1)
+                    self._prefix.insert(tokens, key, [layer.keys[i].index_select(1, cols) for layer in layers],
+                                        [layer.values[i].index_select(1, cols) for layer in layers])
+                self.stats.prefill_tokens += int(mask[:, cached:].sum())
 
     def _past(self, hits: list[tuple[int, Any]], cached: int) -> DynamicCache | None:
         """The rows' cached prefixes as one left-padded cache ``[rows, H, cached, D]`` per layer."""

@@ -93,5 +93,22 @@ class PrefixCache:
                     del self._index[(entry.key, h)]
 
 
+def shared_prefixes(prompts: list[list[int]]) -> list[list[int]]:
+    """The prefixes, of BLOCK tokens or more, that two or more of ``prompts`` share, shortest
+    first: each pair of neighbours in sorted order shares its longest common prefix, so the
+    distinct ones are the branch points of the prompts' trie. A prefix stops one token short of
+    each prompt that has it, whose last token must still go through the model for its logits."""
+    ordered = sorted(prompts)
+    found: set[tuple[int, ...]] = set()
+    for a, b in zip(ordered, ordered[1:]):
+        n = 0
+        limit = min(len(a), len(b)) - 1
+        while n < limit and a[n] == b[n]:
+            n += 1
+        if n >= BLOCK:
+            found.add(tuple(a[:n]))
+    return [list(t) for t in sorted(found, key=len)]
+
+
 def _blocks(tokens) -> list[tuple[int, ...]]:
     return [tuple(tokens[i:i + BLOCK]) for i in range(0, len(tokens) - BLOCK + 1, BLOCK)]

@@ -1,14 +1,16 @@
-"""The prefix cache: longest stored prefix, keyed by adapter version, bounded; and the engine's
-outputs with reused prefixes equal those computed from scratch."""
+"""The prefix cache: longest stored prefix, keyed by adapter version, bounded; prefixes that
+newcomers share computed once; and the engine's outputs with reused prefixes equal those computed
+from scratch."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 import torch
 from orchestrator.engines.base import GenerationRequest, SamplingParams
-from orchestrator.engines.hf import HFEngine
-from orchestrator.engines.prefix_cache import BLOCK, PrefixCache
+from orchestrator.engines.hf import HFEngine, prefill_batches
+from orchestrator.engines.prefix_cache import BLOCK, PrefixCache, shared_prefixes
 from orchestrator.models import load_model
 
 from support import randomize, tiny_engine
@@ -43,6 +45,17 @@ def test_an_extension_replaces_its_prefix_and_the_budget_evicts_the_least_recent
     assert cache.size == 90 and cache.lookup(list(range(1000, 1031)), ("pro", 1)) == (0, None)
     cache.drop("pro")
     assert cache.size == 0 and cache.lookup(first + [7], ("pro", 1)) == (0, None)
+
+
+def test_shared_prefixes_are_the_branch_points_shortest_first():
+    opening, alice, bob = list(range(100, 140)), list(range(200, 230)), list(range(300, 330))
+    prompts = [opening + alice + [1], opening + bob + [2], opening + alice + [1], opening + alice + [3, 4],
+               list(range(500, 600)), opening[:BLOCK - 1] + [9] * 40]
+    # the seats' common instructions, then alice's opening (two identical prompts stop a token
+    # short of their end, which is where her other prompt parts from them)
+    assert shared_prefixes(prompts) == [opening, opening + alice]
+    assert shared_prefixes([opening + [1]]) == [] and shared_prefixes([opening[:BLOCK] + [1], opening[:BLOCK] + [2]]) == [opening[:BLOCK]]
+    assert shared_prefixes([opening[:BLOCK - 1] + [1], opening[:BLOCK - 1] + [2]]) == []  # under a block: not worth it
 
 
 @pytest.fixture
@@ -91,6 +104,46 @@ def test_reused_prefixes_give_the_outputs_of_a_full_prefill(loaded, adapter):
         close(fresh)
 
 
+def test_newcomers_that_open_alike_prefill_their_opening_once(loaded):
+    shared, fresh = HFEngine(loaded), tiny_engine(prefix_cache_tokens=0)
+    p = prompt(shared, 0)
+    rows = [(p, "alpha"), (p, "alpha"), (p + (5, 6, 7), "alpha"), (p, None), (prompt(shared, 2), "alpha")]
+    try:
+        for e in (shared, fresh):
+            e.add_adapter("alpha")
+            randomize(e, "alpha", 1)
+        outs = generate_together(shared, rows)
+        # alpha's opening once (all but the last token), then each alpha row's rest from it; the
+        # base row and the unrelated prompt in full
+        assert shared.stats.prefix_hit_tokens == 3 * (len(p) - 1)
+        assert shared.stats.prefill_tokens == (len(p) - 1) + (1 + 1 + 4) + len(p) + len(prompt(shared, 2))
+        refs = generate_together(fresh, rows)
+        for out, ref in zip(outs, refs):
+            assert out.token_ids == ref.token_ids
+            assert max(abs(a - b) for a, b in zip(out.logprobs, ref.logprobs)) < 1e-4
+    finally:
+        close(shared)
+        close(fresh)
+
+
+def generate_together(engine, rows):
+    """Sampled at temperature 0.8, all admitted by one scheduler iteration: the engine's compute
+    thread is held until every request is queued."""
+    reqs = [GenerationRequest(p, SamplingParams(temperature=0.8, max_tokens=10, seed=7 + i), adapter)
+            for i, (p, adapter) in enumerate(rows)]
+
+    async def go():
+        gate = threading.Event()
+        engine._compute.submit(gate.wait)
+        tasks = [asyncio.create_task(engine.generate(r)) for r in reqs]
+        while engine.busy < len(reqs):
+            await asyncio.sleep(0.01)
+        gate.set()
+        return await asyncio.gather(*tasks)
+
+    return asyncio.run(go())
+
+
 def test_an_adapter_update_drops_its_cached_prefixes(loaded):
     engine = HFEngine(loaded)
     try:
@@ -114,3 +167,10 @@ def test_one_model_serves_one_open_engine_at_a_time(loaded):
         HFEngine(loaded)
     close(engine)
     close(HFEngine(loaded))  # closed engines leave no hooks behind
+
+
+def test_prefill_batches_keep_short_rests_apart_from_long_ones():
+    # cache hits leave a few tokens each; two prompts missed the cache: a batch of their own
+    assert prefill_batches([1, 300, 4, 290, 1]) == [[1, 3], [2, 0, 4]]
+    assert prefill_batches([100, 60, 40, 10]) == [[0, 1, 2], [3]]  # within 64 tokens, or padding under a row's own length
+    assert prefill_batches([]) == [] and prefill_batches([7]) == [[0]]
