@@ -12,7 +12,8 @@ per round. The exploitability of a distribution p is the best response's expecte
 (win 1, loss -1): 0 at the uniform Nash mixture, 1 for a pure strategy; per round, then averaged
 over the rounds. The population's mixture is the members' distributions averaged (a member drawn
 uniformly each game). Cost: training episodes per second of rollout, the population's over
-self-play's, from the two runs' metrics of the same seed in this invocation.
+self-play's, from the two runs' metrics of the same seed in this invocation, with the engine's
+prompt tokens computed and reused and tokens decoded per episode beside it.
 
     python benchmarks/populations.py [--model smollm2-135m] [--seeds 3] [--steps 20] [--probe 64]
                                      [--set KEY=VALUE ...] [--population-set KEY=VALUE ...] [--smoke]
@@ -87,10 +88,23 @@ def score(rounds: list[dict[str, float]]) -> dict:
             "distribution": [{m: round(d[m], 3) for m in MOVES} for d in rounds]}
 
 
-def episodes_per_s(run: Path) -> float:
+def train_rows(run: Path) -> list[dict]:
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    train_rows = [r for r in rows if r.get("kind") == "train"]
-    return sum(r["episodes"] for r in train_rows) / sum(r["rollout_s"] for r in train_rows)
+    return [r for r in rows if r.get("kind") == "train"]
+
+
+def episodes_per_s(run: Path) -> float:
+    rows = train_rows(run)
+    return sum(r["episodes"] for r in rows) / sum(r["rollout_s"] for r in rows)
+
+
+def engine_per_episode(run: Path) -> dict[str, float]:
+    """Prompt tokens computed and reused, and tokens decoded, per training episode (the engine's
+    stats in each step's metrics): where a run's rollout time goes."""
+    rows = train_rows(run)
+    episodes = sum(r["episodes"] for r in rows)
+    return {k: round(sum(r[f"engine/{k}"] for r in rows) / episodes, 1)
+            for k in ("prefill_tokens", "prefix_hit_tokens", "decode_tokens")}
 
 
 def main() -> None:
@@ -122,6 +136,7 @@ def main() -> None:
             result = {"seed": seed, "self_play": score(dists["self-play"]), "population_mixture": score(mixture),
                       "members": {p.name: score(dists[p.name]) for p in members},
                       "rollout_episodes_per_s": {run: round(episodes_per_s(work / run), 3) for run in ("self-play", "population")},
+                      "engine_per_episode": {run: engine_per_episode(work / run) for run in ("self-play", "population")},
                       "cost_ratio": round(episodes_per_s(work / "population") / episodes_per_s(work / "self-play"), 3)}
             print(json.dumps(result), file=sys.stderr)
             seeds.append(result)

@@ -110,6 +110,7 @@ class TrainingRun:
         self.play_eval = rollouts.bind(self.eval_team, overrides) if rollouts else None
         self.concurrency = team.config.concurrency * (rollouts.workers if rollouts else 1)
         self.published: dict[str, int] = {}  # learner adapter -> the version last published to the samplers
+        self._engine_seen: dict[str, float] = {}  # the engine's stats at the last metrics row (_engine_work)
         self.run_dir = options.out_dir
         self.steps = options.steps or self.cfg.steps
         self.metrics = MetricsWriter(self.run_dir)
@@ -174,8 +175,22 @@ class TrainingRun:
         row.update(self.trainer.after_step(step, [ep for g in groups for ep in g], [rw for g in rewards for rw in g], self._snapshot))
         row["rollout_s"] = round(t_roll, 3)
         row["step_s"] = round(time.perf_counter() - t0, 3)
+        row.update(self._engine_work())
         self.metrics.write(row)
         return row
+
+    def _engine_work(self) -> dict[str, float]:
+        """What the local engine did since the last metrics row (``HFEngine.stats``: prompt tokens
+        computed and reused, tokens decoded, seconds in each), as ``engine/...`` metrics; where
+        rollouts run on workers, or on an engine without stats, nothing. In async training a
+        step's row also counts the later steps' rollouts sampled meanwhile."""
+        stats = getattr(self.engine, "stats", None)
+        if self.rollouts is not None or stats is None:
+            return {}
+        now = stats.as_dict()
+        last, self._engine_seen = self._engine_seen, now
+        keys = ("prefill_tokens", "prefix_hit_tokens", "decode_tokens", "prefill_s", "decode_s")
+        return {f"engine/{k}": round(now[k] - last.get(k, 0), 3) for k in keys}
 
     def _write_credit(self, step: int, groups, rewards, advantages, trained: list[str]) -> None:
         """rollouts/step-N/credit.jsonl: per episode, each role's reward, the advantage the trainer
@@ -294,6 +309,7 @@ class TrainingRun:
         for role, e in evaluate_results(team, result.episodes, result.summary).items():
             row[f"eval_win_rate/{role}"] = e["win_rate"]
         row["eval_valid_turn_rate"] = result.summary["valid_turn_rate"]
+        row.update(self._engine_work())
         self.metrics.write(row)
         log.info("evaluation", step=step, **{k: round(v, 4) for k, v in row.items() if k.startswith(("eval_reward/", "eval_win_rate/"))})
         return row

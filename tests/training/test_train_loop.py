@@ -35,6 +35,10 @@ def test_train_writes_metrics_checkpoints_and_refreshes_the_sampler(tmp_path):
         assert step1[f"{adapter}/datums"] > 0
         assert step1[f"{adapter}/ratio_mean"] == pytest.approx(1.0, abs=1e-3)  # on-policy
     assert "judge/version" not in step1  # not trainable
+    for r, step in ((step1, 1), (step2, 2)):  # what the engine did for the step's rollout
+        generated = json.loads((run / "rollouts" / f"step-{step:06d}" / "summary.json").read_text())["generated_tokens"]
+        assert r["engine/prefill_tokens"] > 0 and r["engine/prefill_s"] > 0
+        assert 0 < r["engine/decode_tokens"] <= generated  # a reply's first token comes from its prefill
     assert (run / "checkpoints" / "latest").read_text() == "step-000002"
     assert sorted(p.name for p in (run / "checkpoints").glob("step-*")) == ["step-000001", "step-000002"]
     assert (run / "config.yaml").exists() and list((run / "tb").iterdir())
