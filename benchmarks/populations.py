@@ -12,8 +12,9 @@ per round. The exploitability of a distribution p is the best response's expecte
 (win 1, loss -1): 0 at the uniform Nash mixture, 1 for a pure strategy; per round, then averaged
 over the rounds. The population's mixture is the members' distributions averaged (a member drawn
 uniformly each game). Cost: training episodes per second of rollout, the population's over
-self-play's, from the two runs' metrics of the same seed in this invocation, with the engine's
-prompt tokens computed and reused and tokens decoded per episode beside it.
+self-play's, from the two runs' metrics of the same seed in this invocation (``cost_ratio``; with
+the training updates included, ``step_cost_ratio``), with the engine's prompt tokens computed and
+reused and tokens decoded per episode beside it.
 
     python benchmarks/populations.py [--model smollm2-135m] [--seeds 3] [--steps 20] [--probe 64]
                                      [--set KEY=VALUE ...] [--population-set KEY=VALUE ...] [--smoke]
@@ -93,9 +94,10 @@ def train_rows(run: Path) -> list[dict]:
     return [r for r in rows if r.get("kind") == "train"]
 
 
-def episodes_per_s(run: Path) -> float:
+def episodes_per_s(run: Path, seconds: str = "rollout_s") -> float:
+    """Training episodes per second of rollout (``rollout_s``) or of whole steps (``step_s``)."""
     rows = train_rows(run)
-    return sum(r["episodes"] for r in rows) / sum(r["rollout_s"] for r in rows)
+    return sum(r["episodes"] for r in rows) / sum(r[seconds] for r in rows)
 
 
 def engine_per_episode(run: Path) -> dict[str, float]:
@@ -137,7 +139,9 @@ def main() -> None:
                       "members": {p.name: score(dists[p.name]) for p in members},
                       "rollout_episodes_per_s": {run: round(episodes_per_s(work / run), 3) for run in ("self-play", "population")},
                       "engine_per_episode": {run: engine_per_episode(work / run) for run in ("self-play", "population")},
-                      "cost_ratio": round(episodes_per_s(work / "population") / episodes_per_s(work / "self-play"), 3)}
+                      "cost_ratio": round(episodes_per_s(work / "population") / episodes_per_s(work / "self-play"), 3),
+                      "step_cost_ratio": round(episodes_per_s(work / "population", "step_s")
+                                               / episodes_per_s(work / "self-play", "step_s"), 3)}
             print(json.dumps(result), file=sys.stderr)
             seeds.append(result)
     mixture = [s["population_mixture"]["mean"] for s in seeds]
@@ -150,6 +154,7 @@ def main() -> None:
         "best_member_exploitability": [min(m["mean"] for m in s["members"].values()) for s in seeds],
         "goal_met": all(p <= 0.15 and p < s["self_play"]["mean"] for p, s in zip(mixture, seeds)),
         "cost_ratio": round(statistics.mean(s["cost_ratio"] for s in seeds), 3),
+        "step_cost_ratio": round(statistics.mean(s["step_cost_ratio"] for s in seeds), 3),
     }))
 
 
