@@ -135,13 +135,14 @@ def main() -> None:
             dists = move_distributions(adapters, args, work / "probe")
             mixture = [{m: statistics.mean(dists[p.name][k][m] for p in members) for m in MOVES}
                        for k in range(len(dists["self-play"]))]
+            rollout = {run: episodes_per_s(work / run) for run in ("self-play", "population")}
+            step = {run: episodes_per_s(work / run, "step_s") for run in rollout}
             result = {"seed": seed, "self_play": score(dists["self-play"]), "population_mixture": score(mixture),
                       "members": {p.name: score(dists[p.name]) for p in members},
-                      "rollout_episodes_per_s": {run: round(episodes_per_s(work / run), 3) for run in ("self-play", "population")},
-                      "engine_per_episode": {run: engine_per_episode(work / run) for run in ("self-play", "population")},
-                      "cost_ratio": round(episodes_per_s(work / "population") / episodes_per_s(work / "self-play"), 3),
-                      "step_cost_ratio": round(episodes_per_s(work / "population", "step_s")
-                                               / episodes_per_s(work / "self-play", "step_s"), 3)}
+                      "rollout_episodes_per_s": {run: round(rollout[run], 3) for run in rollout},
+                      "engine_per_episode": {run: engine_per_episode(work / run) for run in rollout},
+                      "cost_ratio": round(rollout["population"] / rollout["self-play"], 3),
+                      "step_cost_ratio": round(step["population"] / step["self-play"], 3)}
             print(json.dumps(result), file=sys.stderr)
             seeds.append(result)
     mixture = [s["population_mixture"]["mean"] for s in seeds]

@@ -96,9 +96,7 @@ def test_reused_prefixes_give_the_outputs_of_a_full_prefill(loaded, adapter):
         assert cached.stats.prefix_hit_tokens - before >= len(prompt(cached, 0))
         refs = generate(fresh, [later, prompt(cached, 2)], adapter, temperature=0.8)
         assert fresh.stats.prefix_hit_tokens == 0
-        for out, ref in zip(outs, refs):
-            assert out.token_ids == ref.token_ids
-            assert max(abs(a - b) for a, b in zip(out.logprobs, ref.logprobs)) < 1e-4
+        assert_same_outputs(outs, refs)
     finally:
         close(cached)
         close(fresh)
@@ -118,12 +116,16 @@ def test_newcomers_that_open_alike_prefill_their_opening_once(loaded):
         assert shared.stats.prefix_hit_tokens == 3 * (len(p) - 1)
         assert shared.stats.prefill_tokens == (len(p) - 1) + (1 + 1 + 4) + len(p) + len(prompt(shared, 2))
         refs = generate_together(fresh, rows)
-        for out, ref in zip(outs, refs):
-            assert out.token_ids == ref.token_ids
-            assert max(abs(a - b) for a, b in zip(out.logprobs, ref.logprobs)) < 1e-4
+        assert_same_outputs(outs, refs)
     finally:
         close(shared)
         close(fresh)
+
+
+def assert_same_outputs(outs, refs):
+    for out, ref in zip(outs, refs):
+        assert out.token_ids == ref.token_ids
+        assert max(abs(a - b) for a, b in zip(out.logprobs, ref.logprobs)) < 1e-4
 
 
 def generate_together(engine, rows):
