@@ -134,6 +134,7 @@ async def _take_turn(
                 json_schema=out.json_schema,
                 reply_prefix=spec.config.reply_prefix if out.json_schema else "",
                 forced_tokens=out.forced_tokens,
+                spelled=out.spelled,
             )
         )
         if not errors:

@@ -25,10 +25,12 @@ class Attempt:
     adapter_version: int | None = None
     duration_s: float = 0.0
     # Constrained decoding: the schema the tokens were sampled under and the reply prefix its
-    # grammar started after (training replays the masks), and the tokens closed by force.
+    # grammar started after (training replays the masks), the tokens closed by force, and
+    # whether the masks were cut to the tokenizer's own spellings (engines/base.Completion).
     json_schema: str | None = None
     reply_prefix: str = ""
     forced_tokens: int = 0
+    spelled: bool = False
 
 
 @dataclass

@@ -53,6 +53,9 @@ class Completion:
     # Trailing tokens that closed a constrained reply because max_tokens was running out: chosen
     # by the engine, not sampled (logprob 0.0); training treats them as observations.
     forced_tokens: int = 0
+    # The grammar mask was also cut to the tokenizer's own spellings of a small language
+    # (grammar/spelling.py): the training replay must cut it alike. The vLLM backend does not.
+    spelled: bool = False
 
 
 @runtime_checkable

@@ -592,7 +592,8 @@ class HFEngine(TokenizerMethods):
 
     def _constrained_row(self, request: GenerationRequest) -> ConstrainedRow:
         matcher = self._grammars.matcher(request.json_schema, request.reply_prefix)
-        return ConstrainedRow(self._grammars, matcher, request.sampling.max_tokens)
+        return ConstrainedRow(self._grammars, matcher, request.sampling.max_tokens,
+                              spellings=self._grammars.spellings(request.json_schema, request.reply_prefix))
 
     def _grammar_masks(self, seqs: list[_Seq]) -> tuple[torch.Tensor | None, list[int]]:
         """Plan each constrained row's step; fill the masks of the rows that sample, in one call."""
@@ -606,6 +607,8 @@ class HFEngine(TokenizerMethods):
             return None, []
         bitmask = self._grammars.new_bitmask(len(seqs))
         self._grammars.fill([seqs[i].grammar.matcher for i in rows], bitmask, rows)
+        for i in rows:
+            seqs[i].grammar.restrict(bitmask[i])
         return bitmask, rows
 
     def _force_closing(self, seq: _Seq) -> None:
@@ -632,7 +635,7 @@ class HFEngine(TokenizerMethods):
         if reason:
             seq.done = Completion(
                 token_ids=list(seq.tokens), text=text, logprobs=list(seq.logprobs), finish_reason=reason,
-                adapter=seq.request.adapter, adapter_version=seq.adapter_version,
+                adapter=seq.request.adapter, adapter_version=seq.adapter_version, spelled=seq.grammar is not None,
             )
 
     def _fail(self, seq: _Seq, exc: BaseException) -> None:

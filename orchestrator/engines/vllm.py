@@ -25,7 +25,10 @@ snapshot dir)``:
 (``StructuredOutputsParams(grammar=...)``, xgrammar's dialect: vLLM's default backend): the HF
 engine's own grammar of the schema, tight JSON, after the role's reply prefix
 (``grammar.grammar_after``). The prefix is already in the prompt, so a grammar of the whole
-message would make the model start a second object after it.
+message would make the model start a second object after it. A grammar is over text, so vLLM
+samples every token spelling of a small language's texts where the HF engine keeps the
+tokenizer's own (``grammar/spelling.py``); completions say ``spelled=False`` and training
+replays their masks uncut.
 
 **Logprobs.** The engine runs with ``logprobs_mode="processed_logprobs"`` and each request asks for
 ``logprobs=0``: the sampled token's logprob under the distribution it was drawn from, i.e.

@@ -13,6 +13,7 @@ import torch
 
 from ..engines.tokens import end_of_turn_ids
 from .schema import GrammarError, tight_grammar, xgrammar
+from .spelling import MAX_BRANCH, MAX_NODES, MAX_TEXTS, Spellings
 
 log = structlog.get_logger()
 
@@ -33,12 +34,13 @@ class GrammarBook:
         xgr = xgrammar()
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
-        stops = sorted(end_of_turn_ids(tokenizer))
+        self.stops = stops = sorted(end_of_turn_ids(tokenizer))
         self.info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stops)
         self.eos = tokenizer.eos_token_id if tokenizer.eos_token_id in stops else stops[0]
         self.width = (vocab_size + 31) // 32  # int32 words per bitmask row
         self._compiler = xgr.GrammarCompiler(self.info, max_threads=2)
         self._compiled: dict[str, Any] = {}
+        self._spellings: dict[tuple[str, str], Spellings | None] = {}
         self._lock = threading.Lock()
         self._batch = xgr.BatchGrammarMatcher(max_threads=2)
         # The token spelling each single byte (byte-level vocabularies have all 256): closings are
@@ -68,6 +70,50 @@ class GrammarBook:
         if prefix and not matcher.accept_string(prefix):
             raise GrammarError(f"reply_prefix {prefix!r} does not start a message the schema allows", key="reply_prefix")
         return matcher
+
+    def spellings(self, json_schema: str, prefix: str = "") -> Spellings | None:
+        """The tokenizer's spellings of every text the schema allows after ``prefix``, when those
+        are few (``spelling.py``); None for larger languages (free text, numbers)."""
+        key = (json_schema, prefix)
+        if key not in self._spellings:
+            found = None
+            texts = self._finite_texts(self.matcher(json_schema, prefix))
+            if texts is not None:
+                found = []
+                for text in texts:
+                    ids = self.tokenizer.encode(text.decode("utf-8", errors="strict"), add_special_tokens=False)
+                    probe = self.matcher(json_schema, prefix)
+                    if not (all(probe.accept_token(t) for t in ids) and probe.is_completed()):
+                        found = None  # the tokenizer's spelling is not one the grammar takes: leave it be
+                        break
+                    found.append(ids)
+            with self._lock:
+                self._spellings[key] = found and Spellings(found, self.width, self.stops)
+        return self._spellings[key]
+
+    def _finite_texts(self, matcher: Any) -> list[bytes] | None:
+        """Every complete text from ``matcher``'s state, byte by byte; None past the limits."""
+        row, texts, frontier, nodes = self.new_bitmask(1), [], [(matcher.fork(), b"")], 0
+        while frontier:
+            node, text = frontier.pop()
+            node.fill_next_token_bitmask(row)
+            allowed = np.flatnonzero(self._allowed_bytes(row[0]))
+            if node.is_completed():
+                texts.append(text)
+            if len(allowed) > MAX_BRANCH or len(texts) > MAX_TEXTS:
+                return None
+            for byte in allowed:
+                nodes += 1
+                if nodes > MAX_NODES:
+                    return None
+                child = node.fork()
+                child.accept_token(int(self._byte_ids[byte]))
+                frontier.append((child, text + bytes([int(byte)])))
+        try:
+            [t.decode("utf-8") for t in texts]
+        except UnicodeDecodeError:
+            return None
+        return texts or None
 
     def new_bitmask(self, rows: int) -> torch.Tensor:
         return torch.full((rows, self.width), -1, dtype=torch.int32)
@@ -149,15 +195,22 @@ class GrammarBook:
         return [int(self._byte_ids[b]) for b in text]
 
     # -- training --------------------------------------------------------------------------------
-    def replay(self, json_schema: str, prefix: str, tokens: Sequence[int], rows: Sequence[int]) -> torch.Tensor:
-        """The masks ``tokens[i]`` were sampled under, for each i in ``rows`` (ascending): [len(rows), width]."""
+    def replay(self, json_schema: str, prefix: str, tokens: Sequence[int], rows: Sequence[int],
+               spelled: bool = False) -> torch.Tensor:
+        """The masks ``tokens[i]`` were sampled under, for each i in ``rows`` (ascending): [len(rows), width].
+
+        ``spelled``: the sampler cut its masks to the tokenizer's spellings (``spellings``)."""
         matcher, out = self.matcher(json_schema, prefix), self.new_bitmask(len(rows))
+        spellings, node = self.spellings(json_schema, prefix) if spelled else None, 0
         wanted = {i: k for k, i in enumerate(rows)}
         for i, token in enumerate(tokens):
             if i in wanted:
                 matcher.fill_next_token_bitmask(out, wanted[i])
+                if spellings is not None:
+                    spellings.restrict(node, out[wanted[i]])
             if not matcher.accept_token(int(token)):
                 raise GrammarError(f"token {token} at position {i} breaks the schema: not sampled under it")
+            node = spellings.step(node, int(token)) if spellings is not None else None
         return out
 
 
@@ -219,6 +272,13 @@ class ConstrainedRow:
     rollback: bool = False  # ... after dropping the last sampled token
     hopeless: bool = False  # cannot close within max_tokens: samples on, ends with "length"
     forced_count: int = 0  # tokens the reply was closed with by force
+    spellings: Spellings | None = None  # a small language's own spellings (spelling.py)
+    nodes: list[int | None] = field(default_factory=lambda: [0])  # trie node after each accepted token
+
+    def restrict(self, row: torch.Tensor) -> None:
+        """Cut this step's grammar mask ``row`` to the tokens that continue a spelling."""
+        if self.spellings is not None:
+            self.spellings.restrict(self.nodes[-1], row)
 
     def plan(self, produced: int) -> None:
         """Before a step: sample, or close by force (setting ``forced`` / ``rollback``)."""
@@ -250,12 +310,16 @@ class ConstrainedRow:
     def accept(self, token: int) -> None:
         if not self.matcher.accept_token(token):
             raise GrammarError(f"sampled token {token} is not allowed by the grammar")
+        if self.spellings is not None:
+            self.nodes.append(self.spellings.step(self.nodes[-1], token))
 
     def take_forced(self) -> tuple[int, list[int]]:
         """Apply this step's forced closing: (sampled tokens to drop, tokens to append)."""
         drop = 1 if self.rollback else 0
         if drop:
             self.matcher.rollback(1)
+            if self.spellings is not None:
+                self.nodes.pop()
         for token in self.forced:
             self.accept(token)
         self.forced_count = len(self.forced)

@@ -40,6 +40,7 @@ class PolicyOutput:
     # and how many trailing tokens closed the reply by force (see engines/base.Completion).
     json_schema: str | None = None
     forced_tokens: int = 0
+    spelled: bool = False  # see engines/base.Completion
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -36,6 +36,7 @@ class EnginePolicy:
             adapter_version=completion.adapter_version,
             json_schema=request.json_schema,
             forced_tokens=completion.forced_tokens,
+            spelled=completion.spelled,
         )
 
     def _prompt_ids(self, request: PolicyRequest) -> list[int]:

@@ -319,7 +319,8 @@ class TrainingClient:
             for span in d.grammar:
                 end = span.start + span.length
                 wanted = [p for p in range(span.start, end) if p in row_of]
-                replayed = book.replay(span.json_schema, span.prefix, targets[span.start:end], [p - span.start for p in wanted])
+                replayed = book.replay(span.json_schema, span.prefix, targets[span.start:end], [p - span.start for p in wanted],
+                                       spelled=span.spelled)
                 block[[row_of[p] for p in wanted]] = replayed
             blocks.append(block)
         return torch.cat(blocks).to(self.service.device)

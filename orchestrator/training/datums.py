@@ -44,7 +44,7 @@ class _Sequence:
         sampled = len(action) - attempt.forced_tokens  # forced closing tokens: not the policy's choice
         if attempt.json_schema:  # targets are shifted by one: token i is predicted at position i - 1
             start = len(self.tokens) + len(prompt) - 1
-            self.grammar.append(GrammarSpan(start, len(action), attempt.json_schema, attempt.reply_prefix))
+            self.grammar.append(GrammarSpan(start, len(action), attempt.json_schema, attempt.reply_prefix, attempt.spelled))
         self.tokens += list(prompt) + action
         self.mask += [0.0] * len(prompt) + [1.0] * sampled + [0.0] * attempt.forced_tokens
         self.logprobs += [0.0] * len(prompt) + list(attempt.logprobs)

@@ -35,6 +35,7 @@ class GrammarSpan:
     length: int
     json_schema: str
     prefix: str = ""
+    spelled: bool = False  # the sampler also cut the masks to the tokenizer's spellings (grammar/spelling.py)
 
 
 @dataclass

@@ -17,6 +17,7 @@ from support import tiny_engine
 VERDICT = schema_json({"type": "object", "properties": {
     "verdict": {"enum": ["approve", "request_changes"]},
     "comments": {"type": "array", "items": {"type": "string"}, "maxItems": 2}}, "required": ["verdict"]})
+MOVE = schema_json({"type": "object", "properties": {"move": {"enum": ["rock", "paper", "scissors"]}}, "required": ["move"]})
 ARGUMENT = schema_json({"type": "object", "properties": {"argument": {"type": "string", "minLength": 1}}, "required": ["argument"]})
 T = 0.8
 
@@ -24,7 +25,8 @@ T = 0.8
 @pytest.fixture(scope="module")
 def episode():
     """One role's attempts from the engine: constrained with a prefix, closed by force, a retry
-    that extends the first prompt (merged into one sequence), and a free one."""
+    that extends the first prompt (merged into one sequence), a free one, and a small language
+    sampled in the tokenizer's own spellings (grammar/spelling.py)."""
     engine = tiny_engine()
     chat = engine.apply_chat_template([{"role": "user", "content": "Review this change, in JSON."}])
 
@@ -34,7 +36,7 @@ def episode():
                                                       json_schema=schema, reply_prefix=prefix if schema else ""))
         return Attempt(messages=[], text=prefix + out.text, valid=False, errors=[], prompt_ids=prompt,
                        token_ids=out.token_ids, logprobs=out.logprobs, json_schema=schema,
-                       reply_prefix=prefix if schema else "", forced_tokens=out.forced_tokens)
+                       reply_prefix=prefix if schema else "", forced_tokens=out.forced_tokens, spelled=out.spelled)
 
     async def play():
         first = await attempt(chat, VERDICT, '{"verdict": "', seed=1)
@@ -42,8 +44,9 @@ def episode():
         retry = await attempt(retry_prompt, VERDICT, seed=2)
         forced = await attempt(chat, ARGUMENT, max_tokens=8, seed=3)
         free = await attempt(chat, None, seed=4)
+        move = await attempt(chat, MOVE, '{"move": "', seed=5)
         await engine.aclose()
-        return [first, retry, forced, free]
+        return [first, retry, forced, free, move]
 
     attempts = asyncio.run(play())
     assert attempts[2].forced_tokens > 0  # the budget closed that one
@@ -63,7 +66,8 @@ def client():
 
 def test_on_policy_ratios_are_one_under_grammar_masks(episode, client):
     data = role_datums(episode, "critic", advantage=1.0)
-    assert [len(d.grammar) for d in data] == [2, 1, 0]  # the retry merged into the first sequence
+    assert [len(d.grammar) for d in data] == [2, 1, 0, 1]  # the retry merged into the first sequence
+    assert data[3].grammar[0].spelled
     forced = data[1]
     n_forced = episode.turns[2].attempts[0].forced_tokens
     assert forced.loss_fn_inputs["mask"][-n_forced:] == [0.0] * n_forced  # observations, not actions
@@ -82,3 +86,15 @@ def test_without_the_masks_the_ratios_are_not_one(episode, client):
     gaps = [float((r["logprobs"] - torch.tensor(d.loss_fn_inputs["logprobs"]))[d.mask() > 0].abs().max())
             for d, r in zip(data, out.loss_fn_outputs)]
     assert min(gaps) > 0.1  # unmasked logprobs are lower: the recorded ones are of the masked policy
+
+
+def test_a_sampler_that_did_not_cut_to_spellings_is_replayed_without_the_cut(episode, client):
+    """vLLM takes a grammar, not a mask: its spans say spelled=False and replay the grammar alone.
+    Replaying the HF engine's spelled sample that way gives other logprobs: the flag matters."""
+    (move,) = role_datums(episode, "critic", advantage=1.0)[3:]
+    uncut = dataclasses.replace(move, grammar=tuple(dataclasses.replace(g, spelled=False) for g in move.grammar))
+    out = client.forward([move, uncut], "importance_sampling", {"temperature": T}).result()
+    mask = move.mask() > 0
+    sampled = torch.tensor(move.loss_fn_inputs["logprobs"])[mask]
+    assert torch.allclose(out.loss_fn_outputs[0]["logprobs"][mask], sampled, atol=1e-4)
+    assert float((out.loss_fn_outputs[1]["logprobs"][mask] - sampled).abs().max()) > 0.1
