@@ -20,7 +20,9 @@ Draws use the ratings and records as they stood at the start of the step, from a
 by (``seed``, step, episode), so a resumed run draws the same matches. Every seat played by a
 member trains that member; seats played by a snapshot train nothing. A member's advantage is its
 reward minus the mean of its own rewards in the same group (GRPO's baseline, per member), divided
-by their std with ``scale_std``.
+by their std with ``scale_std``. With many members a member may play once in a group and get a
+zero advantage; ``baseline: step`` centres each member on all of its rewards in the step instead,
+for games whose groups are alike (every task the same start, as in Rock-Paper-Scissors).
 
 Members start as the base model (LoRA B = 0), so alike that in a game like Rock-Paper-Scissors
 they collapse together; ``init_noise`` adds seeded noise of that std to each member's B first.
@@ -59,6 +61,9 @@ class Population(Trainer):
         snapshot_every: int = Field(0, ge=0, description="steps between a member joining the pool; 0 = no pool")
         pool_size: int = Field(5, ge=1, description="snapshots kept; the oldest leaves")
         scale_std: bool = Field(False, description="divide each member's centred rewards by their std")
+        baseline: Literal["group", "step"] = Field(
+            "group", description="centre a member's rewards on its own in the same group (same task), or in the "
+                                 "whole step (for games whose tasks are all alike)")
         init_noise: float = Field(
             0.0, ge=0.0, description="std of noise added to each member's LoRA B at the start, so members start apart; "
                                      "0: all start as the base model")
@@ -136,18 +141,20 @@ class Population(Trainer):
     def advantages(self, rewards: Rewards) -> Rewards:
         out: Rewards = [[{} for _ in group] for group in rewards]
         step_seats = self._seats.pop(min(self._seats))
-        index = 0
+        places: list[tuple[int, int, str, str]] = []  # (group, episode in it, seat, member)
+        members, index = set(self.members), 0
         for g, group in enumerate(rewards):
-            seats = [step_seats[index + e] for e in range(len(group))]
+            for e in range(len(group)):
+                seat = step_seats[index + e]
+                places += [(g, e, p, seat[p]) for p in self.players if seat[p] in members]
+                out[g][e] = {p: 0.0 for p in self.players}  # snapshot seats: no learner, no advantage
             index += len(group)
-            for member in self.members:
-                places = [(e, p) for e, seat in enumerate(seats) for p in self.players if seat[p] == member]
-                adv = centred([group[e].get(p, 0.0) for e, p in places], self.config.scale_std)
-                for (e, p), value in zip(places, adv):
-                    out[g][e][p] = value
-            for e, seat in enumerate(seats):  # snapshot seats: no learner, no advantage
-                for p in self.players:
-                    out[g][e].setdefault(p, 0.0)
+        pools: dict[tuple, list[tuple[int, int, str]]] = {}  # who is centred together
+        for g, e, p, member in places:
+            pools.setdefault((member, g if self.config.baseline == "group" else 0), []).append((g, e, p))
+        for pool in pools.values():
+            for (g, e, p), value in zip(pool, centred([rewards[g][e].get(p, 0.0) for g, e, p in pool], self.config.scale_std)):
+                out[g][e][p] = value
         return out
 
     # -- after each step: ratings, records, snapshots -------------------------------------------

@@ -141,6 +141,27 @@ def test_each_member_is_centred_on_its_own_rewards_in_its_group():
             assert [adv[g][e][p] for e, p in places] == pytest.approx([r - statistics.mean(own) for r in own])
 
 
+def test_a_step_baseline_centres_each_member_on_all_its_rewards_in_the_step():
+    by_step, by_group = make(members=4, baseline="step"), make(members=4)
+    seats = [by_step.adapters_for(1, i) for i in range(8)]
+    assert seats == [by_group.adapters_for(1, i) for i in range(8)]  # same seed: same matches
+    rewards = [{"x": float(i * i), "o": float(-i)} for i in range(8)]
+    step_adv = by_step.advantages([rewards[:4], rewards[4:]])
+    group_adv = by_group.advantages([rewards[:4], rewards[4:]])
+    for member in by_step.members:
+        places = [(i, p) for i in range(8) for p in ("x", "o") if seats[i][p] == member]
+        own = [rewards[i][p] for i, p in places]
+        assert [step_adv[i // 4][i % 4][p] for i, p in places] == pytest.approx([r - statistics.mean(own) for r in own])
+    # A member that plays once in its group of four gets nothing from the group baseline; the
+    # step baseline still compares it with its games in the other group.
+    group_of = lambda i: range(4 * (i // 4), 4 * (i // 4) + 4)  # noqa: E731
+    lonely = [(i, p) for i in range(8) for p in ("x", "o")
+              if sum(seats[j][q] == seats[i][p] for j in group_of(i) for q in ("x", "o")) == 1]
+    assert lonely
+    for i, p in lonely:
+        assert group_adv[i // 4][i % 4][p] == 0.0 and step_adv[i // 4][i % 4][p] != 0.0
+
+
 def test_snapshots_join_a_bounded_pool_in_turn_and_state_round_trips():
     t = make(members=3, snapshot_every=1, pool_size=2, matchmaking="pfsp")
     taken = []
