@@ -35,6 +35,7 @@ from ..compute_thread import compute_thread
 from ..cpu import CpuFeatures
 from ..grammar.book import ConstrainedRow, GrammarBook, book_for
 from ..models import LoadedModel
+from ..padding import length_batches
 from .attention import use_decode_attention
 from .base import Completion, GenerationRequest
 from .decoder import FusedDecoder
@@ -68,21 +69,6 @@ class _Seq:
     @property
     def cache_key(self) -> tuple[str, int]:
         return self.adapter_key, self.adapter_version
-
-
-def prefill_batches(rests: list[int], slack: int = 64) -> list[list[int]]:
-    """Indices of newcomers grouped for prefill by how many prompt tokens each still needs (its
-    rest, after the prefix cache), longest first: a row joins the current batch unless padding it
-    to the batch's longest rest would waste more than its own length and more than ``slack``
-    tokens (what a separate forward pass costs, roughly)."""
-    batches: list[list[int]] = []
-    for i in sorted(range(len(rests)), key=lambda i: -rests[i]):
-        longest = rests[batches[-1][0]] if batches else 0
-        if batches and longest - rests[i] <= max(rests[i], slack):
-            batches[-1].append(i)
-        else:
-            batches.append([i])
-    return batches
 
 
 @dataclass
@@ -397,7 +383,7 @@ class HFEngine(TokenizerMethods):
     def _prefill(self, seqs: list[_Seq]) -> None:
         """Prefill newcomers: each row's cached prefix (if any) comes from the prefix cache, the
         rest of its prompt goes through the model, in batches of rows whose rests are alike in
-        length (``prefill_batches``): a row's padding is computed like real tokens, so one long
+        length (``padding.length_batches``): a row's padding is computed like real tokens, so one long
         rest in a batch would cost every cache hit in it its savings."""
         t0 = time.perf_counter()
         for s in seqs:
@@ -406,7 +392,7 @@ class HFEngine(TokenizerMethods):
         if self._prefix is not None and self.share_prefixes:
             self._share_prefixes(seqs)
         hits = [self._prefix.lookup(s.request.prompt_ids, s.cache_key) if self._prefix else (0, None) for s in seqs]
-        for batch in prefill_batches([len(s.request.prompt_ids) - n for s, (n, _) in zip(seqs, hits)]):
+        for batch in length_batches([len(s.request.prompt_ids) - n for s, (n, _) in zip(seqs, hits)]):
             self._prefill_rows([seqs[i] for i in batch], [hits[i] for i in batch])
         self.stats.prefill_s += time.perf_counter() - t0
         self.stats.prefix_hit_tokens += sum(n for n, _ in hits)
@@ -450,7 +436,7 @@ class HFEngine(TokenizerMethods):
             todo = [x for x in todo if x not in level]
             rows = [(k, t, hit) for k, t in level
                     if len(t) - (hit := self._prefix.lookup(t + [-1], k))[0] >= BLOCK]  # -1: a stored copy of all of t counts
-            for batch in prefill_batches([len(t) - hit[0] for _, t, hit in rows]):
+            for batch in length_batches([len(t) - hit[0] for _, t, hit in rows]):
                 chosen = [rows[i] for i in batch]
                 out, mask, cached = self._forward_rests([t for _, t, _ in chosen], [k[0] for k, _, _ in chosen],
                                                         [hit for _, _, hit in chosen])

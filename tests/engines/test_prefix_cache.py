@@ -9,7 +9,8 @@ import threading
 import pytest
 import torch
 from orchestrator.engines.base import GenerationRequest, SamplingParams
-from orchestrator.engines.hf import HFEngine, prefill_batches
+from orchestrator.engines.hf import HFEngine
+from orchestrator.padding import length_batches
 from orchestrator.engines.prefix_cache import BLOCK, PrefixCache, shared_prefixes
 from orchestrator.models import load_model
 
@@ -171,8 +172,8 @@ def test_one_model_serves_one_open_engine_at_a_time(loaded):
     close(HFEngine(loaded))  # closed engines leave no hooks behind
 
 
-def test_prefill_batches_keep_short_rests_apart_from_long_ones():
+def test_length_batches_keep_short_rests_apart_from_long_ones():
     # cache hits leave a few tokens each; two prompts missed the cache: a batch of their own
-    assert prefill_batches([1, 300, 4, 290, 1]) == [[1, 3], [2, 0, 4]]
-    assert prefill_batches([100, 60, 40, 10]) == [[0, 1, 2], [3]]  # within 64 tokens, or padding under a row's own length
-    assert prefill_batches([]) == [] and prefill_batches([7]) == [[0]]
+    assert length_batches([1, 300, 4, 290, 1]) == [[1, 3], [2, 0, 4]]
+    assert length_batches([100, 60, 40, 10]) == [[0, 1, 2], [3]]  # within 64 tokens, or padding under a row's own length
+    assert length_batches([]) == [] and length_batches([7]) == [[0]]
