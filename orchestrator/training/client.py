@@ -32,7 +32,6 @@ import torch
 from peft import LoraConfig as PeftLoraConfig
 from peft import get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_file, save_file
-from transformers.cache_utils import DynamicCache
 
 from ..compute_thread import compute_thread
 from ..engines.lora import lora_scale
@@ -40,6 +39,7 @@ from ..config import LOSS_CONFIGS
 from ..grammar.book import book_for
 from ..models import LoadedModel, bf16_native, load_model
 from .losses import LOSS_FNS, aggregate, k3_kl, token_logprobs
+from . import prefix_tree
 from .rng import load_rng, save_rng
 from .types import AdamParams, Datum, ForwardBackwardOutput, LoraConfig, OptimStepResponse
 
@@ -79,6 +79,7 @@ class ServiceClient:
     def __init__(
         self, model: str | LoadedModel = "smollm2-135m", *, bf16_autocast: bool | None = None, seed: int = 0,
         micro_batch_tokens: int | None = None, device: str | torch.device = "cpu", shared: bool = False,
+        share_prefixes: bool = True,
     ):
         if shared and not isinstance(model, LoadedModel):
             raise ValueError("a shared ServiceClient trains an engine's loaded model: pass engine.loaded")
@@ -92,6 +93,7 @@ class ServiceClient:
         gpu = self.device.type == "cuda"
         self.micro_batch_tokens = micro_batch_tokens or (131072 if gpu else 4096)
         self.logprob_chunk = 4096 if gpu else 512
+        self.share_prefixes = share_prefixes  # passes compute each shared prefix once (prefix_tree.py)
         self.loaded = model if isinstance(model, LoadedModel) else load_model(model, dtype="float32", seed=seed)
         if not shared:  # master weights in fp32 on the device; autocast runs the matmuls in bf16
             self.loaded.model.to(self.device, torch.float32)
@@ -286,18 +288,26 @@ class TrainingClient:
     def _micro_batches(self, data: list[Datum]) -> list[list[int]]:
         """Datum indices in groups whose cost stays within the service's budget.
 
-        A row of padded length L costs L * (1 + L / 512): activations grow with L and the
-        attention saved for backward with L^2 (measured: 4 x 900 tokens peaked at 7.7 GB).
+        A group costs T * (1 + L / 512) for T tokens computed and its longest datum's length L:
+        activations grow with the tokens and attention with the length (measured: 4 x 900 tokens
+        peaked at 7.7 GB). Datums go in token order, so those that share prefixes sit together and
+        each group's prefix tree (``prefix_tree.py``) computes only what is new in each datum.
         """
-        order = sorted(range(len(data)), key=lambda i: -data[i].model_input.length)
+        order = sorted(range(len(data)), key=lambda i: data[i].model_input.tokens)
         batches: list[list[int]] = []
-        for i in order:  # longest first: a batch's first datum sets its padded width
-            if batches:
-                width = data[batches[-1][0]].model_input.length
-                if (len(batches[-1]) + 1) * width * (1 + width / 512) <= self.service.micro_batch_tokens:
-                    batches[-1].append(i)
-                    continue
-            batches.append([i])
+        computed = longest = 0
+        previous: tuple[int, ...] = ()
+        for i in order:
+            tokens = data[i].model_input.tokens
+            new = len(tokens) - (prefix_tree.common_prefix(previous, tokens) if self.service.share_prefixes else 0)
+            width = max(longest, len(tokens))
+            if batches and (computed + new) * (1 + width / 512) <= self.service.micro_batch_tokens:
+                batches[-1].append(i)
+                computed, longest = computed + new, width
+            else:
+                batches.append([i])
+                computed, longest = len(tokens), len(tokens)
+            previous = tokens
         return batches
 
     def _grammar_masks(self, data: list[Datum], masks: list[torch.Tensor]) -> torch.Tensor | None:
@@ -336,19 +346,11 @@ class TrainingClient:
         the others are reported as 0.0. ``bitmask`` rows (one per such position) mask the
         softmax as the sampler's grammar did.
         """
-        lengths = [d.model_input.length for d in data]
-        width = max(lengths)
-        ids = torch.zeros(len(data), width, dtype=torch.long)
-        attn = torch.zeros(len(data), width, dtype=torch.long)
-        for i, d in enumerate(data):
-            ids[i, : lengths[i]] = torch.tensor(d.model_input.tokens)
-            attn[i, : lengths[i]] = 1
         device = self.service.device
-        ids, attn = ids.to(device), attn.to(device)  # built on the host, moved in one copy each
+        tree = prefix_tree.build([d.model_input.tokens for d in data], share=self.service.share_prefixes)
         inner = self.service.peft.get_base_model()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.service.autocast):
-            hidden = _hidden_states(inner.model, ids, attn, _shared_prefix([d.model_input.tokens for d in data]))
-            flat = hidden[attn.bool()]  # right padding: row-major order keeps each datum contiguous
+            flat = prefix_tree.hidden_states(inner.model, tree, device, self.service.loaded.tokenizer.pad_token_id or 0)
             keep = mask > 0
             picked = token_logprobs(flat[keep], inner.lm_head, targets[keep], temperature, chunk=self.service.logprob_chunk,
                                     bitmask=bitmask, entropy=entropy)
@@ -426,38 +428,6 @@ class TrainingClient:
         if self.name in getattr(getattr(engine, "lora", None), "adapters", ()):  # HFEngine: the weights in hand
             return engine.update_adapter(self.name, state, lora_scale(config))
         return engine.load_adapter(self.name, str(path))
-
-
-SHARED_MIN = 16  # a shared prefix shorter than this is not worth a forward pass of its own
-
-
-def _shared_prefix(rows: list[list[int]]) -> int:
-    """How many leading tokens every row has in common (each row keeps at least one of its own)."""
-    if len(rows) < 2:
-        return 0
-    first, n = rows[0], min(len(r) for r in rows) - 1
-    for row in rows[1:]:
-        k = 0
-        while k < n and row[k] == first[k]:
-            k += 1
-        n = k
-    return n if n >= SHARED_MIN else 0
-
-
-def _hidden_states(body: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor, shared: int) -> torch.Tensor:
-    """The transformer's last hidden states [rows, width, d]. A prefix every row shares (a recipe's
-    instructions, the first prompt of every episode) goes through the model once; its keys and
-    values are expanded to all rows, and its gradients sum over them in backward."""
-    if not shared:
-        return body(input_ids=ids, attention_mask=attn).last_hidden_state
-    rows, width = ids.shape
-    head = body(input_ids=ids[:1, :shared], use_cache=True)
-    past = DynamicCache()
-    for i, layer in enumerate(head.past_key_values.layers):
-        past.update(layer.keys.expand(rows, -1, -1, -1), layer.values.expand(rows, -1, -1, -1), i)
-    positions = torch.arange(shared, width, device=ids.device).expand(rows, -1)
-    tail = body(input_ids=ids[:, shared:], attention_mask=attn, past_key_values=past, position_ids=positions)
-    return torch.cat([head.last_hidden_state.expand(rows, -1, -1), tail.last_hidden_state], dim=1)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -194,28 +194,35 @@ def test_micro_batches_add_up_to_the_full_batch(service, how):
                for a, b in zip(full.loss_fn_outputs, micro.loss_fn_outputs))
 
 
-def test_a_shared_prefix_computed_once_gives_the_same_logprobs_and_gradients(service, monkeypatch):
-    from orchestrator.training import client as client_module
-
+def test_shared_prefixes_computed_once_give_the_same_logprobs_and_gradients(service):
+    """A prefix tree with every kind of sharing: all datums share an opening, two pairs branch
+    later, one datum is a prefix of another, one is repeated, one shares nothing; actions start
+    inside shared parts too. Computed as a tree and as plain rows, it gives the same numbers."""
     c = service.create_lora_training_client("shared", LoraConfig(rank=4))
     torch.manual_seed(1)
     for p in c.params:
         p.data.normal_(0, 0.05)
-    prefix = list(range(200, 240))  # 40 tokens every datum starts with
+    opening = list(range(200, 240))  # 40 tokens
+    seqs = [opening + [500, 501, 502, 503, 504, 505], opening + [500, 501, 502, 610, 611],
+            opening + [500, 501, 502, 503], opening + [700, 701, 702, 703, 704, 705, 706, 707],
+            opening + [700, 701, 702, 800], opening + [500, 501, 502, 610, 611], list(range(900, 930))]
     data = []
-    for k, (extra, adv) in enumerate([(7, 1.0), (12, -0.5), (3, 2.0)]):
-        toks = prefix + list(range(500 + 20 * k, 500 + 20 * k + extra + 1))
+    for k, toks in enumerate(seqs):
         n = len(toks) - 1
-        mask = [0.0] * 38 + [1.0] * (n - 38)  # actions start inside the shared prefix too
+        mask = [0.0] * 38 + [1.0] * (n - 38) if n > 38 else [0.0] * 10 + [1.0] * (n - 10)
         data.append(Datum(ModelInput.from_ints(toks[:-1]), {
-            "target_tokens": toks[1:], "mask": mask, "logprobs": [-4.0] * n, "advantages": [adv] * n}))
-    assert client_module._shared_prefix([d.model_input.tokens for d in data]) == 40
+            "target_tokens": toks[1:], "mask": mask, "logprobs": [-4.0] * n, "advantages": [1.0 - 0.4 * k] * n}))
+    from orchestrator.training import prefix_tree
+    tree = prefix_tree.build([d.model_input.tokens for d in data])
+    assert tree.tokens == len({d.model_input.tokens[:i + 1] for d in data for i in range(d.model_input.length)})
+    assert tree.tokens < sum(d.model_input.length for d in data) / 2
     results = []
-    for shared_min in (16, 10_000):  # shared prefix once, then every row in full
-        monkeypatch.setattr(client_module, "SHARED_MIN", shared_min)
-        out = c.forward_backward(data, "ppo", {"aggregation": "token-mean"}).result()
+    for share in (True, False):
+        service.share_prefixes = share
+        out = c.forward_backward(data, "ppo", {"aggregation": "token-mean", "entropy_coef": 0.01}).result()
         results.append((out, [p.grad.clone() for p in c.params]))
         c.optimizer.zero_grad(set_to_none=True)
+    service.share_prefixes = True
     (shared, g_shared), (full, g_full) = results
     assert shared.metrics["loss"] == pytest.approx(full.metrics["loss"], rel=1e-5, abs=1e-7)
     assert all(torch.allclose(a["logprobs"], b["logprobs"], atol=1e-5)

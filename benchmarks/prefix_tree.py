@@ -1,0 +1,82 @@
+"""Training passes over real steps' datums, each shared prefix computed once (a prefix tree)
+against every datum computed in full.
+
+Two recipes' episodes are rolled out once on the engine (the same model): Rock-Paper-Scissors
+(recipes/rps.yaml: the game role re-renders its history every turn, so each turn is a datum of
+its own and the turns of all episodes agree up to the first move that differed) and Guess the
+Number (recipes/guess_number.yaml: a conversation role, one datum per episode, every episode
+opening with the same prompt). Then the same datums go through ``forward_backward`` (PPO, the
+recipes' own settings otherwise) with ``ServiceClient.share_prefixes`` on and off, alternating
+``--rounds`` times on one service (no optimizer step, so both sides see the same weights), and
+the median seconds per side are compared. ``max_logprob_diff`` checks the two sides agree.
+
+    python benchmarks/prefix_tree.py [--model smollm2-135m] [--episodes 16] [--rounds 2] [--smoke]
+
+``--smoke``: the tiny random model, 2 episodes, one round: seconds, to check that the script
+still runs (tests/test_benchmarks.py).
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _recipes import parse_args, run_recipe
+
+from orchestrator.models import load_model
+from orchestrator.team import load_team
+from orchestrator.training import LoraConfig, ServiceClient, prefix_tree
+from orchestrator.training.datums import role_datums
+from orchestrator.training.loop import trainable_roles
+
+RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+
+
+def step_datums(recipe: str, loaded, episodes: int, out: Path) -> list:
+    """Every trainable role's datums of ``episodes`` episodes, advantages alternating in sign."""
+    team = load_team(RECIPES / f"{recipe}.yaml")
+    result, _ = run_recipe(team, loaded, episodes, out, concurrency=episodes)
+    return [d for e in result.episodes for role in trainable_roles(team)
+            for d in role_datums(e, role, 1.0 if e.index % 2 else -1.0)]
+
+
+def main() -> None:
+    args = parse_args("rounds", default_episodes=16, default_repeats=2, smoke_episodes=2)
+    loaded = load_model(args.model)
+    with tempfile.TemporaryDirectory() as tmp:
+        steps = {name: step_datums(name, loaded, args.episodes, Path(tmp) / name) for name in ("rps", "guess_number")}
+    service = ServiceClient(args.model)
+    client = service.create_lora_training_client("bench", LoraConfig(rank=16))
+    report: dict = {"model": args.model, "episodes": args.episodes, "rounds": args.rounds, "autocast_bf16": service.autocast}
+    for name, data in steps.items():
+        seconds: dict[bool, list[float]] = {True: [], False: []}
+        logprobs: dict[bool, list] = {}
+        client.forward_backward(data[:2], "ppo", {}).result()  # warm-up: first-call costs on neither side
+        client.optimizer.zero_grad(set_to_none=True)
+        for r in range(args.rounds):
+            for share in (True, False):
+                service.share_prefixes = share
+                t0 = time.perf_counter()
+                out = client.forward_backward(data, "ppo", {}).result()
+                seconds[share].append(time.perf_counter() - t0)
+                client.optimizer.zero_grad(set_to_none=True)
+                logprobs[share] = [o["logprobs"] for o in out.loss_fn_outputs]
+                print(f"{name} round {r} share={share}: {seconds[share][-1]:.2f} s", file=sys.stderr)
+        tokens = sum(d.model_input.length for d in data)
+        tree = prefix_tree.build([d.model_input.tokens for d in data]).tokens
+        shared_s, plain_s = statistics.median(seconds[True]), statistics.median(seconds[False])
+        report[name] = {
+            "datums": len(data), "tokens": tokens, "distinct_prefixes": tree,
+            "tokens_ratio": round(tree / tokens, 3), "shared_s": round(shared_s, 2), "plain_s": round(plain_s, 2),
+            "speedup": round(plain_s / shared_s, 2),
+            "max_logprob_diff": float(max((a - b).abs().max() for a, b in zip(logprobs[True], logprobs[False]))),
+        }
+    service.close()
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()

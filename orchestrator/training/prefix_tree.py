@@ -1,0 +1,165 @@
+"""The training forward over a micro-batch's sequences as a prefix tree: each shared opening once.
+
+A step's datums repeat each other. A GRPO group's episodes open with the same prompt; a game
+role that re-renders its history every turn sends, in every episode, prompts that agree up to the
+first move that differed (a Rock-Paper-Scissors step of 96 datums holds 14,280 tokens and 2,474
+distinct prefixes). Hidden states, keys and values at a position depend only on the tokens up to
+it, so positions that agree on their whole prefix are the same computation: the tree computes
+each once, and backward sums its gradient over every sequence through it. Exact, not an
+approximation: only the summation order differs from running each sequence alone.
+
+The tree's chains (``Segment``: a run of tokens between branch points) are computed in waves by
+depth. A segment's keys and values come from its own forward pass; its children attend to them
+(gathered along the path, left-padded) as a cache, so attention never spans more than one
+sequence's length, and each wave is batched by similar segment length (``length_batches``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from transformers.cache_utils import DynamicCache
+
+from ..padding import length_batches
+
+
+@dataclass(eq=False)
+class Segment:
+    tokens: list[int]
+    parent: int  # index of the parent segment; -1 at a root
+    start: int  # position of its first token: the length of its path before it
+    depth: int  # segments on the path before it
+    children: dict[int, int] = field(default_factory=dict)  # first token -> segment
+
+
+@dataclass
+class PrefixTree:
+    segments: list[Segment]
+    paths: list[list[tuple[int, int]]]  # per sequence: (segment, tokens taken from it), in order
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(s.tokens) for s in self.segments)
+
+
+def build(sequences: Sequence[Sequence[int]], share: bool = True) -> PrefixTree:
+    """The tree of ``sequences``; with ``share=False`` every sequence is a root of its own (the
+    plain batch, for comparison)."""
+    segments: list[Segment] = []
+    roots: dict[int, int] = {}
+    for seq in sequences:
+        seq, at, parent, siblings = list(seq), 0, -1, roots
+        if not share:
+            segments.append(Segment(seq, -1, 0, 0))
+            continue
+        while at < len(seq):
+            index = siblings.get(seq[at])
+            if index is None:  # a new branch: the rest of the sequence is one segment
+                depth = segments[parent].depth + 1 if parent >= 0 else 0
+                segments.append(Segment(seq[at:], parent, at, depth))
+                siblings[seq[at]] = len(segments) - 1
+                break
+            n = common_prefix(segments[index].tokens, seq[at:])
+            if n < len(segments[index].tokens) and at + n < len(seq):  # it diverges inside: split there
+                _split(segments, index, n)
+            at, parent, siblings = at + n, index, segments[index].children
+    if not share:
+        return PrefixTree(segments, [[(i, len(seq))] for i, seq in enumerate(sequences)])
+    return PrefixTree(segments, [_path(segments, roots, seq) for seq in sequences])
+
+
+def _path(segments: list[Segment], roots: dict[int, int], seq: Sequence[int]) -> list[tuple[int, int]]:
+    """(segment, tokens taken) along ``seq``'s way through the finished tree."""
+    path, at, siblings = [], 0, roots
+    while at < len(seq):
+        index = siblings[seq[at]]
+        n = min(len(segments[index].tokens), len(seq) - at)
+        path.append((index, n))
+        at, siblings = at + n, segments[index].children
+    return path
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` have in common."""
+    n, limit = 0, min(len(a), len(b))
+    while n < limit and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def _split(segments: list[Segment], index: int, n: int) -> None:
+    """Cut segment ``index`` after ``n`` tokens; its tail becomes its only child."""
+    seg = segments[index]
+    tail = Segment(seg.tokens[n:], index, seg.start + n, seg.depth + 1, seg.children)
+    segments.append(tail)
+    for child in tail.children.values():
+        segments[child].parent = len(segments) - 1
+    _deepen(segments, len(segments) - 1)
+    seg.tokens, seg.children = seg.tokens[:n], {tail.tokens[0]: len(segments) - 1}
+
+
+def _deepen(segments: list[Segment], index: int) -> None:
+    for child in segments[index].children.values():
+        segments[child].depth = segments[index].depth + 1
+        _deepen(segments, child)
+
+
+def hidden_states(body: torch.nn.Module, tree: PrefixTree, device: torch.device, pad_id: int = 0) -> torch.Tensor:
+    """The last hidden states of every sequence's every position, sequences one after another:
+    ``[sum of lengths, d]``. ``body`` is the transformer without its LM head."""
+    segs = tree.segments
+    hidden: list[torch.Tensor | None] = [None] * len(segs)
+    kv: list[list[tuple[torch.Tensor, torch.Tensor]] | None] = [None] * len(segs)
+    for depth in range(max(s.depth for s in segs) + 1):
+        wave = [i for i, s in enumerate(segs) if s.depth == depth]
+        for batch in length_batches([len(segs[i].tokens) for i in wave]):
+            rows = [wave[k] for k in batch]
+            _forward(body, segs, rows, hidden, kv, device, pad_id)
+    return torch.cat([hidden[seg][:n] for path in tree.paths for seg, n in path])
+
+
+def _forward(body, segs: list[Segment], rows: list[int], hidden: list, kv: list, device, pad_id: int) -> None:
+    """One pass over segments ``rows``: their tokens, attending to their paths' keys and values.
+
+    The paths' keys and values are left-padded and the segments right-padded, so a padding
+    query still sees its row's tokens (a query that sees nothing gives NaN in some kernels)."""
+    width = max(len(segs[i].tokens) for i in rows)
+    cached = max(segs[i].start for i in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(rows), cached + width, dtype=torch.long)
+    positions = torch.zeros(len(rows), width, dtype=torch.long)
+    for r, i in enumerate(rows):
+        s, n = segs[i], len(segs[i].tokens)
+        ids[r, :n] = torch.tensor(s.tokens)
+        mask[r, cached - s.start:cached + n] = 1
+        positions[r, :n] = torch.arange(s.start, s.start + n)
+    past = None
+    if cached:
+        past = DynamicCache()
+        chains = [_ancestors(segs, i) for i in rows]
+        for layer in range(len(kv[segs[rows[0]].parent])):
+            keys, values = [], []
+            for chain in chains:
+                k = torch.cat([kv[a][layer][0] for a in chain], dim=1)  # [heads, start, head_dim]
+                v = torch.cat([kv[a][layer][1] for a in chain], dim=1)
+                keys.append(F.pad(k, (0, 0, cached - k.shape[1], 0)))
+                values.append(F.pad(v, (0, 0, cached - v.shape[1], 0)))
+            past.update(torch.stack(keys), torch.stack(values), layer)
+    out = body(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
+               past_key_values=past, use_cache=True)
+    layers = out.past_key_values.layers
+    for r, i in enumerate(rows):
+        n = len(segs[i].tokens)
+        hidden[i] = out.last_hidden_state[r, :n]
+        kv[i] = [(layer.keys[r, :, cached:cached + n], layer.values[r, :, cached:cached + n]) for layer in layers]
+
+
+def _ancestors(segs: list[Segment], index: int) -> list[int]:
+    """The segments before ``index`` on its path, root first."""
+    chain, at = [], segs[index].parent
+    while at >= 0:
+        chain.append(at)
+        at = segs[at].parent
+    return chain[::-1]
