@@ -80,7 +80,7 @@ def main() -> None:
         tree = prefix_tree.build([d.model_input.tokens for d in data]).tokens
         shared_s, plain_s = statistics.median(seconds[True]), statistics.median(seconds[False])
         report[name] = {
-            "datums": len(data), "tokens": tokens, "distinct_prefixes": tree,
+            "datums": len(data), "tokens": tokens, "tree_tokens": tree,
             "tokens_ratio": round(tree / tokens, 3), "shared_s": round(shared_s, 2), "plain_s": round(plain_s, 2),
             "speedup": round(plain_s / shared_s, 2),
             "max_logprob_diff": max_diff(logprobs[True], logprobs[False]),

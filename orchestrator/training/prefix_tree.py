@@ -24,6 +24,11 @@ from transformers.cache_utils import DynamicCache
 
 from ..padding import length_batches
 
+# A forward pass costs a fixed ~0.2 s on a 2-core CPU besides its tokens: a short segment that
+# branches is cheaper recomputed in each branch than given a wave of its own, when that repeats
+# at most this many tokens in all.
+RECOMPUTE_TOKENS = 32
+
 
 @dataclass(eq=False)
 class Segment:
@@ -44,9 +49,10 @@ class PrefixTree:
         return sum(len(s.tokens) for s in self.segments)
 
 
-def build(sequences: Sequence[Sequence[int]], share: bool = True) -> PrefixTree:
+def build(sequences: Sequence[Sequence[int]], share: bool = True, recompute: int = RECOMPUTE_TOKENS) -> PrefixTree:
     """The tree of ``sequences``; with ``share=False`` every sequence is a root of its own (the
-    plain batch, for comparison)."""
+    plain batch, for comparison). Segments whose branches would repeat at most ``recompute``
+    tokens in all are folded into their branches (0: each distinct prefix exactly once)."""
     segments: list[Segment] = []
     roots: dict[int, int] = {}
     for seq in sequences:
@@ -67,7 +73,7 @@ def build(sequences: Sequence[Sequence[int]], share: bool = True) -> PrefixTree:
             at, parent, siblings = at + n, index, segments[index].children
     if not share:
         return PrefixTree(segments, [[(i, len(seq))] for i, seq in enumerate(sequences)])
-    return PrefixTree(segments, [_path(segments, roots, seq) for seq in sequences])
+    return _fold_short(segments, [_path(segments, roots, seq) for seq in sequences], recompute)
 
 
 def _path(segments: list[Segment], roots: dict[int, int], seq: Sequence[int]) -> list[tuple[int, int]]:
@@ -79,6 +85,50 @@ def _path(segments: list[Segment], roots: dict[int, int], seq: Sequence[int]) ->
         path.append((index, n))
         at, siblings = at + n, segments[index].children
     return path
+
+
+def _fold_short(segments: list[Segment], paths: list[list[tuple[int, int]]], recompute: int) -> PrefixTree:
+    """Fold each segment whose children would repeat it at most ``recompute`` tokens in all into
+    its children (parents first, so a chain of short ones folds all the way down), then drop it."""
+    children: dict[int, list[int]] = {}
+    for i, s in enumerate(segments):
+        children.setdefault(s.parent, []).append(i)
+    heir: dict[int, int] = {}  # folded segment -> a child that now starts with its tokens
+    for i in sorted(range(len(segments)), key=lambda i: segments[i].depth):
+        kids, s = children.get(i, []), segments[i]
+        if not kids or (len(kids) - 1) * len(s.tokens) > recompute:
+            continue
+        for c in kids:
+            segments[c].tokens = s.tokens + segments[c].tokens
+            segments[c].start, segments[c].parent = s.start, s.parent
+        siblings = children[s.parent]
+        siblings[siblings.index(i):siblings.index(i) + 1] = kids
+        heir[i], stack = kids[0], list(kids)
+        while stack:  # the subtree moves up a level
+            d = stack.pop()
+            segments[d].depth -= 1
+            stack += children.get(d, [])
+    alive = [i for i in range(len(segments)) if i not in heir]
+    index = {old: new for new, old in enumerate(alive)}
+    out = []
+    for path in paths:
+        folded, carry = [], 0
+        for seg, n in path:  # a folded segment's tokens now open the next one on the path
+            if seg in heir:
+                carry += n
+            else:
+                folded.append((index[seg], carry + n))
+                carry = 0
+        if carry:  # the sequence ended inside folded segments: any heir holds those positions
+            seg = path[-1][0]
+            while seg in heir:
+                seg = heir[seg]
+            folded.append((index[seg], carry))
+        out.append(folded)
+    kept = [segments[i] for i in alive]
+    for s in kept:
+        s.parent, s.children = index[s.parent] if s.parent >= 0 else -1, {}
+    return PrefixTree(kept, out)
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -202,10 +202,10 @@ def test_shared_prefixes_computed_once_give_the_same_logprobs_and_gradients(serv
     torch.manual_seed(1)
     for p in c.params:
         p.data.normal_(0, 0.05)
-    opening = list(range(200, 240))  # 40 tokens
-    seqs = [opening + [500, 501, 502, 503, 504, 505], opening + [500, 501, 502, 610, 611],
-            opening + [500, 501, 502, 503], opening + [700, 701, 702, 703, 704, 705, 706, 707],
-            opening + [700, 701, 702, 800], opening + [500, 501, 502, 610, 611], list(range(900, 930))]
+    opening, middle = list(range(200, 240)), list(range(500, 540))  # 40 tokens each: neither is folded
+    seqs = [opening + middle + [600, 601, 602], opening + middle + [610, 611], opening + middle[:30],
+            opening + [700, 701, 702, 703, 704, 705, 706, 707], opening + [700, 701, 702, 800],
+            opening + middle + [610, 611], list(range(900, 930))]
     data = []
     for k, toks in enumerate(seqs):
         n = len(toks) - 1
@@ -214,7 +214,7 @@ def test_shared_prefixes_computed_once_give_the_same_logprobs_and_gradients(serv
             "target_tokens": toks[1:], "mask": mask, "logprobs": [-4.0] * n, "advantages": [1.0 - 0.4 * k] * n}))
     from orchestrator.training import prefix_tree
     tree = prefix_tree.build([d.model_input.tokens for d in data])
-    assert tree.tokens == len({d.model_input.tokens[:i + 1] for d in data for i in range(d.model_input.length)})
+    assert max(s.depth for s in tree.segments) == 2  # opening -> middle -> tails: gradients cross two waves
     assert tree.tokens < sum(d.model_input.length for d in data) / 2
     results = []
     for share in (True, False):
