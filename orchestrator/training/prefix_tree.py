@@ -53,13 +53,13 @@ def build(sequences: Sequence[Sequence[int]], share: bool = True, recompute: int
     """The tree of ``sequences``; with ``share=False`` every sequence is a root of its own (the
     plain batch, for comparison). Segments whose branches would repeat at most ``recompute``
     tokens in all are folded into their branches (0: each distinct prefix exactly once)."""
+    if not share:
+        return PrefixTree([Segment(list(seq), -1, 0, 0) for seq in sequences],
+                          [[(i, len(seq))] for i, seq in enumerate(sequences)])
     segments: list[Segment] = []
     roots: dict[int, int] = {}
     for seq in sequences:
         seq, at, parent, siblings = list(seq), 0, -1, roots
-        if not share:
-            segments.append(Segment(seq, -1, 0, 0))
-            continue
         while at < len(seq):
             index = siblings.get(seq[at])
             if index is None:  # a new branch: the rest of the sequence is one segment
@@ -71,8 +71,6 @@ def build(sequences: Sequence[Sequence[int]], share: bool = True, recompute: int
             if n < len(segments[index].tokens) and at + n < len(seq):  # it diverges inside: split there
                 _split(segments, index, n)
             at, parent, siblings = at + n, index, segments[index].children
-    if not share:
-        return PrefixTree(segments, [[(i, len(seq))] for i, seq in enumerate(sequences)])
     return _fold_short(segments, [_path(segments, roots, seq) for seq in sequences], recompute)
 
 
