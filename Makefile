@@ -25,9 +25,12 @@ demo: $(STAMP)
 	$(BIN)/rolecast train recipes/debate.yaml --steps 2 --out runs/demo-train
 	$(BIN)/rolecast report runs/demo-train
 
-# Fast tests, then the small selection of real-model tests that CI runs (marked `slow` and `ci`).
+# Fast tests; the engine's and the trainer's again as on an AVX2-only CPU (no bf16 kernels:
+# orchestrator/cpu.py), whatever CPU runs them; then the small selection of real-model tests
+# that CI runs (marked `slow` and `ci`).
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+	ROLECAST_CPU_FLAGS="avx2 fma" $(BIN)/python -m pytest -q tests/engines tests/training tests/test_cpu.py tests/test_models.py
 	$(BIN)/python -m pytest -q -m "slow and ci"
 
 test-slow: $(STAMP)

@@ -8,6 +8,7 @@ AVX2-only CPU they raise. Code that calls such a kernel takes a :class:`CpuFeatu
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -47,8 +48,15 @@ class CpuFeatures:
 
 @lru_cache(maxsize=1)
 def host() -> CpuFeatures:
-    """This machine's CPU (no flags where /proc/cpuinfo cannot be read: every check says no)."""
+    """This machine's CPU (no flags where /proc/cpuinfo cannot be read: every check says no).
+
+    ``ROLECAST_CPU_FLAGS`` (flag names as /proc/cpuinfo writes them, space-separated) stands in
+    for the machine's flags, in this process and those it starts: ``make test`` runs part of the
+    suite with ``avx2 fma``, an AVX2-only machine's fallbacks, whatever CPU it runs on.
+    """
     onednn = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    if (flags := os.environ.get("ROLECAST_CPU_FLAGS")) is not None:
+        return CpuFeatures(frozenset(flags.split()), onednn)
     try:
         return CpuFeatures.from_cpuinfo(Path("/proc/cpuinfo").read_text(), onednn)
     except OSError:

@@ -1,6 +1,8 @@
 """CPU feature checks: what /proc/cpuinfo says each machine of this project can run."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from orchestrator.cpu import CpuFeatures, host
 from orchestrator.models import resolve_dtype
@@ -42,3 +44,16 @@ def test_unreadable_cpuinfo_promises_nothing():
 
 def test_auto_dtype_follows_this_cpu():
     assert resolve_dtype("auto", torch.device("cpu")) == (torch.bfloat16 if host().native_bf16 else torch.float32)
+
+
+def test_rolecast_cpu_flags_stands_in_for_the_machines_flags(monkeypatch):
+    monkeypatch.setenv("ROLECAST_CPU_FLAGS", "avx2 fma")
+    host.cache_clear()
+    try:
+        assert host().flags == frozenset({"avx2", "fma"}) and not host().native_bf16 and not host().onednn_bf16
+        monkeypatch.delenv("ROLECAST_CPU_FLAGS")
+        host.cache_clear()
+        assert host().flags == CpuFeatures.from_cpuinfo(Path("/proc/cpuinfo").read_text()).flags
+    finally:
+        monkeypatch.undo()  # the environment as it was (make test's AVX2 run sets the variable)
+        host.cache_clear()

@@ -231,7 +231,9 @@ def test_resume_restores_the_population_exactly(cli, tmp_path):
     assert state[0] == state[1] and len(state[0]["trainer"]["pool"]) == 3  # ratings, records, pool, turn
     assert [line["adapters"] for line in credit(straight, 3)] == [line["adapters"] for line in credit(resumed, 3)]
     assert sorted(p.name for p in (resumed / "pool").iterdir()) == state[0]["trainer"]["pool"]
-    # the members' start noise (the recipe's init_noise) is drawn once, not again on --resume
+    # the members' start noise (the recipe's init_noise, 0.3) is drawn once, not again on --resume.
+    # Within float noise only: fp32 matmuls on the CPU (the AVX2 path trains in fp32) are not
+    # bit-reproducible between processes; two straight runs differed by up to 4e-6.
     for member in MEMBERS:
         weights = [load_file(str(run / "sampler" / member / "adapter_model.safetensors")) for run in (straight, resumed)]
-        assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+        assert all(torch.allclose(weights[0][k], weights[1][k], atol=1e-4) for k in weights[0])
