@@ -76,6 +76,7 @@ def worker(side: str, model: str, batch: int, length: int, iters: int, device: s
             client.forward_backward(data, "ppo", config).result()
     else:
         peft_model = service.peft
+        peft_model.base_model.enable_adapter_layers()  # the service keeps PEFT's layers off; the plain loop runs them
         ids = torch.tensor([d.model_input.to_ints() for d in data], device=dev)
         targets = torch.tensor([d.loss_fn_inputs["target_tokens"] for d in data], device=dev)
         mask = torch.tensor([d.loss_fn_inputs["mask"] for d in data], device=dev)

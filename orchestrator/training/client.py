@@ -6,16 +6,19 @@
     await (await pro.optim_step_async(AdamParams(learning_rate=1e-4))).result_async()
     pro.save_weights_for_sampler("pro")     # the attached engine now samples the new weights
 
+    service.forward_backward_many([(pro, pro_data, "ppo", {}), (con, con_data, "ppo", {})])  # one pass for both
+
 All model work runs as jobs on the process's compute thread (``compute_thread.py``, shared with the
 engine's scheduler), in submission order, so adapters never race for the shared base model.
-Each adapter has its own optimizer over its own parameters: PEFT's ``set_adapter`` flips
-``requires_grad``, so gradients reach only the adapter being trained.
+PEFT holds the adapters' weights and writes their files, but its layers stay switched off: the
+passes add each row's adapter delta themselves (``routing.py``), so rows of several adapters
+share a pass and gradients reach only the adapters in it. Each adapter has its own optimizer
+over its own parameters.
 """
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import json
 import math
 import os
@@ -26,7 +29,7 @@ import zlib
 from collections import defaultdict
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Generic, Iterator, TypeVar
+from typing import Any, Callable, Generic, TypeVar
 
 import torch
 from peft import LoraConfig as PeftLoraConfig
@@ -40,6 +43,7 @@ from ..grammar.book import book_for
 from ..models import LoadedModel, bf16_native, load_model
 from .losses import LOSS_FNS, aggregate, k3_kl, token_logprobs
 from . import prefix_tree
+from .routing import routed
 from .rng import load_rng, save_rng
 from .types import AdamParams, Datum, ForwardBackwardOutput, LoraConfig, OptimStepResponse
 
@@ -72,8 +76,8 @@ class ServiceClient:
     ``shared``: ``model`` is an engine's ``LoadedModel``, trained as it is: one copy of the base
     weights on the device, frozen, in the engine's dtype (bf16 on a GPU: under bf16 autocast the
     matmuls see the same numbers as from fp32 masters), with LoRA weights and optimizer state in
-    fp32. PEFT's layers are switched on only inside this service's passes, so the engine's own
-    forward passes over the same modules see the base model (plus its own adapters' deltas).
+    fp32. PEFT's layers stay off, so the engine's own forward passes over the same modules see
+    the base model (plus its own adapters' deltas).
     """
 
     def __init__(
@@ -113,18 +117,6 @@ class ServiceClient:
             return cls(engine.loaded, shared=True, **{**options, "device": engine.device})
         return cls(model, **options)
 
-    @contextlib.contextmanager
-    def adapters_on(self) -> Iterator[None]:
-        """PEFT's layers on for this block (a shared model keeps them off for the engine's passes)."""
-        if not self.shared:
-            yield
-            return
-        self.peft.base_model.enable_adapter_layers()
-        try:
-            yield
-        finally:
-            self.peft.base_model.disable_adapter_layers()
-
     def attach_engine(self, engine: Any) -> None:
         """After ``save_weights_for_sampler`` the engine samples from the new adapter weights."""
         self.engine = engine
@@ -143,8 +135,7 @@ class ServiceClient:
                 self.peft = get_peft_model(self.loaded.model, peft_config, adapter_name=name)
             else:
                 self.peft.add_adapter(name, peft_config)
-            if self.shared:
-                self.peft.base_model.disable_adapter_layers()
+            self.peft.base_model.disable_adapter_layers()  # the passes add the deltas (routing.py)
         client = TrainingClient(self, name, lora)
         self._seed_init(client)
         self.clients[name] = client
@@ -162,6 +153,157 @@ class ServiceClient:
 
     def submit(self, fn: Callable[..., T], *args: Any) -> APIFuture[T]:
         return APIFuture(self._compute.submit(fn, *args))
+
+    def forward_backward_many(
+        self, calls: list[tuple["TrainingClient", list[Datum], str, dict[str, Any] | None]],
+    ) -> APIFuture[list[ForwardBackwardOutput]]:
+        """Several ``forward_backward`` calls, of one adapter or several, computed together: each
+        micro-batch holds datums of every call, and one forward/backward pass computes them all,
+        each row through its own adapter. Each call gets the outputs and gradients it would get
+        alone (up to summation order); a team's roles, or a population's members, then cost one
+        pass instead of one each."""
+        return self.submit(self._passes, [(c, d, f, dict(o or {})) for c, d, f, o in calls], True)
+
+    async def forward_backward_many_async(self, calls) -> APIFuture[list[ForwardBackwardOutput]]:
+        return self.forward_backward_many(calls)
+
+    def _passes(self, calls: list[tuple["TrainingClient", list[Datum], str, dict[str, Any]]], backward: bool) -> list[ForwardBackwardOutput]:
+        """The calls' losses over micro-batches of all their datums; gradients accumulated into
+        each call's adapter when ``backward``."""
+        jobs = [_Job(*call) for call in calls]
+        names = list(dict.fromkeys(job.adapter for job in jobs))
+        items = [(k, i) for k, job in enumerate(jobs) for i in range(len(job.data))]  # (job, datum)
+        for rows in self._micro_batches([jobs[k].data[i].model_input.tokens for k, i in items],
+                                        [jobs[k].adapter for k, i in items]):
+            with torch.set_grad_enabled(backward):
+                loss = self._micro_batch(jobs, [items[r] for r in rows], names)
+                if backward:
+                    loss.backward()
+        return [job.output() for job in jobs]
+
+    def _micro_batch(self, jobs: list["_Job"], part: list[tuple[int, int]], names: list[str]) -> torch.Tensor:
+        """The summed loss of one micro-batch's datums (``part``: (job, datum) pairs), each job's
+        share reduced over that job's whole batch, its per-token metrics added into the job."""
+        device = self.device
+        datums = [jobs[k].data[i] for k, i in part]
+        adapters = [jobs[k].adapter for k, _ in part]
+        hidden = self._hidden(datums, adapters, names)
+        base = None
+        if any(jobs[k].options.kl_coef for k, _ in part):
+            with torch.no_grad():
+                base = self._hidden(datums, None, names)
+        starts = [0]
+        for d in datums:
+            starts.append(starts[-1] + d.model_input.length)
+        total = hidden.new_zeros(())
+        for k in dict.fromkeys(k for k, _ in part):
+            job, mine = jobs[k], [r for r, (j, _) in enumerate(part) if j == k]
+            data = [datums[r] for r in mine]
+            at = torch.cat([torch.arange(starts[r], starts[r + 1]) for r in mine]).to(device)
+            masks = [job.masks[part[r][1]] for r in mine]
+            mask = torch.cat(masks).to(device)
+            targets = torch.cat([d.tensor("target_tokens", torch.long) for d in data]).to(device)
+            inputs = {key: torch.cat([d.tensor(key) for d in data]).to(device) for key in job.needed}
+            bitmask = self._grammar_masks(data, masks)
+            options = job.options
+            logp, entropy = self._pick(hidden[at], targets, mask, options.temperature, bitmask, options.entropy_coef > 0)
+            per_token, extra = job.fn(logp, inputs, options)
+            if entropy is not None:
+                per_token = per_token - options.entropy_coef * entropy
+                extra = {**extra, "entropy": entropy}
+            if options.kl_coef:
+                base_logp, _ = self._pick(base[at], targets, mask, options.temperature, bitmask, False)
+                kl = k3_kl(logp, base_logp)
+                per_token = per_token + options.kl_coef * kl
+                extra = {**extra, "kl": kl}
+            lengths = [d.model_input.length for d in data]
+            loss = aggregate(per_token, mask, lengths, options.aggregation, total_tokens=job.total_tokens, total_sequences=len(job.data))
+            job.add(loss, per_token, mask, extra, [part[r][1] for r in mine], logp.detach().cpu().split(lengths))
+            total = total + loss
+        return total
+
+    def _micro_batches(self, sequences: list[tuple[int, ...]], adapters: list[str]) -> list[list[int]]:
+        """Indices of ``sequences`` in groups whose cost stays within the service's budget.
+
+        A group costs T * (1 + L / 512) for T tokens computed and its longest sequence's length L:
+        activations grow with the tokens and attention with the length (measured: 4 x 900 tokens
+        peaked at 7.7 GB). Sequences go in (adapter, token) order, so those that share prefixes
+        sit together and each group's prefix tree (``prefix_tree.py``) computes only what is new
+        in each sequence.
+        """
+        order = sorted(range(len(sequences)), key=lambda i: (adapters[i], sequences[i]))
+        batches: list[list[int]] = []
+        computed = longest = 0
+        previous: tuple[str, tuple[int, ...]] = ("", ())
+        for i in order:
+            tokens = sequences[i]
+            shared = prefix_tree.common_prefix(previous[1], tokens) if self.share_prefixes and previous[0] == adapters[i] else 0
+            new, width = len(tokens) - shared, max(longest, len(tokens))
+            if batches and (computed + new) * (1 + width / 512) <= self.micro_batch_tokens:
+                batches[-1].append(i)
+                computed, longest = computed + new, width
+            else:
+                batches.append([i])
+                computed, longest = len(tokens), len(tokens)
+            previous = (adapters[i], tokens)
+        return batches
+
+    def _hidden(self, data: list[Datum], adapters: list[str] | None, names: list[str]) -> torch.Tensor:
+        """Flat last hidden states of ``data``, computed as a prefix tree: with ``adapters`` (one
+        per datum, from ``names``), each row through its own adapter; without, the base model's."""
+        tree = prefix_tree.build([d.model_input.tokens for d in data], share=self.share_prefixes, keys=adapters)
+        body = self.peft.get_base_model().model
+        pad = self.loaded.tokenizer.pad_token_id or 0
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+            if adapters is None:
+                return prefix_tree.hidden_states(body, tree, self.device, pad)
+            with routed(self.peft, names) as routing:
+                return prefix_tree.hidden_states(body, tree, self.device, pad, routing.route)
+
+    def _pick(
+        self, hidden: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, temperature: float,
+        bitmask: torch.Tensor | None, entropy: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logprobs of the target tokens (and, with ``entropy``, the policy's entropy) at each
+        position of flat ``hidden``.
+
+        Only positions with mask > 0 go through the LM head (in RL most positions are prompt);
+        the others are reported as 0.0. ``bitmask`` rows (one per such position) mask the
+        softmax as the sampler's grammar did.
+        """
+        keep = mask > 0
+        head = self.peft.get_base_model().lm_head
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+            picked = token_logprobs(hidden[keep], head, targets[keep], temperature, chunk=self.logprob_chunk,
+                                    bitmask=bitmask, entropy=entropy)
+        logp, ent = picked if entropy else (picked, None)
+        logp = logp.new_zeros(len(targets)).masked_scatter(keep, logp)
+        return logp, (ent.new_zeros(len(targets)).masked_scatter(keep, ent) if entropy else None)
+
+    def _grammar_masks(self, data: list[Datum], masks: list[torch.Tensor]) -> torch.Tensor | None:
+        """The packed token masks each action token (mask > 0, in order) was sampled under.
+
+        Replayed from the datums' GrammarSpans; all ones where decoding was free. None when no
+        datum was constrained.
+        """
+        if not any(d.grammar for d in data):
+            return None
+        inner = self.peft.get_base_model()
+        book = book_for(self.loaded.tokenizer, inner.get_output_embeddings().weight.shape[0])
+        blocks = []
+        for d, mask in zip(data, masks):
+            actions = (mask > 0).nonzero().flatten().tolist()
+            row_of = {pos: k for k, pos in enumerate(actions)}
+            block = book.new_bitmask(len(actions))
+            targets = d.tensor("target_tokens", torch.long).tolist()
+            for span in d.grammar:
+                end = span.start + span.length
+                wanted = [p for p in range(span.start, end) if p in row_of]
+                replayed = book.replay(span.json_schema, span.prefix, targets[span.start:end], [p - span.start for p in wanted],
+                                       spelled=span.spelled)
+                block[[row_of[p] for p in wanted]] = replayed
+            blocks.append(block)
+        return torch.cat(blocks).to(self.device)
 
     def close(self) -> None:
         """Wait for every job submitted so far (jobs run in submission order)."""
@@ -225,140 +367,7 @@ class TrainingClient:
 
     # -- work done on the service's thread ----------------------------------------------------
     def _forward(self, data: list[Datum], loss_fn: str, config: dict[str, Any], backward: bool) -> ForwardBackwardOutput:
-        with self.service.adapters_on():
-            return self._passes(data, loss_fn, config, backward)
-
-    def _passes(self, data: list[Datum], loss_fn: str, config: dict[str, Any], backward: bool) -> ForwardBackwardOutput:
-        if loss_fn not in LOSS_FNS:
-            raise ValueError(f"unknown loss_fn {loss_fn!r}: use one of {', '.join(LOSS_FNS)}")
-        if not data:
-            raise ValueError("forward_backward needs at least one Datum")
-        fn, needed = LOSS_FNS[loss_fn]
-        options = LOSS_CONFIGS[loss_fn].model_validate(config)  # a ValueError on an unknown key or a bad value
-        for key in needed:
-            missing = [i for i, d in enumerate(data) if key not in d.loss_fn_inputs]
-            if missing:
-                raise ValueError(f"loss {loss_fn!r} needs loss_fn_inputs[{key!r}] (missing in datum {missing[0]})")
-        model = self.service.peft
-        model.set_adapter(self.name)
-        temperature, kl_coef = options.temperature, options.kl_coef
-        masks = [d.mask() for d in data]
-        total_tokens = float(sum(m.sum() for m in masks))
-        sums: dict[str, float] = defaultdict(float)
-        logps: list[torch.Tensor] = [torch.empty(0)] * len(data)
-        # Micro-batches bounded in padded tokens, gradients accumulated: activations for backward
-        # grow with batch x length, and a step's datums do not fit in memory at once.
-        for rows in self._micro_batches(data):
-            part = [data[i] for i in rows]
-            lengths = [d.model_input.length for d in part]
-            device = self.service.device
-            mask = torch.cat([masks[i] for i in rows]).to(device)
-            targets = torch.cat([d.tensor("target_tokens", torch.long) for d in part]).to(device)
-            inputs = {key: torch.cat([d.tensor(key) for d in part]).to(device) for key in needed}
-            bitmask = self._grammar_masks(part, [masks[i] for i in rows])
-            with torch.set_grad_enabled(backward):
-                if options.entropy_coef:
-                    logp, entropy = self._logprobs(part, targets, mask, temperature, bitmask, entropy=True)
-                    per_token, extra = fn(logp, inputs, options)
-                    per_token = per_token - options.entropy_coef * entropy
-                    extra = {**extra, "entropy": entropy}
-                else:
-                    logp = self._logprobs(part, targets, mask, temperature, bitmask)
-                    per_token, extra = fn(logp, inputs, options)
-                if kl_coef:
-                    with torch.no_grad(), model.disable_adapter():
-                        base_logp = self._logprobs(part, targets, mask, temperature, bitmask)
-                    kl = k3_kl(logp, base_logp)
-                    per_token = per_token + kl_coef * kl
-                    extra = {**extra, "kl": kl}
-                loss = aggregate(per_token, mask, lengths, options.aggregation, total_tokens=total_tokens, total_sequences=len(data))
-                if backward:
-                    loss.backward()
-            sums["loss"] += float(loss.detach())
-            sums["loss:sum"] += float((per_token.detach() * mask).sum())
-            for key, value in extra.items():
-                sums[key] += float((value.detach() * mask).sum())
-            for i, lp in zip(rows, logp.detach().cpu().split(lengths)):
-                logps[i] = lp
-        metrics = {"loss": sums.pop("loss"), "loss:sum": sums.pop("loss:sum"), "tokens": total_tokens}
-        for key, value in sums.items():
-            metrics[key if key in MEAN_NAMED else f"{key}_mean"] = value / max(total_tokens, 1.0)
-        return ForwardBackwardOutput(loss_fn_outputs=[{"logprobs": lp} for lp in logps], metrics=metrics)
-
-    def _micro_batches(self, data: list[Datum]) -> list[list[int]]:
-        """Datum indices in groups whose cost stays within the service's budget.
-
-        A group costs T * (1 + L / 512) for T tokens computed and its longest datum's length L:
-        activations grow with the tokens and attention with the length (measured: 4 x 900 tokens
-        peaked at 7.7 GB). Datums go in token order, so those that share prefixes sit together and
-        each group's prefix tree (``prefix_tree.py``) computes only what is new in each datum.
-        """
-        order = sorted(range(len(data)), key=lambda i: data[i].model_input.tokens)
-        batches: list[list[int]] = []
-        computed = longest = 0
-        previous: tuple[int, ...] = ()
-        for i in order:
-            tokens = data[i].model_input.tokens
-            new = len(tokens) - (prefix_tree.common_prefix(previous, tokens) if self.service.share_prefixes else 0)
-            width = max(longest, len(tokens))
-            if batches and (computed + new) * (1 + width / 512) <= self.service.micro_batch_tokens:
-                batches[-1].append(i)
-                computed, longest = computed + new, width
-            else:
-                batches.append([i])
-                computed, longest = len(tokens), len(tokens)
-            previous = tokens
-        return batches
-
-    def _grammar_masks(self, data: list[Datum], masks: list[torch.Tensor]) -> torch.Tensor | None:
-        """The packed token masks each action token (mask > 0, in order) was sampled under.
-
-        Replayed from the datums' GrammarSpans; all ones where decoding was free. None when no
-        datum was constrained.
-        """
-        if not any(d.grammar for d in data):
-            return None
-        inner = self.service.peft.get_base_model()
-        book = book_for(self.service.loaded.tokenizer, inner.get_output_embeddings().weight.shape[0])
-        blocks = []
-        for d, mask in zip(data, masks):
-            actions = (mask > 0).nonzero().flatten().tolist()
-            row_of = {pos: k for k, pos in enumerate(actions)}
-            block = book.new_bitmask(len(actions))
-            targets = d.tensor("target_tokens", torch.long).tolist()
-            for span in d.grammar:
-                end = span.start + span.length
-                wanted = [p for p in range(span.start, end) if p in row_of]
-                replayed = book.replay(span.json_schema, span.prefix, targets[span.start:end], [p - span.start for p in wanted],
-                                       spelled=span.spelled)
-                block[[row_of[p] for p in wanted]] = replayed
-            blocks.append(block)
-        return torch.cat(blocks).to(self.service.device)
-
-    def _logprobs(
-        self, data: list[Datum], targets: torch.Tensor, mask: torch.Tensor, temperature: float,
-        bitmask: torch.Tensor | None = None, entropy: bool = False,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Flat logprobs of the datums' target tokens under the active adapter (with ``entropy``,
-        also the policy's entropy at each position: a pair).
-
-        Only positions with mask > 0 go through the LM head (in RL most positions are prompt);
-        the others are reported as 0.0. ``bitmask`` rows (one per such position) mask the
-        softmax as the sampler's grammar did.
-        """
-        device = self.service.device
-        tree = prefix_tree.build([d.model_input.tokens for d in data], share=self.service.share_prefixes)
-        inner = self.service.peft.get_base_model()
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.service.autocast):
-            flat = prefix_tree.hidden_states(inner.model, tree, device, self.service.loaded.tokenizer.pad_token_id or 0)
-            keep = mask > 0
-            picked = token_logprobs(flat[keep], inner.lm_head, targets[keep], temperature, chunk=self.service.logprob_chunk,
-                                    bitmask=bitmask, entropy=entropy)
-        if entropy:
-            logp, ent = picked
-            return (logp.new_zeros(len(targets)).masked_scatter(keep, logp),
-                    ent.new_zeros(len(targets)).masked_scatter(keep, ent))
-        return picked.new_zeros(len(targets)).masked_scatter(keep, picked)
+        return self.service._passes([(self, data, loss_fn, config)], backward)[0]
 
     def _perturb(self, std: float, seed: int | str) -> None:
         generator = torch.Generator().manual_seed(zlib.crc32(str(seed).encode()))
@@ -428,6 +437,45 @@ class TrainingClient:
         if self.name in getattr(getattr(engine, "lora", None), "adapters", ()):  # HFEngine: the weights in hand
             return engine.update_adapter(self.name, state, lora_scale(config))
         return engine.load_adapter(self.name, str(path))
+
+
+class _Job:
+    """One ``forward_backward`` call inside a pass: its adapter, datums and loss, checked up
+    front, and what the pass's micro-batches add up for it."""
+
+    def __init__(self, client: TrainingClient, data: list[Datum], loss_fn: str, config: dict[str, Any]):
+        if loss_fn not in LOSS_FNS:
+            raise ValueError(f"unknown loss_fn {loss_fn!r}: use one of {', '.join(LOSS_FNS)}")
+        if not data:
+            raise ValueError("forward_backward needs at least one Datum")
+        self.fn, self.needed = LOSS_FNS[loss_fn]
+        self.options = LOSS_CONFIGS[loss_fn].model_validate(config)  # a ValueError on an unknown key or a bad value
+        for key in self.needed:
+            missing = [i for i, d in enumerate(data) if key not in d.loss_fn_inputs]
+            if missing:
+                raise ValueError(f"loss {loss_fn!r} needs loss_fn_inputs[{key!r}] (missing in datum {missing[0]})")
+        self.adapter, self.data = client.name, data
+        self.masks = [d.mask() for d in data]
+        self.total_tokens = float(sum(m.sum() for m in self.masks))
+        self.sums: dict[str, float] = defaultdict(float)
+        self.logps: list[torch.Tensor] = [torch.empty(0)] * len(data)
+
+    def add(self, loss: torch.Tensor, per_token: torch.Tensor, mask: torch.Tensor, extra: dict[str, torch.Tensor],
+            indices: list[int], logps: tuple[torch.Tensor, ...]) -> None:
+        """A micro-batch's share: its loss, per-token metrics, and the logprobs of datums ``indices``."""
+        self.sums["loss"] += float(loss.detach())
+        self.sums["loss:sum"] += float((per_token.detach() * mask).sum())
+        for key, value in extra.items():
+            self.sums[key] += float((value.detach() * mask).sum())
+        for i, lp in zip(indices, logps):
+            self.logps[i] = lp
+
+    def output(self) -> ForwardBackwardOutput:
+        sums = dict(self.sums)
+        metrics = {"loss": sums.pop("loss"), "loss:sum": sums.pop("loss:sum"), "tokens": self.total_tokens}
+        for key, value in sums.items():
+            metrics[key if key in MEAN_NAMED else f"{key}_mean"] = value / max(self.total_tokens, 1.0)
+        return ForwardBackwardOutput(loss_fn_outputs=[{"logprobs": lp} for lp in self.logps], metrics=metrics)
 
 
 def _fsync_dir(path: Path) -> None:

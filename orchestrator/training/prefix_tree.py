@@ -12,11 +12,16 @@ The tree's chains (``Segment``: a run of tokens between branch points) are compu
 depth. A segment's keys and values come from its own forward pass; its children attend to them
 (gathered along the path, left-padded) as a cache, so attention never spans more than one
 sequence's length, and each wave is batched by similar segment length (``length_batches``).
+
+Sequences may carry keys (the adapter each one trains): only sequences with the same key share
+segments, since the same tokens under two adapters are two computations. A wave then holds
+several adapters' segments side by side, and ``hidden_states`` tells the caller which before
+each pass (``route``), so one forward serves every adapter in it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Hashable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +41,7 @@ class Segment:
     parent: int  # index of the parent segment; -1 at a root
     start: int  # position of its first token: the length of its path before it
     depth: int  # segments on the path before it
+    key: Hashable = None  # the key of the sequences through it
     children: dict[int, int] = field(default_factory=dict)  # first token -> segment
 
 
@@ -49,39 +55,44 @@ class PrefixTree:
         return sum(len(s.tokens) for s in self.segments)
 
 
-def build(sequences: Sequence[Sequence[int]], share: bool = True, recompute: int = RECOMPUTE_TOKENS) -> PrefixTree:
+def build(sequences: Sequence[Sequence[int]], share: bool = True, recompute: int = RECOMPUTE_TOKENS,
+          keys: Sequence[Hashable] | None = None) -> PrefixTree:
     """The tree of ``sequences``; with ``share=False`` every sequence is a root of its own (the
     plain batch, for comparison). Segments whose branches would repeat at most ``recompute``
-    tokens in all are folded into their branches (0: each distinct prefix exactly once)."""
+    tokens in all are folded into their branches (0: each distinct prefix exactly once).
+    ``keys`` (one per sequence): only sequences with equal keys share segments."""
+    keys = list(keys) if keys is not None else [None] * len(sequences)
     if not share:
-        return PrefixTree([Segment(list(seq), -1, 0, 0) for seq in sequences],
+        return PrefixTree([Segment(list(seq), -1, 0, 0, key) for seq, key in zip(sequences, keys)],
                           [[(i, len(seq))] for i, seq in enumerate(sequences)])
     segments: list[Segment] = []
-    roots: dict[int, int] = {}
-    for seq in sequences:
-        seq, at, parent, siblings = list(seq), 0, -1, roots
+    roots: dict[tuple[Hashable, int], int] = {}  # (key, first token) -> root; below a root, first token -> child
+    for seq, key in zip(sequences, keys):
+        seq, at, parent = list(seq), 0, -1
         while at < len(seq):
-            index = siblings.get(seq[at])
+            siblings, edge = (roots, (key, seq[at])) if parent < 0 else (segments[parent].children, seq[at])
+            index = siblings.get(edge)
             if index is None:  # a new branch: the rest of the sequence is one segment
                 depth = segments[parent].depth + 1 if parent >= 0 else 0
-                segments.append(Segment(seq[at:], parent, at, depth))
-                siblings[seq[at]] = len(segments) - 1
+                segments.append(Segment(seq[at:], parent, at, depth, key))
+                siblings[edge] = len(segments) - 1
                 break
             n = common_prefix(segments[index].tokens, seq[at:])
             if n < len(segments[index].tokens) and at + n < len(seq):  # it diverges inside: split there
                 _split(segments, index, n)
-            at, parent, siblings = at + n, index, segments[index].children
-    return _fold_short(segments, [_path(segments, roots, seq) for seq in sequences], recompute)
+            at, parent = at + n, index
+    paths = [_path(segments, roots, seq, key) for seq, key in zip(sequences, keys)]
+    return _fold_short(segments, paths, recompute)
 
 
-def _path(segments: list[Segment], roots: dict[int, int], seq: Sequence[int]) -> list[tuple[int, int]]:
+def _path(segments: list[Segment], roots: dict, seq: Sequence[int], key: Hashable) -> list[tuple[int, int]]:
     """(segment, tokens taken) along ``seq``'s way through the finished tree."""
-    path, at, siblings = [], 0, roots
+    path, at = [], 0
     while at < len(seq):
-        index = siblings[seq[at]]
+        index = segments[path[-1][0]].children[seq[at]] if path else roots[(key, seq[at])]
         n = min(len(segments[index].tokens), len(seq) - at)
         path.append((index, n))
-        at, siblings = at + n, segments[index].children
+        at += n
     return path
 
 
@@ -140,7 +151,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 def _split(segments: list[Segment], index: int, n: int) -> None:
     """Cut segment ``index`` after ``n`` tokens; its tail becomes its only child."""
     seg = segments[index]
-    tail = Segment(seg.tokens[n:], index, seg.start + n, seg.depth + 1, seg.children)
+    tail = Segment(seg.tokens[n:], index, seg.start + n, seg.depth + 1, seg.key, seg.children)
     segments.append(tail)
     for child in tail.children.values():
         segments[child].parent = len(segments) - 1
@@ -154,9 +165,11 @@ def _deepen(segments: list[Segment], index: int) -> None:
         _deepen(segments, child)
 
 
-def hidden_states(body: torch.nn.Module, tree: PrefixTree, device: torch.device, pad_id: int = 0) -> torch.Tensor:
+def hidden_states(body: torch.nn.Module, tree: PrefixTree, device: torch.device, pad_id: int = 0,
+                  route: Callable[[list[Hashable]], None] | None = None) -> torch.Tensor:
     """The last hidden states of every sequence's every position, sequences one after another:
-    ``[sum of lengths, d]``. ``body`` is the transformer without its LM head."""
+    ``[sum of lengths, d]``. ``body`` is the transformer without its LM head. ``route``, where
+    given, is called before each forward with the keys of its rows, in order."""
     segs = tree.segments
     hidden: list[torch.Tensor | None] = [None] * len(segs)
     kv: list[list[tuple[torch.Tensor, torch.Tensor]] | None] = [None] * len(segs)
@@ -164,6 +177,8 @@ def hidden_states(body: torch.nn.Module, tree: PrefixTree, device: torch.device,
         wave = [i for i, s in enumerate(segs) if s.depth == depth]
         for batch in length_batches([len(segs[i].tokens) for i in wave]):
             rows = [wave[k] for k in batch]
+            if route is not None:
+                route([segs[i].key for i in rows])
             _forward(body, segs, rows, hidden, kv, device, pad_id)
     return torch.cat([hidden[seg][:n] for path in tree.paths for seg, n in path])
 

@@ -1,0 +1,128 @@
+"""Several adapters' forward_backward calls in shared passes (``forward_backward_many``): each
+call gets what it would get alone, and no gradient crosses from one adapter to another."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from orchestrator.training import Datum, LoraConfig, ModelInput, ServiceClient
+
+
+@pytest.fixture(scope="module")
+def service():
+    svc = ServiceClient("tiny", bf16_autocast=False)  # fp32: the two ways agree to float rounding
+    yield svc
+    svc.close()
+
+
+def datum(tokens: list[int], advantage: float, actions_from: int = 8) -> Datum:
+    n = len(tokens) - 1
+    return Datum(ModelInput.from_ints(tokens[:-1]), {
+        "target_tokens": tokens[1:], "mask": [0.0] * actions_from + [1.0] * (n - actions_from),
+        "logprobs": [-4.0] * n, "advantages": [advantage] * n})
+
+
+def learners(service, names: list[str], ranks: list[int]):
+    clients = []
+    for seed, (name, rank) in enumerate(zip(names, ranks)):
+        c = service.create_lora_training_client(name, LoraConfig(rank=rank))
+        torch.manual_seed(seed)
+        for p in c.params:  # non-zero B, and adapters unlike each other
+            p.data.normal_(0, 0.05)
+        clients.append(c)
+    return clients
+
+
+def grads(clients) -> list[list[torch.Tensor]]:
+    out = [[p.grad.clone() if p.grad is not None else None for p in c.params] for c in clients]
+    for c in clients:
+        c.optimizer.zero_grad(set_to_none=True)
+    return out
+
+
+def close(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Equal to fp32 rounding at the tensor's scale (summation orders differ between the ways)."""
+    return float((x - y).abs().max()) <= 1e-5 * float(x.abs().max()) + 1e-8
+
+
+def test_calls_of_several_adapters_together_equal_each_alone(service):
+    """Two adapters of different ranks; the same token sequences under both (they must not share
+    a prefix across adapters); one adapter called twice at two temperatures; a KL term and an
+    entropy bonus on some calls. One pass, then micro-batches of a few datums that mix adapters."""
+    a, b = learners(service, ["joint_a", "joint_b"], [4, 8])
+    opening = list(range(200, 230))
+    seqs = [opening + [300 + k, 301 + k, 302 + k, 303 + k] for k in range(4)] + [list(range(400, 420))]
+    data_a = [datum(s, 1.0 - 0.5 * k) for k, s in enumerate(seqs)]
+    data_b = [datum(s, 0.3 * k - 0.4) for k, s in enumerate(seqs[:4])]
+    data_a2 = [datum(opening + [500, 501, 502], 0.7)]
+    calls = [(a, data_a, "ppo", {"kl_coef": 0.1}),
+             (b, data_b, "importance_sampling", {"temperature": 0.7, "entropy_coef": 0.01}),
+             (a, data_a2, "ppo", {"temperature": 0.5, "aggregation": "sequence-mean"})]
+    alone = [c.forward_backward(d, f, o).result() for c, d, f, o in calls]
+    g_alone = grads([a, b])
+    for budget in (100_000, 120):
+        service.micro_batch_tokens = budget
+        together = service.forward_backward_many(calls).result()
+        g_together = grads([a, b])
+        for one, both in zip(alone, together):
+            assert both.metrics.keys() == one.metrics.keys()
+            assert all(both.metrics[k] == pytest.approx(v, rel=1e-5, abs=1e-6) for k, v in one.metrics.items())
+            assert all(torch.allclose(x["logprobs"], y["logprobs"], atol=1e-5)
+                       for x, y in zip(one.loss_fn_outputs, both.loss_fn_outputs))
+        for per_adapter_alone, per_adapter_together in zip(g_alone, g_together):
+            assert all(close(x, y) for x, y in zip(per_adapter_alone, per_adapter_together))
+    service.micro_batch_tokens = 4096
+    assert any(g.abs().sum() > 0 for g in g_alone[1])  # b learned from its own rows
+
+
+def test_micro_batches_mix_adapters_and_keep_each_adapters_prefixes_together(service):
+    seqs = [(1, 2, 3, 4), (1, 2, 3, 5), (9, 9), (1, 2, 3, 4)]
+    adapters = ["y", "x", "x", "x"]
+    service.micro_batch_tokens = 10_000
+    assert service._micro_batches(seqs, adapters) == [[3, 1, 2, 0]]  # x's first, in token order, then y's
+    service.micro_batch_tokens = 4096
+
+
+def test_an_uninvolved_adapter_gets_no_gradient_and_a_bad_call_stops_the_pass(service):
+    a, b, c = learners(service, ["bad_a", "bad_b", "bad_c"], [4, 4, 4])
+    seq = list(range(100, 130))
+    service.forward_backward_many([(a, [datum(seq, 1.0)], "ppo", {}), (b, [datum(seq, -1.0)], "ppo", {})]).result()
+    assert all(p.grad is None for p in c.params)
+    assert all(p.grad is not None for p in a.params + b.params)
+    grads([a, b])
+    with pytest.raises(ValueError, match="unknown loss_fn"):
+        service.forward_backward_many([(a, [datum(seq, 1.0)], "ppo", {}), (b, [datum(seq, 1.0)], "dpo", {})]).result()
+    assert all(p.grad is None for p in a.params + b.params)  # checked before any pass ran
+
+
+def test_routed_adapters_compute_what_peft_computes(service):
+    """The service adds LoRA deltas itself (``routing.py``); PEFT's own forward is the reference."""
+    (c,) = learners(service, ["peft_ref"], [8])
+    tokens = list(range(100, 140))
+    d = datum(tokens, 1.0, actions_from=0)
+    ours = c.forward([d], "cross_entropy").result().loss_fn_outputs[0]["logprobs"]
+    with torch.no_grad():
+        base = service.peft(input_ids=torch.tensor([tokens[:-1]])).logits[0]  # PEFT's layers are off
+        service.peft.base_model.enable_adapter_layers()
+        try:
+            service.peft.set_adapter("peft_ref")
+            logits = service.peft(input_ids=torch.tensor([tokens[:-1]])).logits[0]
+        finally:
+            service.peft.base_model.disable_adapter_layers()
+    theirs = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(tokens[1:])[:, None]).squeeze(-1)
+    assert torch.allclose(ours, theirs, atol=1e-5)
+    assert (logits - base).abs().max() > 1e-3  # the adapter does change the logits
+
+
+def test_lora_dropout_applies_per_row_adapter(service):
+    noisy = service.create_lora_training_client("drop_noisy", LoraConfig(rank=4, dropout=0.5))
+    (still,) = learners(service, ["drop_still"], [4])
+    for p in noisy.params:
+        p.data.normal_(0, 0.05)
+    seq = list(range(100, 130))
+    calls = [(noisy, [datum(seq, 1.0)], "cross_entropy", {}), (still, [datum(seq, 1.0)], "cross_entropy", {})]
+    first, second = service.forward_backward_many(calls).result(), service.forward_backward_many(calls).result()
+    grads([noisy, still])
+    logp = [[out.loss_fn_outputs[0]["logprobs"] for out in run] for run in (first, second)]
+    assert not torch.equal(logp[0][0], logp[1][0])  # dropout draws anew each pass
+    assert torch.equal(logp[0][1], logp[1][1])  # the adapter without dropout is deterministic
