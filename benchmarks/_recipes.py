@@ -10,7 +10,9 @@ from typing import Any
 from orchestrator.engines.hf import EngineStats, HFEngine
 from orchestrator.models import LoadedModel
 from orchestrator.rollout import RunOptions, RunResult, build_policies, run_team
-from orchestrator.team import Team
+from orchestrator.team import Team, load_team
+
+RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 
 
 async def _run(team: Team, loaded: LoadedModel, episodes: int, out: Path, concurrency: int | None,
@@ -36,10 +38,14 @@ def warm_up(team: Team, loaded: LoadedModel, out: Path) -> None:
     run_recipe(team, loaded, 1, out)
 
 
-def parse_args(repeats: str, default_episodes: int, default_repeats: int, smoke_episodes: int) -> argparse.Namespace:
-    """--model, --episodes, ``--<repeats>`` and --smoke (tiny model, one repeat, ``smoke_episodes``)."""
+def parse_args(repeats: str, default_episodes: int, default_repeats: int, smoke_episodes: int,
+               device: bool = False) -> argparse.Namespace:
+    """--model, --episodes, ``--<repeats>`` and --smoke (tiny model, one repeat, ``smoke_episodes``);
+    with ``device``, --device for the timed side's model (the rollouts stay on the CPU)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="smollm2-135m")
+    if device:
+        parser.add_argument("--device", default="auto", help="auto (a CUDA GPU where there is one), cpu, cuda, cuda:N")
     parser.add_argument("--episodes", type=int, default=default_episodes)
     parser.add_argument(f"--{repeats}", type=int, default=default_repeats, help="the sides alternate this many times")
     parser.add_argument("--smoke", action="store_true", help="seconds on the tiny model: does the script still run")
@@ -48,3 +54,16 @@ def parse_args(repeats: str, default_episodes: int, default_repeats: int, smoke_
         args.model, args.episodes = "tiny", smoke_episodes
         setattr(args, repeats, 1)
     return args
+
+
+def role_datums_of_step(recipe: str, loaded: LoadedModel, episodes: int, out: Path) -> dict[str, list[list]]:
+    """A recipe's ``episodes`` episodes rolled out once on ``loaded``: per trainable role, each
+    episode's datums, advantages alternating in sign between episodes (a step's worth of real
+    prompts and replies; the values do not matter to a pass's cost)."""
+    from orchestrator.training.datums import role_datums
+    from orchestrator.training.loop import trainable_roles
+
+    team = load_team(RECIPES / f"{recipe}.yaml")
+    result, _ = run_recipe(team, loaded, episodes, out, concurrency=episodes)
+    return {role: [role_datums(e, role, 1.0 if e.index % 2 else -1.0) for e in result.episodes]
+            for role in trainable_roles(team)}

@@ -27,23 +27,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from _recipes import parse_args, run_recipe
+from _recipes import parse_args, role_datums_of_step
 
 from orchestrator.models import load_model
-from orchestrator.team import load_team
 from orchestrator.training import LoraConfig, ServiceClient, prefix_tree
-from orchestrator.training.datums import role_datums
-from orchestrator.training.loop import trainable_roles
-
-RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 
 
 def step_datums(recipe: str, loaded, episodes: int, out: Path) -> list:
-    """Every trainable role's datums of ``episodes`` episodes, advantages alternating in sign."""
-    team = load_team(RECIPES / f"{recipe}.yaml")
-    result, _ = run_recipe(team, loaded, episodes, out, concurrency=episodes)
-    return [d for e in result.episodes for role in trainable_roles(team)
-            for d in role_datums(e, role, 1.0 if e.index % 2 else -1.0)]
+    """Every trainable role's datums of ``episodes`` episodes (``role_datums_of_step``)."""
+    return [d for per_episode in role_datums_of_step(recipe, loaded, episodes, out).values() for data in per_episode for d in data]
 
 
 def max_diff(a: list, b: list) -> float:

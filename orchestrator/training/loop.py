@@ -1,5 +1,6 @@
-"""``rolecast train``: rollout, rewards, advantages, forward_backward per adapter, optim_step,
-refresh the sampler; evaluate and checkpoint every K steps.
+"""``rolecast train``: rollout, rewards, advantages, one forward_backward over every trained
+adapter's datums, an optim_step per adapter, refresh the sampler; evaluate and checkpoint every
+K steps.
 
 Run dir::
 
@@ -170,8 +171,7 @@ class TrainingRun:
         row["episodes"] = sum(len(g) for g in groups)
         trained = self.trainer.adapters_to_train(step)
         self._write_credit(step, groups, rewards, advantages, trained)
-        for adapter in trained:
-            row.update(await self._update(step, adapter, groups, advantages))
+        row.update(await self._update(step, trained, groups, advantages))
         row.update(self.trainer.after_step(step, [ep for g in groups for ep in g], [rw for g in rewards for rw in g], self._snapshot))
         row["rollout_s"] = round(t_roll, 3)
         row["step_s"] = round(time.perf_counter() - t0, 3)
@@ -227,16 +227,58 @@ class TrainingRun:
         ))
         return [result.episodes[g * size:(g + 1) * size] for g in range(len(chosen))]
 
-    async def _update(self, step: int, adapter: str, groups: list[list[EpisodeRecord]], advantages) -> dict[str, Any]:
-        """The adapter's datums in ``ppo_epochs`` passes of ``minibatches`` optimizer steps each, then
-        publish. With one of each (the default) that is a single on-policy step; after the first
-        optimizer step the policy has moved, the importance ratios leave 1 and PPO's clip bites."""
-        # async training: turns more than max_staleness versions behind the learner are dropped
+    async def _update(self, step: int, adapters: list[str], groups: list[list[EpisodeRecord]], advantages) -> dict[str, Any]:
+        """Each adapter's datums in ``ppo_epochs`` passes of ``minibatches`` optimizer steps each,
+        then publish. With one of each (the default) that is a single on-policy step; after the
+        first optimizer step the policy has moved, the importance ratios leave 1 and PPO's clip
+        bites. The adapters' k-th minibatches go through the model together (one
+        ``forward_backward_many``), each then takes its own optimizer step."""
+        metrics: dict[str, Any] = {}
+        plans = {a: self._datums(a, groups, advantages) for a in adapters}
+        for adapter, (items, _, stale) in plans.items():
+            if not items:
+                metrics.update({f"{adapter}/datums": 0, **stale})
+        live = {a: items for a, (items, _, _) in plans.items() if items}
+        epochs = self.cfg.ppo_epochs
+        rngs = {a: random.Random(f"{self.options.seed}:minibatches:{step}:{a}") for a in live}
+        passes: dict[str, list[dict[str, float]]] = {a: [] for a in live}
+        for _ in range(epochs):
+            chunks = {}
+            for adapter, items in live.items():
+                order, parts = list(items), min(self.cfg.minibatches, len(items))
+                if epochs > 1 or parts > 1:
+                    rngs[adapter].shuffle(order)
+                size = -(-len(order) // parts)
+                chunks[adapter] = [order[i:i + size] for i in range(0, len(order), size)]
+            results: dict[str, list[dict[str, float]]] = {a: [] for a in live}
+            for k in range(max((len(c) for c in chunks.values()), default=0)):
+                done = await self._minibatch({a: c[k] for a, c in chunks.items() if k < len(c)})
+                for adapter, row in done.items():
+                    results[adapter].append(row)
+            for adapter, rows in results.items():
+                passes[adapter].append(_mean(rows))
+        for adapter, items in live.items():
+            metrics.update({f"{adapter}/{k}": v for k, v in _mean(passes[adapter]).items()})
+            if epochs > 1:  # how far each pass strayed from the sampler
+                for e, p in enumerate(passes[adapter], 1):
+                    metrics.update({f"{adapter}/epoch{e}/{k}": p[k] for k in ("clip_fraction", "approx_kl") if k in p})
+            metrics[f"{adapter}/datums"] = len(items)
+            metrics[f"{adapter}/version"] = await self._publish(adapter)
+            _, lags, stale = plans[adapter]
+            if self.cfg.max_staleness:
+                metrics[f"{adapter}/staleness"] = sum(lags) / len(lags) if lags else 0.0
+            metrics.update(stale)
+        return metrics
+
+    def _datums(self, adapter: str, groups: list[list[EpisodeRecord]], advantages) -> tuple[list, list[int], dict]:
+        """The adapter's (sampling temperature, datum) pairs from the step's episodes, the lag of
+        each sampled attempt behind the learner, and, in async training, how many turns were
+        dropped as too stale (turns more than ``max_staleness`` versions behind)."""
         current = self.published[adapter]
         options = DatumBuildOptions(invalid=self.cfg.invalid, invalid_advantage=self.cfg.invalid_advantage,
                                     min_version=current - self.cfg.max_staleness)
-        lags: list[int] = []  # per sampled attempt, how many versions behind the learner
-        items: list[tuple[float, Datum]] = []  # (sampling temperature, datum)
+        lags: list[int] = []
+        items: list[tuple[float, Datum]] = []
         for g, group in enumerate(groups):
             for e, episode in enumerate(group):
                 for role in self.roles:
@@ -247,45 +289,31 @@ class TrainingRun:
                              for a in turn.attempts if a.adapter_version is not None]
                     items += [(t if t > 0 else 1.0, d) for d in role_datums(episode, role, advantages[g][e][role], options)]
         stale = {f"{adapter}/stale_dropped": options.stats["stale"]} if self.cfg.max_staleness else {}
-        if not items:
-            return {f"{adapter}/datums": 0, **stale}
-        epochs, parts = self.cfg.ppo_epochs, min(self.cfg.minibatches, len(items))
-        rng = random.Random(f"{self.options.seed}:minibatches:{step}:{adapter}")
-        passes = []
-        for _ in range(epochs):
-            order = list(items)
-            if epochs > 1 or parts > 1:
-                rng.shuffle(order)
-            size = -(-len(order) // parts)
-            passes.append(_mean([await self._minibatch(adapter, order[i:i + size]) for i in range(0, len(order), size)]))
-        metrics = {f"{adapter}/{k}": v for k, v in _mean(passes).items()}
-        if epochs > 1:  # how far each pass strayed from the sampler
-            for e, p in enumerate(passes, 1):
-                metrics.update({f"{adapter}/epoch{e}/{k}": p[k] for k in ("clip_fraction", "approx_kl") if k in p})
-        version = await self._publish(adapter)
-        metrics[f"{adapter}/datums"] = len(items)
-        metrics[f"{adapter}/version"] = version
-        if self.cfg.max_staleness:
-            metrics[f"{adapter}/staleness"] = sum(lags) / len(lags) if lags else 0.0
-        metrics.update(stale)
-        return metrics
+        return items, lags, stale
 
     def _played(self, episode: EpisodeRecord, role: str) -> str:
         """The adapter that played ``role`` in ``episode``: the trainer's override, else the role's own."""
         return episode.adapters.get(role, self.roles[role])
 
-    async def _minibatch(self, adapter: str, items: list[tuple[float, Datum]]) -> dict[str, float]:
-        """forward_backward per sampling temperature (logprobs are taken at it), then one optim_step."""
-        client = self.clients[adapter]
-        by_temperature: dict[float, list[Datum]] = defaultdict(list)
-        for t, d in items:
-            by_temperature[t].append(d)
-        outs = []
-        for temperature, data in by_temperature.items():
-            config = {**RECIPE_LOSS_DEFAULTS, **self.cfg.loss_config, "temperature": temperature}
-            outs.append((await (await client.forward_backward_async(data, self.cfg.loss, config)).result_async()).metrics)
-        opt = await (await client.optim_step_async(AdamParams(**self.cfg.adam.model_dump()))).result_async()
-        return {**_mean(outs), **opt.metrics}
+    async def _minibatch(self, batches: dict[str, list[tuple[float, Datum]]]) -> dict[str, dict[str, float]]:
+        """One pass over every adapter's batch (a call per adapter and sampling temperature:
+        logprobs are taken at it), then each adapter's optimizer step."""
+        calls, owners = [], []
+        for adapter, items in batches.items():
+            by_temperature: dict[float, list[Datum]] = defaultdict(list)
+            for t, d in items:
+                by_temperature[t].append(d)
+            for temperature, data in by_temperature.items():
+                config = {**RECIPE_LOSS_DEFAULTS, **self.cfg.loss_config, "temperature": temperature}
+                calls.append((self.clients[adapter], data, self.cfg.loss, config))
+                owners.append(adapter)
+        outs = await (await self.service.forward_backward_many_async(calls)).result_async()
+        steps = {a: await self.clients[a].optim_step_async(AdamParams(**self.cfg.adam.model_dump())) for a in batches}
+        done = {}
+        for adapter, future in steps.items():
+            opt = await future.result_async()
+            done[adapter] = {**_mean([o.metrics for o, a in zip(outs, owners) if a == adapter]), **opt.metrics}
+        return done
 
     async def evaluate(self, step: int) -> dict[str, Any]:
         tasks = self.team.eval_tasks or self.team.tasks
