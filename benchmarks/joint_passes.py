@@ -1,6 +1,6 @@
-"""Several adapters' training passes computed together (``ServiceClient.forward_backward_many``:
-each micro-batch holds every adapter's datums, each row through its own adapter) against one
-pass per adapter, on real steps' datums.
+"""Several adapters' training passes computed together (``ServiceClient(joint_passes=True)``:
+micro-batches hold several adapters' datums, each row through its own adapter) against a pass per
+adapter, on real steps' datums: the same ``forward_backward_many`` call either way.
 
 Two workloads, rolled out once on the engine (the same model):
 
@@ -9,10 +9,10 @@ Two workloads, rolled out once on the engine (the same model):
 - ``team``: Code Pair (recipes/code_pair.yaml), the Tester's and the Coder's datums, each role
   its own adapter, as every team recipe trains.
 
-Both sides run ``forward_backward`` (PPO, no optimizer step, so they see the same weights),
+Both sides run the workload's calls (PPO, no optimizer step, so they see the same weights),
 alternating ``--rounds`` times on one service; the median seconds per side are compared.
 ``max_logprob_diff`` checks the sides agree; ``rebatched_max_logprob_diff`` is the same
-comparison between two one-pass-per-adapter runs batched differently (a smaller micro-batch
+comparison between two pass-per-adapter runs batched differently (a smaller micro-batch
 budget), the noise floor of the run's dtype (bf16 autocast on a CPU that has it; in fp32 the
 sides agree to 1e-5: tests/training/test_joint_passes.py).
 
@@ -67,30 +67,29 @@ def main() -> None:
         clients = {a: service.create_lora_training_client(f"{name}/{a}", LoraConfig(rank=16)) for a in by_adapter}
         calls = [(clients[a], data, "ppo", {}) for a, data in by_adapter.items() if data]
 
-        def apart() -> list:
-            return [c.forward_backward(d, f, o).result() for c, d, f, o in calls]
-
-        def together() -> list:
+        def run(joint: bool) -> list:
+            service.joint_passes = joint
             return service.forward_backward_many(calls).result()
 
         def zero() -> None:
             for c in clients.values():
                 c.optimizer.zero_grad(set_to_none=True)
 
-        service.forward_backward_many([(c, d[:1], f, o) for c, d, f, o in calls]).result()  # warm-up
+        run(True)  # warm-up: first-call costs on neither side
         zero()
         seconds: dict[str, list[float]] = {"apart": [], "together": []}
         logprobs: dict[str, list] = {}
         for r in range(args.rounds):
-            for side, run in (("together", together), ("apart", apart)):
+            for side, joint in (("together", True), ("apart", False)):
                 t0 = time.perf_counter()
-                outs = run()
+                outs = run(joint)
                 seconds[side].append(time.perf_counter() - t0)
                 zero()
                 logprobs[side] = [o["logprobs"] for out in outs for o in out.loss_fn_outputs]
                 print(f"{name} round {r} {side}: {seconds[side][-1]:.2f} s", file=sys.stderr)
         budget, service.micro_batch_tokens = service.micro_batch_tokens, service.micro_batch_tokens // 4
-        rebatched = [o["logprobs"] for c, d, f, o in calls for o in c.forward(d, f, o).result().loss_fn_outputs]
+        rebatched = [o["logprobs"] for out in run(False) for o in out.loss_fn_outputs]
+        zero()
         service.micro_batch_tokens = budget
         apart_s, together_s = statistics.median(seconds["apart"]), statistics.median(seconds["together"])
         report[name] = {

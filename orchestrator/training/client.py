@@ -83,7 +83,7 @@ class ServiceClient:
     def __init__(
         self, model: str | LoadedModel = "smollm2-135m", *, bf16_autocast: bool | None = None, seed: int = 0,
         micro_batch_tokens: int | None = None, device: str | torch.device = "cpu", shared: bool = False,
-        share_prefixes: bool = True,
+        share_prefixes: bool = True, joint_passes: bool = False,
     ):
         if shared and not isinstance(model, LoadedModel):
             raise ValueError("a shared ServiceClient trains an engine's loaded model: pass engine.loaded")
@@ -98,6 +98,7 @@ class ServiceClient:
         self.micro_batch_tokens = micro_batch_tokens or (131072 if gpu else 4096)
         self.logprob_chunk = 4096 if gpu else 512
         self.share_prefixes = share_prefixes  # passes compute each shared prefix once (prefix_tree.py)
+        self.joint_passes = joint_passes  # forward_backward_many: several adapters in one pass (_micro_batches)
         self.loaded = model if isinstance(model, LoadedModel) else load_model(model, dtype="float32", seed=seed)
         if not shared:  # master weights in fp32 on the device; autocast runs the matmuls in bf16
             self.loaded.model.to(self.device, torch.float32)
@@ -157,11 +158,11 @@ class ServiceClient:
     def forward_backward_many(
         self, calls: list[tuple["TrainingClient", list[Datum], str, dict[str, Any] | None]],
     ) -> APIFuture[list[ForwardBackwardOutput]]:
-        """Several ``forward_backward`` calls, of one adapter or several, computed together: each
-        micro-batch holds datums of every call, and one forward/backward pass computes them all,
-        each row through its own adapter. Each call gets the outputs and gradients it would get
-        alone (up to summation order); a team's roles, or a population's members, then cost one
-        pass instead of one each."""
+        """Several ``forward_backward`` calls, of one adapter or several, in one job. With
+        ``joint_passes``, micro-batches hold datums of several adapters and one forward/backward
+        pass computes them all, each row through its own adapter; without, each adapter's datums
+        have passes of their own. Each call gets the outputs and gradients it would get alone (up
+        to summation order)."""
         return self.submit(self._passes, [(c, d, f, dict(o or {})) for c, d, f, o in calls], True)
 
     async def forward_backward_many_async(self, calls) -> APIFuture[list[ForwardBackwardOutput]]:
@@ -227,26 +228,37 @@ class ServiceClient:
 
         A group costs T * (1 + L / 512) for T tokens computed and its longest sequence's length L:
         activations grow with the tokens and attention with the length (measured: 4 x 900 tokens
-        peaked at 7.7 GB). Sequences go in (adapter, token) order, so those that share prefixes
-        sit together and each group's prefix tree (``prefix_tree.py``) computes only what is new
-        in each sequence.
+        peaked at 7.7 GB). Each adapter's sequences go in token order, so those that share
+        prefixes sit together and each group's prefix tree (``prefix_tree.py``) computes only what
+        is new in each; they are cut into groups as if that adapter were alone. With
+        ``joint_passes``, whole groups of several adapters then share a pass where their costs fit
+        together: a tree is never cut for another adapter's sake (cut, its shared prefixes would
+        be computed twice).
         """
-        order = sorted(range(len(sequences)), key=lambda i: (adapters[i], sequences[i]))
-        batches: list[list[int]] = []
-        computed = longest = 0
-        previous: tuple[str, tuple[int, ...]] = ("", ())
-        for i in order:
-            tokens = sequences[i]
-            shared = prefix_tree.common_prefix(previous[1], tokens) if self.share_prefixes and previous[0] == adapters[i] else 0
-            new, width = len(tokens) - shared, max(longest, len(tokens))
-            if batches and (computed + new) * (1 + width / 512) <= self.micro_batch_tokens:
-                batches[-1].append(i)
-                computed, longest = computed + new, width
+        groups: list[tuple[list[int], int, int]] = []  # (indices, tokens computed, longest)
+        for adapter in dict.fromkeys(sorted(adapters)):
+            order = sorted((i for i in range(len(sequences)) if adapters[i] == adapter), key=lambda i: sequences[i])
+            previous: tuple[int, ...] = ()
+            start = len(groups)
+            for i in order:
+                tokens = sequences[i]
+                new = len(tokens) - (prefix_tree.common_prefix(previous, tokens) if self.share_prefixes else 0)
+                if len(groups) > start and self._fits(groups[-1][1] + new, max(groups[-1][2], len(tokens))):
+                    indices, computed, longest = groups[-1]
+                    groups[-1] = (indices + [i], computed + new, max(longest, len(tokens)))
+                else:
+                    groups.append(([i], len(tokens), len(tokens)))
+                previous = tokens
+        batches: list[tuple[list[int], int, int]] = []
+        for indices, computed, longest in groups:
+            if self.joint_passes and batches and self._fits(batches[-1][1] + computed, max(batches[-1][2], longest)):
+                batches[-1] = (batches[-1][0] + indices, batches[-1][1] + computed, max(batches[-1][2], longest))
             else:
-                batches.append([i])
-                computed, longest = len(tokens), len(tokens)
-            previous = (adapters[i], tokens)
-        return batches
+                batches.append((indices, computed, longest))
+        return [indices for indices, _, _ in batches]
+
+    def _fits(self, computed: int, longest: int) -> bool:
+        return computed * (1 + longest / 512) <= self.micro_batch_tokens
 
     def _hidden(self, data: list[Datum], adapters: list[str] | None, names: list[str]) -> torch.Tensor:
         """Flat last hidden states of ``data``, computed as a prefix tree: with ``adapters`` (one

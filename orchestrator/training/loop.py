@@ -1,4 +1,4 @@
-"""``rolecast train``: rollout, rewards, advantages, one forward_backward over every trained
+"""``rolecast train``: rollout, rewards, advantages, forward_backward over every trained
 adapter's datums, an optim_step per adapter, refresh the sampler; evaluate and checkpoint every
 K steps.
 
@@ -98,6 +98,7 @@ class TrainingRun:
         self.reward_config = config_model(self.reward_fn).model_validate(self.cfg.reward_config)
         lora = LoraConfig(**{**self.cfg.lora.model_dump(), "target_modules": tuple(self.cfg.lora.target_modules)})
         self.clients = {a: service.create_lora_training_client(a, lora) for a in self.trainer.learners()}
+        service.joint_passes = self.cfg.joint_passes
         self.rollouts = rollouts  # None: episodes play here; else rollout workers (workers.RayRollouts)
         self.policies = build_policies(team, {}, lambda: engine, self.registry)
         self.eval_team, self.eval_policies, self.eval_opponent_role = team, self.policies, None
@@ -231,8 +232,8 @@ class TrainingRun:
         """Each adapter's datums in ``ppo_epochs`` passes of ``minibatches`` optimizer steps each,
         then publish. With one of each (the default) that is a single on-policy step; after the
         first optimizer step the policy has moved, the importance ratios leave 1 and PPO's clip
-        bites. The adapters' k-th minibatches go through the model together (one
-        ``forward_backward_many``), each then takes its own optimizer step."""
+        bites. The adapters' k-th minibatches go to the service in one ``forward_backward_many``
+        (sharing passes with ``joint_passes``), then each adapter takes its own optimizer step."""
         metrics: dict[str, Any] = {}
         plans = {a: self._datums(a, groups, advantages) for a in adapters}
         for adapter, (items, _, stale) in plans.items():

@@ -10,7 +10,7 @@ from orchestrator.training import Datum, LoraConfig, ModelInput, ServiceClient
 
 @pytest.fixture(scope="module")
 def service():
-    svc = ServiceClient("tiny", bf16_autocast=False)  # fp32: the two ways agree to float rounding
+    svc = ServiceClient("tiny", bf16_autocast=False, joint_passes=True)  # fp32: the two ways agree to float rounding
     yield svc
     svc.close()
 
@@ -75,11 +75,16 @@ def test_calls_of_several_adapters_together_equal_each_alone(service):
     assert any(g.abs().sum() > 0 for g in g_alone[1])  # b learned from its own rows
 
 
-def test_micro_batches_mix_adapters_and_keep_each_adapters_prefixes_together(service):
+def test_micro_batches_mix_adapters_only_when_joint_and_never_cut_a_tree_for_another(service):
     seqs = [(1, 2, 3, 4), (1, 2, 3, 5), (9, 9), (1, 2, 3, 4)]
     adapters = ["y", "x", "x", "x"]
     service.micro_batch_tokens = 10_000
     assert service._micro_batches(seqs, adapters) == [[3, 1, 2, 0]]  # x's first, in token order, then y's
+    service.joint_passes = False
+    assert service._micro_batches(seqs, adapters) == [[3, 1, 2], [0]]
+    service.joint_passes = True
+    service.micro_batch_tokens = 7 * (1 + 4 / 512)  # x's three fit alone (7 new tokens); y's 4 more would not
+    assert service._micro_batches(seqs, adapters) == [[3, 1, 2], [0]]
     service.micro_batch_tokens = 4096
 
 
