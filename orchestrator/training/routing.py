@@ -2,9 +2,9 @@
 
 PEFT keeps the adapters' weights (and their files); its LoRA layers stay switched off, computing
 only the base layer, and in the service's passes a forward hook here adds the deltas. The adapters of a pass
-sit side by side as in the engine's ``MultiLoRA`` (``A`` as ``[in, R]``, ``B`` as ``[R, out]``
+sit side by side as in the engine's ``MultiLoRA`` (``A`` as ``[R, in]``, ``B`` as ``[out, R]``
 times each adapter's scale, ``R`` the sum of their ranks), so a module costs two matmuls
-whatever the mix: ``h = x @ A``, zero each row's columns of other adapters, ``out += h @ B``.
+whatever the mix: ``h = x A^T``, zero each row's columns of other adapters, ``out += h B^T``.
 The stacks are concatenations of the parameters, built once per block and shared by all its
 forwards, so one backward sends each row's gradient into its own adapter's weights.
 PEFT's own per-row path (its ``adapter_names`` argument: one gather, two matmuls and a scatter
@@ -16,6 +16,7 @@ import contextlib
 from typing import Iterator
 
 import torch
+import torch.nn.functional as F
 from peft.tuners.lora import LoraLayer
 
 
@@ -39,11 +40,12 @@ class Routing:
         self._keep = torch.tensor(keep)[:, None, None] if min(keep) < 1.0 else None
 
     def _stack(self, module: LoraLayer) -> tuple[torch.Tensor, torch.Tensor, tuple[str, ...], tuple[int, ...]]:
-        """The module's ``A`` [in, R] and scaled ``B`` [R, out] of this block's adapters side by side."""
+        """The module's ``A`` [R, in] and scaled ``B`` [out, R] of this block's adapters side by side
+        (in ``nn.Linear``'s layout, so the matmuls are the ones PEFT's own layers run)."""
         if id(module) not in self._stacks:
             present = tuple(n for n in self.names if n in module.lora_A)
-            a = torch.cat([module.lora_A[n].weight for n in present]).t() if present else None
-            b = torch.cat([module.lora_B[n].weight * module.scaling[n] for n in present], dim=1).t() if present else None
+            a = torch.cat([module.lora_A[n].weight for n in present]) if present else None
+            b = torch.cat([module.lora_B[n].weight * module.scaling[n] for n in present], dim=1) if present else None
             self._stacks[id(module)] = (a, b, present, tuple(module.lora_A[n].weight.shape[0] for n in present))
         return self._stacks[id(module)]
 
@@ -69,10 +71,10 @@ class Routing:
             x = x * (torch.rand(x.shape, device=x.device) < keep).to(x.dtype) / keep
         if not torch.is_autocast_enabled(x.device.type):
             x = x.to(a.dtype)
-        h = x @ a
+        h = F.linear(x, a)
         if not (len(present) == 1 and self._only == present[0]):
             h = h * self._mask(present, ranks, h.device).to(h.dtype)
-        return output + (h @ b).to(output.dtype)
+        return output + F.linear(h, b).to(output.dtype)
 
 
 @contextlib.contextmanager
