@@ -172,27 +172,26 @@ class ServiceClient:
         """The calls' losses over micro-batches of all their datums; gradients accumulated into
         each call's adapter when ``backward``."""
         jobs = [_Job(*call) for call in calls]
-        names = list(dict.fromkeys(job.adapter for job in jobs))
         items = [(k, i) for k, job in enumerate(jobs) for i in range(len(job.data))]  # (job, datum)
         for rows in self._micro_batches([jobs[k].data[i].model_input.tokens for k, i in items],
                                         [jobs[k].adapter for k, i in items]):
             with torch.set_grad_enabled(backward):
-                loss = self._micro_batch(jobs, [items[r] for r in rows], names)
+                loss = self._micro_batch(jobs, [items[r] for r in rows])
                 if backward:
                     loss.backward()
         return [job.output() for job in jobs]
 
-    def _micro_batch(self, jobs: list["_Job"], part: list[tuple[int, int]], names: list[str]) -> torch.Tensor:
+    def _micro_batch(self, jobs: list["_Job"], part: list[tuple[int, int]]) -> torch.Tensor:
         """The summed loss of one micro-batch's datums (``part``: (job, datum) pairs), each job's
         share reduced over that job's whole batch, its per-token metrics added into the job."""
         device = self.device
         datums = [jobs[k].data[i] for k, i in part]
         adapters = [jobs[k].adapter for k, _ in part]
-        hidden = self._hidden(datums, adapters, names)
+        hidden = self._hidden(datums, adapters)
         base = None
         if any(jobs[k].options.kl_coef for k, _ in part):
             with torch.no_grad():
-                base = self._hidden(datums, None, names)
+                base = self._hidden(datums, None)
         starts = [0]
         for d in datums:
             starts.append(starts[-1] + d.model_input.length)
@@ -236,7 +235,7 @@ class ServiceClient:
         be computed twice).
         """
         groups: list[tuple[list[int], int, int]] = []  # (indices, tokens computed, longest)
-        for adapter in dict.fromkeys(sorted(adapters)):
+        for adapter in sorted(set(adapters)):
             order = sorted((i for i in range(len(sequences)) if adapters[i] == adapter), key=lambda i: sequences[i])
             previous: tuple[int, ...] = ()
             start = len(groups)
@@ -260,16 +259,17 @@ class ServiceClient:
     def _fits(self, computed: int, longest: int) -> bool:
         return computed * (1 + longest / 512) <= self.micro_batch_tokens
 
-    def _hidden(self, data: list[Datum], adapters: list[str] | None, names: list[str]) -> torch.Tensor:
+    def _hidden(self, data: list[Datum], adapters: list[str] | None) -> torch.Tensor:
         """Flat last hidden states of ``data``, computed as a prefix tree: with ``adapters`` (one
-        per datum, from ``names``), each row through its own adapter; without, the base model's."""
+        per datum), each row through its own adapter, only the adapters present stacked; without,
+        the base model's."""
         tree = prefix_tree.build([d.model_input.tokens for d in data], share=self.share_prefixes, keys=adapters)
         body = self.peft.get_base_model().model
         pad = self.loaded.tokenizer.pad_token_id or 0
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
             if adapters is None:
                 return prefix_tree.hidden_states(body, tree, self.device, pad)
-            with routed(self.peft, names) as routing:
+            with routed(self.peft, list(dict.fromkeys(adapters))) as routing:
                 return prefix_tree.hidden_states(body, tree, self.device, pad, routing.route)
 
     def _pick(

@@ -1,8 +1,8 @@
 """Training passes in which each row of a batch goes through its own LoRA adapter.
 
 PEFT keeps the adapters' weights (and their files); its LoRA layers stay switched off, computing
-only the base layer, and in the service's passes a forward hook here adds the deltas. The adapters of a pass
-sit side by side as in the engine's ``MultiLoRA`` (``A`` as ``[R, in]``, ``B`` as ``[out, R]``
+only the base layer, and in the service's passes a forward hook here adds the deltas. The
+adapters of a pass sit side by side as in the engine's ``MultiLoRA`` (``A`` as ``[R, in]``, ``B`` as ``[out, R]``
 times each adapter's scale, ``R`` the sum of their ranks), so a module costs two matmuls
 whatever the mix: ``h = x A^T``, zero each row's columns of other adapters, ``out += h B^T``.
 The stacks are concatenations of the parameters, built once per block and shared by all its
