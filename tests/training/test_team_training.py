@@ -4,13 +4,41 @@ reward, the advantage the trainer gave it, and whether its adapter trained."""
 from __future__ import annotations
 
 import statistics
+import zlib
 from pathlib import Path
 
 import pytest
-from support import credit, metric_rows, needs_sandbox
+from support import credit, metric_rows, needs_sandbox, plugin
 from support import train_tiny as train
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def coin(*keys: object, sides: int = 2) -> int:
+    """A fixed draw from ``keys``: the same in every run, spread across episodes and roles."""
+    return zlib.crc32(repr(keys).encode()) % sides
+
+
+@pytest.fixture
+def varied_reward():
+    """A reward plugin, ``varied``, in the CLI's registry, that differs across episodes and roles.
+    The tiny model never passes a hidden test, so a recipe's own rewards are all 0, and every
+    advantage would be 0 whatever the trainer did with them."""
+    from orchestrator.registry import default_registry
+
+    def varied(episode, roles, config):
+        return {role: float(coin(episode.index, role, sides=7)) for role in roles}
+
+    default_registry.cache_clear()
+    default_registry().add_module(plugin(register_rewards=lambda register: register("varied", varied)), "varied", "test")
+    yield "varied"
+    default_registry.cache_clear()
+
+
+def spread(values: list[float]) -> list[float]:
+    """``values``, checked to differ: advantages of equal rewards are 0 under any baseline."""
+    assert len(set(values)) > 1, values
+    return values
 
 
 @pytest.mark.parametrize("recipe, adapters", [
@@ -43,36 +71,43 @@ def test_freeze_rotate_trains_one_player_per_phase(cli, tmp_path):
         assert f"{learner}/version" in rows[step] and f"{frozen}/version" not in rows[step]
 
 
-@needs_sandbox
-@pytest.mark.parametrize("baseline", ["team", "per_role"])
-def test_mgrpo_advantages_follow_its_baseline(cli, tmp_path, baseline):
-    recipe = tmp_path / "pair.yaml"
+def code_pair(tmp_path: Path, trainer: str, reward: str) -> Path:
+    """recipes/code_pair.yaml with another trainer block line and reward, as a file in tmp_path."""
     text = (ROOT / "recipes/code_pair.yaml").read_text()
     text = text.replace("tasks: functions/train.jsonl", f"tasks: {ROOT}/recipes/functions/train.jsonl")
     text = text.replace("eval_tasks: functions/heldout.jsonl", f"eval_tasks: {ROOT}/recipes/functions/heldout.jsonl")
-    recipe.write_text(text.replace("trainer: grpo", f"trainer: m-grpo\n  trainer_config: {{baseline: {baseline}}}"))
+    text = text.replace("  reward_config: {alpha: 0.5}\n", "").replace("reward: hybrid", f"reward: {reward}")
+    recipe = tmp_path / "pair.yaml"
+    recipe.write_text(text.replace("trainer: grpo", trainer))
+    return recipe
+
+
+@needs_sandbox
+@pytest.mark.parametrize("baseline", ["team", "per_role"])
+def test_mgrpo_advantages_follow_its_baseline(cli, tmp_path, varied_reward, baseline):
+    recipe = code_pair(tmp_path, f"trainer: m-grpo\n  trainer_config: {{baseline: {baseline}}}", varied_reward)
     run = tmp_path / "run"
     train(cli, recipe, run, 1, "--set", "group_size=4")
     lines = credit(run, 1)
     assert len(lines) == 4 and all(line["trained"] == ["coder", "tester"] for line in lines)
+    team = spread([statistics.mean(line["rewards"].values()) for line in lines])
     for role in ("tester", "coder"):
+        own = spread([line["rewards"][role] for line in lines])
         if baseline == "team":  # every role gets the team's reward minus the group's mean of it
-            team = [statistics.mean(line["rewards"].values()) for line in lines]
             expected = [t - statistics.mean(team) for t in team]
         else:  # each role its own rewards minus their mean
-            own = [line["rewards"][role] for line in lines]
             expected = [r - statistics.mean(own) for r in own]
         assert [line["advantages"][role] for line in lines] == pytest.approx(expected, abs=1e-9)
 
 
 @needs_sandbox
-def test_grpo_centres_each_roles_rewards_within_its_group(cli, tmp_path):
+def test_grpo_centres_each_roles_rewards_within_its_group(cli, tmp_path, varied_reward):
     run = tmp_path / "run"
-    train(cli, ROOT / "recipes/code_pair.yaml", run, 1, "--set", "group_size=4")
+    train(cli, code_pair(tmp_path, "trainer: grpo", varied_reward), run, 1, "--set", "group_size=4")
     lines = credit(run, 1)
     assert len(lines) == 4
     for role in ("tester", "coder"):
-        own = [line["rewards"][role] for line in lines]
+        own = spread([line["rewards"][role] for line in lines])
         assert [line["advantages"][role] for line in lines] == pytest.approx([r - statistics.mean(own) for r in own])
 
 
@@ -87,9 +122,17 @@ def test_self_play_trains_only_the_learner_against_a_snapshot(cli, tmp_path):
     assert len(second) == 2 and [line["trained"] for line in second] == [["alice"], ["bob"]]
 
 
-def test_teacher_student_trains_teachers_and_student_but_not_the_baseline(cli, tmp_path):
+def test_teacher_student_trains_teachers_and_student_but_not_the_baseline(cli, tmp_path, monkeypatch):
     import json
 
+    from orchestrator.envs import teacher_student
+
+    # The tiny model never answers right, so every reward would be 0: a scripted checker instead
+    # marks an answer right or wrong by its episode and role; the env's arithmetic stays its own.
+    monkeypatch.setattr(teacher_student, "whole_number", lambda message: coin(message.episode, message.sender))
+    for domain in ("largest", "smallest"):
+        monkeypatch.setitem(teacher_student.GENERATORS, domain,
+                            lambda rng: lambda r: {"text": f"problem {r.randrange(10**6)}", "answer": 1})
     run = tmp_path / "run"
     train(cli, ROOT / "recipes/teacher_student.yaml", run, 2, "--set", "groups_per_step=2")
     assert sorted(p.name for p in (run / "sampler").iterdir()) == ["student", "teacher_largest", "teacher_smallest"]
@@ -98,6 +141,7 @@ def test_teacher_student_trains_teachers_and_student_but_not_the_baseline(cli, t
         records = {r["id"]: r for r in map(json.loads, transcripts)}
         lines = credit(run, step)
         assert len(lines) == 4
+        spread([line["rewards"]["student"] - records[line["episode"]]["rewards"]["student_alone"] for line in lines])
         for line in lines:
             # student_alone samples from the student's adapter but is not trainable
             assert "student_alone" not in line["trained"] and "student" in line["trained"]
