@@ -21,6 +21,9 @@ reused and tokens decoded per episode beside it.
 
 ``--set`` options go to both runs (an entropy bonus: ``loss_config.entropy_coef=0.1``),
 ``--population-set`` to the population's only (members started apart: ``trainer_config.init_noise=0.02``).
+``--temperature T`` samples both runs' training moves at T (exploration: a move the model plays 1%
+of the time at 1.0 comes up far more often at 1.5); the probe games always play at the recipes'
+1.0, so a higher T cannot flatten the measured distributions by itself.
 
 ``--smoke``: the tiny model, one seed, one step, 4 probe games (tests/test_benchmarks.py).
 """
@@ -35,6 +38,8 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parent.parent
 MOVES = ("rock", "paper", "scissors")
 
@@ -44,15 +49,28 @@ def exploitability(dist: dict[str, float]) -> float:
     return max(s - p, r - s, p - r)
 
 
-def train(recipe: str, out: Path, args: argparse.Namespace, seed: int, extra: list[str]) -> None:
+def recipe_at(recipe: str, temperature: float | None, tmp: Path) -> Path:
+    """``recipes/RECIPE``, or a copy whose roles sample at ``temperature``."""
+    path = ROOT / "recipes" / recipe
+    if temperature is None:
+        return path
+    data = yaml.safe_load(path.read_text())
+    for role in data["roles"]:
+        role.setdefault("policy", {}).setdefault("sampling", {})["temperature"] = temperature
+    out = tmp / recipe
+    out.write_text(yaml.safe_dump(data, sort_keys=False))
+    return out
+
+
+def train(recipe: Path, out: Path, args: argparse.Namespace, seed: int, extra: list[str]) -> None:
     from orchestrator.cli import main
 
     sets = [flag for item in args.set + extra for flag in ("--set", item)]
-    code = main(["train", str(ROOT / "recipes" / recipe), "--model", args.model, "--steps", str(args.steps),
+    code = main(["train", str(recipe), "--model", args.model, "--steps", str(args.steps),
                  "--seed", str(seed), "--out", str(out), "--no-progress", "--dtype", "float32",
                  "--set", "eval_every=0", "--set", "eval_episodes=2", "--set", f"checkpoint_every={args.steps}", *sets])
     if code != 0:
-        sys.exit(f"training {recipe} (seed {seed}) failed with exit code {code}")
+        sys.exit(f"training {recipe.name} (seed {seed}) failed with exit code {code}")
 
 
 def move_distributions(adapters: dict[str, Path], args: argparse.Namespace, out: Path) -> dict[str, list[dict]]:
@@ -119,17 +137,20 @@ def main() -> None:
                         help="a training option for both runs (rolecast train --set), e.g. loss_config.entropy_coef=0.1")
     parser.add_argument("--population-set", action="append", default=[], metavar="KEY=VALUE",
                         help="a training option for the population's run only, e.g. trainer_config.init_noise=0.02")
+    parser.add_argument("--temperature", type=float, default=None,
+                        help="sampling temperature of both runs' training games (the probe plays at 1.0)")
     parser.add_argument("--smoke", action="store_true", help="seconds on the tiny model: does the script still run")
     args = parser.parse_args()
     if args.smoke:
-        args.model, args.seeds, args.steps, args.probe = "tiny", 1, 1, 4
+        args.model, args.seeds, args.steps, args.probe, args.temperature = "tiny", 1, 1, 4, 1.5
         args.set, args.population_set = ["loss_config.entropy_coef=0.01"], ["trainer_config.init_noise=0.01"]
     seeds = []
     with tempfile.TemporaryDirectory(prefix="populations-") as tmp:
+        recipes = {name: recipe_at(name, args.temperature, Path(tmp)) for name in ("rps.yaml", "rps_population.yaml")}
         for seed in range(args.seeds):
             work = Path(tmp) / f"seed-{seed}"
-            train("rps.yaml", work / "self-play", args, seed, [])
-            train("rps_population.yaml", work / "population", args, seed, args.population_set)
+            train(recipes["rps.yaml"], work / "self-play", args, seed, [])
+            train(recipes["rps_population.yaml"], work / "population", args, seed, args.population_set)
             members = sorted((work / "population" / "sampler").iterdir())
             adapters = {"self-play": work / "self-play" / "sampler" / "player", **{m.name: m for m in members}}
             dists = move_distributions(adapters, args, work / "probe")
@@ -148,7 +169,7 @@ def main() -> None:
     mixture = [s["population_mixture"]["mean"] for s in seeds]
     print(json.dumps({
         "model": args.model, "seeds": args.seeds, "steps": args.steps, "train_episodes": args.steps * 16,
-        "set": args.set, "population_set": args.population_set,
+        "set": args.set, "population_set": args.population_set, "temperature": args.temperature,
         "probe_games": args.probe, "per_seed": seeds,
         "self_play_exploitability": [s["self_play"]["mean"] for s in seeds],
         "population_exploitability": mixture,
