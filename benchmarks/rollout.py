@@ -14,7 +14,9 @@ In one run, same model and dtype, same prompts and token budgets:
     bf16 weights prepacked as fp32 as on an AVX2-only CPU where this one prepacks bf16, else plain
     weights as without oneDNN); ``fused_vs_fallback`` compares decode rates;
   - mixed adapters: 64 requests spread over 4 LoRA adapters versus all on one adapter.
-Generated tokens are counted on both sides (EOS may end a reply early on either).
+Generated tokens are counted on both sides (EOS may end a reply early on either). The
+``generate`` and prefill sides run on a second copy of the model, loaded alike and untouched by
+the engine (which hooks its LoRA stacks into every linear layer and swaps in its decode attention).
 
 Every side runs once per round (``--rounds``) and the totals are compared, so the machine's slow
 spells hit all sides alike.
@@ -150,7 +152,6 @@ def batch_generate(model, ps, max_tokens: int, pad_id: int, **options) -> tuple[
     ids, mask = ids.to(model.device), mask.to(model.device)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    model._rolecast_lora.route([None])  # the engine's adapter hooks on the model: the base model here
     with torch.inference_mode():
         out = model.generate(ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, max_new_tokens=max_tokens,
                              min_new_tokens=max_tokens, pad_token_id=pad_id, **options)
@@ -170,7 +171,7 @@ def engine_with_adapters(loaded, requests: int) -> tuple[HFEngine, list[tuple[in
     return engine, prompts(engine, requests), names
 
 
-def gpu_main(args, loaded) -> None:
+def gpu_main(args, loaded, plain) -> None:
     engine, ps, names = engine_with_adapters(loaded, args.requests)
     compute = compute_thread()
     pad = loaded.tokenizer.pad_token_id
@@ -185,7 +186,7 @@ def gpu_main(args, loaded) -> None:
         # untimed: captures the graphs every side below replays, and compiles static generate's step
         for adapters in (None, names[:1], names):
             await engine_run(engine, ps, args.max_tokens, adapters)
-        static = functools.partial(batch_generate, loaded.model, ps, args.max_tokens, pad, cache_implementation="static")
+        static = functools.partial(batch_generate, plain.model, ps, args.max_tokens, pad, cache_implementation="static")
         compute.submit(static).result()
         for r in range(args.rounds):
             add("engine", *await engine_run(engine, ps, args.max_tokens))
@@ -194,7 +195,7 @@ def gpu_main(args, loaded) -> None:
             engine.cuda_graphs = False
             add("eager", *await engine_run(engine, ps, args.max_tokens))
             engine.cuda_graphs = True
-            add("generate", *compute.submit(batch_generate, loaded.model, ps, args.max_tokens, pad).result())
+            add("generate", *compute.submit(batch_generate, plain.model, ps, args.max_tokens, pad).result())
             add("static_generate", *compute.submit(static).result())
             print(f"round {r}: " + ", ".join(f"{k} {t} tok in {s:.2f}s" for k, (t, s) in totals.items()), file=sys.stderr)
         engine.stats = EngineStats()
@@ -246,10 +247,13 @@ def main() -> None:
     if args.smoke:
         args.model, args.requests, args.max_tokens, args.sequential, args.rounds = "tiny", 4, 4, 2, 1
 
-    loaded = (random_model(args.model, args.dtype, device) if args.random_weights
-              else load_model(args.model, dtype=args.dtype, device=device))
+    def load():
+        return (random_model(args.model, args.dtype, device) if args.random_weights
+                else load_model(args.model, dtype=args.dtype, device=device))
+
+    loaded, plain = load(), load()  # the engine's, and the baselines' copy that no engine hooks into
     if gpu:
-        gpu_main(args, loaded)
+        gpu_main(args, loaded, plain)
         return
     engine, ps, names = engine_with_adapters(loaded, args.requests)
     compute = compute_thread()
@@ -281,9 +285,9 @@ def main() -> None:
             await engine_run(engine, ps[:4], 4)  # repacked for this CPU before the adapter sides
             # on the compute thread, as the engine: a second thread of torch work would slow every
             # side after it (orchestrator/compute_thread.py)
-            add("sequential", *compute.submit(sequential_run, loaded.model, ps[r : args.sequential : args.rounds],
-                                              args.max_tokens, loaded.tokenizer.pad_token_id).result())
-            add("prefill", *compute.submit(prefill_run, loaded.model, ps).result())
+            add("sequential", *compute.submit(sequential_run, plain.model, ps[r : args.sequential : args.rounds],
+                                              args.max_tokens, plain.tokenizer.pad_token_id).result())
+            add("prefill", *compute.submit(prefill_run, plain.model, ps).result())
             add("one", *await engine_run(engine, ps, args.max_tokens, names[:1]))
             add("mixed", *await engine_run(engine, ps, args.max_tokens, names))
             print(f"round {r}: " + ", ".join(f"{k} {t} tok in {s:.1f}s" for k, (t, s) in totals.items()), file=sys.stderr)
