@@ -58,6 +58,8 @@ def skip_reason(script: Path) -> str | None:
         return "no isolating sandbox backend here (bwrap or unshare as root)"
     if script.stem == "scale" and importlib.util.find_spec("ray") is None:
         return "Ray is not installed (pip install 'rolecast[ray]')"
+    if script.stem == "grpo_vs_trl" and importlib.util.find_spec("trl") is None:
+        return "TRL is not installed (pip install 'rolecast[bench]')"
     return None
 
 
