@@ -38,6 +38,17 @@ def warm_up(team: Team, loaded: LoadedModel, out: Path) -> None:
     run_recipe(team, loaded, 1, out)
 
 
+def in_turn(sides: list | tuple, round_: int) -> list:
+    """``sides`` in the order they run in round ``round_``: reversed every other round, so that
+    neither always runs first (after the other's allocations, or into the machine's slow spell)."""
+    return list(sides) if round_ % 2 == 0 else list(reversed(sides))
+
+
+def max_diff(a: list, b: list) -> float:
+    """The largest absolute difference between two lists of logprob tensors, paired."""
+    return round(float(max((x - y).abs().max() for x, y in zip(a, b))), 4)
+
+
 def parse_args(repeats: str, default_episodes: int, default_repeats: int, smoke_episodes: int,
                device: bool = False) -> argparse.Namespace:
     """--model, --episodes, ``--<repeats>`` and --smoke (tiny model, one repeat, ``smoke_episodes``);

@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _recipes import parse_args, run_recipe, warm_up
+from _recipes import in_turn, parse_args, run_recipe, warm_up
 
 from orchestrator.models import load_model
 from orchestrator.team import load_team
@@ -36,7 +36,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         warm_up(team, loaded, Path(tmp) / "warm-up")
         for r in range(args.repeats):
-            for side, max_batch in (("batched", 64), ("one_at_a_time", 1)):
+            for side, max_batch in in_turn((("batched", 64), ("one_at_a_time", 1)), r):
                 result, _ = run_recipe(team, loaded, args.episodes, Path(tmp) / f"{side}{r}", max_batch=max_batch)
                 s = result.summary
                 totals[side][0] += s["generated_tokens"]

@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _recipes import parse_args, role_datums_of_step
+from _recipes import in_turn, max_diff, parse_args, role_datums_of_step
 
 from orchestrator.models import load_model, resolve_device
 from orchestrator.training import LoraConfig, ServiceClient
@@ -49,10 +49,6 @@ def workloads(loaded, episodes: int, tmp: Path) -> dict[str, dict[str, list]]:
     team = {role: [d for data in per_episode for d in data]
             for role, per_episode in role_datums_of_step("code_pair", loaded, episodes, tmp / "code_pair").items()}
     return {"population": population, "team": team}
-
-
-def max_diff(a: list, b: list) -> float:
-    return round(float(max((x - y).abs().max() for x, y in zip(a, b))), 4)
 
 
 def main() -> None:
@@ -80,7 +76,7 @@ def main() -> None:
         seconds: dict[str, list[float]] = {"apart": [], "together": []}
         logprobs: dict[str, list] = {}
         for r in range(args.rounds):
-            for side, joint in (("together", True), ("apart", False)):
+            for side, joint in in_turn((("together", True), ("apart", False)), r):
                 t0 = time.perf_counter()
                 outs = run(joint)
                 seconds[side].append(time.perf_counter() - t0)

@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _recipes import parse_args, run_recipe, warm_up
+from _recipes import in_turn, parse_args, run_recipe, warm_up
 
 from orchestrator.models import load_model
 from orchestrator.team import load_team
@@ -38,7 +38,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         warm_up(team, loaded, Path(tmp) / "warm-up")
         for r in range(args.rounds):
-            for side, options in sides.items():
+            for side, options in in_turn(list(sides.items()), r):
                 result, stats = run_recipe(team, loaded, args.episodes, Path(tmp) / f"{side}{r}",
                                            concurrency=args.episodes, **options)
                 row = {"wall_s": result.summary["wall_s"], "prefill_tokens": stats.prefill_tokens,

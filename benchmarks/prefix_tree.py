@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _recipes import parse_args, role_datums_of_step
+from _recipes import in_turn, max_diff, parse_args, role_datums_of_step
 
 from orchestrator.models import load_model
 from orchestrator.training import LoraConfig, ServiceClient, prefix_tree
@@ -36,10 +36,6 @@ from orchestrator.training import LoraConfig, ServiceClient, prefix_tree
 def step_datums(recipe: str, loaded, episodes: int, out: Path) -> list:
     """Every trainable role's datums of ``episodes`` episodes (``role_datums_of_step``)."""
     return [d for per_episode in role_datums_of_step(recipe, loaded, episodes, out).values() for data in per_episode for d in data]
-
-
-def max_diff(a: list, b: list) -> float:
-    return round(float(max((x - y).abs().max() for x, y in zip(a, b))), 4)
 
 
 def main() -> None:
@@ -56,7 +52,7 @@ def main() -> None:
         client.forward_backward(data[:2], "ppo", {}).result()  # warm-up: first-call costs on neither side
         client.optimizer.zero_grad(set_to_none=True)
         for r in range(args.rounds):
-            for share in (True, False):
+            for share in in_turn((True, False), r):
                 service.share_prefixes = share
                 t0 = time.perf_counter()
                 out = client.forward_backward(data, "ppo", {}).result()
