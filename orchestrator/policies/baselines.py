@@ -17,41 +17,16 @@ from functools import lru_cache
 from typing import Any
 
 from ..envs.tictactoe import CELLS, EMPTY, winner
-from ..envs.words import WORDS
 from ..errors import PolicyError
 from ..role import RoleSpec
 from .base import PolicyRequest
+from .instances import random_instance
 
 
 def move_field(schema: dict[str, Any], kind: str = "string", default: str = "move") -> str:
     """The schema's first required property of type ``kind``: where a move goes."""
     props = schema.get("properties", {})
     return next((name for name in schema.get("required", []) if props.get(name, {}).get("type") == kind), default)
-
-
-def random_instance(schema: dict[str, Any], context: dict[str, Any], rng: random.Random) -> Any:
-    if "const" in schema:
-        return schema["const"]
-    if "enum" in schema:
-        return rng.choice(schema["enum"])
-    for key in ("anyOf", "oneOf"):
-        if key in schema:
-            return random_instance(rng.choice(schema[key]), context, rng)
-    kind = schema.get("type", "object")
-    if isinstance(kind, list):
-        kind = rng.choice(kind)
-    if kind == "object":
-        props = schema.get("properties", {})
-        return {name: random_instance(props.get(name, {}), context, rng) for name in schema.get("required", [])}
-    if kind == "array":
-        return [random_instance(schema.get("items", {}), context, rng) for _ in range(schema.get("minItems", 0))]
-    if kind in ("integer", "number"):
-        return rng.randint(int(context.get("low", schema.get("minimum", 0))), int(context.get("high", schema.get("maximum", 100))))
-    if kind == "boolean":
-        return rng.random() < 0.5
-    if kind == "string":
-        return rng.choice(WORDS)
-    return None
 
 
 def _needs(context: dict[str, Any], keys: tuple[str, ...], policy: str) -> None:

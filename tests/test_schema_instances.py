@@ -1,0 +1,40 @@
+"""builtin:stub's and builtin:random's replies without a model: instances of the role's schema,
+valid against it whatever constraint the schema sets (one walker serves both)."""
+from __future__ import annotations
+
+import random
+
+import jsonschema
+import pytest
+from orchestrator.policies.instances import minimal_instance, random_instance
+
+SCHEMAS = [
+    {"type": "object", "properties": {"move": {"type": "string", "minLength": 12}}, "required": ["move"]},
+    {"type": "object", "properties": {"move": {"type": "string", "maxLength": 2}}, "required": ["move"]},
+    {"type": "object", "properties": {"guess": {"type": "integer", "minimum": 5, "maximum": 9}}, "required": ["guess"]},
+    {"type": "object", "properties": {"verdict": {"enum": ["pro", "con"]}, "ok": {"type": "boolean"},
+                                      "notes": {"type": "array", "items": {"type": "string", "minLength": 3},
+                                                "minItems": 2}},
+     "required": ["verdict", "ok", "notes"], "additionalProperties": False},
+    {"type": "object", "properties": {"x": {"anyOf": [{"type": "integer", "minimum": 1}, {"const": "none"}]},
+                                      "y": {"type": ["string", "null"], "minLength": 4}},
+     "required": ["x", "y"]},
+]
+
+
+@pytest.mark.parametrize("schema", SCHEMAS)
+def test_stub_and_random_instances_satisfy_the_schema(schema):
+    jsonschema.validate(minimal_instance(schema), schema)
+    rng = random.Random(0)
+    for _ in range(50):
+        jsonschema.validate(random_instance(schema, {}, rng), schema)
+
+
+def test_random_integers_follow_the_views_range_and_choices_spread():
+    rng = random.Random(1)
+    schema = SCHEMAS[2]
+    guesses = {random_instance(schema, {"low": 6, "high": 7}, rng)["guess"] for _ in range(40)}
+    assert guesses == {6, 7}
+    verdicts = {random_instance(SCHEMAS[3], {}, rng)["verdict"] for _ in range(40)}
+    assert verdicts == {"pro", "con"}
+    assert minimal_instance(SCHEMAS[3]) == {"verdict": "pro", "ok": False, "notes": ["xxx", "xxx"]}
