@@ -305,3 +305,13 @@ def test_a_shared_service_trains_the_engines_model_without_changing_what_the_eng
 
 async def _gather(engine, reqs):
     return await asyncio.gather(*(engine.generate(r) for r in reqs))
+
+
+def test_get_tokenizer_is_the_base_models_as_in_tinker(service):
+    # Tinker's TrainingClient.get_tokenizer: how a user turns text into a Datum's tokens
+    c = service.create_lora_training_client("tok", LoraConfig(rank=4))
+    tokenizer = c.get_tokenizer()
+    assert tokenizer is service.loaded.tokenizer
+    ids = tokenizer.encode("rock paper scissors", add_special_tokens=False)
+    assert tokenizer.decode(ids) == "rock paper scissors"
+    assert c.forward([Datum(ModelInput.from_ints(ids[:-1]), {"target_tokens": ids[1:]})], "cross_entropy").result().metrics["tokens"] == len(ids) - 1
