@@ -35,14 +35,32 @@ def test_decode_attention_equals_sdpa_with_grouped_heads_and_a_strided_cache(pad
     torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
 
 
-def test_longer_queries_and_gradients_go_to_sdpa():
+@pytest.mark.parametrize("queries, grad, float_mask, to_sdpa", [
+    (3, False, False, True),   # a prefill or a prefix: several queries a row
+    (1, True, False, True),    # a training pass: SDPA's backward
+    (1, False, True, True),    # a float mask (not the engine's boolean padding)
+    (1, False, False, False),  # a decode step: the two matmuls
+])
+def test_only_decode_steps_leave_sdpa(monkeypatch, queries, grad, float_mask, to_sdpa):
+    import transformers.integrations.sdpa_attention as sdpa
+
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return sdpa_attention_forward(*args, **kwargs)
+
+    monkeypatch.setattr(sdpa, "sdpa_attention_forward", spy)
     g = torch.Generator().manual_seed(1)
-    query = torch.randn(2, 4, 3, 8, generator=g, requires_grad=True)
-    key, value = torch.randn(2, 2, 3, 8, generator=g), torch.randn(2, 2, 3, 8, generator=g)
-    ours, _ = decode_attention(_Module(2), query, key, value, None)
-    ref, _ = sdpa_attention_forward(_Module(2), query, key, value, None)
-    torch.testing.assert_close(ours, ref)
-    assert ours.requires_grad
+    query = torch.randn(2, 4, queries, 8, generator=g)
+    key, value = torch.randn(2, 2, 5, 8, generator=g), torch.randn(2, 2, 5, 8, generator=g)
+    mask = torch.zeros(2, 1, queries, 5) if float_mask else None
+    with torch.set_grad_enabled(grad):
+        ours, _ = decode_attention(_Module(2), query.requires_grad_(grad), key, value, mask)
+    assert len(calls) == int(to_sdpa)
+    ref, _ = sdpa_attention_forward(_Module(2), query, key, value, mask)
+    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+    assert ours.requires_grad == grad
 
 
 def test_the_engine_switches_its_model_to_decode_attention():
