@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from orchestrator.cpu import CpuFeatures, host
 from orchestrator.models import resolve_dtype
@@ -42,8 +43,16 @@ def test_unreadable_cpuinfo_promises_nothing():
     assert cpu.flags == frozenset() and not cpu.onednn_bf16
 
 
-def test_auto_dtype_follows_this_cpu():
-    assert resolve_dtype("auto", torch.device("cpu")) == (torch.bfloat16 if host().native_bf16 else torch.float32)
+@pytest.mark.parametrize("flags, dtype", [("avx2 fma avx512f avx512_bf16", torch.bfloat16), ("avx2 fma", torch.float32)])
+def test_auto_dtype_is_bf16_only_where_the_cpu_has_bf16_math(monkeypatch, flags, dtype):
+    monkeypatch.setenv("ROLECAST_CPU_FLAGS", flags)
+    host.cache_clear()
+    try:
+        assert resolve_dtype("auto", torch.device("cpu")) == dtype
+        assert resolve_dtype("float32", torch.device("cpu")) == torch.float32  # an explicit dtype is kept
+    finally:
+        monkeypatch.undo()
+        host.cache_clear()
 
 
 def test_rolecast_cpu_flags_stands_in_for_the_machines_flags(monkeypatch):

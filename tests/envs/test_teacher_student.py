@@ -10,7 +10,7 @@ import pytest
 from play import Script, play, team
 from support import ERROR_LINE
 
-from orchestrator.envs.teacher_student import GENERATORS
+from orchestrator.envs.teacher_student import GENERATORS, UNITS
 
 
 def student(skill: str):
@@ -81,7 +81,9 @@ def test_generators_give_same_shape_problems_with_right_answers(domain):
             numbers = [int(x) for x in re.findall(r"\d+", p["text"])]
             assert len(set(numbers)) == 3 and p["answer"] == (max if domain == "largest" else min)(numbers)
             assert domain in p["text"] and domain in q["text"]
-        else:
+        else:  # "How many cm are in 7 m?"
+            small, n, big = re.fullmatch(r"How many (\w+) are in (\d+) (\w+)\?", p["text"]).groups()
+            assert p["answer"] == int(n) * {(b, s): f for b, s, f in UNITS}[(big, small)]
             assert p["text"].split(" are in ")[0] == q["text"].split(" are in ")[0]  # the same unit pair
 
 
