@@ -24,8 +24,9 @@ spells hit all sides alike.
     python benchmarks/rollout.py [--model smollm2-135m] [--requests 64] [--max-tokens 64] [--sequential 9]
                                  [--rounds 3] [--smoke]
 
-``--smoke``: the tiny random model, 4 requests of 4 tokens, 2 of them sequential, one round:
-seconds, to check that the script still runs (tests/test_benchmarks.py).
+``--smoke``: the tiny random model (with ``--random-weights``, ``--model``'s shape), 4 requests of
+4 tokens, 2 of them sequential, one round: seconds, to check that the script still runs
+(tests/test_benchmarks.py; with ``--device cuda``, tests/gpu).
 
 On a GPU (``--device cuda``) the sides are the GPU's own (``gpu_main``):
   - engine: ``--requests`` (256) concurrent requests of ``--max-tokens`` (128) through the engine on
@@ -244,8 +245,9 @@ def main() -> None:
     args.requests = args.requests or (256 if gpu else 64)
     args.max_tokens = args.max_tokens or (128 if gpu else 64)
     args.rounds = args.rounds or (2 if gpu else 3)
-    if args.smoke:
-        args.model, args.requests, args.max_tokens, args.sequential, args.rounds = "tiny", 4, 4, 2, 1
+    if args.smoke:  # the tiny model, or with --random-weights the given folder's shape
+        args.requests, args.max_tokens, args.sequential, args.rounds = 4, 4, 2, 1
+        args.model = args.model if args.random_weights else "tiny"
 
     def load():
         return (random_model(args.model, args.dtype, device) if args.random_weights

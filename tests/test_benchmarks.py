@@ -75,7 +75,8 @@ def smoke(script: Path) -> subprocess.CompletedProcess[str]:
 def runs(request: pytest.FixtureRequest) -> Iterator[dict[Path, Future]]:
     """The selected benchmarks' smoke runs, started together and run two at a time: most of each
     run is importing torch on one core, so this halves the file's wall time."""
-    selected = [item.callspec.params["script"] for item in request.session.items if item.module is request.module]
+    selected = [item.callspec.params["script"] for item in request.session.items
+                if item.module is request.module and hasattr(item, "callspec")]  # the parametrized smoke tests
     with ThreadPoolExecutor(max_workers=2) as pool:
         yield {script: pool.submit(smoke, script) for script in selected if skip_reason(script) is None}
 
@@ -105,3 +106,19 @@ def test_smoke_run_prints_its_json_line(script: Path, runs: dict[Path, Future]) 
     assert expected is not None, f"list the keys of {script.name}'s JSON line in KEYS"
     assert not expected - out.keys(), f"missing keys {sorted(expected - out.keys())} in {lines[-1]}"
     assert all(math.isfinite(x) for x in numbers(out)), lines[-1]
+
+
+def test_rollout_takes_random_weights_of_a_model_folder(tmp_path):
+    """``rollout.py --random-weights`` (how the GPU runs get SmolLM2's shape without carrying its
+    weights) on a folder holding the tiny model's config and tokenizer."""
+    from orchestrator.models import load_model
+
+    loaded = load_model("tiny", dtype="float32")
+    loaded.model.config.save_pretrained(tmp_path)
+    loaded.tokenizer.save_pretrained(tmp_path)
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/rollout.py"), "--smoke", "--random-weights",
+                           "--model", str(tmp_path)], cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["model"] == str(tmp_path) and out["engine_tok_s"] > 0 and out["sequential_tok_s"] > 0

@@ -179,3 +179,21 @@ def test_rolecast_train_shares_the_engines_base_weights_on_cuda():
     assert client.forward_backward([datum], "importance_sampling").result().metrics["tokens"] == 14
     outs = generate(engine, requests(4))
     assert [len(o.token_ids) for o in outs] == [16] * 4
+
+
+@pytest.mark.parametrize("script", ["rollout", "train", "joint_passes", "grpo_vs_trl"])
+def test_device_benchmarks_run_their_smoke_on_cuda(script):
+    """The benchmarks that take ``--device``: their GPU paths (CUDA graphs, the shared-weights
+    service) run end to end, as tests/test_benchmarks.py runs their CPU paths."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    if script == "grpo_vs_trl" and importlib.util.find_spec("trl") is None:
+        pytest.skip("TRL is not installed")
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, str(root / "benchmarks" / f"{script}.py"), "--smoke", "--device", CUDA],
+                          cwd=root, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "cuda" in str(out["device"]).lower() or str(out["device"]).startswith("NVIDIA"), out["device"]
