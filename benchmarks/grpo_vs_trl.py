@@ -58,9 +58,8 @@ import tempfile
 import time
 import warnings
 
-TOPICS = ["a lighthouse keeper", "a chess tournament", "bread baking", "a lost dog", "the first day of school",
-          "a mountain storm", "a broken robot", "a market at dawn", "an old map", "a jazz trio", "a river crossing",
-          "a library at night", "a garden in winter", "a train delay", "a kite festival", "a code review"]
+from _prompts import TOPICS
+
 GROUP_EPS = 1e-4  # TRL's: (r - mean) / (std + 1e-4)
 CLIP = 0.2
 

@@ -51,6 +51,7 @@ import sys
 import time
 
 import torch
+from _prompts import TOPICS
 
 from orchestrator.compute_thread import compute_thread
 from orchestrator.cpu import CpuFeatures, host
@@ -59,9 +60,6 @@ from orchestrator.engines.decoder import weight_layout
 from orchestrator.engines.hf import EngineStats, HFEngine
 from orchestrator.models import load_model
 
-TOPICS = ["a lighthouse keeper", "a chess tournament", "bread baking", "a lost dog", "the first day of school",
-          "a mountain storm", "a broken robot", "a market at dawn", "an old map", "a jazz trio", "a river crossing",
-          "a library at night", "a garden in winter", "a train delay", "a kite festival", "a code review"]
 
 
 def prompts(engine: HFEngine, n: int) -> list[tuple[int, ...]]:
