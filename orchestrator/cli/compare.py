@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RolecastError
-from .flags import add_training_flags, apply_sets, run_dir
+from .flags import add_training_flags, apply_sets, positive_int, run_dir
 
 
 def register(sub: Any) -> None:
@@ -26,8 +26,8 @@ def register(sub: Any) -> None:
     p.add_argument("recipe", type=Path, help="team YAML with a `training:` block")
     p.add_argument("--strategy", action="append", choices=list(STRATEGIES), metavar="NAME",
                    help=f"repeatable; default: all of {', '.join(STRATEGIES)}")
-    p.add_argument("--steps", type=int, help="training steps per strategy (default: the recipe's)")
-    p.add_argument("--every", type=int, default=5, help="freeze-rotate: steps per phase (default 5)")
+    p.add_argument("--steps", type=positive_int, help="training steps per strategy (default: the recipe's)")
+    p.add_argument("--every", type=positive_int, default=5, help="freeze-rotate: steps per phase (default 5)")
     p.add_argument("--out", type=Path, help="where the runs go (default: runs/compare-<recipe>-<time>)")
     add_training_flags(p)
     p.set_defaults(func=handle)

@@ -14,7 +14,7 @@ from ..errors import RolecastError
 from ..evaluation import CHECKPOINT_ADAPTER, bind_opponent, blind_random_roles, evaluate
 from .flags import (
     add_episode_flags, add_model_flags, add_policy_flag, add_ray_flags, parse_adapter_flags, parse_policy_flags, play,
-    policies_and_workers, run_dir,
+    policies_and_workers, positive_int, run_dir,
 )
 
 log = structlog.get_logger()
@@ -23,7 +23,7 @@ log = structlog.get_logger()
 def register(sub: Any) -> None:
     p = sub.add_parser("eval", help="win/draw/loss (or success) rates with 95%% intervals, per role")
     p.add_argument("recipe", type=Path, help="team or recipe YAML")
-    p.add_argument("--episodes", type=int, default=100, help="episodes to play (default 100)")
+    p.add_argument("--episodes", type=positive_int, default=100, help="episodes to play (default 100)")
     p.add_argument("--held-out", action="store_true",
                    help="play the recipe's held-out tasks (training.eval_tasks) instead of its tasks")
     add_policy_flag(p, help="bind a role, as for `rolecast run` (repeatable)")
@@ -34,7 +34,7 @@ def register(sub: Any) -> None:
                    help="a round robin among a population run's members, snapshots and --baseline policies")
     p.add_argument("--baseline", action="append", default=[], metavar="NAME",
                    help="--population: a builtin policy that joins the round robin (repeatable; default: random)")
-    p.add_argument("--games-per-pair", type=int, default=20, help="--population: games each pair plays (default 20)")
+    p.add_argument("--games-per-pair", type=positive_int, default=20, help="--population: games each pair plays (default 20)")
     p.add_argument("--out", type=Path, help="run dir (default: runs/eval-<team>-<time>; --population: RUN_DIR/population)")
     add_episode_flags(p, json_help="print the report as JSON")
     add_ray_flags(p)

@@ -19,6 +19,28 @@ ADAPTER_HELP = "load a PEFT-format adapter dir (a run's sampler/NAME, say) as ad
 POLICY_HELP = "bind a role: replay:FILE, python:pkg.mod:fn, builtin:NAME, openai:MODEL@URL or model (repeatable)"
 
 
+def positive_int(text: str) -> int:
+    """argparse type: a whole number above 0 (0 or less is a mistake, never a request for a default)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a number above 0 (seconds, say)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+    return value
+
+
 def add_model_flags(p: argparse.ArgumentParser, *, model_default: str | None = None,
                     adapter_help: str | None = ADAPTER_HELP, dtype_help: str | None = None) -> None:
     """--model, --dtype, --engine, --device, and --adapter unless ``adapter_help`` is None."""
@@ -33,7 +55,7 @@ def add_model_flags(p: argparse.ArgumentParser, *, model_default: str | None = N
 def add_episode_flags(p: argparse.ArgumentParser, json_help: str) -> None:
     """--seed, --concurrency, --json and --no-progress: how a command plays its episodes."""
     p.add_argument("--seed", type=int, help="run seed (default: the team's `seed`)")
-    p.add_argument("--concurrency", type=int, help="episodes in flight at once")
+    p.add_argument("--concurrency", type=positive_int, help="episodes in flight at once")
     p.add_argument("--json", action="store_true", help=json_help)
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
@@ -69,7 +91,12 @@ def parse_adapter_flags(flags: list[str]) -> dict[str, Path]:
 
 
 def run_dir(out: Path | None, stem: str) -> Path:
-    """``--out``, or ``runs/<stem>-<time>``."""
+    """``--out``, or ``runs/<stem>-<time>``; a path through an existing file is one line here, not a
+    traceback when the run first writes."""
+    if out is not None:
+        blocker = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+        if blocker is not None:
+            raise RolecastError(f"--out {out}: {blocker} is a file, not a folder")
     return out or Path("runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
@@ -136,7 +163,7 @@ def add_ray_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
                    help="play episodes on Ray rollout workers: `local` (default) starts Ray here; "
                         "an address (auto, ray://host:10001) joins a cluster (pip install 'rolecast[ray]')")
-    p.add_argument("--rollout-workers", type=int, default=2, metavar="N",
+    p.add_argument("--rollout-workers", type=positive_int, default=2, metavar="N",
                    help="--ray: rollout workers, each with its own engine (default 2)")
 
 

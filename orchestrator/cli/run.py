@@ -10,20 +10,20 @@ from typing import Any
 
 from .flags import (
     add_episode_flags, add_model_flags, add_policy_flag, add_ray_flags, parse_adapter_flags, parse_policy_flags, play,
-    policies_and_workers, run_dir,
+    policies_and_workers, positive_float, positive_int, run_dir,
 )
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("run", help="run episodes of a team")
     p.add_argument("team", type=Path, help="team or recipe YAML")
-    p.add_argument("--episodes", type=int, help="number of episodes (default: the team's `episodes`)")
+    p.add_argument("--episodes", type=positive_int, help="number of episodes (default: the team's `episodes`)")
     p.add_argument("--task", action="append", default=[], metavar="TASK",
                    help="run these tasks instead of the team's (repeatable; the protocol says what TASK means)")
     p.add_argument("--out", type=Path, help="run dir (default: runs/<team>-<time>)")
     add_policy_flag(p)
     add_model_flags(p)
-    p.add_argument("--timeout", type=float, help="per-episode timeout in seconds")
+    p.add_argument("--timeout", type=positive_float, help="per-episode timeout in seconds")
     add_episode_flags(p, json_help="print the summary as JSON on stdout")
     add_ray_flags(p)
     p.set_defaults(func=handle)

@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RolecastError
-from .flags import add_training_flags, apply_sets, rollout_workers, run_dir
+from .flags import add_training_flags, apply_sets, positive_int, rollout_workers, run_dir
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("train", help="train the recipe's trainable roles (each its own LoRA adapter)")
     p.add_argument("recipe", type=Path, help="team YAML with a `training:` block")
-    p.add_argument("--steps", type=int, help="training steps (default: the recipe's)")
+    p.add_argument("--steps", type=positive_int, help="training steps (default: the recipe's)")
     p.add_argument("--out", type=Path, help="run dir (default: runs/train-<recipe>-<time>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     add_training_flags(p)
@@ -29,10 +29,39 @@ def handle(args: argparse.Namespace) -> int:
     if args.resume and not args.out:
         raise RolecastError("--resume needs --out RUN_DIR (the run to continue)")
     out = run_dir(args.out, f"train-{team.name}")
+    if args.resume:
+        as_started(args, team, out)
     final = train(team, args, out, resume=args.resume)
     print(json.dumps(final))
     print(f"run dir: {out}", file=sys.stderr)
     return 0
+
+
+def as_started(args: argparse.Namespace, team: Any, out: Path) -> None:
+    """A resumed run continues the run it checkpointed: --model, --seed and --steps default to what
+    its config.yaml recorded, and a recipe, model, seed or training option that differs from it
+    stops here with one line (its adapters' shapes, its schedule and its RNG belong to those)."""
+    import yaml
+
+    path = out / "config.yaml"
+    if not path.is_file():
+        return  # not a run dir: the loop says there is no checkpoint to resume
+    recorded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    recipe, run = recorded.get("recipe") or {}, recorded.get("run") or {}
+    if recipe.get("name", team.name) != team.name:
+        raise RolecastError(f"--resume: {out} is a run of recipe {recipe['name']!r}, not {team.name!r}")
+    for flag, given in (("model", args.model), ("seed", args.seed)):
+        if flag in run and given is not None and given != run[flag]:
+            raise RolecastError(f"--resume: {out} was started with --{flag} {run[flag]}; this command gives {given}")
+    args.model = args.model or run.get("model")
+    args.seed = run.get("seed") if args.seed is None else args.seed
+    args.steps = args.steps or run.get("steps")
+    then, now = recipe.get("training") or {}, team.resolved().get("training") or {}
+    changed = [k for k in sorted(set(then) | set(now)) if k != "steps" and then.get(k) != now.get(k)]
+    if changed:
+        k = changed[0]
+        raise RolecastError(f"--resume: {out} was started with training.{k} = {then.get(k)!r}, this command has "
+                            f"{now.get(k)!r}: resume with the --set flags it was started with")
 
 
 def train(team: Any, args: argparse.Namespace, out: Path, resume: bool, extra: dict[str, Any] | None = None) -> dict:

@@ -166,3 +166,36 @@ def test_a_bad_eval_opponent_is_one_line(tmp_path):
                  "--out", str(tmp_path / "run"))
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 2 and "nobody" in err and "Traceback" not in err
+
+
+def test_resume_continues_the_run_as_it_was_started(cli, tmp_path):
+    from support import SMALL_TRAINING, train_tiny
+
+    root = Path(__file__).resolve().parents[2]
+    recipe, run = root / "recipes/guess_number.yaml", tmp_path / "run"  # the recipe's own model is smollm2-135m
+    train_tiny(cli, recipe, run, 1, "--set", "checkpoint_every=1")
+    same = ["--out", run, "--resume", "--no-progress", "--dtype", "float32", *SMALL_TRAINING, "--set", "checkpoint_every=1"]
+    for extra, message in (
+        (["--model", "smollm2-135m"], "was started with --model tiny; this command gives smollm2-135m"),
+        (["--seed", "7"], "was started with --seed 0"),
+        (["--set", "group_size=4"], "was started with training.group_size = 2, this command has 4"),
+    ):
+        code, _, err = cli("train", recipe, *same, *extra)
+        assert code == 2 and message in err and "Traceback" not in err, err
+    code, _, err = cli("train", root / "recipes/rps.yaml", *same)
+    assert code == 2 and "is a run of recipe 'guess_number', not 'rps'" in err, err
+    assert [r["step"] for r in rows(run) if r["kind"] == "train"] == [1]  # nothing written by the refusals
+    code, _, err = cli("train", recipe, *same, "--steps", "2")  # no --model: the run's, tiny
+    assert code == 0, err
+    assert [r["step"] for r in rows(run) if r["kind"] == "train"] == [1, 2]
+
+
+def test_out_through_a_file_and_counts_below_one_are_one_line(cli, tmp_path, capsys):
+    recipe = Path(__file__).resolve().parents[2] / "recipes/guess_number.yaml"
+    (tmp_path / "afile").write_text("")
+    code, _, err = cli("train", recipe, "--model", "tiny", "--out", tmp_path / "afile" / "run")
+    assert code == 2 and "is a file, not a folder" in err and "Traceback" not in err
+    for command, flag in (("train", "--steps"), ("run", "--episodes"), ("eval", "--episodes")):
+        with pytest.raises(SystemExit) as stop:  # argparse's own exit, before anything runs
+            cli(command, recipe, flag, "0")
+        assert stop.value.code == 2 and f"argument {flag}: must be at least 1, got 0" in capsys.readouterr().err
