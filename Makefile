@@ -19,9 +19,9 @@ $(STAMP): pyproject.toml
 	touch $@
 
 demo: $(STAMP)
+	rm -rf runs/demo-debate runs/demo-train
 	$(BIN)/rolecast run recipes/debate.yaml --episodes 8 --out runs/demo-debate
 	# then a short training run of both debaters' adapters, and its report
-	rm -rf runs/demo-train
 	$(BIN)/rolecast train recipes/debate.yaml --steps 2 --out runs/demo-train
 	$(BIN)/rolecast report runs/demo-train
 

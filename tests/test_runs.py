@@ -196,3 +196,15 @@ def test_judge_sees_the_sides_in_a_seeded_random_order(tmp_path):
     asyncio.run(run_team(team, policies, RunOptions(episodes=16, seed=3, out_dir=tmp_path, progress=False)))
     assert set(seen["judge"]) == {("pro", "con"), ("con", "pro")}  # position bias cannot favour one side
     assert set(seen["pro"]) == {("pro", "con")}
+
+
+def test_a_run_where_every_episode_fails_exits_1_with_the_error(cli, tmp_path):
+    args = ("run", ROOT / "recipes/guess_number.yaml", "--policy", "guesser=python:json:loads", "--episodes", "2",
+            "--no-progress")
+    code, _, err = cli(*args, "--out", tmp_path / "run")
+    assert code == 1 and "every episode failed; the first: TypeError" in err
+    # and an --out that already holds a run is refused, its files untouched
+    before = (tmp_path / "run" / "transcripts.jsonl").read_bytes()
+    code, _, err = cli(*args, "--out", tmp_path / "run")
+    assert code == 2 and "already holds a run" in err
+    assert (tmp_path / "run" / "transcripts.jsonl").read_bytes() == before

@@ -73,7 +73,7 @@ def handle(args: argparse.Namespace) -> int:
     if blind:
         log.warning("builtin:random is no baseline here: the game lists no legal moves, so it sends random words "
                     "and loses", team=team.name, roles=blind)
-    out = run_dir(args.out, f"eval-{team.name}")
+    out = run_dir(args.out, f"eval-{team.name}", fresh=True)
     options = RunOptions(episodes=args.episodes, seed=seed, out_dir=out, concurrency=args.concurrency or cfg.concurrency,
                          episode_timeout_s=cfg.episode_timeout_s, progress=not (args.no_progress or args.json),
                          extra={"eval": True, "model": model, "device": args.device, "policy": args.policy, "opponent": args.opponent,

@@ -90,13 +90,16 @@ def parse_adapter_flags(flags: list[str]) -> dict[str, Path]:
     return adapters
 
 
-def run_dir(out: Path | None, stem: str) -> Path:
+def run_dir(out: Path | None, stem: str, fresh: bool = False) -> Path:
     """``--out``, or ``runs/<stem>-<time>``; a path through an existing file is one line here, not a
-    traceback when the run first writes."""
+    traceback when the run first writes. ``fresh``: an --out that already holds a run (its
+    config.yaml) is refused too, rather than overwritten."""
     if out is not None:
         blocker = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
         if blocker is not None:
             raise RolecastError(f"--out {out}: {blocker} is a file, not a folder")
+        if fresh and (out / "config.yaml").exists():
+            raise RolecastError(f"--out {out} already holds a run: give another --out, or remove it first")
     return out or Path("runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 

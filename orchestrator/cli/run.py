@@ -45,7 +45,7 @@ def handle(args: argparse.Namespace) -> int:
     options = RunOptions(
         episodes=args.episodes or cfg.episodes,
         seed=seed,
-        out_dir=run_dir(args.out, team.name),
+        out_dir=run_dir(args.out, team.name, fresh=True),
         concurrency=args.concurrency or cfg.concurrency,
         episode_timeout_s=args.timeout or cfg.episode_timeout_s,
         progress=not args.no_progress,
@@ -58,6 +58,10 @@ def handle(args: argparse.Namespace) -> int:
     else:
         print_summary(result.summary)
     print(f"transcripts: {result.run_dir / 'transcripts.jsonl'}", file=sys.stderr if args.json else sys.stdout)
+    failed = [e for e in result.episodes if e.status in ("error", "timeout")]
+    if failed and len(failed) == len(result.episodes):  # a table of zeros would read as a result
+        print(f"rolecast: every episode failed; the first: {failed[0].error}", file=sys.stderr)
+        return 1
     return 0
 
 
