@@ -43,7 +43,7 @@ from ..rollout import RunOptions, build_policies, run_team
 from ..team import Team
 from ..transcript import EpisodeRecord
 from .datums import DatumBuildOptions, role_datums
-from .metrics import MetricsWriter
+from .metrics import MetricsWriter, write_atomic
 from .rng import load_rng, save_rng
 from .trainer import Trainer, TrainerContext
 from .types import AdamParams, Datum, LoraConfig
@@ -393,7 +393,7 @@ class TrainingRun:
             os.replace(tmp, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        _write_atomic(root / "latest", name)
+        write_atomic(root / "latest", name)
         for old in sorted(root.glob("step-*"))[: -self.cfg.keep_checkpoints]:  # zero-padded: oldest first
             shutil.rmtree(old, ignore_errors=True)
         log.info("checkpoint", step=step, path=str(root / name))
@@ -425,12 +425,3 @@ def _mean(rows: list[dict[str, float]]) -> dict[str, float]:
         for k, v in row.items():
             sums[k].append(v)
     return {k: sum(v) / len(v) for k, v in sums.items()}
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)

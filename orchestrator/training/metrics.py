@@ -2,8 +2,40 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
+
+import structlog
+
+from ..errors import RolecastError
+
+log = structlog.get_logger()
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """``path`` holds ``text`` or what it held before, whenever the process dies."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def parse_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of a metrics.jsonl. A last line cut off mid-write (the process killed while it
+    appended) is dropped with a warning; a bad line before the last is corruption, named here."""
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = []
+    for n, line in enumerate(lines, 1):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            if n < len(lines):
+                raise RolecastError(f"{path}:{n}: not a JSON row ({exc.msg}): the file is damaged") from None
+            log.warning("metrics.cut_off_line_dropped", path=str(path), line=n)
+    return rows
 
 
 class MetricsWriter:
@@ -29,8 +61,8 @@ class MetricsWriter:
         """Drop rows of steps after ``step``: a resumed run redoes them."""
         if not self.path.exists():
             return
-        rows = [line for line in self.path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
-        self.path.write_text("".join(r + "\n" for r in rows))
+        rows = [row for row in parse_rows(self.path) if row["step"] <= step]
+        write_atomic(self.path, "".join(json.dumps(row) + "\n" for row in rows))
 
     def close(self) -> None:
         if self._tb is not None:
@@ -38,5 +70,4 @@ class MetricsWriter:
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return parse_rows(run_dir / "metrics.jsonl")

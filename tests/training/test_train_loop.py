@@ -199,3 +199,17 @@ def test_out_through_a_file_and_counts_below_one_are_one_line(cli, tmp_path, cap
         with pytest.raises(SystemExit) as stop:  # argparse's own exit, before anything runs
             cli(command, recipe, flag, "0")
         assert stop.value.code == 2 and f"argument {flag}: must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_metrics_drop_a_cut_off_last_line_and_name_a_damaged_one(tmp_path):
+    from orchestrator.errors import RolecastError
+    from orchestrator.training.metrics import MetricsWriter, read_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 0, "kind": "eval"}\n{"step": 1, "kind": "train"}\n{"step": 2, "ki')  # killed mid-append
+    assert [r["step"] for r in read_metrics(tmp_path)] == [0, 1]
+    MetricsWriter(tmp_path).truncate_after(0)  # what --resume from step 0 does
+    assert path.read_text() == '{"step": 0, "kind": "eval"}\n'
+    path.write_text('{"step": 0}\n{"ste\n{"step": 1}\n')
+    with pytest.raises(RolecastError, match=r"metrics.jsonl:2: not a JSON row"):
+        read_metrics(tmp_path)
