@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..errors import RolecastError
 from .flags import (
     add_episode_flags, add_model_flags, add_policy_flag, add_ray_flags, parse_adapter_flags, parse_policy_flags, play,
     policies_and_workers, positive_float, positive_int, run_dir,
@@ -35,7 +36,10 @@ def handle(args: argparse.Namespace) -> int:
 
     team = load_team(args.team)
     if args.task:
-        team = dataclasses.replace(team, tasks=[team.env_class.task_from_cli(t) for t in args.task])
+        try:
+            team = dataclasses.replace(team, tasks=[team.env_class.task_from_cli(t) for t in args.task])
+        except ValueError as exc:
+            raise RolecastError(f"--task: {exc}") from None
     overrides = parse_policy_flags(args.policy)
     adapters = parse_adapter_flags(args.adapter)
     cfg = team.config

@@ -70,7 +70,8 @@ class Env(ABC):
 
     @classmethod
     def task_from_cli(cls, value: str) -> dict[str, Any]:
-        """The task dict for ``rolecast run --task VALUE`` (environments override the meaning)."""
+        """The task dict for ``rolecast run --task VALUE`` (environments override the meaning); a
+        ValueError for a value the environment cannot take."""
         return {"text": value}
 
     def recipients(self, sender: str) -> list[str]:

@@ -64,7 +64,10 @@ class GuessNumberEnv(GameEnv):
 
     @classmethod
     def task_from_cli(cls, value: str) -> dict[str, Any]:
-        return {"secret": int(value)}
+        try:
+            return {"secret": int(value)}
+        except ValueError:
+            raise ValueError(f"the secret is a whole number, got {value!r}") from None
 
     def next_role(self) -> str | None:
         return None if self.done else self.config.players[0]
