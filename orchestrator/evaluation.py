@@ -20,7 +20,7 @@ from .errors import RolecastError
 from .policies.binding import Binding
 from .registry import default_registry
 from .role import RoleSpec
-from .team import Team
+from .team import Team, opponent_problem
 from .transcript import EpisodeRecord
 
 CHECKPOINT_ADAPTER = "eval-opponent"
@@ -74,25 +74,18 @@ def with_adapter(spec: RoleSpec, adapter: str | None) -> RoleSpec:
 
 def bind_opponent(team: Team, opponent: str, overrides: dict[str, Binding]) -> tuple[Team, str, Path | None]:
     """(team with the opponent's adapter replaced if need be, opponent role, checkpoint to load)."""
-    declared = getattr(team.env_config, "opponent_role", None)
-    role = declared() if declared else None
-    if role is None:
-        raise RolecastError(f"--opponent: {team.name} declares no opponent role (protocol key `opponent:`)")
+    if problem := opponent_problem(opponent, team.env_config, default_registry()):
+        raise RolecastError(f"--opponent {opponent}: {team.name}: {problem}")
+    role = team.env_config.opponent_role()
     if role in overrides:
         raise RolecastError(f"--opponent and --policy both bind role {role!r}")
     kind, _, target = opponent.partition(":")
     if opponent == "base":
         return dataclasses.replace(team, roles={**team.roles, role: with_adapter(team.roles[role], None)}), role, None
     if kind == "checkpoint":
-        path = Path(target)
-        if not (path / "adapter_config.json").is_file():
-            raise RolecastError(f"--opponent {opponent}: not a PEFT adapter dir (no adapter_config.json)")
         spec = with_adapter(team.roles[role], CHECKPOINT_ADAPTER)
-        return dataclasses.replace(team, roles={**team.roles, role: spec}), role, path
+        return dataclasses.replace(team, roles={**team.roles, role: spec}), role, Path(target)
     name = target if kind == "builtin" else opponent
-    if name not in default_registry().items["policies"]:
-        known = ", ".join(["base", "checkpoint:PATH"] + default_registry().names("policies"))
-        raise RolecastError(f"--opponent {opponent!r}: unknown (use one of {known})")
     overrides[role] = Binding("builtin", name)
     return team, role, None
 

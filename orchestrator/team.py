@@ -70,10 +70,29 @@ def load_team(path: str | Path, registry: Registry | None = None) -> Team:
     eval_tasks = None
     if config.training is not None:
         _check_training(config.training, doc, registry)
+        if config.training.eval_opponent and (problem := opponent_problem(config.training.eval_opponent, env_config, registry)):
+            raise doc.error(("training", "eval_opponent"), problem)
         if config.training.eval_tasks is not None:
             eval_tasks = _load_tasks(config.training.eval_tasks, doc, ("training", "eval_tasks"))
     return Team(config=config, path=doc.path, roles=roles, env_class=env_class, env_config=env_config,
                 tasks=tasks, eval_tasks=eval_tasks)
+
+
+def opponent_problem(opponent: str, env_config: EnvConfig, registry: Registry) -> str | None:
+    """What is wrong with ``opponent`` (``base``, ``checkpoint:PATH``, ``builtin:NAME`` or a policy
+    name) as the opponent of a team with this protocol, or None: for ``--opponent`` and
+    ``training.eval_opponent`` alike, so a recipe's typo is caught when it loads."""
+    declared = getattr(env_config, "opponent_role", None)
+    if declared is None or declared() is None:
+        return "the protocol declares no opponent role (protocol key `opponent:`)"
+    kind, _, target = opponent.partition(":")
+    if opponent == "base":
+        return None
+    if kind == "checkpoint":
+        return None if (Path(target) / "adapter_config.json").is_file() else "not a PEFT adapter dir (no adapter_config.json)"
+    if (target if kind == "builtin" else opponent) not in registry.items["policies"]:
+        return f"unknown opponent {opponent!r} (use one of {', '.join(['base', 'checkpoint:PATH'] + registry.names('policies'))})"
+    return None
 
 
 def _load_protocol(config: TeamConfig, doc: YamlDoc, registry: Registry) -> tuple[type[Env], EnvConfig]:

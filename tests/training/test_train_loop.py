@@ -161,11 +161,13 @@ def test_evaluations_play_the_configured_opponent(tmp_path):
     assert o_attempts("rollouts/step-000001") and all(a["token_ids"] for a in o_attempts("rollouts/step-000001"))  # the model
 
 
-def test_a_bad_eval_opponent_is_one_line(tmp_path):
-    proc = train(str(write(tmp_path / "ttt.yaml", SELF_PLAY.replace("eval_opponent: random", "eval_opponent: nobody"))),
-                 "--out", str(tmp_path / "run"))
+def test_a_bad_eval_opponent_is_one_line(tmp_path, cli):
+    recipe = write(tmp_path / "ttt.yaml", SELF_PLAY.replace("eval_opponent: random", "eval_opponent: nobody"))
+    proc = train(str(recipe), "--out", str(tmp_path / "run"))
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 2 and "nobody" in err and "Traceback" not in err
+    code, _, err = cli("validate", recipe)  # caught when the recipe loads, named by file and key
+    assert code == 2 and f"{recipe}:" in err and "training.eval_opponent: unknown opponent 'nobody'" in err
 
 
 def test_resume_continues_the_run_as_it_was_started(cli, tmp_path):
