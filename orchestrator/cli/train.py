@@ -57,7 +57,8 @@ def as_started(args: argparse.Namespace, team: Any, out: Path) -> None:
     args.seed = run.get("seed") if args.seed is None else args.seed
     args.steps = args.steps or run.get("steps")
     then, now = recipe.get("training") or {}, team.resolved().get("training") or {}
-    changed = [k for k in sorted(set(then) | set(now)) if k != "steps" and then.get(k) != now.get(k)]
+    # a key the run did not record is an option newer than the run: nothing to compare it with
+    changed = [k for k in sorted(then) if k != "steps" and k in now and then[k] != now[k]]
     if changed:
         k = changed[0]
         raise RolecastError(f"--resume: {out} was started with training.{k} = {then.get(k)!r}, this command has "
