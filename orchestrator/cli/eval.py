@@ -14,7 +14,7 @@ from ..errors import RolecastError
 from ..evaluation import CHECKPOINT_ADAPTER, bind_opponent, blind_random_roles, evaluate
 from .flags import (
     add_episode_flags, add_model_flags, add_policy_flag, add_ray_flags, parse_adapter_flags, parse_policy_flags, play,
-    policies_and_workers, positive_int, run_dir,
+    exit_code, policies_and_workers, positive_int, run_dir,
 )
 
 log = structlog.get_logger()
@@ -88,7 +88,7 @@ def handle(args: argparse.Namespace) -> int:
         print(json.dumps(report))
     else:
         print_report(report)
-    return 0
+    return exit_code(result)
 
 
 def print_report(report: dict[str, Any]) -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -119,6 +120,16 @@ def policies_and_workers(args: argparse.Namespace, team: Any, overrides: dict[st
     for name, path in adapters.items():
         workers.publish(name, path, 1)
     return build_policies(team, overrides, lambda: None), workers
+
+
+def exit_code(result: Any) -> int:
+    """1, with the first error on stderr, when every episode of ``result`` failed or timed out (its
+    table of zeros would read as a result); else 0."""
+    failed = [e for e in result.episodes if e.status in ("error", "timeout")]
+    if failed and len(failed) == len(result.episodes):
+        print(f"rolecast: every episode failed; the first: {failed[0].error}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def play(team: Any, policies: dict[str, Any], options: Any, workers: Any = None,

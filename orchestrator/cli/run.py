@@ -11,7 +11,7 @@ from typing import Any
 from ..errors import RolecastError
 from .flags import (
     add_episode_flags, add_model_flags, add_policy_flag, add_ray_flags, parse_adapter_flags, parse_policy_flags, play,
-    policies_and_workers, positive_float, positive_int, run_dir,
+    exit_code, policies_and_workers, positive_float, positive_int, run_dir,
 )
 
 
@@ -62,11 +62,7 @@ def handle(args: argparse.Namespace) -> int:
     else:
         print_summary(result.summary)
     print(f"transcripts: {result.run_dir / 'transcripts.jsonl'}", file=sys.stderr if args.json else sys.stdout)
-    failed = [e for e in result.episodes if e.status in ("error", "timeout")]
-    if failed and len(failed) == len(result.episodes):  # a table of zeros would read as a result
-        print(f"rolecast: every episode failed; the first: {failed[0].error}", file=sys.stderr)
-        return 1
-    return 0
+    return exit_code(result)
 
 
 def print_summary(summary: dict[str, Any]) -> None:

@@ -106,3 +106,9 @@ def test_adapter_flag_loads_trained_weights(cli, tmp_path, command):
 def test_bad_adapter_flag_is_one_line(cli, tmp_path, command):
     code, out, err = cli(command, ROOT / "recipes/tictactoe.yaml", "--model", "tiny", "--adapter", f"player={tmp_path}")
     assert code == 2 and "--adapter" in err and "adapter_config.json" in err
+
+
+def test_an_eval_where_every_episode_fails_exits_1_with_the_error(cli, tmp_path):
+    code, _, err = cli("eval", ROOT / "recipes/guess_number.yaml", "--policy", "guesser=python:json:loads",
+                       "--episodes", "2", "--no-progress", "--out", tmp_path / "ev")
+    assert code == 1 and "every episode failed; the first: TypeError" in err
