@@ -1,5 +1,6 @@
-"""What the recipe benchmarks share (not a benchmark itself: the leading underscore keeps it out
-of tests/test_benchmarks.py): run a recipe's episodes on a fresh engine over a loaded model."""
+"""What the benchmarks share (not a benchmark itself: the leading underscore keeps it out of
+tests/test_benchmarks.py): run a recipe's episodes on a fresh engine over a loaded model, common
+prompts, argument parsing and comparison helpers."""
 from __future__ import annotations
 
 import argparse
@@ -13,6 +14,10 @@ from orchestrator.rollout import RunOptions, RunResult, build_policies, run_team
 from orchestrator.team import Team, load_team
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+# Story topics the generation benchmarks share (rollout, grpo_vs_trl), so both prompt alike.
+TOPICS = ["a lighthouse keeper", "a chess tournament", "bread baking", "a lost dog", "the first day of school",
+          "a mountain storm", "a broken robot", "a market at dawn", "an old map", "a jazz trio", "a river crossing",
+          "a library at night", "a garden in winter", "a train delay", "a kite festival", "a code review"]
 
 
 async def _run(team: Team, loaded: LoadedModel, episodes: int, out: Path, concurrency: int | None,

@@ -58,7 +58,7 @@ import tempfile
 import time
 import warnings
 
-from _prompts import TOPICS
+from _recipes import TOPICS
 
 GROUP_EPS = 1e-4  # TRL's: (r - mean) / (std + 1e-4)
 CLIP = 0.2

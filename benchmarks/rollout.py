@@ -51,7 +51,7 @@ import sys
 import time
 
 import torch
-from _prompts import TOPICS
+from _recipes import TOPICS
 
 from orchestrator.compute_thread import compute_thread
 from orchestrator.cpu import CpuFeatures, host
