@@ -20,24 +20,23 @@ ADAPTER_HELP = "load a PEFT-format adapter dir (a run's sampler/NAME, say) as ad
 POLICY_HELP = "bind a role: replay:FILE, python:pkg.mod:fn, builtin:NAME, openai:MODEL@URL or model (repeatable)"
 
 
+def _number(text: str, convert: type, what: str) -> Any:
+    try:
+        return convert(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+
+
 def positive_int(text: str) -> int:
     """argparse type: a whole number above 0 (0 or less is a mistake, never a request for a default)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
+    if (value := _number(text, int, "a whole number")) < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
 
 
 def positive_float(text: str) -> float:
     """argparse type: a number above 0 (seconds, say)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value > 0:
+    if not (value := _number(text, float, "a number")) > 0:
         raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
     return value
 

@@ -58,11 +58,10 @@ def as_started(args: argparse.Namespace, team: Any, out: Path) -> None:
     args.steps = args.steps or run.get("steps")
     then, now = recipe.get("training") or {}, team.resolved().get("training") or {}
     # a key the run did not record is an option newer than the run: nothing to compare it with
-    changed = [k for k in sorted(then) if k != "steps" and k in now and then[k] != now[k]]
-    if changed:
-        k = changed[0]
-        raise RolecastError(f"--resume: {out} was started with training.{k} = {then.get(k)!r}, this command has "
-                            f"{now.get(k)!r}: resume with the --set flags it was started with")
+    k = next((k for k in sorted(then) if k != "steps" and k in now and then[k] != now[k]), None)
+    if k is not None:
+        raise RolecastError(f"--resume: {out} was started with training.{k} = {then[k]!r}, this command has "
+                            f"{now[k]!r}: resume with the --set flags it was started with")
 
 
 def train(team: Any, args: argparse.Namespace, out: Path, resume: bool, extra: dict[str, Any] | None = None) -> dict:

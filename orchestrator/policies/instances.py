@@ -39,10 +39,9 @@ def schema_instance(schema: dict[str, Any], pick: Pick, scalar: Scalar) -> Any:
 
 def fit_length(text: str, schema: dict[str, Any]) -> str:
     """``text`` repeated up to the schema's ``minLength`` (at least 1) and cut at its ``maxLength``."""
-    low = max(1, schema.get("minLength", 1))
-    text = text or "x"
-    text = (text * -(-low // len(text)))[:max(low, len(text))]
-    return text[:schema["maxLength"]] if "maxLength" in schema else text
+    low, unit = max(1, schema.get("minLength", 1)), text or "x"
+    text = (unit * low)[:max(low, len(unit))]
+    return text[:schema.get("maxLength", len(text))]
 
 
 def minimal_instance(schema: dict[str, Any]) -> Any:
