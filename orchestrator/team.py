@@ -20,7 +20,7 @@ from .errors import ConfigError
 from .registry import Registry, config_model, default_registry
 from .role import BASE_VARIABLES, RoleSpec, library_roles, load_role, resolve_role_path
 from .config_errors import problem_text, validate_model
-from .yamlfile import YamlDoc, load_json_lines, load_yaml
+from .yamlfile import YamlDoc, format_loc, load_json_lines, load_yaml
 
 
 @dataclass(frozen=True)
@@ -66,14 +66,14 @@ def load_team(path: str | Path, registry: Registry | None = None) -> Team:
             raise doc.error(("protocol",) + loc, f"routes to unknown role {name!r} (team roles: {', '.join(roles)})")
     for spec in roles.values():
         _check_template_variables(spec, env_class)
-    tasks = _load_tasks(config.tasks, doc, ("tasks",))
+    tasks = _load_tasks(config.tasks, doc, ("tasks",), env_class, env_config)
     eval_tasks = None
     if config.training is not None:
         _check_training(config.training, doc, registry)
         if config.training.eval_opponent and (problem := opponent_problem(config.training.eval_opponent, env_config, registry)):
             raise doc.error(("training", "eval_opponent"), problem)
         if config.training.eval_tasks is not None:
-            eval_tasks = _load_tasks(config.training.eval_tasks, doc, ("training", "eval_tasks"))
+            eval_tasks = _load_tasks(config.training.eval_tasks, doc, ("training", "eval_tasks"), env_class, env_config)
     return Team(config=config, path=doc.path, roles=roles, env_class=env_class, env_config=env_config,
                 tasks=tasks, eval_tasks=eval_tasks)
 
@@ -158,18 +158,31 @@ def _check_template_variables(spec: RoleSpec, env_class: type[Env]) -> None:
     )
 
 
-def _load_tasks(tasks: list[dict[str, Any]] | str, doc: YamlDoc, loc: tuple) -> list[dict[str, Any]]:
+def _load_tasks(tasks: list[dict[str, Any]] | str, doc: YamlDoc, loc: tuple, env_class: type[Env],
+                env_config: EnvConfig) -> list[dict[str, Any]]:
+    """The tasks, inline or from a YAML or JSON-lines file, each checked against the protocol's
+    task model; an error names the task's own file and line."""
     if isinstance(tasks, list):
         if not tasks:
             raise doc.error(loc, "at least one task is needed")
-        return tasks
-    path = (doc.path.parent / tasks).resolve()
-    try:
-        items = [v for _, v in load_json_lines(path)] if path.suffix == ".jsonl" else load_yaml(path).data
-    except ConfigError as exc:
-        if exc.key != "(file)":
-            raise  # a problem inside the tasks file, named at its own line
-        raise doc.error(loc, f"cannot read tasks file {path}: {exc.problem}") from None
-    if not isinstance(items, list) or not items or not all(isinstance(t, dict) for t in items):
-        raise doc.error(loc, f"tasks file {path} must hold a non-empty list of mappings")
+        items, where = tasks, lambda i, key, problem: doc.error(loc + (i,) + key, problem)
+    else:
+        path = (doc.path.parent / tasks).resolve()
+        try:
+            if path.suffix == ".jsonl":
+                lines = load_json_lines(path)
+                items = [v for _, v in lines]
+                where = lambda i, key, problem: ConfigError(path, lines[i][0], format_loc(key) or "(task)", problem)
+            else:
+                file_doc = load_yaml(path)
+                items, where = file_doc.data, lambda i, key, problem: file_doc.error((i,) + key, problem)
+        except ConfigError as exc:
+            if exc.key != "(file)":
+                raise  # a problem inside the tasks file, named at its own line
+            raise doc.error(loc, f"cannot read tasks file {path}: {exc.problem}") from None
+        if not isinstance(items, list) or not items or not all(isinstance(t, dict) for t in items):
+            raise doc.error(loc, f"tasks file {path} must hold a non-empty list of mappings")
+    for i, task in enumerate(items):
+        if problem := env_class.task_problem(env_config, task):
+            raise where(i, *problem)
     return items

@@ -9,6 +9,7 @@ import pytest
 import torch
 from orchestrator.cpu import CpuFeatures
 
+ROOT = Path(__file__).resolve().parents[1]  # the repository
 ERROR_LINE = re.compile(r"^(?P<file>[^:\n]+)(?::(?P<line>\d+))?: (?P<key>\S+): (?P<problem>.+)$")
 
 

@@ -212,5 +212,5 @@ def test_a_run_where_every_episode_fails_exits_1_with_the_error(cli, tmp_path):
 
 def test_a_task_the_environment_cannot_take_is_one_line(cli, tmp_path):
     code, _, err = cli("run", ROOT / "recipes/guess_number.yaml", "--task", "abc", "--out", tmp_path / "run")
-    assert code == 2 and "--task: the secret is a whole number, got 'abc'" in err and "Traceback" not in err
+    assert code == 2 and "--task abc: the secret is a whole number, got 'abc'" in err and "Traceback" not in err
     assert not (tmp_path / "run").exists()

@@ -6,13 +6,16 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import RolecastError
 from .flags import (
     add_episode_flags, add_model_flags, add_policy_flag, add_ray_flags, parse_adapter_flags, parse_policy_flags, play,
     exit_code, policies_and_workers, positive_float, positive_int, run_dir,
 )
+
+if TYPE_CHECKING:
+    from ..team import Team
 
 
 def register(sub: Any) -> None:
@@ -30,16 +33,24 @@ def register(sub: Any) -> None:
     p.set_defaults(func=handle)
 
 
+def _cli_task(team: Team, value: str) -> dict[str, Any]:
+    """``--task VALUE`` as the protocol reads it, checked as a team file's tasks are."""
+    try:
+        task = team.env_class.task_from_cli(value)
+    except ValueError as exc:
+        raise RolecastError(f"--task {value}: {exc}") from None
+    if problem := team.env_class.task_problem(team.env_config, task):
+        raise RolecastError(f"--task {value}: {problem[1]}")
+    return task
+
+
 def handle(args: argparse.Namespace) -> int:
     from ..rollout import RunOptions
     from ..team import load_team
 
     team = load_team(args.team)
     if args.task:
-        try:
-            team = dataclasses.replace(team, tasks=[team.env_class.task_from_cli(t) for t in args.task])
-        except ValueError as exc:
-            raise RolecastError(f"--task: {exc}") from None
+        team = dataclasses.replace(team, tasks=[_cli_task(team, value) for value in args.task])
     overrides = parse_policy_flags(args.policy)
     adapters = parse_adapter_flags(args.adapter)
     cfg = team.config

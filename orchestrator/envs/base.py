@@ -7,17 +7,19 @@ in them are bound to policies by the orchestrator, never by the environment.
 """
 from __future__ import annotations
 
+import difflib
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
+from ..config_errors import problem_text
 from ..messages import Message
 from ..role import RoleSpec
-from ..yamlfile import Loc
+from ..yamlfile import Loc, format_loc
 
 
 class EnvConfig(BaseModel):
@@ -30,6 +32,15 @@ class EnvConfig(BaseModel):
     def role_refs(self) -> list[tuple[Loc, str]]:
         """(location in this block, role name) of every role it routes to: checked at load time."""
         return []
+
+
+class TaskConfig(BaseModel):
+    """One entry of a team file's ``tasks``: the keys its environment reads, checked when the team
+    loads (a subclass per environment). Other keys are kept: prompts (``{{ task.text }}``) and
+    reward plugins (``episode.task``) may read them. Validators that need the protocol's options
+    find them as ``info.context["protocol"]``."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
 
 
 def whole_number(message: Message, field: str = "answer") -> int | None:
@@ -47,10 +58,13 @@ class StepResult:
 
 class Env(ABC):
     Config: ClassVar[type[EnvConfig]] = EnvConfig
+    Task: ClassVar[type[TaskConfig]] = TaskConfig
     # Template variables observe() provides, so prompts can be checked when a team loads.
     observation_keys: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, config: EnvConfig, roles: Mapping[str, RoleSpec], task: dict[str, Any], rng: random.Random):
+        if problem := self.task_problem(config, task):  # load_team checked it; a task built in code may not be
+            raise ValueError(f"task {format_loc(problem[0]) or '(task)'}: {problem[1]}")
         self.config = config
         self.roles = roles
         self.task = task
@@ -67,6 +81,22 @@ class Env(ABC):
     @abstractmethod
     async def step(self, role: str, message: Message) -> StepResult:
         """Take ``role``'s message (which may be invalid: ``message.valid`` is False)."""
+
+    @classmethod
+    def task_problem(cls, config: EnvConfig, task: dict[str, Any]) -> tuple[Loc, str] | None:
+        """Where in ``task`` and what is wrong with it for this protocol, or None. A key the
+        protocol does not read is fine unless it is a near miss of one it does (``secrt``)."""
+        declared = cls.Task.model_fields
+        missing = [name for name in declared if name not in task]
+        for key in task:
+            if key not in declared and (near := difflib.get_close_matches(str(key), missing, n=1, cutoff=0.75)):
+                return (key,), f"unknown task key: did you mean {near[0]!r}? (this protocol reads {', '.join(declared)})"
+        try:
+            cls.Task.model_validate(task, context={"protocol": config})
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            return tuple(err["loc"]), problem_text(err, cls.Task)
+        return None
 
     @classmethod
     def task_from_cli(cls, value: str) -> dict[str, Any]:

@@ -28,14 +28,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, StrictStr, field_validator, model_validator
 
 from sandboxes import Limits, shared_pool
 
 from ..config import SandboxOptions
 from ..messages import Message
 from ..yamlfile import Loc
-from .base import Env, EnvConfig, StepResult
+from .base import Env, EnvConfig, StepResult, TaskConfig
 
 MARK = "@@rolecast-check "
 # Runs in the sandbox: the team's function on each test input, printed as one marked JSON line
@@ -75,16 +75,29 @@ class CodePairConfig(EnvConfig):
         return [(("tester",), self.tester), (("coder",), self.coder)]
 
 
+class CodePairTask(TaskConfig):
+    spec: StrictStr
+    reference: StrictStr  # a return expression of x
+    tests: list[tuple[Any, Any]] = Field(min_length=1)  # (input, expected output) pairs
+
+    @field_validator("reference")
+    @classmethod
+    def _expression(cls, value: str) -> str:
+        try:
+            compile(f"lambda x: {value}", "<reference>", "eval")
+        except SyntaxError as exc:
+            raise ValueError(f"not a Python expression of x: {exc.msg}") from None
+        return value
+
+
 class CodePairEnv(Env):
     Config = CodePairConfig
+    Task = CodePairTask
     observation_keys = frozenset({"spec", "example"})
     config: CodePairConfig
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        task = self.task
-        if not isinstance(task.get("spec"), str) or not isinstance(task.get("reference"), str) or not task.get("tests"):
-            raise ValueError('a code_pair task needs "spec", "reference" and a non-empty "tests" list')
         self.order = [self.config.tester, self.config.coder]
         self.example: str | None = None  # the Tester's example as it wrote it
         self.result: dict[str, Any] = {}

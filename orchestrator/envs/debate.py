@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, model_validator
 
 from ..messages import Message
 from ..yamlfile import Loc
-from .base import Env, EnvConfig, StepResult
+from .base import Env, EnvConfig, StepResult, TaskConfig
 
 
 class DebateRewards(BaseModel):
@@ -49,8 +49,13 @@ class DebateConfig(EnvConfig):
         return [(("debaters", i), name) for i, name in enumerate(self.debaters)] + [(("judge",), self.judge)]
 
 
+class DebateTask(TaskConfig):
+    topic: StrictStr = ""  # the motion the debaters argue
+
+
 class DebateEnv(Env):
     Config = DebateConfig
+    Task = DebateTask
     observation_keys = frozenset({"topic", "arguments", "round", "rounds", "stance", "debaters"})
     config: DebateConfig
 

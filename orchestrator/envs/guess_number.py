@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, field_validator, model_validator
 
 from ..messages import Message
-from .base import StepResult
+from .base import StepResult, TaskConfig
 from .game import GameConfig, GameEnv
 
 
@@ -44,21 +44,33 @@ class GuessNumberConfig(GameConfig):
         return self
 
 
+class GuessNumberTask(TaskConfig):
+    secret: StrictInt | None = None  # none: drawn from the episode's seeded RNG
+
+    @field_validator("secret")
+    @classmethod
+    def _in_range(cls, value: int | None, info: ValidationInfo) -> int | None:
+        c = (info.context or {}).get("protocol")
+        if value is not None and c is not None and not c.low <= value <= c.high:
+            raise ValueError(f"outside the protocol's range [{c.low}, {c.high}]")
+        return value
+
+
 def feedback(guess: int, secret: int) -> str:
     return "correct" if guess == secret else "too high" if guess > secret else "too low"
 
 
 class GuessNumberEnv(GameEnv):
     Config = GuessNumberConfig
+    Task = GuessNumberTask
     observation_keys = frozenset({"low", "high", "turns", "turns_left", "history", "feedback", "lowest", "highest"})
     config: GuessNumberConfig
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         c = self.config
-        self.secret = int(self.task["secret"]) if "secret" in self.task else self.rng.randint(c.low, c.high)
-        if not c.low <= self.secret <= c.high:
-            raise ValueError(f"secret {self.secret} is outside [{c.low}, {c.high}]")
+        secret = self.task.get("secret")
+        self.secret = secret if secret is not None else self.rng.randint(c.low, c.high)
         self.history: list[dict[str, Any]] = []  # {"guess": int | None, "feedback": str}
         self.consistent = 0  # guesses inside the range the feedback before them left possible
 

@@ -30,11 +30,11 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, StrictStr, ValidationInfo, field_validator, model_validator
 
 from ..messages import Message
 from ..yamlfile import Loc
-from .base import Env, EnvConfig, StepResult, whole_number
+from .base import Env, EnvConfig, StepResult, TaskConfig, whole_number
 
 Problem = dict[str, Any]  # {"text": ..., "answer": int}
 
@@ -115,8 +115,21 @@ class TeacherStudentConfig(EnvConfig):
             (("domains", d), role) for d, role in self.domains.items()]
 
 
+class TeacherStudentTask(TaskConfig):
+    domain: StrictStr | None = None  # none: drawn from the episode's seeded RNG
+
+    @field_validator("domain")
+    @classmethod
+    def _has_teacher(cls, value: str | None, info: ValidationInfo) -> str | None:
+        c = (info.context or {}).get("protocol")
+        if value is not None and c is not None and value not in c.domains:
+            raise ValueError(f"domain {value!r} has no teacher (protocol domains: {', '.join(c.domains)})")
+        return value
+
+
 class TeacherStudentEnv(Env):
     Config = TeacherStudentConfig
+    Task = TeacherStudentTask
     observation_keys = frozenset({"problem", "example", "domain"})
     config: TeacherStudentConfig
 
@@ -124,8 +137,6 @@ class TeacherStudentEnv(Env):
         super().__init__(*args, **kwargs)
         domains = self.config.domains
         self.domain = self.task.get("domain") or self.rng.choice(sorted(domains))
-        if self.domain not in domains:
-            raise ValueError(f"task domain {self.domain!r} has no teacher (domains: {', '.join(domains)})")
         draw = GENERATORS[self.domain](self.rng)
         self.worked, self.problem = draw(self.rng), draw(self.rng)
         while self.problem == self.worked:  # similar, not the same

@@ -22,11 +22,11 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
 
 from ..messages import Message
 from ..yamlfile import Loc
-from .base import StepResult
+from .base import StepResult, TaskConfig
 from .game import GameConfig, GameEnv
 from .words import split_words
 
@@ -53,6 +53,17 @@ class TwentyQuestionsConfig(GameConfig):
         return self.opponent or self.answerer
 
 
+class TwentyQuestionsTask(TaskConfig):
+    secret: StrictStr | None = None  # none: a word of the split, drawn from the episode's seeded RNG
+
+    @field_validator("secret")
+    @classmethod
+    def _one_word(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"\s*[A-Za-z]+\s*", value):
+            raise ValueError("the secret is one word of letters (a guess's last word is compared with it)")
+        return value
+
+
 def same_word(guess: str, secret: str) -> bool:
     """The guess's last word is the secret (or its plural): "a dog", "Is it a dog?", "dogs"."""
     words = re.findall(r"[a-z]+", guess.lower())
@@ -61,14 +72,15 @@ def same_word(guess: str, secret: str) -> bool:
 
 class TwentyQuestionsEnv(GameEnv):
     Config = TwentyQuestionsConfig
+    Task = TwentyQuestionsTask
     observation_keys = frozenset({"history", "questions", "questions_left", "secret", "question"})
     config: TwentyQuestionsConfig
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         c = self.config
-        if "secret" in self.task:
-            self.secret = str(self.task["secret"]).strip().lower()
+        if self.task.get("secret") is not None:
+            self.secret = self.task["secret"].strip().lower()
         else:
             train, test = split_words(c.split_seed, c.test_fraction)
             self.secret = self.rng.choice(train if c.split == "train" else test)

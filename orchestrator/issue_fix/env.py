@@ -22,20 +22,19 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, StrictStr, field_validator, model_validator
 
 from sandboxes import shared_pool
 
 from ..config import SandboxOptions
-from ..envs.base import Env, EnvConfig, StepResult
-from ..errors import RolecastError
+from ..envs.base import Env, EnvConfig, StepResult, TaskConfig
 from ..messages import Message
 from ..yamlfile import Loc
 from .edits import EditResult, PathRefused, apply_edits, read_regular, resolve_in
 from .grading import Grade, grade_work, repo_files, run_tests, workdir_changes
 from .rewards import coder_reward, planner_reward, reviewer_reward, tester_reward
 from .running import copy_repo, sandbox_runner
-from .task import TaskFileError, load_task
+from .task import load_task
 
 
 class IssueFixConfig(EnvConfig):
@@ -59,8 +58,19 @@ class IssueFixConfig(EnvConfig):
         return [((key,), getattr(self, key)) for key in ("planner", "coder", "reviewer", "tester")]
 
 
+class IssueFixTask(TaskConfig):
+    dir: StrictStr  # a task folder (tasks/<id>), loaded now: a bad one is one error, not one per episode
+
+    @field_validator("dir")
+    @classmethod
+    def _loads(cls, value: str) -> str:
+        load_task(value)  # a TaskFileError is a ValueError: its FILE:LINE: KEY: problem becomes the message
+        return value
+
+
 class IssueFixEnv(Env):
     Config = IssueFixConfig
+    Task = IssueFixTask
     # history/round/last as in `pipeline`, so the shared role prompts render here too.
     observation_keys = frozenset(
         {"history", "round", "last", "issue", "files", "diff", "plan", "review", "test",
@@ -70,8 +80,6 @@ class IssueFixEnv(Env):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        if not isinstance(self.task.get("dir"), str):
-            raise ValueError('an issue_fix task is {"dir": "tasks/<id>"} (a task folder)')
         self.issue = load_task(self.task["dir"])
         box = self.config.sandbox
         self.pool = shared_pool(box.backend, box.max_concurrent)
@@ -98,11 +106,6 @@ class IssueFixEnv(Env):
 
     @classmethod
     def task_from_cli(cls, value: str) -> dict[str, Any]:
-        """``{"dir": VALUE}``, checked now: a bad folder is one error, not one per episode."""
-        try:
-            load_task(value)
-        except TaskFileError as exc:
-            raise RolecastError(f"--task {value}: {exc}") from None
         return {"dir": value}
 
     # ------------------------------------------------------------------------------ turns

@@ -83,4 +83,4 @@ def test_a_forged_report_does_not_pass(tmp_path):
 def test_tasks_need_a_spec_a_reference_and_tests(tmp_path):
     t = team("code_pair", tasks=[{"spec": "Return x."}])
     (ep,) = play(t, {"tester": Script({"example": "f(1) == 1"}), "coder": Script(code("x"))}, tmp_path).episodes
-    assert ep.status == "error" and "code_pair task needs" in ep.error
+    assert ep.status == "error" and ep.error == "ValueError: task reference: required key is missing"
