@@ -77,9 +77,9 @@ def role_datums_of_step(recipe: str, loaded: LoadedModel, episodes: int, out: Pa
     episode's datums, advantages alternating in sign between episodes (a step's worth of real
     prompts and replies; the values do not matter to a pass's cost)."""
     from orchestrator.training.datums import role_datums
-    from orchestrator.training.loop import trainable_roles
+    from orchestrator.team import trainable_roles
 
     team = load_team(RECIPES / f"{recipe}.yaml")
     result, _ = run_recipe(team, loaded, episodes, out, concurrency=episodes)
     return {role: [role_datums(e, role, 1.0 if e.index % 2 else -1.0) for e in result.episodes]
-            for role in trainable_roles(team)}
+            for role in trainable_roles(team.roles)}

@@ -9,6 +9,15 @@ EXIT_USAGE = 2  # the exit code of a command stopped by a user's mistake (argpar
 class RolecastError(Exception):
     """Base class of every error rolecast reports to a user without a traceback."""
 
+    exit_code = EXIT_USAGE
+
+
+class RunFailed(RolecastError):
+    """Work that started could not go on (every episode of a training step failed): exit 1, as
+    ``rolecast run`` when all its episodes fail, not the usage code."""
+
+    exit_code = 1
+
 
 class ConfigError(RolecastError):
     def __init__(self, file: str | Path | None, line: int | None, key: str, problem: str):

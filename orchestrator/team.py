@@ -18,6 +18,7 @@ from .config import LOSS_CONFIGS, TeamConfig, TrainingConfig
 from .envs.base import Env, EnvConfig
 from .errors import ConfigError
 from .registry import Registry, config_model, default_registry
+from .training.trainer import build_trainer
 from .role import BASE_VARIABLES, RoleSpec, library_roles, load_role, resolve_role_path
 from .config_errors import problem_text, validate_model
 from .yamlfile import YamlDoc, format_loc, load_json_lines, load_yaml
@@ -52,6 +53,16 @@ class Team:
         }
 
 
+def trainable_roles(roles: dict[str, RoleSpec]) -> dict[str, str]:
+    """role -> adapter for the roles that learn: trainable, with an adapter, bound to the model."""
+    out = {}
+    for name, spec in roles.items():
+        p = spec.config.policy
+        if p.trainable and p.adapter and spec.binding is None:
+            out[name] = p.adapter
+    return out
+
+
 def load_team(path: str | Path, registry: Registry | None = None) -> Team:
     registry = registry or default_registry()
     doc = load_yaml(path)
@@ -69,7 +80,7 @@ def load_team(path: str | Path, registry: Registry | None = None) -> Team:
     tasks = _load_tasks(config.tasks, doc, ("tasks",), env_class, env_config)
     eval_tasks = None
     if config.training is not None:
-        _check_training(config.training, doc, registry)
+        _check_training(config.training, roles, doc, registry)
         if config.training.eval_opponent and (problem := opponent_problem(config.training.eval_opponent, env_config, registry)):
             raise doc.error(("training", "eval_opponent"), problem)
         if config.training.eval_tasks is not None:
@@ -108,14 +119,21 @@ def _load_protocol(config: TeamConfig, doc: YamlDoc, registry: Registry) -> tupl
         raise doc.error(("protocol",) + tuple(err["loc"]), problem_text(err, env_class.Config)) from None
 
 
-def _check_training(training: TrainingConfig, doc: YamlDoc, registry: Registry) -> None:
-    """The trainer and reward plugins exist, and their options and the loss's fit their Configs."""
+def _check_training(training: TrainingConfig, roles: dict[str, RoleSpec], doc: YamlDoc, registry: Registry) -> None:
+    """The trainer and reward plugins exist, their options and the loss's fit their Configs, and
+    the trainer takes the team's trainable roles (self-play needs two players, ...)."""
     for kind, key in (("trainers", "trainer"), ("rewards", "reward")):
         try:
             plugin = registry.get(kind, getattr(training, key))
         except KeyError as exc:
             raise doc.error(("training", key), exc.args[0]) from None
         validate_model(config_model(plugin), getattr(training, f"{key}_config"), doc, ("training", f"{key}_config"))
+    if not (learning := trainable_roles(roles)):
+        raise doc.error(("training",), "no role learns: give one `trainable: true` and an adapter, bound to the model")
+    try:
+        build_trainer(registry.get("trainers", training.trainer), learning, training.trainer_config)
+    except ValueError as exc:
+        raise doc.error(("training", "trainer_config"), str(exc)) from None
     if "temperature" in training.loss_config:  # training sets it per role: a value here would be ignored
         raise doc.error(("training", "loss_config", "temperature"), "not an option: each role's policy.sampling.temperature is used")
     validate_model(LOSS_CONFIGS[training.loss], training.loss_config, doc, ("training", "loss_config"))

@@ -42,6 +42,15 @@ CASES = [
      39, "training.loss_config.temperature", "policy.sampling.temperature"),
     ("unknown-trainer", "rps.yaml", "trainer: self-play", "trainer: self_play",
      32, "training.trainer", "unknown trainer plugin 'self_play'"),
+    # options that fit the trainer's Config but not the team: caught at load, not after the model loads
+    ("self-play-on-a-one-player-game", "guess_number.yaml", "trainer: grpo", "trainer: self-play",
+     30, "training.trainer_config", "self-play needs two or more trainable players sharing one adapter; got ['guesser']"),
+    ("self-play-on-two-adapters", "rps.yaml", "name: bob\n    policy: {adapter: player}", "name: bob\n    policy: {adapter: other}",
+     33, "training.trainer_config", "sharing one adapter"),
+    ("freeze-rotate-unknown-adapter", "prisoners_dilemma.yaml", "{every: 5}", "{every: 5, schedule: [nobody]}",
+     35, "training.trainer_config", "schedule names unknown adapter(s) ['nobody']"),
+    ("nothing-learns", "guess_number.yaml", "name: guesser\n", "name: guesser\n    policy: {trainable: false}\n",
+     31, "training", "no role learns"),
 ]
 
 
@@ -81,10 +90,11 @@ def test_options_reach_the_plugins_as_their_models(tmp_path):
     assert type(run.reward_config) is PluginConfig  # `env` takes no options
 
 
-def test_options_that_do_not_fit_the_team_are_one_line_at_train_time(tmp_path):
+def test_options_set_after_load_that_do_not_fit_the_team_are_one_line_at_train_time(tmp_path):
+    from orchestrator.cli.flags import apply_sets
     from orchestrator.training.loop import TrainingRun, TrainOptions
 
-    team = load_team(recipe(tmp_path, "rps.yaml", "name: bob\n    policy: {adapter: player}", "name: bob\n    policy: {adapter: other}"))
+    team = apply_sets(load_team(recipe(tmp_path, "rps.yaml")), ["trainer_config.players=[alice, carol]"])
     with pytest.raises(RolecastError) as caught:
         TrainingRun(team, TrainOptions(out_dir=tmp_path / "run", model="tiny"), engine=None, service=None)
     assert str(caught.value).startswith(f"{team.path}: training.trainer_config: self-play needs two or more")

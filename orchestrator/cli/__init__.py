@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         print(str(exc) if isinstance(exc, ConfigError) else f"rolecast: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return exc.exit_code
     except KeyboardInterrupt:
         print("rolecast: interrupted", file=sys.stderr)
         return 130

@@ -18,8 +18,8 @@ def handle(args: argparse.Namespace, team: Any) -> int:
     from ..engines.load import load_engine
     from ..population import Entrant, analyse, play_round_robin
     from ..registry import default_registry
-    from ..training.loop import trainable_roles
-    from ..training.trainer import TrainerContext
+    from ..team import trainable_roles
+    from ..training.trainer import build_trainer
 
     run: Path = args.population
     mixed = [flag for flag, value in (("--opponent", args.opponent), ("--policy", args.policy), ("--adapter", args.adapter))
@@ -31,7 +31,7 @@ def handle(args: argparse.Namespace, team: Any) -> int:
         raise RolecastError(f"--population: {team.path} does not train a population (training.trainer: population)")
     registry = default_registry()
     cls = registry.get("trainers", "population")
-    trainer = cls(TrainerContext(trainable_roles(team), cls.Config.model_validate(training.trainer_config)))
+    trainer = build_trainer(cls, trainable_roles(team.roles), training.trainer_config)
     if len(trainer.players) != 2:
         raise RolecastError(f"--population: round robins seat two players; {team.path} has {trainer.players}")
     missing = [m for m in trainer.members if not (run / "sampler" / m / "adapter_config.json").is_file()]

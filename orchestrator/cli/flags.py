@@ -124,9 +124,10 @@ def policies_and_workers(args: argparse.Namespace, team: Any, overrides: dict[st
 def exit_code(result: Any) -> int:
     """1, with the first error on stderr, when every episode of ``result`` failed or timed out (its
     table of zeros would read as a result); else 0."""
-    failed = [e for e in result.episodes if e.status in ("error", "timeout")]
-    if failed and len(failed) == len(result.episodes):
-        print(f"rolecast: every episode failed; the first: {failed[0].error}", file=sys.stderr)
+    from ..rollout import every_episode_failed
+
+    if first := every_episode_failed(result.episodes):
+        print(f"rolecast: every episode failed; the first: {first.error}", file=sys.stderr)
         return 1
     return 0
 

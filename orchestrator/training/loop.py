@@ -35,17 +35,17 @@ import yaml
 from ..config import RECIPE_LOSS_DEFAULTS, TrainingConfig
 from ..engines.base import Engine
 from ..episode import derive_seed
-from ..errors import RolecastError
+from ..errors import RolecastError, RunFailed
 from ..evaluation import CHECKPOINT_ADAPTER, bind_opponent
 from ..evaluation import evaluate as evaluate_results
 from ..registry import Registry, config_model, default_registry
-from ..rollout import RunOptions, build_policies, run_team
-from ..team import Team
+from ..rollout import RunOptions, build_policies, every_episode_failed, run_team
+from ..team import Team, trainable_roles
 from ..transcript import EpisodeRecord
 from .datums import DatumBuildOptions, role_datums
-from .metrics import MetricsWriter, write_atomic
+from .metrics import MetricsWriter, read_metrics, write_atomic
 from .rng import load_rng, save_rng
-from .trainer import Trainer, TrainerContext
+from .trainer import build_trainer
 from .types import AdamParams, Datum, LoraConfig
 
 log = structlog.get_logger()
@@ -63,16 +63,6 @@ class TrainOptions:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def trainable_roles(team: Team) -> dict[str, str]:
-    """role -> adapter for the roles that learn: trainable, with an adapter, bound to the model."""
-    out = {}
-    for name, spec in team.roles.items():
-        p = spec.config.policy
-        if p.trainable and p.adapter and spec.binding is None:
-            out[name] = p.adapter
-    return out
-
-
 class TrainingRun:
     def __init__(self, team: Team, options: TrainOptions, engine: Engine, service: Any, registry: Registry | None = None,
                  rollouts: Any = None):
@@ -84,15 +74,13 @@ class TrainingRun:
         self.registry = registry or default_registry()
         self.engine = engine
         self.service = service
-        self.roles = trainable_roles(team)
+        self.roles = trainable_roles(team.roles)
         if not self.roles:
             raise RolecastError(f"{team.path}: no trainable role (trainable: true, an adapter, bound to the model)")
         # The configs were checked when the team loaded; here they become the plugins' models.
-        trainer_cls: type[Trainer] = self.registry.get("trainers", self.cfg.trainer)
-        trainer_config = trainer_cls.Config.model_validate(self.cfg.trainer_config)
-        try:
-            self.trainer = trainer_cls(TrainerContext(self.roles, trainer_config))
-        except ValueError as exc:  # options that do not fit the team, e.g. self-play players on two adapters
+        try:  # checked when the team loaded, but --set may have changed the options since
+            self.trainer = build_trainer(self.registry.get("trainers", self.cfg.trainer), self.roles, self.cfg.trainer_config)
+        except ValueError as exc:
             raise RolecastError(f"{team.path}: training.trainer_config: {exc}") from None
         self.reward_fn = self.registry.get("rewards", self.cfg.reward)
         self.reward_config = config_model(self.reward_fn).model_validate(self.cfg.reward_config)
@@ -123,7 +111,9 @@ class TrainingRun:
             raise RolecastError(f"{self.run_dir} already holds a training run: add --resume to continue it, "
                                 "or give another --out")
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        start = await self._resume() + 1 if self.options.resume else 0
+        start = await self._resume() if self.options.resume else 0  # the first step still to run
+        if start > self.steps:
+            return await self._finished(start - 1)
         if start == 0:
             self._write_config()
             for adapter, client in self.clients.items():
@@ -158,6 +148,11 @@ class TrainingRun:
         """One step on ``rollout``'s episodes (by default, a rollout of this step started now)."""
         t0 = time.perf_counter()
         groups = await (rollout or self.rollout(step))
+        episodes = [ep for g in groups for ep in g]
+        if first := every_episode_failed(episodes):
+            folder = self.run_dir / "rollouts" / f"step-{step:06d}"
+            raise RunFailed(f"step {step}: every episode failed, leaving nothing to train on; the first: {first.error} "
+                                f"(transcripts in {folder}). Fix the cause, then --resume from the last checkpoint")
         rewards = [[self.reward_fn(ep, list(self.team.roles), self.reward_config) for ep in g] for g in groups]
         advantages = self.trainer.advantages([[{r: rw[r] for r in self.roles} for rw in g] for g in rewards])
         t_roll = time.perf_counter() - t0
@@ -169,11 +164,12 @@ class TrainingRun:
                 row[f"env_reward/{role}"] = sum(ep.rewards.get(role, 0.0) for g in groups for ep in g) / len(values)
         turns = [t for g in groups for ep in g for t in ep.turns]
         row["valid_turn_rate"] = sum(t.valid for t in turns) / max(len(turns), 1)
-        row["episodes"] = sum(len(g) for g in groups)
+        row["episodes"] = len(episodes)
+        row["episodes_errored"] = sum(ep.status == "error" for ep in episodes)  # not trained on: a fault, not a result
         trained = self.trainer.adapters_to_train(step)
         self._write_credit(step, groups, rewards, advantages, trained)
         row.update(await self._update(step, trained, groups, advantages))
-        row.update(self.trainer.after_step(step, [ep for g in groups for ep in g], [rw for g in rewards for rw in g], self._snapshot))
+        row.update(self.trainer.after_step(step, episodes, [rw for g in rewards for rw in g], self._snapshot))
         row["rollout_s"] = round(t_roll, 3)
         row["step_s"] = round(time.perf_counter() - t0, 3)
         row.update(self._engine_work())
@@ -282,6 +278,8 @@ class TrainingRun:
         items: list[tuple[float, Datum]] = []
         for g, group in enumerate(groups):
             for e, episode in enumerate(group):
+                if episode.status == "error":  # its turns ended in a fault: no reward speaks for them
+                    continue
                 for role in self.roles:
                     if self._played(episode, role) != adapter:
                         continue
@@ -326,6 +324,9 @@ class TrainingRun:
             adapters_for=lambda i: {r: a for r, a in self.trainer.eval_adapters_for(i).items() if r != self.eval_opponent_role},
             play=self.play_eval,
         ))
+        if first := every_episode_failed(result.episodes):
+            raise RunFailed(f"evaluation at step {step}: every episode failed; the first: {first.error} "
+                                f"(transcripts in {result.run_dir})")
         # Evaluations report the environment's own rewards, whatever reward training optimises.
         row: dict[str, Any] = {"step": step, "kind": "eval", "episodes": n}
         for role in self.team.roles:
@@ -400,11 +401,19 @@ class TrainingRun:
         return root / name
 
     async def _resume(self) -> int:
+        """Load the last checkpoint; the first step still to run. A run stopped before its first
+        checkpoint starts again from step 0 in the same dir (its rows are dropped)."""
         latest = self.run_dir / "checkpoints" / "latest"
         if not latest.exists():
-            raise RolecastError(f"--resume: no checkpoint in {self.run_dir / 'checkpoints'}")
+            if not (self.run_dir / "config.yaml").is_file():
+                raise RolecastError(f"--resume: {self.run_dir} holds no training run (no config.yaml)")
+            log.warning("no checkpoint yet: starting again from step 0", run_dir=str(self.run_dir))
+            self.metrics.truncate_after(-1)
+            return 0
         folder = self.run_dir / "checkpoints" / latest.read_text().strip()
         state = json.loads((folder / "trainer.json").read_text())
+        if state["step"] > self.steps:
+            raise RolecastError(f"--resume: {self.run_dir} is at step {state['step']}, past --steps {self.steps}")
         for adapter, client in self.clients.items():
             client.load_state(folder / "adapters" / adapter).result()
         self.trainer.load_state_dict(state["trainer"])
@@ -415,7 +424,16 @@ class TrainingRun:
         load_rng(folder / "rng.pt")
         self.metrics.truncate_after(state["step"])
         log.info("resumed", step=state["step"], checkpoint=str(folder))
-        return int(state["step"])
+        return int(state["step"]) + 1
+
+    async def _finished(self, step: int) -> dict[str, Any]:
+        """A resumed run that had trained all its steps: its final evaluation row, made now only if
+        the run stopped before writing it."""
+        final = [row for row in read_metrics(self.run_dir) if row["kind"] == "eval" and row["step"] == step]
+        log.info("the run had finished", step=step)
+        row = final[-1] if final else await self.evaluate(step)
+        self.metrics.close()
+        return row
 
 
 def _mean(rows: list[dict[str, float]]) -> dict[str, float]:

@@ -106,3 +106,10 @@ def centred(values: list[float], scale_std: bool, eps: float = 1e-6) -> list[flo
         std = statistics.pstdev(values)
         out = [v / (std + eps) for v in out]
     return out
+
+
+def build_trainer(cls: type[Trainer], adapters: dict[str, str], options: dict[str, Any]) -> Trainer:
+    """``cls`` for the trainable roles ``adapters`` (role -> adapter) with a recipe's
+    ``trainer_config``; a ValueError when the options do not fit the team (self-play's players
+    on two adapters, a schedule naming an unknown adapter)."""
+    return cls(TrainerContext(adapters, cls.Config.model_validate(options)))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -102,7 +103,7 @@ def _check_resume_restores_the_checkpoint(path: Path, run: Path, done: str) -> N
     service.attach_engine(engine)
     try:
         tr = TrainingRun(load_team(path), TrainOptions(out_dir=run, model="tiny", resume=True), engine, service)
-        step = asyncio.run(tr._resume())
+        step = asyncio.run(tr._resume()) - 1  # it returns the first step still to run
         assert f"step-{step:06d}" == done
         folder = run / "checkpoints" / done / "adapters"
         assert sorted(tr.clients) == ["con", "pro"]
@@ -215,3 +216,85 @@ def test_metrics_drop_a_cut_off_last_line_and_name_a_damaged_one(tmp_path):
     path.write_text('{"step": 0}\n{"ste\n{"step": 1}\n')
     with pytest.raises(RolecastError, match=r"metrics.jsonl:2: not a JSON row"):
         read_metrics(tmp_path)
+
+
+@pytest.fixture
+def breaking_env():
+    """``breaking_guess``, in the CLI's registry: Guess the Number whose step raises in a share
+    ``breaks`` of the episodes of a task (a fault in the env, not a result of the guesser's)."""
+    from orchestrator.envs.guess_number import GuessNumberEnv
+    from orchestrator.registry import default_registry
+    from support import plugin
+
+    class Breaking(GuessNumberEnv):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.breaks = self.rng.random() < self.task.get("breaks", 0.0)
+
+        async def step(self, role, message):
+            if self.breaks:
+                raise RuntimeError("the env broke")
+            return await super().step(role, message)
+
+    default_registry.cache_clear()
+    default_registry().add_module(plugin(register_envs=lambda register: register("breaking_guess", Breaking)), "breaking", "test")
+    yield
+    default_registry.cache_clear()
+
+
+def breaking_recipe(tmp_path: Path, tasks: str) -> Path:
+    text = (Path(__file__).resolve().parents[2] / "recipes/guess_number.yaml").read_text()
+    start, end = text.index("tasks: [{secret: 1}"), text.index("training:")
+    return write(tmp_path / "guess.yaml", text[:start].replace("type: guess_number", "type: breaking_guess") + f"tasks: {tasks}\n" + text[end:])
+
+
+def test_a_step_where_every_episode_failed_stops_the_run(breaking_env, cli, tmp_path):
+    from support import SMALL_TRAINING
+
+    run = tmp_path / "run"
+    recipe = breaking_recipe(tmp_path, "[{secret: 1, breaks: 1.0}, {secret: 2, breaks: 1.0}]")  # the eval tasks do not break
+    code, _, err = cli("train", recipe, "--model", "tiny", "--steps", "2", "--out", run, "--no-progress", "--dtype", "float32", *SMALL_TRAINING)
+    assert code == 1 and "Traceback" not in err, err
+    assert "step 1: every episode failed, leaving nothing to train on; the first: RuntimeError: the env broke" in err
+    assert [r["kind"] for r in rows(run)] == ["eval"]  # step 1 wrote no row and trained nothing
+
+
+def test_episodes_that_errored_are_counted_and_not_trained_on(breaking_env, cli, tmp_path):
+    from support import train_tiny
+
+    run = tmp_path / "run"
+    train_tiny(cli, breaking_recipe(tmp_path, "[{secret: 1, breaks: 0.5}, {secret: 2, breaks: 0.5}]"), run, 1, "--set", "groups_per_step=4")
+    (row,) = [r for r in rows(run) if r["kind"] == "train"]
+    lines = (run / "rollouts/step-000001/transcripts.jsonl").read_text().splitlines()
+    errored = [json.loads(line) for line in lines if json.loads(line)["status"] == "error"]
+    assert row["episodes"] == 8 and row["episodes_errored"] == len(errored) and 0 < len(errored) < 8
+    assert all(ep["turns"] and ep["turns"][0]["attempts"][0]["token_ids"] for ep in errored)  # sampled, then broke
+    # an episode of Guess the Number is one datum (its turns continue each other): only the others'
+    assert row["guesser/datums"] == 8 - len(errored)
+
+
+def test_resume_edges(cli, tmp_path):
+    """A finished run resumes to its final row, adding none; one stopped before its first
+    checkpoint starts again from step 0; --steps below the checkpoint's step and a folder
+    that holds no run are one line each."""
+    from support import SMALL_TRAINING, train_tiny
+
+    recipe, run = Path(__file__).resolve().parents[2] / "recipes/guess_number.yaml", tmp_path / "run"
+    train_tiny(cli, recipe, run, 2)
+    before = (run / "metrics.jsonl").read_text()
+    same = ["--out", run, "--resume", "--no-progress", "--dtype", "float32", *SMALL_TRAINING]
+    code, out, err = cli("train", recipe, *same)
+    assert code == 0, err
+    assert (run / "metrics.jsonl").read_text() == before  # no second final evaluation
+    assert json.loads(out.splitlines()[0]) == rows(run)[-1] and rows(run)[-1]["kind"] == "eval"
+
+    code, _, err = cli("train", recipe, *same, "--steps", "1")
+    assert code == 2 and "is at step 2, past --steps 1" in err, err
+
+    shutil.rmtree(run / "checkpoints")  # as if killed before its first checkpoint
+    code, _, err = cli("train", recipe, *same)
+    assert code == 0, err
+    assert [(r["step"], r["kind"]) for r in rows(run)] == [(0, "eval"), (1, "train"), (2, "train"), (2, "eval")]
+
+    code, _, err = cli("train", recipe, "--out", tmp_path / "empty", "--resume", "--model", "tiny")
+    assert code == 2 and "holds no training run (no config.yaml)" in err, err
