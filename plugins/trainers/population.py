@@ -82,6 +82,8 @@ class Population(Trainer):
         shared = {context.adapters.get(p) for p in self.players}
         if len(shared) != 1 or None in shared:
             raise ValueError(f"population: the players {self.players} must be trainable roles sharing one adapter")
+        if len(set(self.players)) != len(self.players):
+            raise ValueError(f"population: the players must be different roles; got {self.players}")
         base = shared.pop()
         m = self.config.members
         self.members: list[str] = [f"{base}-{i}" for i in range(m)] if isinstance(m, int) else list(dict.fromkeys(m))

@@ -42,8 +42,10 @@ class SelfPlay(GRPO):
         super().__init__(context)
         self.players: list[str] = list(self.config.players or context.adapters)
         adapters = {context.adapters.get(p) for p in self.players}
-        if len(self.players) < 2 or len(adapters) != 1 or None in adapters:
+        if len(set(self.players)) < 2 or len(adapters) != 1 or None in adapters:
             raise ValueError(f"self-play needs two or more trainable players sharing one adapter; got {self.players}")
+        if len(set(self.players)) != len(self.players):
+            raise ValueError(f"self-play players must be different roles; got {self.players}")
         self.adapter = adapters.pop()
         self.pool: list[str] = []
         self.record: dict[str, list[int]] = {}  # snapshot -> [snapshot wins, games] against the learner
