@@ -260,7 +260,11 @@ def main() -> None:
     # Every side runs once per round, so a slow spell of the machine hits all of them alike.
     totals = {k: [0, 0.0] for k in ("engine", "sequential", "prefill", "one", "mixed")}
     # the fused decode step on this CPU's layout, on a lesser CPU's, and transformers' forward
-    sides = {"fused": (True, None), "fallback": (True, lesser_cpu(loaded.dtype)), "transformers": (False, None)}
+    # lesser_cpu probes oneDNN: on the compute thread, as every torch op here. One on this thread
+    # gives the process a second OpenMP team, and libgomp then stops spinning between parallel
+    # regions for good: it cut the engine's decode rate by a third (compute_thread.py).
+    lesser = compute.submit(lesser_cpu, loaded.dtype).result()
+    sides = {"fused": (True, None), "fallback": (True, lesser), "transformers": (False, None)}
     decode = {side: EngineStats() for side in sides}
     paths = {}
 
