@@ -3,7 +3,8 @@ same seed and budget, then put their held-out evaluation curves side by side.
 
 Each strategy trains in ``OUT/<strategy>/`` (a normal run dir); a strategy whose run has a
 checkpoint resumes from it (one that stopped before its first checkpoint starts over), so an
-interrupted comparison goes on where it stopped. ``OUT`` gets
+interrupted comparison goes on where it stopped; a strategy's folder that holds other files is
+refused before anything trains. ``OUT`` gets
 ``compare.json`` (per strategy and evaluation step: each role's mean environment reward and its
 95% interval) and ``compare.png``.
 """
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +42,15 @@ def handle(args: argparse.Namespace) -> int:
     if base.config.training is None:
         raise RolecastError(f"{base.path}: the recipe has no `training:` block")
     out = run_dir(args.out, f"compare-{base.name}")
-    for name in args.strategy or list(STRATEGIES):
+    names = args.strategy or list(STRATEGIES)
+    for name in names:  # all checked before any trains: nothing of the user's is overwritten
         folder = out / name
-        resume = (folder / "checkpoints" / "latest").exists()
-        if not resume:  # a run that stopped before its first checkpoint starts over
-            shutil.rmtree(folder, ignore_errors=True)
+        if not (folder / "config.yaml").is_file() and folder.is_dir() and any(folder.iterdir()):
+            raise RolecastError(f"{folder} holds files but no training run: move them, or give another --out")
+    for name in names:
+        folder = out / name
+        # a started run goes on from its last checkpoint (or from step 0 if it has none yet)
+        resume = (folder / "config.yaml").is_file()
         train(with_strategy(base, name, args.every), args, folder, resume=resume, extra={"strategy": name})
     print(json.dumps(write_comparison(out, list(base.roles))))
     return 0

@@ -39,3 +39,13 @@ def test_compare_trains_each_strategy_and_plots_them(cli, tmp_path):
     assert sorted(p.name for p in (out / "grpo" / "sampler").iterdir()) == ["con", "pro"]
     assert sorted(p.name for p in (out / "shared" / "sampler").iterdir()) == [SHARED_ADAPTER]
     assert (out / "compare.png").stat().st_size > 0 and (out / "compare.json").exists()
+
+
+def test_compare_keeps_a_folder_that_holds_no_run(cli, tmp_path):
+    out = tmp_path / "cmp"
+    (out / "grpo").mkdir(parents=True)
+    (out / "grpo" / "notes.txt").write_text("mine")
+    code, _, err = cli("compare", train_recipe(tmp_path, 1), "--strategy", "shared", "--strategy", "grpo",
+                       "--model", "tiny", "--out", out, "--no-progress")
+    assert code == 2 and f"{out / 'grpo'} holds files but no training run" in err, err
+    assert (out / "grpo" / "notes.txt").read_text() == "mine" and not (out / "shared").exists()  # nothing trained
