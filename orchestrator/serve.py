@@ -82,13 +82,15 @@ class ChatServer:
             raise HTTPError(400, "messages must be a non-empty list of {role, content} strings")
         if req.get("n", 1) != 1:
             raise HTTPError(400, "only n = 1 is supported")
+        if req.get("stream"):
+            raise HTTPError(400, "stream is not supported: ask without it for one JSON reply")
         stop = req.get("stop") or []
+        max_tokens = next((req[k] for k in ("max_tokens", "max_completion_tokens") if req.get(k) is not None), 256)
         try:
             sampling = SamplingParams(
-                temperature=float(req.get("temperature", 1.0)), top_p=float(req.get("top_p", 1.0)),
-                max_tokens=int(req.get("max_tokens") or req.get("max_completion_tokens") or 256),
-                stop=tuple([stop] if isinstance(stop, str) else stop),
-                seed=None if req.get("seed") is None else int(req["seed"]),
+                temperature=_number(req.get("temperature", 1.0)), top_p=_number(req.get("top_p", 1.0)),
+                max_tokens=_whole(max_tokens), stop=tuple([stop] if isinstance(stop, str) else stop),
+                seed=None if req.get("seed") is None else _whole(req["seed"]),
             )
         except (TypeError, ValueError) as exc:
             raise HTTPError(400, f"bad sampling parameter: {exc}") from None
@@ -110,6 +112,19 @@ class ChatServer:
                       "total_tokens": len(prompt) + len(out.token_ids)},
             "system_fingerprint": f"rolecast-{adapter or 'base'}-v{out.adapter_version}",
         }
+
+
+def _number(value: Any) -> float:
+    """A JSON number (not a bool, a string or NaN)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise ValueError(f"expected a number, got {value!r}")
+    return float(value)
+
+
+def _whole(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"expected a whole number, got {value!r}")
+    return value
 
 
 def response_schema(fmt: Any) -> str | None:
@@ -145,7 +160,9 @@ async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str, bytes]:
     while (header := (await reader.readline()).decode("latin-1").strip()):
         name, _, value = header.partition(":")
         if name.strip().lower() == "content-length":
-            length = int(value.strip() or 0)
+            if not value.strip().isdigit():
+                raise HTTPError(400, f"bad Content-Length: {value.strip()!r}")
+            length = int(value.strip())
     if length > MAX_BODY:
         raise HTTPError(413, "request body too large")
     return parts[0], parts[1], await reader.readexactly(length) if length else b""

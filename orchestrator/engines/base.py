@@ -23,6 +23,19 @@ class SamplingParams:
     # stop string: fixed-length generation, for benchmarks and length-controlled experiments.
     ignore_eos: bool = False
 
+    def __post_init__(self) -> None:
+        """Refuse what the engine would only fail on mid-batch, taking its neighbours' rows along."""
+        if not (isinstance(self.temperature, (int, float)) and 0 <= self.temperature < float("inf")):
+            raise ValueError(f"temperature must be a number >= 0, got {self.temperature!r}")
+        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not (isinstance(self.max_tokens, int) and self.max_tokens >= 1):
+            raise ValueError(f"max_tokens must be a whole number >= 1, got {self.max_tokens!r}")
+        if not (isinstance(self.stop, tuple) and all(isinstance(t, str) and t for t in self.stop)):
+            raise ValueError(f"stop must be non-empty strings, got {self.stop!r}")
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise ValueError(f"seed must be a whole number, got {self.seed!r}")
+
 
 @dataclass(frozen=True)
 class GenerationRequest:

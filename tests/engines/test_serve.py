@@ -112,3 +112,46 @@ def test_openai_binding_is_checked():
 
     with pytest.raises(ValueError, match="MODEL@http"):
         parse_binding("openai:judge").check(default_registry())
+
+
+@pytest.mark.parametrize("extra, words", [
+    ({"stop": [1]}, "stop must be non-empty strings"),
+    ({"temperature": -1}, "temperature must be a number >= 0"),
+    ({"temperature": "hot"}, "expected a number"),
+    ({"top_p": 0}, "top_p must be in (0, 1]"),
+    ({"max_tokens": 0}, "max_tokens must be a whole number >= 1"),
+    ({"max_tokens": 2.5}, "expected a whole number"),
+    ({"stream": True}, "stream is not supported"),
+])
+def test_bad_sampling_is_a_400_for_that_request_only(server, extra, words):
+    """A value the engine would fail on mid-batch is refused up front: before, a bad stop string
+    failed the step and with it every request in the batch."""
+    status, data = call(server, "/chat/completions", chat("base", **extra))
+    assert status == 400 and words in data["error"]["message"], data
+    assert call(server, "/chat/completions", chat("base"))[0] == 200
+
+
+def test_a_bad_content_length_is_a_400(server):
+    import http.client
+    from urllib.parse import urlparse
+
+    url = urlparse(server)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    conn.putrequest("POST", "/v1/chat/completions")
+    conn.putheader("Content-Length", "abc")
+    conn.endheaders()
+    response = conn.getresponse()
+    assert response.status == 400 and "bad Content-Length" in json.loads(response.read())["error"]["message"]
+
+
+def test_serve_refuses_a_busy_port_and_a_clashing_adapter_name_in_one_line(cli, tmp_path):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        code, _, err = cli("serve", "--model", "tiny", "--port", port)
+    assert code == 2 and f"cannot listen on 127.0.0.1:{port}" in err and "Traceback" not in err, err
+    code, _, err = cli("serve", "--model", "tiny", "--adapter", f"base={tiny_adapter(tmp_path / 'judge')}")
+    assert code == 2 and "--adapter base: that name is the base model's" in err, err
