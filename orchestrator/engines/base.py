@@ -31,8 +31,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if not (isinstance(self.max_tokens, int) and self.max_tokens >= 1):
             raise ValueError(f"max_tokens must be a whole number >= 1, got {self.max_tokens!r}")
-        if not (isinstance(self.stop, tuple) and all(isinstance(t, str) and t for t in self.stop)):
-            raise ValueError(f"stop must be non-empty strings, got {self.stop!r}")
+        if not (isinstance(self.stop, tuple) and all(isinstance(t, str) for t in self.stop)):  # "" is ignored
+            raise ValueError(f"stop must be strings, got {self.stop!r}")
         if self.seed is not None and not isinstance(self.seed, int):
             raise ValueError(f"seed must be a whole number, got {self.seed!r}")
 

@@ -115,7 +115,7 @@ def test_openai_binding_is_checked():
 
 
 @pytest.mark.parametrize("extra, words", [
-    ({"stop": [1]}, "stop must be non-empty strings"),
+    ({"stop": [1]}, "stop must be strings"),
     ({"temperature": -1}, "temperature must be a number >= 0"),
     ({"temperature": "hot"}, "expected a number"),
     ({"top_p": 0}, "top_p must be in (0, 1]"),
