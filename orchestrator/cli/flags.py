@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 import time
 from pathlib import Path
@@ -81,13 +82,35 @@ def parse_policy_flags(flags: list[str]) -> dict[str, Binding]:
 
 
 def parse_adapter_flags(flags: list[str]) -> dict[str, Path]:
+    """``--adapter NAME=PATH`` flags: each a PEFT adapter dir whose config reads and whose weights
+    are there, each NAME once (checked here, not as a traceback when the engine loads it)."""
     adapters = {}
     for flag in flags:
         name, sep, path = flag.partition("=")
         if not sep or not name or not Path(path, "adapter_config.json").is_file():
             raise RolecastError(f"--adapter {flag!r}: expected NAME=PATH to a PEFT adapter dir (with adapter_config.json)")
+        if name in adapters:
+            raise RolecastError(f"--adapter {name}: given twice ({adapters[name]} and {path})")
+        try:
+            config = json.loads(Path(path, "adapter_config.json").read_text(encoding="utf-8"))
+        except (ValueError, OSError) as exc:
+            raise RolecastError(f"--adapter {flag!r}: cannot read its adapter_config.json: {exc}") from None
+        if not isinstance(config, dict):
+            raise RolecastError(f"--adapter {flag!r}: its adapter_config.json is not a JSON object")
+        if not any(Path(path, f).is_file() for f in ("adapter_model.safetensors", "adapter_model.bin")):
+            raise RolecastError(f"--adapter {flag!r}: no adapter_model.safetensors (or .bin) beside its config")
         adapters[name] = Path(path)
     return adapters
+
+
+def check_adapter_names(adapters: dict[str, Path], team: Any) -> None:
+    """Every ``--adapter`` NAME is one a role of ``team`` plays: a misspelt one would leave that
+    role on the base model while the table names the adapter."""
+    played = sorted({spec.config.policy.adapter for spec in team.roles.values()} - {None})
+    for name in adapters:
+        if name not in played:
+            raise RolecastError(f"--adapter {name}: no role of {team.name} plays adapter {name!r} "
+                                f"(its roles' adapters: {', '.join(played) or 'none'})")
 
 
 def run_dir(out: Path | None, stem: str, fresh: bool = False) -> Path:
@@ -111,6 +134,7 @@ def policies_and_workers(args: argparse.Namespace, team: Any, overrides: dict[st
     from ..engines.load import load_engine
     from ..rollout import build_policies
 
+    check_adapter_names(adapters, team)
     adapters = {**adapters, **(extra_adapters or {})}
     workers = rollout_workers(args, model, seed)
     if workers is None:

@@ -104,8 +104,24 @@ def test_adapter_flag_loads_trained_weights(cli, tmp_path, command):
 
 @pytest.mark.parametrize("command", ["run", "eval"])
 def test_bad_adapter_flag_is_one_line(cli, tmp_path, command):
-    code, out, err = cli(command, ROOT / "recipes/tictactoe.yaml", "--model", "tiny", "--adapter", f"player={tmp_path}")
-    assert code == 2 and "--adapter" in err and "adapter_config.json" in err
+    from orchestrator.models import load_model
+
+    good = peft_dir(tmp_path / "player", lora_state(load_model("tiny").model, 0))
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "adapter_config.json").write_text("{not json")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "adapter_config.json").write_text("{}")
+    for flags, words in (
+        ([f"player={tmp_path}"], "adapter_config.json"),
+        ([f"player={tmp_path / 'broken'}"], "cannot read its adapter_config.json"),
+        ([f"player={tmp_path / 'empty'}"], "no adapter_model.safetensors"),
+        ([f"player={good}", f"player={good}"], "--adapter player: given twice"),
+        ([f"plyer={good}"], "--adapter plyer: no role of tictactoe plays adapter 'plyer' (its roles' adapters: player)"),
+    ):
+        code, out, err = cli(command, ROOT / "recipes/tictactoe.yaml", "--model", "tiny", "--out", tmp_path / "run",
+                             *[a for flag in flags for a in ("--adapter", flag)])
+        assert code == 2 and words in err and "Traceback" not in err, err
+        assert not (tmp_path / "run").exists()
 
 
 def test_an_eval_where_every_episode_fails_exits_1_with_the_error(cli, tmp_path):
