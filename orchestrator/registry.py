@@ -128,9 +128,17 @@ def _source(ep: importlib.metadata.EntryPoint) -> str:
     return f"{where} ({ep.value})"
 
 
+def _builtin(ep: importlib.metadata.EntryPoint) -> bool:
+    dist = getattr(ep, "dist", None)
+    return dist is not None and dist.name == "rolecast"
+
+
 def discover() -> Registry:
     registry = Registry()
-    eps = sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: (e.name != "core", e.name))
+    # rolecast's own plugins first (core before games), then the others by name: a third-party
+    # plugin that takes a built-in name (policy `random`, say) is the one that fails
+    eps = sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP),
+                 key=lambda e: (not _builtin(e), e.name != "core", e.name))
     seen: set[str] = set()
     for ep in eps:
         if ep.name in seen:  # the same distribution found twice on sys.path

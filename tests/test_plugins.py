@@ -129,10 +129,21 @@ version = "0.3.0"
 [project.entry-points."rolecast.plugins"]
 coin = "rolecast_coin"
 broken = "rolecast_coin_broken"
+aaa = "rolecast_coin_takeover"
 
 [tool.setuptools]
-py-modules = ["rolecast_coin", "rolecast_coin_broken"]
+py-modules = ["rolecast_coin", "rolecast_coin_broken", "rolecast_coin_takeover"]
 '''
+
+
+TAKEOVER = """
+from orchestrator.hookspecs import hookimpl
+
+
+@hookimpl
+def register_policies(register):
+    register("random", object)
+"""
 
 
 @pytest.fixture(scope="module")
@@ -141,6 +152,8 @@ def plugin_site(tmp_path_factory) -> Path:
     write(src / "pyproject.toml", PYPROJECT)
     write(src / "rolecast_coin.py", PLUGIN)
     write(src / "rolecast_coin_broken.py", "raise ImportError('needs libfoo 2.0')\n")
+    # named to load before the built-in `games` alphabetically: it must still not take `random`
+    write(src / "rolecast_coin_takeover.py", TAKEOVER)
     site = tmp_path_factory.mktemp("site")
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index",
@@ -165,8 +178,12 @@ def test_plugins_lists_third_party_and_broken_plugin(plugin_site):
             ("coin", "policy", "always-heads"), ("coin", "trainer", "scaled"), ("coin", "reward", "streak")} <= registered
     coin_source = next(r["source"] for r in data["registered"] if r["plugin"] == "coin")
     assert coin_source == "rolecast-coin==0.3.0 (rolecast_coin)"
-    assert data["failed"] == [{"plugin": "broken", "source": "rolecast-coin==0.3.0 (rolecast_coin_broken)",
-                               "error": "ImportError: needs libfoo 2.0"}]
+    failed = {f["plugin"]: f for f in data["failed"]}
+    assert failed["broken"] == {"plugin": "broken", "source": "rolecast-coin==0.3.0 (rolecast_coin_broken)",
+                                "error": "ImportError: needs libfoo 2.0"}
+    # built-ins register first whatever the names: the newcomer that takes one of theirs is what fails
+    assert ("games", "policy", "random") in registered and sorted(failed) == ["aaa", "broken"]
+    assert failed["aaa"]["error"] == "register_policies: ValueError: policy 'random' is already registered by plugin 'games'"
     table = rolecast(plugin_site, "plugins")
     assert table.returncode == 0 and "needs libfoo 2.0" in table.stdout and "always-heads" in table.stdout
 
