@@ -11,16 +11,18 @@ from ..errors import RolecastError
 
 def register(sub: Any) -> None:
     p = sub.add_parser("report", help="plot a training run's curves (PNG) and print its summary")
-    p.add_argument("run_dir", type=Path)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("run_dir", type=Path, help="a `rolecast train` run dir (it holds metrics.jsonl)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
     p.set_defaults(func=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
     from ..training.report import write_report
 
-    if not (args.run_dir / "metrics.jsonl").exists():
-        raise RolecastError(f"{args.run_dir}: no metrics.jsonl (is this a training run dir?)")
+    if not (args.run_dir / "metrics.jsonl").is_file():
+        hint = ("a comparison: report one of its strategy folders, or see its compare.png"
+                if (args.run_dir / "compare.json").is_file() else "is this a training run dir?")
+        raise RolecastError(f"{args.run_dir}: no metrics.jsonl ({hint})")
     summary = write_report(args.run_dir)
     if args.json:
         print(json.dumps(summary))

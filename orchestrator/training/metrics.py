@@ -26,15 +26,24 @@ def write_atomic(path: Path, text: str) -> None:
 def parse_rows(path: Path) -> list[dict[str, Any]]:
     """The rows of a metrics.jsonl. A last line cut off mid-write (the process killed while it
     appended) is dropped with a warning; a bad line before the last is corruption, named here."""
-    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RolecastError(f"{path}: cannot read it: {exc}") from None
+    lines = [line for line in text.splitlines() if line.strip()]
     rows = []
     for n, line in enumerate(lines, 1):
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError as exc:
             if n < len(lines):
                 raise RolecastError(f"{path}:{n}: not a JSON row ({exc.msg}): the file is damaged") from None
             log.warning("metrics.cut_off_line_dropped", path=str(path), line=n)
+            continue
+        if not (isinstance(row, dict) and type(row.get("step")) is int and isinstance(row.get("kind"), str)):
+            raise RolecastError(f"{path}:{n}: not a metrics row (a JSON object with an integer step and a kind): "
+                                "the file is damaged")
+        rows.append(row)
     return rows
 
 

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..errors import RolecastError
 from .metrics import read_metrics
 
 # (file, title, metric-name prefixes plotted on it)
@@ -31,21 +32,25 @@ def write_report(run_dir: Path) -> dict[str, Any]:
     import matplotlib.pyplot as plt
 
     rows = read_metrics(run_dir)
+    if not rows:
+        raise RolecastError(f"{run_dir / 'metrics.jsonl'}: no rows yet (the run has not finished its first evaluation)")
     out_dir = run_dir / "report"
+    if out_dir.exists() and not out_dir.is_dir():
+        raise RolecastError(f"{out_dir} is a file: the report goes in a folder of that name")
     out_dir.mkdir(exist_ok=True)
     written = []
     for filename, title, patterns in PLOTS:
-        keys = sorted({k for r in rows for k in r if _matches(k, patterns)})
+        keys = sorted({k for r in rows for k, v in r.items() if _matches(k, patterns) and _number(v)})
         if not keys:
             continue
         fig, ax = plt.subplots(figsize=(7, 4))
         for key in keys:
-            pts = [(r["step"], r[key]) for r in rows if key in r]
+            pts = [(r["step"], r[key]) for r in rows if _number(r.get(key))]
             xs, ys = zip(*pts)
             ax.plot(xs, ys, marker="o", markersize=3, label=key)
             ci_key = key.replace("eval_reward/", "eval_ci95/")
             if ci_key != key:
-                ci = [r.get(ci_key, 0.0) for r in rows if key in r]
+                ci = [r[ci_key] if _number(r.get(ci_key)) else 0.0 for r in rows if _number(r.get(key))]
                 ax.fill_between(xs, [y - c for y, c in zip(ys, ci)], [y + c for y, c in zip(ys, ci)], alpha=0.2)
         ax.set_title(title)
         ax.set_xlabel("step")
@@ -57,7 +62,11 @@ def write_report(run_dir: Path) -> dict[str, Any]:
         written.append(str(out_dir / filename))
     population = run_dir / "population" / "population.json"
     if population.is_file():
-        written.append(str(payoff_heatmap(json.loads(population.read_text()), out_dir / "payoff.png")))
+        try:
+            written.append(str(payoff_heatmap(json.loads(population.read_text()), out_dir / "payoff.png")))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise RolecastError(f"{population}: not a round robin's report ({type(exc).__name__}: {exc}); "
+                                "`rolecast eval --population` writes it again") from None
     evals = [r for r in rows if r.get("kind") == "eval"]
     summary = {"run_dir": str(run_dir), "steps": max((r["step"] for r in rows), default=0), "plots": written}
     if evals:
@@ -72,11 +81,21 @@ def write_report(run_dir: Path) -> dict[str, Any]:
         }
     lines = ["| role | eval reward (first step) | eval reward (last step) |", "| --- | --- | --- |"]
     for role, e in summary.get("eval", {}).items():
-        lines.append(f"| {role} | {e['first']:.3f} ± {e['first_ci95']:.3f} (step {e['first_step']}) | "
-                     f"{e['last']:.3f} ± {e['last_ci95']:.3f} (step {e['last_step']}) |")
+        lines.append(f"| {role} | {_shown(e['first'], e['first_ci95'])} (step {e['first_step']}) | "
+                     f"{_shown(e['last'], e['last_ci95'])} (step {e['last_step']}) |")
     (out_dir / "summary.md").write_text("\n".join(lines) + "\n")
     summary["table"] = "\n".join(lines)
     return summary
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _shown(mean: Any, ci: Any) -> str:
+    if not _number(mean):
+        return "n/a"
+    return f"{mean:.3f} ± {ci:.3f}" if _number(ci) else f"{mean:.3f}"
 
 
 def payoff_heatmap(report: dict[str, Any], path: Path) -> Path:

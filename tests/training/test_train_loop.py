@@ -213,7 +213,7 @@ def test_metrics_drop_a_cut_off_last_line_and_name_a_damaged_one(tmp_path):
     assert [r["step"] for r in read_metrics(tmp_path)] == [0, 1]
     MetricsWriter(tmp_path).truncate_after(0)  # what --resume from step 0 does
     assert path.read_text() == '{"step": 0, "kind": "eval"}\n'
-    path.write_text('{"step": 0}\n{"ste\n{"step": 1}\n')
+    path.write_text('{"step": 0, "kind": "eval"}\n{"ste\n{"step": 1, "kind": "train"}\n')
     with pytest.raises(RolecastError, match=r"metrics.jsonl:2: not a JSON row"):
         read_metrics(tmp_path)
 
@@ -298,3 +298,33 @@ def test_resume_edges(cli, tmp_path):
 
     code, _, err = cli("train", recipe, "--out", tmp_path / "empty", "--resume", "--model", "tiny")
     assert code == 2 and "holds no training run (no config.yaml)" in err, err
+
+
+def test_report_names_what_is_wrong_with_a_run_dir_in_one_line(cli, tmp_path):
+    good = [{"step": 0, "kind": "eval", "eval_reward/pro": 0.5, "eval_ci95/pro": 0.1},
+            {"step": 1, "kind": "train", "reward/pro": 0.25, "note": "text is not plotted"},
+            {"step": 1, "kind": "eval", "eval_reward/pro": 0.75}]  # no interval: shown without one
+    run = tmp_path / "run"
+    write(run / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in good))
+    code, out, err = cli("report", run)
+    assert code == 0, err
+    assert "| pro | 0.500 ± 0.100 (step 0) | 0.750 (step 1) |" in out
+    for name, text, words in (
+        ("list-row", '[1, 2]\n{"step": 0, "kind": "eval"}\n', "metrics.jsonl:1: not a metrics row"),
+        ("no-step", '{"kind": "eval"}\n{"step": 0, "kind": "eval"}\n', "metrics.jsonl:1: not a metrics row"),
+        ("empty", "", "no rows yet"),
+    ):
+        write(tmp_path / name / "metrics.jsonl", text)
+        code, _, err = cli("report", tmp_path / name)
+        assert code == 2 and words in err and "Traceback" not in err, (name, err)
+    (tmp_path / "latin").mkdir()
+    (tmp_path / "latin" / "metrics.jsonl").write_bytes(b'{"step": 0, "kind": "eval", "x": "\xe9"}\n')
+    code, _, err = cli("report", tmp_path / "latin")
+    assert code == 2 and "cannot read it" in err, err
+    (run / "report").rename(tmp_path / "old-report")
+    (run / "report").write_text("")
+    code, _, err = cli("report", run)
+    assert code == 2 and "is a file" in err, err
+    write(tmp_path / "cmp" / "compare.json", "{}")
+    code, _, err = cli("report", tmp_path / "cmp")
+    assert code == 2 and "a comparison: report one of its strategy folders" in err, err
