@@ -60,6 +60,9 @@ def check_task(task: IssueTask, runner: Runner = subprocess_runner) -> CheckRepo
             # by file: pytest's ids of parametrized cases are not the static ids
             hidden = [o for o in g.outcomes if _file_of(o.id) in hidden_files]
             vis = [o for o in g.outcomes if _file_of(o.id) not in hidden_files]
+            if g.timed_out:
+                rep.problems.append(f"{label}: the test run timed out after {task.timeout_s:g}s (task timeout_s)")
+                continue
             if g.crashed:
                 rep.problems.append(f"{label}: test run crashed (exit {g.exit_code}): "
                                     + " ".join(g.log.split())[-300:])

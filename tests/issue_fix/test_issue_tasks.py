@@ -303,3 +303,9 @@ def test_hidden_test_that_reports_nothing_counts_as_not_run(cases_task, tmp_path
     assert (g.passed, g.total) == (5, 10)
     gone = [o for o in g.outcomes if o.id == "tests/hidden/test_hidden_gone.py::test_gone"]
     assert [(o.status, o.message) for o in gone] == [("error", "not run")]
+
+
+def test_checker_says_a_hung_test_run_timed_out(cases_task):
+    report = check_task(cases_task, lambda argv, workdir, timeout_s: RunOutcome(124, "", "", timed_out=True))
+    assert report.problems[:2] == [f"buggy: the test run timed out after {cases_task.timeout_s:g}s (task timeout_s)",
+                                   f"fixed: the test run timed out after {cases_task.timeout_s:g}s (task timeout_s)"]
