@@ -10,17 +10,21 @@ from typing import Any
 from sandboxes import BACKENDS, Limits, SandboxError, run
 
 from ..errors import EXIT_USAGE
+from .flags import positive_float, positive_int
 
 
 def register(sub: Any) -> None:
     sandbox = sub.add_parser("sandbox", help="run commands in a sandbox")
-    commands = sandbox.add_subparsers(dest="sandbox_command", required=True)
+    commands = sandbox.add_subparsers(dest="sandbox_command", required=True, metavar="COMMAND")
     p = commands.add_parser("run", help="run one command confined to a work directory")
     defaults = Limits()
-    p.add_argument("--timeout", type=float, default=defaults.wall_time_s, help="wall-time limit, seconds")
-    p.add_argument("--memory", type=int, default=defaults.memory_mb, help="memory limit, MiB")
+    p.add_argument("--timeout", type=positive_float, default=defaults.wall_time_s,
+                   help=f"wall-time limit, seconds (default {defaults.wall_time_s:g})")
+    p.add_argument("--memory", type=positive_int, default=defaults.memory_mb,
+                   help=f"memory limit, MiB (default {defaults.memory_mb})")
     p.add_argument("--workdir", default=os.getcwd(), help="writable work directory (default: cwd)")
-    p.add_argument("--backend", default="auto", choices=["auto", *BACKENDS])
+    p.add_argument("--backend", default="auto", choices=["auto", *BACKENDS],
+                   help="isolation: bwrap, unshare, or none with --unsafe (default auto: the best available)")
     p.add_argument("--unsafe", action="store_true", help="allow backend 'none' (no isolation)")
     p.add_argument("--json", action="store_true", help="print the whole result as JSON")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARG...]")

@@ -24,15 +24,18 @@ from ..errors import EXIT_USAGE, ConfigError
 from ..issue_fix.checking import CheckReport, check_task
 from ..issue_fix.running import sandbox_runner
 from ..issue_fix.task import TASK_FILE, IssueTask, load_task, load_tasks
+from .flags import positive_int
 
 
 def register(sub: Any) -> None:
     tasks = sub.add_parser("tasks", help="issue-fixing task folders")
-    commands = tasks.add_subparsers(dest="tasks_command", required=True)
+    commands = tasks.add_subparsers(dest="tasks_command", required=True, metavar="COMMAND")
     p = commands.add_parser("check", help="prove tasks sound: hidden tests fail on the bug, pass with the fix")
     p.add_argument("dirs", nargs="+", type=Path, metavar="DIR", help="task folders, or folders of them")
-    p.add_argument("--backend", default="auto", choices=["auto", *sandboxes.ISOLATING], help="sandbox backend")
-    p.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), help="tasks checked at once")
+    p.add_argument("--backend", default="auto", choices=["auto", *sandboxes.ISOLATING],
+                   help="sandbox backend (default auto: the best available)")
+    p.add_argument("--jobs", type=positive_int, default=min(4, os.cpu_count() or 1),
+                   help="tasks checked at once (default: the CPUs, at most 4)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of rows")
     p.set_defaults(func=handle_check)
 
@@ -49,6 +52,10 @@ def find_tasks(paths: list[Path]) -> list[IssueTask]:
             found.append(load_task(path))
         elif tasks := load_tasks(path):
             found += tasks
+            skipped = sorted(d.name for d in path.iterdir()
+                             if d.is_dir() and not d.name.startswith((".", "_")) and not (d / TASK_FILE).exists())
+            if skipped:
+                print(f"rolecast tasks check: skipped (no {TASK_FILE}): {', '.join(skipped)}", file=sys.stderr)
         else:
             raise ValueError(f"{path}: no {TASK_FILE} in it or in its subfolders")
     if not found:

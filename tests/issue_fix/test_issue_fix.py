@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import re
 import tempfile
 import threading
@@ -431,3 +432,13 @@ def test_tasks_check_reports_a_sandbox_fault_per_task(cli, monkeypatch):
     rows = sorted(out.strip().splitlines()[:2])
     assert [r.split()[:2] for r in rows] == [["FAIL", "001-slugify-unicode"], ["FAIL", "002-paginate-last-page"]]
     assert all(r.endswith("sandbox fault: no cgroup here") for r in rows)
+
+
+def test_tasks_check_names_the_subfolders_it_skips(tmp_path, capsys):
+    from orchestrator.cli.tasks import find_tasks
+
+    shutil.copytree(SLUG, tmp_path / SLUG.name, ignore=shutil.ignore_patterns("__pycache__"))
+    write(tmp_path / "misnamed" / "task.yml", "id: misnamed\n")
+    (tmp_path / "__pycache__").mkdir()
+    assert [t.id for t in find_tasks([tmp_path])] == [SLUG.name]
+    assert capsys.readouterr().err.strip() == "rolecast tasks check: skipped (no task.yaml): misnamed"
