@@ -23,7 +23,7 @@ log = structlog.get_logger()
 def register(sub: Any) -> None:
     p = sub.add_parser("eval", help="win/draw/loss (or success) rates with 95%% intervals, per role")
     p.add_argument("recipe", type=Path, help="team or recipe YAML")
-    p.add_argument("--episodes", type=positive_int, default=100, help="episodes to play (default 100)")
+    p.add_argument("--episodes", type=positive_int, help="episodes to play (default 100)")
     p.add_argument("--held-out", action="store_true",
                    help="play the recipe's held-out tasks (training.eval_tasks) instead of its tasks")
     add_policy_flag(p, help="bind a role, as for `rolecast run` (repeatable)")
@@ -34,7 +34,7 @@ def register(sub: Any) -> None:
                    help="a round robin among a population run's members, snapshots and --baseline policies")
     p.add_argument("--baseline", action="append", default=[], metavar="NAME",
                    help="--population: a builtin policy that joins the round robin (repeatable; default: random)")
-    p.add_argument("--games-per-pair", type=positive_int, default=20, help="--population: games each pair plays (default 20)")
+    p.add_argument("--games-per-pair", type=positive_int, help="--population: games each pair plays (default 20)")
     p.add_argument("--out", type=Path, help="run dir (default: runs/eval-<team>-<time>; --population: RUN_DIR/population)")
     add_episode_flags(p, json_help="print the report as JSON")
     add_ray_flags(p)
@@ -49,9 +49,14 @@ def handle(args: argparse.Namespace) -> int:
     if args.population:
         from . import eval_population
 
+        if ignored := [f for f, v in (("--held-out", args.held_out), ("--episodes", args.episodes)) if v]:
+            raise RolecastError(f"--population plays --games-per-pair games a pair: drop {', '.join(ignored)}")
+
         if args.ray is not None:
             raise RolecastError("--ray plays plain evaluations; --population plays its round robin in this process")
         return eval_population.handle(args, team)
+    if ignored := [f for f, v in (("--baseline", args.baseline), ("--games-per-pair", args.games_per_pair)) if v]:
+        raise RolecastError(f"{', '.join(ignored)}: only with --population RUN_DIR")
     if args.held_out:
         if team.eval_tasks is None:
             raise RolecastError(f"--held-out: {team.path} has no training.eval_tasks")
@@ -74,7 +79,7 @@ def handle(args: argparse.Namespace) -> int:
         log.warning("builtin:random is no baseline here: the game lists no legal moves, so it sends random words "
                     "and loses", team=team.name, roles=blind)
     out = run_dir(args.out, f"eval-{team.name}", fresh=True)
-    options = RunOptions(episodes=args.episodes, seed=seed, out_dir=out, concurrency=args.concurrency or cfg.concurrency,
+    options = RunOptions(episodes=args.episodes or 100, seed=seed, out_dir=out, concurrency=args.concurrency or cfg.concurrency,
                          episode_timeout_s=cfg.episode_timeout_s, progress=not (args.no_progress or args.json),
                          extra={"eval": True, "model": model, "device": args.device, "policy": args.policy, "opponent": args.opponent,
                                 "adapter": args.adapter, "ray": args.ray})

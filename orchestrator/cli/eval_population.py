@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RolecastError
+from .flags import run_dir
 
 
 def handle(args: argparse.Namespace, team: Any) -> int:
@@ -22,6 +23,12 @@ def handle(args: argparse.Namespace, team: Any) -> int:
     from ..training.trainer import build_trainer
 
     run: Path = args.population
+    if not run.is_dir():
+        raise RolecastError(f"--population {run}: no such folder (a `rolecast train` run of a population recipe)")
+    games_per_pair = args.games_per_pair or 20
+    out = run_dir(args.out, "") if args.out else run / "population"
+    if (out / "population.json").exists():
+        raise RolecastError(f"{out} already holds a round robin (population.json): give another --out, or remove it first")
     mixed = [flag for flag, value in (("--opponent", args.opponent), ("--policy", args.policy), ("--adapter", args.adapter))
              if value]
     if mixed:
@@ -47,19 +54,18 @@ def handle(args: argparse.Namespace, team: Any) -> int:
     entrants = [Entrant(name, adapter=name) for name in adapters] + [Entrant(b, builtin=b) for b in baselines]
     seed = team.config.seed if args.seed is None else args.seed
     engine = load_engine(args.model or team.config.model, args.dtype, seed, args.engine, adapters, args.device)
-    out = args.out or run / "population"
 
     async def go():
         try:
             return await play_round_robin(
-                team, trainer.players, entrants, engine, args.games_per_pair, seed=seed, out_dir=out,
+                team, trainer.players, entrants, engine, games_per_pair, seed=seed, out_dir=out,
                 concurrency=args.concurrency or team.config.concurrency, registry=registry,
                 progress=not (args.no_progress or args.json))
         finally:
             await engine.aclose()
 
     games = asyncio.run(go())
-    report = {"team": team.name, "run_dir": str(run), **analyse(entrants, games, args.games_per_pair, seed)}
+    report = {"team": team.name, "run_dir": str(run), **analyse(entrants, games, games_per_pair, seed)}
     out.mkdir(parents=True, exist_ok=True)
     (out / "population.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
     if args.json:

@@ -92,6 +92,9 @@ def test_eval_population_end_to_end(cli, tmp_path):
     assert code == 0, err
     assert (run / "report" / "payoff.png").stat().st_size > 0
     assert (run / "report" / "elo.png").stat().st_size > 0  # the members' ratings over the steps
+    before = (run / "population" / "population.json").read_text()
+    code, _, err = cli("eval", recipe, "--population", run, "--model", "tiny", "--games-per-pair", "2")
+    assert code == 2 and "already holds a round robin" in err and (run / "population" / "population.json").read_text() == before
 
 
 def test_eval_population_refuses_a_recipe_that_trains_no_population(cli, tmp_path):
@@ -99,3 +102,16 @@ def test_eval_population_refuses_a_recipe_that_trains_no_population(cli, tmp_pat
     assert code == 2 and "does not train a population" in err
     code, _, err = cli("eval", ROOT / "recipes/rps_population.yaml", "--population", tmp_path, "--model", "tiny")
     assert code == 2 and "lacks member(s) player-0" in err
+
+
+def test_eval_population_flags_that_do_not_apply_are_refused(cli, tmp_path):
+    recipe = ROOT / "recipes/rps_population.yaml"
+    for args, words in (
+        (["--population", tmp_path / "nowhere"], "no such folder"),
+        (["--population", tmp_path, "--held-out"], "drop --held-out"),
+        (["--population", tmp_path, "--episodes", "5"], "drop --episodes"),
+        (["--games-per-pair", "5"], "--games-per-pair: only with --population"),
+        (["--baseline", "random"], "--baseline: only with --population"),
+    ):
+        code, _, err = cli("eval", recipe, "--model", "tiny", *args)
+        assert code == 2 and words in err and "Traceback" not in err, (args, err)
