@@ -18,6 +18,7 @@ MODEL_HELP = "smollm2-135m (default), tiny, a local Hugging Face model dir, or a
 ENGINE_HELP = "generation backend: hf (default) or vllm (GPU only; pip install 'rolecast[vllm]')"
 DEVICE_HELP = "auto (default: a CUDA GPU where there is one, else the CPU), cpu, cuda or cuda:N"
 ADAPTER_HELP = "load a PEFT-format adapter dir (a run's sampler/NAME, say) as adapter NAME (repeatable)"
+DTYPE_DEFAULT = "(default auto: bfloat16 where the CPU or GPU computes it natively, else float32)"
 POLICY_HELP = "bind a role: replay:FILE, python:pkg.mod:fn, builtin:NAME, openai:MODEL@URL or model (repeatable)"
 
 
@@ -43,7 +44,7 @@ def positive_float(text: str) -> float:
 
 
 def add_model_flags(p: argparse.ArgumentParser, *, model_default: str | None = None,
-                    adapter_help: str | None = ADAPTER_HELP, dtype_help: str | None = None) -> None:
+                    adapter_help: str | None = ADAPTER_HELP, dtype_help: str = "the model's weights " + DTYPE_DEFAULT) -> None:
     """--model, --dtype, --engine, --device, and --adapter unless ``adapter_help`` is None."""
     p.add_argument("--model", default=model_default, help=MODEL_HELP)
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help=dtype_help)
@@ -56,7 +57,7 @@ def add_model_flags(p: argparse.ArgumentParser, *, model_default: str | None = N
 def add_episode_flags(p: argparse.ArgumentParser, json_help: str) -> None:
     """--seed, --concurrency, --json and --no-progress: how a command plays its episodes."""
     p.add_argument("--seed", type=int, help="run seed (default: the team's `seed`)")
-    p.add_argument("--concurrency", type=positive_int, help="episodes in flight at once")
+    p.add_argument("--concurrency", type=positive_int, help="episodes in flight at once (default: the team's `concurrency`)")
     p.add_argument("--json", action="store_true", help=json_help)
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
@@ -190,7 +191,7 @@ PLUGIN_OPTIONS = ("trainer_config", "reward_config", "loss_config")  # settable 
 def add_training_flags(p: argparse.ArgumentParser) -> None:
     """--model, --dtype, --engine, --device, --set, --seed, --no-progress and the Ray flags: how a
     command trains."""
-    add_model_flags(p, adapter_help=None, dtype_help="sampling dtype")
+    add_model_flags(p, adapter_help=None, dtype_help="the engine's weights when sampling " + DTYPE_DEFAULT)
     add_set_flag(p)
     p.add_argument("--seed", type=int, help="run seed (default: the recipe's `seed`)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")

@@ -10,7 +10,7 @@ from ..registry import SINGULAR, default_registry
 
 def register(sub: Any) -> None:
     p = sub.add_parser("plugins", help="list installed plugins and what they register")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the registrations and failures as JSON")
     p.set_defaults(func=handle)
 
 

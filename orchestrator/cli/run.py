@@ -27,7 +27,7 @@ def register(sub: Any) -> None:
     p.add_argument("--out", type=Path, help="run dir (default: runs/<team>-<time>)")
     add_policy_flag(p)
     add_model_flags(p)
-    p.add_argument("--timeout", type=positive_float, help="per-episode timeout in seconds")
+    p.add_argument("--timeout", type=positive_float, help="per-episode timeout in seconds (default: the team's `episode_timeout_s`)")
     add_episode_flags(p, json_help="print the summary as JSON on stdout")
     add_ray_flags(p)
     p.set_defaults(func=handle)

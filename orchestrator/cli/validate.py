@@ -11,7 +11,7 @@ from ..errors import EXIT_USAGE, ConfigError, RolecastError
 
 def register(sub: Any) -> None:
     p = sub.add_parser("validate", help="check role and team YAML files (or folders of them)")
-    p.add_argument("paths", nargs="+", type=Path)
+    p.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="role or team YAML files, or folders of them")
     p.set_defaults(func=handle)
 
 
