@@ -96,6 +96,10 @@ class ChatServer:
             raise HTTPError(400, f"bad sampling parameter: {exc}") from None
         schema = response_schema(req.get("response_format"))
         prompt = self.engine.apply_chat_template(messages)
+        limit = getattr(self.engine, "context_length", None)
+        if limit is not None and len(prompt) + sampling.max_tokens > limit:
+            raise HTTPError(400, f"the prompt ({len(prompt)} tokens) and max_tokens ({sampling.max_tokens}) exceed "
+                                 f"the model's context of {limit} tokens", "context_length_exceeded")
         adapter = None if model in ("base", self.model_name) else model
         request = GenerationRequest(tuple(prompt), sampling, adapter, json_schema=schema)
         out = await asyncio.wait_for(self.engine.generate(request), self.timeout)

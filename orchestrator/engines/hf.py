@@ -217,6 +217,11 @@ class HFEngine(TokenizerMethods):
             self.__dict__.pop("_fused", None)
 
     @property
+    def context_length(self) -> int | None:
+        """Positions the model was trained for (prompt and reply together), if its config says."""
+        return getattr(self.model.config, "max_position_embeddings", None)
+
+    @property
     def busy(self) -> int:
         """Requests queued or running (0 when nothing is stuck)."""
         return self._pending.qsize() + len(self._active)

@@ -122,6 +122,7 @@ def test_openai_binding_is_checked():
     ({"max_tokens": 0}, "max_tokens must be a whole number >= 1"),
     ({"max_tokens": 2.5}, "expected a whole number"),
     ({"stream": True}, "stream is not supported"),
+    ({"max_tokens": 10**9}, "exceed the model's context of 2048 tokens"),
 ])
 def test_bad_sampling_is_a_400_for_that_request_only(server, extra, words):
     """A value the engine would fail on mid-batch is refused up front: before, a bad stop string
