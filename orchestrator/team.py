@@ -2,8 +2,9 @@
 
 Everything that can be checked without running is checked here: unknown keys and types, the
 protocol plugin, roles the protocol routes to, duplicate role names, prompt templates and the
-variables they use, output schemas, policy bindings, the training block's plugins and their
-options.
+variables they use, output schemas, policy bindings, the tasks against the protocol's task
+model, the training block's plugins, their options, and the trainer against the team's
+trainable roles.
 """
 from __future__ import annotations
 
@@ -18,9 +19,9 @@ from .config import LOSS_CONFIGS, TeamConfig, TrainingConfig
 from .envs.base import Env, EnvConfig
 from .errors import ConfigError
 from .registry import Registry, config_model, default_registry
-from .training.trainer import build_trainer
 from .role import BASE_VARIABLES, RoleSpec, library_roles, load_role, resolve_role_path
 from .config_errors import problem_text, validate_model
+from .training.trainer import build_trainer
 from .yamlfile import YamlDoc, format_loc, load_json_lines, load_yaml
 
 
