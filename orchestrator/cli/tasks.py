@@ -67,8 +67,6 @@ def handle_check(args: argparse.Namespace) -> int:
     try:
         tasks = find_tasks(args.dirs)
         runner = sandbox_runner(args.backend)
-        if args.jobs < 1:
-            raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
     except ConfigError as exc:  # a bad task.yaml: FILE:LINE: KEY: problem, as `rolecast validate` says it
         print(exc, file=sys.stderr)
         return EXIT_USAGE
