@@ -42,16 +42,13 @@ def handle(args: argparse.Namespace) -> int:
     if base.config.training is None:
         raise RolecastError(f"{base.path}: the recipe has no `training:` block")
     out = run_dir(args.out, f"compare-{base.name}")
-    names = args.strategy or list(STRATEGIES)
-    for name in names:  # all checked before any trains: nothing of the user's is overwritten
-        folder = out / name
-        if not (folder / "config.yaml").is_file() and folder.is_dir() and any(folder.iterdir()):
-            raise RolecastError(f"{folder} holds files but no training run: move them, or give another --out")
-    for name in names:
-        folder = out / name
-        # a started run goes on from its last checkpoint (or from step 0 if it has none yet)
-        resume = (folder / "config.yaml").is_file()
-        train(with_strategy(base, name, args.every), args, folder, resume=resume, extra={"strategy": name})
+    # a started run (its config.yaml) goes on from its last checkpoint, or from step 0 without one
+    started = {name: (out / name / "config.yaml").is_file() for name in args.strategy or list(STRATEGIES)}
+    for name, resume in started.items():  # all checked before any trains: nothing of the user's is overwritten
+        if not resume and (out / name).is_dir() and any((out / name).iterdir()):
+            raise RolecastError(f"{out / name} holds files but no training run: move them, or give another --out")
+    for name, resume in started.items():
+        train(with_strategy(base, name, args.every), args, out / name, resume=resume, extra={"strategy": name})
     print(json.dumps(write_comparison(out, list(base.roles))))
     return 0
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo
 
 from ..config_errors import problem_text
 from ..messages import Message
@@ -38,9 +38,14 @@ class TaskConfig(BaseModel):
     """One entry of a team file's ``tasks``: the keys its environment reads, checked when the team
     loads (a subclass per environment). Other keys are kept: prompts (``{{ task.text }}``) and
     reward plugins (``episode.task``) may read them. Validators that need the protocol's options
-    find them as ``info.context["protocol"]``."""
+    find them with ``task_protocol(info)``."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
+
+
+def task_protocol(info: ValidationInfo) -> EnvConfig | None:
+    """In a task validator: the protocol's options (None when validated without them)."""
+    return (info.context or {}).get("protocol")
 
 
 def whole_number(message: Message, field: str = "answer") -> int | None:

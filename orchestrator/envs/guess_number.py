@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, field_validator, model_validator
 
 from ..messages import Message
-from .base import StepResult, TaskConfig
+from .base import StepResult, TaskConfig, task_protocol
 from .game import GameConfig, GameEnv
 
 
@@ -50,7 +50,7 @@ class GuessNumberTask(TaskConfig):
     @field_validator("secret")
     @classmethod
     def _in_range(cls, value: int | None, info: ValidationInfo) -> int | None:
-        c = (info.context or {}).get("protocol")
+        c = task_protocol(info)
         if value is not None and c is not None and not c.low <= value <= c.high:
             raise ValueError(f"outside the protocol's range [{c.low}, {c.high}]")
         return value

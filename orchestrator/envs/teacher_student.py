@@ -34,7 +34,7 @@ from pydantic import Field, StrictStr, ValidationInfo, field_validator, model_va
 
 from ..messages import Message
 from ..yamlfile import Loc
-from .base import Env, EnvConfig, StepResult, TaskConfig, whole_number
+from .base import Env, EnvConfig, StepResult, TaskConfig, task_protocol, whole_number
 
 Problem = dict[str, Any]  # {"text": ..., "answer": int}
 
@@ -121,7 +121,7 @@ class TeacherStudentTask(TaskConfig):
     @field_validator("domain")
     @classmethod
     def _has_teacher(cls, value: str | None, info: ValidationInfo) -> str | None:
-        c = (info.context or {}).get("protocol")
+        c = task_protocol(info)
         if value is not None and c is not None and value not in c.domains:
             raise ValueError(f"domain {value!r} has no teacher (protocol domains: {', '.join(c.domains)})")
         return value

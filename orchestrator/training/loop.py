@@ -113,7 +113,7 @@ class TrainingRun:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         start = await self._resume() if self.options.resume else 0  # the first step still to run
         if start > self.steps:
-            return await self._finished(start - 1)
+            return await self._finished()
         if start == 0:
             self._write_config()
             for adapter, client in self.clients.items():
@@ -152,7 +152,7 @@ class TrainingRun:
         if first := every_episode_failed(episodes):
             folder = self.run_dir / "rollouts" / f"step-{step:06d}"
             raise RunFailed(f"step {step}: every episode failed, leaving nothing to train on; the first: {first.error} "
-                                f"(transcripts in {folder}). Fix the cause, then --resume from the last checkpoint")
+                            f"(transcripts in {folder}). Fix the cause, then --resume from the last checkpoint")
         rewards = [[self.reward_fn(ep, list(self.team.roles), self.reward_config) for ep in g] for g in groups]
         advantages = self.trainer.advantages([[{r: rw[r] for r in self.roles} for rw in g] for g in rewards])
         t_roll = time.perf_counter() - t0
@@ -326,7 +326,7 @@ class TrainingRun:
         ))
         if first := every_episode_failed(result.episodes):
             raise RunFailed(f"evaluation at step {step}: every episode failed; the first: {first.error} "
-                                f"(transcripts in {result.run_dir})")
+                            f"(transcripts in {result.run_dir})")
         # Evaluations report the environment's own rewards, whatever reward training optimises.
         row: dict[str, Any] = {"step": step, "kind": "eval", "episodes": n}
         for role in self.team.roles:
@@ -426,12 +426,12 @@ class TrainingRun:
         log.info("resumed", step=state["step"], checkpoint=str(folder))
         return int(state["step"]) + 1
 
-    async def _finished(self, step: int) -> dict[str, Any]:
+    async def _finished(self) -> dict[str, Any]:
         """A resumed run that had trained all its steps: its final evaluation row, made now only if
         the run stopped before writing it."""
-        final = [row for row in read_metrics(self.run_dir) if row["kind"] == "eval" and row["step"] == step]
-        log.info("the run had finished", step=step)
-        row = final[-1] if final else await self.evaluate(step)
+        final = [row for row in read_metrics(self.run_dir) if row["kind"] == "eval" and row["step"] == self.steps]
+        log.info("the run had finished", step=self.steps)
+        row = final[-1] if final else await self.evaluate(self.steps)
         self.metrics.close()
         return row
 
