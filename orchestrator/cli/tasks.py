@@ -2,8 +2,8 @@
 
 A DIR is a task folder (holding task.yaml) or a folder of task folders; plain files are
 skipped, so ``rolecast tasks check tasks/*`` works with tasks/README.md there. Every task is
-loaded before any runs: a bad one is one line (``FILE:LINE: KEY: problem`` for a bad task.yaml)
-on stderr and exit code 2. Then each task is checked (:func:`issue_fix.checking.check_task` with
+loaded before any runs: each bad task.yaml is one line (``FILE:LINE: KEY: problem``) on stderr,
+all of them, then exit code 2; so is a DIR that names no task. Then each task is checked (:func:`issue_fix.checking.check_task` with
 :func:`issue_fix.running.sandbox_runner`): one row per task, a summary, exit code 1 when any task
 fails (a sandbox fault fails that task only).
 """
@@ -20,10 +20,10 @@ from typing import Any
 
 import sandboxes
 
-from ..errors import EXIT_USAGE, ConfigError
+from ..errors import EXIT_USAGE
 from ..issue_fix.checking import CheckReport, check_task
 from ..issue_fix.running import sandbox_runner
-from ..issue_fix.task import TASK_FILE, IssueTask, load_task, load_tasks
+from ..issue_fix.task import TASK_FILE, IssueTask, TaskFileError, load_task, task_folders
 from .flags import positive_int
 
 
@@ -40,36 +40,42 @@ def register(sub: Any) -> None:
     p.set_defaults(func=handle_check)
 
 
-def find_tasks(paths: list[Path]) -> list[IssueTask]:
-    """The tasks ``paths`` name (see the module doc); raises ValueError with one line if bad."""
+def find_tasks(paths: list[Path]) -> tuple[list[IssueTask], list[TaskFileError]]:
+    """The tasks ``paths`` name (see the module doc), and the error of each bad task.yaml among
+    them; raises ValueError with one line for a path that names no task."""
     found: list[IssueTask] = []
+    bad: list[TaskFileError] = []
     for path in paths:
         if path.is_file():
             continue
         if not path.is_dir():
             raise ValueError(f"{path}: no such folder")
         if (path / TASK_FILE).exists():
-            found.append(load_task(path))
-        elif tasks := load_tasks(path):
-            found += tasks
+            folders = [path]
+        elif folders := task_folders(path):
             skipped = sorted(d.name for d in path.iterdir()
                              if d.is_dir() and not d.name.startswith((".", "_")) and not (d / TASK_FILE).exists())
             if skipped:
                 print(f"rolecast tasks check: skipped (no {TASK_FILE}): {', '.join(skipped)}", file=sys.stderr)
         else:
             raise ValueError(f"{path}: no {TASK_FILE} in it or in its subfolders")
-    if not found:
+        for folder in folders:  # every bad one is reported, so one pass fixes a whole folder of tasks
+            try:
+                found.append(load_task(folder))
+            except TaskFileError as exc:
+                bad.append(exc)
+    if not found and not bad:
         raise ValueError("no task folders among " + " ".join(map(str, paths)))
-    return found
+    return found, bad
 
 
 def handle_check(args: argparse.Namespace) -> int:
     try:
-        tasks = find_tasks(args.dirs)
+        tasks, bad = find_tasks(args.dirs)
+        if bad:  # FILE:LINE: KEY: problem, as `rolecast validate` says it
+            print("\n".join(map(str, bad)), file=sys.stderr)
+            return EXIT_USAGE
         runner = sandbox_runner(args.backend)
-    except ConfigError as exc:  # a bad task.yaml: FILE:LINE: KEY: problem, as `rolecast validate` says it
-        print(exc, file=sys.stderr)
-        return EXIT_USAGE
     except (ValueError, sandboxes.SandboxError) as exc:
         print(f"rolecast tasks check: {exc}", file=sys.stderr)
         return EXIT_USAGE

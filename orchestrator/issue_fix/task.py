@@ -159,8 +159,8 @@ def _read_task(folder: Path) -> IssueTask:
     return task
 
 
-def load_tasks(root: str | Path) -> list[IssueTask]:
-    """Every task folder (one holding task.yaml) under ``root``, sorted by id."""
-    return [load_task(p.parent) for p in sorted(Path(root).glob(f"*/{TASK_FILE}"))]
+def task_folders(root: str | Path) -> list[Path]:
+    """The task folders (those holding task.yaml) right under ``root``, sorted by name."""
+    return sorted(p.parent for p in Path(root).glob(f"*/{TASK_FILE}"))
 
 

@@ -16,7 +16,7 @@ from orchestrator.issue_fix.edits import apply_edits
 from orchestrator.issue_fix.grading import grade, grade_work, graded_path
 from orchestrator.issue_fix.rewards import coder_reward, planner_reward, reviewer_reward
 from orchestrator.issue_fix.running import apply_patch, copy_repo
-from orchestrator.issue_fix.task import load_task, load_tasks
+from orchestrator.issue_fix.task import load_task, task_folders
 from orchestrator.policies.binding import Binding
 from orchestrator.policies.python import PythonPolicy
 from orchestrator.rollout import RunOptions, build_policies, run_team
@@ -384,7 +384,7 @@ def test_graded_paths_are_source_modules_only():
 
 
 def test_grading_takes_every_file_a_reference_fix_touches():
-    tasks = load_tasks(ROOT / "tasks")
+    tasks = [load_task(f) for f in task_folders(ROOT / "tasks")]
     assert len(tasks) >= 40
     for task in tasks:
         assert task.solution_files(), task.id
@@ -440,5 +440,18 @@ def test_tasks_check_names_the_subfolders_it_skips(tmp_path, capsys):
     shutil.copytree(SLUG, tmp_path / SLUG.name, ignore=shutil.ignore_patterns("__pycache__"))
     write(tmp_path / "misnamed" / "task.yml", "id: misnamed\n")
     (tmp_path / "__pycache__").mkdir()
-    assert [t.id for t in find_tasks([tmp_path])] == [SLUG.name]
+    tasks, bad = find_tasks([tmp_path])
+    assert [t.id for t in tasks] == [SLUG.name] and bad == []
     assert capsys.readouterr().err.strip() == "rolecast tasks check: skipped (no task.yaml): misnamed"
+
+
+def test_tasks_check_reports_every_bad_task_before_running_any(tmp_path, cli, monkeypatch):
+    shutil.copytree(SLUG, tmp_path / SLUG.name, ignore=shutil.ignore_patterns("__pycache__"))
+    write(tmp_path / "002-no-issue" / "task.yaml", "id: 002-no-issue\ntitle: x\n")
+    write(tmp_path / "003-misnamed" / "task.yaml", "id: 003-other\n")
+    monkeypatch.setattr(sandboxes, "run", _broken_sandbox)  # nothing may run while a task is bad
+    code, out, err = cli("tasks", "check", tmp_path)
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert lines[0] == f"{tmp_path}/002-no-issue/task.yaml:1: issue: required key is missing"
+    assert lines[1].startswith(f"{tmp_path}/003-misnamed/task.yaml:1: ") and len(lines) == 2

@@ -12,7 +12,7 @@ from orchestrator.errors import ConfigError
 from orchestrator.issue_fix.checking import check_task
 from orchestrator.issue_fix.grading import grade, grade_work
 from orchestrator.issue_fix.running import RunOutcome, apply_patch, copy_repo, subprocess_runner
-from orchestrator.issue_fix.task import IssueTask, TaskFileError, load_task, load_tasks
+from orchestrator.issue_fix.task import IssueTask, TaskFileError, load_task, task_folders
 
 TASKS_DIR = Path(__file__).resolve().parents[2] / "tasks"
 TASK_DIRS = sorted(p.parent for p in TASKS_DIR.glob("*/task.yaml"))
@@ -26,7 +26,7 @@ def _task(task_id: str) -> IssueTask:
 
 
 def test_suite_size_and_ids():
-    tasks = load_tasks(TASKS_DIR)
+    tasks = [load_task(f) for f in task_folders(TASKS_DIR)]
     assert len(tasks) >= 40
     ids = [t.id for t in tasks]
     assert len(set(ids)) == len(ids)
