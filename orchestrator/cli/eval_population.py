@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ def handle(args: argparse.Namespace, team: Any) -> int:
         raise RolecastError(f"--population: {team.path} does not train a population (training.trainer: population)")
     registry = default_registry()
     cls = registry.get("trainers", "population")
-    trainer = build_trainer(cls, trainable_roles(team.roles), training.trainer_config)
+    trainer = build_trainer(cls, trainable_roles(team.roles), trained_with(run, team))
     if len(trainer.players) != 2:
         raise RolecastError(f"--population: round robins seat two players; {team.path} has {trainer.players}")
     missing = [m for m in trainer.members if not (run / "sampler" / m / "adapter_config.json").is_file()]
@@ -73,6 +74,30 @@ def handle(args: argparse.Namespace, team: Any) -> int:
     else:
         print_report(report, out)
     return 0
+
+
+def trained_with(run: Path, team: Any) -> dict[str, Any]:
+    """The trainer_config ``run`` was trained with (its config.yaml: a ``--set
+    trainer_config.members=N`` there is what made its members), else the recipe's."""
+    import yaml
+
+    path = run / "config.yaml"
+    recipe = team.config.training.trainer_config
+    if not path.is_file():
+        return recipe
+    try:
+        recorded = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("recipe") or {}
+    except (yaml.YAMLError, UnicodeDecodeError, AttributeError) as exc:
+        raise RolecastError(f"--population: {path} is unreadable ({type(exc).__name__}): is {run} a training run?") from None
+    if recorded.get("name", team.name) != team.name:
+        raise RolecastError(f"--population: {run} is a run of recipe {recorded['name']!r}, not {team.name!r}")
+    then = (recorded.get("training") or {}).get("trainer_config")
+    if not isinstance(then, dict):
+        return recipe
+    if then != recipe:
+        print(f"rolecast eval: the members of {run} as its config.yaml records them "
+              f"(training.trainer_config: {json.dumps(then)})", file=sys.stderr)
+    return then
 
 
 def print_report(report: dict[str, Any], out: Path) -> None:

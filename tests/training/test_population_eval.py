@@ -71,14 +71,14 @@ def test_bradley_terry_matches_the_two_player_closed_form():
 
 
 def test_eval_population_end_to_end(cli, tmp_path):
-    recipe = tmp_path / "rps.yaml"
-    recipe.write_text((ROOT / "recipes/rps_population.yaml").read_text().replace("members: 4", "members: 3")
-                      .replace("snapshot_every: 5", "snapshot_every: 1"))
+    recipe = ROOT / "recipes/rps_population.yaml"  # members: 4; the run is trained with 3
     run = tmp_path / "run"
-    train_tiny(cli, recipe, run, 2, "--set", "group_size=3")
+    train_tiny(cli, recipe, run, 2, "--set", "group_size=3", "--set", "trainer_config.members=3",
+               "--set", "trainer_config.snapshot_every=1")
     code, out, err = cli("eval", recipe, "--population", run, "--model", "tiny", "--dtype", "float32",
                          "--games-per-pair", "2", "--json", "--no-progress")
     assert code == 0, err
+    assert "as its config.yaml records them" in err and '"members": 3' in err
     report = json.loads(out.strip().splitlines()[-1])
     names = [e["name"] for e in report["entrants"]]
     assert names == ["player-0", "player-1", "player-2", "player-0@1", "player-1@2", "random"]
@@ -102,6 +102,12 @@ def test_eval_population_refuses_a_recipe_that_trains_no_population(cli, tmp_pat
     assert code == 2 and "does not train a population" in err
     code, _, err = cli("eval", ROOT / "recipes/rps_population.yaml", "--population", tmp_path, "--model", "tiny")
     assert code == 2 and "lacks member(s) player-0" in err
+    (tmp_path / "config.yaml").write_text("recipe: {name: debate, training: {trainer_config: {members: 2}}}\n")
+    code, _, err = cli("eval", ROOT / "recipes/rps_population.yaml", "--population", tmp_path, "--model", "tiny")
+    assert code == 2 and "is a run of recipe 'debate', not 'rps_population'" in err
+    (tmp_path / "config.yaml").write_text("recipe: [unclosed\n")
+    code, _, err = cli("eval", ROOT / "recipes/rps_population.yaml", "--population", tmp_path, "--model", "tiny")
+    assert code == 2 and "config.yaml is unreadable" in err and "Traceback" not in err
 
 
 def test_eval_population_flags_that_do_not_apply_are_refused(cli, tmp_path):
