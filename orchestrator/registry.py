@@ -1,7 +1,8 @@
 """Discovers plugins through the ``rolecast.plugins`` entry points and keeps what they register.
 
-A plugin that fails to import, or whose hook raises, is recorded with its error and skipped:
-one broken plugin never takes the CLI down. So is a trainer that is not a ``Trainer`` subclass,
+A plugin that fails to import, or whose hook raises, is recorded with its error and skipped
+whole (none of its names or commands is kept, even those registered before the failure): one
+broken plugin never takes the CLI down, nor half-loads. So is a trainer that is not a ``Trainer`` subclass,
 and a trainer or reward whose ``Config`` lets unknown keys through.
 """
 from __future__ import annotations
@@ -67,17 +68,21 @@ class Registry:
         except Exception as exc:
             self.failures.append(PluginFailure(plugin, source, _one_line(exc)))
             return
-        self.commands += [(plugin, source, impl.function) for impl in pm.hook.register_commands.get_hookimpls()]
-        ok = True
+        staged: dict[str, dict[str, Registration]] = {k: {} for k in KINDS}
+        errors = []
         for kind in KINDS:
             for impl in getattr(pm.hook, f"register_{kind}").get_hookimpls():
                 try:
-                    impl.function(register=self._registrar(kind, plugin, source))
+                    impl.function(register=self._registrar(kind, plugin, source, staged[kind]))
                 except Exception as exc:
-                    self.failures.append(PluginFailure(plugin, source, f"register_{kind}: {_one_line(exc)}"))
-                    ok = False
-        if ok:
-            self.plugins.append((plugin, source))
+                    errors.append(PluginFailure(plugin, source, f"register_{kind}: {_one_line(exc)}"))
+        if errors:
+            self.failures += errors
+            return
+        for kind in KINDS:
+            self.items[kind].update(staged[kind])
+        self.commands += [(plugin, source, impl.function) for impl in pm.hook.register_commands.get_hookimpls()]
+        self.plugins.append((plugin, source))
 
     def add_commands(self, subparsers: Any) -> None:
         """Let each plugin add its CLI commands; one that fails is recorded, not raised."""
@@ -87,7 +92,8 @@ class Registry:
             except Exception as exc:  # argparse refuses a command name that is taken, say
                 self.failures.append(PluginFailure(plugin, source, f"register_commands: {_one_line(exc)}"))
 
-    def _registrar(self, kind: str, plugin: str, source: str):
+    def _registrar(self, kind: str, plugin: str, source: str, staged: dict[str, Registration]):
+        """``register(name, obj)`` for one plugin's hook: names go to ``staged`` until all its hooks succeed."""
         def register(name: str, obj: Any) -> None:
             if not isinstance(name, str) or not name:
                 raise ValueError(f"{kind} plugin name must be a non-empty string, got {name!r}")
@@ -95,7 +101,7 @@ class Registry:
             taken = self.items[kind].get(name)
             if taken is not None and taken.plugin != plugin:
                 raise ValueError(f"{SINGULAR[kind]} {name!r} is already registered by plugin {taken.plugin!r}")
-            self.items[kind][name] = Registration(kind, name, obj, plugin, source)
+            staged[name] = Registration(kind, name, obj, plugin, source)
 
         return register
 

@@ -283,6 +283,18 @@ def test_hook_that_raises_is_reported_and_others_still_register():
     assert registry.get("envs", "debate").__name__ == "DebateEnv"
 
 
+def test_a_plugin_that_fails_partway_keeps_none_of_its_names():
+    def half(register):
+        register("half-env", object)
+        raise RuntimeError("second name failed")
+
+    registry = discover()
+    registry.add_module(plugin(register_envs=half, register_commands=lambda subparsers: None), "half", "test")
+    assert [f.error for f in registry.failures if f.plugin == "half"] == ["register_envs: RuntimeError: second name failed"]
+    assert "half-env" not in registry.names("envs")
+    assert "half" not in [name for name, _ in registry.plugins] and "half" not in [c[0] for c in registry.commands]
+
+
 def test_a_misspelt_hook_or_a_taken_command_is_reported():
     import argparse
 
