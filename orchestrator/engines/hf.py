@@ -34,7 +34,7 @@ from transformers.cache_utils import DynamicCache
 from ..compute_thread import compute_thread
 from ..cpu import CpuFeatures
 from ..grammar.book import ConstrainedRow, GrammarBook, book_for
-from ..models import LoadedModel
+from ..models import LoadedModel, kv_cache_name
 from ..padding import length_batches
 from .attention import use_decode_attention
 from .base import Completion, GenerationRequest
@@ -132,6 +132,7 @@ class HFEngine(TokenizerMethods):
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.lora = MultiLoRA(self.model)
+        self._cache_name = kv_cache_name(self.model)
         self.device = self.lora.device  # the model's: its KV cache, batches and sampling live there too
         gpu = self.device.type == "cuda"
         self.max_batch = max_batch or (256 if gpu else 64)
@@ -374,7 +375,7 @@ class HFEngine(TokenizerMethods):
     def _forward(self, ids, mask, cache, adapters: list[str], positions=None, keep_last: bool = False):
         kwargs: dict[str, Any] = {"input_ids": ids, "attention_mask": mask, "use_cache": cache is not None or keep_last}
         if cache is not None:
-            kwargs["past_key_values"] = cache
+            kwargs[self._cache_name] = cache
         if positions is not None:
             kwargs["position_ids"] = positions
         if keep_last:
@@ -405,7 +406,7 @@ class HFEngine(TokenizerMethods):
     def _prefill_rows(self, seqs: list[_Seq], hits: list[tuple[int, Any]]) -> None:
         """One forward over ``seqs``; their keys and values join the batch, their first tokens are sampled."""
         out, mask, cached = self._forward_rests([s.request.prompt_ids for s in seqs], [s.adapter_key for s in seqs], hits)
-        self._kv.append(out.past_key_values, mask)
+        self._kv.append(getattr(out, self._cache_name), mask)
         self._active += seqs
         self._take(seqs, out.logits[:, -1])
         self.stats.prefill_tokens += int(mask[:, cached:].sum())
@@ -445,7 +446,7 @@ class HFEngine(TokenizerMethods):
                 chosen = [rows[i] for i in batch]
                 out, mask, cached = self._forward_rests([t for _, t, _ in chosen], [k[0] for k, _, _ in chosen],
                                                         [hit for _, _, hit in chosen])
-                layers = out.past_key_values.layers
+                layers = getattr(out, self._cache_name).layers
                 for i, (key, tokens, _) in enumerate(chosen):
                     cols = mask[i].nonzero().squeeze(-1)
                     self._prefix.insert(tokens, key, [layer.keys[i].index_select(1, cols) for layer in layers],

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from transformers.cache_utils import DynamicCache
 
+from ..models import kv_cache_name
 from ..padding import length_batches
 
 # A forward pass costs a fixed ~0.2 s on a 2-core CPU besides its tokens: a short segment that
@@ -210,9 +211,10 @@ def _forward(body, segs: list[Segment], rows: list[int], hidden: list, kv: list,
                 keys.append(F.pad(k, (0, 0, cached - k.shape[1], 0)))
                 values.append(F.pad(v, (0, 0, cached - v.shape[1], 0)))
             past.update(torch.stack(keys), torch.stack(values), layer)
+    cache = kv_cache_name(body)
     out = body(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
-               past_key_values=past, use_cache=True)
-    layers = out.past_key_values.layers
+               use_cache=True, **{cache: past})
+    layers = getattr(out, cache).layers
     for r, i in enumerate(rows):
         n = len(segs[i].tokens)
         hidden[i] = out.last_hidden_state[r, :n]
