@@ -6,13 +6,18 @@ is right; the Judge is paid for agreeing with the verifiable truth.
       generator: generator
       judge: judge
       max_operand: 20
+      balanced_judge: false
 
 The environment draws ``a op b`` (op ``+``, ``-`` or ``*``, operands 0 to ``max_operand``). The
 Generator replies ``{"answer": 27}``; the Judge sees the problem and that answer and replies
 ``{"verdict": "correct"}`` or ``{"verdict": "incorrect"}``. Rewards: the Generator 1 for a right
 answer; the Judge 1 when its verdict matches the truth. A Judge can score well by always saying
-what is most often true, so the outcome records the truth and the verdict for each episode:
-evaluations can report its accuracy on right and on wrong answers apart.
+what is most often true (a Generator right 10% of the time makes "incorrect" worth 0.9), so the
+outcome records the truth and the verdict for each episode. With ``balanced_judge`` the Judge
+sees a right answer in half the episodes, by a fair coin per episode: the Generator's answer when
+it falls on the coin's side, else the truth or a plausible wrong answer (another operation's
+result, or the truth off by 1 or 10) in its place. Then either constant verdict earns 0.5 and
+only telling answers apart pays; the Generator is still paid for its own answer.
 """
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ class GenerateJudgeConfig(EnvConfig):
     generator: str = "generator"
     judge: str = "judge"
     max_operand: int = Field(20, ge=1, le=10_000)
+    balanced_judge: bool = False
 
     @model_validator(mode="after")
     def _two_roles(self) -> "GenerateJudgeConfig":
@@ -51,7 +57,9 @@ class GenerateJudgeEnv(Env):
         n = self.config.max_operand
         self.problem = {"a": self.rng.randint(0, n), "op": self.rng.choice(sorted(OPS)), "b": self.rng.randint(0, n)}
         self.truth = OPS[self.problem["op"]](self.problem["a"], self.problem["b"])
-        self.answer: int | None = None
+        self.answer: int | None = None  # the Generator's
+        self.shown: int | None = None  # what the Judge judges
+        self.show_right = self.rng.random() < 0.5 if self.config.balanced_judge else None
         self.verdict: str | None = None
         self.turn = 0
 
@@ -59,21 +67,32 @@ class GenerateJudgeEnv(Env):
         return (self.config.generator, self.config.judge, None)[self.turn]
 
     def observe(self, role: str) -> dict[str, Any]:
-        shown = self.answer if role == self.config.judge else None
+        shown = self.shown if role == self.config.judge else None
         return {"problem": self.problem, "answer": shown, "max_operand": self.config.max_operand}
+
+    def _for_judge(self, answer: int | None) -> int | None:
+        """The Generator's answer, or under ``balanced_judge`` one on the coin's side."""
+        if self.show_right is None or (answer == self.truth) == self.show_right:
+            return answer
+        if self.show_right:
+            return self.truth
+        a, b = self.problem["a"], self.problem["b"]
+        wrong = {f(a, b) for f in OPS.values()} | {self.truth + d for d in (-10, -1, 1, 10)}
+        return self.rng.choice(sorted(wrong - {self.truth}))
 
     async def step(self, role: str, message: Message) -> StepResult:
         c = self.config
         self.turn += 1
         if role == c.generator:
             self.answer = whole_number(message)
+            self.shown = self._for_judge(self.answer)
             return StepResult()
         verdict = (message.content or {}).get("verdict") if message.valid else None
         self.verdict = verdict if verdict in ("correct", "incorrect") else None
-        right = self.answer == self.truth
-        agrees = self.verdict == ("correct" if right else "incorrect")
-        return StepResult(rewards={c.generator: float(right), c.judge: float(agrees)}, done=True)
+        agrees = self.verdict == ("correct" if self.shown == self.truth else "incorrect")
+        return StepResult(rewards={c.generator: float(self.answer == self.truth), c.judge: float(agrees)}, done=True)
 
     def outcome(self) -> dict[str, Any]:
         return {"problem": self.problem, "truth": self.truth, "answer": self.answer,
-                "answer_correct": self.answer == self.truth, "verdict": self.verdict}
+                "answer_correct": self.answer == self.truth, "shown": self.shown,
+                "shown_correct": self.shown == self.truth, "verdict": self.verdict}

@@ -1,5 +1,6 @@
 """generate_judge: the Generator is paid for a right answer, the Judge for a verdict that agrees
-with the truth, whichever way the answer went."""
+with the truth of the answer it was shown, whichever way it went; balanced, that answer is right
+half the time."""
 from __future__ import annotations
 
 import json
@@ -25,7 +26,8 @@ def generator(right: bool):
 ])
 def test_the_judge_is_paid_for_agreeing_with_the_truth(tmp_path, right, verdict, rewards):
     judge = Script({"verdict": verdict})
-    (ep,) = play(team("generate_judge"), {"generator": generator(right), "judge": judge}, tmp_path).episodes
+    (ep,) = play(team("generate_judge", balanced_judge=False), {"generator": generator(right), "judge": judge},
+                 tmp_path).episodes
     assert ep.status == "ok", ep.error
     assert [t.role for t in ep.turns] == ["generator", "judge"]
     assert ep.rewards == rewards
@@ -41,3 +43,29 @@ def test_an_invalid_verdict_earns_nothing_and_problems_vary(tmp_path):
     assert all(ep.outcome["verdict"] is None for ep in episodes)
     assert len({json.dumps(ep.outcome["problem"]) for ep in episodes}) > 1
     assert all(0 <= ep.outcome["problem"]["a"] <= 20 for ep in episodes)
+
+
+@pytest.mark.parametrize("right", [True, False])
+def test_the_recipes_balanced_judge_sees_right_answers_half_the_time_and_is_paid_for_what_it_saw(tmp_path, right):
+    def judge(request) -> str:  # says "correct" exactly when the answer it was shown is right
+        a, op, b = re.search(r"Problem: (-?\d+) ([-+*]) (-?\d+)", request.messages[-1]["content"]).groups()
+        shown = int(re.search(r"Proposed answer: (-?\d+)", request.messages[-1]["content"])[1])
+        value = {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op]
+        return json.dumps({"verdict": "correct" if shown == value else "incorrect"})
+
+    episodes = play(team("generate_judge"), {"generator": generator(right), "judge": judge},
+                    tmp_path, episodes=40).episodes
+    shown_right = [ep.outcome["shown_correct"] for ep in episodes]
+    assert 10 <= sum(shown_right) <= 30  # a fair coin per episode, whatever the Generator does
+    for ep in episodes:
+        o = ep.outcome
+        assert o["answer_correct"] is right and ep.rewards == {"generator": float(right), "judge": 1.0}
+        if o["shown_correct"] == right:
+            assert o["shown"] == o["answer"]  # the Generator's answer, when it lies on the coin's side
+        else:
+            assert o["shown"] != o["answer"] and (o["shown"] == o["truth"]) == o["shown_correct"]
+    # a constant verdict is worth about half: only telling answers apart pays
+    constant = play(team("generate_judge"),
+                    {"generator": generator(right), "judge": Script(*[{"verdict": "incorrect"}] * 40)},
+                    tmp_path, episodes=40).episodes
+    assert [ep.rewards["judge"] for ep in constant] == [float(not s) for s in shown_right]
