@@ -2,7 +2,8 @@
 
 Each loaded adapter is a model name, so trained roles can be used by any tool that speaks
 ``/v1/chat/completions``; the base model is served as ``base`` (and under its own name).
-Stdlib only: one request per connection, JSON in and out.
+Stdlib only: one request per connection, JSON in and out. A client that closes the
+connection before its reply (EOF, as uvicorn takes it too) cancels its generation.
 
     rolecast serve --model smollm2-135m --adapter judge=runs/x/sampler/judge --port 8000
 """
@@ -35,6 +36,10 @@ class HTTPError(Exception):
         self.status, self.message, self.kind = status, message, kind
 
 
+class ClientGone(Exception):
+    """The client closed its side of the connection before the reply."""
+
+
 class ChatServer:
     def __init__(self, engine: HFEngine | VLLMEngine, model_name: str, request_timeout_s: float = 300.0):
         self.engine = engine
@@ -47,7 +52,11 @@ class ChatServer:
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             method, path, body = await asyncio.wait_for(_read_request(reader), 30)
-            status, payload = 200, await self.route(method, path, body)
+            status, payload = 200, await _unless_gone(reader, self.route(method, path, body))
+        except ClientGone:
+            log.info("serve.client_gone", note="generation cancelled: the client closed the connection")
+            writer.close()
+            return
         except HTTPError as exc:
             status, payload = exc.status, {"error": {"message": exc.message, "type": exc.kind}}
         except asyncio.TimeoutError:
@@ -153,6 +162,21 @@ def response_schema(fmt: Any) -> str | None:
     if problem := check_schema(schema):
         raise HTTPError(400, f"response_format.json_schema.schema: {problem}")
     return schema_json(schema)
+
+
+async def _unless_gone(reader: asyncio.StreamReader, work: Any) -> Any:
+    """``work``'s result, or ClientGone (``work`` cancelled) if the client closes first: with
+    nobody left to read the reply, its tokens would be wasted work for the requests still waiting."""
+    task = asyncio.ensure_future(work)
+    eof = asyncio.ensure_future(reader.read(1))
+    try:
+        done, _ = await asyncio.wait({task, eof}, return_when=asyncio.FIRST_COMPLETED)
+        if task not in done and (eof.exception() is not None or eof.result() == b""):  # EOF, or a reset
+            task.cancel()
+            raise ClientGone
+        return await task  # a byte after the request is not read: one request per connection
+    finally:
+        eof.cancel()
 
 
 async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str, bytes]:

@@ -156,3 +156,40 @@ def test_serve_refuses_a_busy_port_and_a_clashing_adapter_name_in_one_line(cli, 
     assert code == 2 and f"cannot listen on 127.0.0.1:{port}" in err and "Traceback" not in err, err
     code, _, err = cli("serve", "--model", "tiny", "--adapter", f"base={tiny_adapter(tmp_path / 'judge')}")
     assert code == 2 and "--adapter base: that name is the base model's" in err, err
+
+
+def test_a_client_that_hangs_up_cancels_its_generation():
+    from orchestrator.serve import ChatServer
+
+    class SlowEngine:  # generates until cancelled
+        versions: dict = {}
+        context_length = None
+
+        def __init__(self):
+            self.started, self.cancelled = asyncio.Event(), asyncio.Event()
+
+        def apply_chat_template(self, messages):
+            return [1, 2, 3]
+
+        async def generate(self, request):
+            self.started.set()
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                self.cancelled.set()
+                raise
+
+    async def go():
+        engine = SlowEngine()
+        server = await asyncio.start_server(ChatServer(engine, "tiny").handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            body = json.dumps(chat("base")).encode()
+            writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            await writer.drain()
+            await asyncio.wait_for(engine.started.wait(), 10)
+            writer.close()
+            await asyncio.wait_for(engine.cancelled.wait(), 10)
+
+    asyncio.run(go())
