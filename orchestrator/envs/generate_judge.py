@@ -7,6 +7,7 @@ is right; the Judge is paid for agreeing with the verifiable truth.
       judge: judge
       max_operand: 20
       balanced_judge: false
+      worker: null         # or a role that works the problem for the Judge first
 
 The environment draws ``a op b`` (op ``+``, ``-`` or ``*``, operands 0 to ``max_operand``). The
 Generator replies ``{"answer": 27}``; the Judge sees the problem and that answer and replies
@@ -18,6 +19,11 @@ sees a right answer in half the episodes, by a fair coin per episode: the Genera
 it falls on the coin's side, else the truth or a plausible wrong answer (another operation's
 result, or the truth off by 1 or 10) in its place. Then either constant verdict earns 0.5 and
 only telling answers apart pays; the Generator is still paid for its own answer.
+
+With a ``worker`` role (give it the Judge's adapter: it is the Judge working the problem
+before it sees the answer to check) the order is Generator, worker, Judge: the worker answers
+the problem as the Generator does and is paid the same way, and the Judge sees its result
+(``own``) beside the answer it checks, so a verdict is a comparison of two numbers.
 """
 from __future__ import annotations
 
@@ -36,20 +42,23 @@ class GenerateJudgeConfig(EnvConfig):
     judge: str = "judge"
     max_operand: int = Field(20, ge=1, le=10_000)
     balanced_judge: bool = False
+    worker: str | None = None
 
     @model_validator(mode="after")
-    def _two_roles(self) -> "GenerateJudgeConfig":
-        if self.generator == self.judge:
-            raise ValueError("generator and judge must be different roles")
+    def _different_roles(self) -> "GenerateJudgeConfig":
+        names = [self.generator, self.judge] + ([self.worker] if self.worker else [])
+        if len(set(names)) != len(names):
+            raise ValueError(f"generator, judge and worker must be different roles, got {names}")
         return self
 
     def role_refs(self) -> list[tuple[Loc, str]]:
-        return [(("generator",), self.generator), (("judge",), self.judge)]
+        return [(("generator",), self.generator), (("judge",), self.judge)] + (
+            [(("worker",), self.worker)] if self.worker else [])
 
 
 class GenerateJudgeEnv(Env):
     Config = GenerateJudgeConfig
-    observation_keys = frozenset({"problem", "answer", "max_operand"})
+    observation_keys = frozenset({"problem", "answer", "own", "max_operand"})
     config: GenerateJudgeConfig
 
     def __init__(self, *args: Any, **kwargs: Any):
@@ -58,17 +67,21 @@ class GenerateJudgeEnv(Env):
         self.problem = {"a": self.rng.randint(0, n), "op": self.rng.choice(sorted(OPS)), "b": self.rng.randint(0, n)}
         self.truth = OPS[self.problem["op"]](self.problem["a"], self.problem["b"])
         self.answer: int | None = None  # the Generator's
+        self.own: int | None = None  # the worker's
         self.shown: int | None = None  # what the Judge judges
         self.show_right = self.rng.random() < 0.5 if self.config.balanced_judge else None
         self.verdict: str | None = None
+        c = self.config
+        self.order = [c.generator, *([c.worker] if c.worker else []), c.judge, None]
         self.turn = 0
 
     def next_role(self) -> str | None:
-        return (self.config.generator, self.config.judge, None)[self.turn]
+        return self.order[self.turn]
 
     def observe(self, role: str) -> dict[str, Any]:
-        shown = self.shown if role == self.config.judge else None
-        return {"problem": self.problem, "answer": shown, "max_operand": self.config.max_operand}
+        judge = role == self.config.judge
+        return {"problem": self.problem, "answer": self.shown if judge else None, "own": self.own if judge else None,
+                "max_operand": self.config.max_operand}
 
     def _for_judge(self, answer: int | None) -> int | None:
         """The Generator's answer, or under ``balanced_judge`` one on the coin's side."""
@@ -87,6 +100,9 @@ class GenerateJudgeEnv(Env):
             self.answer = whole_number(message)
             self.shown = self._for_judge(self.answer)
             return StepResult()
+        if role == c.worker:
+            self.own = whole_number(message)
+            return StepResult(rewards={c.worker: float(self.own == self.truth)})
         verdict = (message.content or {}).get("verdict") if message.valid else None
         self.verdict = verdict if verdict in ("correct", "incorrect") else None
         agrees = self.verdict == ("correct" if self.shown == self.truth else "incorrect")
@@ -95,4 +111,4 @@ class GenerateJudgeEnv(Env):
     def outcome(self) -> dict[str, Any]:
         return {"problem": self.problem, "truth": self.truth, "answer": self.answer,
                 "answer_correct": self.answer == self.truth, "shown": self.shown,
-                "shown_correct": self.shown == self.truth, "verdict": self.verdict}
+                "shown_correct": self.shown == self.truth, "own": self.own, "verdict": self.verdict}

@@ -69,3 +69,23 @@ def test_the_recipes_balanced_judge_sees_right_answers_half_the_time_and_is_paid
                     {"generator": generator(right), "judge": Script(*[{"verdict": "incorrect"}] * 40)},
                     tmp_path, episodes=40).episodes
     assert [ep.rewards["judge"] for ep in constant] == [float(not s) for s in shown_right]
+
+
+def test_a_worker_works_the_problem_before_the_judge_sees_its_result_and_the_answer(tmp_path):
+    def judge(request) -> str:  # compares the worker's result with the answer shown
+        text = request.messages[-1]["content"]
+        own = re.search(r"Your own result: (-?\d+)", text)[1]
+        shown = re.search(r"Proposed answer: (-?\d+)", text)[1]
+        return json.dumps({"verdict": "correct" if own == shown else "incorrect"})
+
+    t = team("generate_judge_worker")
+    assert t.roles["worker"].config.policy.adapter == t.roles["judge"].config.policy.adapter  # the Judge, working
+    episodes = play(t, {"generator": generator(False), "worker": generator(True), "judge": judge}, tmp_path,
+                    episodes=8).episodes
+    for ep in episodes:
+        assert ep.status == "ok", ep.error
+        assert [turn.role for turn in ep.turns] == ["generator", "worker", "judge"]
+        assert ep.outcome["own"] == ep.outcome["truth"]  # the worker never saw the answer it will check
+        assert ep.rewards == {"generator": 0.0, "worker": 1.0, "judge": 1.0}
+    with pytest.raises(ValueError, match="must be different roles"):
+        team("generate_judge", worker="judge")
