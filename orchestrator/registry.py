@@ -2,8 +2,8 @@
 
 A plugin that fails to import, or whose hook raises, is recorded with its error and skipped
 whole (none of its names or commands is kept, even those registered before the failure): one
-broken plugin never takes the CLI down, nor half-loads. So is a trainer that is not a ``Trainer`` subclass,
-and a trainer or reward whose ``Config`` lets unknown keys through.
+broken plugin never takes the CLI down, nor half-loads. So is a trainer that is not a
+``Trainer`` subclass, and a trainer or reward whose ``Config`` lets unknown keys through.
 """
 from __future__ import annotations
 
