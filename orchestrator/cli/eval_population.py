@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RolecastError
-from .flags import run_dir
+from .flags import recorded_run, run_dir
 
 
 def handle(args: argparse.Namespace, team: Any) -> int:
@@ -79,16 +79,11 @@ def handle(args: argparse.Namespace, team: Any) -> int:
 def trained_with(run: Path, team: Any) -> dict[str, Any]:
     """The trainer_config ``run`` was trained with (its config.yaml: a ``--set
     trainer_config.members=N`` there is what made its members), else the recipe's."""
-    import yaml
-
-    path = run / "config.yaml"
     recipe = team.config.training.trainer_config
-    if not path.is_file():
+    config = recorded_run(run)
+    if config is None:
         return recipe
-    try:
-        recorded = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("recipe") or {}
-    except (yaml.YAMLError, UnicodeDecodeError, AttributeError) as exc:
-        raise RolecastError(f"--population: {path} is unreadable ({type(exc).__name__}): is {run} a training run?") from None
+    recorded = config.get("recipe") or {}
     if recorded.get("name", team.name) != team.name:
         raise RolecastError(f"--population: {run} is a run of recipe {recorded['name']!r}, not {team.name!r}")
     then = (recorded.get("training") or {}).get("trainer_config")

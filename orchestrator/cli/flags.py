@@ -127,6 +127,23 @@ def run_dir(out: Path | None, stem: str, fresh: bool = False) -> Path:
     return out or Path("runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+def recorded_run(out: Path) -> dict[str, Any] | None:
+    """What ``out/config.yaml`` records of the run there (its ``recipe`` and ``run`` mappings);
+    None where there is none, and a damaged one is one line, not a traceback."""
+    import yaml
+
+    path = out / "config.yaml"
+    if not path.is_file():
+        return None
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise RolecastError(f"{path} is unreadable ({type(exc).__name__}): is {out} a rolecast run?") from None
+    if not isinstance(data, dict) or not all(isinstance(data.get(k) or {}, dict) for k in ("recipe", "run")):
+        raise RolecastError(f"{path} is not a run's config (a mapping of recipe and run): is {out} a rolecast run?")
+    return data
+
+
 def policies_and_workers(args: argparse.Namespace, team: Any, overrides: dict[str, Binding], model: str, seed: int,
                          adapters: dict[str, Path], extra_adapters: dict[str, Path] | None = None) -> tuple[dict, Any]:
     """The policies that play ``team`` here, loading the engine with ``adapters`` when a role needs

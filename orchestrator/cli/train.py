@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RolecastError
-from .flags import add_training_flags, apply_sets, positive_int, rollout_workers, run_dir
+from .flags import add_training_flags, apply_sets, positive_int, recorded_run, rollout_workers, run_dir
 
 
 def register(sub: Any) -> None:
@@ -41,12 +41,9 @@ def as_started(args: argparse.Namespace, team: Any, out: Path) -> None:
     """A resumed run continues the run it checkpointed: --model, --seed and --steps default to what
     its config.yaml recorded, and a recipe, model, seed or training option that differs from it
     stops here with one line (its adapters' shapes, its schedule and its RNG belong to those)."""
-    import yaml
-
-    path = out / "config.yaml"
-    if not path.is_file():
+    recorded = recorded_run(out)
+    if recorded is None:
         return  # not a run dir: the loop says there is no checkpoint to resume
-    recorded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     recipe, run = recorded.get("recipe") or {}, recorded.get("run") or {}
     if recipe.get("name", team.name) != team.name:
         raise RolecastError(f"--resume: {out} is a run of recipe {recipe['name']!r}, not {team.name!r}")

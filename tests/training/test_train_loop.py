@@ -275,8 +275,8 @@ def test_episodes_that_errored_are_counted_and_not_trained_on(breaking_env, cli,
 
 def test_resume_edges(cli, tmp_path):
     """A finished run resumes to its final row, adding none; one stopped before its first
-    checkpoint starts again from step 0; --steps below the checkpoint's step and a folder
-    that holds no run are one line each."""
+    checkpoint starts again from step 0; --steps below the checkpoint's step, a folder that
+    holds no run and a damaged config.yaml are one line each."""
     from support import SMALL_TRAINING, train_tiny
 
     recipe, run = Path(__file__).resolve().parents[2] / "recipes/guess_number.yaml", tmp_path / "run"
@@ -298,6 +298,14 @@ def test_resume_edges(cli, tmp_path):
 
     code, _, err = cli("train", recipe, "--out", tmp_path / "empty", "--resume", "--model", "tiny")
     assert code == 2 and "holds no training run (no config.yaml)" in err, err
+
+    for name, text, words in (("unparsable", "recipe: [unclosed\n", "is unreadable (ParserError)"),
+                              ("list", "- a\n- b\n", "is not a run's config"),
+                              ("binary", "\udcff", "is unreadable (UnicodeDecodeError)")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.yaml").write_bytes(text.encode("utf-8", "surrogateescape"))
+        code, _, err = cli("train", recipe, "--out", tmp_path / name, "--resume", "--model", "tiny")
+        assert code == 2 and words in err and "Traceback" not in err, (name, err)
 
 
 def test_report_names_what_is_wrong_with_a_run_dir_in_one_line(cli, tmp_path):
