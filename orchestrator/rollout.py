@@ -175,6 +175,8 @@ def summarize(team: Team, records: list[EpisodeRecord], wall_s: float) -> dict[s
             "retries": sum(t.retries for t in mine),
         }
     generated = sum(len(a.token_ids or ()) for a in attempts)
+    finished = [r.outcome for r in records if r.status == "ok"]
+    env_metrics = team.env_class.outcome_metrics(team.env_config, finished) if finished else {}
     return {
         "team": team.name,
         "episodes": len(records),
@@ -184,6 +186,7 @@ def summarize(team: Team, records: list[EpisodeRecord], wall_s: float) -> dict[s
         "first_try_valid_rate": _mean([float(t.attempts[0].valid) for t in turns if t.attempts]),
         "retries": sum(t.retries for t in turns),
         "roles": per_role,
+        "env": {k: round(v, 4) for k, v in env_metrics.items()},
         "generated_tokens": generated,
         "wall_s": round(wall_s, 3),
         "generated_tok_s": round(generated / wall_s, 2) if wall_s > 0 else None,

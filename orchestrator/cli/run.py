@@ -92,3 +92,5 @@ def print_summary(summary: dict[str, Any]) -> None:
         f"valid turns {summary['valid_turn_rate']}, first-try valid {summary['first_try_valid_rate']}, "
         f"{summary['generated_tokens']} tokens generated in {summary['wall_s']}s"
     )
+    if summary["env"]:
+        console.print(", ".join(f"{k} {v}" for k, v in summary["env"].items()), highlight=False)

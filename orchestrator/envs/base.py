@@ -116,5 +116,12 @@ class Env(ABC):
         """What the transcript should record about how the episode ended."""
         return {}
 
+    @classmethod
+    def outcome_metrics(cls, config: EnvConfig, outcomes: list[dict[str, Any]]) -> dict[str, float]:
+        """Scalars over the outcomes of a run's finished episodes, reported beside its rewards (in
+        summary.json's ``env``, and as ``eval_env/NAME`` in a training run's evaluation rows):
+        what a reward can hide, such as a Judge that gives one verdict whatever it is shown."""
+        return {}
+
     async def close(self) -> None:
         """Release what the episode held (temp dirs, processes); called once, however it ended."""

@@ -112,3 +112,17 @@ class GenerateJudgeEnv(Env):
         return {"problem": self.problem, "truth": self.truth, "answer": self.answer,
                 "answer_correct": self.answer == self.truth, "shown": self.shown,
                 "shown_correct": self.shown == self.truth, "own": self.own, "verdict": self.verdict}
+
+    @classmethod
+    def outcome_metrics(cls, config: EnvConfig, outcomes: list[dict[str, Any]]) -> dict[str, float]:
+        """How often the Judge accepts the right answers it is shown and rejects the wrong ones,
+        and their mean, the balanced accuracy: 0.5 for any constant verdict, whatever the mix."""
+        rates = {}
+        for name, shown_correct, verdict in (("judge_accepts_right", True, "correct"),
+                                             ("judge_rejects_wrong", False, "incorrect")):
+            seen = [o for o in outcomes if o.get("shown_correct") is shown_correct]
+            if seen:
+                rates[name] = sum(o.get("verdict") == verdict for o in seen) / len(seen)
+        if len(rates) == 2:
+            rates["judge_balanced_accuracy"] = (rates["judge_accepts_right"] + rates["judge_rejects_wrong"]) / 2
+        return rates

@@ -338,6 +338,7 @@ class TrainingRun:
                 row[f"eval_trained_reward/{role}"] = sum(shaped) / len(shaped)
         for role, e in evaluate_results(team, result.episodes, result.summary).items():
             row[f"eval_win_rate/{role}"] = e["win_rate"]
+        row.update({f"eval_env/{k}": v for k, v in result.summary["env"].items()})
         row["eval_valid_turn_rate"] = result.summary["valid_turn_rate"]
         row.update(self._engine_work())
         self.metrics.write(row)

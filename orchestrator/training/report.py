@@ -18,6 +18,7 @@ PLOTS = [
     ("win_rate.png", "win rates (self-play, population; eval_: against the evaluation opponent)",
      ("win_rate/", "eval_win_rate/")),
     ("elo.png", "Elo ratings (learners and snapshots)", ("elo/",)),
+    ("env.png", "the environment's own measures at each evaluation (Env.outcome_metrics)", ("eval_env/",)),
 ]
 
 

@@ -71,6 +71,21 @@ def test_the_recipes_balanced_judge_sees_right_answers_half_the_time_and_is_paid
     assert [ep.rewards["judge"] for ep in constant] == [float(not s) for s in shown_right]
 
 
+def test_outcome_metrics_see_through_a_constant_judge(tmp_path):
+    from orchestrator.envs.generate_judge import GenerateJudgeEnv
+
+    t = team("generate_judge", balanced_judge=False)
+    always_no = play(t, {"generator": generator(False), "judge": Script({"verdict": "incorrect"})}, tmp_path,
+                     episodes=6)
+    # every answer wrong and rejected: the reward is perfect, and no right answer was seen to judge
+    assert [ep.rewards["judge"] for ep in always_no.episodes] == [1.0] * 6
+    assert always_no.summary["env"] == {"judge_rejects_wrong": 1.0}
+    outcomes = [{"shown_correct": True, "verdict": "incorrect"}] * 1 + [{"shown_correct": False, "verdict": "incorrect"}] * 9
+    assert GenerateJudgeEnv.outcome_metrics(t.env_config, outcomes) == {
+        "judge_accepts_right": 0.0, "judge_rejects_wrong": 1.0, "judge_balanced_accuracy": 0.5}  # reward 0.9
+    assert GenerateJudgeEnv.outcome_metrics(t.env_config, []) == {}
+
+
 def test_a_worker_works_the_problem_before_the_judge_sees_its_result_and_the_answer(tmp_path):
     def judge(request) -> str:  # compares the worker's result with the answer shown
         text = request.messages[-1]["content"]

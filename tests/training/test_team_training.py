@@ -54,6 +54,13 @@ def test_team_recipes_train_every_role(cli, tmp_path, monkeypatch, recipe, adapt
     assert sorted(p.name for p in (run / "sampler").iterdir()) == sorted(adapters)
     assert all((run / "sampler" / a / "adapter_model.safetensors").is_file() for a in adapters)
     assert [r["step"] for r in metric_rows(run) if r["kind"] == "train"] == [1, 2]
+    evals = [r for r in metric_rows(run) if r["kind"] == "eval"]
+    if recipe == "generate_judge":  # the environment's own measures ride along each evaluation
+        assert all(0 <= r["eval_env/judge_balanced_accuracy"] <= 1 for r in evals)
+        code, _, err = cli("report", run)
+        assert code == 0 and (run / "report" / "env.png").stat().st_size > 0, err
+    else:
+        assert not any(k.startswith("eval_env/") for r in evals for k in r)
 
 
 def test_freeze_rotate_trains_one_player_per_phase(cli, tmp_path):
