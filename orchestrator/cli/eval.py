@@ -87,7 +87,7 @@ def handle(args: argparse.Namespace) -> int:
     report = {"team": team.name, "episodes": len(result.episodes), "status": result.summary["status"],
               "opponent": {"role": opponent_role, "policy": args.opponent} if opponent_role else None,
               "bindings": bindings, "roles": evaluate(team, result.episodes, result.summary),
-              "illegal_baseline": blind, "run_dir": str(result.run_dir)}
+              "env": result.summary["env"], "illegal_baseline": blind, "run_dir": str(result.run_dir)}
     (result.run_dir / "eval.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
     if args.json:
         print(json.dumps(report))
@@ -113,6 +113,8 @@ def print_report(report: dict[str, Any]) -> None:
                       f"{lo:.3f}-{hi:.3f}", reward)
     console = Console()
     console.print(table)
+    if report["env"]:
+        console.print(", ".join(f"{k} {v}" for k, v in report["env"].items()), highlight=False)
     console.print(f"win rate = success rate in one-player games; run dir: {report['run_dir']}", highlight=False)
     if report["illegal_baseline"]:
         console.print(f"not a baseline: builtin:random ({', '.join(report['illegal_baseline'])}) cannot see this game's "

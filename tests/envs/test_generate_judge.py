@@ -8,6 +8,7 @@ import re
 
 import pytest
 from play import Script, play, team
+from support import ROOT
 
 
 def generator(right: bool):
@@ -104,3 +105,12 @@ def test_a_worker_works_the_problem_before_the_judge_sees_its_result_and_the_ans
         assert ep.rewards == {"generator": 0.0, "worker": 1.0, "judge": 1.0}
     with pytest.raises(ValueError, match="must be different roles"):
         team("generate_judge", worker="judge")
+
+
+def test_eval_reports_the_judges_balanced_accuracy(cli, tmp_path):
+    code, out, err = cli("eval", ROOT / "recipes/generate_judge.yaml", "--model", "tiny", "--dtype", "float32",
+                         "--episodes", "6", "--json", "--out", tmp_path / "ev")
+    assert code == 0, err
+    env = json.loads(out.strip().splitlines()[-1])["env"]
+    assert set(env) <= {"judge_accepts_right", "judge_rejects_wrong", "judge_balanced_accuracy"} and env
+    assert json.loads((tmp_path / "ev" / "summary.json").read_text())["env"] == env
