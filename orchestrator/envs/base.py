@@ -48,6 +48,21 @@ def task_protocol(info: ValidationInfo) -> EnvConfig | None:
     return (info.context or {}).get("protocol")
 
 
+def verdict_rates(who: str, verdicts: list[tuple[bool, bool | None]]) -> dict[str, float]:
+    """A checking role's rates over ``(the work was right, the role accepted it)`` pairs, where
+    None is no verdict (a miss either way): ``WHO_accepts_right``, ``WHO_rejects_wrong`` and,
+    when both kinds were seen, their mean ``WHO_balanced_accuracy``, 0.5 for any constant verdict
+    whatever the mix of right and wrong work."""
+    rates = {}
+    for name, right in (("accepts_right", True), ("rejects_wrong", False)):
+        seen = [accepted for was_right, accepted in verdicts if was_right is right]
+        if seen:
+            rates[f"{who}_{name}"] = sum(accepted is right for accepted in seen) / len(seen)
+    if len(rates) == 2:
+        rates[f"{who}_balanced_accuracy"] = sum(rates.values()) / 2
+    return rates
+
+
 def whole_number(message: Message, field: str = "answer") -> int | None:
     """``message``'s ``field`` when the message is valid and it is an int (not a bool), else None."""
     value = (message.content or {}).get(field) if message.valid else None

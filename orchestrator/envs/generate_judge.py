@@ -33,7 +33,7 @@ from pydantic import Field, model_validator
 
 from ..messages import Message
 from ..yamlfile import Loc
-from .base import Env, EnvConfig, StepResult, whole_number
+from .base import Env, EnvConfig, StepResult, verdict_rates, whole_number
 from .propose_solve import OPS
 
 
@@ -115,14 +115,7 @@ class GenerateJudgeEnv(Env):
 
     @classmethod
     def outcome_metrics(cls, config: EnvConfig, outcomes: list[dict[str, Any]]) -> dict[str, float]:
-        """How often the Judge accepts the right answers it is shown and rejects the wrong ones,
-        and their mean, the balanced accuracy: 0.5 for any constant verdict, whatever the mix."""
-        rates = {}
-        for name, shown_correct, verdict in (("judge_accepts_right", True, "correct"),
-                                             ("judge_rejects_wrong", False, "incorrect")):
-            seen = [o for o in outcomes if o.get("shown_correct") is shown_correct]
-            if seen:
-                rates[name] = sum(o.get("verdict") == verdict for o in seen) / len(seen)
-        if len(rates) == 2:
-            rates["judge_balanced_accuracy"] = (rates["judge_accepts_right"] + rates["judge_rejects_wrong"]) / 2
-        return rates
+        """How often the Judge accepts the right answers it is shown and rejects the wrong ones
+        (no valid verdict is a miss), and their mean."""
+        accepted = {"correct": True, "incorrect": False}
+        return verdict_rates("judge", [(o["shown_correct"], accepted.get(o["verdict"])) for o in outcomes])

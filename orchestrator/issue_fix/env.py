@@ -27,7 +27,7 @@ from pydantic import Field, StrictStr, field_validator, model_validator
 from sandboxes import shared_pool
 
 from ..config import SandboxOptions
-from ..envs.base import Env, EnvConfig, StepResult, TaskConfig
+from ..envs.base import Env, EnvConfig, StepResult, TaskConfig, verdict_rates
 from ..messages import Message
 from ..yamlfile import Loc
 from .edits import EditResult, PathRefused, apply_edits, read_regular, resolve_in
@@ -232,6 +232,18 @@ class IssueFixEnv(Env):
 
     def outcome(self) -> dict[str, Any]:
         return {"task": self.issue.id, "rounds": self.round, **self.result}
+
+    @classmethod
+    def outcome_metrics(cls, config: EnvConfig, outcomes: list[dict[str, Any]]) -> dict[str, float]:
+        """The share of episodes that fixed the issue (every hidden test passes), and how often the
+        Reviewer approves fixed work and turns down the rest: when the Coder rarely fixes
+        anything, a Reviewer that never approves earns a high reward and a balanced accuracy of 0.5."""
+        graded = [o for o in outcomes if "outcome" in o]
+        if not graded:
+            return {}
+        fixed = [o["outcome"] == 1.0 for o in graded]
+        return {"solved_rate": sum(fixed) / len(fixed),
+                **verdict_rates("reviewer", [(f, o["approved"]) for f, o in zip(fixed, graded)])}
 
     async def close(self) -> None:
         await asyncio.to_thread(shutil.rmtree, self._tmp, True)

@@ -85,6 +85,9 @@ def test_outcome_metrics_see_through_a_constant_judge(tmp_path):
     assert GenerateJudgeEnv.outcome_metrics(t.env_config, outcomes) == {
         "judge_accepts_right": 0.0, "judge_rejects_wrong": 1.0, "judge_balanced_accuracy": 0.5}  # reward 0.9
     assert GenerateJudgeEnv.outcome_metrics(t.env_config, []) == {}
+    no_verdict = [{"shown_correct": True, "verdict": None}, {"shown_correct": False, "verdict": None}]
+    assert GenerateJudgeEnv.outcome_metrics(t.env_config, no_verdict) == {  # a miss either way
+        "judge_accepts_right": 0.0, "judge_rejects_wrong": 0.0, "judge_balanced_accuracy": 0.0}
 
 
 def test_a_worker_works_the_problem_before_the_judge_sees_its_result_and_the_answer(tmp_path):

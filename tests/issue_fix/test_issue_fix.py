@@ -116,6 +116,8 @@ def test_replayed_reference_fix_earns_one(tmp_path, cli, monkeypatch):
     assert outcome["tests_passed"] is True and outcome["ignored_changes"] == ["tests/test_repro.py"]
     assert episode["rewards"] == {"planner": 1.0, "coder": 1.0, "reviewer": 1.0, "tester": 1.0}
     assert list(folder.iterdir()) == []  # the episode's copy is gone
+    summary = json.loads((tmp_path / "out/summary.json").read_text())
+    assert summary["env"] == {"solved_rate": 1.0, "reviewer_accepts_right": 1.0}
 
 
 @needs_sandbox
@@ -133,6 +135,8 @@ def test_replayed_wrong_fix_earns_less_and_failed_edits_go_back_to_the_coder(tmp
     assert [t["role"] for t in turns] == ["planner"] + ["coder", "reviewer", "tester"] * 3
     out = episode["outcome"]
     assert 0 < out["outcome"] < 1.0 and out["hidden_passed"] < out["hidden_total"]
+    summary = json.loads((tmp_path / "out/summary.json").read_text())
+    assert summary["env"] == {"solved_rate": 0.0, "reviewer_rejects_wrong": 0.0}  # it approved in the end
     assert out["rounds"] == 3 and out["edits_applied"] == 1 and out["edits_total"] == 3
     assert out["process"]["coder"] == pytest.approx(1 / 3)
     assert out["process"]["reviewer"] == 0.0  # approved a change that fails hidden tests
