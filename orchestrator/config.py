@@ -160,6 +160,9 @@ class TrainingConfig(Strict):
         "may be this many adapter versions old (PPO's ratio corrects them), older ones are dropped"))
     loss_config: dict[str, Any] = Field(default_factory=dict, description=(
         "the loss's Config (LOSS_CONFIGS), less temperature; aggregation defaults to token-mean here"))
+    role_loss_config: dict[str, dict[str, Any]] = Field(default_factory=dict, description=(
+        "per trainable role, loss options that replace loss_config's for that role's tokens "
+        "(an entropy bonus for the one role that must explore, say)"))
     adam: AdamConfig = Field(default_factory=AdamConfig)
     lora: LoraSpec = Field(default_factory=LoraSpec)
     invalid: Literal["penalize", "drop"] = Field("penalize", description="what training does with invalid attempts")

@@ -135,9 +135,13 @@ def _check_training(training: TrainingConfig, roles: dict[str, RoleSpec], doc: Y
         build_trainer(registry.get("trainers", training.trainer), learning, training.trainer_config)
     except ValueError as exc:
         raise doc.error(("training", "trainer_config"), str(exc)) from None
-    if "temperature" in training.loss_config:  # training sets it per role: a value here would be ignored
-        raise doc.error(("training", "loss_config", "temperature"), "not an option: each role's policy.sampling.temperature is used")
-    validate_model(LOSS_CONFIGS[training.loss], training.loss_config, doc, ("training", "loss_config"))
+    for where, options in [(("loss_config",), training.loss_config)] + [
+            (("role_loss_config", role), options) for role, options in training.role_loss_config.items()]:
+        if len(where) == 2 and where[1] not in learning:
+            raise doc.error(("training", *where), f"not a role that learns (those that do: {', '.join(learning)})")
+        if "temperature" in options:  # training sets it per role: a value here would be ignored
+            raise doc.error(("training", *where, "temperature"), "not an option: each role's policy.sampling.temperature is used")
+        validate_model(LOSS_CONFIGS[training.loss], options, doc, ("training", *where))
 
 
 def _load_roles(config: TeamConfig, doc: YamlDoc, registry: Registry) -> dict[str, RoleSpec]:

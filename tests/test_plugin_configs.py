@@ -40,6 +40,12 @@ CASES = [
      39, "training.loss_config.aggregation", "'token-sum', 'token-mean' or 'sequence-mean'"),
     ("loss-temperature", "debate.yaml", "aggregation: token-mean}", "aggregation: token-mean, temperature: 0.7}",
      39, "training.loss_config.temperature", "policy.sampling.temperature"),
+    ("role-loss-typo", "debate.yaml", "aggregation: token-mean}\n", "aggregation: token-mean}\n  role_loss_config:\n    pro: {entropy_cof: 0.1}\n",
+     41, "training.role_loss_config.pro.entropy_cof", "unknown key (allowed: aggregation, clip_high_threshold"),
+    ("role-loss-not-a-learner", "debate.yaml", "aggregation: token-mean}\n", "aggregation: token-mean}\n  role_loss_config:\n    judge: {entropy_coef: 0.1}\n",
+     41, "training.role_loss_config.judge", "not a role that learns (those that do: pro, con)"),
+    ("role-loss-temperature", "debate.yaml", "aggregation: token-mean}\n", "aggregation: token-mean}\n  role_loss_config:\n    con: {temperature: 2}\n",
+     41, "training.role_loss_config.con.temperature", "policy.sampling.temperature"),
     ("unknown-trainer", "rps.yaml", "trainer: self-play", "trainer: self_play",
      32, "training.trainer", "unknown trainer plugin 'self_play'"),
     # options that fit the trainer's Config but not the team: caught at load, not after the model loads

@@ -252,6 +252,7 @@ def apply_sets(team: Any, sets: list[str]) -> Any:
     from ..config import LOSS_CONFIGS, TrainingConfig
     from ..config_errors import problem_text
     from ..registry import config_model, default_registry
+    from ..team import trainable_roles
 
     if not sets:
         return team
@@ -261,10 +262,14 @@ def apply_sets(team: Any, sets: list[str]) -> Any:
     for flag in sets:
         key, sep, raw = flag.partition("=")
         path = key.split(".")
-        if not sep or path[0] not in data or path[0] in NOT_SETTABLE or (path[0] in PLUGIN_OPTIONS and len(path) < 2):
-            settable = ", ".join(k for k in data if k not in NOT_SETTABLE + PLUGIN_OPTIONS)
-            raise RolecastError(f"--set {flag!r}: expected KEY=VALUE with KEY one of {settable} "
-                                "(or adam.X, lora.X, trainer_config.X, reward_config.X, loss_config.X)")
+        per_role = path[0] == "role_loss_config"
+        if not sep or path[0] not in data or path[0] in NOT_SETTABLE or (path[0] in PLUGIN_OPTIONS and len(path) < 2) \
+                or (per_role and len(path) != 3):
+            settable = ", ".join(k for k in data if k not in NOT_SETTABLE + PLUGIN_OPTIONS + ("role_loss_config",))
+            raise RolecastError(f"--set {flag!r}: expected KEY=VALUE with KEY one of {settable} (or adam.X, lora.X, "
+                                "trainer_config.X, reward_config.X, loss_config.X, role_loss_config.ROLE.X)")
+        if per_role:
+            data["role_loss_config"].setdefault(path[1], {})
         node = data
         for part in path[:-1]:
             node = node.get(part) if isinstance(node, dict) else None
@@ -288,4 +293,14 @@ def apply_sets(team: Any, sets: list[str]) -> Any:
             model.model_validate(getattr(training, key))
         except ValidationError as exc:
             raise invalid((key,), exc, model) from None
+    if any("temperature" in o for o in (training.loss_config, *training.role_loss_config.values())):
+        raise RolecastError("--set: temperature is not a loss option here: each role's policy.sampling.temperature is used")
+    learning = trainable_roles(team.roles)
+    for role, options in training.role_loss_config.items():
+        if role not in learning:
+            raise RolecastError(f"--set: role_loss_config.{role}: not a role that learns (those that do: {', '.join(learning)})")
+        try:
+            LOSS_CONFIGS[training.loss].model_validate(options)
+        except ValidationError as exc:
+            raise invalid(("role_loss_config", role), exc, LOSS_CONFIGS[training.loss]) from None
     return dataclasses.replace(team, config=team.config.model_copy(update={"training": training}))

@@ -268,14 +268,15 @@ class TrainingRun:
         return metrics
 
     def _datums(self, adapter: str, groups: list[list[EpisodeRecord]], advantages) -> tuple[list, list[int], dict]:
-        """The adapter's (sampling temperature, datum) pairs from the step's episodes, the lag of
-        each sampled attempt behind the learner, and, in async training, how many turns were
-        dropped as too stale (turns more than ``max_staleness`` versions behind)."""
+        """The adapter's ((sampling temperature, role with loss options of its own or None), datum)
+        pairs from the step's episodes, the lag of each sampled attempt behind the learner, and, in
+        async training, how many turns were dropped as too stale (turns more than
+        ``max_staleness`` versions behind)."""
         current = self.published[adapter]
         options = DatumBuildOptions(invalid=self.cfg.invalid, invalid_advantage=self.cfg.invalid_advantage,
                                     min_version=current - self.cfg.max_staleness)
         lags: list[int] = []
-        items: list[tuple[float, Datum]] = []
+        items: list[tuple[tuple[float, str | None], Datum]] = []
         for g, group in enumerate(groups):
             for e, episode in enumerate(group):
                 if episode.status == "error":  # its turns ended in a fault: no reward speaks for them
@@ -284,9 +285,10 @@ class TrainingRun:
                     if self._played(episode, role) != adapter:
                         continue
                     t = self.team.roles[role].config.policy.sampling.temperature
+                    key = (t if t > 0 else 1.0, role if role in self.cfg.role_loss_config else None)
                     lags += [current - a.adapter_version for turn in episode.turns if turn.role == role
                              for a in turn.attempts if a.adapter_version is not None]
-                    items += [(t if t > 0 else 1.0, d) for d in role_datums(episode, role, advantages[g][e][role], options)]
+                    items += [(key, d) for d in role_datums(episode, role, advantages[g][e][role], options)]
         stale = {f"{adapter}/stale_dropped": options.stats["stale"]} if self.cfg.max_staleness else {}
         return items, lags, stale
 
@@ -294,16 +296,18 @@ class TrainingRun:
         """The adapter that played ``role`` in ``episode``: the trainer's override, else the role's own."""
         return episode.adapters.get(role, self.roles[role])
 
-    async def _minibatch(self, batches: dict[str, list[tuple[float, Datum]]]) -> dict[str, dict[str, float]]:
-        """One pass over every adapter's batch (a call per adapter and sampling temperature:
-        logprobs are taken at it), then each adapter's optimizer step."""
+    async def _minibatch(self, batches: dict[str, list[tuple[tuple[float, str | None], Datum]]]) -> dict[str, dict[str, float]]:
+        """One pass over every adapter's batch (a call per adapter, sampling temperature, since
+        logprobs are taken at it, and role with loss options of its own), then each adapter's
+        optimizer step."""
         calls, owners = [], []
         for adapter, items in batches.items():
-            by_temperature: dict[float, list[Datum]] = defaultdict(list)
-            for t, d in items:
-                by_temperature[t].append(d)
-            for temperature, data in by_temperature.items():
-                config = {**RECIPE_LOSS_DEFAULTS, **self.cfg.loss_config, "temperature": temperature}
+            by_key: dict[tuple[float, str | None], list[Datum]] = defaultdict(list)
+            for key, d in items:
+                by_key[key].append(d)
+            for (temperature, role), data in by_key.items():
+                own = self.cfg.role_loss_config.get(role, {}) if role else {}
+                config = {**RECIPE_LOSS_DEFAULTS, **self.cfg.loss_config, **own, "temperature": temperature}
                 calls.append((self.clients[adapter], data, self.cfg.loss, config))
                 owners.append(adapter)
         outs = await (await self.service.forward_backward_many_async(calls)).result_async()

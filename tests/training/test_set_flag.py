@@ -26,6 +26,8 @@ def test_budget_and_plugin_options_apply(team):
     assert training.trainer_config["snapshot_every"] == 5  # the recipe's other options stay
     assert training.loss_config["kl_coef"] == 0.1
     assert team.config.training.group_size == 8  # the loaded team is not changed
+    t = apply_sets(team, ["role_loss_config.alice.entropy_coef=0.1", "role_loss_config.alice.kl_coef=0.2"])
+    assert t.config.training.role_loss_config == {"alice": {"entropy_coef": 0.1, "kl_coef": 0.2}}
 
 
 @pytest.mark.parametrize("flag, message", [
@@ -37,6 +39,10 @@ def test_budget_and_plugin_options_apply(team):
     ("trainer_config=1", "expected KEY=VALUE"),
     ("trainer=grpo", "expected KEY=VALUE"),
     ("adam.nope.x=1", "adam.nope.x is not an option"),
+    ("role_loss_config.alice=1", "role_loss_config.ROLE.X"),
+    ("role_loss_config.carol.entropy_coef=0.1", "--set: role_loss_config.carol: not a role that learns"),
+    ("role_loss_config.alice.entropy_cof=0.1", "--set: role_loss_config.alice.entropy_cof: unknown key"),
+    ("role_loss_config.bob.temperature=2", "temperature is not a loss option here"),
 ])
 def test_bad_values_are_one_line_errors(team, flag, message):
     with pytest.raises(RolecastError) as info:

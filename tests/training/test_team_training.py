@@ -157,3 +157,15 @@ def test_teacher_student_trains_teachers_and_student_but_not_the_baseline(cli, t
             assert [t["role"] for t in record["turns"]][0] == teacher
             assert line["rewards"][teacher] == pytest.approx(
                 line["rewards"]["student"] - record["rewards"]["student_alone"])
+
+
+def test_role_loss_config_reaches_only_that_roles_tokens(cli, tmp_path):
+    run = tmp_path / "run"
+    train(cli, ROOT / "recipes/propose_solve.yaml", run, 1, "--set", "role_loss_config.proposer.entropy_coef=0.1")
+    (row,) = [r for r in metric_rows(run) if r["kind"] == "train"]
+    assert row["proposer/entropy"] > 0 and "solver/entropy" not in row  # the bonus is computed where it is asked for
+    # a role that shares its adapter (the Judge, with its worker) takes its options too
+    run = tmp_path / "shared"
+    train(cli, ROOT / "recipes/generate_judge_worker.yaml", run, 1, "--set", "role_loss_config.judge.kl_coef=0.5")
+    (row,) = [r for r in metric_rows(run) if r["kind"] == "train"]
+    assert "judge/kl" in row and "generator/kl" not in row
