@@ -54,9 +54,11 @@ def test_team_recipes_train_every_role(cli, tmp_path, monkeypatch, recipe, adapt
     assert sorted(p.name for p in (run / "sampler").iterdir()) == sorted(adapters)
     assert all((run / "sampler" / a / "adapter_model.safetensors").is_file() for a in adapters)
     assert [r["step"] for r in metric_rows(run) if r["kind"] == "train"] == [1, 2]
+    # the environment's own measures ride along each evaluation, where it has some
+    measure = {"generate_judge": "judge_balanced_accuracy", "issue_fix": "solved_rate"}.get(recipe)
     evals = [r for r in metric_rows(run) if r["kind"] == "eval"]
-    if recipe == "generate_judge":  # the environment's own measures ride along each evaluation
-        assert all(0 <= r["eval_env/judge_balanced_accuracy"] <= 1 for r in evals)
+    if measure:
+        assert all(0 <= r[f"eval_env/{measure}"] <= 1 for r in evals)
         code, _, err = cli("report", run)
         assert code == 0 and (run / "report" / "env.png").stat().st_size > 0, err
     else:
