@@ -8,6 +8,7 @@ only when it is not there and the hub is reachable (``HF_HUB_OFFLINE=1`` forbids
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import inspect
 import logging
@@ -51,8 +52,13 @@ class LoadedModel:
 def kv_cache_name(model: torch.nn.Module) -> str:
     """The keyword ``model``'s forward takes its KV cache by, which is also the output field that
     returns it: ``cache`` from transformers 5.24 (where ``past_key_values`` warns, until 5.40
-    drops it), ``past_key_values`` before."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    drops it), ``past_key_values`` before. Read once per model class."""
+    return _kv_cache_name(type(model))
+
+
+@functools.cache
+def _kv_cache_name(cls: type) -> str:
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
 
 
 def load_model(name: str = DEFAULT_MODEL, dtype: str = "auto", seed: int = 0,
