@@ -177,6 +177,7 @@ async def _unless_gone(reader: asyncio.StreamReader, work: Any) -> Any:
         return await task  # a byte after the request is not read: one request per connection
     finally:
         eof.cancel()
+        task.cancel()  # a no-op once it is done; else the handler itself was cancelled (shutdown)
 
 
 async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str, bytes]:
