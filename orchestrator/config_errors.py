@@ -1,11 +1,19 @@
 """Turn pydantic validation errors into one-line ``FILE:LINE: KEY: problem`` errors."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ValidationError
 
-from .yamlfile import Loc, YamlDoc
+from .errors import RolecastError
+from .yamlfile import Loc
+
+
+class ErrorSite(Protocol):
+    """Where checked options came from, to word an error at a key: a YAML file (``YamlDoc``:
+    FILE:LINE: KEY) or options set after load (``team.with_training_options``: --set KEY)."""
+
+    def error(self, loc: Loc, problem: str) -> RolecastError: ...
 
 
 def problem_text(err: dict[str, Any], model: type[BaseModel] | None = None) -> str:
@@ -35,7 +43,7 @@ def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:
     return sorted(getattr(current, "model_fields", {}).keys())
 
 
-def validate_model(model: type[BaseModel], data: Any, doc: YamlDoc, prefix: Loc = ()) -> Any:
+def validate_model(model: type[BaseModel], data: Any, doc: ErrorSite, prefix: Loc = ()) -> Any:
     """``model.model_validate(data)``, mapping the first error to the YAML line it concerns."""
     try:
         return model.model_validate(data)

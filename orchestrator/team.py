@@ -8,7 +8,9 @@ trainable roles.
 """
 from __future__ import annotations
 
+import dataclasses
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,12 +19,12 @@ from pydantic import ValidationError
 
 from .config import LOSS_CONFIGS, TeamConfig, TrainingConfig
 from .envs.base import Env, EnvConfig
-from .errors import ConfigError
+from .errors import ConfigError, RolecastError
 from .registry import Registry, config_model, default_registry
 from .role import BASE_VARIABLES, RoleSpec, library_roles, load_role, resolve_role_path
-from .config_errors import problem_text, validate_model
+from .config_errors import ErrorSite, problem_text, validate_model
 from .training.trainer import build_trainer
-from .yamlfile import YamlDoc, format_loc, load_json_lines, load_yaml
+from .yamlfile import Loc, YamlDoc, format_loc, load_json_lines, load_yaml
 
 
 @dataclass(frozen=True)
@@ -120,7 +122,7 @@ def _load_protocol(config: TeamConfig, doc: YamlDoc, registry: Registry) -> tupl
         raise doc.error(("protocol",) + tuple(err["loc"]), problem_text(err, env_class.Config)) from None
 
 
-def _check_training(training: TrainingConfig, roles: dict[str, RoleSpec], doc: YamlDoc, registry: Registry) -> None:
+def _check_training(training: TrainingConfig, roles: dict[str, RoleSpec], doc: ErrorSite, registry: Registry) -> None:
     """The trainer and reward plugins exist, their options and the loss's fit their Configs, and
     the trainer takes the team's trainable roles (self-play needs two players, ...)."""
     for kind, key in (("trainers", "trainer"), ("rewards", "reward")):
@@ -142,6 +144,49 @@ def _check_training(training: TrainingConfig, roles: dict[str, RoleSpec], doc: Y
         if "temperature" in options:  # training sets it per role: a value here would be ignored
             raise doc.error(("training", *where, "temperature"), "not an option: each role's policy.sampling.temperature is used")
         validate_model(LOSS_CONFIGS[training.loss], options, doc, ("training", *where))
+
+
+# Training options that may change after load (``--set``, ``rolecast.train(sets=...)``): budgets
+# and optimizer knobs. The plugin choices stay the recipe's; their options change one at a time.
+NOT_SETTABLE = ("trainer", "reward", "eval_tasks", "eval_opponent")
+PLUGIN_OPTIONS = ("trainer_config", "reward_config", "loss_config")
+
+
+class _SetOptions:
+    def error(self, loc: Loc, problem: str) -> RolecastError:
+        return RolecastError(f"--set: {format_loc(loc[1:])}: {problem}")  # loc[0] is "training"
+
+
+def with_training_options(team: Team, options: Mapping[str, Any], registry: Registry | None = None) -> Team:
+    """``team`` with these training options changed (``{"group_size": 4, "adam.learning_rate":
+    1e-4, "trainer_config.members": 8, "role_loss_config.ROLE.entropy_coef": 0.1}``), checked as
+    the recipe's own training block is when it loads; ``team`` itself is not changed."""
+    registry = registry or default_registry()
+    if not options:
+        return team
+    if team.config.training is None:
+        raise RolecastError(f"--set: {team.path} has no `training:` block")
+    data = team.config.training.model_dump()
+    for key, value in options.items():
+        path = key.split(".")
+        per_role = path[0] == "role_loss_config"
+        if path[0] not in data or path[0] in NOT_SETTABLE or (path[0] in PLUGIN_OPTIONS and len(path) < 2) \
+                or (per_role and len(path) != 3):
+            settable = ", ".join(k for k in data if k not in NOT_SETTABLE + PLUGIN_OPTIONS + ("role_loss_config",))
+            raise RolecastError(f"--set {key}: not a settable option; use one of {settable} (or adam.X, lora.X, "
+                                "trainer_config.X, reward_config.X, loss_config.X, role_loss_config.ROLE.X)")
+        if per_role:
+            data["role_loss_config"].setdefault(path[1], {})
+        node = data
+        for part in path[:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+            if not isinstance(node, dict):
+                raise RolecastError(f"--set {key}: not an option")
+        node[path[-1]] = value
+    site = _SetOptions()
+    training = validate_model(TrainingConfig, data, site, ("training",))
+    _check_training(training, team.roles, site, registry)
+    return dataclasses.replace(team, config=team.config.model_copy(update={"training": training}))
 
 
 def _load_roles(config: TeamConfig, doc: YamlDoc, registry: Registry) -> dict[str, RoleSpec]:

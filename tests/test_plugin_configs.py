@@ -100,11 +100,14 @@ def test_options_reach_the_plugins_as_their_models(tmp_path):
     assert type(run.reward_config) is PluginConfig  # `env` takes no options
 
 
-def test_options_set_after_load_that_do_not_fit_the_team_are_one_line_at_train_time(tmp_path):
-    from orchestrator.cli.flags import apply_sets
+def test_options_changed_after_load_that_do_not_fit_the_team_are_one_line_at_train_time(tmp_path):
+    import dataclasses
+
     from orchestrator.training.loop import TrainingRun, TrainOptions
 
-    team = apply_sets(load_team(recipe(tmp_path, "rps.yaml")), ["trainer_config.players=[alice, carol]"])
+    team = load_team(recipe(tmp_path, "rps.yaml"))
+    training = team.config.training.model_copy(update={"trainer_config": {"players": ["alice", "carol"]}})
+    team = dataclasses.replace(team, config=team.config.model_copy(update={"training": training}))
     with pytest.raises(RolecastError) as caught:
         TrainingRun(team, TrainOptions(out_dir=tmp_path / "run", model="tiny"), engine=None, service=None)
     assert str(caught.value).startswith(f"{team.path}: training.trainer_config: self-play needs two or more")

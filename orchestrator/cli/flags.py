@@ -199,12 +199,6 @@ def play(team: Any, policies: dict[str, Any], options: Any, workers: Any = None,
     return asyncio.run(go())
 
 
-# Training options a run may change from the command line: budgets and optimizer knobs. The
-# plugin choices and their options stay the recipe's, where `rolecast validate` checks them.
-NOT_SETTABLE = ("trainer", "reward", "eval_tasks", "eval_opponent")
-PLUGIN_OPTIONS = ("trainer_config", "reward_config", "loss_config")  # settable one option at a time
-
-
 def add_training_flags(p: argparse.ArgumentParser) -> None:
     """--model, --dtype, --engine, --device, --set, --seed, --no-progress and the Ray flags: how a
     command trains."""
@@ -243,64 +237,19 @@ def add_set_flag(p: argparse.ArgumentParser) -> None:
 
 
 def apply_sets(team: Any, sets: list[str]) -> Any:
-    """``team`` with ``--set`` training options applied and validated."""
-    import dataclasses
-
+    """``team`` with ``--set KEY=VALUE`` training options applied (each VALUE read as YAML) and
+    checked as the recipe's own are (``team.with_training_options``)."""
     import yaml
-    from pydantic import ValidationError
 
-    from ..config import LOSS_CONFIGS, TrainingConfig
-    from ..config_errors import problem_text
-    from ..registry import config_model, default_registry
-    from ..team import trainable_roles
+    from ..team import with_training_options
 
-    if not sets:
-        return team
-    if team.config.training is None:
-        raise RolecastError(f"--set: {team.path} has no `training:` block")
-    data = team.config.training.model_dump()
+    options: dict[str, Any] = {}
     for flag in sets:
         key, sep, raw = flag.partition("=")
-        path = key.split(".")
-        per_role = path[0] == "role_loss_config"
-        if not sep or path[0] not in data or path[0] in NOT_SETTABLE or (path[0] in PLUGIN_OPTIONS and len(path) < 2) \
-                or (per_role and len(path) != 3):
-            settable = ", ".join(k for k in data if k not in NOT_SETTABLE + PLUGIN_OPTIONS + ("role_loss_config",))
-            raise RolecastError(f"--set {flag!r}: expected KEY=VALUE with KEY one of {settable} (or adam.X, lora.X, "
-                                "trainer_config.X, reward_config.X, loss_config.X, role_loss_config.ROLE.X)")
-        if per_role:
-            data["role_loss_config"].setdefault(path[1], {})
-        node = data
-        for part in path[:-1]:
-            node = node.get(part) if isinstance(node, dict) else None
-            if not isinstance(node, dict):
-                raise RolecastError(f"--set {flag!r}: {key} is not an option")
-        node[path[-1]] = yaml.safe_load(raw)
-
-    def invalid(prefix: tuple[str, ...], exc: ValidationError, model: Any) -> RolecastError:
-        err = exc.errors()[0]
-        return RolecastError(f"--set: {'.'.join(map(str, (*prefix, *err['loc'])))}: {problem_text(err, model)}")
-
-    try:
-        training = TrainingConfig.model_validate(data)
-    except ValidationError as exc:
-        raise invalid((), exc, TrainingConfig) from None
-    registry = default_registry()
-    for key, model in (("trainer_config", config_model(registry.get("trainers", training.trainer))),
-                       ("reward_config", config_model(registry.get("rewards", training.reward))),
-                       ("loss_config", LOSS_CONFIGS[training.loss])):
+        if not sep or not key:
+            raise RolecastError(f"--set {flag!r}: expected KEY=VALUE, e.g. group_size=4 or adam.learning_rate=1e-4")
         try:
-            model.model_validate(getattr(training, key))
-        except ValidationError as exc:
-            raise invalid((key,), exc, model) from None
-    if any("temperature" in o for o in (training.loss_config, *training.role_loss_config.values())):
-        raise RolecastError("--set: temperature is not a loss option here: each role's policy.sampling.temperature is used")
-    learning = trainable_roles(team.roles)
-    for role, options in training.role_loss_config.items():
-        if role not in learning:
-            raise RolecastError(f"--set: role_loss_config.{role}: not a role that learns (those that do: {', '.join(learning)})")
-        try:
-            LOSS_CONFIGS[training.loss].model_validate(options)
-        except ValidationError as exc:
-            raise invalid(("role_loss_config", role), exc, LOSS_CONFIGS[training.loss]) from None
-    return dataclasses.replace(team, config=team.config.model_copy(update={"training": training}))
+            options[key] = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            raise RolecastError(f"--set {flag!r}: VALUE is not YAML ({type(exc).__name__})") from None
+    return with_training_options(team, options)

@@ -36,13 +36,18 @@ def test_budget_and_plugin_options_apply(team):
     ("trainer_config.matchmaking=nearest", "--set: trainer_config.matchmaking: Input should be 'uniform', 'elo' or "
                                            "'pfsp' (got 'nearest')"),
     ("group_size=0", "--set: group_size: Input should be greater than or equal to 1 (got 0)"),
-    ("trainer_config=1", "expected KEY=VALUE"),
-    ("trainer=grpo", "expected KEY=VALUE"),
-    ("adam.nope.x=1", "adam.nope.x is not an option"),
+    ("trainer_config=1", "--set trainer_config: not a settable option; use one of steps, group_size"),
+    ("trainer=grpo", "--set trainer: not a settable option"),
+    ("group_size", "--set 'group_size': expected KEY=VALUE"),
+    ("group_size=[", "--set 'group_size=[': VALUE is not YAML"),
+    ("adam.nope.x=1", "--set adam.nope.x: not an option"),
     ("role_loss_config.alice=1", "role_loss_config.ROLE.X"),
+    ("trainer_config.players=[alice, carol]", "--set: trainer_config: population: the players ['alice', 'carol'] must be "
+                                              "trainable roles"),
     ("role_loss_config.carol.entropy_coef=0.1", "--set: role_loss_config.carol: not a role that learns"),
     ("role_loss_config.alice.entropy_cof=0.1", "--set: role_loss_config.alice.entropy_cof: unknown key"),
-    ("role_loss_config.bob.temperature=2", "temperature is not a loss option here"),
+    ("role_loss_config.bob.temperature=2", "--set: role_loss_config.bob.temperature: not an option: each role's "
+                                           "policy.sampling.temperature is used"),
 ])
 def test_bad_values_are_one_line_errors(team, flag, message):
     with pytest.raises(RolecastError) as info:
