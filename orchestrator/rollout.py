@@ -90,7 +90,7 @@ def build_policies(
         elif binding.kind == "replay":
             policies[name] = replays.setdefault(binding.target, ReplayPolicy(binding.target))
         elif binding.kind == "python":
-            policies[name] = PythonPolicy(load_callable(binding.target))
+            policies[name] = PythonPolicy(binding.fn or load_callable(binding.target))
         elif binding.kind == "openai":
             policies[name] = OpenAIPolicy(binding.target)
         else:

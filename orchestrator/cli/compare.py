@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RolecastError
-from .flags import add_training_flags, apply_sets, positive_int, run_dir
+from ..launch import run_dir
+from .flags import add_training_flags, compute_options, parse_sets, positive_int
 
 
 def register(sub: Any) -> None:
@@ -34,11 +35,11 @@ def register(sub: Any) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from ..team import load_team
+    from ..api import load_team, train_into
+    from ..launch import Compute
     from ..training.strategies import STRATEGIES, with_strategy
-    from .train import train
 
-    base = apply_sets(load_team(args.recipe), args.sets)
+    base = load_team(args.recipe, parse_sets(args.sets))
     if base.config.training is None:
         raise RolecastError(f"{base.path}: the recipe has no `training:` block")
     out = run_dir(args.out, f"compare-{base.name}")
@@ -48,7 +49,8 @@ def handle(args: argparse.Namespace) -> int:
         if not resume and (out / name).is_dir() and any((out / name).iterdir()):
             raise RolecastError(f"{out / name} holds files but no training run: move them, or give another --out")
     for name, resume in started.items():
-        train(with_strategy(base, name, args.every), args, out / name, resume=resume, extra={"strategy": name})
+        train_into(with_strategy(base, name, args.every), out / name, Compute(**compute_options(args)), seed=args.seed,
+                   steps=args.steps, resume=resume, progress=not args.no_progress, extra={"strategy": name})
     print(json.dumps(write_comparison(out, list(base.roles))))
     return 0
 

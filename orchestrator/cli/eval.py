@@ -3,21 +3,15 @@ intervals (``evaluation.py``), against a rebound opponent if asked."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from ..errors import RolecastError
-from ..evaluation import CHECKPOINT_ADAPTER, bind_opponent, blind_random_roles, evaluate
 from .flags import (
-    add_episode_flags, add_model_flags, add_policy_flag, add_ray_flags, parse_adapter_flags, parse_policy_flags, play,
-    exit_code, policies_and_workers, positive_int, run_dir,
+    add_episode_flags, add_model_flags, add_policy_flag, add_ray_flags, compute_options, exit_code, parse_adapter_flags,
+    parse_policy_flags, positive_int,
 )
-
-log = structlog.get_logger()
 
 
 def register(sub: Any) -> None:
@@ -42,58 +36,27 @@ def register(sub: Any) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from ..rollout import RunOptions
-    from ..team import load_team
+    from .. import api
 
-    team = load_team(args.recipe)
     if args.population:
         from . import eval_population
 
         if ignored := [f for f, v in (("--held-out", args.held_out), ("--episodes", args.episodes)) if v]:
             raise RolecastError(f"--population plays --games-per-pair games a pair: drop {', '.join(ignored)}")
-
         if args.ray is not None:
             raise RolecastError("--ray plays plain evaluations; --population plays its round robin in this process")
-        return eval_population.handle(args, team)
+        return eval_population.handle(args, api.load_team(args.recipe))
     if ignored := [f for f, v in (("--baseline", args.baseline), ("--games-per-pair", args.games_per_pair)) if v]:
         raise RolecastError(f"{', '.join(ignored)}: only with --population RUN_DIR")
-    if args.held_out:
-        if team.eval_tasks is None:
-            raise RolecastError(f"--held-out: {team.path} has no training.eval_tasks")
-        team = dataclasses.replace(team, tasks=team.eval_tasks)
-    overrides = parse_policy_flags(args.policy)
-    adapters = parse_adapter_flags(args.adapter)
-    opponent_role, checkpoint = None, None
-    if args.opponent:
-        team, opponent_role, checkpoint = bind_opponent(team, args.opponent, overrides)
-    cfg = team.config
-    model = args.model or cfg.model
-    seed = cfg.seed if args.seed is None else args.seed
-
-    policies, workers = policies_and_workers(args, team, overrides, model, seed, adapters,
-                                             {CHECKPOINT_ADAPTER: checkpoint} if checkpoint else None)
-    bindings = {name: str(overrides.get(name) or spec.binding or f"model ({spec.config.policy.adapter or 'base'})")
-                for name, spec in team.roles.items()}
-    blind = blind_random_roles(team, bindings)
-    if blind:
-        log.warning("builtin:random is no baseline here: the game lists no legal moves, so it sends random words "
-                    "and loses", team=team.name, roles=blind)
-    out = run_dir(args.out, f"eval-{team.name}", fresh=True)
-    options = RunOptions(episodes=args.episodes or 100, seed=seed, out_dir=out, concurrency=args.concurrency or cfg.concurrency,
-                         episode_timeout_s=cfg.episode_timeout_s, progress=not (args.no_progress or args.json),
-                         extra={"eval": True, "model": model, "device": args.device, "policy": args.policy, "opponent": args.opponent,
-                                "adapter": args.adapter, "ray": args.ray})
-    result = play(team, policies, options, workers, overrides)
-    report = {"team": team.name, "episodes": len(result.episodes), "status": result.summary["status"],
-              "opponent": {"role": opponent_role, "policy": args.opponent} if opponent_role else None,
-              "bindings": bindings, "roles": evaluate(team, result.episodes, result.summary),
-              "env": result.summary["env"], "illegal_baseline": blind, "run_dir": str(result.run_dir)}
-    (result.run_dir / "eval.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
+    evaluation = api.evaluate(args.recipe, episodes=args.episodes or 100, held_out=args.held_out, opponent=args.opponent,
+                              out=args.out, seed=args.seed, concurrency=args.concurrency,
+                              policies=parse_policy_flags(args.policy), adapters=parse_adapter_flags(args.adapter),
+                              progress=not (args.no_progress or args.json), **compute_options(args))
     if args.json:
-        print(json.dumps(report))
+        print(json.dumps(evaluation.report))
     else:
-        print_report(report)
-    return exit_code(result)
+        print_report(evaluation.report)
+    return exit_code(evaluation.run)
 
 
 def print_report(report: dict[str, Any]) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RolecastError
-from .flags import recorded_run, run_dir
+from ..launch import recorded_run, run_dir
 
 
 def handle(args: argparse.Namespace, team: Any) -> int:

@@ -1,18 +1,13 @@
-"""Flags several commands share, and what they turn into: role bindings, adapter dirs, run dirs."""
+"""Flags several commands share, and what they turn into: the Python API's keywords (``api.py``)."""
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import sys
-import time
-from pathlib import Path
 from typing import Any
 
 from ..engines.load import BACKENDS
 from ..errors import RolecastError
-from ..policies.binding import Binding, parse_binding
-from ..registry import default_registry
+from ..launch import DTYPES
 
 MODEL_HELP = "smollm2-135m (default), tiny, a local Hugging Face model dir, or a hub id (org/name)"
 ENGINE_HELP = "generation backend: hf (default) or vllm (GPU only; pip install 'rolecast[vllm]')"
@@ -47,7 +42,7 @@ def add_model_flags(p: argparse.ArgumentParser, *, model_default: str | None = N
                     adapter_help: str | None = ADAPTER_HELP, dtype_help: str = "the model's weights " + DTYPE_DEFAULT) -> None:
     """--model, --dtype, --engine, --device, and --adapter unless ``adapter_help`` is None."""
     p.add_argument("--model", default=model_default, help=MODEL_HELP)
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help=dtype_help)
+    p.add_argument("--dtype", default="auto", choices=DTYPES, help=dtype_help)
     p.add_argument("--engine", default="hf", choices=BACKENDS, help=ENGINE_HELP)
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
     if adapter_help is not None:
@@ -66,101 +61,32 @@ def add_policy_flag(p: argparse.ArgumentParser, help: str = POLICY_HELP) -> None
     p.add_argument("--policy", action="append", default=[], metavar="ROLE=BINDING", help=help)
 
 
-def parse_policy_flags(flags: list[str]) -> dict[str, Binding]:
-    out: dict[str, Binding] = {}
-    registry = default_registry()
-    for flag in flags:
-        role, sep, value = flag.partition("=")
-        if not sep or not role or not value:
-            raise RolecastError(f"--policy {flag!r}: expected ROLE=BINDING, e.g. judge=replay:judge.jsonl")
-        try:
-            binding = parse_binding(value, base_dir=Path.cwd())
-            binding.check(registry)
-        except ValueError as exc:
-            raise RolecastError(f"--policy {flag!r}: {exc}") from None
-        out[role] = binding
+def parse_policy_flags(flags: list[str]) -> dict[str, str]:
+    """``--policy ROLE=BINDING`` flags as the API's ``policies`` (role -> binding text)."""
+    return _pairs(flags, "--policy", "expected ROLE=BINDING, e.g. judge=replay:judge.jsonl")
+
+
+def parse_adapter_flags(flags: list[str]) -> dict[str, str]:
+    """``--adapter NAME=PATH`` flags as the API's ``adapters``, each NAME once."""
+    return _pairs(flags, "--adapter", "expected NAME=PATH to a PEFT adapter dir (with adapter_config.json)")
+
+
+def _pairs(flags: list[str], flag: str, expected: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for text in flags:
+        key, sep, value = text.partition("=")
+        if not sep or not key or not value:
+            raise RolecastError(f"{flag} {text!r}: {expected}")
+        if key in out:
+            raise RolecastError(f"{flag} {key}: given twice ({out[key]} and {value})")
+        out[key] = value
     return out
 
 
-def parse_adapter_flags(flags: list[str]) -> dict[str, Path]:
-    """``--adapter NAME=PATH`` flags: each a PEFT adapter dir whose config reads and whose weights
-    are there, each NAME once (checked here, not as a traceback when the engine loads it)."""
-    adapters = {}
-    for flag in flags:
-        name, sep, path = flag.partition("=")
-        if not sep or not name or not Path(path, "adapter_config.json").is_file():
-            raise RolecastError(f"--adapter {flag!r}: expected NAME=PATH to a PEFT adapter dir (with adapter_config.json)")
-        if name in adapters:
-            raise RolecastError(f"--adapter {name}: given twice ({adapters[name]} and {path})")
-        try:
-            config = json.loads(Path(path, "adapter_config.json").read_text(encoding="utf-8"))
-        except (ValueError, OSError) as exc:
-            raise RolecastError(f"--adapter {flag!r}: cannot read its adapter_config.json: {exc}") from None
-        if not isinstance(config, dict):
-            raise RolecastError(f"--adapter {flag!r}: its adapter_config.json is not a JSON object")
-        if not any(Path(path, f).is_file() for f in ("adapter_model.safetensors", "adapter_model.bin")):
-            raise RolecastError(f"--adapter {flag!r}: no adapter_model.safetensors (or .bin) beside its config")
-        adapters[name] = Path(path)
-    return adapters
-
-
-def check_adapter_names(adapters: dict[str, Path], team: Any) -> None:
-    """Every ``--adapter`` NAME is one a role of ``team`` plays: a misspelt one would leave that
-    role on the base model while the table names the adapter."""
-    played = sorted({spec.config.policy.adapter for spec in team.roles.values()} - {None})
-    for name in adapters:
-        if name not in played:
-            raise RolecastError(f"--adapter {name}: no role of {team.name} plays adapter {name!r} "
-                                f"(its roles' adapters: {', '.join(played) or 'none'})")
-
-
-def run_dir(out: Path | None, stem: str, fresh: bool = False) -> Path:
-    """``--out``, or ``runs/<stem>-<time>``; a path through an existing file is one line here, not a
-    traceback when the run first writes. ``fresh``: an --out that already holds a run (its
-    config.yaml) is refused too, rather than overwritten."""
-    if out is not None:
-        blocker = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
-        if blocker is not None:
-            raise RolecastError(f"--out {out}: {blocker} is a file, not a folder")
-        if fresh and (out / "config.yaml").exists():
-            raise RolecastError(f"--out {out} already holds a run: give another --out, or remove it first")
-    return out or Path("runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
-def recorded_run(out: Path) -> dict[str, Any] | None:
-    """What ``out/config.yaml`` records of the run there (its ``recipe`` and ``run`` mappings);
-    None where there is none, and a damaged one is one line, not a traceback."""
-    import yaml
-
-    path = out / "config.yaml"
-    if not path.is_file():
-        return None
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise RolecastError(f"{path} is unreadable ({type(exc).__name__}): is {out} a rolecast run?") from None
-    if not isinstance(data, dict) or not all(isinstance(data.get(k) or {}, dict) for k in ("recipe", "run")):
-        raise RolecastError(f"{path} is not a run's config (a mapping of recipe and run): is {out} a rolecast run?")
-    return data
-
-
-def policies_and_workers(args: argparse.Namespace, team: Any, overrides: dict[str, Binding], model: str, seed: int,
-                         adapters: dict[str, Path], extra_adapters: dict[str, Path] | None = None) -> tuple[dict, Any]:
-    """The policies that play ``team`` here, loading the engine with ``adapters`` when a role needs
-    it; or, with --ray, Ray rollout workers holding the adapters (the policies then only check
-    the bindings)."""
-    from ..engines.load import load_engine
-    from ..rollout import build_policies
-
-    check_adapter_names(adapters, team)
-    adapters = {**adapters, **(extra_adapters or {})}
-    workers = rollout_workers(args, model, seed)
-    if workers is None:
-        return build_policies(team, overrides, lambda: load_engine(model, args.dtype, seed, args.engine, adapters,
-                                                                   args.device)), None
-    for name, path in adapters.items():
-        workers.publish(name, path, 1)
-    return build_policies(team, overrides, lambda: None), workers
+def compute_options(args: argparse.Namespace) -> dict[str, Any]:
+    """--model, --dtype, --engine, --device and the Ray flags as the API's keywords."""
+    return {"model": args.model, "dtype": args.dtype, "engine": args.engine, "device": args.device,
+            "ray": getattr(args, "ray", None), "rollout_workers": getattr(args, "rollout_workers", 2)}
 
 
 def exit_code(result: Any) -> int:
@@ -172,31 +98,6 @@ def exit_code(result: Any) -> int:
         print(f"rolecast: every episode failed; the first: {first.error}", file=sys.stderr)
         return 1
     return 0
-
-
-def play(team: Any, policies: dict[str, Any], options: Any, workers: Any = None,
-         overrides: dict[str, Binding] | None = None) -> Any:
-    """``run_team`` to the end (on ``workers``, when given, with ``options.concurrency`` episodes in
-    flight on each), then close each engine the policies use, once, and the workers."""
-    import dataclasses
-
-    from ..rollout import run_team
-
-    if workers is not None:
-        options = dataclasses.replace(options, play=workers.bind(team, overrides or {}),
-                                      concurrency=options.concurrency * workers.workers)
-
-    async def go():
-        try:
-            return await run_team(team, policies, options)
-        finally:
-            engines = {id(p.engine): p.engine for p in policies.values() if getattr(p, "engine", None) is not None}
-            for engine in engines.values():
-                await engine.aclose()
-            if workers is not None:
-                workers.close()
-
-    return asyncio.run(go())
 
 
 def add_training_flags(p: argparse.ArgumentParser) -> None:
@@ -217,31 +118,16 @@ def add_ray_flags(p: argparse.ArgumentParser) -> None:
                    help="--ray: rollout workers, each with its own engine (default 2)")
 
 
-def rollout_workers(args: argparse.Namespace, model: str, seed: int) -> Any:
-    """The Ray rollout workers ``--ray`` asks for, or None. Workers take the command's --device;
-    on CUDA each gets a GPU of its own."""
-    if args.ray is None:
-        return None
-    from ..workers import RayOptions, RayRollouts
-
-    cuda = str(args.device).startswith("cuda")
-    options = RayOptions(address=args.ray, workers=args.rollout_workers, gpus_per_worker=1.0 if cuda else 0.0)
-    return RayRollouts(options, model=model, dtype=args.dtype, seed=seed, backend=args.engine,
-                       device=args.device if cuda else "cpu")
-
-
 def add_set_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
                    help="change a training option for this run: group_size=4, eval_episodes=8, adam.learning_rate=1e-4, "
                         "trainer_config.members=8 ... (repeatable)")
 
 
-def apply_sets(team: Any, sets: list[str]) -> Any:
-    """``team`` with ``--set KEY=VALUE`` training options applied (each VALUE read as YAML) and
-    checked as the recipe's own are (``team.with_training_options``)."""
+def parse_sets(sets: list[str]) -> dict[str, Any]:
+    """``--set KEY=VALUE`` flags as the API's ``sets`` (each VALUE read as YAML); the keys and
+    values are checked when they are applied (``team.with_training_options``)."""
     import yaml
-
-    from ..team import with_training_options
 
     options: dict[str, Any] = {}
     for flag in sets:
@@ -252,4 +138,4 @@ def apply_sets(team: Any, sets: list[str]) -> Any:
             options[key] = yaml.safe_load(raw)
         except yaml.YAMLError as exc:
             raise RolecastError(f"--set {flag!r}: VALUE is not YAML ({type(exc).__name__})") from None
-    return with_training_options(team, options)
+    return options

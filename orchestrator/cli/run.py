@@ -2,20 +2,15 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..errors import RolecastError
 from .flags import (
-    add_episode_flags, add_model_flags, add_policy_flag, add_ray_flags, parse_adapter_flags, parse_policy_flags, play,
-    exit_code, policies_and_workers, positive_float, positive_int, run_dir,
+    add_episode_flags, add_model_flags, add_policy_flag, add_ray_flags, compute_options, exit_code, parse_adapter_flags,
+    parse_policy_flags, positive_float, positive_int,
 )
-
-if TYPE_CHECKING:
-    from ..team import Team
 
 
 def register(sub: Any) -> None:
@@ -33,41 +28,12 @@ def register(sub: Any) -> None:
     p.set_defaults(func=handle)
 
 
-def _cli_task(team: Team, value: str) -> dict[str, Any]:
-    """``--task VALUE`` as the protocol reads it, checked as a team file's tasks are."""
-    try:
-        task = team.env_class.task_from_cli(value)
-    except ValueError as exc:
-        raise RolecastError(f"--task {value}: {exc}") from None
-    if problem := team.env_class.task_problem(team.env_config, task):
-        raise RolecastError(f"--task {value}: {problem[1]}")
-    return task
-
-
 def handle(args: argparse.Namespace) -> int:
-    from ..rollout import RunOptions
-    from ..team import load_team
+    from .. import api
 
-    team = load_team(args.team)
-    if args.task:
-        team = dataclasses.replace(team, tasks=[_cli_task(team, value) for value in args.task])
-    overrides = parse_policy_flags(args.policy)
-    adapters = parse_adapter_flags(args.adapter)
-    cfg = team.config
-    model = args.model or cfg.model
-    seed = cfg.seed if args.seed is None else args.seed
-    policies, workers = policies_and_workers(args, team, overrides, model, seed, adapters)
-    options = RunOptions(
-        episodes=args.episodes or cfg.episodes,
-        seed=seed,
-        out_dir=run_dir(args.out, team.name, fresh=True),
-        concurrency=args.concurrency or cfg.concurrency,
-        episode_timeout_s=args.timeout or cfg.episode_timeout_s,
-        progress=not args.no_progress,
-        extra={"model": model, "dtype": args.dtype, "engine": args.engine, "device": args.device, "policy": args.policy, "adapter": args.adapter,
-               "ray": args.ray, "rollout_workers": workers.workers if workers else None},
-    )
-    result = play(team, policies, options, workers, overrides)
+    result = api.run(args.team, episodes=args.episodes, tasks=args.task or None, out=args.out, seed=args.seed,
+                     concurrency=args.concurrency, timeout=args.timeout, policies=parse_policy_flags(args.policy),
+                     adapters=parse_adapter_flags(args.adapter), progress=not args.no_progress, **compute_options(args))
     if args.json:
         print(json.dumps(result.summary))
     else:

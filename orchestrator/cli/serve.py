@@ -31,9 +31,10 @@ def register(sub: Any) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     from ..engines.load import load_engine
+    from ..launch import adapter_dirs
     from ..serve import serve
 
-    adapters = parse_adapter_flags(args.adapter)
+    adapters = adapter_dirs(parse_adapter_flags(args.adapter))
     if taken := sorted(set(adapters) & {"base", args.model}):
         raise RolecastError(f"--adapter {taken[0]}: that name is the base model's; give the adapter another")
     _check_address(args.host, args.port)  # before the model loads: a busy port is one line, not minutes later

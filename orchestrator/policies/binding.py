@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -16,6 +16,8 @@ KINDS = ("model", "replay", "python", "builtin", "openai")
 class Binding:
     kind: str
     target: str = ""
+    # a ``python`` binding made from a callable itself (the Python API), not from its import path
+    fn: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
 
     def __str__(self) -> str:
         return self.kind if self.kind == "model" else f"{self.kind}:{self.target}"
@@ -24,7 +26,7 @@ class Binding:
         """Raise ValueError when the binding cannot work (a missing file, module, plugin)."""
         if self.kind == "replay" and not Path(self.target).is_file():
             raise ValueError(f"replay file not found: {self.target}")
-        if self.kind == "python":
+        if self.kind == "python" and self.fn is None:
             load_callable(self.target)
         if self.kind == "openai":
             from .openai import parse_target

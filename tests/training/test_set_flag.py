@@ -5,11 +5,15 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli.flags import apply_sets
+from orchestrator.cli.flags import parse_sets
 from orchestrator.errors import RolecastError
-from orchestrator.team import load_team
+from orchestrator.team import load_team, with_training_options
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def apply_sets(team, flags):
+    return with_training_options(team, parse_sets(flags))
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,247 @@
+"""rolecast's Python API: ``run``, ``evaluate`` and ``train`` do what the commands of those names
+do (the commands parse their flags into these calls), for scripts and notebooks::
+
+    import rolecast
+
+    result = rolecast.run("recipes/debate.yaml", episodes=8)
+    result.summary["roles"]["pro"]["mean_reward"]
+    trained = rolecast.train("recipes/guess_number.yaml", steps=2, sets={"group_size": 4})
+    trained.final["eval_reward/guesser"], trained.run_dir
+
+A team argument is a loaded ``Team`` or the path of its file. A mistake a user can fix raises
+``RolecastError`` with the one line the command prints. Each call runs its episodes on an event
+loop of its own; inside a running loop (a Jupyter cell) that loop lives in a helper thread and
+the call returns when the work is done. From async code, call them through ``asyncio.to_thread``.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import json
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from .errors import RolecastError
+from .launch import Compute, adapter_dirs, bindings, play, policies_and_workers, recorded_run, run_dir
+from .rollout import RunOptions, RunResult
+from .team import Team, with_training_options
+from .team import load_team as _load_team
+
+T = TypeVar("T")
+TeamLike = Team | str | Path
+Policies = Mapping[str, "str | Callable[..., Any]"]
+
+
+def load_team(path: str | Path, sets: Mapping[str, Any] | None = None) -> Team:
+    """The team or recipe file at ``path``, checked; ``sets`` changes training options as ``--set``
+    does (``{"group_size": 4, "adam.learning_rate": 1e-4}``), checked as the file's own are."""
+    return with_training_options(_load_team(path), sets or {})
+
+
+def run(team: TeamLike, *, episodes: int | None = None, tasks: Sequence[str | Mapping[str, Any]] | None = None,
+        out: str | Path | None = None, seed: int | None = None, concurrency: int | None = None,
+        timeout: float | None = None, policies: Policies | None = None, adapters: Mapping[str, str | Path] | None = None,
+        progress: bool = True, model: str | None = None, dtype: str = "auto", engine: str = "hf",
+        device: str = "auto", ray: str | None = None, rollout_workers: int = 2) -> RunResult:
+    """Play ``episodes`` episodes of ``team`` (default: the team's ``episodes``) into the run dir
+    ``out`` (default ``runs/<team>-<time>``, which must not hold a run yet); as ``rolecast run``.
+
+    ``tasks`` replace the team's (each as ``--task`` reads it, or a task mapping); ``policies``
+    bind roles (role -> ``replay:FILE``, ``builtin:NAME``, ``openai:MODEL@URL`` ... or a callable
+    ``fn(request) -> str``); ``adapters`` load PEFT adapter dirs under the names the roles play.
+    The result holds the run dir, the summary (summary.json) and every episode's record."""
+    _positive(episodes=episodes, concurrency=concurrency, timeout=timeout)
+    team = _team(team)
+    if tasks is not None:
+        team = dataclasses.replace(team, tasks=[_task(team, t) for t in tasks])
+    compute = Compute(model, dtype, engine, device, ray, rollout_workers)
+    overrides, loaded = bindings(policies), adapter_dirs(adapters)
+    cfg = team.config
+    model = compute.model or cfg.model
+    seed = cfg.seed if seed is None else seed
+    out_dir = run_dir(out, team.name, fresh=True)
+    policies_, workers = policies_and_workers(compute, team, overrides, model, seed, loaded)
+    options = RunOptions(
+        episodes=episodes or cfg.episodes, seed=seed, out_dir=out_dir, concurrency=concurrency or cfg.concurrency,
+        episode_timeout_s=timeout or cfg.episode_timeout_s, progress=progress,
+        extra={**_record(compute, model, overrides, loaded), "rollout_workers": workers.workers if workers else None})
+    return _sync(lambda: play(team, policies_, options, workers, overrides))
+
+
+@dataclass
+class Evaluation:
+    report: dict[str, Any]  # eval.json: per role W-D-L, win rate with its 95% interval, mean reward
+    run: RunResult
+
+
+def evaluate(team: TeamLike, *, episodes: int = 100, held_out: bool = False, opponent: str | None = None,
+             out: str | Path | None = None, seed: int | None = None, concurrency: int | None = None,
+             policies: Policies | None = None, adapters: Mapping[str, str | Path] | None = None, progress: bool = True,
+             model: str | None = None, dtype: str = "auto", engine: str = "hf", device: str = "auto",
+             ray: str | None = None, rollout_workers: int = 2) -> Evaluation:
+    """Play ``episodes`` episodes of ``team`` and report per role win/draw/loss rates with 95%
+    intervals, into ``out`` (default ``runs/eval-<team>-<time>``) with its eval.json; as
+    ``rolecast eval``. ``held_out`` plays the recipe's ``training.eval_tasks``; ``opponent``
+    rebinds its opponent role (``random``, ``minimax``, any builtin, ``base`` or
+    ``checkpoint:PATH``); ``policies`` and ``adapters`` as for ``run``."""
+    import structlog
+
+    from .evaluation import CHECKPOINT_ADAPTER, bind_opponent, blind_random_roles, evaluate as rates
+
+    _positive(episodes=episodes, concurrency=concurrency)
+    team = _team(team)
+    if held_out:
+        if team.eval_tasks is None:
+            raise RolecastError(f"--held-out: {team.path} has no training.eval_tasks")
+        team = dataclasses.replace(team, tasks=team.eval_tasks)
+    compute = Compute(model, dtype, engine, device, ray, rollout_workers)
+    overrides, loaded = bindings(policies), adapter_dirs(adapters)
+    opponent_role, checkpoint = None, None
+    if opponent:
+        team, opponent_role, checkpoint = bind_opponent(team, opponent, overrides)
+    cfg = team.config
+    model = compute.model or cfg.model
+    seed = cfg.seed if seed is None else seed
+    shown = {name: str(overrides.get(name) or spec.binding or f"model ({spec.config.policy.adapter or 'base'})")
+             for name, spec in team.roles.items()}
+    if blind := blind_random_roles(team, shown):
+        structlog.get_logger().warning("builtin:random is no baseline here: the game lists no legal moves, so it sends "
+                                       "random words and loses", team=team.name, roles=blind)
+    out_dir = run_dir(out, f"eval-{team.name}", fresh=True)
+    policies_, workers = policies_and_workers(compute, team, overrides, model, seed, loaded,
+                                              {CHECKPOINT_ADAPTER: checkpoint} if checkpoint else None)
+    options = RunOptions(episodes=episodes, seed=seed, out_dir=out_dir, concurrency=concurrency or cfg.concurrency,
+                         episode_timeout_s=cfg.episode_timeout_s, progress=progress,
+                         extra={"eval": True, "opponent": opponent, **_record(compute, model, overrides, loaded)})
+    result = _sync(lambda: play(team, policies_, options, workers, overrides))
+    report = {"team": team.name, "episodes": len(result.episodes), "status": result.summary["status"],
+              "opponent": {"role": opponent_role, "policy": opponent} if opponent_role else None,
+              "bindings": shown, "roles": rates(team, result.episodes, result.summary),
+              "env": result.summary["env"], "illegal_baseline": blind, "run_dir": str(result.run_dir)}
+    (result.run_dir / "eval.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
+    return Evaluation(report=report, run=result)
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path  # adapters, checkpoints, metrics.jsonl, evaluations: docs/training.md
+    final: dict[str, Any]  # the final evaluation's row of metrics.jsonl
+
+
+def train(recipe: TeamLike, *, steps: int | None = None, out: str | Path | None = None, resume: bool = False,
+          seed: int | None = None, sets: Mapping[str, Any] | None = None, progress: bool = True,
+          model: str | None = None, dtype: str = "auto", engine: str = "hf", device: str = "auto",
+          ray: str | None = None, rollout_workers: int = 2) -> TrainResult:
+    """Train the recipe's trainable roles, each its own LoRA adapter, for ``steps`` steps (default:
+    the recipe's) into the run dir ``out`` (default ``runs/train-<recipe>-<time>``); as ``rolecast
+    train``. ``sets`` changes training options (``{"group_size": 4}``); ``resume`` continues the
+    run in ``out`` from its last checkpoint, with the model, seed and steps it was started with
+    unless given."""
+    _positive(steps=steps)
+    team = with_training_options(_team(recipe), sets or {})
+    if resume and out is None:
+        raise RolecastError("--resume needs --out RUN_DIR (the run to continue)")
+    where = run_dir(out, f"train-{team.name}")
+    compute = Compute(model, dtype, engine, device, ray, rollout_workers)
+    if resume:
+        compute, seed, steps = as_started(team, where, compute, seed, steps)
+    return train_into(team, where, compute, seed=seed, steps=steps, resume=resume, progress=progress)
+
+
+def as_started(team: Team, out: Path, compute: Compute, seed: int | None,
+               steps: int | None) -> tuple[Compute, int | None, int | None]:
+    """A resumed run continues the run it checkpointed: model, seed and steps default to what its
+    config.yaml recorded, and a recipe, model, seed or training option that differs from it stops
+    here with one line (its adapters' shapes, its schedule and its RNG belong to those)."""
+    recorded = recorded_run(out)
+    if recorded is None:
+        return compute, seed, steps  # not a run dir: the loop says there is no checkpoint to resume
+    recipe, then_run = recorded.get("recipe") or {}, recorded.get("run") or {}
+    if recipe.get("name", team.name) != team.name:
+        raise RolecastError(f"--resume: {out} is a run of recipe {recipe['name']!r}, not {team.name!r}")
+    for flag, given in (("model", compute.model), ("seed", seed)):
+        if flag in then_run and given is not None and given != then_run[flag]:
+            raise RolecastError(f"--resume: {out} was started with --{flag} {then_run[flag]}; this command gives {given}")
+    then, now = recipe.get("training") or {}, team.resolved().get("training") or {}
+    # a key the run did not record is an option newer than the run: nothing to compare it with
+    k = next((k for k in sorted(then) if k != "steps" and k in now and then[k] != now[k]), None)
+    if k is not None:
+        raise RolecastError(f"--resume: {out} was started with training.{k} = {then[k]!r}, this command has "
+                            f"{now[k]!r}: resume with the --set flags it was started with")
+    return (dataclasses.replace(compute, model=compute.model or then_run.get("model")),
+            then_run.get("seed") if seed is None else seed, steps or then_run.get("steps"))
+
+
+def train_into(team: Team, out: Path, compute: Compute, *, seed: int | None = None, steps: int | None = None,
+               resume: bool = False, progress: bool = True, extra: dict[str, Any] | None = None) -> TrainResult:
+    """Train ``team`` into ``out`` on a fresh engine and training service; ``extra`` is recorded in
+    its config.yaml beside the run options."""
+    from .engines.load import device_for, load_engine
+    from .training.client import ServiceClient
+    from .training.loop import TrainingRun, TrainOptions
+
+    model = compute.model or team.config.model
+    seed = team.config.seed if seed is None else seed
+    workers = compute.workers(model, seed)  # first: a missing Ray fails before the model loads
+    engine = load_engine(model, compute.dtype, seed, compute.engine, device=compute.device)
+    service = ServiceClient.for_engine(engine, model, seed=seed, device=device_for(compute.device))
+    service.attach_engine(engine)
+    where = {"rollout_workers": workers.workers, "ray": compute.ray} if workers else {}
+    options = TrainOptions(out_dir=out, model=model, dtype=compute.dtype, seed=seed, steps=steps, resume=resume,
+                           progress=progress, extra={"device": str(service.device), **where, **(extra or {})})
+
+    async def go() -> TrainResult:
+        try:
+            return TrainResult(out, await TrainingRun(team, options, engine, service, rollouts=workers).run())
+        finally:
+            await engine.aclose()
+            service.close()
+            if workers:
+                workers.close()
+
+    return _sync(go)
+
+
+def _team(team: TeamLike) -> Team:
+    return team if isinstance(team, Team) else _load_team(team)
+
+
+def _task(team: Team, value: str | Mapping[str, Any]) -> dict[str, Any]:
+    """A task as ``--task`` reads it (text the protocol parses) or as a team file holds it (a
+    mapping), checked as a team file's tasks are."""
+    try:
+        task = dict(value) if isinstance(value, Mapping) else team.env_class.task_from_cli(value)
+    except ValueError as exc:
+        raise RolecastError(f"--task {value}: {exc}") from None
+    if problem := team.env_class.task_problem(team.env_config, task):
+        raise RolecastError(f"--task {value}: {problem[1]}")
+    return task
+
+
+def _positive(**values: int | float | None) -> None:
+    """Each value above 0, or None (the team's default); the CLI's argparse types check the same,
+    so this only speaks to API callers."""
+    for name, value in values.items():
+        if value is not None and not value > 0:
+            raise RolecastError(f"{name}={value!r}: must be above 0")
+
+
+def _record(compute: Compute, model: str, overrides: Mapping[str, Any], adapters: Mapping[str, Path]) -> dict[str, Any]:
+    """What a run's config.yaml records of how it was played."""
+    return {"model": model, "dtype": compute.dtype, "engine": compute.engine, "device": compute.device,
+            "policy": [f"{role}={b}" for role, b in overrides.items()],
+            "adapter": [f"{name}={path}" for name, path in adapters.items()], "ray": compute.ray}
+
+
+def _sync(work: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run the coroutine ``work()`` makes to the end, on a loop of its own: here, or in a helper
+    thread where this thread already runs a loop (asyncio.run refuses to nest)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(work())
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rolecast") as pool:
+        return pool.submit(lambda: asyncio.run(work())).result()

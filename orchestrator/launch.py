@@ -1,0 +1,175 @@
+"""What ``run``, ``evaluate`` and ``train`` set up before they play, for the Python API
+(``api.py``) and the commands alike: role bindings, adapter dirs, run dirs, and the engine or Ray
+rollout workers that play. Errors name the command-line flag a value came from (``--policy``,
+``--adapter``, ``--out``), which is also the keyword's name in the API."""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .engines.load import BACKENDS
+from .errors import RolecastError
+from .policies.binding import Binding, parse_binding
+from .registry import default_registry
+
+DTYPES = ("auto", "float32", "bfloat16")
+
+
+@dataclass(frozen=True)
+class Compute:
+    """Where and how the model runs: ``--model``, ``--dtype``, ``--engine``, ``--device``, and with
+    ``ray`` (``local`` or a cluster address) that many Ray rollout workers instead of this process."""
+
+    model: str | None = None  # None: the team's `model`
+    dtype: str = "auto"
+    engine: str = "hf"
+    device: str = "auto"
+    ray: str | None = None
+    rollout_workers: int = 2
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise RolecastError(f"--dtype {self.dtype}: use one of {', '.join(DTYPES)}")
+        if self.engine not in BACKENDS:
+            raise RolecastError(f"--engine {self.engine}: use one of {', '.join(BACKENDS)}")
+        if not isinstance(self.rollout_workers, int) or self.rollout_workers < 1:
+            raise RolecastError(f"--rollout-workers {self.rollout_workers}: must be a whole number of at least 1")
+
+    def workers(self, model: str, seed: int) -> Any:
+        """The Ray rollout workers ``ray`` asks for, or None. On CUDA each gets a GPU of its own."""
+        if self.ray is None:
+            return None
+        from .workers import RayOptions, RayRollouts
+
+        cuda = str(self.device).startswith("cuda")
+        options = RayOptions(address=self.ray, workers=self.rollout_workers, gpus_per_worker=1.0 if cuda else 0.0)
+        return RayRollouts(options, model=model, dtype=self.dtype, seed=seed, backend=self.engine,
+                           device=self.device if cuda else "cpu")
+
+
+def bindings(policies: Mapping[str, str | Binding | Callable[..., Any]] | None) -> dict[str, Binding]:
+    """Role -> binding: the text ``--policy ROLE=BINDING`` takes (``replay:FILE`` relative to the
+    current folder, ``builtin:NAME``, ...), a Binding, or a Python callable (``fn(request) -> str``,
+    sync or async), each checked here (a missing file or plugin is one line, not a failed episode)."""
+    out: dict[str, Binding] = {}
+    registry = default_registry()
+    for role, value in (policies or {}).items():
+        try:
+            if callable(value) and not isinstance(value, Binding):
+                binding = Binding("python", f"{getattr(value, '__module__', '?')}:{getattr(value, '__qualname__', repr(value))}",
+                                  fn=value)
+            elif isinstance(value, Binding):
+                binding = value
+            else:
+                binding = parse_binding(str(value), base_dir=Path.cwd())
+            binding.check(registry)
+        except ValueError as exc:
+            raise RolecastError(f"--policy {role}={value}: {exc}") from None
+        out[role] = binding
+    return out
+
+
+def adapter_dirs(adapters: Mapping[str, str | Path] | None) -> dict[str, Path]:
+    """Name -> PEFT adapter dir (``--adapter NAME=PATH``), each with a config that reads and its
+    weights beside it (checked here, not as a traceback when the engine loads it)."""
+    out: dict[str, Path] = {}
+    for name, path in (adapters or {}).items():
+        flag = f"--adapter {name}={path}"
+        if not name or not Path(path, "adapter_config.json").is_file():
+            raise RolecastError(f"{flag}: expected NAME=PATH to a PEFT adapter dir (with adapter_config.json)")
+        try:
+            config = json.loads(Path(path, "adapter_config.json").read_text(encoding="utf-8"))
+        except (ValueError, OSError) as exc:
+            raise RolecastError(f"{flag}: cannot read its adapter_config.json: {exc}") from None
+        if not isinstance(config, dict):
+            raise RolecastError(f"{flag}: its adapter_config.json is not a JSON object")
+        if not any(Path(path, f).is_file() for f in ("adapter_model.safetensors", "adapter_model.bin")):
+            raise RolecastError(f"{flag}: no adapter_model.safetensors (or .bin) beside its config")
+        out[name] = Path(path)
+    return out
+
+
+def check_adapter_names(adapters: Mapping[str, Path], team: Any) -> None:
+    """Every adapter NAME is one a role of ``team`` plays: a misspelt one would leave that role on
+    the base model while the table names the adapter."""
+    played = sorted({spec.config.policy.adapter for spec in team.roles.values()} - {None})
+    for name in adapters:
+        if name not in played:
+            raise RolecastError(f"--adapter {name}: no role of {team.name} plays adapter {name!r} "
+                                f"(its roles' adapters: {', '.join(played) or 'none'})")
+
+
+def run_dir(out: str | Path | None, stem: str, fresh: bool = False) -> Path:
+    """``out``, or ``runs/<stem>-<time>``; a path through an existing file is one line here, not a
+    traceback when the run first writes. ``fresh``: an ``out`` that already holds a run (its
+    config.yaml) is refused too, rather than overwritten."""
+    if out is not None:
+        out = Path(out)
+        blocker = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+        if blocker is not None:
+            raise RolecastError(f"--out {out}: {blocker} is a file, not a folder")
+        if fresh and (out / "config.yaml").exists():
+            raise RolecastError(f"--out {out} already holds a run: give another --out, or remove it first")
+        return out
+    return Path("runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def recorded_run(out: Path) -> dict[str, Any] | None:
+    """What ``out/config.yaml`` records of the run there (its ``recipe`` and ``run`` mappings);
+    None where there is none, and a damaged one is one line, not a traceback."""
+    import yaml
+
+    path = out / "config.yaml"
+    if not path.is_file():
+        return None
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise RolecastError(f"{path} is unreadable ({type(exc).__name__}): is {out} a rolecast run?") from None
+    if not isinstance(data, dict) or not all(isinstance(data.get(k) or {}, dict) for k in ("recipe", "run")):
+        raise RolecastError(f"{path} is not a run's config (a mapping of recipe and run): is {out} a rolecast run?")
+    return data
+
+
+def policies_and_workers(compute: Compute, team: Any, overrides: dict[str, Binding], model: str, seed: int,
+                         adapters: dict[str, Path], extra_adapters: dict[str, Path] | None = None) -> tuple[dict, Any]:
+    """The policies that play ``team`` here, loading the engine with ``adapters`` when a role needs
+    it; or, with Ray, rollout workers holding the adapters (the policies then only check the
+    bindings)."""
+    from .engines.load import load_engine
+    from .rollout import build_policies
+
+    check_adapter_names(adapters, team)
+    adapters = {**adapters, **(extra_adapters or {})}
+    workers = compute.workers(model, seed)
+    if workers is None:
+        return build_policies(team, overrides, lambda: load_engine(model, compute.dtype, seed, compute.engine, adapters,
+                                                                   compute.device)), None
+    for name, path in adapters.items():
+        workers.publish(name, path, 1)
+    return build_policies(team, overrides, lambda: None), workers
+
+
+async def play(team: Any, policies: dict[str, Any], options: Any, workers: Any = None,
+               overrides: dict[str, Binding] | None = None) -> Any:
+    """``run_team`` to the end (on ``workers``, when given, with ``options.concurrency`` episodes in
+    flight on each), then close each engine the policies use, once, and the workers."""
+    import dataclasses
+
+    from .rollout import run_team
+
+    if workers is not None:
+        options = dataclasses.replace(options, play=workers.bind(team, overrides or {}),
+                                      concurrency=options.concurrency * workers.workers)
+    try:
+        return await run_team(team, policies, options)
+    finally:
+        engines = {id(p.engine): p.engine for p in policies.values() if getattr(p, "engine", None) is not None}
+        for engine in engines.values():
+            await engine.aclose()
+        if workers is not None:
+            workers.close()

@@ -1,0 +1,93 @@
+"""``import rolecast``: the Python API runs, evaluates and trains as the commands do."""
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+import rolecast
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = {"group_size": 2, "groups_per_step": 1, "eval_episodes": 2, "eval_every": 0}
+
+
+def binary_search(request):
+    """Guess the Number's guesser as a Python function: halves the range the feedback left."""
+    return json.dumps({"guess": (request.context["lowest"] + request.context["highest"]) // 2})
+
+
+def test_run_plays_a_callable_policy_and_records_it(tmp_path):
+    result = rolecast.run(ROOT / "recipes/guess_number.yaml", episodes=4, tasks=["16", {"secret": 3}],
+                          policies={"guesser": binary_search}, out=tmp_path / "run", progress=False)
+    assert isinstance(result, rolecast.RunResult) and result.run_dir == tmp_path / "run"
+    assert result.summary["status"] == {"ok": 4}
+    assert [e.task for e in result.episodes] == [{"secret": 16}, {"secret": 3}] * 2
+    assert result.summary["roles"]["guesser"]["mean_reward"] == 1.0  # binary search finds 1..16 in 5
+    recorded = yaml.safe_load((tmp_path / "run/config.yaml").read_text())["run"]
+    assert recorded["policy"] == ["guesser=python:test_api:binary_search"] and recorded["episodes"] == 4
+
+
+def test_a_call_inside_a_running_event_loop_works_as_in_a_notebook(tmp_path):
+    async def cell():  # a Jupyter cell runs inside the kernel's loop: asyncio.run would refuse
+        return rolecast.run(ROOT / "recipes/guess_number.yaml", episodes=2, policies={"guesser": binary_search},
+                            out=tmp_path / "run", progress=False)
+
+    assert asyncio.run(cell()).summary["status"] == {"ok": 2}
+
+
+def test_evaluate_reports_rates_against_a_rebound_opponent(tmp_path):
+    evaluation = rolecast.evaluate(ROOT / "recipes/tictactoe.yaml", episodes=4, opponent="minimax",
+                                   policies={"x": "builtin:minimax"}, out=tmp_path / "eval", progress=False)
+    report = evaluation.report
+    assert report["opponent"]["policy"] == "minimax" and report["episodes"] == 4
+    assert sum(report["roles"]["x"][k] for k in ("win", "draw", "loss")) == 4
+    assert report["roles"]["x"]["draw"] == 4  # minimax against minimax: every game a draw
+    assert json.loads((tmp_path / "eval/eval.json").read_text()) == json.loads(json.dumps(report))
+    assert evaluation.run.summary["status"] == {"ok": 4}
+
+
+def test_train_then_resume_with_the_options_the_run_started_with(tmp_path):
+    out = tmp_path / "train"
+    trained = rolecast.train(ROOT / "recipes/guess_number.yaml", steps=1, out=out, sets=SMALL, model="tiny",
+                             dtype="float32", progress=False)
+    assert trained.run_dir == out and trained.final["kind"] == "eval" and trained.final["step"] == 1
+    assert (out / "sampler" / "guesser" / "adapter_config.json").is_file()
+    # no model and no seed given: the run's own (tiny, 0) are used; the budget grows to 2 steps
+    again = rolecast.train(ROOT / "recipes/guess_number.yaml", steps=2, out=out, sets=SMALL, resume=True,
+                           dtype="float32", progress=False)
+    assert again.final["step"] == 2
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["kind"], r["step"]) for r in rows] == [("eval", 0), ("train", 1), ("eval", 1), ("train", 2), ("eval", 2)]
+
+
+def test_load_team_applies_training_options():
+    team = rolecast.load_team(ROOT / "recipes/guess_number.yaml", sets={"group_size": 3, "adam.learning_rate": 1e-3})
+    assert team.config.training.group_size == 3 and team.config.training.adam.learning_rate == 1e-3
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", episodes=0, out=out), "episodes=0: must be above 0"),
+    (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", dtype="fp16", out=out), "--dtype fp16: use one of"),
+    (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", policies={"chef": "builtin:stub"}, out=out),
+     "unknown role(s) chef"),
+    (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", policies={"guesser": "replay:nope.jsonl"}, out=out),
+     "--policy guesser=replay:nope.jsonl: replay file not found"),
+    (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", tasks=["abc"], out=out),
+     "--task abc: the secret is a whole number"),
+    (lambda out: rolecast.train(ROOT / "recipes/guess_number.yaml", sets={"trainer": "population"}, out=out),
+     "--set trainer: not a settable option"),
+    (lambda out: rolecast.train(ROOT / "recipes/guess_number.yaml", resume=True), "--resume needs --out"),
+    (lambda out: rolecast.load_team(ROOT / "recipes/nope.yaml"), "nope.yaml"),
+])
+def test_mistakes_are_one_line_errors_before_any_model_loads(tmp_path, monkeypatch, call, message):
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded before the mistake was found")
+
+    monkeypatch.setattr("orchestrator.engines.load.load_engine", no_model)
+    with pytest.raises(rolecast.RolecastError) as caught:
+        call(tmp_path / "out")
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+    assert not (tmp_path / "out").exists()
