@@ -41,6 +41,27 @@ def load_team(path: str | Path, sets: Mapping[str, Any] | None = None) -> Team:
     return with_training_options(_load_team(path), sets or {})
 
 
+def register_plugin(plugin: Any, name: str | None = None) -> None:
+    """Register a plugin defined in this process (a module, or any object or class whose functions
+    carry ``@hookimpl``: ``register_envs``, ``register_rewards`` ...) as an installed one is
+    through its entry point, for teams loaded after it. The same plugin name may register again
+    (a notebook cell run twice): its names then hold the new objects. A plugin that breaks the
+    contract raises RolecastError and changes nothing. Ray rollout workers are other processes: there, only
+    installed plugins' builtin policies are known (environments travel with the team)."""
+    from .registry import default_registry
+
+    registry = default_registry()
+    name = name or getattr(plugin, "__name__", type(plugin).__name__)
+    failures, earlier = len(registry.failures), [c for c in registry.commands if c[0] == name]
+    registry.add_module(plugin, name, f"in-process ({getattr(plugin, '__module__', None) or name})")
+    if len(registry.failures) > failures:
+        problem = registry.failures[failures].error
+        del registry.failures[failures:]
+        raise RolecastError(f"plugin {name}: {problem}")
+    registry.plugins[:] = [p for p in registry.plugins if p[0] != name] + [registry.plugins[-1]]
+    registry.commands[:] = [c for c in registry.commands if not any(c is e for e in earlier)]
+
+
 def run(team: TeamLike, *, episodes: int | None = None, tasks: Sequence[str | Mapping[str, Any]] | None = None,
         out: str | Path | None = None, seed: int | None = None, concurrency: int | None = None,
         timeout: float | None = None, policies: Policies | None = None, adapters: Mapping[str, str | Path] | None = None,

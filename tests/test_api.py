@@ -91,3 +91,71 @@ def test_mistakes_are_one_line_errors_before_any_model_loads(tmp_path, monkeypat
         call(tmp_path / "out")
     assert message in str(caught.value) and "\n" not in str(caught.value)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.fixture
+def registry():
+    from orchestrator.registry import default_registry
+
+    default_registry.cache_clear()
+    yield default_registry()
+    default_registry.cache_clear()
+
+
+def test_a_plugin_defined_in_this_process_plays_a_team(tmp_path, registry):
+    from orchestrator.envs.game import GameConfig, GameEnv
+    from orchestrator.policies.python import PythonPolicy
+
+    class CoinConfig(GameConfig):
+        players: list[str] = ["caller"]
+
+    class CoinEnv(GameEnv):  # as docs/environments.md writes one
+        Config = CoinConfig
+        observation_keys = frozenset({"observation", "legal_moves"})
+
+        def next_role(self):
+            return None if self.done else self.config.players[0]
+
+        def observe(self, role):
+            return {"observation": "I flip a coin. Call it.", "legal_moves": ["heads", "tails"]}
+
+        async def step(self, role, message):
+            won = message.valid and message.content["move"] == "heads"  # a coin with two heads
+            return self.finish({role: "win" if won else "loss"}, {role: 1.0 if won else 0.0}, "flip")
+
+    class Coins:  # what a notebook writes instead of a module with an entry point
+        @rolecast.hookimpl
+        def register_envs(register):
+            register("coin", CoinEnv)
+
+        @rolecast.hookimpl
+        def register_policies(register):
+            register("heads", lambda spec: PythonPolicy(lambda request: '{"move": "heads"}'))
+
+    team = tmp_path / "coin.yaml"
+    team.write_text("name: coin\nprotocol: {type: coin}\nroles: [{use: game_player, name: caller}]\ntasks: [{}]\n")
+    with pytest.raises(rolecast.RolecastError, match="unknown protocol|unknown env plugin 'coin'"):
+        rolecast.load_team(team)
+    rolecast.register_plugin(Coins)
+    rolecast.register_plugin(Coins)  # a cell run twice
+    assert registry.plugins.count(("Coins", f"in-process ({__name__})")) == 1
+    result = rolecast.run(team, episodes=3, policies={"caller": "builtin:heads"}, out=tmp_path / "run", progress=False)
+    assert result.summary["roles"]["caller"]["mean_reward"] == 1.0
+
+
+def test_a_plugin_that_breaks_the_contract_raises_and_registers_nothing(registry):
+    class Broken:
+        @rolecast.hookimpl
+        def register_envs(register):
+            register("half", object)
+            raise RuntimeError("no")
+
+    class Misspelt:
+        @rolecast.hookimpl
+        def register_env(register):  # not a hook
+            pass
+
+    for plugin, problem in ((Broken, "plugin Broken: register_envs: RuntimeError: no"), (Misspelt, "register_env")):
+        with pytest.raises(rolecast.RolecastError, match=problem):
+            rolecast.register_plugin(plugin)
+    assert "half" not in registry.items["envs"] and not registry.failures
