@@ -27,7 +27,7 @@ def test_run_plays_a_callable_policy_and_records_it(tmp_path):
     assert [e.task for e in result.episodes] == [{"secret": 16}, {"secret": 3}] * 2
     assert result.summary["roles"]["guesser"]["mean_reward"] == 1.0  # binary search finds 1..16 in 5
     recorded = yaml.safe_load((tmp_path / "run/config.yaml").read_text())["run"]
-    assert recorded["policy"] == ["guesser=python:test_api:binary_search"] and recorded["episodes"] == 4
+    assert recorded["policy"] == ["guesser=python:test_python_api:binary_search"] and recorded["episodes"] == 4
 
 
 def test_a_call_inside_a_running_event_loop_works_as_in_a_notebook(tmp_path):
