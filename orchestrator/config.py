@@ -163,6 +163,9 @@ class TrainingConfig(Strict):
     role_loss_config: dict[str, dict[str, Any]] = Field(default_factory=dict, description=(
         "per trainable role, loss options that replace loss_config's for that role's tokens "
         "(an entropy bonus for the one role that must explore, say)"))
+    repetition_penalty: dict[str, float] = Field(default_factory=dict, description=(
+        "per trainable role, lambda: its reward falls by lambda times the share of the step's other "
+        "episodes in which it sent the same messages (R-Zero's; training/repetition.py)"))
     adam: AdamConfig = Field(default_factory=AdamConfig)
     lora: LoraSpec = Field(default_factory=LoraSpec)
     invalid: Literal["penalize", "drop"] = Field("penalize", description="what training does with invalid attempts")

@@ -144,6 +144,11 @@ def _check_training(training: TrainingConfig, roles: dict[str, RoleSpec], doc: E
         if "temperature" in options:  # training sets it per role: a value here would be ignored
             raise doc.error(("training", *where, "temperature"), "not an option: each role's policy.sampling.temperature is used")
         validate_model(LOSS_CONFIGS[training.loss], options, doc, ("training", *where))
+    for role, weight in training.repetition_penalty.items():
+        if role not in learning:
+            raise doc.error(("training", "repetition_penalty", role), f"not a role that learns (those that do: {', '.join(learning)})")
+        if not weight >= 0:
+            raise doc.error(("training", "repetition_penalty", role), f"must be 0 or more, got {weight}")
 
 
 # Training options that may change after load (``--set``, ``rolecast.train(sets=...)``): budgets
@@ -174,7 +179,7 @@ def with_training_options(team: Team, options: Mapping[str, Any], registry: Regi
                 or (per_role and len(path) != 3):
             settable = ", ".join(k for k in data if k not in NOT_SETTABLE + PLUGIN_OPTIONS + ("role_loss_config",))
             raise RolecastError(f"--set {key}: not a settable option; use one of {settable} (or adam.X, lora.X, "
-                                "trainer_config.X, reward_config.X, loss_config.X, role_loss_config.ROLE.X)")
+                                "trainer_config.X, reward_config.X, loss_config.X, role_loss_config.ROLE.X, repetition_penalty.ROLE)")
         if per_role:
             data["role_loss_config"].setdefault(path[1], {})
         node = data

@@ -21,6 +21,8 @@ An invalid proposal ends the episode with the Proposer's invalid-turn penalty an
 """
 from __future__ import annotations
 
+import json
+from collections import Counter
 from typing import Any
 
 from pydantic import Field, model_validator
@@ -100,3 +102,13 @@ class ProposeSolveEnv(Env):
     def outcome(self) -> dict[str, Any]:
         return {"problem": self.problem, "answer": self.answer(), "answers": self.answers,
                 "solved": self.solved_share(), "reason": self.reason}
+
+    @classmethod
+    def outcome_metrics(cls, config: EnvConfig, outcomes: list[dict[str, Any]]) -> dict[str, float]:
+        """How varied the Proposer's problems were: the share of distinct ones, and the share of
+        the commonest (a Proposer collapsing onto one easy problem shows here, not in its reward)."""
+        posed = [json.dumps(o["problem"], sort_keys=True) for o in outcomes if o.get("problem")]
+        if not posed:
+            return {}
+        return {"distinct_problems": len(set(posed)) / len(posed),
+                "commonest_problem": Counter(posed).most_common(1)[0][1] / len(posed)}

@@ -44,6 +44,7 @@ from ..team import Team, trainable_roles
 from ..transcript import EpisodeRecord
 from .datums import DatumBuildOptions, role_datums
 from .metrics import MetricsWriter, read_metrics, write_atomic
+from .repetition import penalise_repetition
 from .rng import load_rng, save_rng
 from .trainer import build_trainer
 from .types import AdamParams, Datum, LoraConfig
@@ -154,18 +155,20 @@ class TrainingRun:
             raise RunFailed(f"step {step}: every episode failed, leaving nothing to train on; the first: {first.error} "
                             f"(transcripts in {folder}). Fix the cause, then --resume from the last checkpoint")
         rewards = [[self.reward_fn(ep, list(self.team.roles), self.reward_config) for ep in g] for g in groups]
+        rewards, repeated = penalise_repetition(groups, rewards, self.cfg.repetition_penalty)
         advantages = self.trainer.advantages([[{r: rw[r] for r in self.roles} for rw in g] for g in rewards])
         t_roll = time.perf_counter() - t0
         row: dict[str, Any] = {"step": step, "kind": "train"}
         for role in self.team.roles:
             values = [rw[role] for g in rewards for rw in g]
             row[f"reward/{role}"] = sum(values) / len(values)
-            if self.cfg.reward != "env":  # what the environment paid, beside what training optimised
+            if self.cfg.reward != "env" or role in self.cfg.repetition_penalty:  # what the env paid, beside what trained
                 row[f"env_reward/{role}"] = sum(ep.rewards.get(role, 0.0) for g in groups for ep in g) / len(values)
         turns = [t for g in groups for ep in g for t in ep.turns]
         row["valid_turn_rate"] = sum(t.valid for t in turns) / max(len(turns), 1)
         row["episodes"] = len(episodes)
         row["episodes_errored"] = sum(ep.status == "error" for ep in episodes)  # not trained on: a fault, not a result
+        row.update(repeated)
         trained = self.trainer.adapters_to_train(step)
         self._write_credit(step, groups, rewards, advantages, trained)
         row.update(await self._update(step, trained, groups, advantages))

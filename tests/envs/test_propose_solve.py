@@ -28,3 +28,14 @@ def test_a_problem_outside_the_rules_ends_the_episode(tmp_path):
     (ep,) = play(t, {"proposer": proposer, "solver": Script({"answer": 38})}, tmp_path).episodes
     assert [turn.role for turn in ep.turns] == ["proposer"] and ep.outcome["reason"] == "no valid problem"
     assert ep.rewards == {"proposer": 0.0, "solver": 0.0}
+
+
+def test_outcome_metrics_show_a_proposer_that_repeats_itself():
+    from orchestrator.envs.propose_solve import ProposeSolveEnv
+
+    nine, other = {"a": 9, "op": "+", "b": 9}, {"a": 1, "op": "*", "b": 2}
+    outcomes = [{"problem": nine}, {"problem": dict(reversed(nine.items()))}, {"problem": nine}, {"problem": other},
+                {"problem": None}]  # an invalid proposal posed nothing
+    t = team("propose_solve")
+    assert ProposeSolveEnv.outcome_metrics(t.env_config, outcomes) == {"distinct_problems": 0.5, "commonest_problem": 0.75}
+    assert ProposeSolveEnv.outcome_metrics(t.env_config, [{"problem": None}]) == {}

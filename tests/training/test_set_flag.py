@@ -32,6 +32,7 @@ def test_budget_and_plugin_options_apply(team):
     assert team.config.training.group_size == 8  # the loaded team is not changed
     t = apply_sets(team, ["role_loss_config.alice.entropy_coef=0.1", "role_loss_config.alice.kl_coef=0.2"])
     assert t.config.training.role_loss_config == {"alice": {"entropy_coef": 0.1, "kl_coef": 0.2}}
+    assert apply_sets(team, ["repetition_penalty.alice=0.5"]).config.training.repetition_penalty == {"alice": 0.5}
 
 
 @pytest.mark.parametrize("flag, message", [
@@ -50,6 +51,8 @@ def test_budget_and_plugin_options_apply(team):
                                               "trainable roles"),
     ("role_loss_config.carol.entropy_coef=0.1", "--set: role_loss_config.carol: not a role that learns"),
     ("role_loss_config.alice.entropy_cof=0.1", "--set: role_loss_config.alice.entropy_cof: unknown key"),
+    ("repetition_penalty.carol=0.5", "--set: repetition_penalty.carol: not a role that learns"),
+    ("repetition_penalty.alice=-1", "--set: repetition_penalty.alice: must be 0 or more, got -1.0"),
     ("role_loss_config.bob.temperature=2", "--set: role_loss_config.bob.temperature: not an option: each role's "
                                            "policy.sampling.temperature is used"),
 ])

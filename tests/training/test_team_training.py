@@ -171,3 +171,23 @@ def test_role_loss_config_reaches_only_that_roles_tokens(cli, tmp_path):
     train(cli, ROOT / "recipes/generate_judge_worker.yaml", run, 1, "--set", "role_loss_config.judge.kl_coef=0.5")
     (row,) = [r for r in metric_rows(run) if r["kind"] == "train"]
     assert "judge/kl" in row and "generator/kl" not in row
+
+
+def test_repetition_penalty_lowers_the_rewards_of_repeated_messages(cli, tmp_path):
+    import json
+
+    # a greedy Proposer poses one problem in every episode: each repeats all the others
+    recipe = tmp_path / "propose_solve.yaml"
+    recipe.write_text((ROOT / "recipes/propose_solve.yaml").read_text().replace(
+        "  - use: proposer\n", "  - {use: proposer, policy: {adapter: proposer, trainable: true, sampling: {temperature: 0}}}\n"))
+    run = tmp_path / "run"
+    train(cli, recipe, run, 1, "--set", "repetition_penalty.proposer=0.5", "--set", "group_size=6")
+    (row,) = [r for r in metric_rows(run) if r["kind"] == "train"]
+    records = {r["id"]: r for r in map(json.loads, (run / "rollouts/step-000001/transcripts.jsonl").read_text().splitlines())}
+    lines = credit(run, 1)
+    assert len(lines) == 6 and row["proposer/repeated"] == 1.0
+    for line in lines:
+        env = records[line["episode"]]["rewards"]
+        assert line["rewards"]["proposer"] == pytest.approx(env["proposer"] - 0.5)
+        assert line["rewards"]["solver"] == env["solver"]
+    assert row["env_reward/proposer"] == pytest.approx(row["reward/proposer"] + 0.5) and "solver/repeated" not in row
