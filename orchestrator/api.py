@@ -259,10 +259,24 @@ def _record(compute: Compute, model: str, overrides: Mapping[str, Any], adapters
 
 def _sync(work: Callable[[], Coroutine[Any, Any, T]]) -> T:
     """Run the coroutine ``work()`` makes to the end, on a loop of its own: here, or in a helper
-    thread where this thread already runs a loop (asyncio.run refuses to nest)."""
+    thread where this thread already runs a loop (asyncio.run refuses to nest). An interrupt while
+    it waits there (a notebook's stop button) cancels the work, as Ctrl-C does a command's."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
         return asyncio.run(work())
+    started: concurrent.futures.Future = concurrent.futures.Future()
+
+    async def main() -> T:
+        started.set_result((asyncio.get_running_loop(), asyncio.current_task()))
+        return await work()
+
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rolecast") as pool:
-        return pool.submit(lambda: asyncio.run(work())).result()
+        done = pool.submit(asyncio.run, main())
+        try:
+            return done.result()
+        except KeyboardInterrupt:
+            loop, task = started.result()
+            loop.call_soon_threadsafe(task.cancel)
+            concurrent.futures.wait([done])
+            raise

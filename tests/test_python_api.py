@@ -159,3 +159,32 @@ def test_a_plugin_that_breaks_the_contract_raises_and_registers_nothing(registry
         with pytest.raises(rolecast.RolecastError, match=problem):
             rolecast.register_plugin(plugin)
     assert "half" not in registry.items["envs"] and not registry.failures
+
+
+def test_an_interrupt_in_a_notebook_cancels_the_work_instead_of_waiting_for_it(tmp_path):
+    import os
+    import signal
+    import time
+
+    calls = []
+
+    async def slow(request):
+        calls.append(1)
+        if len(calls) == 20:  # a few episodes in: the stop button (ipykernel sends SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+        await asyncio.sleep(0.05)
+        return binary_search(request)
+
+    async def cell():
+        return rolecast.run(ROOT / "recipes/guess_number.yaml", episodes=400, concurrency=1, policies={"guesser": slow},
+                            out=tmp_path / "run", progress=False)
+
+    # a kernel's loop (unlike asyncio.run's) leaves SIGINT to Python's handler: KeyboardInterrupt
+    loop = asyncio.new_event_loop()
+    t0 = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        loop.run_until_complete(cell())
+    loop.close()
+    assert time.perf_counter() - t0 < 20  # 400 episodes of 2-5 turns of 0.05 s each would take over a minute
+    finished = (tmp_path / "run/transcripts.jsonl").read_text().splitlines()
+    assert 0 < len(finished) < 20 and len(calls) < 25
