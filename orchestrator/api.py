@@ -46,8 +46,8 @@ def register_plugin(plugin: Any, name: str | None = None) -> None:
     carry ``@hookimpl``: ``register_envs``, ``register_rewards`` ...) as an installed one is
     through its entry point, for teams loaded after it. The same plugin name may register again
     (a notebook cell run twice): its names then hold the new objects. A plugin that breaks the
-    contract raises RolecastError and changes nothing. Ray rollout workers are other processes: there, only
-    installed plugins' builtin policies are known (environments travel with the team)."""
+    contract raises RolecastError and changes nothing. Ray rollout workers are other processes:
+    there, only installed plugins' builtin policies are known (environments travel with the team)."""
     from .registry import default_registry
 
     registry = default_registry()

@@ -188,3 +188,15 @@ def test_an_interrupt_in_a_notebook_cancels_the_work_instead_of_waiting_for_it(t
     assert time.perf_counter() - t0 < 20  # 400 episodes of 2-5 turns of 0.05 s each would take over a minute
     finished = (tmp_path / "run/transcripts.jsonl").read_text().splitlines()
     assert 0 < len(finished) < 20 and len(calls) < 25
+
+
+def test_import_sends_logs_to_stderr_unless_structlog_was_set_up_first():
+    import subprocess
+    import sys
+
+    code = "import structlog{}; import rolecast; structlog.get_logger().info('engine', device='cpu')"
+    plain = subprocess.run([sys.executable, "-c", code.format("")], capture_output=True, text=True, timeout=120)
+    assert plain.returncode == 0 and plain.stdout == "" and "engine" in plain.stderr
+    mine = "; structlog.configure(processors=[structlog.processors.JSONRenderer()])"
+    theirs = subprocess.run([sys.executable, "-c", code.format(mine)], capture_output=True, text=True, timeout=120)
+    assert theirs.returncode == 0 and json.loads(theirs.stdout) == {"event": "engine", "device": "cpu"}
