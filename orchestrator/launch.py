@@ -104,7 +104,8 @@ def check_adapter_names(adapters: Mapping[str, Path], team: Any) -> None:
 
 
 def run_dir(out: str | Path | None, stem: str, fresh: bool = False) -> Path:
-    """``out``, or ``runs/<stem>-<time>``; a path through an existing file is one line here, not a
+    """``out``, or ``runs/<stem>-<time>`` (``-2``, ``-3`` ... after it where runs started in the
+    same second: calls in a loop); a path through an existing file is one line here, not a
     traceback when the run first writes. ``fresh``: an ``out`` that already holds a run (its
     config.yaml) is refused too, rather than overwritten."""
     if out is not None:
@@ -115,7 +116,12 @@ def run_dir(out: str | Path | None, stem: str, fresh: bool = False) -> Path:
         if fresh and (out / "config.yaml").exists():
             raise RolecastError(f"--out {out} already holds a run: give another --out, or remove it first")
         return out
-    return Path("runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    path = base = Path("runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    n = 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
 
 
 def recorded_run(out: Path) -> dict[str, Any] | None:

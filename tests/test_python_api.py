@@ -200,3 +200,13 @@ def test_import_sends_logs_to_stderr_unless_structlog_was_set_up_first():
     mine = "; structlog.configure(processors=[structlog.processors.JSONRenderer()])"
     theirs = subprocess.run([sys.executable, "-c", code.format(mine)], capture_output=True, text=True, timeout=120)
     assert theirs.returncode == 0 and json.loads(theirs.stdout) == {"event": "engine", "device": "cpu"}
+
+
+def test_runs_started_in_the_same_second_get_run_dirs_of_their_own(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("time.strftime", lambda fmt: "20261125-120000")
+    dirs = [rolecast.run(ROOT / "recipes/guess_number.yaml", episodes=1, policies={"guesser": binary_search},
+                         progress=False).run_dir for _ in range(3)]
+    assert [d.name for d in dirs] == ["guess_number-20261125-120000", "guess_number-20261125-120000-2",
+                                      "guess_number-20261125-120000-3"]
+    assert all(len((tmp_path / d / "transcripts.jsonl").read_text().splitlines()) == 1 for d in dirs)
