@@ -8,7 +8,7 @@ do (the commands parse their flags into these calls), for scripts and notebooks:
     trained = rolecast.train("recipes/guess_number.yaml", steps=2, sets={"group_size": 4})
     trained.final["eval_reward/guesser"], trained.run_dir
 
-A team argument is a loaded ``Team`` or the path of its file. A mistake a user can fix raises
+A team argument is a loaded ``Team``, the path of its file, or the mapping the file would hold. A mistake a user can fix raises
 ``RolecastError`` with the one line the command prints. Each call runs its episodes on an event
 loop of its own; inside a running loop (a Jupyter cell) that loop lives in a helper thread and
 the call returns when the work is done. From async code, call them through ``asyncio.to_thread``.
@@ -31,14 +31,16 @@ from .team import Team, with_training_options
 from .team import load_team as _load_team
 
 T = TypeVar("T")
-TeamLike = Team | str | Path
+TeamLike = Team | str | Path | Mapping[str, Any]
 Policies = Mapping[str, "str | Callable[..., Any]"]
 
 
-def load_team(path: str | Path, sets: Mapping[str, Any] | None = None) -> Team:
-    """The team or recipe file at ``path``, checked; ``sets`` changes training options as ``--set``
-    does (``{"group_size": 4, "adam.learning_rate": 1e-4}``), checked as the file's own are."""
-    return with_training_options(_load_team(path), sets or {})
+def load_team(source: str | Path | Mapping[str, Any], sets: Mapping[str, Any] | None = None) -> Team:
+    """The team or recipe file at ``source``, or the mapping such a file would hold (a team
+    written in code: its paths relative to the current folder), checked; ``sets`` changes training
+    options as ``--set`` does (``{"group_size": 4, "adam.learning_rate": 1e-4}``), checked as the
+    file's own are."""
+    return with_training_options(_load_team(source), sets or {})
 
 
 def register_plugin(plugin: Any, name: str | None = None) -> None:

@@ -24,7 +24,7 @@ from .registry import Registry, config_model, default_registry
 from .role import BASE_VARIABLES, RoleSpec, library_roles, load_role, resolve_role_path
 from .config_errors import ErrorSite, problem_text, validate_model
 from .training.trainer import build_trainer
-from .yamlfile import Loc, YamlDoc, format_loc, load_json_lines, load_yaml
+from .yamlfile import Loc, YamlDoc, format_loc, inline_doc, load_json_lines, load_yaml
 
 
 @dataclass(frozen=True)
@@ -66,9 +66,11 @@ def trainable_roles(roles: dict[str, RoleSpec]) -> dict[str, str]:
     return out
 
 
-def load_team(path: str | Path, registry: Registry | None = None) -> Team:
+def load_team(source: str | Path | Mapping[str, Any], registry: Registry | None = None) -> Team:
+    """The team in file ``source``, or given as its mapping (a team written in code: paths in it
+    are relative to the current folder), checked."""
     registry = registry or default_registry()
-    doc = load_yaml(path)
+    doc = inline_doc(source, "<inline team>") if isinstance(source, Mapping) else load_yaml(source)
     if not isinstance(doc.data, dict):
         raise doc.error((), "a team file must be a mapping of keys")
     config: TeamConfig = validate_model(TeamConfig, doc.data, doc)

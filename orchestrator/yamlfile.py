@@ -33,9 +33,12 @@ class YamlDoc:
     data: Any
     path: Path
     lines: dict[Loc, int] = field(default_factory=dict)
+    inline: bool = False  # given in code (``inline_doc``): no file, no lines
 
     def line_of(self, loc: Loc) -> int | None:
         """Line of the deepest existing key on ``loc`` (a missing key points at its parent)."""
+        if self.inline:
+            return None
         loc = tuple(loc)
         while loc:
             if loc in self.lines:
@@ -44,7 +47,17 @@ class YamlDoc:
         return 1
 
     def error(self, loc: Loc, problem: str) -> ConfigError:
-        return ConfigError(self.path, self.line_of(loc), format_loc(loc), problem)
+        return ConfigError(self.path.name if self.inline else self.path, self.line_of(loc), format_loc(loc), problem)
+
+
+def inline_doc(data: Any, name: str) -> YamlDoc:
+    """A mapping given in code (``rolecast.run({...})``) read as a file named ``name`` in the
+    current folder: relative paths in it resolve from there, and errors read ``name: KEY: problem``."""
+    try:
+        copy = json.loads(json.dumps(data))  # a deep copy, of plain data only
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(name, None, "(root)", f"not plain data (mappings, lists, strings, numbers): {exc}") from None
+    return YamlDoc(data=copy, path=Path.cwd() / name, inline=True)
 
 
 def format_loc(loc: Loc) -> str:

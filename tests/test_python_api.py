@@ -210,3 +210,20 @@ def test_runs_started_in_the_same_second_get_run_dirs_of_their_own(tmp_path, mon
     assert [d.name for d in dirs] == ["guess_number-20261125-120000", "guess_number-20261125-120000-2",
                                       "guess_number-20261125-120000-3"]
     assert all(len((tmp_path / d / "transcripts.jsonl").read_text().splitlines()) == 1 for d in dirs)
+
+
+def test_a_team_written_in_code_runs_as_its_file_would(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "secrets.yaml").write_text("[{secret: 3}, {secret: 11}]\n")  # relative paths: from here
+    team = {"name": "guess", "protocol": {"type": "guess_number", "players": ["guesser"], "low": 1, "high": 16, "turns": 5},
+            "roles": [{"use": "number_guesser", "name": "guesser"}], "tasks": "secrets.yaml"}
+    result = rolecast.run(team, episodes=2, policies={"guesser": binary_search}, out="run", progress=False)
+    assert [e.task for e in result.episodes] == [{"secret": 3}, {"secret": 11}]
+    assert result.summary["roles"]["guesser"]["mean_reward"] == 1.0
+    team["protocol"]["turns"] = 0  # the caller's mapping was copied, not kept
+    assert yaml.safe_load((tmp_path / "run/config.yaml").read_text())["team"]["protocol"]["turns"] == 5
+    for bad, message in (({**team, "protocl": 1}, "<inline team>: protocl: unknown key"),
+                         ({**team, "tasks": {1, 2}}, "<inline team>: (root): not plain data")):
+        with pytest.raises(rolecast.ConfigError) as caught:
+            rolecast.run(bad)
+        assert str(caught.value).startswith(message)
