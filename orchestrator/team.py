@@ -175,7 +175,7 @@ def with_training_options(team: Team, options: Mapping[str, Any], registry: Regi
         raise RolecastError(f"--set: {team.path} has no `training:` block")
     data = team.config.training.model_dump()
     for key, value in options.items():
-        path = key.split(".")
+        path = str(key).split(".")
         per_role = path[0] == "role_loss_config"
         if path[0] not in data or path[0] in NOT_SETTABLE or (path[0] in PLUGIN_OPTIONS and len(path) < 2) \
                 or (per_role and len(path) != 3):

@@ -79,6 +79,8 @@ def test_load_team_applies_training_options():
      "--task abc: the secret is a whole number"),
     (lambda out: rolecast.train(ROOT / "recipes/guess_number.yaml", sets={"trainer": "population"}, out=out),
      "--set trainer: not a settable option"),
+    (lambda out: rolecast.train(ROOT / "recipes/guess_number.yaml", sets={16: 2}, out=out),
+     "--set 16: not a settable option"),
     (lambda out: rolecast.train(ROOT / "recipes/guess_number.yaml", resume=True), "--resume needs --out"),
     (lambda out: rolecast.load_team(ROOT / "recipes/nope.yaml"), "nope.yaml"),
 ])
