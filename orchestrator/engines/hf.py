@@ -46,6 +46,7 @@ from .prefix_cache import BLOCK, PrefixCache, shared_prefixes
 from .sampling import counter_uniforms, sample_on_device
 from .slots import SlotKV
 from .tokens import TokenizerMethods, end_of_turn_ids
+from .upload import upload
 
 log = structlog.get_logger()
 BASE = "__base__"
@@ -350,13 +351,13 @@ class HFEngine(TokenizerMethods):
         """Each row's last token, on the device: from the step in flight where the row was in it
         (not read by the host yet), else from the host (rows prefilled since)."""
         if flight is None:
-            return torch.tensor([s.tokens[-1] for s in rows], device=self.device)
+            return upload([s.tokens[-1] for s in rows], self.device)
         where = {id(s): i for i, s in enumerate(flight.seqs)}
         src = [where.get(id(s), -1) for s in rows]
         if src == list(range(len(rows))):  # the usual step: same rows, same order, nothing from the host
             return flight.tokens[: len(rows)]
-        ids = torch.tensor([s.tokens[-1] for s in rows], device=self.device)
-        index = torch.tensor(src, device=self.device)
+        ids = upload([s.tokens[-1] for s in rows], self.device)
+        index = upload(src, self.device)
         return torch.where(index >= 0, flight.tokens[index.clamp(min=0)], ids)
 
     def _admit(self) -> list[_Seq]:
@@ -483,7 +484,7 @@ class HFEngine(TokenizerMethods):
     def _decode(self) -> None:
         t0, rows = time.perf_counter(), len(self._active)
         adapters = [s.adapter_key for s in self._active]
-        ids = torch.tensor([s.tokens[-1] for s in self._active], device=self.device)
+        ids = upload([s.tokens[-1] for s in self._active], self.device)
         fused = self._fused if self.fused_decode else None
         if fused is not None:
             self._route(adapters)

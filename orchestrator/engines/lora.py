@@ -22,6 +22,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from .upload import upload
+
 _STACKS_KEPT = 8  # stacked weights of recent adapter mixes (a mix is rebuilt when it comes back)
 
 
@@ -268,7 +270,7 @@ class SlotLoRA:
     def route(self, adapters: list[str | None], rows: int) -> None:
         """Set the slots of the step's ``rows`` rows: ``adapters`` for the first, base for the rest."""
         slots = [self.slots.get(a, -1) if a is not None else -1 for a in adapters]
-        self.rows[:rows].copy_(torch.tensor(slots + [-1] * (rows - len(slots))))
+        self.rows[:rows].copy_(upload(slots + [-1] * (rows - len(slots)), self.rows.device))
 
     def mode(self, adapters: list[str | None]) -> str:
         """How a step over rows with these adapters adds LoRA: ``none`` (no row has one), ``one``

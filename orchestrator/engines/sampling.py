@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from .upload import upload
+
 # splitmix64's constants as signed int64 (torch has no uint64 arithmetic)
 _GOLDEN = -0x61C8864680B583EB  # 0x9E3779B97F4A7C15
 _MIX1 = -0x40A7B892E31B1A47  # 0xBF58476D1CE4E5B9
@@ -67,8 +69,8 @@ def sample_on_device(
     if bitmask is not None and masked_rows:
         from xgrammar import apply_token_bitmask_inplace  # one op for the whole batch
 
-        apply_token_bitmask_inplace(x, bitmask.to(device, non_blocking=True), indices=masked_rows)
-    scale = torch.tensor([t if t > 0 else 1.0 for t in temperatures], dtype=torch.float32, device=device)[:, None]
+        apply_token_bitmask_inplace(x, upload(bitmask, device), indices=masked_rows)
+    scale = upload([t if t > 0 else 1.0 for t in temperatures], device, torch.float32)[:, None]
     if any(t > 0 and t != 1.0 for t in temperatures):  # decided on the host: no device sync
         x.div_(scale)
     argmax = x.argmax(dim=-1) if any(t <= 0 for t in temperatures) else None
@@ -82,11 +84,11 @@ def sample_on_device(
     # Inverse-CDF sampling, one uniform per row: a batched cumsum and searchsorted cost far less
     # than a multinomial call per row over a 49k vocabulary.
     cdf = weights.cumsum_(dim=-1)
-    u = uniforms.to(device, torch.float32)
+    u = upload(uniforms, device, torch.float32)
     target = (1.0 - u) * cdf[:, -1]  # in (0, total]: never lands on a zero-mass prefix
     chosen_ids = torch.searchsorted(cdf, target[:, None]).squeeze(-1).clamp(max=logits.shape[-1] - 1)
     if argmax is not None:
-        chosen_ids = torch.where(torch.tensor([t <= 0 for t in temperatures], device=device), argmax, chosen_ids)
+        chosen_ids = torch.where(upload([t <= 0 for t in temperatures], device), argmax, chosen_ids)
     # The chosen tokens are allowed by any mask, so their logits are the unmasked ones.
     chosen = logits.gather(-1, chosen_ids[:, None]).squeeze(-1).float() / scale.squeeze(-1) - log_z.squeeze(-1)
     return chosen_ids, chosen

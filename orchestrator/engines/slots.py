@@ -22,6 +22,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from .attention import banned_columns
+from .upload import upload
 
 _MIN_COLUMNS = 512
 _GENERATIONS = itertools.count(1)
@@ -69,7 +70,7 @@ class SlotKV:
         first = self.rows
         self.keys[:, first:first + n, :, :width] = torch.gather(keys, 3, index)
         self.values[:, first:first + n, :, :width] = torch.gather(values, 3, index)
-        self.lens[first:first + n] = torch.tensor(lengths, device=self.device)
+        self.lens[first:first + n] = upload(lengths, self.device)
         self.lengths += lengths
 
     def compaction(self, keep: list[int]) -> list[int]:
@@ -87,7 +88,7 @@ class SlotKV:
         """The batch becomes old rows ``order``, in that order; slots after them fall idle."""
         moved = [(new, old) for new, old in enumerate(order) if new != old]
         if moved:
-            new, old = (torch.tensor(x, device=self.device) for x in zip(*moved))
+            new, old = (upload(x, self.device) for x in zip(*moved))
             span = max(self.lengths[o] for _, o in moved)
             self.keys[:, new, :, :span] = self.keys[:, old, :, :span]
             self.values[:, new, :, :span] = self.values[:, old, :, :span]

@@ -75,6 +75,45 @@ def test_graph_replayed_and_eager_steps_sample_the_same_tokens():
     assert outs[True][:20] != outs[True][20:]  # the update reached the graphs
 
 
+def test_a_steady_decode_step_never_waits_for_the_gpu(monkeypatch):
+    """The static path books step t while the GPU computes step t+1: a blocking copy in a step (host
+    data sent from pageable memory, ``.item()``) would make the host wait for the step it just
+    launched (engines/upload.py). In a second round of the same requests every graph is captured
+    already (a capture synchronises), and each step without newcomers runs under
+    ``set_sync_debug_mode("error")``: a step that synchronised would fail its requests."""
+    from orchestrator.engines.hf import HFEngine
+
+    engine = tiny_engine("bfloat16", device=CUDA, max_batch=8)
+    engine.add_adapter("alpha")
+    randomize(engine, "alpha", 1)
+    reqs = requests(8, adapters=(None, "alpha"), max_tokens=24)  # one rows bucket (8) and one window (64)
+    iterate, checking, steady = HFEngine._static_iteration, [False], []
+
+    def checked(self, newcomers):
+        if newcomers or not checking[0]:
+            return iterate(self, newcomers)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            iterate(self, newcomers)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        steady.append(len(self._active))
+
+    monkeypatch.setattr(HFEngine, "_static_iteration", checked)
+
+    async def rounds():
+        await asyncio.gather(*(engine.generate(r) for r in reqs))
+        captured = engine._graphs.captured
+        checking[0] = True
+        second = await asyncio.gather(*(engine.generate(r) for r in reqs))  # raises if a step failed
+        await engine.aclose()
+        return second, captured
+
+    second, captured = asyncio.run(rounds())
+    assert all(o.token_ids for o in second)
+    assert engine._graphs.captured == captured and len(steady) >= 20
+
+
 def test_the_static_path_samples_what_the_batch_kv_path_samples_on_cuda():
     outs = {}
     for static in (True, False):
