@@ -78,40 +78,43 @@ def test_graph_replayed_and_eager_steps_sample_the_same_tokens():
 def test_a_steady_decode_step_never_waits_for_the_gpu(monkeypatch):
     """The static path books step t while the GPU computes step t+1: a blocking copy in a step (host
     data sent from pageable memory, ``.item()``) would make the host wait for the step it just
-    launched (engines/upload.py). In a second round of the same requests every graph is captured
-    already (a capture synchronises), and each step without newcomers runs under
-    ``set_sync_debug_mode("error")``: a step that synchronised would fail its requests."""
+    launched (engines/upload.py). Each step without newcomers runs under
+    ``set_sync_debug_mode("warn")``; its warnings count unless the step captured a graph (a capture
+    synchronises), and the second round of the same requests captures none."""
+    import warnings
+
     from orchestrator.engines.hf import HFEngine
 
     engine = tiny_engine("bfloat16", device=CUDA, max_batch=8)
     engine.add_adapter("alpha")
     randomize(engine, "alpha", 1)
-    reqs = requests(8, adapters=(None, "alpha"), max_tokens=24)  # one rows bucket (8) and one window (64)
-    iterate, checking, steady = HFEngine._static_iteration, [False], []
+    reqs = requests(8, adapters=(None, "alpha"), max_tokens=24)
+    iterate, checked_steps, syncs = HFEngine._static_iteration, [], []
 
     def checked(self, newcomers):
-        if newcomers or not checking[0]:
+        if newcomers:
             return iterate(self, newcomers)
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            iterate(self, newcomers)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-        steady.append(len(self._active))
+        captured = self._graphs.captured
+        with warnings.catch_warnings(record=True) as caught:  # only this thread warns meanwhile
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                iterate(self, newcomers)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        if self._graphs.captured == captured:
+            checked_steps.append(len(self._active))
+            syncs.extend(str(w.message) for w in caught if "synchroniz" in str(w.message))
 
     monkeypatch.setattr(HFEngine, "_static_iteration", checked)
 
     async def rounds():
-        await asyncio.gather(*(engine.generate(r) for r in reqs))
-        captured = engine._graphs.captured
-        checking[0] = True
-        second = await asyncio.gather(*(engine.generate(r) for r in reqs))  # raises if a step failed
+        for _ in range(2):
+            await asyncio.gather(*(engine.generate(r) for r in reqs))
         await engine.aclose()
-        return second, captured
 
-    second, captured = asyncio.run(rounds())
-    assert all(o.token_ids for o in second)
-    assert engine._graphs.captured == captured and len(steady) >= 20
+    asyncio.run(rounds())
+    assert len(checked_steps) >= 20 and syncs == []
 
 
 def test_the_static_path_samples_what_the_batch_kv_path_samples_on_cuda():
