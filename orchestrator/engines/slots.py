@@ -110,18 +110,17 @@ class SlotKV:
         """The step's attention mask (``attention.attend``'s): columns past each row's next token.
         Called once a step, before the writes: it also places them."""
         lens = self.lens[: self.step_rows]
-        _, _, heads, columns, _ = self.keys.shape
-        # where (row, head)'s next key goes in a layer's buffer seen as [slots * H * columns, D]
-        self._write_at = ((self._rows[: self.step_rows, None] * heads + self._heads) * columns + lens[:, None]).reshape(-1)
+        # (slot, head, column) of each row's next key in a layer's buffer: views that broadcast to [rows, H]
+        self._write_at = (self._rows[: self.step_rows, None], self._heads[None, :], lens[:, None])
         allowed = self._columns[None, : self.window] <= lens[:, None]
         return banned_columns(allowed, kv_heads)
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Put one new key and value per stepped row (``[rows, H, 1, D]``) at its own next column
-        (one ``index_copy_`` each); return the step's window of the layer (views)."""
-        dim = k.shape[-1]
-        self.keys[layer].view(-1, dim).index_copy_(0, self._write_at, k.reshape(-1, dim))
-        self.values[layer].view(-1, dim).index_copy_(0, self._write_at, v.reshape(-1, dim))
+        (one ``index_put_`` each, which reads them where they lie in the step's q/k/v output: no
+        copy first); return the step's window of the layer (views)."""
+        self.keys[layer].index_put_(self._write_at, k[:, :, 0])
+        self.values[layer].index_put_(self._write_at, v[:, :, 0])
         return (self.keys[layer, : self.step_rows, :, : self.window],
                 self.values[layer, : self.step_rows, :, : self.window])
 
