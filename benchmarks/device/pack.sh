@@ -21,10 +21,8 @@ rm -rf .whl .m1 .m2 .ray && mkdir -p .whl .m1/cfg .m2
 
 deps=(pydantic pydantic-core annotated-types typing-inspection jsonschema jsonschema-specifications referencing
       rpds-py jsonschema-rs structlog xgrammar apache-tvm-ffi gguf trl datasets dill multiprocess)
-pins=()
-for name in "${deps[@]}"; do
-  pins+=("$name==$("$PY" -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$name")")
-done
+pins() { "$PY" -c "import importlib.metadata as m, sys; print(*(f'{n}=={m.version(n)}' for n in sys.argv[1:]))" "$@"; }
+read -ra pins <<< "$(pins "${deps[@]}")"
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 -d .whl "${pins[@]}" 2>&1 | grep -v "^WARNING: Location" || true
@@ -46,7 +44,7 @@ md5sum "$gguf" | cut -d' ' -f1 > .m2/gg.md5
 if [ "${1:-}" = ray ]; then
   tmp=$(mktemp -d)
   "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux2014_x86_64 -d "$tmp" "ray==$("$PY" -c "import importlib.metadata as m; print(m.version('ray'))")" \
+    --platform manylinux2014_x86_64 -d "$tmp" "$(pins ray)" \
     2>&1 | grep -v "^WARNING: Location" || true
   mkdir -p "$tmp/site" .ray && (cd "$tmp/site" && unzip -q "$tmp"/ray-*.whl && rm -rf ray/jars ray/dashboard/client/build)
   tar -C "$tmp/site" -cf - . | xz -T0 -6 > .ray/ray.tar.xz
