@@ -1,12 +1,28 @@
 """Shared fixtures: a small valid team in a temp folder, and the CLI run in-process."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from orchestrator.cli import main
 from support import write
+
+
+def _share_the_cores() -> None:
+    """``make test`` runs a pytest-xdist worker per core: each worker's torch (and the processes
+    its tests start) gets its share of the cores. Torch threads that outnumber the cores spin-wait
+    for each other, and a tiny model's decode steps turn several times slower."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
+
+
+_share_the_cores()
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """Attacks from inside the sandbox; each asserts the HOST-side effect is absent."""
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
@@ -12,13 +13,15 @@ import threading
 import time
 from pathlib import Path
 
-from sandboxes.confine import UID_BASE, UID_SLOTS
+from sandboxes.confine import LOCK_DIR, UID_BASE, UID_SLOTS
 
 PY = sys.executable
 
 
-def sandbox_uid_processes() -> list[int]:
-    """Live (non-zombie) host processes of any sandbox uid."""
+def leaked_sandbox_processes() -> list[int]:
+    """Live (non-zombie) host processes of a sandbox uid that no run holds any more: a run keeps
+    its uid's lock until it has killed what it started, so a process of a released uid outlived
+    its run. (Runs of other tests, in other pytest-xdist workers, hold their uids' locks.)"""
     pids = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -27,9 +30,20 @@ def sandbox_uid_processes() -> list[int]:
                 state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
             except OSError:
                 continue
-            if UID_BASE <= uid < UID_BASE + UID_SLOTS and state != "Z":
+            if UID_BASE <= uid < UID_BASE + UID_SLOTS and state != "Z" and not _held(uid - UID_BASE):
                 pids.append(int(entry.name))
     return pids
+
+
+def _held(slot: int) -> bool:
+    fd = os.open(LOCK_DIR / str(slot), os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
 
 
 def test_fork_bomb_is_capped_and_fully_reaped(sandbox, marker, processes_with):
@@ -38,7 +52,7 @@ def test_fork_bomb_is_capped_and_fully_reaped(sandbox, marker, processes_with):
     assert r.timed_out
     assert r.duration_s < 5
     assert processes_with(marker) == []
-    assert sandbox_uid_processes() == []
+    assert leaked_sandbox_processes() == []
 
 
 def test_memory_bomb_is_killed_at_the_limit(sandbox):
