@@ -8,6 +8,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+import yaml
 from support import credit, metric_rows, needs_sandbox, plugin
 from support import train_tiny as train
 
@@ -35,6 +36,20 @@ def varied_reward():
     default_registry.cache_clear()
 
 
+def short_replies(recipe: Path, folder: Path, max_tokens: int = 48) -> Path:
+    """``recipe`` with every role's replies capped at ``max_tokens``, as a file in ``folder`` (its
+    prompt paths made absolute). The tiny model writes noise up to each role's cap, and
+    issue_fix's caps (512 tokens for the Coder, 384 for the Tester) made its test take minutes."""
+    data = yaml.safe_load(recipe.read_text())
+    for role in data["roles"]:
+        if "prompt" in role:
+            role["prompt"] = str((recipe.parent / role["prompt"]).resolve())
+        role.setdefault("policy", {}).setdefault("sampling", {})["max_tokens"] = max_tokens
+    path = folder / recipe.name
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
 def spread(values: list[float]) -> list[float]:
     """``values``, checked to differ: advantages of equal rewards are 0 under any baseline."""
     assert len(set(values)) > 1, values
@@ -50,7 +65,8 @@ def spread(values: list[float]) -> list[float]:
 def test_team_recipes_train_every_role(cli, tmp_path, monkeypatch, recipe, adapters):
     monkeypatch.chdir(ROOT)  # issue_fix's task dirs are relative to the repo root
     run = tmp_path / "run"
-    train(cli, ROOT / "recipes" / f"{recipe}.yaml", run, 2)
+    path = ROOT / "recipes" / f"{recipe}.yaml"
+    train(cli, short_replies(path, tmp_path) if recipe == "issue_fix" else path, run, 2)
     assert sorted(p.name for p in (run / "sampler").iterdir()) == sorted(adapters)
     assert all((run / "sampler" / a / "adapter_model.safetensors").is_file() for a in adapters)
     assert [r["step"] for r in metric_rows(run) if r["kind"] == "train"] == [1, 2]
