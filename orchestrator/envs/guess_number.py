@@ -9,20 +9,13 @@
       rewards: {correct: 1.0, failed: 0.0}
       illegal_penalty: -1.0      # a guess outside [low, high]: the game ends
       on_invalid: continue       # an unparseable turn uses up a turn (end: the game ends)
-      process: consistent        # the process reward; halving: see GuessNumberConfig
-
-The outcome's process reward is the mean of a score per guess (an invalid turn scores 0).
-``consistent`` scores 1 for a guess inside the range the feedback so far left possible.
-``halving`` scores what such a guess can rule out for sure against what the midpoint can (1 at the
-midpoint, 1/8 at the edge of 16 numbers): stepping one number at a time towards the secret keeps
-every guess consistent, but only halving generalises to secrets training never saw.
 
 The guesser's message is ``{"guess": 7}`` (the JSON field replaces a ``Guess: 7`` line). The
 secret is the task's ``secret`` when it has one, else drawn from the episode's seeded RNG.
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, field_validator, model_validator
 
@@ -43,7 +36,6 @@ class GuessNumberConfig(GameConfig):
     high: int = 16
     turns: int = Field(5, ge=1, le=100)
     rewards: GuessRewards = Field(default_factory=GuessRewards)
-    process: Literal["consistent", "halving"] = "consistent"
 
     @model_validator(mode="after")
     def _range(self) -> "GuessNumberConfig":
@@ -80,7 +72,7 @@ class GuessNumberEnv(GameEnv):
         secret = self.task.get("secret")
         self.secret = secret if secret is not None else self.rng.randint(c.low, c.high)
         self.history: list[dict[str, Any]] = []  # {"guess": int | None, "feedback": str}
-        self.scores = 0.0  # the process score of the guesses so far (the module's docstring)
+        self.consistent = 0  # guesses inside the range the feedback before them left possible
 
     @classmethod
     def task_from_cli(cls, value: str) -> dict[str, Any]:
@@ -109,15 +101,6 @@ class GuessNumberEnv(GameEnv):
         return (max([self.config.low] + [h["guess"] + 1 for h in self.history if h["feedback"] == "too low"]),
                 min([self.config.high] + [h["guess"] - 1 for h in self.history if h["feedback"] == "too high"]))
 
-    def _score(self, guess: int, lowest: int, highest: int) -> float:
-        if not lowest <= guess <= highest:
-            return 0.0
-        if self.config.process == "consistent":
-            return 1.0
-        n = highest - lowest + 1
-        ruled_out = n - max(guess - lowest, highest - guess)  # whichever way the answer goes
-        return ruled_out / (n - n // 2)  # the midpoint leaves n // 2 at most
-
     async def step(self, role: str, message: Message) -> StepResult:
         c = self.config
         if not message.valid:
@@ -128,7 +111,8 @@ class GuessNumberEnv(GameEnv):
             guess = (message.content or {}).get("guess")
             if not isinstance(guess, int) or isinstance(guess, bool) or not c.low <= guess <= c.high:
                 return self.forfeit(role, "illegal")
-            self.scores += self._score(guess, *self._possible())
+            lowest, highest = self._possible()
+            self.consistent += lowest <= guess <= highest
             self.history.append({"guess": guess, "feedback": feedback(guess, self.secret)})
             if guess == self.secret:
                 return self.finish({role: "win"}, {role: c.rewards.correct}, "correct")
@@ -137,6 +121,7 @@ class GuessNumberEnv(GameEnv):
         return StepResult()
 
     def outcome(self) -> dict[str, Any]:
-        score = self.scores / len(self.history) if self.history else 0.0
+        # process reward: the share of guesses that the feedback so far allowed (invalid turns: not)
+        used = self.consistent / len(self.history) if self.history else 0.0
         return {**super().outcome(), "secret": self.secret, "guesses": len(self.history),
-                "process": {self.config.players[0]: score}}
+                "process": {self.config.players[0]: used}}
