@@ -43,6 +43,7 @@ def assert_same_draws(outs, refs, tolerance: float = 1e-4):
     above 1e-4), so the rounding of two kernels (or of one kernel on another thread count) can move
     an inverse-CDF draw to the neighbouring token id; a row's text parts there. A wrong uniform,
     adapter or cache would pick an unrelated token instead, and would not stay rare."""
+    assert len(outs) == len(refs)
     parted = 0
     for (tokens, logprobs), (ref_tokens, ref_logprobs) in zip(outs, refs):
         same = next((j for j, (a, b) in enumerate(zip(tokens, ref_tokens)) if a != b), None)
