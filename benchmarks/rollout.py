@@ -57,6 +57,7 @@ from orchestrator.compute_thread import compute_thread
 from orchestrator.cpu import CpuFeatures, host
 from orchestrator.engines.base import GenerationRequest, SamplingParams
 from orchestrator.engines.decoder import weight_layout
+from orchestrator.engines.graphs import count_kernels
 from orchestrator.engines.hf import EngineStats, HFEngine
 from orchestrator.models import load_model
 
@@ -170,6 +171,15 @@ def engine_with_adapters(loaded, requests: int) -> tuple[HFEngine, list[tuple[in
     return engine, prompts(engine, requests), names
 
 
+def step_kernels(engine: HFEngine, rows: int, window: int) -> dict[str, int]:
+    """The kernels one static decode step of ``rows`` x ``window`` launches (``graphs.count_kernels``),
+    with no adapter, one, and mixed: what its graphs replay. Run eagerly (the step writes only the
+    idle slots' column 0 once the requests are done)."""
+    with torch.inference_mode():
+        return {mode: sum(count_kernels(lambda: engine._static_forward(rows, window, mode)).values())
+                for mode in ("none", "one", "mixed")}
+
+
 def gpu_main(args, loaded, plain) -> None:
     engine, ps, names = engine_with_adapters(loaded, args.requests)
     compute = compute_thread()
@@ -200,21 +210,23 @@ def gpu_main(args, loaded, plain) -> None:
         engine.stats = EngineStats()
         await engine_run(engine, ps, args.max_tokens, names)
         stats.update(engine.stats.as_dict())
+        kernels.update(compute.submit(step_kernels, engine, args.requests, max(w for _, w, _ in engine._graphs.shapes)).result())
         await engine.aclose()
 
     stats: dict = {}
+    kernels: dict = {}
     asyncio.run(measure())
     rate = {k: t / s for k, (t, s) in totals.items()}
     # one step's GPU time, per captured shape of the full bucket: what the host adds is the rest of a step
     full = [shape for shape in engine._graphs.shapes if shape[0] == args.requests]
-    replay_ms = {f"{'lora' if lora else 'base'}_{rows}x{window}": round(1e3 * engine._graphs.replay_seconds((rows, window, lora)), 3)
+    replay_ms = {f"{lora}_{rows}x{window}": round(1e3 * engine._graphs.replay_seconds((rows, window, lora)), 3)
                  for rows, window, lora in full}
     print(json.dumps({
         "model": args.model, "device": torch.cuda.get_device_name(), "dtype": str(loaded.dtype).removeprefix("torch."),
         "requests": args.requests, "max_tokens": args.max_tokens, "rounds": args.rounds, "decode_path": engine.decode_path,
         "graphs_captured": engine._graphs.captured, **{f"{k}_tok_s": round(v, 1) for k, v in rate.items()},
         "mixed_decode_ms_per_step": round(1e3 * stats["decode_s"] / stats["decode_steps"], 3),
-        "mixed_prefill_s": stats["prefill_s"], "graph_replay_ms": replay_ms,
+        "mixed_prefill_s": stats["prefill_s"], "graph_replay_ms": replay_ms, "kernels_per_step": kernels,
         "engine_vs_static_generate": round(rate["engine"] / rate["static_generate"], 3),
         "one_adapter_vs_static_generate": round(rate["one"] / rate["static_generate"], 3),
         "mixed_vs_static_generate": round(rate["mixed"] / rate["static_generate"], 3),

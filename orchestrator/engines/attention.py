@@ -59,14 +59,15 @@ def attend_biased(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, b
                   scaling: float) -> torch.Tensor:
     """``attend`` in fewer kernels, for a GPU: ``bias`` is ``banned`` as 0 / -inf in the query's
     dtype. Scores come out of one ``baddbmm`` (scaled, masked) in the model's dtype, as
-    transformers' eager attention rounds them, and the softmax runs in fp32."""
+    transformers' eager attention rounds them, and the softmax is one kernel in that dtype too:
+    it accumulates in fp32 (as transformers' fp32 softmax does) and rounds its result once, where
+    ``softmax(dtype=float32).to(dtype)`` would add a cast on each side."""
     rows, heads, dim = query.shape
     kv_heads, length = key.shape[1], key.shape[2]
     q = query.reshape(rows * kv_heads, heads // kv_heads, dim)
     k = key.reshape(rows * kv_heads, length, dim)
     scores = torch.baddbmm(bias, q, k.transpose(1, 2), alpha=scaling)
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
-    return torch.bmm(probs, value.reshape(rows * kv_heads, length, dim)).reshape(rows, heads, dim)
+    return torch.bmm(torch.softmax(scores, dim=-1), value.reshape(rows * kv_heads, length, dim)).reshape(rows, heads, dim)
 
 
 def decode_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

@@ -13,8 +13,9 @@ activation and LM head, but
     attention is ``attention.attend`` over the live window;
   - LoRA deltas come from ``lora.MultiLoRA.add_delta``, q/k/v and gate/up as groups (two
     matmuls per group, not per module).
-The arithmetic is transformers' own, op for op, so logits are bit-identical in bf16 (tested,
-mixed adapters included); ``benchmarks/rollout.py`` compares the decode rates of both paths.
+On the CPU the arithmetic is transformers' own, op for op, so logits are bit-identical in bf16
+(tested, mixed adapters included); ``benchmarks/rollout.py`` compares the decode rates of both
+paths. A GPU takes the same maths in fewer kernels (``_GpuForms``), rounded differently.
 
 The packed weights are copies (the model's size again) of base weights that never change while
 an engine serves: training touches only adapters. Models of another shape keep transformers'
@@ -99,6 +100,12 @@ class _Linear:
         out = torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         return out.to(self.dtype)
 
+    def add_to(self, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``h + self(x)``, in the matmul's own add where the layout has one (plain, no bias)."""
+        if self.layout == "plain" and self.bias is None:
+            return torch.addmm(h, x, self.weight.t())
+        return h + self(x)
+
 
 def _stacked(*linears: torch.nn.Linear, rows_hint: int, layout: Layout) -> _Linear:
     weight = torch.cat([m.weight for m in linears])
@@ -130,8 +137,8 @@ class FusedDecoder:
     def __init__(self, model: torch.nn.Module, lora: MultiLoRA, rows_hint: int, layout: Layout, layout_reason: str = ""):
         self.lora = lora
         self.layout, self.layout_reason = layout, layout_reason
-        # On a GPU a step is bound by kernel launches, so it takes fused forms of the same
-        # arithmetic (one RMSNorm kernel, a biased batched matmul for attention scores).
+        # On a GPU a step is bound by kernel launches, so it takes the forms with fewer (_GpuForms);
+        # tests set this on the CPU to check them there.
         self.gpu = next(model.parameters()).device.type == "cuda"
         base = model.base_model
         self.embed, self.norm, self.rotary = base.embed_tokens, base.norm, base.rotary_emb
@@ -180,47 +187,93 @@ class FusedDecoder:
         h = self.embed(ids)  # [rows, hidden]
         cos, sin = self.rotary(h, positions)  # [rows, 1, dim]: broadcast over heads
         banned = kv.banned(kv_heads)
-        half = dim // 2
-        gpu = self.gpu
-        if gpu:  # once a step: the mask as an additive bias, rotate_half's signs folded into sin
-            bias = torch.zeros(banned.shape, dtype=h.dtype, device=h.device).masked_fill_(banned, float("-inf"))
-            sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
-        norm = _fused_norm if gpu else _module_norm
+        forms = (_GpuForms if self.gpu else _CpuForms)(cos, sin, banned)
         lora.begin(rows, lora_mode)
         for index, layer in enumerate(self.layers):
-            x = norm(layer.input_norm, h)
+            x = forms.norm(layer.input_norm, h)
             qkv = layer.qkv(x)
             lora.add_delta(layer.qkv_key, x, qkv)
             k_end = layer.q_size + layer.kv_size
-            # rotary on q and k at once: transformers' (t * cos) + (rotate_half(t) * sin)
-            qk = qkv[:, :k_end].view(rows, heads + kv_heads, dim)
-            if gpu:  # rotate_half(t) is roll(t, half) with the first half negated (in sin, above)
-                qk = torch.addcmul(qk * cos, qk.roll(half, dims=-1), sin)
-            else:
-                qk = (qk * cos) + (torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin)
-            keys, values = kv.write(index, qk[:, heads:, None], qkv[:, k_end:].view(rows, kv_heads, 1, dim))
-            if gpu:
-                out = attend_biased(qk[:, :heads], keys, values, bias, layer.scaling).reshape(rows, heads * dim)
-            else:
-                out = attend(qk[:, :heads], keys, values, banned, layer.scaling).reshape(rows, heads * dim)
-            o = layer.o(out)
-            lora.add_delta(layer.o_key, out, o)
-            h = h + o
-            x = norm(layer.post_norm, h)
+            q, k = forms.rotate(qkv[:, :k_end].view(rows, heads + kv_heads, dim), heads)
+            keys, values = kv.write(index, k[:, :, None], qkv[:, k_end:].view(rows, kv_heads, 1, dim))
+            out = forms.attend(q, keys, values, layer.scaling).reshape(rows, heads * dim)
+            h = forms.residual(h, layer.o, out, lora, layer.o_key)
+            x = forms.norm(layer.post_norm, h)
             gate_up = layer.gate_up(x)
             lora.add_delta(layer.gate_up_key, x, gate_up)
             act = layer.act(gate_up[:, :layer.inner]) * gate_up[:, layer.inner:]
-            down = layer.down(act)
-            lora.add_delta(layer.down_key, act, down)
-            h = h + down
-        return self.lm_head(norm(self.norm, h))
+            h = forms.residual(h, layer.down, act, lora, layer.down_key)
+        return self.lm_head(forms.norm(self.norm, h))
 
 
-def _module_norm(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return module(x)
+class _CpuForms:
+    """transformers' own ops in its order: the CPU's step gives its logits bit for bit."""
+
+    def __init__(self, cos: torch.Tensor, sin: torch.Tensor, banned: torch.Tensor):
+        self.cos, self.sin, self.banned = cos, sin, banned
+
+    @staticmethod
+    def norm(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return module(x)
+
+    def rotate(self, qk: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotary on q and k at once ([rows, heads + kv_heads, dim]): ``t * cos + rotate_half(t) * sin``."""
+        half = qk.shape[-1] // 2
+        qk = (qk * self.cos) + (torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * self.sin)
+        return qk[:, :heads], qk[:, heads:]
+
+    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scaling: float) -> torch.Tensor:
+        return attend(q, keys, values, self.banned, scaling)
+
+    @staticmethod
+    def residual(h: torch.Tensor, linear: _Linear, x: torch.Tensor, lora, key) -> torch.Tensor:
+        """``h + linear(x)`` with ``x``'s LoRA delta in ``linear``'s output."""
+        out = linear(x)
+        lora.add_delta(key, x, out)
+        return h + out
 
 
-def _fused_norm(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The model's RMSNorm as one kernel (transformers' is six elementwise ops: on a GPU each is a
-    launch). Computed in fp32 inside the kernel as transformers' is; rounding may differ."""
-    return F.rms_norm(x, (x.shape[-1],), module.weight, module.variance_epsilon)
+class _GpuForms:
+    """The same arithmetic in fewer kernels, for a GPU, where a small model's decode step costs a
+    few microseconds per kernel whatever the kernel does (2.9 ms for about 630 kernels at 256 rows
+    on the H100, docs/gpu.md). It rounds where transformers does not (once where it rounds twice),
+    so its logits differ from the CPU forms' in the last bits:
+      - RMSNorm in one kernel (transformers' is six elementwise ops);
+      - rotary as a batched matmul with each row's rotation (``_rotation``), for q and
+        for k apart, so q comes out contiguous for attention (three elementwise kernels and a copy);
+      - attention scores from one ``baddbmm`` with the mask as an additive bias, and the softmax in
+        the model's dtype (its kernel accumulates in fp32; asking for an fp32 result adds two casts);
+      - the residual add inside the o and down projections' matmul (``addmm``).
+    """
+
+    def __init__(self, cos: torch.Tensor, sin: torch.Tensor, banned: torch.Tensor):
+        self.rotation = _rotation(cos, sin)
+        self.bias = torch.zeros(banned.shape, dtype=cos.dtype, device=banned.device).masked_fill_(banned, float("-inf"))
+
+    @staticmethod
+    def norm(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), module.weight, module.variance_epsilon)
+
+    def rotate(self, qk: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.bmm(qk[:, :heads], self.rotation), torch.bmm(qk[:, heads:], self.rotation)
+
+    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scaling: float) -> torch.Tensor:
+        return attend_biased(q, keys, values, self.bias, scaling)
+
+    @staticmethod
+    def residual(h: torch.Tensor, linear: _Linear, x: torch.Tensor, lora, key) -> torch.Tensor:
+        h = linear.add_to(h, x)
+        lora.add_delta(key, x, h)
+        return h
+
+
+def _rotation(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Each row's rotary embedding as a matrix R [rows, dim, dim] (from ``cos``, ``sin`` [rows, 1, dim]),
+    ``t @ R`` being transformers' ``t * cos + rotate_half(t) * sin``: R[j, j] = cos[j], and
+    rotate_half sends t[j + dim/2] to column j negated and t[j - dim/2] to column j + dim/2."""
+    cos, sin = cos[:, 0], sin[:, 0]
+    half = cos.shape[-1] // 2
+    rotation = torch.diag_embed(cos)
+    columns = torch.arange(cos.shape[-1], device=cos.device)
+    rotation[:, columns.roll(-half), columns] = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+    return rotation

@@ -63,16 +63,15 @@ def running_batch(engine: HFEngine, adapters: list[str | None]) -> list[_Seq]:
     return seqs
 
 
-@pytest.mark.parametrize("family", sorted(CONFIGS))
-@pytest.mark.parametrize("dtype,layout", CASES)
-@torch.inference_mode()
-def test_fused_step_gives_the_logits_of_transformers_forward(family, dtype, layout):
-    engine = HFEngine(tiny(family, dtype), cpu=cpu_for(layout, dtype))
+def fused_and_reference(family: str, dtype: torch.dtype, cpu: CpuFeatures, gpu_forms: bool = False):
+    """The fused step's logits and transformers' forward's for a batch of mixed adapters (and none),
+    rows of different lengths; the key each wrote for the new token checked equal on the way."""
+    engine = HFEngine(tiny(family, dtype), cpu=cpu)
     for seed, name in enumerate(("alpha", "beta")):
         engine.add_adapter(name)
         randomize(engine, name, seed)
     seqs = running_batch(engine, ["alpha", None, "beta", "alpha", None])
-    assert engine.decode_path == f"fused:{layout}"
+    engine._fused.gpu = gpu_forms
     adapters = [s.adapter_key for s in engine._active]
     assert set(adapters) == {"alpha", "beta", BASE}
     ids = torch.tensor([s.tokens[-1] for s in engine._active])
@@ -83,10 +82,28 @@ def test_fused_step_gives_the_logits_of_transformers_forward(family, dtype, layo
     ref_keys = engine._kv.keys[0][: len(seqs), :, engine._kv.end].clone()
     ours = engine._fused(ids, engine._kv, positions)
     torch.testing.assert_close(engine._kv.keys[0][: len(seqs), :, engine._kv.end], ref_keys, atol=1e-5, rtol=1e-3)
+    return engine, ours, ref
+
+
+@pytest.mark.parametrize("family", sorted(CONFIGS))
+@pytest.mark.parametrize("dtype,layout", CASES)
+@torch.inference_mode()
+def test_fused_step_gives_the_logits_of_transformers_forward(family, dtype, layout):
+    engine, ours, ref = fused_and_reference(family, dtype, cpu_for(layout, dtype))
+    assert engine.decode_path == f"fused:{layout}"
     if dtype == torch.bfloat16 and family != "qwen2" and layout != "onednn-fp32":
         assert torch.equal(ours, ref)  # the same ops in the same order; only a fused bias add may round apart
     else:  # onednn-fp32 rounds each bf16 matmul once, from fp32, where transformers' kernel may not
         torch.testing.assert_close(ours.float(), ref.float(), atol=1e-4 if dtype == torch.float32 else 0.05, rtol=1e-3)
+
+
+@pytest.mark.parametrize("family", sorted(CONFIGS))
+@torch.inference_mode()
+def test_the_gpu_forms_give_the_logits_of_transformers_forward(family):
+    """decoder._GpuForms (rotary as a matmul, residuals inside addmm, one-kernel norm and softmax),
+    forced on here in fp32 with a GPU's plain weights: the same maths as transformers' forward."""
+    _, ours, ref = fused_and_reference(family, torch.float32, NO_ONEDNN, gpu_forms=True)
+    torch.testing.assert_close(ours, ref, atol=1e-4, rtol=1e-3)
 
 
 @requires_bf16

@@ -10,9 +10,9 @@ import torch
 from transformers import DynamicCache
 
 from orchestrator.engines.base import GenerationRequest, SamplingParams
-from orchestrator.engines.graphs import rows_bucket, window_bucket
+from orchestrator.engines.graphs import count_kernels, rows_bucket, window_bucket
 from orchestrator.engines.slots import SlotKV
-from support import assert_same_draws, lora_state, randomize, tiny_engine
+from support import NO_ONEDNN, assert_same_draws, lora_state, randomize, tiny_engine
 
 LAYERS, HEADS, DIM = 2, 3, 4
 
@@ -160,3 +160,29 @@ def test_the_gpu_forms_of_the_step_give_the_same_samples_on_the_cpu():
         outs[gpu] = [(o.token_ids, o.logprobs) for o in _generate(engine, _requests(9, (None, "alpha")))]
         asyncio.run(engine.aclose())
     assert_same_draws(outs[True], outs[False])
+
+
+def test_the_gpu_forms_launch_fewer_kernels_per_layer():
+    """What a GPU replays per decoder layer (``graphs.count_kernels``, in bf16 as there): a guard on
+    the step's kernel count, which sets its time on a GPU (docs/gpu.md). Per layer: two norms, four
+    projections (the residual adds inside two), rotary as two matmuls, two cache writes, three
+    kernels of attention, the gated activation's two; each LoRA key adds its two matmuls, and a
+    mixed batch its row mask."""
+    engine = tiny_engine("bfloat16", static=True, max_batch=4, cpu=NO_ONEDNN)
+    for seed, name in enumerate(("alpha", "beta")):
+        engine.add_adapter(name)
+        randomize(engine, name, seed)
+    _generate(engine, _requests(3, (None, "alpha", "beta"), max_tokens=2))
+    decoder, layers = engine._fused, engine._fused.layers
+
+    def per_layer(gpu: bool, mode: str) -> int:
+        decoder.gpu, counts = gpu, []
+        for decoder.layers in (layers, layers[:1]):
+            with torch.inference_mode():
+                counts.append(sum(count_kernels(lambda: engine._static_forward(4, 64, mode)).values()))
+        decoder.layers = layers
+        return (counts[0] - counts[1]) // (len(layers) - 1)
+
+    gpu = {mode: per_layer(True, mode) for mode in ("none", "one", "mixed")}
+    assert gpu == {"none": 15, "one": 23, "mixed": 27}
+    assert per_layer(False, "none") > gpu["none"]  # the CPU's forms: transformers' ops, one by one
