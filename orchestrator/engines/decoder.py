@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from ..cpu import CpuFeatures, host
 from .attention import attend, attend_biased
 from .kv import BatchKV
-from .lora import MultiLoRA, SlotLoRA
+from .lora import Key, MultiLoRA, SlotLoRA
 from .slots import SlotKV
 
 log = structlog.get_logger()
@@ -226,7 +226,7 @@ class _CpuForms:
         return attend(q, keys, values, self.banned, scaling)
 
     @staticmethod
-    def residual(h: torch.Tensor, linear: _Linear, x: torch.Tensor, lora, key) -> torch.Tensor:
+    def residual(h: torch.Tensor, linear: _Linear, x: torch.Tensor, lora: MultiLoRA | SlotLoRA, key: Key) -> torch.Tensor:
         """``h + linear(x)`` with ``x``'s LoRA delta in ``linear``'s output."""
         out = linear(x)
         lora.add_delta(key, x, out)
@@ -261,7 +261,7 @@ class _GpuForms:
         return attend_biased(q, keys, values, self.bias, scaling)
 
     @staticmethod
-    def residual(h: torch.Tensor, linear: _Linear, x: torch.Tensor, lora, key) -> torch.Tensor:
+    def residual(h: torch.Tensor, linear: _Linear, x: torch.Tensor, lora: MultiLoRA | SlotLoRA, key: Key) -> torch.Tensor:
         h = linear.add_to(h, x)
         lora.add_delta(key, x, h)
         return h
