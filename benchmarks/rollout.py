@@ -210,7 +210,11 @@ def gpu_main(args, loaded, plain) -> None:
         engine.stats = EngineStats()
         await engine_run(engine, ps, args.max_tokens, names)
         stats.update(engine.stats.as_dict())
-        kernels.update(compute.submit(step_kernels, engine, args.requests, max(w for _, w, _ in engine._graphs.shapes)).result())
+        window = max(w for _, w, _ in engine._graphs.shapes)
+        try:  # a diagnostic: its failure is reported beside the rates, not in their place
+            kernels.update(compute.submit(step_kernels, engine, args.requests, window).result())
+        except Exception as exc:
+            kernels["error"] = f"{type(exc).__name__}: {exc}"
         await engine.aclose()
 
     stats: dict = {}
