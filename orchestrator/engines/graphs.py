@@ -95,7 +95,9 @@ def count_kernels(call: Callable[[], object]) -> Counter:
 
     Composite ops are followed down to the ops that do the work (a ``reshape`` that copies shows as
     a ``clone``, ``softmax(dtype=...)`` as its casts); views and allocations launch nothing and are
-    left out. RMSNorm counts as one kernel, as torch's CUDA build runs it, wherever this runs.
+    left out. RMSNorm counts as one kernel, as torch's CUDA build runs it, wherever this runs. An
+    estimate: an op may launch more than one kernel (``baddbmm`` first copies its broadcast bias
+    into its output), which a profiler on the GPU would show.
     """
     counter = _KernelCounter()
     with counter:
