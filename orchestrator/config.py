@@ -166,6 +166,10 @@ class TrainingConfig(Strict):
     repetition_penalty: dict[str, float] = Field(default_factory=dict, description=(
         "per trainable role, lambda: its reward falls by lambda times the share of the step's other "
         "episodes in which it sent the same messages (R-Zero's; training/repetition.py)"))
+    turn_credit: float = Field(0.0, ge=0, description=(
+        "w: each scored turn of a role also gets w * (its score - the mean score of the role's turns at "
+        "that position in the group), beside the episode's advantage; needs an env that scores moves "
+        "(guess_number) (training/turn_credit.py)"))
     adam: AdamConfig = Field(default_factory=AdamConfig)
     lora: LoraSpec = Field(default_factory=LoraSpec)
     invalid: Literal["penalize", "drop"] = Field("penalize", description="what training does with invalid attempts")

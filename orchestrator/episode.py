@@ -74,6 +74,7 @@ async def _play(team: Team, env: Env, policies: Mapping[str, Policy], record: Ep
         for name, value in result.rewards.items():
             rewards[name] = rewards.get(name, 0.0) + value
         entry.reward = result.rewards.get(role, 0.0)
+        entry.score = result.score
         turn += 1
         if result.done:
             break

@@ -85,7 +85,7 @@ def load_team(source: str | Path | Mapping[str, Any], registry: Registry | None 
     tasks = _load_tasks(config.tasks, doc, ("tasks",), env_class, env_config)
     eval_tasks = None
     if config.training is not None:
-        _check_training(config.training, roles, doc, registry)
+        _check_training(config.training, roles, env_class, doc, registry)
         if config.training.eval_opponent and (problem := opponent_problem(config.training.eval_opponent, env_config, registry)):
             raise doc.error(("training", "eval_opponent"), problem)
         if config.training.eval_tasks is not None:
@@ -124,9 +124,14 @@ def _load_protocol(config: TeamConfig, doc: YamlDoc, registry: Registry) -> tupl
         raise doc.error(("protocol",) + tuple(err["loc"]), problem_text(err, env_class.Config)) from None
 
 
-def _check_training(training: TrainingConfig, roles: dict[str, RoleSpec], doc: ErrorSite, registry: Registry) -> None:
-    """The trainer and reward plugins exist, their options and the loss's fit their Configs, and
-    the trainer takes the team's trainable roles (self-play needs two players, ...)."""
+def _check_training(training: TrainingConfig, roles: dict[str, RoleSpec], env_class: type[Env], doc: ErrorSite,
+                    registry: Registry) -> None:
+    """The trainer and reward plugins exist, their options and the loss's fit their Configs, the
+    trainer takes the team's trainable roles (self-play needs two players, ...), and turn credit
+    has moves scored to work with."""
+    if training.turn_credit and not env_class.scores_moves:
+        raise doc.error(("training", "turn_credit"), f"protocol {env_class.__name__} does not score moves, so turn "
+                        "credit has nothing to work with: leave it 0 (guess_number scores its guesses)")
     for kind, key in (("trainers", "trainer"), ("rewards", "reward")):
         try:
             plugin = registry.get(kind, getattr(training, key))
@@ -192,7 +197,7 @@ def with_training_options(team: Team, options: Mapping[str, Any], registry: Regi
         node[path[-1]] = value
     site = _SetOptions()
     training = validate_model(TrainingConfig, data, site, ("training",))
-    _check_training(training, team.roles, site, registry)
+    _check_training(training, team.roles, team.env_class, site, registry)
     return dataclasses.replace(team, config=team.config.model_copy(update={"training": training}))
 
 

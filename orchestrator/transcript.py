@@ -43,6 +43,7 @@ class Turn:
     retries: int
     penalty: float  # the role's invalid_penalty when the turn stayed invalid, else 0
     reward: float = 0.0  # environment reward credited at this step
+    score: float | None = None  # the env's score of this move (training.turn_credit); None: not scored
     attempts: list[Attempt] = field(default_factory=list)
 
 

@@ -74,6 +74,7 @@ class StepResult:
     rewards: dict[str, float] = field(default_factory=dict)
     done: bool = False
     info: dict[str, Any] = field(default_factory=dict)
+    score: float | None = None  # how good the acting role's move was, for turn-level credit (Turn.score)
 
 
 class Env(ABC):
@@ -81,6 +82,8 @@ class Env(ABC):
     Task: ClassVar[type[TaskConfig]] = TaskConfig
     # Template variables observe() provides, so prompts can be checked when a team loads.
     observation_keys: ClassVar[frozenset[str]] = frozenset()
+    # Whether step() scores the acting role's moves (StepResult.score), for training.turn_credit.
+    scores_moves: ClassVar[bool] = False
 
     def __init__(self, config: EnvConfig, roles: Mapping[str, RoleSpec], task: dict[str, Any], rng: random.Random):
         if problem := self.task_problem(config, task):  # load_team checked it; a task built in code may not be

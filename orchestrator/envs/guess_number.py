@@ -9,13 +9,23 @@
       rewards: {correct: 1.0, failed: 0.0}
       illegal_penalty: -1.0      # a guess outside [low, high]: the game ends
       on_invalid: continue       # an unparseable turn uses up a turn (end: the game ends)
+      process: consistent        # how each guess is scored; halving: see below
+
+Each valid guess gets a score (``Turn.score``, for ``training.turn_credit``); the outcome's
+process reward is their mean over the turns taken (an invalid turn counts 0). ``consistent``
+scores 1 for a guess inside the range the feedback so far left possible. ``halving`` scores what
+such a guess rules out for sure against what the midpoint would (1 at the midpoint, 0.625 for 5
+and 1/8 at an edge of 1..16): stepping towards the secret one number at a time keeps every guess
+consistent, but only halving finds secrets that training never showed. A guess outside that
+range scores 0 either way.
 
 The guesser's message is ``{"guess": 7}`` (the JSON field replaces a ``Guess: 7`` line). The
 secret is the task's ``secret`` when it has one, else drawn from the episode's seeded RNG.
 """
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import replace
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, field_validator, model_validator
 
@@ -36,6 +46,7 @@ class GuessNumberConfig(GameConfig):
     high: int = 16
     turns: int = Field(5, ge=1, le=100)
     rewards: GuessRewards = Field(default_factory=GuessRewards)
+    process: Literal["consistent", "halving"] = "consistent"
 
     @model_validator(mode="after")
     def _range(self) -> "GuessNumberConfig":
@@ -64,6 +75,7 @@ class GuessNumberEnv(GameEnv):
     Config = GuessNumberConfig
     Task = GuessNumberTask
     observation_keys = frozenset({"low", "high", "turns", "turns_left", "history", "feedback", "lowest", "highest"})
+    scores_moves = True
     config: GuessNumberConfig
 
     def __init__(self, *args: Any, **kwargs: Any):
@@ -72,7 +84,7 @@ class GuessNumberEnv(GameEnv):
         secret = self.task.get("secret")
         self.secret = secret if secret is not None else self.rng.randint(c.low, c.high)
         self.history: list[dict[str, Any]] = []  # {"guess": int | None, "feedback": str}
-        self.consistent = 0  # guesses inside the range the feedback before them left possible
+        self.scores = 0.0  # the guesses' scores so far (the module's docstring)
 
     @classmethod
     def task_from_cli(cls, value: str) -> dict[str, Any]:
@@ -103,6 +115,7 @@ class GuessNumberEnv(GameEnv):
 
     async def step(self, role: str, message: Message) -> StepResult:
         c = self.config
+        score = None  # an invalid turn has no guess to score
         if not message.valid:
             self.history.append({"guess": None, "feedback": "invalid"})
             if c.on_invalid == "end":
@@ -110,18 +123,26 @@ class GuessNumberEnv(GameEnv):
         else:
             guess = (message.content or {}).get("guess")
             if not isinstance(guess, int) or isinstance(guess, bool) or not c.low <= guess <= c.high:
-                return self.forfeit(role, "illegal")
-            lowest, highest = self._possible()
-            self.consistent += lowest <= guess <= highest
+                return replace(self.forfeit(role, "illegal"), score=0.0)
+            score = self._score(guess, *self._possible())
+            self.scores += score
             self.history.append({"guess": guess, "feedback": feedback(guess, self.secret)})
             if guess == self.secret:
-                return self.finish({role: "win"}, {role: c.rewards.correct}, "correct")
+                return replace(self.finish({role: "win"}, {role: c.rewards.correct}, "correct"), score=score)
         if len(self.history) >= c.turns:
-            return self.finish({role: "loss"}, {role: c.rewards.failed}, "turns")
-        return StepResult()
+            return replace(self.finish({role: "loss"}, {role: c.rewards.failed}, "turns"), score=score)
+        return StepResult(score=score)
+
+    def _score(self, guess: int, lowest: int, highest: int) -> float:
+        if not lowest <= guess <= highest:
+            return 0.0
+        if self.config.process == "consistent":
+            return 1.0
+        n = highest - lowest + 1
+        ruled_out = n - max(guess - lowest, highest - guess)  # for sure, whichever way the answer goes
+        return ruled_out / (n - n // 2)  # the midpoint leaves at most n // 2
 
     def outcome(self) -> dict[str, Any]:
-        # process reward: the share of guesses that the feedback so far allowed (invalid turns: not)
-        used = self.consistent / len(self.history) if self.history else 0.0
+        used = self.scores / len(self.history) if self.history else 0.0
         return {**super().outcome(), "secret": self.secret, "guesses": len(self.history),
                 "process": {self.config.players[0]: used}}

@@ -9,6 +9,9 @@ so shared prefixes are computed once.
 Constrained attempts (sampled under their schema's mask) carry a GrammarSpan, so training
 applies the same masks; tokens that closed a reply by force are observations (mask 0).
 
+A turn's valid attempt adds the turn's own extra advantage (``turn_extra``: turn-level credit,
+turn_credit.py) to the episode's.
+
 Attempts that stayed invalid follow ``invalid``: ``"penalize"`` trains them with
 ``invalid_advantage`` (format errors are pushed down whatever the episode's outcome), ``"drop"``
 leaves them out. Attempts sampled by an adapter version older than ``min_version`` (async
@@ -17,7 +20,7 @@ training's staleness bound) are left out too.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Literal
+from typing import Iterable, Literal, Mapping
 
 from ..transcript import Attempt, EpisodeRecord
 from .types import Datum, GrammarSpan, ModelInput
@@ -80,12 +83,15 @@ class DatumBuildOptions:
 
 
 def role_datums(
-    episode: EpisodeRecord, role: str, advantage: float, options: DatumBuildOptions | None = None
+    episode: EpisodeRecord, role: str, advantage: float, options: DatumBuildOptions | None = None,
+    turn_extra: Mapping[int, float] | None = None,
 ) -> list[Datum]:
-    """Datums for ``role``'s attempts in one episode."""
+    """Datums for ``role``'s attempts in one episode; ``turn_extra``: turn number -> advantage added
+    to that turn's valid attempt."""
     options = options or DatumBuildOptions()
+    turn_extra = turn_extra or {}
     sequences: list[_Sequence] = []
-    for attempt in _attempts(episode, role):
+    for turn, attempt in _attempts(episode, role):
         options.stats["attempts"] += 1
         if not attempt.token_ids:
             options.stats["no_tokens"] += 1  # e.g. a replay or Python policy: nothing was sampled
@@ -97,13 +103,13 @@ def role_datums(
         if not attempt.valid and options.invalid == "drop":
             options.stats["dropped"] += 1
             continue
-        adv = advantage if attempt.valid else options.invalid_advantage
+        adv = advantage + turn_extra.get(turn, 0.0) if attempt.valid else options.invalid_advantage
         if not (options.merge and sequences and sequences[-1].extend_with(attempt, adv)):
             sequences.append(_Sequence.start(attempt, adv))
     return [s.to_datum() for s in sequences]
 
 
-def _attempts(episode: EpisodeRecord, role: str) -> Iterable[Attempt]:
+def _attempts(episode: EpisodeRecord, role: str) -> Iterable[tuple[int, Attempt]]:
     for turn in episode.turns:
         if turn.role == role:
-            yield from turn.attempts
+            yield from ((turn.turn, a) for a in turn.attempts)

@@ -47,6 +47,7 @@ from .metrics import MetricsWriter, read_metrics, write_atomic
 from .repetition import penalise_repetition
 from .rng import load_rng, save_rng
 from .trainer import build_trainer
+from .turn_credit import TurnAdvantages, turn_advantages
 from .types import AdamParams, Datum, LoraConfig
 
 log = structlog.get_logger()
@@ -157,6 +158,7 @@ class TrainingRun:
         rewards = [[self.reward_fn(ep, list(self.team.roles), self.reward_config) for ep in g] for g in groups]
         rewards, repeated = penalise_repetition(groups, rewards, self.cfg.repetition_penalty)
         advantages = self.trainer.advantages([[{r: rw[r] for r in self.roles} for rw in g] for g in rewards])
+        extra = turn_advantages(groups, list(self.roles), self.cfg.turn_credit) if self.cfg.turn_credit else None
         t_roll = time.perf_counter() - t0
         row: dict[str, Any] = {"step": step, "kind": "train"}
         for role in self.team.roles:
@@ -166,12 +168,15 @@ class TrainingRun:
                 row[f"env_reward/{role}"] = sum(ep.rewards.get(role, 0.0) for g in groups for ep in g) / len(values)
         turns = [t for g in groups for ep in g for t in ep.turns]
         row["valid_turn_rate"] = sum(t.valid for t in turns) / max(len(turns), 1)
+        for role in self.roles:  # the env's scores of the role's moves, where it scores them
+            if scores := [t.score for t in turns if t.role == role and t.score is not None]:
+                row[f"turn_score/{role}"] = sum(scores) / len(scores)
         row["episodes"] = len(episodes)
         row["episodes_errored"] = sum(ep.status == "error" for ep in episodes)  # not trained on: a fault, not a result
         row.update(repeated)
         trained = self.trainer.adapters_to_train(step)
-        self._write_credit(step, groups, rewards, advantages, trained)
-        row.update(await self._update(step, trained, groups, advantages))
+        self._write_credit(step, groups, rewards, advantages, extra, trained)
+        row.update(await self._update(step, trained, groups, advantages, extra))
         row.update(self.trainer.after_step(step, episodes, [rw for g in rewards for rw in g], self._snapshot))
         row["rollout_s"] = round(t_roll, 3)
         row["step_s"] = round(time.perf_counter() - t0, 3)
@@ -192,10 +197,11 @@ class TrainingRun:
         keys = ("prefill_tokens", "prefix_hit_tokens", "decode_tokens", "prefill_s", "decode_s")
         return {f"engine/{k}": round(now[k] - last.get(k, 0), 3) for k in keys}
 
-    def _write_credit(self, step: int, groups, rewards, advantages, trained: list[str]) -> None:
+    def _write_credit(self, step: int, groups, rewards, advantages, extra: list[list[TurnAdvantages]] | None,
+                      trained: list[str]) -> None:
         """rollouts/step-N/credit.jsonl: per episode, each role's reward, the advantage the trainer
-        gave it, the adapter that played it, and whether that adapter trained this step: how
-        credit was assigned, per role."""
+        gave it, the turn-level credit on top (with turn_credit), the adapter that played it, and
+        whether that adapter trained this step: how credit was assigned, per role."""
         lines = []
         for g, group in enumerate(groups):
             for e, episode in enumerate(group):
@@ -203,6 +209,7 @@ class TrainingRun:
                     "episode": episode.id, "group": g,
                     "rewards": {r: rewards[g][e][r] for r in self.roles},
                     "advantages": {r: advantages[g][e].get(r, 0.0) for r in self.roles},
+                    **({"turn_advantages": extra[g][e]} if extra is not None else {}),
                     "adapters": {r: self._played(episode, r) for r in self.roles},
                     "trained": sorted(r for r in self.roles if self._played(episode, r) in trained),
                 }))
@@ -227,14 +234,15 @@ class TrainingRun:
         ))
         return [result.episodes[g * size:(g + 1) * size] for g in range(len(chosen))]
 
-    async def _update(self, step: int, adapters: list[str], groups: list[list[EpisodeRecord]], advantages) -> dict[str, Any]:
+    async def _update(self, step: int, adapters: list[str], groups: list[list[EpisodeRecord]], advantages,
+                      extra: list[list[TurnAdvantages]] | None = None) -> dict[str, Any]:
         """Each adapter's datums in ``ppo_epochs`` passes of ``minibatches`` optimizer steps each,
         then publish. With one of each (the default) that is a single on-policy step; after the
         first optimizer step the policy has moved, the importance ratios leave 1 and PPO's clip
         bites. The adapters' k-th minibatches go to the service in one ``forward_backward_many``
         (sharing passes with ``joint_passes``), then each adapter takes its own optimizer step."""
         metrics: dict[str, Any] = {}
-        plans = {a: self._datums(a, groups, advantages) for a in adapters}
+        plans = {a: self._datums(a, groups, advantages, extra) for a in adapters}
         for adapter, (items, _, stale) in plans.items():
             if not items:
                 metrics.update({f"{adapter}/datums": 0, **stale})
@@ -270,7 +278,8 @@ class TrainingRun:
             metrics.update(stale)
         return metrics
 
-    def _datums(self, adapter: str, groups: list[list[EpisodeRecord]], advantages) -> tuple[list, list[int], dict]:
+    def _datums(self, adapter: str, groups: list[list[EpisodeRecord]], advantages,
+                extra: list[list[TurnAdvantages]] | None) -> tuple[list, list[int], dict]:
         """The adapter's ((sampling temperature, role with loss options of its own or None), datum)
         pairs from the step's episodes, the lag of each sampled attempt behind the learner, and, in
         async training, how many turns were dropped as too stale (turns more than
@@ -291,7 +300,8 @@ class TrainingRun:
                     key = (t if t > 0 else 1.0, role if role in self.cfg.role_loss_config else None)
                     lags += [current - a.adapter_version for turn in episode.turns if turn.role == role
                              for a in turn.attempts if a.adapter_version is not None]
-                    items += [(key, d) for d in role_datums(episode, role, advantages[g][e][role], options)]
+                    turn_extra = extra[g][e][role] if extra is not None else None
+                    items += [(key, d) for d in role_datums(episode, role, advantages[g][e][role], options, turn_extra)]
         stale = {f"{adapter}/stale_dropped": options.stats["stale"]} if self.cfg.max_staleness else {}
         return items, lags, stale
 

@@ -117,3 +117,22 @@ def test_process_reward_is_the_share_of_guesses_the_feedback_allowed(tmp_path):
     from plugins.rewards import hybrid_reward
     config = hybrid_reward.Config(alpha=0.6)
     assert hybrid_reward(ep, ["guesser"], config) == {"guesser": pytest.approx(0.6 * 0.5 + 0.4 * 0.5)}
+
+
+@pytest.mark.parametrize("process, scores", [("halving", [1.0, 1.0, 0.5, 1.0]), ("consistent", [1.0, 1.0, 1.0, 1.0])])
+def test_guess_number_scores_each_guess(tmp_path, process, scores):
+    t = small(tasks=[{"secret": 5}], process=process)
+    # 1..16: 8 halves it (too high); 1..7: 4 rules out 4 of 7 as the midpoint does (too low);
+    # 5..7: 7 rules out one number where 6 would rule out two (too high); 5..6: 5 is a midpoint
+    (ep,) = play(t, {"guesser": guesses(8, 4, 7, 5)}, tmp_path).episodes
+    assert [turn.score for turn in ep.turns] == scores
+    assert ep.outcome["process"] == {"guesser": pytest.approx(sum(scores) / 4)}
+
+
+def test_guess_number_halving_score_at_the_edges(tmp_path):
+    t = small(tasks=[{"secret": 16}], process="halving")
+    (ep,) = play(t, {"guesser": Script({"guess": 1}, {"guess": 1}, "no guess", "still none", {"guess": 17})},
+                 tmp_path).episodes
+    # an edge of 16 rules out 1 where the midpoint rules out 8; a guess the feedback already ruled
+    # out scores 0; an invalid turn has no score; an illegal guess scores 0 and ends the game
+    assert [turn.score for turn in ep.turns] == [0.125, 0.0, None, 0.0]

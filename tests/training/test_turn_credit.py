@@ -1,0 +1,83 @@
+"""Turn-level credit: scored moves get w * (score - the group's mean at that position) on top of the
+episode's advantage, in the datums, in credit.jsonl and in the step's metrics."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from support import credit, make_attempt, make_episode, metric_rows, train_tiny
+
+from orchestrator.errors import RolecastError
+from orchestrator.training.datums import role_datums
+from orchestrator.training.turn_credit import turn_advantages
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def scored(*turns: tuple[str, float | None]):
+    """An episode whose turns are (role, score), one valid attempt each."""
+    ep = make_episode(*((role, [make_attempt([1], [2], [-0.5])]) for role, _ in turns))
+    for turn, (_, score) in zip(ep.turns, turns):
+        turn.score = score
+    return ep
+
+
+def test_each_turn_is_compared_with_the_same_position_in_its_group():
+    a = scored(("g", 1.0), ("x", 0.3), ("g", 0.5), ("g", 1.0))
+    b = scored(("g", 0.5), ("g", None), ("g", 0.0))
+    c = scored(("x", 0.9))
+    (out,) = turn_advantages([[a, b, c]], ["g", "x"], weight=2.0)
+    # g's first turns: 1.0 and 0.5 (mean 0.75); second: a's 0.5 alone (b's is unscored); third:
+    # 1.0 and 0.0 (mean 0.5); x's first: 0.3 and 0.9 (mean 0.6)
+    assert out[0] == {"g": {0: pytest.approx(0.5), 2: 0.0, 3: pytest.approx(1.0)}, "x": {1: pytest.approx(-0.6)}}
+    assert out[1] == {"g": {0: pytest.approx(-0.5), 2: pytest.approx(-1.0)}, "x": {}}
+    assert out[2] == {"g": {}, "x": {0: pytest.approx(0.6)}}
+    (alone,) = turn_advantages([[b]], ["g"], weight=2.0)
+    assert alone == [{"g": {0: 0.0, 2: 0.0}}]  # a group of one has nothing to compare with
+
+
+def test_a_turns_extra_advantage_reaches_its_valid_tokens_only():
+    first = make_attempt([1, 2], [3, 4], [-0.1, -0.2])
+    bad = make_attempt([10], [11], [-0.3], valid=False)
+    retry = make_attempt([20], [21], [-0.4])
+    ep = make_episode(("p", [first]), ("p", [bad, retry]))
+    data = role_datums(ep, "p", 1.0, turn_extra={0: 0.25, 1: -0.5})
+    assert [d.loss_fn_inputs["advantages"] for d in data] == [[0.0, 1.25, 1.25], [-1.0], [0.5]]
+    assert [d.loss_fn_inputs["advantages"] for d in role_datums(ep, "p", 1.0)] == [[0.0, 1.0, 1.0], [-1.0], [1.0]]
+
+
+def test_turn_credit_needs_a_protocol_that_scores_moves(cli, tmp_path):
+    code, _, err = cli("train", ROOT / "recipes/debate.yaml", "--model", "tiny", "--set", "turn_credit=1",
+                       "--out", tmp_path / "run")
+    assert code == 2 and "turn_credit: protocol DebateEnv does not score moves" in err, err
+    with pytest.raises(RolecastError, match="turn_credit: Input should be greater than or equal to 0"):
+        from orchestrator.team import load_team, with_training_options
+
+        with_training_options(load_team(ROOT / "recipes/guess_number.yaml"), {"turn_credit": -1})
+
+
+def test_a_training_step_credits_each_scored_turn(cli, tmp_path, monkeypatch):
+    import orchestrator.training.loop as loop
+
+    seen: list[dict] = []
+
+    def recording(episode, role, advantage, options=None, turn_extra=None):
+        seen.append(dict(turn_extra or {}))
+        return role_datums(episode, role, advantage, options, turn_extra)
+
+    monkeypatch.setattr(loop, "role_datums", recording)
+    run = tmp_path / "run"
+    train_tiny(cli, ROOT / "recipes/guess_number.yaml", run, 1, "--set", "turn_credit=2.0", "--set", "group_size=4")
+    transcripts = [json.loads(line) for line in (run / "rollouts/step-000001/transcripts.jsonl").read_text().splitlines()]
+    scores = {t["id"]: [turn["score"] for turn in t["turns"]] for t in transcripts}
+    assert all(s is not None for row in scores.values() for s in row)  # every turn's guess is scored
+    lines = credit(run, 1)
+    firsts = [scores[line["episode"]][0] for line in lines]
+    for line in lines:  # each first guess against the group's mean first guess, times 2
+        own = scores[line["episode"]][0]
+        assert line["turn_advantages"]["guesser"]["0"] == pytest.approx(2.0 * (own - sum(firsts) / len(firsts)))
+    assert [{str(k): v for k, v in extra.items()} for extra in seen] == [line["turn_advantages"]["guesser"] for line in lines]
+    (row,) = [r for r in metric_rows(run) if r["kind"] == "train"]
+    flat = [s for row_scores in scores.values() for s in row_scores]
+    assert row["turn_score/guesser"] == pytest.approx(sum(flat) / len(flat))
