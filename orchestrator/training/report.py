@@ -11,7 +11,8 @@ from .metrics import read_metrics
 
 # (file, title, metric-name prefixes plotted on it)
 PLOTS = [
-    ("reward.png", "mean reward per role (train rollouts; env_reward: the game's own)", ("reward/", "env_reward/")),
+    ("reward.png", "mean reward per role (train rollouts; env_reward: the game's own; turn_score: its moves' scores)",
+     ("reward/", "env_reward/", "turn_score/")),
     ("eval.png", "evaluation reward per role (95% interval)", ("eval_reward/",)),
     ("loss.png", "loss per adapter", ("/loss",)),
     ("kl.png", "KL to the base model and importance ratio", ("/kl", "/ratio_mean")),

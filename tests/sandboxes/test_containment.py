@@ -72,9 +72,9 @@ def test_infinite_loop_is_stopped_by_cpu_limit(sandbox, marker, processes_with):
 def test_sleeping_past_deadline_is_killed(sandbox, workdir):
     r = sandbox("sleep 2; touch late", wall_time_s=1.0)
     assert r.timed_out and r.signal == signal.SIGKILL
-    assert 1.0 <= r.duration_s < 2.0
+    assert r.duration_s >= 1.0
     time.sleep(1.3)
-    assert not (workdir / "late").exists()
+    assert not (workdir / "late").exists()  # killed before the sleep ended (no wall-clock bound: CI may be loaded)
 
 
 def test_daemon_does_not_survive_the_run(sandbox, workdir, marker, processes_with):
