@@ -28,20 +28,16 @@ def turn_advantages(groups: list[list[EpisodeRecord]], roles: list[str], weight:
     """Per group and episode, each role's extra advantage for its scored turns."""
     out: list[list[TurnAdvantages]] = []
     for group in groups:
-        scored = [{role: _scored_turns(episode, role) for role in roles} for episode in group]
+        extras: list[TurnAdvantages] = [{} for _ in group]
         for role in roles:
+            played = [[(t.turn, t.score) for t in episode.turns if t.role == role] for episode in group]
             by_position: dict[int, list[float]] = defaultdict(list)
-            for turns in scored:
-                for position, (_, score) in enumerate(turns[role]):
+            for turns in played:
+                for position, (_, score) in enumerate(turns):
                     if score is not None:
                         by_position[position].append(score)
             baseline = {k: sum(v) / len(v) for k, v in by_position.items()}
-            for turns in scored:
-                turns[role] = [(n, weight * (s - baseline[k])) for k, (n, s) in enumerate(turns[role]) if s is not None]
-        out.append([{role: dict(turns[role]) for role in roles} for turns in scored])
+            for extra, turns in zip(extras, played):
+                extra[role] = {n: weight * (s - baseline[k]) for k, (n, s) in enumerate(turns) if s is not None}
+        out.append(extras)
     return out
-
-
-def _scored_turns(episode: EpisodeRecord, role: str) -> list[tuple[int, float | None]]:
-    return [(t.turn, t.score) for t in episode.turns if t.role == role]
-
