@@ -25,9 +25,9 @@ CASES = [
     ("trainer-option-of-another-trainer", "debate.yaml", "trainer: grpo", "trainer: grpo\n  trainer_config: {baseline: team}",
      34, "training.trainer_config.baseline", "unknown key (allowed: scale_std)"),
     ("reward-typo", "guess_number.yaml", "{alpha: 0.6}", "{alhpa: 0.6}",
-     33, "training.reward_config.alhpa", "unknown key (allowed: alpha)"),
+     36, "training.reward_config.alhpa", "unknown key (allowed: alpha)"),
     ("reward-bad-value", "guess_number.yaml", "{alpha: 0.6}", "{alpha: 2}",
-     33, "training.reward_config.alpha", "less than or equal to 1 (got 2)"),
+     36, "training.reward_config.alpha", "less than or equal to 1 (got 2)"),
     ("reward-without-options", "debate.yaml", "reward: env", "reward: env\n  reward_config: {alpha: 0.5}",
      35, "training.reward_config.alpha", "unknown key"),
     ("judge-reward-typo", "debate.yaml", "reward: env", "reward: judge\n  reward_config:\n    judge: judge\n    loose: -1",
@@ -50,7 +50,7 @@ CASES = [
      32, "training.trainer", "unknown trainer plugin 'self_play'"),
     # options that fit the trainer's Config but not the team: caught at load, not after the model loads
     ("self-play-on-a-one-player-game", "guess_number.yaml", "trainer: grpo", "trainer: self-play",
-     30, "training.trainer_config", "self-play needs two or more trainable players sharing one adapter; got ['guesser']"),
+     33, "training.trainer_config", "self-play needs two or more trainable players sharing one adapter; got ['guesser']"),
     ("self-play-on-two-adapters", "rps.yaml", "name: bob\n    policy: {adapter: player}", "name: bob\n    policy: {adapter: other}",
      33, "training.trainer_config", "sharing one adapter"),
     ("self-play-one-player-twice", "rps.yaml", "{players: [alice, bob], snapshot", "{players: [alice, bob, alice], snapshot",
@@ -60,7 +60,7 @@ CASES = [
     ("freeze-rotate-unknown-adapter", "prisoners_dilemma.yaml", "{every: 5}", "{every: 5, schedule: [nobody]}",
      35, "training.trainer_config", "schedule names unknown adapter(s) ['nobody']"),
     ("nothing-learns", "guess_number.yaml", "name: guesser\n", "name: guesser\n    policy: {trainable: false}\n",
-     31, "training", "no role learns"),
+     34, "training", "no role learns"),
 ]
 
 

@@ -28,13 +28,13 @@ GUESS_TASKS = "tasks: [{secret: 1}, {secret: 2},"
 # (id, recipe, old, new, file the error names, line, key, words in the problem)
 CASES = [
     ("misspelt-key", "guess_number", GUESS_TASKS, "tasks: [{secrt: 1}, {secret: 2},",
-     "guess_number.yaml", 28, "tasks[0].secrt", "did you mean 'secret'"),
+     "guess_number.yaml", 31, "tasks[0].secrt", "did you mean 'secret'"),
     ("out-of-range", "guess_number", GUESS_TASKS, "tasks: [{secret: 1}, {secret: 20},",
-     "guess_number.yaml", 28, "tasks[1].secret", "outside the protocol's range [1, 16]"),
+     "guess_number.yaml", 31, "tasks[1].secret", "outside the protocol's range [1, 16]"),
     ("string-number", "guess_number", GUESS_TASKS, "tasks: [{secret: '1'}, {secret: 2},",
-     "guess_number.yaml", 28, "tasks[0].secret", "valid integer"),
+     "guess_number.yaml", 31, "tasks[0].secret", "valid integer"),
     ("eval-task", "guess_number", "eval_tasks: [{secret: 3},", "eval_tasks: [{secret: 0},",
-     "guess_number.yaml", 41, "training.eval_tasks[0].secret", "outside"),
+     "guess_number.yaml", 45, "training.eval_tasks[0].secret", "outside"),
     ("no-teacher", "teacher_student", "{domain: smallest}", "{domain: largest_prime}",
      "teacher_student.yaml", 33, "tasks[1].domain", "has no teacher (protocol domains: largest, smallest)"),
     ("two-words", "twenty_questions", "tasks: [{}]", "tasks: [{secret: ice cream}]",
