@@ -235,7 +235,7 @@ class TrainingRun:
         return [result.episodes[g * size:(g + 1) * size] for g in range(len(chosen))]
 
     async def _update(self, step: int, adapters: list[str], groups: list[list[EpisodeRecord]], advantages,
-                      extra: list[list[TurnAdvantages]] | None = None) -> dict[str, Any]:
+                      extra: list[list[TurnAdvantages]] | None) -> dict[str, Any]:
         """Each adapter's datums in ``ppo_epochs`` passes of ``minibatches`` optimizer steps each,
         then publish. With one of each (the default) that is a single on-policy step; after the
         first optimizer step the policy has moved, the importance ratios leave 1 and PPO's clip

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from ..transcript import EpisodeRecord
+from .trainer import centred
 
 TurnAdvantages = dict[str, dict[int, float]]  # role -> {turn number in the episode: extra advantage}
 
@@ -28,16 +29,15 @@ def turn_advantages(groups: list[list[EpisodeRecord]], roles: list[str], weight:
     """Per group and episode, each role's extra advantage for its scored turns."""
     out: list[list[TurnAdvantages]] = []
     for group in groups:
-        extras: list[TurnAdvantages] = [{} for _ in group]
+        extras: list[TurnAdvantages] = [{role: {} for role in roles} for _ in group]
         for role in roles:
-            played = [[(t.turn, t.score) for t in episode.turns if t.role == role] for episode in group]
-            by_position: dict[int, list[float]] = defaultdict(list)
-            for turns in played:
-                for position, (_, score) in enumerate(turns):
-                    if score is not None:
-                        by_position[position].append(score)
-            baseline = {k: sum(v) / len(v) for k, v in by_position.items()}
-            for extra, turns in zip(extras, played):
-                extra[role] = {n: weight * (s - baseline[k]) for k, (n, s) in enumerate(turns) if s is not None}
+            by_position: dict[int, list[tuple[int, int, float]]] = defaultdict(list)  # (episode, turn, score)
+            for e, episode in enumerate(group):
+                for position, turn in enumerate(t for t in episode.turns if t.role == role):
+                    if turn.score is not None:
+                        by_position[position].append((e, turn.turn, turn.score))
+            for scored in by_position.values():
+                for (e, n, _), value in zip(scored, centred([s for *_, s in scored], scale_std=False)):
+                    extras[e][role][n] = weight * value
         out.append(extras)
     return out
