@@ -3,7 +3,7 @@
 Both sides compute the same PPO loss on the same batch of the same model (fp32 master weights,
 the same autocast setting, the same LoRA config): the plain loop calls the PEFT model, takes
 its full [batch, length, vocab] logits to float32 and gathers the targets; the client runs the
-transformer, then the LM head and log-softmax in checkpointed chunks. Each side runs in its own
+transformer, then the LM head and log-softmax a block of positions at a time (``logprob_head.py``). Each side runs in its own
 subprocess (so peak memory is its own), alternating, and reports the median.
 
 ``--device`` (auto: a CUDA GPU where there is one) places both sides: the client's ServiceClient

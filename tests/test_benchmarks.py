@@ -34,6 +34,8 @@ KEYS = {
     "grpo_vs_trl": {"model", "device", "completions", "new_tokens", "steps", "rolecast_s_per_step", "trl_s_per_step",
                     "rolecast_episodes_s", "trl_episodes_s", "ratio"},
     "joint_passes": {"model", "device", "episodes", "rounds", "autocast_bf16", "population", "team"},
+    "logprob_head": {"device", "positions", "chunk", "bf16", "entropy", "frozen_s", "checkpointed_s", "ratio",
+                     "max_grad_diff"},
     "pipeline": {"episodes", "messages", "wall_s", "messages_per_s", "bare_validate_per_s", "validation_share"},
     "populations": {"model", "seeds", "steps", "train_episodes", "probe_games", "per_seed", "self_play_exploitability",
                     "population_exploitability", "best_member_exploitability", "goal_met", "cost_ratio",

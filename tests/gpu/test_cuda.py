@@ -223,7 +223,7 @@ def test_rolecast_train_shares_the_engines_base_weights_on_cuda():
     assert [len(o.token_ids) for o in outs] == [16] * 4
 
 
-@pytest.mark.parametrize("script", ["rollout", "train", "joint_passes", "grpo_vs_trl"])
+@pytest.mark.parametrize("script", ["rollout", "train", "joint_passes", "grpo_vs_trl", "logprob_head"])
 def test_device_benchmarks_run_their_smoke_on_cuda(script):
     """The benchmarks that take ``--device``: their GPU paths (CUDA graphs, the shared-weights
     service) run end to end, as tests/test_benchmarks.py runs their CPU paths."""

@@ -84,6 +84,58 @@ def test_entropy_is_the_full_or_the_masked_softmax_entropy_with_gradients():
     assert torch.isfinite(g1).all() and torch.allclose(g1, g2, atol=1e-5)
 
 
+@pytest.mark.parametrize("masked", [False, True])
+def test_a_frozen_head_gives_the_gradients_of_the_full_softmax(masked):
+    """The base model's head is frozen: its logprobs and entropies take their gradients in the
+    forward (``_FrozenHead``). Against autograd through the full log-softmax, with per-token
+    upstream weights on both outputs (as a loss gives them), chunks that do not divide N, a bias,
+    and a grammar mask on some rows."""
+    from orchestrator.grammar.book import allowed_tokens
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(8, 64).requires_grad_(False)
+    hidden = torch.randn(11, 8, requires_grad=True)
+    targets = torch.randint(0, 3, (11,))
+    bitmask = torch.full((11, 2), -1, dtype=torch.int32)
+    if masked:
+        bitmask[:6, 0], bitmask[:6, 1] = 0b111, 0
+    w_logp, w_ent = torch.randn(11), torch.randn(11)
+    logp, ent = token_logprobs(hidden, head, targets, temperature=0.7, chunk=4, bitmask=bitmask, entropy=True)
+    assert logp.grad_fn is not None and "FrozenHead" in type(logp.grad_fn).__name__
+    (g1,) = torch.autograd.grad((w_logp * logp + w_ent * ent).sum(), hidden)
+
+    full = torch.log_softmax((head(hidden) / 0.7).masked_fill(~allowed_tokens(bitmask, 64), float("-inf")), -1)
+    ref_logp = full.gather(-1, targets[:, None]).squeeze(-1)
+    ref_ent = -(full.exp() * full.masked_fill(full == -math.inf, 0.0)).sum(-1)
+    assert torch.allclose(logp, ref_logp, atol=1e-5) and torch.allclose(ent, ref_ent, atol=1e-5)
+    (g2,) = torch.autograd.grad((w_logp * ref_logp + w_ent * ref_ent).sum(), hidden, retain_graph=True)
+    assert torch.allclose(g1, g2, atol=1e-5)
+    alone = token_logprobs(hidden, head, targets, temperature=0.7, chunk=4, bitmask=bitmask)
+    (g3,) = torch.autograd.grad((w_logp * alone).sum(), hidden)
+    (g4,) = torch.autograd.grad((w_logp * ref_logp).sum(), hidden)
+    assert torch.allclose(g3, g4, atol=1e-5)
+
+
+def test_a_frozen_head_under_bf16_autocast_matches_the_checkpointed_chunks():
+    """The training client's GPU setting: fp32 masters, bf16 autocast. The frozen head's
+    gradients round like autograd's through the checkpointed chunks (both take the head's matmul
+    in bf16)."""
+    torch.manual_seed(1)
+    head = torch.nn.Linear(16, 96, bias=False)
+    hidden = torch.randn(13, 16, requires_grad=True)
+    targets = torch.randint(0, 96, (13,))
+    weights = torch.randn(13)
+    grads = []
+    for trainable in (False, True):  # a trainable head keeps the checkpointed chunks
+        head.requires_grad_(trainable)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logp = token_logprobs(hidden, head, targets, chunk=5)
+        assert ("FrozenHead" in type(logp.grad_fn).__name__) is not trainable
+        grads.append(torch.autograd.grad((weights * logp).sum(), hidden)[0])
+    assert torch.allclose(grads[0], grads[1], rtol=0.02, atol=0.02)
+    assert head.weight.grad is None
+
+
 @pytest.fixture(scope="module")
 def service():
     svc = ServiceClient("tiny", bf16_autocast=False)
