@@ -127,16 +127,16 @@ class _FrozenHead(torch.autograd.Function):
                     log_p.masked_fill_(~allowed, 0.0)
                 ent = -(p * log_p).sum(-1)
                 ents.append(ent)
-                ent_grads.append(F.linear((-p * (log_p + ent[:, None])).to(weight.dtype), weight.t()) * scale)
+                ent_grads.append((-p * (log_p + ent[:, None])).to(weight.dtype) @ weight * scale)
             d_logp = p.neg_().scatter_add_(-1, y[:, None], torch.ones_like(log_z))  # onehot(y) - p
-            grads.append(F.linear(d_logp.to(weight.dtype), weight.t()) * scale)
-        empty = hidden.new_zeros(0, dtype=torch.float32)
-        logp = torch.cat(logps) if logps else empty
-        ent = torch.cat(ents) if ents else empty
-        ctx.save_for_backward(torch.cat(grads) if grads else hidden.new_zeros(0, hidden.shape[1]),
-                              torch.cat(ent_grads) if ent_grads else hidden.new_zeros(0, hidden.shape[1]))
+            grads.append(d_logp.to(weight.dtype) @ weight * scale)
+
+        def cat(pieces: list[torch.Tensor], *shape: int) -> torch.Tensor:
+            return torch.cat(pieces) if pieces else hidden.new_zeros(0, *shape, dtype=torch.float32)
+
+        ctx.save_for_backward(cat(grads, hidden.shape[1]), cat(ent_grads, hidden.shape[1]))
         ctx.entropy, ctx.dtype = entropy, hidden.dtype
-        return logp, ent
+        return cat(logps), cat(ents)
 
     @staticmethod
     def backward(ctx, grad_logp, grad_ent):
