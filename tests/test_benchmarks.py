@@ -31,7 +31,7 @@ KEYS = {
                     "throughput_ratio", "end_to_end_ratio", "grammar_s", "constrained_s", "compile_s"},
     "debate": {"model", "dtype", "episodes", "repeats", "batched_s", "one_at_a_time_s", "batched_tok_s",
                "one_at_a_time_tok_s", "speedup"},
-    "grpo_vs_trl": {"model", "device", "completions", "new_tokens", "steps", "rolecast_s_per_step", "trl_s_per_step",
+    "grpo_vs_trl": {"model", "device", "completions", "new_tokens", "steps", "rolecast_s_per_step", "rolecast_sampling_s", "trl_s_per_step",
                     "rolecast_episodes_s", "trl_episodes_s", "ratio"},
     "joint_passes": {"model", "device", "episodes", "rounds", "autocast_bf16", "population", "team"},
     "logprob_head": {"device", "positions", "chunk", "bf16", "entropy", "frozen_s", "checkpointed_s", "ratio",
