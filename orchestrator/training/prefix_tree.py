@@ -174,17 +174,19 @@ def hidden_states(body: torch.nn.Module, tree: PrefixTree, device: torch.device,
     segs = tree.segments
     hidden: list[torch.Tensor | None] = [None] * len(segs)
     kv: list[list[tuple[torch.Tensor, torch.Tensor]] | None] = [None] * len(segs)
+    parents = {s.parent for s in segs}  # the segments others continue: their keys and values are kept
     for depth in range(max(s.depth for s in segs) + 1):
         wave = [i for i, s in enumerate(segs) if s.depth == depth]
         for batch in length_batches([len(segs[i].tokens) for i in wave]):
             rows = [wave[k] for k in batch]
             if route is not None:
                 route([segs[i].key for i in rows])
-            _forward(body, segs, rows, hidden, kv, device, pad_id)
+            _forward(body, segs, rows, hidden, kv, device, pad_id, parents)
     return torch.cat([hidden[seg][:n] for path in tree.paths for seg, n in path])
 
 
-def _forward(body, segs: list[Segment], rows: list[int], hidden: list, kv: list, device, pad_id: int) -> None:
+def _forward(body, segs: list[Segment], rows: list[int], hidden: list, kv: list, device, pad_id: int,
+             parents: set[int]) -> None:
     """One pass over segments ``rows``: their tokens, attending to their paths' keys and values.
 
     The paths' keys and values are left-padded and the segments right-padded, so a padding
@@ -212,13 +214,17 @@ def _forward(body, segs: list[Segment], rows: list[int], hidden: list, kv: list,
                 values.append(F.pad(v, (0, 0, cached - v.shape[1], 0)))
             past.update(torch.stack(keys), torch.stack(values), layer)
     cache = kv_cache_name(body)
+    # A pass of leaves only (every pass without shared prefixes) keeps no keys and values: its
+    # cache would copy each layer's for nothing.
+    keep = any(i in parents for i in rows)
     out = body(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
-               use_cache=True, **{cache: past})
-    layers = getattr(out, cache).layers
+               use_cache=keep or past is not None, **{cache: past})
+    layers = getattr(out, cache).layers if keep else []
     for r, i in enumerate(rows):
         n = len(segs[i].tokens)
         hidden[i] = out.last_hidden_state[r, :n]
-        kv[i] = [(layer.keys[r, :, cached:cached + n], layer.values[r, :, cached:cached + n]) for layer in layers]
+        if i in parents:
+            kv[i] = [(layer.keys[r, :, cached:cached + n], layer.values[r, :, cached:cached + n]) for layer in layers]
 
 
 def _ancestors(segs: list[Segment], index: int) -> list[int]:
