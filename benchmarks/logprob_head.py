@@ -30,25 +30,25 @@ import time
 import torch
 
 from orchestrator.models import bf16_native, resolve_device
+from orchestrator.training.client import logprob_chunk
 from orchestrator.training.losses import token_logprobs
 
 
-def timed(device: torch.device, fn) -> tuple[float, torch.Tensor]:
+def timed(device: torch.device, fn) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     start = time.perf_counter()
-    out = fn()
+    fn()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    return time.perf_counter() - start, out
+    return time.perf_counter() - start
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="auto", help="auto (a CUDA GPU where there is one), cpu, cuda, cuda:N")
     parser.add_argument("--positions", type=int, default=2048, help="action positions per call")
-    parser.add_argument("--chunk", type=int, default=0, help="positions per block of logits (0: the client's, 512 "
-                                                              "on the CPU, 4,096 on a GPU)")
+    parser.add_argument("--chunk", type=int, default=0, help="positions per block of logits (0: the client's)")
     parser.add_argument("--hidden", type=int, default=576)
     parser.add_argument("--vocab", type=int, default=49152)
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast (the client's setting where bf16 is native)")
@@ -65,7 +65,7 @@ def main() -> None:
         sys.exit(f"--device {args.device}: {exc}")
     if args.bf16 and not bf16_native(device):
         print(f"note: {device} has no native bf16; autocast emulates it", file=sys.stderr)
-    chunk = args.chunk or (4096 if device.type == "cuda" else 512)
+    chunk = args.chunk or logprob_chunk(device)
 
     g = torch.Generator().manual_seed(0)
     head = torch.nn.Linear(args.hidden, args.vocab, bias=False)
@@ -90,7 +90,7 @@ def main() -> None:
     for r in range(args.rounds):
         for side in ("frozen", "checkpointed") if r % 2 == 0 else ("checkpointed", "frozen"):
             for _ in range(args.iters):
-                seconds[side].append(timed(device, lambda side=side: call(side))[0])
+                seconds[side].append(timed(device, lambda side=side: call(side)))
             print(f"round {r} {side}: {statistics.median(seconds[side][-args.iters:]):.4f} s", file=sys.stderr)
     med = {side: statistics.median(s) for side, s in seconds.items()}
     print(json.dumps({

@@ -69,6 +69,11 @@ class APIFuture(Generic[T]):
         return self._future.done()
 
 
+def logprob_chunk(device: torch.device) -> int:
+    """Positions per block of LM-head logits in the client's passes (``losses.token_logprobs``)."""
+    return 4096 if device.type == "cuda" else 512
+
+
 class ServiceClient:
     """Owns the base model (fp32 master weights) on ``device``; all adapters' jobs run on the
     compute thread.
@@ -96,7 +101,7 @@ class ServiceClient:
         # attention for backward; the LM head's chunks grow with it.
         gpu = self.device.type == "cuda"
         self.micro_batch_tokens = micro_batch_tokens or (131072 if gpu else 4096)
-        self.logprob_chunk = 4096 if gpu else 512
+        self.logprob_chunk = logprob_chunk(self.device)
         self.share_prefixes = share_prefixes  # passes compute each shared prefix once (prefix_tree.py)
         self.joint_passes = joint_passes  # forward_backward_many: several adapters in one pass (_micro_batches)
         self.loaded = model if isinstance(model, LoadedModel) else load_model(model, dtype="float32", seed=seed)
