@@ -116,19 +116,26 @@ class _FrozenHead(torch.autograd.Function):
         logps, ents, grads, ent_grads = [], [], [], []
         for s in range(0, hidden.shape[0], chunk):
             y = targets[s : s + chunk]
-            logits, allowed = _masked_logits(hidden[s : s + chunk], head, temperature,
-                                             None if bitmask is None else bitmask[s : s + chunk])
-            log_z = torch.logsumexp(logits, dim=-1, keepdim=True)
-            logps.append(logits.gather(-1, y[:, None]).squeeze(-1) - log_z.squeeze(-1))
-            log_p = logits.sub_(log_z)  # the logits' block is reused from here on
-            p = log_p.exp()
+            x, allowed = _masked_logits(hidden[s : s + chunk], head, temperature,
+                                        None if bitmask is None else bitmask[s : s + chunk])
+            x.sub_(x.amax(-1, keepdim=True))  # less each row's max: exp cannot overflow; one exp pass in all
+            picked = x.gather(-1, y[:, None])
+            p = x.exp() if entropy else x.exp_()  # unnormalised; without entropy, the block itself
+            total = p.sum(-1, keepdim=True)
+            log_total = total.log()
+            logps.append((picked - log_total).squeeze(-1))
             if entropy:
+                p.div_(total)
+                log_p = x.sub_(log_total)
                 if allowed is not None:
                     log_p.masked_fill_(~allowed, 0.0)
                 ent = -(p * log_p).sum(-1)
                 ents.append(ent)
-                ent_grads.append((-p * (log_p + ent[:, None])).to(weight.dtype) @ weight * scale)
-            d_logp = p.neg_().scatter_add_(-1, y[:, None], torch.ones_like(log_z))  # onehot(y) - p
+                ent_grads.append(log_p.add_(ent[:, None]).mul_(p).neg_().to(weight.dtype) @ weight * scale)
+                d_logp = p.neg_()
+            else:
+                d_logp = p.mul_(total.reciprocal().neg_())
+            d_logp.scatter_add_(-1, y[:, None], torch.ones_like(total))  # onehot(y) - p
             grads.append(d_logp.to(weight.dtype) @ weight * scale)
 
         def cat(pieces: list[torch.Tensor], *shape: int) -> torch.Tensor:
