@@ -127,6 +127,7 @@ class RayRollouts:
             else:
                 kwargs["address"] = options.address
             ray.init(**kwargs)
+        self._check_gpus()
         threads = max(1, int(options.cpus_per_worker)) if device == "cpu" else 0
         self._actor_class = ray.remote(num_cpus=options.cpus_per_worker, num_gpus=options.gpus_per_worker,
                                        max_restarts=0)(RolloutWorker)
@@ -139,6 +140,23 @@ class RayRollouts:
         self.seen = [-1] * options.workers
         self._locks: tuple[Any, list[asyncio.Lock]] = (None, [])  # (event loop, a lock per slot)
         self.restarts = 0
+
+    def _check_gpus(self) -> None:
+        """GPU workers the cluster cannot place would wait for a GPU for ever, without a word: on
+        this machine's Ray that is an error; a cluster's autoscaler may add GPUs, so there a warning."""
+        need = self.options.workers * self.options.gpus_per_worker
+        have = self.ray.cluster_resources().get("GPU", 0)
+        if need <= have:
+            return
+        what = (f"--rollout-workers {self.options.workers} on a GPU: each worker takes a GPU of its own, "
+                f"and this Ray has {have:g}")
+        if self.options.address != "local":
+            log.warning("ray.waiting_for_gpus", note=f"{what}; the workers start when the cluster has {need:g}")
+            return
+        if self.started_ray:
+            self.ray.shutdown()
+        raise RolecastError(f"{what}: use --rollout-workers {int(have)} or fewer, or --device cpu"
+                            if have >= 1 else f"{what}: use --device cpu")
 
     @property
     def workers(self) -> int:

@@ -106,6 +106,20 @@ def test_a_worker_killed_mid_rollout_is_replaced_and_nothing_is_lost(ray_local, 
     assert tokens == [[a.token_ids for t in r.turns for a in t.attempts] for r in expected.episodes]
 
 
+def test_gpu_workers_that_this_ray_cannot_place_are_an_error_not_a_hang(ray_local):
+    """Each GPU worker asks Ray for a GPU; on this machine's Ray (none here) they would wait for
+    ever. A cluster's address may autoscale, so there the workers are started and left to wait."""
+    from orchestrator.errors import RolecastError
+    from orchestrator.workers import RayOptions, RayRollouts
+
+    with pytest.raises(RolecastError, match=r"--rollout-workers 2 on a GPU: .* this Ray has 0: use --device cpu"):
+        RayRollouts(RayOptions(workers=2, gpus_per_worker=1.0), model="tiny", dtype="float32")
+    assert ray_local.is_initialized()  # the test's Ray, not started by the pool: left running
+    pool = RayRollouts(RayOptions(address="auto", workers=1, gpus_per_worker=1.0), model="tiny", dtype="float32")
+    assert pool.workers == 1
+    pool.close()
+
+
 @pytest.mark.parametrize("command", ["run", "eval"])
 def test_run_and_eval_play_on_workers_what_they_play_here(ray_local, cli, tmp_path, command):
     flags = ["--model", "tiny", "--dtype", "float32", "--episodes", "4", "--no-progress", "--json"]
