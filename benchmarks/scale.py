@@ -9,12 +9,14 @@ publishing; the evaluations and the start-up are left out). Configurations:
     ray-N              --ray --rollout-workers N, max_staleness 0: workers idle while the driver trains
     ray-N-async        the same with max_staleness 1: the next step's episodes sample meanwhile
 
-Each worker is a process with its own engine and one CPU thread (or its own GPU); the driver
-trains. On a machine with fewer cores than workers + trainer the workers only share the cores
-the single process already used, so the ratio says what the overlap buys there, not at scale.
+Every configuration runs on ``--device`` (default ``cpu``): each worker is a process with its
+own engine and one CPU thread (with ``cuda``, a GPU of its own: as many workers as GPUs), the
+driver trains there, and the single process samples and trains there. On a machine with fewer
+cores than workers + trainer the workers only share the cores the single process already used,
+so the ratio says what the overlap buys there, not at scale.
 
     python benchmarks/scale.py [--model smollm2-135m] [--recipe recipes/code_pair.yaml] [--steps 3]
-                               [--workers 1 2] [--smoke]
+                               [--workers 1 2] [--device cpu] [--smoke]
 
 ``--smoke``: the tiny model, one step, 1 worker sync and async (tests/test_benchmarks.py).
 """
@@ -35,7 +37,7 @@ def train(args: argparse.Namespace, out: Path, extra: list[str]) -> float:
     from orchestrator.cli import main
 
     code = main(["train", str(ROOT / args.recipe), "--model", args.model, "--steps", str(args.steps), "--seed", "0",
-                 "--out", str(out), "--no-progress", "--dtype", "float32", "--set", "eval_every=0",
+                 "--out", str(out), "--no-progress", "--dtype", "float32", "--device", args.device, "--set", "eval_every=0",
                  "--set", "eval_episodes=1", "--set", f"group_size={args.group_size}",
                  "--set", f"groups_per_step={args.groups}", *extra])
     if code != 0:
@@ -53,6 +55,7 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--groups", type=int, default=2, help="groups per step")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: workers, trainer and the single process")
     parser.add_argument("--smoke", action="store_true", help="seconds on the tiny model: does the script still run")
     args = parser.parse_args()
     if args.smoke:
@@ -77,7 +80,7 @@ def main() -> None:
     base = results["single"]
     print(json.dumps({
         "model": args.model, "recipe": args.recipe, "steps": args.steps,
-        "episodes_per_step": args.group_size * args.groups, "cpus": os.cpu_count(),
+        "episodes_per_step": args.group_size * args.groups, "device": args.device, "cpus": os.cpu_count(),
         "episodes_per_s": {k: round(v, 3) for k, v in results.items()},
         "ratio_to_single": {k: round(v / base, 3) for k, v in results.items() if k != "single"},
     }))

@@ -48,7 +48,7 @@ KEYS = {
                 "decode_vs_prefill", "transformers_decode_tok_s", "fused_vs_transformers", "fallback_path",
                 "fallback_decode_tok_s", "fused_vs_fallback", "engine_vs_prefill",
                 "one_adapter_tok_s", "mixed_adapter_tok_s", "mixed_adapter_ratio"},
-    "scale": {"model", "recipe", "steps", "episodes_per_step", "cpus", "episodes_per_s", "ratio_to_single"},
+    "scale": {"model", "recipe", "steps", "episodes_per_step", "device", "cpus", "episodes_per_s", "ratio_to_single"},
     "sandbox": {"sandbox_s", "bare_s", "ratio", "backend", "runs", "stat"},
     "teacher_student": {"model", "episodes_per_domain", "student_temperature", "per_domain"},
     "train": {"model", "device", "batch", "length", "client_tok_s", "plain_tok_s", "ratio", "client_peak_mb", "plain_peak_mb"},

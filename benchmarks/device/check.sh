@@ -9,7 +9,8 @@
 #   grpo     benchmarks/grpo_vs_trl.py, the real weights
 #   learn    rolecast train recipes/guess_number.yaml on the GPU, held-out reward every 10 steps
 #            (LEARN_ARGS: more options for it, e.g. "--set groups_per_step=16")
-#   scale    benchmarks/scale.py with 4 and 8 rollout workers, the real weights  carry .ray (`pack.sh ray`)
+#   scale    benchmarks/scale.py, 4 and 8 CPU rollout workers (SCALE_WORKERS), the real weights
+#            (code_pair, or debate where no sandbox backend isolates)        carry .ray (`pack.sh ray`)
 # The device's /tmp lasts while the machine stays warm (30 s after a call), so the calls go back
 # to back, the first with .whl and .m1, the next with .m2:
 #   bash benchmarks/device/check.sh tests rollout
@@ -95,7 +96,11 @@ for s in "$@"; do
     head) stage head $PY benchmarks/logprob_head.py --device $DEVICE --bf16 --positions 16384 ;;
     grpo) stage grpo $PY benchmarks/grpo_vs_trl.py --device $DEVICE ;;
     learn) stage learn learn ;;
-    scale) stage scale $PY benchmarks/scale.py --workers 4 8 ;;
+    scale)  # CPU workers on the machine's cores; code_pair's sandbox where one isolates here, else debate
+      real || [ "$DEVICE" = cpu ] || { echo "check.sh: scale needs the real weights (the weights stage, first)"; continue; }
+      recipe=recipes/code_pair.yaml
+      [ -n "$($PY -c 'from sandboxes.runner import available_backends as a; print(*a())')" ] || recipe=recipes/debate.yaml
+      stage scale $PY benchmarks/scale.py --device cpu --recipe $recipe --workers ${SCALE_WORKERS:-4 8} ;;
     *) echo "check.sh: unknown stage $s (tests rollout weights train head grpo learn scale)"; exit 2 ;;
   esac
 done
