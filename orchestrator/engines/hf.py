@@ -18,13 +18,14 @@ completion reports.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import threading
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import structlog
 import torch
@@ -381,11 +382,20 @@ class HFEngine(TokenizerMethods):
             kwargs["position_ids"] = positions
         if keep_last:
             kwargs["logits_to_keep"] = 1
-        self._route(adapters)
-        return self.model(**kwargs)
+        with self._routed(adapters):
+            return self.model(**kwargs)
 
-    def _route(self, adapters: list[str]) -> None:
+    @contextlib.contextmanager
+    def _routed(self, adapters: list[str]) -> Iterator[None]:
+        """Each row's adapter for the passes inside, and none after: the modules' hooks stay on the
+        model, and a shared training service (``ServiceClient.for_engine`` on a GPU) runs its own
+        passes through the same modules between the engine's, where a stale route would add the
+        engine's deltas (and its inference tensors to autograd's graph)."""
         self.lora.route([None if a == BASE else a for a in adapters])
+        try:
+            yield
+        finally:
+            self.lora.route([])
 
     def _prefill(self, seqs: list[_Seq]) -> None:
         """Prefill newcomers: each row's cached prefix (if any) comes from the prefix cache, the
@@ -487,8 +497,8 @@ class HFEngine(TokenizerMethods):
         ids = upload([s.tokens[-1] for s in self._active], self.device)
         fused = self._fused if self.fused_decode else None
         if fused is not None:
-            self._route(adapters)
-            logits = fused(ids, self._kv, self._kv.positions())
+            with self._routed(adapters):
+                logits = fused(ids, self._kv, self._kv.positions())
         else:
             mask = F.pad(self._kv.mask, (0, 1), value=1)
             logits = self._forward(ids[:, None], mask, self._kv.cache(), adapters, self._kv.positions()).logits[:, -1]

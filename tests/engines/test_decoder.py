@@ -80,7 +80,8 @@ def fused_and_reference(family: str, dtype: torch.dtype, cpu: CpuFeatures, gpu_f
     # both write the next column of the cache: transformers' first, so ours must rewrite it identically
     ref = engine._forward(ids[:, None], mask, engine._kv.cache(), adapters, positions).logits[:, -1]
     ref_keys = engine._kv.keys[0][: len(seqs), :, engine._kv.end].clone()
-    ours = engine._fused(ids, engine._kv, positions)
+    with engine._routed(adapters):  # a route lasts one pass
+        ours = engine._fused(ids, engine._kv, positions)
     torch.testing.assert_close(engine._kv.keys[0][: len(seqs), :, engine._kv.end], ref_keys, atol=1e-5, rtol=1e-3)
     return engine, ours, ref
 
@@ -126,7 +127,8 @@ def test_grouped_lora_deltas_handle_adapters_that_skip_modules_or_differ_in_rank
     positions = engine._kv.positions()
     mask = torch.nn.functional.pad(engine._kv.mask, (0, 1), value=1)
     ref = engine._forward(ids[:, None], mask, engine._kv.cache(), adapters, positions).logits[:, -1]
-    assert torch.equal(engine._fused(ids, engine._kv, positions), ref)
+    with engine._routed(adapters):
+        assert torch.equal(engine._fused(ids, engine._kv, positions), ref)
 
 
 @requires_bf16

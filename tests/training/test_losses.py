@@ -355,6 +355,33 @@ def test_a_shared_service_trains_the_engines_model_without_changing_what_the_eng
         ServiceClient("tiny", shared=True)
 
 
+@pytest.mark.parametrize("adapters", [["s"], ["s", None]], ids=["one-adapter", "mixed"])
+def test_a_shared_service_trains_alike_after_the_engine_served_its_adapter(tmp_path, adapters):
+    """On a GPU the engine's hooks sit on the modules the shared service trains: a route the
+    engine left set after its last pass added the engine's deltas to the next training pass
+    (one adapter: its inference tensors reached autograd and the backward failed; a mix: row
+    masks of the wrong batch). It crashed `rolecast train` at its second step on the GPU."""
+    import asyncio
+
+    from orchestrator.engines.base import GenerationRequest, SamplingParams
+    from support import tiny_engine
+
+    engine = tiny_engine(static=True)
+    svc = ServiceClient(engine.loaded, shared=True, bf16_autocast=False)
+    svc.attach_engine(engine)
+    client = svc.create_lora_training_client("s", LoraConfig(rank=4))
+    client.perturb(0.5, 1).result()  # B != 0: the engine's copy of the adapter adds a delta
+    client.save_weights_for_sampler(tmp_path / "s").result()
+    before = client.forward([datum()], "importance_sampling").result()
+    reqs = [GenerationRequest(tuple(range(5, 12 + i)), SamplingParams(max_tokens=4, seed=i), adapters[i % len(adapters)])
+            for i in range(3)]
+    for _ in range(2):  # each prefill routes rows to the engine's adapter (the first decode step resets the stacks)
+        asyncio.run(_gather(engine, reqs))
+    after = client.forward_backward([datum()], "importance_sampling").result()
+    assert torch.allclose(after.loss_fn_outputs[0]["logprobs"], before.loss_fn_outputs[0]["logprobs"], atol=1e-6)
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in client.lora_params("lora_B"))
+
+
 async def _gather(engine, reqs):
     return await asyncio.gather(*(engine.generate(r) for r in reqs))
 
