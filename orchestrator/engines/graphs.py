@@ -83,8 +83,12 @@ class StepGraphs:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()  # one pool: graphs replay one at a time
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            out = self.step(*shape)
+        try:
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+                out = self.step(*shape)
+        except BaseException:
+            self._pool = None  # its failed capture may have released it: a new pool for the next one
+            raise
         self.captured += 1
         return graph, out
 

@@ -218,6 +218,8 @@ class HFEngine(TokenizerMethods):
         with self._lock:
             self._cpu = cpu
             self.__dict__.pop("_fused", None)
+            if self.cuda_graphs:  # captured graphs replay the old step's weights
+                self._graphs = StepGraphs(self._static_forward, self.device)
 
     @property
     def context_length(self) -> int | None:

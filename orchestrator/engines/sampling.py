@@ -69,7 +69,8 @@ def sample_on_device(
     if bitmask is not None and masked_rows:
         from xgrammar import apply_token_bitmask_inplace  # one op for the whole batch
 
-        apply_token_bitmask_inplace(x, upload(bitmask, device), indices=masked_rows)
+        # the rows as a tensor queued behind the step: from a list xgrammar copies them pageable
+        apply_token_bitmask_inplace(x, upload(bitmask, device), indices=upload(masked_rows, device, torch.int32))
     scale = upload([t if t > 0 else 1.0 for t in temperatures], device, torch.float32)[:, None]
     if any(t > 0 and t != 1.0 for t in temperatures):  # decided on the host: no device sync
         x.div_(scale)
@@ -98,6 +99,5 @@ def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """Keep the smallest set of most likely tokens whose mass reaches ``top_p``."""
     sorted_p, order = torch.sort(probs, descending=True)
     keep = torch.cumsum(sorted_p, 0) - sorted_p < top_p  # always keeps the top token
-    out = torch.zeros_like(probs)
-    out[order[keep]] = sorted_p[keep]
-    return out
+    # a scatter, not boolean indexing: that counts the kept tokens on the host, a sync per row on a GPU
+    return torch.zeros_like(probs).scatter_(0, order, sorted_p * keep)

@@ -80,15 +80,21 @@ def test_a_steady_decode_step_never_waits_for_the_gpu(monkeypatch):
     data sent from pageable memory, ``.item()``) would make the host wait for the step it just
     launched (engines/upload.py). Each step without newcomers runs under
     ``set_sync_debug_mode("warn")``; its warnings count unless the step captured a graph (a capture
-    synchronises), and the second round of the same requests captures none."""
+    synchronises), and the second round of the same requests captures none. Rows with top-p and
+    a row under a JSON schema (its bitmask applied on the GPU) are among them."""
+    import dataclasses
     import warnings
 
     from orchestrator.engines.hf import HFEngine
+    from orchestrator.messages import schema_json
 
     engine = tiny_engine("bfloat16", device=CUDA, max_batch=8)
     engine.add_adapter("alpha")
     randomize(engine, "alpha", 1)
     reqs = requests(8, adapters=(None, "alpha"), max_tokens=24)
+    reqs[1:3] = [dataclasses.replace(r, sampling=dataclasses.replace(r.sampling, top_p=0.9)) for r in reqs[1:3]]
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    reqs[3] = dataclasses.replace(reqs[3], json_schema=schema_json(schema))
     iterate, checked_steps, syncs = HFEngine._static_iteration, [], []
 
     def checked(self, newcomers):
