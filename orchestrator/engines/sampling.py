@@ -82,12 +82,22 @@ def sample_on_device(
     for i, top_p in enumerate(top_ps):
         if top_p < 1.0 and temperatures[i] > 0:
             weights[i] = _top_p(weights[i] / total[i], top_p)
+    masked = upload(masked_rows, device) if bitmask is not None and masked_rows else None
+    allowed = weights[masked] if masked is not None else None  # a copy: the CDF overwrites the weights
     # Inverse-CDF sampling, one uniform per row: a batched cumsum and searchsorted cost far less
     # than a multinomial call per row over a 49k vocabulary.
     cdf = weights.cumsum_(dim=-1)
     u = upload(uniforms, device, torch.float32)
     target = (1.0 - u) * cdf[:, -1]  # in (0, total]: never lands on a zero-mass prefix
     chosen_ids = torch.searchsorted(cdf, target[:, None]).squeeze(-1).clamp(max=logits.shape[-1] - 1)
+    if allowed is not None:
+        # A sequential cumsum leaves a banned token's step of the CDF exactly flat; a parallel scan
+        # (a GPU's) sums in another order and may leave it open by an ulp. A banned token drawn
+        # would fail the grammar, and with it every request of the batch: such a row takes its
+        # most likely allowed token instead.
+        picked = chosen_ids[masked]
+        banned = allowed.gather(-1, picked[:, None]).squeeze(-1) <= 0
+        chosen_ids[masked] = torch.where(banned, allowed.argmax(dim=-1), picked)
     if argmax is not None:
         chosen_ids = torch.where(upload([t <= 0 for t in temperatures], device), argmax, chosen_ids)
     # The chosen tokens are allowed by any mask, so their logits are the unmasked ones.

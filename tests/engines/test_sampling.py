@@ -65,6 +65,18 @@ def test_masked_rows_sample_allowed_tokens_with_renormalised_logprobs():
         assert abs(logprobs[1] - torch.log(torch.tensor(1 / 64)).item()) < 1e-6  # row 1 is free
 
 
+def test_a_banned_token_the_search_lands_on_is_never_drawn(monkeypatch):
+    """A GPU's parallel cumsum may leave a banned token's flat step of the CDF open by an ulp, and
+    the search land there: a masked row then takes its most likely allowed token (a free row keeps
+    what the search found). Here the search is made to land on banned token 2 in both rows."""
+    logits = torch.tensor([[0.0, 1.0, 5.0, 3.0]] * 2)
+    bitmask = torch.tensor([[0b1011], [0b1011]], dtype=torch.int32)  # tokens 0, 1 and 3; 2 is banned
+    monkeypatch.setattr(torch, "searchsorted", lambda cdf, target: torch.full(target.shape, 2))
+    ids, logprobs = sample_rows(logits, [1.0, 1.0], [1.0, 1.0], torch.rand(2), bitmask, masked_rows=[0])
+    assert ids == [3, 2]
+    assert abs(logprobs[0] - torch.log_softmax(torch.tensor([0.0, 1.0, 3.0]), -1)[2].item()) < 1e-6
+
+
 def test_the_callers_logits_are_left_alone():
     logits = torch.randn(3, 50)
     before = logits.clone()
