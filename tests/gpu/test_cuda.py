@@ -213,7 +213,10 @@ def test_kill_then_resume_on_cuda(tmp_path):
     assert train_steps[-1] == 4 and train_steps == sorted(set(train_steps))  # each step once
 
 
-def test_rolecast_train_shares_the_engines_base_weights_on_cuda():
+def test_rolecast_train_shares_the_engines_base_weights_on_cuda(tmp_path):
+    """One copy of the base weights; and after the engine has served the trained adapter (its
+    weights non-zero), the next training passes see none of the engine's routing (the crash of
+    tests/training/test_losses.py's shared-service test, here with bf16 and graphs)."""
     engine = tiny_engine("bfloat16", device=CUDA)
     service = ServiceClient.for_engine(engine, "tiny", bf16_autocast=True)
     before = torch.cuda.memory_allocated()
@@ -224,9 +227,22 @@ def test_rolecast_train_shares_the_engines_base_weights_on_cuda():
     toks = list(range(100, 121))
     datum = Datum(ModelInput.from_ints(toks[:-1]), {"target_tokens": toks[1:], "mask": [0.0] * 6 + [1.0] * 14,
                                                      "logprobs": [-5.0] * 20, "advantages": [1.0] * 20})
-    assert client.forward_backward([datum], "importance_sampling").result().metrics["tokens"] == 14
-    outs = generate(engine, requests(4))
-    assert [len(o.token_ids) for o in outs] == [16] * 4
+    first = client.forward_backward([datum], "importance_sampling").result()
+    assert first.metrics["tokens"] == 14
+    service.attach_engine(engine)
+    client.perturb(0.5, 1).result()
+    client.save_weights_for_sampler(tmp_path / "s").result()
+    before_rollout = client.forward([datum], "importance_sampling").result()
+    for _ in range(2):
+        outs = asyncio.run(_gather(engine, requests(4, adapters=("s", None))))
+        assert [len(o.token_ids) for o in outs] == [16] * 4
+    after = client.forward_backward([datum], "importance_sampling").result()
+    assert torch.allclose(after.loss_fn_outputs[0]["logprobs"], before_rollout.loss_fn_outputs[0]["logprobs"], atol=1e-3)
+    asyncio.run(engine.aclose())
+
+
+async def _gather(engine, reqs):
+    return await asyncio.gather(*(engine.generate(r) for r in reqs))
 
 
 @pytest.mark.parametrize("script", ["rollout", "train", "joint_passes", "grpo_vs_trl", "logprob_head"])
