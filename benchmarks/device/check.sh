@@ -12,10 +12,11 @@
 #   scale    benchmarks/scale.py, 4 and 8 CPU rollout workers (SCALE_WORKERS), the real weights
 #            (code_pair, or debate where no sandbox backend isolates)        carry .ray (`pack.sh ray`)
 # The device's /tmp lasts while the machine stays warm (30 s after a call), so the calls go back
-# to back, the first with .whl and .m1, the next with .m2:
+# to back (a call runs 10 minutes at most), the first with .whl and .m1, the next with .m2:
 #   bash benchmarks/device/check.sh tests rollout
-#   bash benchmarks/device/check.sh weights train head grpo learn
-# and for the scale stage a third, with .ray: bash benchmarks/device/check.sh scale
+#   bash benchmarks/device/check.sh weights train grpo
+#   LEARN_ARGS="--set steps=40" bash benchmarks/device/check.sh learn
+# then, as time allows, head, and scale in a call with .ray (docs/gpu.md has the estimates).
 # What comes back: $OUT/log.txt (all output) and $OUT/results.jsonl (each stage's last JSON line,
 # with its name, exit code and seconds). A failed stage is recorded and the next one runs.
 set -uo pipefail
