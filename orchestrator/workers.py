@@ -136,6 +136,8 @@ class RayRollouts:
         self.adapters: dict[str, tuple[int, Any]] = {}  # name -> (driver version, ref to its files)
         self.changes = 0  # bumped by every publish; a worker is synced when it has seen the latest
         self.actors = [self._actor_class.remote(*self._args) for _ in range(options.workers)]
+        log.info("ray.rollout_workers", workers=options.workers, device=device, address=options.address,
+                 torch_threads=threads or None)
         self.generation = [0] * options.workers
         self.seen = [-1] * options.workers
         self._locks: tuple[Any, list[asyncio.Lock]] = (None, [])  # (event loop, a lock per slot)
