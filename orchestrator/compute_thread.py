@@ -19,6 +19,9 @@ import queue
 import threading
 from typing import Any, Callable
 
+import structlog
+
+log = structlog.get_logger()
 
 class ComputeThread:
     def __init__(self) -> None:
@@ -73,7 +76,10 @@ class ComputeThread:
             with self._lock:
                 loops = list(self._loops)
             for step in loops:
-                busy = step() or busy
+                try:
+                    busy = step() or busy
+                except Exception:  # noqa: BLE001 - a step's fault must not end the thread every engine and trainer shares
+                    log.exception("compute.loop_failed", step=getattr(step, "__qualname__", repr(step)))
             if not busy:
                 self._wake.wait(0.05)
 
