@@ -319,7 +319,7 @@ class HFEngine(TokenizerMethods):
                         self._decode()
         except Exception as exc:  # a model fault fails the requests in flight, not the engine
             log.error("engine.step_failed", error=f"{type(exc).__name__}: {exc}")
-            for seq in self._active + newcomers:
+            for seq in dict.fromkeys(self._active + newcomers):  # prefilled newcomers are in both
                 self._fail(seq, exc)
             self._active, self._flight = [], None
             self._kv.keep([])
@@ -552,21 +552,30 @@ class HFEngine(TokenizerMethods):
         return sample_on_device(logits, [p.temperature for p in sp], [p.top_p for p in sp], uniforms, bitmask, masked)
 
     def _apply(self, seqs: list[_Seq], tokens: list[int], logprobs: list[float]) -> None:
-        """Append each running row's sampled token (or its forced closing); mark the rows that are done."""
+        """Append each running row's sampled token (or its forced closing); mark the rows that are done.
+        A row whose booking raises fails its own request and leaves the batch."""
         for seq, token, lp in zip(seqs, tokens, logprobs):
             if seq.done is not None or seq.cancelled:
                 continue
-            seq.draws += 1
-            if seq.grammar is not None and seq.grammar.forced:
-                self._force_closing(seq)
-            else:
-                seq.tokens.append(token)
-                seq.logprobs.append(lp)
-                if seq.grammar is not None:
-                    seq.grammar.accept(token)
-            self._check_done(seq)
-            if seq.done is not None and seq.grammar is not None:
-                seq.done.forced_tokens = seq.grammar.forced_count
+            try:
+                self._book(seq, token, lp)
+            except Exception as exc:  # one row's fault (its grammar refused the token, say) fails it alone
+                log.error("engine.request_failed", error=f"{type(exc).__name__}: {exc}")
+                seq.cancelled = True  # leaves the batch at the next _retire
+                self._fail(seq, exc)
+
+    def _book(self, seq: _Seq, token: int, logprob: float) -> None:
+        seq.draws += 1
+        if seq.grammar is not None and seq.grammar.forced:
+            self._force_closing(seq)
+        else:
+            seq.tokens.append(token)
+            seq.logprobs.append(logprob)
+            if seq.grammar is not None:
+                seq.grammar.accept(token)
+        self._check_done(seq)
+        if seq.done is not None and seq.grammar is not None:
+            seq.done.forced_tokens = seq.grammar.forced_count
 
     def _retire(self) -> None:
         """Take the rows that are done or cancelled out of the batch, then resolve the done ones."""
@@ -582,7 +591,7 @@ class HFEngine(TokenizerMethods):
             self._kv.keep(order)
             # Resolve only after the rows left the batch, so a caller woken by its result sees `busy` without them.
             for s in finished:
-                s.loop.call_soon_threadsafe(_resolve, s.future, s.done)
+                _deliver(s, _resolve, s.done)
 
     def _remember(self, row: int, seq: _Seq) -> None:
         """Put a finished row's keys and values in the prefix cache, with the tokens they encode."""
@@ -644,7 +653,17 @@ class HFEngine(TokenizerMethods):
             )
 
     def _fail(self, seq: _Seq, exc: BaseException) -> None:
-        seq.loop.call_soon_threadsafe(_reject, seq.future, exc)
+        _deliver(seq, _reject, exc)
+
+
+def _deliver(seq: _Seq, settle: Any, value: Any) -> None:
+    """Settle ``seq``'s future on its event loop. A loop closed meanwhile (its ``asyncio.run``
+    returned: nobody awaits the request) is skipped: raising here would end the compute thread,
+    and with it every engine and trainer of the process."""
+    try:
+        seq.loop.call_soon_threadsafe(settle, seq.future, value)
+    except RuntimeError:  # "Event loop is closed"
+        pass
 
 
 def _resolve(future: asyncio.Future, value: Completion) -> None:

@@ -143,6 +143,43 @@ def test_many_concurrent_requests_all_complete(engine):
     assert engine.busy == 0
 
 
+def test_a_fault_in_one_requests_booking_fails_that_request_alone(engine, monkeypatch):
+    """A row whose token cannot be booked (its grammar refuses it, say) fails its own request; the
+    rest of the batch samples on, what each samples alone, and the engine keeps serving."""
+    reqs = [request(engine, i, max_tokens=6, ignore_eos=True) for i in range(4)]
+    alone = asyncio.run(gather(engine, reqs[:1] + reqs[2:]))
+    check_done = type(engine)._check_done
+
+    def faulty(self, seq):
+        if seq.request is reqs[1] and len(seq.tokens) == 3:
+            raise RuntimeError("this row's booking broke")
+        check_done(self, seq)
+
+    monkeypatch.setattr(type(engine), "_check_done", faulty)
+
+    async def together():
+        return await asyncio.gather(*(engine.generate(r) for r in reqs), return_exceptions=True)
+
+    outs = asyncio.run(together())
+    assert isinstance(outs[1], RuntimeError) and "booking broke" in str(outs[1])
+    assert [o.token_ids for o in outs[:1] + outs[2:]] == [o.token_ids for o in alone]
+    assert engine.busy == 0
+    assert len(asyncio.run(gather(engine, reqs[:1]))[0].token_ids) == 6
+
+
+def test_a_request_whose_event_loop_has_closed_is_dropped_quietly(engine):
+    """A caller's ``asyncio.run`` may return while the engine still settles its request (a batch
+    failed as the caller gave up): settling it must not raise on the compute thread, which every
+    engine and trainer of the process shares."""
+    from orchestrator.engines.hf import _Seq
+
+    loop = asyncio.new_event_loop()
+    seq = _Seq(request=request(engine, 0), future=loop.create_future(), loop=loop, seed=0)
+    loop.close()
+    engine._fail(seq, RuntimeError("the batch failed"))
+    assert len(asyncio.run(gather(engine, [request(engine, 0, max_tokens=3, ignore_eos=True)]))[0].token_ids) == 3
+
+
 def test_closed_engine_refuses_work(engine):
     asyncio.run(engine.aclose())
     with pytest.raises(RuntimeError, match="closed"):
