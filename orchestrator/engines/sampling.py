@@ -79,9 +79,10 @@ def sample_on_device(
     weights = x.sub_(top).exp_()  # x now holds unnormalised probabilities (max 1)
     total = weights.sum(dim=-1, keepdim=True)
     log_z = top + total.log()  # logsumexp, without a pass of its own
-    for i, top_p in enumerate(top_ps):
-        if top_p < 1.0 and temperatures[i] > 0:
-            weights[i] = _top_p(weights[i] / total[i], top_p)
+    nucleus = [i for i, (p, t) in enumerate(zip(top_ps, temperatures)) if p < 1.0 and t > 0]
+    if nucleus:  # all such rows in one sort
+        rows = upload(nucleus, device)
+        weights[rows] = _top_p(weights[rows] / total[rows], upload([top_ps[i] for i in nucleus], device, torch.float32))
     masked = upload(masked_rows, device) if bitmask is not None and masked_rows else None
     allowed = weights[masked] if masked is not None else None  # a copy: the CDF overwrites the weights
     # Inverse-CDF sampling, one uniform per row: a batched cumsum and searchsorted cost far less
@@ -105,9 +106,10 @@ def sample_on_device(
     return chosen_ids, chosen
 
 
-def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Keep the smallest set of most likely tokens whose mass reaches ``top_p``."""
-    sorted_p, order = torch.sort(probs, descending=True)
-    keep = torch.cumsum(sorted_p, 0) - sorted_p < top_p  # always keeps the top token
-    # a scatter, not boolean indexing: that counts the kept tokens on the host, a sync per row on a GPU
-    return torch.zeros_like(probs).scatter_(0, order, sorted_p * keep)
+def _top_p(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Per row of ``probs`` [R, V], keep the smallest set of most likely tokens whose mass reaches
+    the row's ``top_p`` [R]."""
+    sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+    keep = torch.cumsum(sorted_p, dim=-1) - sorted_p < top_p[:, None]  # always keeps the top token
+    # a scatter, not boolean indexing: that counts the kept tokens on the host, a sync on a GPU
+    return torch.zeros_like(probs).scatter_(-1, order, sorted_p * keep)
