@@ -23,6 +23,7 @@ import structlog
 
 log = structlog.get_logger()
 
+
 class ComputeThread:
     def __init__(self) -> None:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
