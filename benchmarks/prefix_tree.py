@@ -8,7 +8,9 @@ Number (recipes/guess_number.yaml: a conversation role, one datum per episode, e
 opening with the same prompt). Then the same datums go through ``forward_backward`` (PPO, the
 recipes' own settings otherwise) with ``ServiceClient.share_prefixes`` on and off, alternating
 ``--rounds`` times on one service (no optimizer step, so both sides see the same weights), and
-the median seconds per side are compared. ``max_logprob_diff`` checks the two sides agree;
+the median seconds per side are compared; ``shared_kernels`` and ``plain_kernels`` count the
+kernels one ``forward_backward`` launches on each side (``graphs.count_kernels``: on a GPU, where
+a small model's ops are short, each costs about its launch). ``max_logprob_diff`` checks the two sides agree;
 ``rebatched_max_logprob_diff`` is the same comparison between two plain passes batched
 differently (a smaller micro-batch budget), the noise floor of the run's dtype: under bf16
 autocast the two sides agree to that floor, in fp32 to 1e-5 (tests/training/test_losses.py).
@@ -29,6 +31,7 @@ from pathlib import Path
 
 from _recipes import in_turn, max_diff, parse_args, role_datums_of_step
 
+from orchestrator.engines.graphs import count_kernels
 from orchestrator.models import load_model
 from orchestrator.training import LoraConfig, ServiceClient, prefix_tree
 
@@ -36,6 +39,16 @@ from orchestrator.training import LoraConfig, ServiceClient, prefix_tree
 def step_datums(recipe: str, loaded, episodes: int, out: Path) -> list:
     """Every trainable role's datums of ``episodes`` episodes (``role_datums_of_step``)."""
     return [d for per_episode in role_datums_of_step(recipe, loaded, episodes, out).values() for data in per_episode for d in data]
+
+
+def kernels(service: ServiceClient, client, data: list) -> int:
+    """The kernels one forward_backward of ``data`` launches, counted on the compute thread (where
+    the client's passes run: a dispatch mode holds for its own thread only), gradients dropped."""
+    def count() -> int:
+        total = sum(count_kernels(lambda: client._forward(data, "ppo", {}, True)).values())
+        client.optimizer.zero_grad(set_to_none=True)
+        return total
+    return service.submit(count).result()
 
 
 def main() -> None:
@@ -60,6 +73,10 @@ def main() -> None:
                 client.optimizer.zero_grad(set_to_none=True)
                 logprobs[share] = [o["logprobs"] for o in out.loss_fn_outputs]
                 print(f"{name} round {r} share={share}: {seconds[share][-1]:.2f} s", file=sys.stderr)
+        counted = {}
+        for share in (True, False):
+            service.share_prefixes = share
+            counted[share] = kernels(service, client, data)
         service.share_prefixes, budget = False, service.micro_batch_tokens
         service.micro_batch_tokens = budget // 4
         rebatched = [o["logprobs"] for o in client.forward(data, "ppo", {}).result().loss_fn_outputs]
@@ -70,7 +87,7 @@ def main() -> None:
         report[name] = {
             "datums": len(data), "tokens": tokens, "tree_tokens": tree,
             "tokens_ratio": round(tree / tokens, 3), "shared_s": round(shared_s, 2), "plain_s": round(plain_s, 2),
-            "speedup": round(plain_s / shared_s, 2),
+            "speedup": round(plain_s / shared_s, 2), "shared_kernels": counted[True], "plain_kernels": counted[False],
             "max_logprob_diff": max_diff(logprobs[True], logprobs[False]),
             "rebatched_max_logprob_diff": max_diff(rebatched, logprobs[False]),
         }

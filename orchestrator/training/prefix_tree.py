@@ -9,9 +9,13 @@ each once, and backward sums its gradient over every sequence through it. Exact,
 approximation: only the summation order differs from running each sequence alone.
 
 The tree's chains (``Segment``: a run of tokens between branch points) are computed in waves by
-depth. A segment's keys and values come from its own forward pass; its children attend to them
-(gathered along the path, left-padded) as a cache, so attention never spans more than one
+depth. A segment's pass holds the keys and values of its whole path (its past, then its own);
+its children attend to them as a cache (left-padded), so attention never spans more than one
 sequence's length, and each wave is batched by similar segment length (``length_batches``).
+Pasts and outputs are gathered a pass at a time, never a row at a time: on a GPU each op costs
+its launch whatever its size, and per-row slices, pads and concatenations (and their backward)
+once made up half the ops of a GRPO step's training pass (51,878 -> 25,958 for 8 prompts x 8
+completions on a 30-layer model).
 
 Sequences may carry keys (the adapter each one trains): only sequences with the same key share
 segments, since the same tokens under two adapters are two computations. A wave then holds
@@ -24,7 +28,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Hashable, Sequence
 
 import torch
-import torch.nn.functional as F
 from transformers.cache_utils import DynamicCache
 
 from ..models import kv_cache_name
@@ -172,65 +175,91 @@ def hidden_states(body: torch.nn.Module, tree: PrefixTree, device: torch.device,
     ``[sum of lengths, d]``. ``body`` is the transformer without its LM head. ``route``, where
     given, is called before each forward with the keys of its rows, in order."""
     segs = tree.segments
-    hidden: list[torch.Tensor | None] = [None] * len(segs)
-    kv: list[list[tuple[torch.Tensor, torch.Tensor]] | None] = [None] * len(segs)
-    parents = {s.parent for s in segs}  # the segments others continue: their keys and values are kept
+    passes: list[_Pass] = []
+    where: list[tuple[int, int]] = [(-1, -1)] * len(segs)  # segment -> (its pass, its row there)
+    parents = {s.parent for s in segs}  # the segments others continue: their passes keep keys and values
     for depth in range(max(s.depth for s in segs) + 1):
         wave = [i for i, s in enumerate(segs) if s.depth == depth]
         for batch in length_batches([len(segs[i].tokens) for i in wave]):
-            rows = [wave[k] for k in batch]
+            # rows whose parents share a pass sit together: their past is one gather per layer
+            rows = sorted((wave[k] for k in batch), key=lambda i: where[segs[i].parent][0] if segs[i].parent >= 0 else -1)
             if route is not None:
                 route([segs[i].key for i in rows])
-            _forward(body, segs, rows, hidden, kv, device, pad_id, parents)
-    return torch.cat([hidden[seg][:n] for path in tree.paths for seg, n in path])
+            passes.append(_forward(body, segs, rows, passes, where, device, pad_id, parents))
+            for r, i in enumerate(rows):
+                where[i] = (len(passes) - 1, r)
+    # Every sequence's positions in one gather from all passes' outputs: a slice per segment and a
+    # cat would give backward a zero-filled copy of a pass's output per segment, and an add for each.
+    offsets, at = [], 0
+    for p in passes:
+        offsets.append(at)
+        at += p.hidden.shape[0] * p.hidden.shape[1]
+    index: list[int] = []
+    for path in tree.paths:
+        for seg, n in path:
+            p, r = where[seg]
+            first = offsets[p] + r * passes[p].hidden.shape[1]
+            index.extend(range(first, first + n))
+    flat = torch.cat([p.hidden.flatten(0, 1) for p in passes]) if len(passes) > 1 else passes[0].hidden.flatten(0, 1)
+    return flat.index_select(0, torch.tensor(index, device=flat.device))
 
 
-def _forward(body, segs: list[Segment], rows: list[int], hidden: list, kv: list, device, pad_id: int,
-             parents: set[int]) -> None:
+@dataclass
+class _Pass:
+    hidden: torch.Tensor  # [rows, width, d]: its segments' last hidden states, right-padded
+    cached: int  # columns of past before its segments' own
+    layers: list[tuple[torch.Tensor, torch.Tensor]]  # per layer, keys and values [rows, heads, cached + width, dim]; [] if no row is a parent
+
+
+def _forward(body, segs: list[Segment], rows: list[int], passes: list[_Pass], where: list[tuple[int, int]], device,
+             pad_id: int, parents: set[int]) -> _Pass:
     """One pass over segments ``rows``: their tokens, attending to their paths' keys and values.
 
     The paths' keys and values are left-padded and the segments right-padded, so a padding
     query still sees its row's tokens (a query that sees nothing gives NaN in some kernels)."""
     width = max(len(segs[i].tokens) for i in rows)
     cached = max(segs[i].start for i in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(rows), cached + width, dtype=torch.long)
-    positions = torch.zeros(len(rows), width, dtype=torch.long)
-    for r, i in enumerate(rows):
+    ids, mask, positions = [], [], []
+    for i in rows:
         s, n = segs[i], len(segs[i].tokens)
-        ids[r, :n] = torch.tensor(s.tokens)
-        mask[r, cached - s.start:cached + n] = 1
-        positions[r, :n] = torch.arange(s.start, s.start + n)
-    past = None
-    if cached:
-        past = DynamicCache()
-        chains = [_ancestors(segs, i) for i in rows]
-        for layer in range(len(kv[segs[rows[0]].parent])):
-            keys, values = [], []
-            for chain in chains:
-                k = torch.cat([kv[a][layer][0] for a in chain], dim=1)  # [heads, start, head_dim]
-                v = torch.cat([kv[a][layer][1] for a in chain], dim=1)
-                keys.append(F.pad(k, (0, 0, cached - k.shape[1], 0)))
-                values.append(F.pad(v, (0, 0, cached - v.shape[1], 0)))
-            past.update(torch.stack(keys), torch.stack(values), layer)
+        ids.append(s.tokens + [pad_id] * (width - n))
+        mask.append([0] * (cached - s.start) + [1] * (s.start + n) + [0] * (width - n))
+        positions.append(list(range(s.start, s.start + n)) + [0] * (width - n))
+    past = _past(segs, rows, passes, where, cached, device) if cached else None
     cache = kv_cache_name(body)
     # A pass of leaves only (every pass without shared prefixes) keeps no keys and values: its
     # cache would copy each layer's for nothing.
     keep = any(i in parents for i in rows)
-    out = body(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
-               use_cache=keep or past is not None, **{cache: past})
-    layers = getattr(out, cache).layers if keep else []
-    for r, i in enumerate(rows):
-        n = len(segs[i].tokens)
-        hidden[i] = out.last_hidden_state[r, :n]
-        if i in parents:
-            kv[i] = [(layer.keys[r, :, cached:cached + n], layer.values[r, :, cached:cached + n]) for layer in layers]
+    out = body(input_ids=torch.tensor(ids, device=device), attention_mask=torch.tensor(mask, device=device),
+               position_ids=torch.tensor(positions, device=device), use_cache=keep or past is not None, **{cache: past})
+    layers = [(layer.keys, layer.values) for layer in getattr(out, cache).layers] if keep else []
+    return _Pass(out.last_hidden_state, cached, layers)
 
 
-def _ancestors(segs: list[Segment], index: int) -> list[int]:
-    """The segments before ``index`` on its path, root first."""
-    chain, at = [], segs[index].parent
-    while at >= 0:
-        chain.append(at)
-        at = segs[at].parent
-    return chain[::-1]
+def _past(segs: list[Segment], rows: list[int], passes: list[_Pass], where: list[tuple[int, int]], cached: int,
+          device) -> DynamicCache:
+    """The rows' paths' keys and values, left-padded to ``cached`` columns, as a cache.
+
+    A parent's pass already holds its whole path: its own past, then its tokens. So a row's past
+    is one run of columns of its parent's row there, ending where the parent's tokens end; the
+    columns before the run (the left padding) are whatever lies there, never attended to (the
+    mask), so they take no gradient either. Rows are grouped by their parents' pass: one gather
+    per group and layer."""
+    groups: dict[int, tuple[list[int], list[list[int]]]] = {}
+    for i in rows:
+        parent = segs[segs[i].parent]
+        p, r = where[segs[i].parent]
+        end = passes[p].cached + len(parent.tokens)  # the parent's last column, plus one
+        sources, columns = groups.setdefault(p, ([], []))
+        sources.append(r)
+        columns.append([max(c, 0) for c in range(end - cached, end)])
+    index = {p: (torch.tensor(src, device=device)[:, None], torch.tensor(cols, device=device))
+             for p, (src, cols) in groups.items()}
+    past = DynamicCache()
+    for layer in range(len(passes[next(iter(groups))].layers)):
+        kv = []
+        for t in (0, 1):  # keys, values: [rows, heads, cached, dim] (advanced indices go first, hence the transpose)
+            parts = [passes[p].layers[layer][t][src, :, cols].transpose(1, 2) for p, (src, cols) in index.items()]
+            kv.append(torch.cat(parts) if len(parts) > 1 else parts[0])
+        past.update(kv[0], kv[1], layer)
+    return past

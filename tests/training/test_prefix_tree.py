@@ -71,3 +71,40 @@ def test_hidden_states_equal_each_sequences_own_pass(body):
         alone = torch.cat([body(input_ids=torch.tensor([s])).last_hidden_state[0] for s in seqs])
     assert flat.shape == alone.shape
     torch.testing.assert_close(flat, alone, atol=1e-4, rtol=1e-4)
+
+
+def _two_families(children: int, rng: random.Random) -> list[list[int]]:
+    """Two openings far apart in length (so they take passes of their own), ``children``
+    continuations of each, all branching at their first token."""
+    seqs = []
+    for opening in (40, 150):
+        prefix = [rng.randint(10, 900) for _ in range(opening)]
+        seqs += [prefix + [1000 + c] + [rng.randint(10, 900) for _ in range(11)] for c in range(children)]
+    return seqs
+
+
+def test_children_of_openings_from_different_passes_get_the_numbers_and_gradients_of_their_own_passes(body):
+    seqs = _two_families(3, random.Random(2))
+    tree = build(seqs)
+    assert len({s.start for s in tree.segments if s.depth == 1}) == 2  # two parent passes feed the children's pass
+    weight = body.layers[0].self_attn.k_proj.weight
+    flat = hidden_states(body, tree, torch.device("cpu"))
+    (tree_grad,) = torch.autograd.grad(flat.square().sum(), weight)
+    alone = torch.cat([body(input_ids=torch.tensor([s])).last_hidden_state[0] for s in seqs])
+    (alone_grad,) = torch.autograd.grad(alone.square().sum(), weight)
+    torch.testing.assert_close(flat, alone, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(tree_grad, alone_grad, atol=1e-4, rtol=1e-4)
+
+
+def test_the_trees_own_work_does_not_grow_with_its_rows(body):
+    """Past keys and values and the output are gathered a pass at a time, not a row at a time: on a
+    GPU every op costs launch time whatever its size (a GRPO step's 64 completions once cost 26k
+    ops this way)."""
+    from orchestrator.engines.graphs import count_kernels
+
+    def kernels(children: int) -> int:
+        tree = build(_two_families(children, random.Random(3)))
+        body.zero_grad(set_to_none=True)  # else a later backward adds into .grad where the first one set it
+        return sum(count_kernels(lambda: hidden_states(body, tree, torch.device("cpu")).sum().backward()).values())
+
+    assert kernels(2) == kernels(16)  # the tree's shape is the same: two openings, a pass of continuations
