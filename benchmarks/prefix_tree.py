@@ -15,7 +15,12 @@ a small model's ops are short, each costs about its launch). ``max_logprob_diff`
 differently (a smaller micro-batch budget), the noise floor of the run's dtype: under bf16
 autocast the two sides agree to that floor, in fp32 to 1e-5 (tests/training/test_losses.py).
 
-    python benchmarks/prefix_tree.py [--model smollm2-135m] [--episodes 16] [--rounds 2] [--smoke]
+    python benchmarks/prefix_tree.py [--model smollm2-135m] [--device auto] [--episodes 16] [--rounds 2] [--smoke]
+
+The episodes roll out on the CPU; ``--device`` places the passes. The tree trades tokens for
+passes (a wave of the tree is a pass of its own): on a CPU a pass's fixed cost is worth about 30
+tokens (``prefix_tree.RECOMPUTE_TOKENS``), on a GPU, where a small model's passes are bound by
+kernel launches, far more; this benchmark on the GPU says which side wins there.
 
 ``--smoke``: the tiny random model, 2 episodes, one round: seconds, to check that the script
 still runs (tests/test_benchmarks.py).
@@ -32,7 +37,7 @@ from pathlib import Path
 from _recipes import in_turn, max_diff, parse_args, role_datums_of_step
 
 from orchestrator.engines.graphs import count_kernels
-from orchestrator.models import load_model
+from orchestrator.models import load_model, resolve_device
 from orchestrator.training import LoraConfig, ServiceClient, prefix_tree
 
 
@@ -52,13 +57,13 @@ def kernels(service: ServiceClient, client, data: list) -> int:
 
 
 def main() -> None:
-    args = parse_args("rounds", default_episodes=16, default_repeats=2, smoke_episodes=2)
+    args = parse_args("rounds", default_episodes=16, default_repeats=2, smoke_episodes=2, device=True)
     loaded = load_model(args.model)
     with tempfile.TemporaryDirectory() as tmp:
         steps = {name: step_datums(name, loaded, args.episodes, Path(tmp) / name) for name in ("rps", "guess_number")}
-    service = ServiceClient(args.model)
+    service = ServiceClient(args.model, device=resolve_device(args.device))
     client = service.create_lora_training_client("bench", LoraConfig(rank=16))
-    report: dict = {"model": args.model, "episodes": args.episodes, "rounds": args.rounds, "autocast_bf16": service.autocast}
+    report: dict = {"model": args.model, "device": str(service.device), "episodes": args.episodes, "rounds": args.rounds, "autocast_bf16": service.autocast}
     for name, data in steps.items():
         seconds: dict[bool, list[float]] = {True: [], False: []}
         logprobs: dict[bool, list] = {}

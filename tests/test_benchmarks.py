@@ -42,7 +42,7 @@ KEYS = {
                     "step_cost_ratio"},
     "prefix_cache": {"model", "dtype", "episodes", "rounds", "cached", "unshared", "uncached", "same_turns", "speedup",
                      "prefill_tokens_ratio", "sharing_speedup", "sharing_prefill_tokens_ratio"},
-    "prefix_tree": {"model", "episodes", "rounds", "autocast_bf16", "rps", "guess_number"},
+    "prefix_tree": {"model", "device", "episodes", "rounds", "autocast_bf16", "rps", "guess_number"},
     "rollout": {"model", "dtype", "requests", "max_tokens", "sequential_prompts", "rounds", "engine_tok_s",
                 "sequential_tok_s", "ratio", "prefill_tok_s", "decode_path", "decode_tok_s", "decode_rows_per_step",
                 "decode_vs_prefill", "transformers_decode_tok_s", "fused_vs_transformers", "fallback_path",

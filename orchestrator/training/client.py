@@ -43,7 +43,7 @@ from ..grammar.book import book_for
 from ..models import LoadedModel, bf16_native, load_model
 from .losses import LOSS_FNS, aggregate, k3_kl, token_logprobs
 from . import prefix_tree
-from .routing import routed
+from .routing import lora_layers, routed
 from .rng import load_rng, save_rng
 from .types import AdamParams, Datum, ForwardBackwardOutput, LoraConfig, OptimStepResponse
 
@@ -109,6 +109,7 @@ class ServiceClient:
             self.loaded.model.to(self.device, torch.float32)
         self.autocast = bf16_native(self.device) if bf16_autocast is None else bf16_autocast
         self.peft = None  # created with the first adapter
+        self._lora_layers: list = []  # the PEFT model's LoRA layers, found when an adapter is added
         self.clients: dict[str, TrainingClient] = {}
         self.engine = None
         self._compute = compute_thread()
@@ -142,6 +143,7 @@ class ServiceClient:
             else:
                 self.peft.add_adapter(name, peft_config)
             self.peft.base_model.disable_adapter_layers()  # the passes add the deltas (routing.py)
+        self._lora_layers = lora_layers(self.peft)  # a new adapter may wrap modules the others left alone
         client = TrainingClient(self, name, lora)
         self._seed_init(client)
         self.clients[name] = client
@@ -274,7 +276,7 @@ class ServiceClient:
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
             if adapters is None:
                 return prefix_tree.hidden_states(body, tree, self.device, pad)
-            with routed(self.peft, list(dict.fromkeys(adapters))) as routing:
+            with routed(self.peft, list(dict.fromkeys(adapters)), self._lora_layers) as routing:
                 return prefix_tree.hidden_states(body, tree, self.device, pad, routing.route)
 
     def _pick(
