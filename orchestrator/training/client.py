@@ -41,6 +41,7 @@ from ..engines.lora import lora_scale
 from ..config import LOSS_CONFIGS
 from ..grammar.book import book_for
 from ..models import LoadedModel, bf16_native, load_model
+from ..padding import SLACK
 from .losses import LOSS_FNS, aggregate, k3_kl, token_logprobs
 from . import prefix_tree
 from .routing import lora_layers, routed
@@ -88,7 +89,7 @@ class ServiceClient:
     def __init__(
         self, model: str | LoadedModel = "smollm2-135m", *, bf16_autocast: bool | None = None, seed: int = 0,
         micro_batch_tokens: int | None = None, device: str | torch.device = "cpu", shared: bool = False,
-        share_prefixes: bool = True, joint_passes: bool = False,
+        share_prefixes: bool = True, joint_passes: bool = False, pass_tokens: int | None = None,
     ):
         if shared and not isinstance(model, LoadedModel):
             raise ValueError("a shared ServiceClient trains an engine's loaded model: pass engine.loaded")
@@ -103,6 +104,12 @@ class ServiceClient:
         self.micro_batch_tokens = micro_batch_tokens or (131072 if gpu else 4096)
         self.logprob_chunk = logprob_chunk(self.device)
         self.share_prefixes = share_prefixes  # passes compute each shared prefix once (prefix_tree.py)
+        # What a pass costs besides its tokens, in tokens: the prefix tree recomputes a shared
+        # segment in each branch rather than give it a pass, and pads a wave's rows rather than
+        # split it, below this. About 30 on a 2-core CPU. On a GPU a small model's pass is bound by
+        # its kernel launches: on the H100 a pass of 2,048 tokens took 0.24 s where its tokens
+        # alone cost 0.02 s (a plain 64 x 512 pass's rate), so thousands of tokens.
+        self.pass_tokens = pass_tokens or (4096 if gpu else prefix_tree.RECOMPUTE_TOKENS)
         self.joint_passes = joint_passes  # forward_backward_many: several adapters in one pass (_micro_batches)
         self.loaded = model if isinstance(model, LoadedModel) else load_model(model, dtype="float32", seed=seed)
         if not shared:  # master weights in fp32 on the device; autocast runs the matmuls in bf16
@@ -270,14 +277,16 @@ class ServiceClient:
         """Flat last hidden states of ``data``, computed as a prefix tree: with ``adapters`` (one
         per datum), each row through its own adapter, only the adapters present stacked; without,
         the base model's."""
-        tree = prefix_tree.build([d.model_input.tokens for d in data], share=self.share_prefixes, keys=adapters)
+        tree = prefix_tree.build([d.model_input.tokens for d in data], share=self.share_prefixes,
+                                 recompute=self.pass_tokens, keys=adapters)
         body = self.peft.get_base_model().model
         pad = self.loaded.tokenizer.pad_token_id or 0
+        slack = max(SLACK, self.pass_tokens)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
             if adapters is None:
-                return prefix_tree.hidden_states(body, tree, self.device, pad)
+                return prefix_tree.hidden_states(body, tree, self.device, pad, slack=slack)
             with routed(self.peft, list(dict.fromkeys(adapters)), self._lora_layers) as routing:
-                return prefix_tree.hidden_states(body, tree, self.device, pad, routing.route)
+                return prefix_tree.hidden_states(body, tree, self.device, pad, routing.route, slack)
 
     def _pick(
         self, hidden: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, temperature: float,

@@ -283,6 +283,37 @@ def test_shared_prefixes_computed_once_give_the_same_logprobs_and_gradients(serv
     assert any(g.abs().sum() > 0 for g in g_shared)
 
 
+
+def test_a_dearer_pass_folds_shared_openings_into_fewer_passes(service, monkeypatch):
+    """``pass_tokens`` (a pass's fixed cost, in tokens: thousands on a GPU) decides whether a
+    GRPO group's shared prompt gets a pass of its own: at the CPU's 32 it does (two waves); at
+    4,096 it is recomputed in each row and a row of another length joins the pass (padding is
+    cheaper than a pass): one pass, the same numbers."""
+    from orchestrator.training import prefix_tree
+
+    c = service.create_lora_training_client("dear", LoraConfig(rank=4))
+    torch.manual_seed(2)
+    for p in c.params:
+        p.data.normal_(0, 0.05)
+    prompt = list(range(300, 340))
+    seqs = [prompt + [400 + 10 * k + j for j in range(12)] for k in range(4)] + [list(range(600, 800))]  # and a long one alone
+    data = [Datum(ModelInput.from_ints(t[:-1]), {"target_tokens": t[1:], "mask": [0.0] * 39 + [1.0] * (len(t) - 40),
+                                                "logprobs": [-4.0] * (len(t) - 1), "advantages": [0.5 - 0.3 * k] * (len(t) - 1)})
+            for k, t in enumerate(seqs)]
+    passes = []
+    forward = prefix_tree._forward
+    monkeypatch.setattr(prefix_tree, "_forward", lambda body, segs, rows, *a: passes.append(len(rows)) or forward(body, segs, rows, *a))
+    results = {}
+    for cost in (service.pass_tokens, 4096):
+        monkeypatch.setattr(service, "pass_tokens", cost)
+        passes.clear()
+        results[cost] = (c.forward_backward(data, "ppo", {}).result(), [p.grad.clone() for p in c.params], list(passes))
+        c.optimizer.zero_grad(set_to_none=True)
+    (cheap, g_cheap, p_cheap), (dear, g_dear, p_dear) = results[32], results[4096]
+    assert sorted(p_cheap) == [1, 1, 4] and p_dear == [5]  # the prompt, the long row, the 4 tails; then one pass
+    assert all(torch.allclose(a["logprobs"], b["logprobs"], atol=1e-5) for a, b in zip(cheap.loss_fn_outputs, dear.loss_fn_outputs))
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-7) for a, b in zip(g_cheap, g_dear))
+
 def test_perturb_moves_only_its_own_adapter_b_and_is_seeded(service):
     x = service.create_lora_training_client("noisy-x", LoraConfig(rank=4))
     y = service.create_lora_training_client("noisy-y", LoraConfig(rank=4))
