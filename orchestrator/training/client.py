@@ -418,7 +418,11 @@ class TrainingClient:
     def adapter_state(self) -> dict[str, torch.Tensor]:
         """This adapter's weights in PEFT's saved format (keys without the adapter name)."""
         state = get_peft_model_state_dict(self.service.peft, adapter_name=self.name)
-        return {k: v.detach().to("cpu", torch.float32).clone().contiguous() for k, v in state.items()}
+        # one copy off a GPU for all of them (a copy a tensor waits for the device each time: 420
+        # for SmolLM2's seven projections), then a tensor each (safetensors refuses shared storage)
+        flat = torch.cat([v.detach().reshape(-1) for v in state.values()]).to("cpu", torch.float32)
+        parts = flat.split([v.numel() for v in state.values()])
+        return {k: part.view(v.shape).clone() for (k, v), part in zip(state.items(), parts)}
 
     def _write_adapter(self, folder: Path) -> tuple[dict[str, torch.Tensor], dict]:
         """Write the adapter in PEFT's format; return what was written (weights, config)."""
