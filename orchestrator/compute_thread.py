@@ -28,6 +28,7 @@ class ComputeThread:
     def __init__(self) -> None:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._loops: list[Callable[[], bool]] = []
+        self._failures: dict[Callable[[], bool], int] = {}  # a loop step's faults in a row (the thread's own)
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -80,7 +81,13 @@ class ComputeThread:
                 try:
                     busy = step() or busy
                 except Exception:  # noqa: BLE001 - a step's fault must not end the thread every engine and trainer shares
-                    log.exception("compute.loop_failed", step=getattr(step, "__qualname__", repr(step)))
+                    failures = self._failures[step] = self._failures.get(step, 0) + 1
+                    if failures & (failures - 1) == 0:  # the 1st, 2nd, 4th, 8th... in a row: not 20 lines a second
+                        log.exception("compute.loop_failed", step=getattr(step, "__qualname__", repr(step)), failures=failures)
+                else:
+                    self._failures.pop(step, None)
+            if self._failures:  # a removed step's count goes with it (it holds its engine)
+                self._failures = {step: n for step, n in self._failures.items() if step in loops}
             if not busy:
                 self._wake.wait(0.05)
 

@@ -24,3 +24,45 @@ def test_a_loop_step_that_raises_leaves_the_thread_serving():
         time.sleep(0.01)
     compute.remove_loop(step)
     assert len(calls) >= 3  # the step runs on after its fault
+
+
+def test_a_step_that_keeps_failing_is_logged_ever_more_rarely():
+    """Its 1st, 2nd, 4th, 8th... fault in a row, with the count: a broken step retried 20 times a
+    second must not flood the log. A success resets the count."""
+    from structlog.testing import capture_logs
+
+    compute = ComputeThread()
+    calls: list[int] = []
+
+    def step() -> bool:
+        calls.append(1)
+        if len(calls) <= 10 or 12 <= len(calls) <= 13:  # ten faults, a success, two more
+            raise RuntimeError("still broken")
+        return False
+
+    with capture_logs() as logs:
+        compute.add_loop(step)
+        deadline = time.monotonic() + 20
+        while len(calls) < 15 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        compute.remove_loop(step)
+    assert [e["failures"] for e in logs if e["event"] == "compute.loop_failed"] == [1, 2, 4, 8, 1, 2]
+
+
+def test_a_removed_step_leaves_no_count_behind():
+    """The count is keyed by the step, a bound method holding its engine: removing the step lets
+    the engine go."""
+    compute = ComputeThread()
+    failed: list[int] = []
+
+    def broken() -> bool:
+        failed.append(1)
+        raise RuntimeError("broken")
+
+    compute.add_loop(broken)
+    deadline = time.monotonic() + 10
+    while not failed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    compute.remove_loop(broken)
+    assert compute.submit(lambda: 1).result(timeout=10) == 1  # an iteration after the removal
+    assert compute.submit(lambda: dict(compute._failures)).result(timeout=10) == {}
