@@ -152,9 +152,10 @@ class TrainingConfig(Strict):
     ppo_epochs: int = Field(1, ge=1, le=64, description=(
         "passes over each step's datums; passes after the first are off-policy, so clipping bites"))
     minibatches: int = Field(1, ge=1, description="optimizer steps per pass: the datums split into this many")
-    joint_passes: bool = Field(False, description=(
+    joint_passes: bool | None = Field(None, description=(
         "several adapters' datums share forward/backward passes (each row through its own adapter) "
-        "instead of a pass per adapter: fewer, larger passes (docs/training.md)"))
+        "instead of a pass per adapter: fewer, larger passes (docs/training.md); default: on a GPU, "
+        "where a small model's passes cost their launches, not on a CPU"))
     max_staleness: int = Field(0, ge=0, le=8, description=(
         "async training: rollouts of this many later steps sample while a step trains; their turns "
         "may be this many adapter versions old (PPO's ratio corrects them), older ones are dropped"))

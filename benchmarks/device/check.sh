@@ -8,6 +8,7 @@
 #   head     benchmarks/logprob_head.py: the LM head's two backward paths, bf16 autocast
 #   grpo     benchmarks/grpo_vs_trl.py, the real weights
 #   tree     benchmarks/prefix_tree.py: training passes as a prefix tree or plain rows, the real weights
+#   joint    benchmarks/joint_passes.py: several adapters in one pass or a pass each, the real weights
 #   learn    rolecast train recipes/guess_number.yaml on the GPU, held-out reward every 10 steps
 #            (LEARN_ARGS: more options for it, e.g. "--set groups_per_step=16")
 #   scale    benchmarks/scale.py, 4 and 8 CPU rollout workers (SCALE_WORKERS), the real weights
@@ -17,7 +18,7 @@
 #   bash benchmarks/device/check.sh tests rollout
 #   bash benchmarks/device/check.sh weights train grpo
 #   LEARN_ARGS="--set steps=40" bash benchmarks/device/check.sh learn
-# then, as time allows, head and tree, and scale in a call with .ray (docs/gpu.md has the estimates).
+# then, as time allows, head, tree and joint, and scale in a call with .ray (docs/gpu.md has the estimates).
 # What comes back: $OUT/log.txt (all output) and $OUT/results.jsonl (each stage's last JSON line,
 # with its name, exit code and seconds). A failed stage is recorded and the next one runs.
 set -uo pipefail
@@ -98,12 +99,13 @@ for s in "$@"; do
     head) stage head $PY benchmarks/logprob_head.py --device $DEVICE --bf16 --positions 16384 ;;
     grpo) stage grpo $PY benchmarks/grpo_vs_trl.py --device $DEVICE ;;
     tree) stage tree $PY benchmarks/prefix_tree.py --device $DEVICE ;;
+    joint) stage joint $PY benchmarks/joint_passes.py --device $DEVICE ;;
     learn) stage learn learn ;;
     scale)  # CPU workers on the machine's cores; code_pair's sandbox where one isolates here, else debate
       real || [ "$DEVICE" = cpu ] || { echo "check.sh: scale needs the real weights (the weights stage, first)"; continue; }
       recipe=recipes/code_pair.yaml
       [ -n "$($PY -c 'from sandboxes.runner import available_backends as a; print(*a())')" ] || recipe=recipes/debate.yaml
       stage scale $PY benchmarks/scale.py --device cpu --recipe $recipe --workers ${SCALE_WORKERS:-4 8} ;;
-    *) echo "check.sh: unknown stage $s (tests rollout weights train head grpo tree learn scale)"; exit 2 ;;
+    *) echo "check.sh: unknown stage $s (tests rollout weights train head grpo tree joint learn scale)"; exit 2 ;;
   esac
 done

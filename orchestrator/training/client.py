@@ -89,7 +89,7 @@ class ServiceClient:
     def __init__(
         self, model: str | LoadedModel = "smollm2-135m", *, bf16_autocast: bool | None = None, seed: int = 0,
         micro_batch_tokens: int | None = None, device: str | torch.device = "cpu", shared: bool = False,
-        share_prefixes: bool = True, joint_passes: bool = False, pass_tokens: int | None = None,
+        share_prefixes: bool = True, joint_passes: bool | None = None, pass_tokens: int | None = None,
     ):
         if shared and not isinstance(model, LoadedModel):
             raise ValueError("a shared ServiceClient trains an engine's loaded model: pass engine.loaded")
@@ -110,7 +110,10 @@ class ServiceClient:
         # its kernel launches: on the H100 a pass of 2,048 tokens took 0.24 s where its tokens
         # alone cost 0.02 s (a plain 64 x 512 pass's rate), so thousands of tokens.
         self.pass_tokens = pass_tokens or (4096 if gpu else prefix_tree.RECOMPUTE_TOKENS)
-        self.joint_passes = joint_passes  # forward_backward_many: several adapters in one pass (_micro_batches)
+        # forward_backward_many: several adapters' datums in one pass (_micro_batches). Fewer, larger
+        # passes: on the CPU, where a pass is compute-bound, that lost as often as it won
+        # (docs/training.md); on a GPU it saves whole passes' launches. On there by default.
+        self.joint_passes = gpu if joint_passes is None else joint_passes
         self.loaded = model if isinstance(model, LoadedModel) else load_model(model, dtype="float32", seed=seed)
         if not shared:  # master weights in fp32 on the device; autocast runs the matmuls in bf16
             self.loaded.model.to(self.device, torch.float32)

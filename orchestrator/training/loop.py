@@ -88,7 +88,8 @@ class TrainingRun:
         self.reward_config = config_model(self.reward_fn).model_validate(self.cfg.reward_config)
         lora = LoraConfig(**{**self.cfg.lora.model_dump(), "target_modules": tuple(self.cfg.lora.target_modules)})
         self.clients = {a: service.create_lora_training_client(a, lora) for a in self.trainer.learners()}
-        service.joint_passes = self.cfg.joint_passes
+        if self.cfg.joint_passes is not None:  # else the service's default for its device
+            service.joint_passes = self.cfg.joint_passes
         self.rollouts = rollouts  # None: episodes play here; else rollout workers (workers.RayRollouts)
         self.policies = build_policies(team, {}, lambda: engine, self.registry)
         self.eval_team, self.eval_policies, self.eval_opponent_role = team, self.policies, None

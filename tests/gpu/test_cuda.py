@@ -177,6 +177,7 @@ def test_both_decode_paths_sample_the_same_tokens():
 def test_a_training_step_on_cuda_moves_only_the_trained_adapter():
     service = ServiceClient(load_model("tiny", dtype="float32", seed=0), device=CUDA)
     try:
+        assert service.joint_passes and service.pass_tokens == 4096  # a GPU's defaults: its passes cost their launches
         a = service.create_lora_training_client("a", LoraConfig(rank=4))
         b = service.create_lora_training_client("b", LoraConfig(rank=4))
         before_a, before_b = a.adapter_state(), b.adapter_state()

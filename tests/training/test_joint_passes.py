@@ -131,3 +131,13 @@ def test_lora_dropout_applies_per_row_adapter(service):
     logp = [[out.loss_fn_outputs[0]["logprobs"] for out in run] for run in (first, second)]
     assert not torch.equal(logp[0][0], logp[1][0])  # dropout draws anew each pass
     assert torch.equal(logp[0][1], logp[1][1])  # the adapter without dropout is deterministic
+
+
+def test_the_defaults_follow_the_device():
+    """On the CPU a pass is compute-bound: adapters pass apart and the prefix tree's passes cost
+    about 30 tokens. (A GPU's defaults, joint passes and 4,096: tests/gpu.)"""
+    service = ServiceClient("tiny")
+    try:
+        assert service.joint_passes is False and service.pass_tokens == 32
+    finally:
+        service.close()
