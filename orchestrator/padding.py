@@ -5,10 +5,8 @@ alike, so one long row in a batch of short ones makes every short one pay for it
 """
 from __future__ import annotations
 
-SLACK = 64  # padding tokens a row may take before it costs more than a pass of its own (on a CPU)
 
-
-def length_batches(lengths: list[int], slack: int = SLACK) -> list[list[int]]:
+def length_batches(lengths: list[int], slack: int = 64) -> list[list[int]]:
     """Indices grouped by length, longest first: a row joins the current batch unless padding it
     to the batch's longest would waste more than its own length and more than ``slack`` tokens
     (what a separate forward pass costs, roughly)."""

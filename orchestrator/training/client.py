@@ -41,7 +41,6 @@ from ..engines.lora import lora_scale
 from ..config import LOSS_CONFIGS
 from ..grammar.book import book_for
 from ..models import LoadedModel, bf16_native, load_model
-from ..padding import SLACK
 from .losses import LOSS_FNS, aggregate, k3_kl, token_logprobs
 from . import prefix_tree
 from .routing import lora_layers, routed
@@ -105,8 +104,7 @@ class ServiceClient:
         self.logprob_chunk = logprob_chunk(self.device)
         self.share_prefixes = share_prefixes  # passes compute each shared prefix once (prefix_tree.py)
         # What a pass costs besides its tokens, in tokens: the prefix tree recomputes a shared
-        # segment in each branch rather than give it a pass, and pads a wave's rows rather than
-        # split it, below this. About 30 on a 2-core CPU. On a GPU a small model's pass is bound by
+        # segment in each branch rather than give it a pass below this. About 30 on a 2-core CPU. On a GPU a small model's pass is bound by
         # its kernel launches: on the H100 a pass of 2,048 tokens took 0.24 s where its tokens
         # alone cost 0.02 s (a plain 64 x 512 pass's rate), so thousands of tokens.
         self.pass_tokens = pass_tokens or (4096 if gpu else prefix_tree.RECOMPUTE_TOKENS)
@@ -284,12 +282,11 @@ class ServiceClient:
                                  recompute=self.pass_tokens, keys=adapters)
         body = self.peft.get_base_model().model
         pad = self.loaded.tokenizer.pad_token_id or 0
-        slack = max(SLACK, self.pass_tokens)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
             if adapters is None:
-                return prefix_tree.hidden_states(body, tree, self.device, pad, slack=slack)
+                return prefix_tree.hidden_states(body, tree, self.device, pad)
             with routed(self.peft, list(dict.fromkeys(adapters)), self._lora_layers) as routing:
-                return prefix_tree.hidden_states(body, tree, self.device, pad, routing.route, slack)
+                return prefix_tree.hidden_states(body, tree, self.device, pad, routing.route)
 
     def _pick(
         self, hidden: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, temperature: float,

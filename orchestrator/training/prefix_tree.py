@@ -31,7 +31,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from ..models import kv_cache_name
-from ..padding import SLACK, length_batches
+from ..padding import length_batches
 
 # A forward pass costs a fixed ~0.2 s on a 2-core CPU besides its tokens: a short segment that
 # branches is cheaper recomputed in each branch than given a wave of its own, when that repeats
@@ -170,18 +170,17 @@ def _deepen(segments: list[Segment], index: int) -> None:
 
 
 def hidden_states(body: torch.nn.Module, tree: PrefixTree, device: torch.device, pad_id: int = 0,
-                  route: Callable[[list[Hashable]], None] | None = None, slack: int = SLACK) -> torch.Tensor:
+                  route: Callable[[list[Hashable]], None] | None = None) -> torch.Tensor:
     """The last hidden states of every sequence's every position, sequences one after another:
     ``[sum of lengths, d]``. ``body`` is the transformer without its LM head. ``route``, where
-    given, is called before each forward with the keys of its rows, in order. A wave's segments
-    share a pass unless padding one would cost more than ``slack`` tokens (``length_batches``)."""
+    given, is called before each forward with the keys of its rows, in order."""
     segs = tree.segments
     passes: list[_Pass] = []
     where: list[tuple[int, int]] = [(-1, -1)] * len(segs)  # segment -> (its pass, its row there)
     parents = {s.parent for s in segs}  # the segments others continue: their passes keep keys and values
     for depth in range(max(s.depth for s in segs) + 1):
         wave = [i for i, s in enumerate(segs) if s.depth == depth]
-        for batch in length_batches([len(segs[i].tokens) for i in wave], slack):
+        for batch in length_batches([len(segs[i].tokens) for i in wave]):
             # rows whose parents share a pass sit together: their past is one gather per layer
             rows = sorted((wave[k] for k in batch), key=lambda i: where[segs[i].parent][0] if segs[i].parent >= 0 else -1)
             if route is not None:

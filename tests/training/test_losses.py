@@ -287,8 +287,7 @@ def test_shared_prefixes_computed_once_give_the_same_logprobs_and_gradients(serv
 def test_a_dearer_pass_folds_shared_openings_into_fewer_passes(service, monkeypatch):
     """``pass_tokens`` (a pass's fixed cost, in tokens: thousands on a GPU) decides whether a
     GRPO group's shared prompt gets a pass of its own: at the CPU's 32 it does (two waves); at
-    4,096 it is recomputed in each row and a row of another length joins the pass (padding is
-    cheaper than a pass): one pass, the same numbers."""
+    4,096 it is recomputed in each of the group's rows: one pass fewer, the same numbers."""
     from orchestrator.training import prefix_tree
 
     c = service.create_lora_training_client("dear", LoraConfig(rank=4))
@@ -310,7 +309,7 @@ def test_a_dearer_pass_folds_shared_openings_into_fewer_passes(service, monkeypa
         results[cost] = (c.forward_backward(data, "ppo", {}).result(), [p.grad.clone() for p in c.params], list(passes))
         c.optimizer.zero_grad(set_to_none=True)
     (cheap, g_cheap, p_cheap), (dear, g_dear, p_dear) = results[32], results[4096]
-    assert sorted(p_cheap) == [1, 1, 4] and p_dear == [5]  # the prompt, the long row, the 4 tails; then one pass
+    assert sorted(p_cheap) == [1, 1, 4] and sorted(p_dear) == [1, 4]  # the prompt, the long row, the tails
     assert all(torch.allclose(a["logprobs"], b["logprobs"], atol=1e-5) for a, b in zip(cheap.loss_fn_outputs, dear.loss_fn_outputs))
     assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-7) for a, b in zip(g_cheap, g_dear))
 
