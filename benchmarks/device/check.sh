@@ -10,7 +10,7 @@
 #   tree     benchmarks/prefix_tree.py: training passes as a prefix tree or plain rows, the real weights
 #   joint    benchmarks/joint_passes.py: several adapters in one pass or a pass each, the real weights
 #   learn    rolecast train recipes/guess_number.yaml on the GPU, held-out reward every 10 steps
-#            (LEARN_ARGS: more options for it, e.g. "--set groups_per_step=16")
+#            (LEARN_ARGS: more options for it, e.g. "--set groups_per_step=16"; LEARN_S: a time limit)
 #   scale    benchmarks/scale.py, 4 and 8 CPU rollout workers (SCALE_WORKERS), the real weights
 #            (code_pair, or debate where no sandbox backend isolates)        carry .ray (`pack.sh ray`)
 # The device's /tmp lasts while the machine stays warm (30 s after a call), so the calls go back
@@ -66,9 +66,12 @@ PY
 learn() {  # the recipe as it is, evaluated every 10 steps; its curve as one JSON line
   local run=$T/runs/learn
   rm -rf "$run"
-  $PY -m orchestrator.cli train recipes/guess_number.yaml --device $DEVICE --set eval_every=10 --out "$run" --no-progress ${LEARN_ARGS:-}
+  # LEARN_S: stop the run after that many seconds, and report the curve so far
+  timeout ${LEARN_S:-0} $PY -m orchestrator.cli train recipes/guess_number.yaml --device $DEVICE --set eval_every=10 \
+    --out "$run" --no-progress ${LEARN_ARGS:-}
   local rc=$?
   [ -f "$run/metrics.jsonl" ] || return $rc
+  cp "$run/metrics.jsonl" "$OUT/learn-metrics.jsonl"
   $PY - "$run" "$DEVICE" <<'PY'
 import json, sys
 rows = [json.loads(line) for line in open(f"{sys.argv[1]}/metrics.jsonl")]
@@ -97,7 +100,7 @@ for s in "$@"; do
       stage weights $PY -c "from orchestrator.models import checkpoint_dir; print(checkpoint_dir())" ;;
     train) stage train $PY benchmarks/train.py --device $DEVICE --batch 64 --length 512 --iters 3 --rounds 1 ;;
     head) stage head $PY benchmarks/logprob_head.py --device $DEVICE --bf16 --positions 16384 ;;
-    grpo) stage grpo $PY benchmarks/grpo_vs_trl.py --device $DEVICE ;;
+    grpo) stage grpo $PY benchmarks/grpo_vs_trl.py --device $DEVICE --warmup 1 --steps 3 ;;
     tree) stage tree $PY benchmarks/prefix_tree.py --device $DEVICE ;;
     joint) stage joint $PY benchmarks/joint_passes.py --device $DEVICE ;;
     learn) stage learn learn ;;
