@@ -23,8 +23,8 @@ Both sides run the same GRPO step on the same model and device, in the same run:
 rolecast's step: 64 ``engine.generate`` calls gathered (continuous batching in HFEngine, the
 current adapter, per-request seeds), rewards, advantages, datums from the sampled tokens and
 their sampling logprobs, one ``forward_backward(data, "ppo")`` + ``optim_step``, then
-``save_weights_for_sampler`` (the engine samples the new weights next step); ``rolecast_sampling_s``
-says how much of each timed step was sampling. TRL's step: one
+``save_weights_for_sampler`` (the engine samples the new weights next step); ``rolecast_sampling_s``,
+``rolecast_update_s`` and ``rolecast_publish_s`` split each timed step into those three parts. TRL's step: one
 ``GRPOTrainer`` optimizer step (``model.generate`` on the PEFT model, no vLLM, then its loss
 over ``--trl-micro-batch`` completions at a time). TRL turns gradient checkpointing on by
 default; rolecast does not recompute activations, so it is off here unless
@@ -132,7 +132,7 @@ def rolecast_worker(args: argparse.Namespace) -> dict:
     async def run() -> dict:
         with tempfile.TemporaryDirectory() as sampler:
             await (await client.save_weights_for_sampler_async(sampler)).result_async()  # the engine has the adapter
-            times, rewards, sampling = [], [], []
+            times, rewards, phases = [], [], {"sampling": [], "update": [], "publish": []}
             for step in range(args.warmup + args.steps):
                 t0 = time.perf_counter()
                 prompts = [engine.apply_chat_template([{"role": "user", "content": t}])
@@ -142,7 +142,7 @@ def rolecast_worker(args: argparse.Namespace) -> dict:
                                               adapter="grpo")
                             for i, p in enumerate(p for p in prompts for _ in range(G))]
                 outs = await asyncio.gather(*(engine.generate(r) for r in requests))
-                sampling.append(time.perf_counter() - t0)  # the rest of the step: rewards, datums, the update
+                phases["sampling"].append(time.perf_counter() - t0)
                 if any(len(o.token_ids) != N for o in outs):
                     sys.exit(f"rolecast sampled {sorted({len(o.token_ids) for o in outs})} tokens, not {N}")
                 r = [reward(tokenizer.decode(o.token_ids, skip_special_tokens=True)) for o in outs]
@@ -155,14 +155,19 @@ def rolecast_worker(args: argparse.Namespace) -> dict:
                         data.append(datum(list(requests[k].prompt_ids), outs[k].token_ids, outs[k].logprobs, adv))
                 await (await client.forward_backward_async(data, "ppo", loss_config)).result_async()
                 await (await client.optim_step_async(adam)).result_async()
+                _sync(device)
+                t2 = time.perf_counter()
                 await (await client.save_weights_for_sampler_async(sampler)).result_async()
                 _sync(device)
                 times.append(time.perf_counter() - t0)
+                phases["update"].append(t2 - t0 - phases["sampling"][-1])  # rewards and datums too
+                phases["publish"].append(times[-1] - (t2 - t0))
                 rewards.append(statistics.fmean(r))
                 log(f"rolecast step {step}: {times[-1]:.2f}s, mean reward {rewards[-1]:.4f}")
         await engine.aclose()
         service.close()
-        return {"times": times[args.warmup:], "sampling": sampling[args.warmup:], "rewards": rewards, "device": str(device),
+        return {"times": times[args.warmup:], **{k: v[args.warmup:] for k, v in phases.items()}, "rewards": rewards,
+                "device": str(device),
                 "bf16": service.autocast, "engine_dtype": str(engine.loaded.dtype).removeprefix("torch.")}
 
     return asyncio.run(run())
@@ -298,8 +303,10 @@ def main() -> None:
         "rolecast_episodes_s": round(eps["rolecast"], 3), "trl_episodes_s": round(eps["trl"], 3),
         "ratio": round(eps["rolecast"] / eps["trl"], 3),
         "rolecast_step_s": [round(t, 3) for row in results["rolecast"] for t in row["times"]],
-        # of which sampling the completions (the engine), per timed step; the rest is the update
-        "rolecast_sampling_s": [round(t, 3) for row in results["rolecast"] for t in row["sampling"]],
+        # each timed step's parts: sampling the completions (the engine); rewards, datums,
+        # forward_backward and optim_step; save_weights_for_sampler (the engine takes the new weights)
+        **{f"rolecast_{k}_s": [round(t, 3) for row in results["rolecast"] for t in row[k]]
+           for k in ("sampling", "update", "publish")},
         "trl_step_s": [round(t, 3) for row in results["trl"] for t in row["times"]],
         # mean reward per step of the first round (warm-up steps included): both should move alike
         "rolecast_rewards": [round(x, 4) for x in first["rolecast"]["rewards"]],

