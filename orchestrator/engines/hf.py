@@ -47,7 +47,7 @@ from .prefix_cache import BLOCK, PrefixCache, shared_prefixes
 from .sampling import counter_uniforms, sample_on_device
 from .slots import SlotKV
 from .tokens import TokenizerMethods, end_of_turn_ids
-from .upload import upload
+from ..upload import upload
 
 log = structlog.get_logger()
 BASE = "__base__"

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from .upload import upload
+from ..upload import upload
 
 _STACKS_KEPT = 8  # stacked weights of recent adapter mixes (a mix is rebuilt when it comes back)
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .upload import upload
+from ..upload import upload
 
 # splitmix64's constants as signed int64 (torch has no uint64 arithmetic)
 _GOLDEN = -0x61C8864680B583EB  # 0x9E3779B97F4A7C15

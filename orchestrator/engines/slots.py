@@ -22,7 +22,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from .attention import banned_columns
-from .upload import upload
+from ..upload import upload
 
 _MIN_COLUMNS = 512
 _GENERATIONS = itertools.count(1)

@@ -26,7 +26,6 @@ import shutil
 import tempfile
 import warnings
 import zlib
-from collections import defaultdict
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Generic, TypeVar
@@ -41,6 +40,7 @@ from ..engines.lora import lora_scale
 from ..config import LOSS_CONFIGS
 from ..grammar.book import book_for
 from ..models import LoadedModel, bf16_native, load_model
+from ..upload import upload
 from .losses import LOSS_FNS, aggregate, k3_kl, token_logprobs
 from . import prefix_tree
 from .routing import lora_layers, routed
@@ -214,26 +214,37 @@ class ServiceClient:
         for k in dict.fromkeys(k for k, _ in part):
             job, mine = jobs[k], [r for r, (j, _) in enumerate(part) if j == k]
             data = [datums[r] for r in mine]
-            at = torch.cat([torch.arange(starts[r], starts[r + 1]) for r in mine]).to(device)
+            # Indices are worked out on the host and every tensor goes up with `upload`: a boolean
+            # index or a pageable copy here would make the host wait for the pass's forward.
             masks = [job.masks[part[r][1]] for r in mine]
-            mask = torch.cat(masks).to(device)
-            targets = torch.cat([d.tensor("target_tokens", torch.long) for d in data]).to(device)
-            inputs = {key: torch.cat([d.tensor(key) for d in data]).to(device) for key in job.needed}
+            host_mask = torch.cat(masks)
+            keep = host_mask > 0  # action tokens: the only positions that go through the LM head
+            at = torch.cat([torch.arange(starts[r], starts[r + 1]) for r in mine])[keep]
+            rows, kept = upload(at, device), upload(keep.nonzero().flatten(), device)
+            targets = upload(torch.cat([d.tensor("target_tokens", torch.long) for d in data])[keep], device)
+            mask = upload(host_mask, device)
+            inputs = {key: upload(torch.cat([d.tensor(key) for d in data]), device) for key in job.needed}
             bitmask = self._grammar_masks(data, masks)
             options = job.options
-            logp, entropy = self._pick(hidden[at], targets, mask, options.temperature, bitmask, options.entropy_coef > 0)
+
+            def pick(states: torch.Tensor, entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+                out = self._pick(states.index_select(0, rows), targets, options.temperature, bitmask, entropy)
+                # every position of the share, 0.0 where no action was taken
+                return tuple(None if x is None else x.new_zeros(len(host_mask)).index_copy(0, kept, x) for x in out)
+
+            logp, entropy = pick(hidden, options.entropy_coef > 0)
             per_token, extra = job.fn(logp, inputs, options)
             if entropy is not None:
                 per_token = per_token - options.entropy_coef * entropy
                 extra = {**extra, "entropy": entropy}
             if options.kl_coef:
-                base_logp, _ = self._pick(base[at], targets, mask, options.temperature, bitmask, False)
+                base_logp, _ = pick(base, False)
                 kl = k3_kl(logp, base_logp)
                 per_token = per_token + options.kl_coef * kl
                 extra = {**extra, "kl": kl}
             lengths = [d.model_input.length for d in data]
             loss = aggregate(per_token, mask, lengths, options.aggregation, total_tokens=job.total_tokens, total_sequences=len(job.data))
-            job.add(loss, per_token, mask, extra, [part[r][1] for r in mine], logp.detach().cpu().split(lengths))
+            job.add(loss, per_token, mask, extra, [part[r][1] for r in mine], logp.detach().split(lengths))
             total = total + loss
         return total
 
@@ -289,24 +300,18 @@ class ServiceClient:
                 return prefix_tree.hidden_states(body, tree, self.device, pad, routing.route)
 
     def _pick(
-        self, hidden: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, temperature: float,
-        bitmask: torch.Tensor | None, entropy: bool,
+        self, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, bitmask: torch.Tensor | None,
+        entropy: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logprobs of the target tokens (and, with ``entropy``, the policy's entropy) at each
-        position of flat ``hidden``.
-
-        Only positions with mask > 0 go through the LM head (in RL most positions are prompt);
-        the others are reported as 0.0. ``bitmask`` rows (one per such position) mask the
-        softmax as the sampler's grammar did.
-        """
-        keep = mask > 0
+        """Logprobs of ``targets`` (and, with ``entropy``, the policy's entropy) at each row of
+        ``hidden``: the action positions (in RL most positions are prompt, which never go through
+        the LM head). ``bitmask`` rows (one per position) mask the softmax as the sampler's
+        grammar did."""
         head = self.peft.get_base_model().lm_head
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
-            picked = token_logprobs(hidden[keep], head, targets[keep], temperature, chunk=self.logprob_chunk,
+            picked = token_logprobs(hidden, head, targets, temperature, chunk=self.logprob_chunk,
                                     bitmask=bitmask, entropy=entropy)
-        logp, ent = picked if entropy else (picked, None)
-        logp = logp.new_zeros(len(targets)).masked_scatter(keep, logp)
-        return logp, (ent.new_zeros(len(targets)).masked_scatter(keep, ent) if entropy else None)
+        return picked if entropy else (picked, None)
 
     def _grammar_masks(self, data: list[Datum], masks: list[torch.Tensor]) -> torch.Tensor | None:
         """The packed token masks each action token (mask > 0, in order) was sampled under.
@@ -331,7 +336,7 @@ class ServiceClient:
                                        spelled=span.spelled)
                 block[[row_of[p] for p in wanted]] = replayed
             blocks.append(block)
-        return torch.cat(blocks).to(self.device)
+        return upload(torch.cat(blocks), self.device)
 
     def close(self) -> None:
         """Wait for every job submitted so far (jobs run in submission order)."""
@@ -489,25 +494,27 @@ class _Job:
         self.adapter, self.data = client.name, data
         self.masks = [d.mask() for d in data]
         self.total_tokens = float(sum(m.sum() for m in self.masks))
-        self.sums: dict[str, float] = defaultdict(float)
+        self.sums: dict[str, torch.Tensor] = {}  # on the device, read once the job's passes are done
         self.logps: list[torch.Tensor] = [torch.empty(0)] * len(data)
 
     def add(self, loss: torch.Tensor, per_token: torch.Tensor, mask: torch.Tensor, extra: dict[str, torch.Tensor],
             indices: list[int], logps: tuple[torch.Tensor, ...]) -> None:
         """A micro-batch's share: its loss, per-token metrics, and the logprobs of datums ``indices``."""
-        self.sums["loss"] += float(loss.detach())
-        self.sums["loss:sum"] += float((per_token.detach() * mask).sum())
-        for key, value in extra.items():
-            self.sums[key] += float((value.detach() * mask).sum())
+        sums = {"loss": loss.detach(), "loss:sum": (per_token.detach() * mask).sum(),
+                **{key: (value.detach() * mask).sum() for key, value in extra.items()}}
+        for key, value in sums.items():
+            self.sums[key] = self.sums[key] + value if key in self.sums else value
         for i, lp in zip(indices, logps):
             self.logps[i] = lp
 
     def output(self) -> ForwardBackwardOutput:
-        sums = dict(self.sums)
+        """The job's logprobs and metrics, brought to the host in two copies."""
+        logps = torch.cat(self.logps).cpu().split([len(lp) for lp in self.logps])
+        sums = dict(zip(self.sums, torch.stack(list(self.sums.values())).float().tolist()))
         metrics = {"loss": sums.pop("loss"), "loss:sum": sums.pop("loss:sum"), "tokens": self.total_tokens}
         for key, value in sums.items():
             metrics[key if key in MEAN_NAMED else f"{key}_mean"] = value / max(self.total_tokens, 1.0)
-        return ForwardBackwardOutput(loss_fn_outputs=[{"logprobs": lp} for lp in self.logps], metrics=metrics)
+        return ForwardBackwardOutput(loss_fn_outputs=[{"logprobs": lp} for lp in logps], metrics=metrics)
 
 
 def _fsync_dir(path: Path) -> None:

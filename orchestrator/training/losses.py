@@ -206,8 +206,9 @@ def aggregate(
     if how == "token-sum":
         return weighted.sum()
     if how == "token-mean":
-        denominator = mask.sum() if total_tokens is None else mask.new_tensor(total_tokens)
-        return weighted.sum() / denominator.clamp(min=1.0)
+        if total_tokens is not None:  # a number, not a new tensor: that would be a copy to the device
+            return weighted.sum() / max(total_tokens, 1.0)
+        return weighted.sum() / mask.sum().clamp(min=1.0)
     if how == "sequence-mean":
         means = [w.sum() / m.sum().clamp(min=1.0) for w, m in zip(weighted.split(lengths), mask.split(lengths))]
         return torch.stack(means).sum() / (total_sequences or len(lengths))

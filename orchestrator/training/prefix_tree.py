@@ -32,6 +32,7 @@ from transformers.cache_utils import DynamicCache
 
 from ..models import kv_cache_name
 from ..padding import length_batches
+from ..upload import upload
 
 # A forward pass costs a fixed ~0.2 s on a 2-core CPU besides its tokens: a short segment that
 # branches is cheaper recomputed in each branch than given a wave of its own, when that repeats
@@ -201,7 +202,7 @@ def hidden_states(body: torch.nn.Module, tree: PrefixTree, device: torch.device,
             first = offsets[p] + r * passes[p].hidden.shape[1]
             index.extend(range(first, first + n))
     flat = torch.cat([p.hidden.flatten(0, 1) for p in passes]) if len(passes) > 1 else passes[0].hidden.flatten(0, 1)
-    return flat.index_select(0, torch.tensor(index, device=flat.device))
+    return flat.index_select(0, upload(index, flat.device))
 
 
 @dataclass
@@ -230,8 +231,8 @@ def _forward(body, segs: list[Segment], rows: list[int], passes: list[_Pass], wh
     # A pass of leaves only (every pass without shared prefixes) keeps no keys and values: its
     # cache would copy each layer's for nothing.
     keep = any(i in parents for i in rows)
-    out = body(input_ids=torch.tensor(ids, device=device), attention_mask=torch.tensor(mask, device=device),
-               position_ids=torch.tensor(positions, device=device), use_cache=keep or past is not None, **{cache: past})
+    out = body(input_ids=upload(ids, device), attention_mask=upload(mask, device),
+               position_ids=upload(positions, device), use_cache=keep or past is not None, **{cache: past})
     layers = [(layer.keys, layer.values) for layer in getattr(out, cache).layers] if keep else []
     return _Pass(out.last_hidden_state, cached, layers)
 
@@ -253,7 +254,7 @@ def _past(segs: list[Segment], rows: list[int], passes: list[_Pass], where: list
         sources, columns = groups.setdefault(p, ([], []))
         sources.append(r)
         columns.append([max(c, 0) for c in range(end - cached, end)])
-    index = {p: (torch.tensor(src, device=device)[:, None], torch.tensor(cols, device=device))
+    index = {p: (upload(src, device)[:, None], upload(cols, device))
              for p, (src, cols) in groups.items()}
     past = DynamicCache()
     for layer in range(len(passes[next(iter(groups))].layers)):

@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from peft.tuners.lora import LoraLayer
 
+from ..upload import upload
+
 
 class Routing:
     """The adapters of one block of passes, ``names``; ``route`` names each row's adapter before
@@ -64,7 +66,7 @@ class Routing:
                 if name in offsets:
                     start, rank, scale = offsets[name]
                     mask[r, 0, start:start + rank] = scale
-            self._masks[key] = mask.to(device)
+            self._masks[key] = upload(mask, device)
         return self._masks[key]
 
     def add_delta(self, module: LoraLayer, inputs: tuple, output: torch.Tensor) -> torch.Tensor:

@@ -78,7 +78,7 @@ def test_graph_replayed_and_eager_steps_sample_the_same_tokens():
 def test_a_steady_decode_step_never_waits_for_the_gpu(monkeypatch):
     """The static path books step t while the GPU computes step t+1: a blocking copy in a step (host
     data sent from pageable memory, ``.item()``) would make the host wait for the step it just
-    launched (engines/upload.py). Each step without newcomers runs under
+    launched (orchestrator/upload.py). Each step without newcomers runs under
     ``set_sync_debug_mode("warn")``; its warnings count unless the step captured a graph (a capture
     synchronises), and the second round of the same requests captures none. Rows with top-p and
     a row under a JSON schema (its bitmask applied on the GPU) are among them."""
@@ -194,6 +194,50 @@ def test_a_training_step_on_cuda_moves_only_the_trained_adapter():
         assert any(not torch.equal(before_a[k], v) for k, v in a.adapter_state().items())
     finally:
         service.close()
+
+
+def test_a_training_pass_never_waits_for_the_gpu(monkeypatch):
+    """A forward_backward's passes (the prefix tree's waves, two adapters routed in one pass, the
+    LM head, the loss with its entropy and KL terms, the metrics) queue their work without
+    waiting for the GPU: indices are worked out on the host and data goes up from pinned memory
+    (orchestrator/upload.py). The host reads the results once, when the calls' outputs are built,
+    outside the passes checked here. One wait is transformers', not ours, and is left out: at the
+    start of each forward its SDPA mask code reads whether the padding mask is all ones
+    (``masking_utils._ignore_causal_mask_sdpa``)."""
+    import warnings
+
+    service = ServiceClient(load_model("tiny", dtype="float32", seed=0), device=CUDA)
+    clients = [service.create_lora_training_client(name, LoraConfig(rank=4)) for name in ("a", "b")]
+    prompt = list(range(100, 140))
+    data = []
+    for i in range(6):  # a shared prompt, replies of two lengths
+        toks = prompt + list(range(200 + i, 200 + i + 8 + 8 * (i % 2)))
+        n = len(toks) - 1
+        data.append(Datum(ModelInput.from_ints(toks[:-1]), {"target_tokens": toks[1:], "mask": [0.0] * 39 + [1.0] * (n - 39),
+                                                             "logprobs": [-5.0] * n, "advantages": [0.5 - i % 2] * n}))
+    config = {"entropy_coef": 0.01, "kl_coef": 0.05}
+    calls = [(c, data, "ppo", config) for c in clients]
+    micro, syncs = ServiceClient._micro_batch, []
+
+    def checked(self, jobs, part):
+        with warnings.catch_warnings(record=True) as caught:  # the service's thread is the only one working
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                return micro(self, jobs, part)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+                syncs.extend(f"{w.filename}:{w.lineno}: {w.message}" for w in caught
+                             if "synchroniz" in str(w.message) and not w.filename.endswith("transformers/masking_utils.py"))
+
+    try:
+        service.forward_backward_many(calls).result()  # the first call's lazy set-up is not checked
+        monkeypatch.setattr(ServiceClient, "_micro_batch", checked)
+        outs = service.forward_backward_many(calls).result()
+    finally:
+        service.close()
+    assert [o.metrics["tokens"] for o in outs] == [sum(len(d.model_input.to_ints()) - 39 for d in data)] * 2
+    assert syncs == [], "\n".join(dict.fromkeys(syncs))
 
 
 def test_kill_then_resume_on_cuda(tmp_path):
