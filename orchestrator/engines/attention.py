@@ -70,6 +70,30 @@ def attend_biased(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, b
     return torch.bmm(torch.softmax(scores, dim=-1), value.reshape(rows * kv_heads, length, dim)).reshape(rows, heads, dim)
 
 
+def attend_chunk(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
+                 scaling: float) -> torch.Tensor:
+    """A prefill chunk of the static path: ``query`` [rows, width, heads, dim], each token over its
+    row's ``key``/``value`` [rows, kv_heads, length, dim]. ``mask`` [rows, width, length] is
+    boolean (True: banned; the scores in fp32, as ``attend``) or an additive bias in the query's
+    dtype (0 / -inf, as ``attend_biased``). Returns [rows, width, heads, dim]."""
+    rows, width, heads, dim = query.shape
+    kv_heads, length = key.shape[1], key.shape[2]
+    groups = heads // kv_heads
+    # queries grouped by their KV head (head h reads KV head h // groups), a row's tokens after its heads
+    q = query.unflatten(2, (kv_heads, groups)).permute(0, 2, 3, 1, 4).reshape(rows * kv_heads, groups * width, dim)
+    scores = torch.bmm(q, key.reshape(rows * kv_heads, length, dim).transpose(1, 2))
+    if mask.dtype == torch.bool:
+        scores = scores.float()
+    grid = scores.mul_(scaling).view(rows, kv_heads, groups, width, length)
+    if mask.dtype == torch.bool:
+        grid.masked_fill_(mask[:, None, None], float("-inf"))
+    else:
+        grid.add_(mask[:, None, None])
+    probs = torch.softmax(scores, dim=-1).to(value.dtype)
+    out = torch.bmm(probs, value.reshape(rows * kv_heads, length, dim))  # [rows * kv_heads, groups * width, dim]
+    return out.view(rows, kv_heads, groups, width, dim).permute(0, 3, 1, 2, 4).reshape(rows, width, heads, dim)
+
+
 def decode_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      attention_mask: torch.Tensor | None, scaling: float | None = None, **kwargs: Any):
     """transformers' attention interface: ``attend`` for decode steps, SDPA for everything else."""

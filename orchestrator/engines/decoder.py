@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from ..cpu import CpuFeatures, host
-from .attention import attend, attend_biased
+from .attention import attend, attend_biased, attend_chunk
 from .kv import BatchKV
 from .lora import Key, MultiLoRA, SlotLoRA
 from .slots import SlotKV
@@ -174,43 +174,52 @@ class FusedDecoder:
         return cls(model, lora, rows_hint, *layout)
 
     def __call__(self, ids: torch.Tensor, kv: BatchKV | SlotKV, positions: torch.Tensor,
-                 lora: MultiLoRA | SlotLoRA | None = None, lora_mode: str = "mixed") -> torch.Tensor:
+                 lora: MultiLoRA | SlotLoRA | None = None, lora_mode: str = "mixed",
+                 last: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [rows, vocab] for ``ids`` [rows], each row's next token; writes its K/V to ``kv``.
 
-        The caller routes adapters (``lora.route``; for the static path's ``SlotLoRA``, its
-        ``route``) and advances ``kv`` after the step. ``lora`` None: the engine's ``MultiLoRA``;
-        ``lora_mode``: ``SlotLoRA.mode``'s answer for the step.
+        ``ids`` [rows, width] with ``positions`` [rows, width] is a prefill chunk (static path
+        only: ``SlotKV.step_width``): each token attends to its row's columns before it, and the
+        logits come back for one token per row, at flat index ``last`` [rows] (row * width + its
+        last real token; the tokens after it are padding, whose keys land past the row's end and
+        are never read). The caller routes adapters (``lora.route``; for the static path's
+        ``SlotLoRA``, its ``route``) and advances ``kv`` after the step. ``lora`` None: the
+        engine's ``MultiLoRA``; ``lora_mode``: ``SlotLoRA.mode``'s answer for the step.
         """
         lora = self.lora if lora is None else lora
-        rows, heads, kv_heads, dim = ids.shape[0], self.heads, self.kv_heads, self.head_dim
+        rows, width = ids.shape[0], ids.shape[1] if ids.dim() == 2 else 1
+        tokens, heads, kv_heads, dim = rows * width, self.heads, self.kv_heads, self.head_dim
         kv.reserve()
-        h = self.embed(ids)  # [rows, hidden]
-        cos, sin = self.rotary(h, positions)  # [rows, 1, dim]: broadcast over heads
+        h = self.embed(ids.reshape(tokens))  # [tokens, hidden]
+        cos, sin = (t.reshape(tokens, 1, -1) for t in self.rotary(h, positions))  # [tokens, 1, dim]: over heads
         banned = kv.banned(kv_heads)
-        forms = (_GpuForms if self.gpu else _CpuForms)(cos, sin, banned)
-        lora.begin(rows, lora_mode)
+        forms = (_GpuForms if self.gpu else _CpuForms)(cos, sin, banned, ids.dim() == 2)
+        lora.begin(rows, lora_mode, width)
         for index, layer in enumerate(self.layers):
             x = forms.norm(layer.input_norm, h)
             qkv = layer.qkv(x)
             lora.add_delta(layer.qkv_key, x, qkv)
             k_end = layer.q_size + layer.kv_size
-            q, k = forms.rotate(qkv[:, :k_end].view(rows, heads + kv_heads, dim), heads)
-            keys, values = kv.write(index, k[:, :, None], qkv[:, k_end:].view(rows, kv_heads, 1, dim))
-            out = forms.attend(q, keys, values, layer.scaling).reshape(rows, heads * dim)
+            q, k = forms.rotate(qkv[:, :k_end].view(tokens, heads + kv_heads, dim), heads)
+            keys, values = kv.write(index, k.unflatten(0, (rows, width)).transpose(1, 2),
+                                    qkv[:, k_end:].view(rows, width, kv_heads, dim).transpose(1, 2))
+            out = forms.attend(q.unflatten(0, (rows, width)), keys, values, layer.scaling).reshape(tokens, heads * dim)
             h = forms.residual(h, layer.o, out, lora, layer.o_key)
             x = forms.norm(layer.post_norm, h)
             gate_up = layer.gate_up(x)
             lora.add_delta(layer.gate_up_key, x, gate_up)
             act = layer.act(gate_up[:, :layer.inner]) * gate_up[:, layer.inner:]
             h = forms.residual(h, layer.down, act, lora, layer.down_key)
+        if last is not None:
+            h = h.index_select(0, last)
         return self.lm_head(forms.norm(self.norm, h))
 
 
 class _CpuForms:
     """transformers' own ops in its order: the CPU's step gives its logits bit for bit."""
 
-    def __init__(self, cos: torch.Tensor, sin: torch.Tensor, banned: torch.Tensor):
-        self.cos, self.sin, self.banned = cos, sin, banned
+    def __init__(self, cos: torch.Tensor, sin: torch.Tensor, banned: torch.Tensor, chunk: bool = False):
+        self.cos, self.sin, self.banned, self.chunk = cos, sin, banned, chunk
 
     @staticmethod
     def norm(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -223,7 +232,10 @@ class _CpuForms:
         return qk[:, :heads], qk[:, heads:]
 
     def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scaling: float) -> torch.Tensor:
-        return attend(q, keys, values, self.banned, scaling)
+        """``q`` [rows, width, heads, dim]: one token a row (decode) or a prefill ``chunk``."""
+        if self.chunk:
+            return attend_chunk(q, keys, values, self.banned, scaling)
+        return attend(q[:, 0], keys, values, self.banned, scaling)
 
     @staticmethod
     def residual(h: torch.Tensor, linear: _Linear, x: torch.Tensor, lora: MultiLoRA | SlotLoRA, key: Key) -> torch.Tensor:
@@ -246,8 +258,8 @@ class _GpuForms:
       - the residual add inside the o and down projections' matmul (``addmm``).
     """
 
-    def __init__(self, cos: torch.Tensor, sin: torch.Tensor, banned: torch.Tensor):
-        self.rotation = _rotation(cos, sin)
+    def __init__(self, cos: torch.Tensor, sin: torch.Tensor, banned: torch.Tensor, chunk: bool = False):
+        self.rotation, self.chunk = _rotation(cos, sin), chunk
         self.bias = torch.zeros(banned.shape, dtype=cos.dtype, device=banned.device).masked_fill_(banned, float("-inf"))
 
     @staticmethod
@@ -258,7 +270,9 @@ class _GpuForms:
         return torch.bmm(qk[:, :heads], self.rotation), torch.bmm(qk[:, heads:], self.rotation)
 
     def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scaling: float) -> torch.Tensor:
-        return attend_biased(q, keys, values, self.bias, scaling)
+        if self.chunk:
+            return attend_chunk(q, keys, values, self.bias, scaling)
+        return attend_biased(q[:, 0], keys, values, self.bias, scaling)
 
     @staticmethod
     def residual(h: torch.Tensor, linear: _Linear, x: torch.Tensor, lora: MultiLoRA | SlotLoRA, key: Key) -> torch.Tensor:

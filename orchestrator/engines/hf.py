@@ -50,6 +50,11 @@ from .tokens import TokenizerMethods, end_of_turn_ids
 from ..upload import upload
 
 log = structlog.get_logger()
+
+# Prompt tokens a row feeds per prefill pass on the static path: bounds a pass's attention scores
+# ([rows, heads, chunk, columns]); a longer rest takes more passes.
+_PREFILL_CHUNK = 512
+
 BASE = "__base__"
 
 
@@ -110,6 +115,7 @@ class EngineStats:
     """
 
     prefill_s: float = 0.0
+    prefill_passes: int = 0  # forward passes that prefilled (a pass's fixed cost is its launches on a GPU)
     prefill_tokens: int = 0  # prompt tokens computed (padding and reused prefixes excluded)
     prefix_hit_tokens: int = 0  # prompt tokens whose keys and values came from the prefix cache
     decode_s: float = 0.0
@@ -124,12 +130,15 @@ class EngineStats:
 class HFEngine(TokenizerMethods):
     def __init__(self, loaded: LoadedModel, max_batch: int | None = None, max_prefill: int | None = None,
                  prefix_cache_tokens: int = 16384, fused_decode: bool = True, cpu: CpuFeatures | None = None,
-                 static: bool | None = None, cuda_graphs: bool = True, share_prefixes: bool = True):
+                 static: bool | None = None, cuda_graphs: bool = True, share_prefixes: bool = True,
+                 fused_prefill: bool = True):
         """``max_batch`` rows decode together (default 64 on the CPU, 256 on a GPU), ``max_prefill``
         newcomers prefill together (default 16 on the CPU, all that fit on a GPU), their common
         prefixes computed once with ``share_prefixes`` (needs the prefix cache). ``static``: the
         static path (default: on a GPU, for Llama-shaped models), with its steps replayed from CUDA
-        graphs unless ``cuda_graphs`` is False (or on the CPU, where it runs eagerly: for tests)."""
+        graphs unless ``cuda_graphs`` is False (or on the CPU, where it runs eagerly: for tests),
+        and its newcomers prefilled by the fused step unless ``fused_prefill`` is False
+        (transformers' forward then, as off the static path)."""
         self.loaded = loaded
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
@@ -146,6 +155,7 @@ class HFEngine(TokenizerMethods):
             raise ValueError("the static decode path needs a Llama-shaped model and fused_decode")
         self.static = supported if static is None and gpu else bool(static)
         self.cuda_graphs = cuda_graphs and gpu and self.static
+        self.fused_prefill = fused_prefill  # read at each prefill: a benchmark may switch it
         self._cpu = cpu  # the CPU the fused step lays its weights out for (None: this machine's; cpu.py)
         self.versions: dict[str, int] = {}
         self.eos_ids = end_of_turn_ids(self.tokenizer)
@@ -411,8 +421,11 @@ class HFEngine(TokenizerMethods):
         if self._prefix is not None and self.share_prefixes:
             self._share_prefixes(seqs)
         hits = [self._prefix.lookup(s.request.prompt_ids, s.cache_key) if self._prefix else (0, None) for s in seqs]
-        for batch in length_batches([len(s.request.prompt_ids) - n for s, (n, _) in zip(seqs, hits)]):
-            self._prefill_rows([seqs[i] for i in batch], [hits[i] for i in batch])
+        if self.static and self.fused_prefill:
+            self._prefill_slots(seqs, hits)
+        else:
+            for batch in length_batches([len(s.request.prompt_ids) - n for s, (n, _) in zip(seqs, hits)]):
+                self._prefill_rows([seqs[i] for i in batch], [hits[i] for i in batch])
         self.stats.prefill_s += time.perf_counter() - t0
         self.stats.prefix_hit_tokens += sum(n for n, _ in hits)
 
@@ -424,9 +437,50 @@ class HFEngine(TokenizerMethods):
         self._take(seqs, out.logits[:, -1])
         self.stats.prefill_tokens += int(mask[:, cached:].sum())
 
+    def _prefill_slots(self, seqs: list[_Seq], hits: list[tuple[int, Any]]) -> None:
+        """The static path's prefill: newcomers take fresh slots with their cached prefixes copied
+        in (``SlotKV.open``), and the rests of their prompts go through the fused step, all rows
+        together, ``_PREFILL_CHUNK`` tokens a row at most per pass (shorter rests padded). A
+        multi-turn episode's next turn is a short rest after a long cached prefix: through
+        transformers' forward its pass launched about 2,500 kernels on SmolLM2, with the prefix
+        rebuilt layer by layer as a left-padded cache; here it launches what a decode step does
+        (``benchmarks/rollout.py`` counts both)."""
+        kv, fused = self._kv, self._fused
+        if fused is None:
+            raise RuntimeError("the static path needs the fused decode step")
+        self._slots.sync()
+        first = kv.open(hits, (len(fused.layers), fused.kv_heads, fused.head_dim, self.model.dtype))
+        rests = [list(s.request.prompt_ids[n:]) for s, (n, _) in zip(seqs, hits)]
+        adapters, rows, pad = [s.adapter_key for s in seqs], len(seqs), self.tokenizer.pad_token_id or 0
+        self._slots.route(adapters, rows)
+        mode = self._slots.mode(adapters)
+        picked: list[torch.Tensor | None] = [None] * rows  # each row's logits, from the pass with its last token
+        try:
+            for start in range(0, max(map(len, rests)), _PREFILL_CHUNK):
+                parts = [r[start:start + _PREFILL_CHUNK] for r in rests]
+                width = max(map(len, parts))
+                kv.chunk, kv.step_first, kv.step_rows, kv.step_width = True, first, rows, width
+                kv.reserve()  # before the window: it may grow the columns
+                kv.window = window_bucket(max(kv.lengths[first:]) + width, kv.columns)
+                ids = upload([p + [pad] * (width - len(p)) for p in parts], self.device)
+                last = upload([i * width + max(len(p), 1) - 1 for i, p in enumerate(parts)], self.device)
+                positions = kv.lens[first:first + rows, None] + torch.arange(width, device=self.device)
+                logits = fused(ids, kv, positions, NO_LORA if mode == "none" else self._slots, mode, last)
+                for i, r in enumerate(rests):
+                    if start < len(r) <= start + _PREFILL_CHUNK:
+                        picked[i] = logits[i]
+                kv.fed(first, [len(p) for p in parts])
+                self.stats.prefill_passes += 1
+        finally:
+            kv.chunk = False
+        self._active += seqs
+        self._take(seqs, torch.stack(picked))
+        self.stats.prefill_tokens += sum(map(len, rests))
+
     def _forward_rests(self, prompts: list, adapters: list[str], hits: list[tuple[int, Any]]):
         """One forward over each prompt's rest after its cached prefix, both parts left-padded:
         (output, mask over cached + rest columns, cached columns)."""
+        self.stats.prefill_passes += 1
         cached = max(n for n, _ in hits)
         width = max(len(p) - n for p, (n, _) in zip(prompts, hits))
         ids = torch.full((len(prompts), width), self.tokenizer.pad_token_id or 0, dtype=torch.long)

@@ -139,7 +139,7 @@ class MultiLoRA:
             col += lin.out_features
         return a, b
 
-    def begin(self, rows: int, mode: str = "mixed") -> None:
+    def begin(self, rows: int, mode: str = "mixed", per_row: int = 1) -> None:
         """A forward pass over ``rows`` rows starts (the row masks were built by ``route``)."""
 
     def add_delta(self, key: Key, x: torch.Tensor, out: torch.Tensor) -> None:
@@ -281,13 +281,15 @@ class SlotLoRA:
             return "none"
         return "one" if self.capacity == 1 and used == {True} else "mixed"
 
-    def begin(self, rows: int, mode: str = "mixed") -> None:
-        """Row masks for a step over ``rows`` rows (per width: one slot's columns, repeated per group
-        member), or none in mode ``one``."""
+    def begin(self, rows: int, mode: str = "mixed", per_row: int = 1) -> None:
+        """Row masks for a step over ``rows`` rows of ``per_row`` tokens each (per width: one slot's
+        columns, repeated per group member), or none in mode ``one``."""
         if not self.capacity or mode == "one":
             self._masks = {}
             return
         mask = (self._columns[None, :] == self.rows[:rows, None]).to(self.lora.dtype)
+        if per_row > 1:  # a prefill chunk: each token of a row takes the row's mask
+            mask = mask.repeat_interleave(per_row, dim=0)
         widths = {t.shape[1] for t in self.a_t.values()}
         self._masks = {w: mask if w == mask.shape[1] else mask.repeat(1, w // mask.shape[1]) for w in widths}
 
@@ -340,7 +342,7 @@ class SlotLoRA:
 class _NoLoRA:
     """The adapter hooks of a step in which no row uses an adapter: nothing to add."""
 
-    def begin(self, rows: int, mode: str = "none") -> None:
+    def begin(self, rows: int, mode: str = "none", per_row: int = 1) -> None:
         pass
 
     def add_delta(self, key: Key, x: torch.Tensor, out: torch.Tensor) -> None:

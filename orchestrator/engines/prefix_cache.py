@@ -25,8 +25,9 @@ BLOCK = 16
 class Entry:
     key: tuple[str, int]  # (adapter, version)
     tokens: tuple[int, ...]
-    keys: list[torch.Tensor]  # per layer [heads, len(tokens), head_dim]
-    values: list[torch.Tensor]
+    # per layer [heads, len(tokens), head_dim]: a list, or one [layers, ...] tensor (slots.SlotKV.row)
+    keys: list[torch.Tensor] | torch.Tensor
+    values: list[torch.Tensor] | torch.Tensor
     hashes: list[int] = field(default_factory=list)  # chain hash of each full block
 
 

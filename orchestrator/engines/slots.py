@@ -11,12 +11,15 @@ running rows and idle slots after them, whose writes land in their own column 0 
 read) and a window of ``window`` columns; the attention mask comes from ``lens``.
 
 A finished row leaves by the last row moving into its slot (one copy of that row), not by every
-later row moving up. Prefilled newcomers (left-padded by the engine, perhaps in two runs of real
-tokens when a prefix came from the prefix cache) are gathered to the left of fresh slots.
+later row moving up. Newcomers join in fresh slots after the running rows (``open``): a prefix
+found in the prefix cache is copied in, and the rest of each prompt goes through the same fused
+step as decoding, a chunk (``chunk``) of ``step_width`` tokens per row over slots ``[step_first,
+step_first + step_rows)``, each token attending to its row's columns before it (``banned``, ``write``).
 """
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import torch
 from transformers.cache_utils import DynamicCache
@@ -39,6 +42,8 @@ class SlotKV:
         self.generation = 0  # changes when the buffers move: graphs captured over them are stale
         self.step_rows = 0  # the bucket a step covers (>= rows); the engine sets both before a step
         self.window = 0  # columns a step reads (> every running row's length)
+        self.chunk = False  # the step is a prefill chunk: rows from step_first, step_width tokens each
+        self.step_first, self.step_width = 0, 1
         self._columns = torch.arange(0, device=self.device)
         self._rows = torch.arange(slots, device=self.device)
 
@@ -73,6 +78,34 @@ class SlotKV:
         self.lens[first:first + n] = upload(lengths, self.device)
         self.lengths += lengths
 
+    def open(self, prefixes: list[tuple[int, Any]], shape: tuple[int, int, int, torch.dtype]) -> int:
+        """Add rows in fresh slots, each starting from its prefix ``(n, entry)``: the first n tokens'
+        keys and values of a prefix-cache entry, copied in (``(0, None)``: none). ``shape``:
+        (layers, kv_heads, head_dim, dtype), for the first rows. Returns the first new row; the
+        rests of the prompts then go through the step in chunks (``step_first``, ``fed``)."""
+        n = len(prefixes)
+        if self.rows + n > self.slots:
+            raise ValueError(f"{self.rows + n} rows do not fit in {self.slots} slots")
+        lengths = [count for count, _ in prefixes]
+        if self.keys is None:
+            self._allocate(*shape, max(_MIN_COLUMNS, 2 * max(lengths)))
+        elif max(lengths) > self.columns:
+            self._grow(2 * max(lengths))
+        first = self.rows
+        for i, (count, entry) in enumerate(prefixes):
+            if count:  # one copy per kind: an entry holds all its layers (``row``), or a list of them
+                for buffer, stored in ((self.keys, entry.keys), (self.values, entry.values)):
+                    stored = stored if isinstance(stored, torch.Tensor) else torch.stack(stored)
+                    buffer[:, first + i, :, :count] = stored[:, :, :count]
+        self.lens[first:first + n] = upload(lengths, self.device)
+        self.lengths += lengths
+        return first
+
+    def fed(self, first: int, counts: list[int]) -> None:
+        """Account for a prefill chunk that added ``counts`` tokens to rows ``first`` onward."""
+        self.lens[first:first + len(counts)] += upload(counts, self.device)
+        self.lengths[first:first + len(counts)] = [n + c for n, c in zip(self.lengths[first:], counts)]
+
     def compaction(self, keep: list[int]) -> list[int]:
         """The order the kept rows take (new row i = old row ``order[i]``): rows after the last
         kept place fill the holes, so rows that stay in place are not copied."""
@@ -98,9 +131,10 @@ class SlotKV:
 
     # -- a decode step -------------------------------------------------------------------------
     def reserve(self) -> None:
-        """Make room for the next column of every running row."""
-        if self.rows and max(self.lengths) + 1 > self.columns:
-            self._grow(2 * self.columns)
+        """Make room for the step's next columns of every running row."""
+        width = self.step_width if self.chunk else 1
+        if self.rows and max(self.lengths) + width > self.columns:
+            self._grow(max(2 * self.columns, max(self.lengths) + width))
 
     def positions(self) -> torch.Tensor:
         """Each stepped row's next position [step_rows, 1]: a view of ``lens``."""
@@ -108,7 +142,13 @@ class SlotKV:
 
     def banned(self, kv_heads: int) -> torch.Tensor:
         """The step's attention mask (``attention.attend``'s): columns past each row's next token.
-        Called once a step, before the writes: it also places them."""
+        Called once a step, before the writes: it also places them. For a prefill chunk,
+        [rows, width, window]: True where a token may not look (columns after its own)."""
+        if self.chunk:
+            rows = self._rows[self.step_first:self.step_first + self.step_rows]
+            at = self.lens[rows][:, None] + self._columns[: self.step_width]  # [rows, width]: each token's column
+            self._write_at = (rows[:, None, None], self._heads[None, :, None], at[:, None, :])
+            return self._columns[None, None, : self.window] > at[:, :, None]
         lens = self.lens[: self.step_rows]
         # (slot, head, column) of each row's next key in a layer's buffer: views that broadcast to [rows, H]
         self._write_at = (self._rows[: self.step_rows, None], self._heads[None, :], lens[:, None])
@@ -116,13 +156,14 @@ class SlotKV:
         return banned_columns(allowed, kv_heads)
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Put one new key and value per stepped row (``[rows, H, 1, D]``) at its own next column
-        (one ``index_put_`` each, which reads them where they lie in the step's q/k/v output: no
-        copy first); return the step's window of the layer (views)."""
-        self.keys[layer].index_put_(self._write_at, k[:, :, 0])
-        self.values[layer].index_put_(self._write_at, v[:, :, 0])
-        return (self.keys[layer, : self.step_rows, :, : self.window],
-                self.values[layer, : self.step_rows, :, : self.window])
+        """Put each stepped row's new keys and values (``[rows, H, width, D]``) at its own next
+        columns (one ``index_put_`` each, which reads them where they lie in the step's q/k/v
+        output: no copy first); return the step's window of the layer (views)."""
+        self.keys[layer].index_put_(self._write_at, k if self.chunk else k[:, :, 0])
+        self.values[layer].index_put_(self._write_at, v if self.chunk else v[:, :, 0])
+        first = self.step_first if self.chunk else 0
+        rows = slice(first, first + self.step_rows)
+        return self.keys[layer, rows, :, : self.window], self.values[layer, rows, :, : self.window]
 
     def advance(self) -> None:
         """Account for a decode step that added one token to every running row."""
@@ -133,10 +174,11 @@ class SlotKV:
     def length(self, row: int) -> int:
         return self.lengths[row]
 
-    def row(self, i: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Row ``i``'s keys and values, per layer ``[H, tokens, D]`` (copies)."""
+    def row(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Row ``i``'s keys and values ``[layers, H, tokens, D]`` (copies: one kernel each; indexed
+        by layer, they read as the per-layer lists the prefix cache holds)."""
         n = self.lengths[i]
-        return ([k.clone() for k in self.keys[:, i, :, :n]], [v.clone() for v in self.values[:, i, :, :n]])
+        return self.keys[:, i, :, :n].clone(), self.values[:, i, :, :n].clone()
 
     # -- buffers -------------------------------------------------------------------------------
     def _allocate(self, layers: int, heads: int, dim: int, dtype: torch.dtype, columns: int) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections import Counter
 
 import pytest
 import torch
@@ -186,3 +187,76 @@ def test_the_gpu_forms_launch_fewer_kernels_per_layer():
     gpu = {mode: per_layer(True, mode) for mode in ("none", "one", "mixed")}
     assert gpu == {"none": 15, "one": 23, "mixed": 27}
     assert per_layer(False, "none") > gpu["none"]  # the CPU's forms: transformers' ops, one by one
+
+
+def test_the_fused_prefill_samples_what_transformers_prefill_samples(monkeypatch):
+    """The static path's prefill through the fused step (``SlotKV.open``, then the prompts' rests
+    in chunks) against transformers' forward on the same engine. Chunks of 5 tokens here, so rests
+    span several passes and rows end in different ones; the second round's prompts extend the
+    first's, so their prefixes come from the prefix cache; mixed adapters throughout."""
+    import orchestrator.engines.hf as hf
+
+    monkeypatch.setattr(hf, "_PREFILL_CHUNK", 5)
+    outs, passes, reqs, again_reqs = {}, {}, _requests(12, (None, "alpha", "beta")), None
+    for fused in (False, True):
+        engine = tiny_engine(static=True, max_batch=6, max_prefill=4, fused_prefill=fused)
+        for seed, name in enumerate(("alpha", "beta"), 1):
+            engine.add_adapter(name)
+            randomize(engine, name, seed)
+        first = _generate(engine, reqs)
+        again_reqs = again_reqs or [GenerationRequest(r.prompt_ids + tuple(o.token_ids) + (7, 8), r.sampling, r.adapter)
+                                    for r, o in zip(reqs, first)]
+        again = _generate(engine, again_reqs)
+        outs[fused] = [(o.token_ids, o.logprobs) for o in first + again]
+        passes[fused] = engine.stats.prefill_passes
+        assert engine.stats.prefix_hit_tokens > 0
+        asyncio.run(engine.aclose())
+    assert_same_draws(outs[True], outs[False])
+    assert passes[True] > passes[False] > 0  # 5-token chunks: a long rest takes several passes
+
+
+def _layered_engine(layers: int, **options):
+    """The tiny model's shape with ``layers`` decoder layers (random bf16 weights), on the static path."""
+    import copy
+
+    from transformers import LlamaForCausalLM
+
+    from orchestrator.engines.hf import HFEngine
+    from orchestrator.models import LoadedModel, load_model
+
+    tiny = load_model("tiny")
+    config = copy.deepcopy(tiny.model.config)
+    config.num_hidden_layers = layers
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    return HFEngine(LoadedModel(model, tiny.tokenizer, "tiny", torch.bfloat16), static=True, cpu=NO_ONEDNN, **options)
+
+
+def test_the_fused_prefill_launches_far_fewer_kernels_per_layer():
+    """A multi-turn episode's next turn: a prefix from the prefix cache and a short rest, four rows
+    with mixed adapters, in bf16 with the GPU's forms. What one admission launches per decoder
+    layer (``graphs.count_kernels``, 3 layers less 1): through transformers' forward the prefix is
+    rebuilt layer by layer as a left-padded cache and each layer runs transformers' ops; the fused
+    step copies each row's prefix into its slot once, for all layers, and each layer runs a decode
+    step's kernels: 80 kernels a layer against 31 here. On SmolLM2's 30 layers a whole admission
+    of 8 rows counted 2,774 kernels against 1,030 (docs/gpu.md)."""
+    per_layer = {}
+    for fused in (False, True):
+        counts = []
+        for layers in (3, 1):
+            engine = _layered_engine(layers, max_batch=8, max_prefill=8, fused_prefill=fused)
+            engine._fused.gpu = True
+            engine.add_adapter("alpha")
+            randomize(engine, "alpha", 1)
+            reqs = [GenerationRequest(tuple(range(5, 45)) + (50 + i,), SamplingParams(temperature=1.0, max_tokens=6, seed=i),
+                                      (None, "alpha")[i % 2]) for i in range(4)]
+            first = _generate(engine, reqs)
+            prefill, counted = engine._prefill, Counter()
+            engine._prefill = lambda seqs, prefill=prefill, counted=counted: counted.update(count_kernels(lambda: prefill(seqs)))
+            _generate(engine, [GenerationRequest(r.prompt_ids + tuple(o.token_ids) + (7, 8, 9, 10), r.sampling, r.adapter)
+                               for r, o in zip(reqs, first)])
+            assert engine.stats.prefix_hit_tokens >= 4 * 32
+            counts.append(sum(counted.values()))
+            asyncio.run(engine.aclose())
+        per_layer[fused] = (counts[0] - counts[1]) / 2
+    assert per_layer[True] < 0.5 * per_layer[False], per_layer
