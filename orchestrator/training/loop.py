@@ -195,7 +195,7 @@ class TrainingRun:
             return {}
         now = stats.as_dict()
         last, self._engine_seen = self._engine_seen, now
-        keys = ("prefill_tokens", "prefix_hit_tokens", "decode_tokens", "prefill_s", "decode_s")
+        keys = ("prefill_passes", "prefill_tokens", "prefix_hit_tokens", "decode_tokens", "prefill_s", "decode_s")
         return {f"engine/{k}": round(now[k] - last.get(k, 0), 3) for k in keys}
 
     def _write_credit(self, step: int, groups, rewards, advantages, extra: list[list[TurnAdvantages]] | None,

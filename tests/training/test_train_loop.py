@@ -38,7 +38,7 @@ def test_train_writes_metrics_checkpoints_and_refreshes_the_sampler(tmp_path):
     assert "judge/version" not in step1  # not trainable
     for r, step in ((step1, 1), (step2, 2)):  # what the engine did for the step's rollout
         generated = json.loads((run / "rollouts" / f"step-{step:06d}" / "summary.json").read_text())["generated_tokens"]
-        assert r["engine/prefill_tokens"] > 0 and r["engine/prefill_s"] > 0
+        assert r["engine/prefill_tokens"] > 0 and r["engine/prefill_s"] > 0 and r["engine/prefill_passes"] > 0
         assert 0 < r["engine/decode_tokens"] <= generated  # a reply's first token comes from its prefill
     assert (run / "checkpoints" / "latest").read_text() == "step-000002"
     assert sorted(p.name for p in (run / "checkpoints").glob("step-*")) == ["step-000001", "step-000002"]
