@@ -36,7 +36,9 @@ On a GPU (``--device cuda``) the sides are the GPU's own (``gpu_main``):
   - generate: the same prompts as one batch through ``model.generate``, and through
     ``model.generate(cache_implementation="static")`` (transformers compiles its decode step:
     its best; the compile happens in an untimed first call), both with ``min_new_tokens`` =
-    ``max_new_tokens`` so every row generates the full budget.
+    ``max_new_tokens`` so every row generates the full budget;
+  - next turns (``next_turns``): multi-turn admissions, a short rest after a cached prefix, with
+    the static path's prefill through its fused step and through transformers' forward.
 ``--random-weights``: the model's shape with random weights (``--model`` a dir with its config
 and tokenizer): they rarely sample EOS, so the engine's rows run their full budget too, and
 generated tokens are counted on every side.
@@ -180,6 +182,30 @@ def step_kernels(engine: HFEngine, rows: int, window: int) -> dict[str, int]:
                 for mode in ("none", "one", "mixed")}
 
 
+async def next_turns(engine: HFEngine, ps, rounds: int) -> dict[str, float]:
+    """A multi-turn episode's next turn is a short rest after a prompt the prefix cache holds: ms
+    per admission of such turns (``max_tokens`` 1: the prefill and its first token), ``len(ps)``
+    rows at once and one row at a time, with the static path's prefill through the fused step and
+    through transformers' forward, alternating. Each round first runs the conversations' opening
+    turns (8 new tokens each), then times their next turns: the reply and 9 new tokens."""
+    timed: dict[str, list[float]] = {}
+    for r in range(rounds):
+        for fused in (True, False) if r % 2 == 0 else (False, True):
+            engine.fused_prefill = fused
+            side = "fused" if fused else "transformers"
+            opening = await asyncio.gather(*(engine.generate(GenerationRequest(p, SamplingParams(max_tokens=8, seed=i)))
+                                             for i, p in enumerate(ps)))
+            turns = [GenerationRequest(p + tuple(o.token_ids) + tuple(range(1000 + 16 * r, 1009 + 16 * r)),
+                                       SamplingParams(max_tokens=1, seed=i)) for i, (p, o) in enumerate(zip(ps, opening))]
+            t0 = time.perf_counter()
+            await asyncio.gather(*(engine.generate(t) for t in turns[1:]))
+            timed.setdefault(f"{side}_{len(ps) - 1}_rows", []).append(1e3 * (time.perf_counter() - t0))
+            t0 = time.perf_counter()
+            await engine.generate(turns[0])
+            timed.setdefault(f"{side}_1_row", []).append(1e3 * (time.perf_counter() - t0))
+    return {k: round(sorted(v)[len(v) // 2], 2) for k, v in timed.items()}
+
+
 def gpu_main(args, loaded, plain) -> None:
     engine, ps, names = engine_with_adapters(loaded, args.requests)
     compute = compute_thread()
@@ -216,9 +242,13 @@ def gpu_main(args, loaded, plain) -> None:
         except Exception as exc:
             kernels["error"] = f"{type(exc).__name__}: {exc}"
         await engine.aclose()
+        multi_turn = HFEngine(loaded, max_batch=args.requests)  # with a prefix cache, unlike the engine above
+        turns.update(await next_turns(multi_turn, ps[:33], 4))
+        await multi_turn.aclose()
 
     stats: dict = {}
     kernels: dict = {}
+    turns: dict = {}
     asyncio.run(measure())
     rate = {k: t / s for k, (t, s) in totals.items()}
     # one step's GPU time, per captured shape of the full bucket: what the host adds is the rest of a step
@@ -237,6 +267,9 @@ def gpu_main(args, loaded, plain) -> None:
         "mixed_adapter_ratio": round(rate["mixed"] / rate["one"], 3),
         "graphs_vs_eager": round(rate["engine"] / rate["eager"], 3),
         "static_generate_vs_generate": round(rate["static_generate"] / rate["generate"], 3),
+        "next_turn_ms": turns,
+        "next_turn_fused_vs_transformers": {rows: round(turns[f"transformers_{rows}"] / turns[f"fused_{rows}"], 3)
+                                            for rows in (f"{len(ps[:33]) - 1}_rows", "1_row")},
     }))
 
 
