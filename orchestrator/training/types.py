@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 
 
@@ -38,6 +39,9 @@ class GrammarSpan:
     spelled: bool = False  # the sampler also cut the masks to the tokenizer's spellings (grammar/spelling.py)
 
 
+_NUMPY = {torch.float32: np.float32, torch.long: np.int64}
+
+
 @dataclass
 class Datum:
     """One sequence. ``loss_fn_inputs`` are aligned with ``model_input`` position by position:
@@ -56,7 +60,12 @@ class Datum:
 
     def tensor(self, key: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         value = self.loss_fn_inputs[key]
-        t = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+        if isinstance(value, torch.Tensor):
+            t = value
+        elif dtype in _NUMPY:  # through numpy: a third of torch.as_tensor's time for a list of numbers
+            t = torch.from_numpy(np.asarray(value, dtype=_NUMPY[dtype]))
+        else:
+            t = torch.as_tensor(value)
         if t.shape != (self.model_input.length,):
             raise ValueError(f"loss_fn_inputs[{key!r}] has shape {tuple(t.shape)}; expected ({self.model_input.length},)")
         return t.to(dtype)
