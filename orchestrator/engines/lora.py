@@ -189,15 +189,17 @@ class MultiLoRA:
         unknown = sorted(set(pairs) - set(self.linears))
         if unknown:
             raise KeyError(f"adapter {name!r} targets modules the model does not have: {unknown[:3]}")
-        weights = {}
         for module, p in pairs.items():
             if "lora_A" not in p or "lora_B" not in p:
                 raise KeyError(f"adapter {name!r}: module {module} lacks lora_A or lora_B")
-            if not p["lora_B"].any():  # B = 0 (a fresh adapter): its delta is zero, skip the matmuls
-                continue
-            b = p["lora_B"].float() * scale
-            weights[module] = _Weights(a=p["lora_A"].to(self.device, self.dtype), b=b.to(self.device, self.dtype))
-        self.adapters[name] = weights
+        # B = 0 (a fresh adapter): its delta is zero, skip the matmuls
+        live = [m for m, p in pairs.items() if p["lora_B"].any()]
+        parts = [t for m in live for t in (pairs[m]["lora_A"].float(), pairs[m]["lora_B"].float() * scale)]
+        # all of them in one copy to the device (a copy each waited for the GPU: 420 for SmolLM2)
+        flat = upload(torch.cat([t.reshape(-1) for t in parts]), self.device).to(self.dtype) if parts else None
+        pieces = iter(flat.split([t.numel() for t in parts])) if parts else iter(())
+        self.adapters[name] = {m: _Weights(a=next(pieces).view(pairs[m]["lora_A"].shape),
+                                           b=next(pieces).view(pairs[m]["lora_B"].shape)) for m in live}
         self._changed()
 
     def load(self, name: str, path: str | Path) -> None:
