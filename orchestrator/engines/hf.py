@@ -131,10 +131,12 @@ class HFEngine(TokenizerMethods):
     def __init__(self, loaded: LoadedModel, max_batch: int | None = None, max_prefill: int | None = None,
                  prefix_cache_tokens: int = 16384, fused_decode: bool = True, cpu: CpuFeatures | None = None,
                  static: bool | None = None, cuda_graphs: bool = True, share_prefixes: bool = True,
-                 fused_prefill: bool = True):
+                 fused_prefill: bool = True, pass_tokens: int | None = None):
         """``max_batch`` rows decode together (default 64 on the CPU, 256 on a GPU), ``max_prefill``
         newcomers prefill together (default 16 on the CPU, all that fit on a GPU), their common
-        prefixes computed once with ``share_prefixes`` (needs the prefix cache). ``static``: the
+        prefixes computed once with ``share_prefixes`` (needs the prefix cache) in a pass of their
+        own where that saves more than ``pass_tokens`` tokens of prefill (a pass's fixed cost:
+        default 0 on the CPU, 4,096 on a GPU, where a pass costs its launches). ``static``: the
         static path (default: on a GPU, for Llama-shaped models), with its steps replayed from CUDA
         graphs unless ``cuda_graphs`` is False (or on the CPU, where it runs eagerly: for tests),
         and its newcomers prefilled by the fused step unless ``fused_prefill`` is False
@@ -177,6 +179,7 @@ class HFEngine(TokenizerMethods):
         # KV of finished sequences, reused by prompts that start the same way (0 turns it off)
         self._prefix = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens > 0 else None
         self.share_prefixes = share_prefixes
+        self.pass_tokens = (4096 if gpu else 0) if pass_tokens is None else pass_tokens
 
     # -- the Engine interface ------------------------------------------------------------------
     async def generate(self, request: GenerationRequest) -> Completion:
@@ -503,6 +506,11 @@ class HFEngine(TokenizerMethods):
         for s in seqs:
             by_key.setdefault(s.cache_key, []).append(list(s.request.prompt_ids))
         todo = [(key, tokens) for key, prompts in by_key.items() for tokens in shared_prefixes(prompts)]
+        # what sharing saves: each row's longest shared opening, computed once instead of per row
+        saved = sum(max((len(t) for k, t in todo if k == s.cache_key and list(s.request.prompt_ids[:len(t)]) == t),
+                        default=0) for s in seqs) - sum(len(t) for _, t in todo)
+        if saved <= self.pass_tokens:
+            return
         while todo:
             level = [(k, t) for k, t in todo
                      if not any(k2 == k and len(t2) < len(t) and t[:len(t2)] == t2 for k2, t2 in todo)]

@@ -147,6 +147,24 @@ def generate_together(engine, rows):
     return asyncio.run(go())
 
 
+def test_an_opening_gets_a_pass_of_its_own_only_where_that_saves_more_than_a_pass(loaded):
+    """``pass_tokens``: a pass's fixed cost in tokens (4,096 on a GPU, where a pass costs its
+    launches). Two rows sharing an opening save its length once: at a cost above that, the rows
+    prefill in full, in one pass, and sample what they would with the opening shared."""
+    outs = {}
+    for cost in (0, 10_000):
+        engine = HFEngine(loaded, pass_tokens=cost)
+        rows = [(prompt(engine, 0), None), (prompt(engine, 0) + (5, 6), None)]
+        try:
+            outs[cost] = generate_together(engine, rows)
+            saved = len(rows[0][0]) - 1
+            assert engine.stats.prefix_hit_tokens == (2 * saved if cost == 0 else 0)
+            assert engine.stats.prefill_passes == (2 if cost == 0 else 1)
+        finally:
+            close(engine)
+    assert_same_outputs(outs[0], outs[10_000])
+
+
 def test_an_adapter_update_drops_its_cached_prefixes(loaded):
     engine = HFEngine(loaded)
     try:
