@@ -179,7 +179,7 @@ class FusedDecoder:
         """Logits [rows, vocab] for ``ids`` [rows], each row's next token; writes its K/V to ``kv``.
 
         ``ids`` [rows, width] with ``positions`` [rows, width] is a prefill chunk (static path
-        only: ``SlotKV.step_width``): each token attends to its row's columns before it, and the
+        only: ``SlotKV.chunk``): each token attends to its row's columns before it, and the
         logits come back for one token per row, at flat index ``last`` [rows] (row * width + its
         last real token; the tokens after it are padding, whose keys land past the row's end and
         are never read). The caller routes adapters (``lora.route``; for the static path's

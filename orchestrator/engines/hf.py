@@ -445,9 +445,9 @@ class HFEngine(TokenizerMethods):
         in (``SlotKV.open``), and the rests of their prompts go through the fused step, all rows
         together, ``_PREFILL_CHUNK`` tokens a row at most per pass (shorter rests padded). A
         multi-turn episode's next turn is a short rest after a long cached prefix: through
-        transformers' forward its pass launched about 2,500 kernels on SmolLM2, with the prefix
-        rebuilt layer by layer as a left-padded cache; here it launches what a decode step does
-        (``benchmarks/rollout.py`` counts both)."""
+        transformers' forward, 8 such rows launched 2,774 kernels on SmolLM2's shape, the prefixes
+        rebuilt layer by layer as a left-padded cache; here 1,030, about a decode step's
+        (tests/engines/test_static.py counts both; ``benchmarks/rollout.py --device cuda`` times them)."""
         kv, fused = self._kv, self._fused
         if fused is None:
             raise RuntimeError("the static path needs the fused decode step")
