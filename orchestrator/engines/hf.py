@@ -54,6 +54,9 @@ log = structlog.get_logger()
 # Prompt tokens a row feeds per prefill pass on the static path: bounds a pass's attention scores
 # ([rows, heads, chunk, columns]); a longer rest takes more passes.
 _PREFILL_CHUNK = 512
+# Rests this short (a multi-turn episode's next turn) prefill in a step over every slot, replayed
+# from a CUDA graph per width bucket (8, 16, 32, 64 tokens): ``HFEngine._prefill_in_step``.
+_STEP_PREFILL = 64
 
 BASE = "__base__"
 
@@ -174,6 +177,11 @@ class HFEngine(TokenizerMethods):
             self._slots = SlotLoRA(self.lora, self.max_batch)
             self._ids = torch.zeros(self.max_batch, dtype=torch.long, device=self.device)  # the step's input
             self._graphs = StepGraphs(self._static_forward, self.device) if gpu else None
+            # short rests prefill in a step over every slot, its inputs in buffers that never move
+            self.step_prefill = gpu  # (the CPU runs it eagerly where a test asks)
+            self._chunk_ids = torch.zeros(self.max_batch, _STEP_PREFILL, dtype=torch.long, device=self.device)
+            self._chunk_last = torch.zeros(self.max_batch, dtype=torch.long, device=self.device)
+            self._chunk_graphs = StepGraphs(self._chunk_forward, self.device) if gpu else None
         self._warned: set[str] = set()
         self.stats = EngineStats()
         # KV of finished sequences, reused by prompts that start the same way (0 turns it off)
@@ -233,6 +241,7 @@ class HFEngine(TokenizerMethods):
             self.__dict__.pop("_fused", None)
             if self.cuda_graphs:  # captured graphs replay the old step's weights
                 self._graphs = StepGraphs(self._static_forward, self.device)
+                self._chunk_graphs = StepGraphs(self._chunk_forward, self.device)
 
     @property
     def context_length(self) -> int | None:
@@ -442,8 +451,9 @@ class HFEngine(TokenizerMethods):
 
     def _prefill_slots(self, seqs: list[_Seq], hits: list[tuple[int, Any]]) -> None:
         """The static path's prefill: newcomers take fresh slots with their cached prefixes copied
-        in (``SlotKV.open``), and the rests of their prompts go through the fused step, all rows
-        together, ``_PREFILL_CHUNK`` tokens a row at most per pass (shorter rests padded). A
+        in (``SlotKV.open``), and the rests of their prompts go through the fused step: rests of
+        up to ``_STEP_PREFILL`` tokens in a step over every slot that replays from a CUDA graph
+        (``_prefill_in_step``), longer ones in chunks over the new rows (``_prefill_chunks``). A
         multi-turn episode's next turn is a short rest after a long cached prefix: through
         transformers' forward, 8 such rows launched 2,774 kernels on SmolLM2's shape, the prefixes
         rebuilt layer by layer as a left-padded cache; here 1,030, about a decode step's
@@ -454,7 +464,19 @@ class HFEngine(TokenizerMethods):
         self._slots.sync()
         first = kv.open(hits, (len(fused.layers), fused.kv_heads, fused.head_dim, self.model.dtype))
         rests = [list(s.request.prompt_ids[n:]) for s, (n, _) in zip(seqs, hits)]
-        adapters, rows, pad = [s.adapter_key for s in seqs], len(seqs), self.tokenizer.pad_token_id or 0
+        adapters = [s.adapter_key for s in seqs]
+        if self.step_prefill and max(map(len, rests)) <= _STEP_PREFILL:
+            logits = self._prefill_in_step(first, rests, [s.adapter_key for s in self._active] + adapters)
+        else:
+            logits = self._prefill_chunks(first, rests, adapters)
+        self._active += seqs
+        self._take(seqs, logits)
+        self.stats.prefill_tokens += sum(map(len, rests))
+
+    def _prefill_chunks(self, first: int, rests: list[list[int]], adapters: list[str]) -> torch.Tensor:
+        """Rows ``first`` onward feed their ``rests``, all together, ``_PREFILL_CHUNK`` tokens a row
+        per pass at most (shorter rests padded): the logits of each row's last token."""
+        kv, fused, rows, pad = self._kv, self._fused, len(rests), self.tokenizer.pad_token_id or 0
         self._slots.route(adapters, rows)
         mode = self._slots.mode(adapters)
         picked: list[torch.Tensor | None] = [None] * rows  # each row's logits, from the pass with its last token
@@ -476,9 +498,48 @@ class HFEngine(TokenizerMethods):
                 self.stats.prefill_passes += 1
         finally:
             kv.chunk = False
-        self._active += seqs
-        self._take(seqs, torch.stack(picked))
-        self.stats.prefill_tokens += sum(map(len, rests))
+        return torch.stack(picked)
+
+    def _prefill_in_step(self, first: int, rests: list[list[int]], adapters: list[str]) -> torch.Tensor:
+        """Short rests as one chunk over every slot's bucket, like a decode step, so that it replays
+        from a CUDA graph (per rows bucket, width bucket, window and adapter mode): rows ``first``
+        onward feed their rests; the running rows and idle slots feed padding, whose keys land
+        past their ends (a running row's next column is written again by its next step) and are
+        never read. ``adapters``: every row's. The logits of each new row's last token."""
+        kv, pad = self._kv, self.tokenizer.pad_token_id or 0
+        width = max(8, 1 << (max(map(len, rests)) - 1).bit_length())
+        bucket = rows_bucket(kv.rows, kv.slots)
+        self._slots.route(adapters, bucket)
+        mode = self._slots.mode(adapters)
+        ids = torch.full((bucket, width), pad, dtype=torch.long)
+        last = torch.arange(bucket) * width
+        for i, rest in enumerate(rests):
+            ids[first + i, :len(rest)] = torch.tensor(rest)
+            last[first + i] += len(rest) - 1
+        self._chunk_ids[:bucket, :width].copy_(upload(ids, self.device))
+        self._chunk_last[:bucket].copy_(upload(last, self.device))
+        kv.chunk, kv.step_width = True, width
+        try:
+            kv.reserve()  # before the window: it may grow the columns (never inside a capture)
+            shape = (bucket, width, window_bucket(max(kv.lengths) + width, kv.columns), mode)
+            if self.cuda_graphs:
+                logits = self._chunk_graphs(shape, (kv.generation, self._slots.generation))
+            else:
+                logits = self._chunk_forward(*shape)
+        finally:
+            kv.chunk = False
+        kv.fed(first, [len(r) for r in rests])
+        self.stats.prefill_passes += 1
+        return logits[first:first + len(rests)]
+
+    def _chunk_forward(self, rows: int, width: int, window: int, lora: str) -> torch.Tensor:
+        """A prefill chunk of ``width`` tokens over slots ``[0, rows)``, read from the chunk's
+        buffers: what a CUDA graph of ``_prefill_in_step`` records."""
+        kv = self._kv
+        kv.chunk, kv.step_first, kv.step_rows, kv.step_width, kv.window = True, 0, rows, width, window
+        positions = kv.lens[:rows, None] + torch.arange(width, device=self.device)
+        return self._fused(self._chunk_ids[:rows, :width], kv, positions, NO_LORA if lora == "none" else self._slots,
+                           lora, self._chunk_last[:rows])
 
     def _forward_rests(self, prompts: list, adapters: list[str], hits: list[tuple[int, Any]]):
         """One forward over each prompt's rest after its cached prefix, both parts left-padded:

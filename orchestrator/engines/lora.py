@@ -290,8 +290,8 @@ class SlotLoRA:
             self._masks = {}
             return
         mask = (self._columns[None, :] == self.rows[:rows, None]).to(self.lora.dtype)
-        if per_row > 1:  # a prefill chunk: each token of a row takes the row's mask
-            mask = mask.repeat_interleave(per_row, dim=0)
+        if per_row > 1:  # a prefill chunk: each token of a row takes the row's mask (one copy, no host read)
+            mask = mask[:, None].expand(rows, per_row, mask.shape[1]).reshape(rows * per_row, mask.shape[1])
         widths = {t.shape[1] for t in self.a_t.values()}
         self._masks = {w: mask if w == mask.shape[1] else mask.repeat(1, w // mask.shape[1]) for w in widths}
 

@@ -215,6 +215,29 @@ def test_the_fused_prefill_samples_what_transformers_prefill_samples(monkeypatch
     assert passes[True] > passes[False] > 0  # 5-token chunks: a long rest takes several passes
 
 
+def test_a_prefill_over_every_slot_samples_what_a_prefill_of_the_new_rows_samples():
+    """Short rests (next turns) prefill in a chunk over every slot's bucket, the shape a GPU replays
+    from a graph (``HFEngine._prefill_in_step``, run eagerly here): running rows and idle slots feed
+    padding, whose keys land past their ends. Rows join while others run (6 slots, 18 requests
+    of unequal budgets), the second round's prompts extend the first's (prefix-cache hits), and
+    adapters are mixed: every request samples what it samples when only the new rows go through."""
+    outs, passes, reqs, again_reqs = {}, {}, _requests(18, (None, "alpha", "beta")), None
+    for in_step in (False, True):
+        engine = tiny_engine(static=True, max_batch=6, max_prefill=4)
+        engine.step_prefill = in_step
+        for seed, name in enumerate(("alpha", "beta"), 1):
+            engine.add_adapter(name)
+            randomize(engine, name, seed)
+        first = _generate(engine, reqs)
+        again_reqs = again_reqs or [GenerationRequest(r.prompt_ids + tuple(o.token_ids) + (7, 8), r.sampling, r.adapter)
+                                    for r, o in zip(reqs, first)]
+        again = _generate(engine, again_reqs)
+        outs[in_step] = [(o.token_ids, o.logprobs) for o in first + again]
+        assert engine.stats.prefix_hit_tokens > 0
+        asyncio.run(engine.aclose())
+    assert_same_draws(outs[True], outs[False])
+
+
 def _layered_engine(layers: int, **options):
     """The tiny model's shape with ``layers`` decoder layers (random bf16 weights), on the static path."""
     import copy
