@@ -46,11 +46,13 @@ def test_the_engine_places_everything_on_the_gpu():
     outs = generate(engine, requests(8))
     assert [len(o.token_ids) for o in outs] == [16] * 8
     assert engine._kv.keys.is_cuda and engine._graphs.captured >= 1
+    assert engine._chunk_graphs.captured >= 1  # the prompts' prefill, replayed from a graph too
 
 
 def test_graph_replayed_and_eager_steps_sample_the_same_tokens():
     """Mixed adapters, rows joining and leaving (max_batch 6 < 20 requests, unequal budgets), and
-    an adapter update between rounds: its weights are copied into the captured stacks in place."""
+    an adapter update between rounds: its weights are copied into the captured stacks in place.
+    The newcomers' prefill (short prompts: a chunk over every slot) is replayed from graphs too."""
     outs = {}
     for graphs in (True, False):
         engine = tiny_engine(device=CUDA, max_batch=6, cuda_graphs=graphs)
