@@ -522,9 +522,14 @@ class HFEngine(TokenizerMethods):
         try:
             kv.reserve()  # before the window: it may grow the columns (never inside a capture)
             shape = (bucket, width, window_bucket(max(kv.lengths) + width, kv.columns), mode)
-            if self.cuda_graphs:
-                logits = self._chunk_graphs(shape, (kv.generation, self._slots.generation))
-            else:
+            logits = None
+            if self.cuda_graphs and self._chunk_graphs is not None:
+                try:
+                    logits = self._chunk_graphs(shape, (kv.generation, self._slots.generation))
+                except RuntimeError as exc:  # a capture the GPU refused: the prefill still runs, eagerly from now on
+                    log.warning("engine.prefill_graphs_off", error=" ".join(str(exc).split())[:300])
+                    self._chunk_graphs = None
+            if logits is None:
                 logits = self._chunk_forward(*shape)
         finally:
             kv.chunk = False

@@ -238,6 +238,33 @@ def test_a_prefill_over_every_slot_samples_what_a_prefill_of_the_new_rows_sample
     assert_same_draws(outs[True], outs[False])
 
 
+def test_a_prefill_graph_the_gpu_refuses_leaves_the_prefill_eager():
+    """Should capturing a prefill chunk fail, the engine logs it once and prefills eagerly from
+    then on, the requests unharmed (decode graphs stand in as eager steps here: no CUDA)."""
+    class Refused:
+        calls = 0
+
+        def __call__(self, shape, generation):
+            Refused.calls += 1
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    reqs = _requests(8, (None, "alpha"))
+    outs = {}
+    for graphs in (False, True):
+        engine = tiny_engine(static=True, max_batch=6, max_prefill=4)
+        engine.add_adapter("alpha")
+        randomize(engine, "alpha", 1)
+        engine.step_prefill = True
+        if graphs:
+            engine.cuda_graphs = True
+            engine._graphs = lambda shape, generation, engine=engine: engine._static_forward(*shape)
+            engine._chunk_graphs = Refused()
+        outs[graphs] = [(o.token_ids, o.logprobs) for o in _generate(engine, reqs)]
+        asyncio.run(engine.aclose())
+    assert Refused.calls == 1 and engine._chunk_graphs is None
+    assert outs[True] == outs[False]
+
+
 def _layered_engine(layers: int, **options):
     """The tiny model's shape with ``layers`` decoder layers (random bf16 weights), on the static path."""
     import copy
