@@ -197,22 +197,29 @@ def test_the_fused_prefill_samples_what_transformers_prefill_samples(monkeypatch
     import orchestrator.engines.hf as hf
 
     monkeypatch.setattr(hf, "_PREFILL_CHUNK", 5)
-    outs, passes, reqs, again_reqs = {}, {}, _requests(12, (None, "alpha", "beta")), None
+    outs, passes, again = {}, {}, None
     for fused in (False, True):
         engine = tiny_engine(static=True, max_batch=6, max_prefill=4, fused_prefill=fused)
-        for seed, name in enumerate(("alpha", "beta"), 1):
-            engine.add_adapter(name)
-            randomize(engine, name, seed)
-        first = _generate(engine, reqs)
-        again_reqs = again_reqs or [GenerationRequest(r.prompt_ids + tuple(o.token_ids) + (7, 8), r.sampling, r.adapter)
-                                    for r, o in zip(reqs, first)]
-        again = _generate(engine, again_reqs)
-        outs[fused] = [(o.token_ids, o.logprobs) for o in first + again]
+        outs[fused], again = _two_rounds(engine, _requests(12, (None, "alpha", "beta")), again)
         passes[fused] = engine.stats.prefill_passes
-        assert engine.stats.prefix_hit_tokens > 0
-        asyncio.run(engine.aclose())
     assert_same_draws(outs[True], outs[False])
     assert passes[True] > passes[False] > 0  # 5-token chunks: a long rest takes several passes
+
+
+def _two_rounds(engine, reqs, again=None):
+    """Two adapters with random weights, ``reqs``, then ``again`` (default: prompts that extend the
+    first round's, so their prefixes come from the prefix cache). Returns every request's (tokens,
+    logprobs), and the second round's requests, for the next engine to run the same ones."""
+    for seed, name in enumerate(("alpha", "beta"), 1):
+        engine.add_adapter(name)
+        randomize(engine, name, seed)
+    first = _generate(engine, reqs)
+    again = again or [GenerationRequest(r.prompt_ids + tuple(o.token_ids) + (7, 8), r.sampling, r.adapter)
+                      for r, o in zip(reqs, first)]
+    outs = [(o.token_ids, o.logprobs) for o in first + _generate(engine, again)]
+    assert engine.stats.prefix_hit_tokens > 0
+    asyncio.run(engine.aclose())
+    return outs, again
 
 
 def test_a_prefill_over_every_slot_samples_what_a_prefill_of_the_new_rows_samples():
@@ -221,20 +228,11 @@ def test_a_prefill_over_every_slot_samples_what_a_prefill_of_the_new_rows_sample
     padding, whose keys land past their ends. Rows join while others run (6 slots, 18 requests
     of unequal budgets), the second round's prompts extend the first's (prefix-cache hits), and
     adapters are mixed: every request samples what it samples when only the new rows go through."""
-    outs, passes, reqs, again_reqs = {}, {}, _requests(18, (None, "alpha", "beta")), None
+    outs, again = {}, None
     for in_step in (False, True):
         engine = tiny_engine(static=True, max_batch=6, max_prefill=4)
         engine.step_prefill = in_step
-        for seed, name in enumerate(("alpha", "beta"), 1):
-            engine.add_adapter(name)
-            randomize(engine, name, seed)
-        first = _generate(engine, reqs)
-        again_reqs = again_reqs or [GenerationRequest(r.prompt_ids + tuple(o.token_ids) + (7, 8), r.sampling, r.adapter)
-                                    for r, o in zip(reqs, first)]
-        again = _generate(engine, again_reqs)
-        outs[in_step] = [(o.token_ids, o.logprobs) for o in first + again]
-        assert engine.stats.prefix_hit_tokens > 0
-        asyncio.run(engine.aclose())
+        outs[in_step], again = _two_rounds(engine, _requests(18, (None, "alpha", "beta")), again)
     assert_same_draws(outs[True], outs[False])
 
 
