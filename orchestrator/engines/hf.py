@@ -489,8 +489,7 @@ class HFEngine(TokenizerMethods):
                 kv.window = window_bucket(max(kv.lengths[first:]) + width, kv.columns)
                 ids = upload([p + [pad] * (width - len(p)) for p in parts], self.device)
                 last = upload([i * width + max(len(p), 1) - 1 for i, p in enumerate(parts)], self.device)
-                positions = kv.lens[first:first + rows, None] + torch.arange(width, device=self.device)
-                logits = fused(ids, kv, positions, NO_LORA if mode == "none" else self._slots, mode, last)
+                logits = fused(ids, kv, kv.positions(), NO_LORA if mode == "none" else self._slots, mode, last)
                 for i, r in enumerate(rests):
                     if start < len(r) <= start + _PREFILL_CHUNK:
                         picked[i] = logits[i]
@@ -542,8 +541,7 @@ class HFEngine(TokenizerMethods):
         buffers: what a CUDA graph of ``_prefill_in_step`` records."""
         kv = self._kv
         kv.chunk, kv.step_first, kv.step_rows, kv.step_width, kv.window = True, 0, rows, width, window
-        positions = kv.lens[:rows, None] + torch.arange(width, device=self.device)
-        return self._fused(self._chunk_ids[:rows, :width], kv, positions, NO_LORA if lora == "none" else self._slots,
+        return self._fused(self._chunk_ids[:rows, :width], kv, kv.positions(), NO_LORA if lora == "none" else self._slots,
                            lora, self._chunk_last[:rows])
 
     def _forward_rests(self, prompts: list, adapters: list[str], hits: list[tuple[int, Any]]):

@@ -194,12 +194,13 @@ class MultiLoRA:
                 raise KeyError(f"adapter {name!r}: module {module} lacks lora_A or lora_B")
         # B = 0 (a fresh adapter): its delta is zero, skip the matmuls
         live = [m for m, p in pairs.items() if p["lora_B"].any()]
-        parts = [t for m in live for t in (pairs[m]["lora_A"].float(), pairs[m]["lora_B"].float() * scale)]
-        # all of them in one copy to the device (a copy each waited for the GPU: 420 for SmolLM2)
-        flat = upload(torch.cat([t.reshape(-1) for t in parts]), self.device).to(self.dtype) if parts else None
-        pieces = iter(flat.split([t.numel() for t in parts])) if parts else iter(())
-        self.adapters[name] = {m: _Weights(a=next(pieces).view(pairs[m]["lora_A"].shape),
-                                           b=next(pieces).view(pairs[m]["lora_B"].shape)) for m in live}
+        weights = {}
+        if live:  # all of them in one copy to the device (a copy each waited for the GPU: 420 for SmolLM2)
+            parts = [t for m in live for t in (pairs[m]["lora_A"].float(), pairs[m]["lora_B"].float() * scale)]
+            flat = upload(torch.cat([t.reshape(-1) for t in parts]), self.device).to(self.dtype)
+            pieces = [piece.view(t.shape) for piece, t in zip(flat.split([t.numel() for t in parts]), parts)]
+            weights = {m: _Weights(a=pieces[2 * i], b=pieces[2 * i + 1]) for i, m in enumerate(live)}
+        self.adapters[name] = weights
         self._changed()
 
     def load(self, name: str, path: str | Path) -> None:

@@ -137,7 +137,10 @@ class SlotKV:
             self._grow(max(2 * self.columns, max(self.lengths) + width))
 
     def positions(self) -> torch.Tensor:
-        """Each stepped row's next position [step_rows, 1]: a view of ``lens``."""
+        """Each stepped row's next position [step_rows, 1]: a view of ``lens``; for a prefill
+        chunk, each of its tokens' [step_rows, step_width] (a token's position is its column)."""
+        if self.chunk:
+            return self.lens[self.step_first:self.step_first + self.step_rows, None] + self._columns[: self.step_width]
         return self.lens[: self.step_rows, None]
 
     def banned(self, kv_heads: int) -> torch.Tensor:
@@ -146,7 +149,7 @@ class SlotKV:
         [rows, width, window]: True where a token may not look (columns after its own)."""
         if self.chunk:
             rows = self._rows[self.step_first:self.step_first + self.step_rows]
-            at = self.lens[rows][:, None] + self._columns[: self.step_width]  # [rows, width]: each token's column
+            at = self.positions()  # [rows, width]: each token's column
             self._write_at = (rows[:, None, None], self._heads[None, :, None], at[:, None, :])
             return self._columns[None, None, : self.window] > at[:, :, None]
         lens = self.lens[: self.step_rows]
