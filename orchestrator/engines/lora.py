@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from ..upload import upload
+from ..upload import move_together, upload
 
 _STACKS_KEPT = 8  # stacked weights of recent adapter mixes (a mix is rebuilt when it comes back)
 
@@ -196,9 +196,8 @@ class MultiLoRA:
         live = [m for m, p in pairs.items() if p["lora_B"].any()]
         weights = {}
         if live:  # all of them in one copy to the device (a copy each waited for the GPU: 420 for SmolLM2)
-            parts = [t for m in live for t in (pairs[m]["lora_A"].float(), pairs[m]["lora_B"].float() * scale)]
-            flat = upload(torch.cat([t.reshape(-1) for t in parts]), self.device).to(self.dtype)
-            pieces = [piece.view(t.shape) for piece, t in zip(flat.split([t.numel() for t in parts]), parts)]
+            parts = [t for m in live for t in (pairs[m]["lora_A"], pairs[m]["lora_B"].float() * scale)]
+            pieces = move_together(parts, self.device, self.dtype)
             weights = {m: _Weights(a=pieces[2 * i], b=pieces[2 * i + 1]) for i, m in enumerate(live)}
         self.adapters[name] = weights
         self._changed()

@@ -40,7 +40,7 @@ from ..engines.lora import lora_scale
 from ..config import LOSS_CONFIGS
 from ..grammar.book import book_for
 from ..models import LoadedModel, bf16_native, load_model
-from ..upload import upload
+from ..upload import move_together, upload
 from .losses import LOSS_FNS, aggregate, k3_kl, token_logprobs
 from . import prefix_tree
 from .routing import lora_layers, routed
@@ -423,11 +423,9 @@ class TrainingClient:
     def adapter_state(self) -> dict[str, torch.Tensor]:
         """This adapter's weights in PEFT's saved format (keys without the adapter name)."""
         state = get_peft_model_state_dict(self.service.peft, adapter_name=self.name)
-        # one copy off a GPU for all of them (a copy a tensor waits for the device each time: 420
-        # for SmolLM2's seven projections), then a tensor each (safetensors refuses shared storage)
-        flat = torch.cat([v.detach().reshape(-1) for v in state.values()]).to("cpu", torch.float32)
-        parts = flat.split([v.numel() for v in state.values()])
-        return {k: part.view(v.shape).clone() for (k, v), part in zip(state.items(), parts)}
+        # one copy off a GPU for all of them, then a tensor each (safetensors refuses shared storage)
+        parts = move_together(list(state.values()), torch.device("cpu"), torch.float32)
+        return {k: part.clone() for k, part in zip(state, parts)}
 
     def _write_adapter(self, folder: Path) -> tuple[dict[str, torch.Tensor], dict]:
         """Write the adapter in PEFT's format; return what was written (weights, config)."""
