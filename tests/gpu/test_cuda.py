@@ -5,6 +5,7 @@ Run on the lent machine (../shared/DEVICE.md): ``python -m pytest -q -m gpu test
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -37,6 +38,25 @@ def generate(engine, reqs):
             await engine.aclose()
 
     return asyncio.run(go())
+
+
+@contextlib.contextmanager
+def waits_recorded(syncs: list, skip: str = "/nowhere/"):
+    """Runs its block under ``set_sync_debug_mode("warn")`` and appends to ``syncs`` where each wait
+    came from (the Python line that called into torch), except lines in files whose path contains
+    ``skip``. Only the waits' own warning counts: torch also warns, once a process, that the mode
+    is a prototype, and that warning names no wait."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:  # only the checked thread warns meanwhile
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            syncs.extend(f"{w.filename}:{w.lineno}: {w.message}" for w in caught
+                         if "called a synchronizing CUDA operation" in str(w.message) and skip not in w.filename)
 
 
 def test_the_engine_places_everything_on_the_gpu():
@@ -85,7 +105,6 @@ def test_a_steady_decode_step_never_waits_for_the_gpu(monkeypatch):
     synchronises), and the second round of the same requests captures none. Rows with top-p and
     a row under a JSON schema (its bitmask applied on the GPU) are among them."""
     import dataclasses
-    import warnings
 
     from orchestrator.engines.hf import HFEngine
     from orchestrator.messages import schema_json
@@ -102,18 +121,12 @@ def test_a_steady_decode_step_never_waits_for_the_gpu(monkeypatch):
     def checked(self, newcomers):
         if newcomers:
             return iterate(self, newcomers)
-        captured = self._graphs.captured
-        with warnings.catch_warnings(record=True) as caught:  # only this thread warns meanwhile
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                iterate(self, newcomers)
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
+        captured, waits = self._graphs.captured, []
+        with waits_recorded(waits):
+            iterate(self, newcomers)
         if self._graphs.captured == captured:
             checked_steps.append(len(self._active))
-            # where each came from: the Python line that called into torch
-            syncs.extend(f"{w.filename}:{w.lineno}: {w.message}" for w in caught if "synchroniz" in str(w.message))
+            syncs.extend(waits)
 
     monkeypatch.setattr(HFEngine, "_static_iteration", checked)
 
@@ -206,8 +219,6 @@ def test_a_training_pass_never_waits_for_the_gpu(monkeypatch):
     outside the passes checked here. One wait is transformers', not ours, and is left out: at the
     start of each forward its SDPA mask code reads whether the padding mask is all ones
     (``masking_utils._ignore_causal_mask_sdpa``)."""
-    import warnings
-
     service = ServiceClient(load_model("tiny", dtype="float32", seed=0), device=CUDA)
     clients = [service.create_lora_training_client(name, LoraConfig(rank=4)) for name in ("a", "b")]
     prompt = list(range(100, 140))
@@ -222,15 +233,8 @@ def test_a_training_pass_never_waits_for_the_gpu(monkeypatch):
     micro, syncs = ServiceClient._micro_batch, []
 
     def checked(self, jobs, part):
-        with warnings.catch_warnings(record=True) as caught:  # the service's thread is the only one working
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                return micro(self, jobs, part)
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-                syncs.extend(f"{w.filename}:{w.lineno}: {w.message}" for w in caught
-                             if "synchroniz" in str(w.message) and not w.filename.endswith("transformers/masking_utils.py"))
+        with waits_recorded(syncs, skip="transformers/masking_utils.py"):  # the service's thread alone works
+            return micro(self, jobs, part)
 
     try:
         service.forward_backward_many(calls).result()  # the first call's lazy set-up is not checked
