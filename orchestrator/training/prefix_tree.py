@@ -25,8 +25,10 @@ each pass (``route``), so one forward serves every adapter in it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Callable, Hashable, Sequence
 
+import numpy as np
 import torch
 from transformers.cache_utils import DynamicCache
 
@@ -218,14 +220,16 @@ def _forward(body, segs: list[Segment], rows: list[int], passes: list[_Pass], wh
 
     The paths' keys and values are left-padded and the segments right-padded, so a padding
     query still sees its row's tokens (a query that sees nothing gives NaN in some kernels)."""
-    width = max(len(segs[i].tokens) for i in rows)
-    cached = max(segs[i].start for i in rows)
-    ids, mask, positions = [], [], []
-    for i in rows:
-        s, n = segs[i], len(segs[i].tokens)
-        ids.append(s.tokens + [pad_id] * (width - n))
-        mask.append([0] * (cached - s.start) + [1] * (s.start + n) + [0] * (width - n))
-        positions.append(list(range(s.start, s.start + n)) + [0] * (width - n))
+    # Built in numpy, not Python lists: the host's time here comes before the pass's first kernel.
+    lengths = np.array([len(segs[i].tokens) for i in rows])
+    starts = np.array([segs[i].start for i in rows])
+    width, cached = int(lengths.max()), int(starts.max())
+    own = np.arange(width) < lengths[:, None]  # a row's own tokens, then right padding
+    ids = np.full(own.shape, pad_id, dtype=np.int64)
+    ids[own] = np.fromiter(chain.from_iterable(segs[i].tokens for i in rows), np.int64, int(lengths.sum()))
+    positions = np.where(own, starts[:, None] + np.arange(width), 0)
+    seen = np.arange(cached) >= (cached - starts)[:, None]  # its path's columns, left-padded
+    mask = np.concatenate([seen, own], axis=1).astype(np.int64)
     past = _past(segs, rows, passes, where, cached, device) if cached else None
     cache = kv_cache_name(body)
     # A pass of leaves only (every pass without shared prefixes) keeps no keys and values: its

@@ -4,8 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-import numpy as np
 import torch
+
+from ..upload import host_tensor
 
 
 @dataclass(frozen=True)
@@ -39,9 +40,6 @@ class GrammarSpan:
     spelled: bool = False  # the sampler also cut the masks to the tokenizer's spellings (grammar/spelling.py)
 
 
-_NUMPY = {torch.float32: np.float32, torch.long: np.int64}
-
-
 @dataclass
 class Datum:
     """One sequence. ``loss_fn_inputs`` are aligned with ``model_input`` position by position:
@@ -59,16 +57,10 @@ class Datum:
     grammar: tuple[GrammarSpan, ...] = ()
 
     def tensor(self, key: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        value = self.loss_fn_inputs[key]
-        if isinstance(value, torch.Tensor):
-            t = value
-        elif dtype in _NUMPY:  # through numpy: a third of torch.as_tensor's time for a list of numbers
-            t = torch.from_numpy(np.asarray(value, dtype=_NUMPY[dtype]))
-        else:
-            t = torch.as_tensor(value)
+        t = host_tensor(self.loss_fn_inputs[key], dtype)
         if t.shape != (self.model_input.length,):
             raise ValueError(f"loss_fn_inputs[{key!r}] has shape {tuple(t.shape)}; expected ({self.model_input.length},)")
-        return t.to(dtype)
+        return t
 
     def mask(self) -> torch.Tensor:
         key = "mask" if "mask" in self.loss_fn_inputs else "weights"

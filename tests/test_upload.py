@@ -1,0 +1,31 @@
+"""orchestrator/upload.py off CUDA: host_tensor gives what torch.tensor gives, only faster."""
+import numpy as np
+import pytest
+import torch
+from orchestrator.upload import host_tensor, upload
+
+
+@pytest.mark.parametrize("values", [[1, 2, 3], [[1, 2], [3, 4]], [0.5, -1.0], [[0.25], [2.0]], [True, False], [], [7]])
+def test_host_tensor_picks_torch_tensors_dtype_and_shape(values):
+    want, got = torch.tensor(values), host_tensor(values)
+    assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.int32, torch.bool, torch.bfloat16, torch.float16])
+def test_host_tensor_takes_the_dtype_asked_for(dtype):
+    values = [[0, 1, 2], [3, 0, 5]]
+    got = host_tensor(values, dtype)
+    assert got.dtype == dtype and torch.equal(got, torch.tensor(values, dtype=dtype))
+
+
+def test_tensors_and_arrays_pass_through():
+    t = torch.arange(4)
+    assert host_tensor(t) is t and host_tensor(t, torch.float32).dtype == torch.float32
+    a = np.arange(6, dtype=np.int64).reshape(2, 3)
+    assert torch.equal(host_tensor(a), torch.arange(6).reshape(2, 3))
+    assert upload(a, torch.device("cpu"), torch.float32).dtype == torch.float32
+
+
+def test_ragged_lists_are_refused():
+    with pytest.raises(ValueError):
+        host_tensor([[1, 2], [3]])
