@@ -129,7 +129,8 @@ def test_rollout_takes_random_weights_of_a_model_folder(tmp_path):
 def test_the_device_script_records_each_stage(tmp_path):
     """benchmarks/device/check.sh, the GPU checks prepared for a lent machine's few minutes
     (docs/gpu.md), dry-run on the CPU: the tests' summary and the learning run's curve reach
-    results.jsonl with their exit codes; an unknown stage is refused."""
+    results.jsonl with their exit codes, the held-out games by secret reach the log; an unknown
+    stage is refused."""
     from orchestrator.models import cache_dir
 
     work, carry, out = tmp_path / "work", tmp_path / "carry", tmp_path / "out"
@@ -150,3 +151,7 @@ def test_the_device_script_records_each_stage(tmp_path):
     assert learn["result"]["device"] == "cpu" and learn["result"]["steps"] == 2 and sorted(curve) == ["0", "2"]
     assert all(0 <= reward <= 1 and ci >= 0 for reward, ci, _ in curve.values()) and curve["2"][2] > curve["0"][2] == 0
     assert [json.loads(line)["kind"] for line in (out / "learn-metrics.jsonl").read_text().splitlines()].count("eval") == 2
+    games = next(json.loads(line)["games"] for line in (out / "log.txt").read_text().splitlines() if line.startswith('{"games"'))
+    assert sorted(games) == ["0", "2"] and all(by_secret and set(by_secret) <= {"3", "6", "11", "14"} for by_secret in games.values())
+    for found, played, common in (row for by_secret in games.values() for row in by_secret.values()):
+        assert 0 <= found <= played and sum(n for _, n in common) <= played and all(len(g.split()) <= 5 for g, _ in common)

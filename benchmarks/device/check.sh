@@ -72,13 +72,24 @@ learn() {  # the recipe as it is, evaluated every 10 steps; its curve as one JSO
   [ -f "$run/metrics.jsonl" ] || return $rc
   cp "$run/metrics.jsonl" "$OUT/learn-metrics.jsonl"
   $PY - "$run" "$DEVICE" <<'PY'
-import json, sys
+import collections, glob, json, sys
 rows = [json.loads(line) for line in open(f"{sys.argv[1]}/metrics.jsonl")]
 spent, minutes = 0.0, {0: 0.0}  # training minutes (steps' own seconds, evaluations left out) by step
 for r in rows:
     if r["kind"] == "train":
         spent += r["step_s"]
         minutes[r["step"]] = round(spent / 60, 2)
+games = {}  # each evaluation's held-out games by secret: how many found, and the commonest plays
+for path in sorted(glob.glob(f"{sys.argv[1]}/evals/step-*/transcripts.jsonl")):
+    by_secret = collections.defaultdict(list)
+    for line in open(path):
+        ep = json.loads(line)
+        guesses = [(t["content"] or {}).get("guess") for t in ep["turns"]]
+        by_secret[ep["task"]["secret"]].append((" ".join(map(str, guesses)), ep["task"]["secret"] in guesses))
+    games[int(path.split("step-")[1].split("/")[0])] = {
+        secret: [sum(found for _, found in played), len(played), collections.Counter(g for g, _ in played).most_common(2)]
+        for secret, played in sorted(by_secret.items())}
+print(json.dumps({"games": games}))  # in log.txt; the curve stays the last line
 print(json.dumps({"device": sys.argv[2], "held_out": {r["step"]: [round(r["eval_reward/guesser"], 3),
                   round(r["eval_ci95/guesser"], 3), minutes[r["step"]]] for r in rows if r["kind"] == "eval"},
                   "held_out_columns": ["reward", "ci95", "training_minutes"], "steps": len(minutes) - 1}))
