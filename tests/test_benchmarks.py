@@ -129,8 +129,8 @@ def test_rollout_takes_random_weights_of_a_model_folder(tmp_path):
 def test_the_device_script_records_each_stage(tmp_path):
     """benchmarks/device/check.sh, the GPU checks prepared for a lent machine's few minutes
     (docs/gpu.md), dry-run on the CPU: the tests' summary and the learning run's curve reach
-    results.jsonl with their exit codes, the held-out games by secret reach the log; an unknown
-    stage is refused."""
+    results.jsonl with their exit codes (two seeds' runs side by side), the held-out games by
+    secret reach the log; an unknown stage is refused."""
     from orchestrator.models import cache_dir
 
     work, carry, out = tmp_path / "work", tmp_path / "carry", tmp_path / "out"
@@ -139,19 +139,23 @@ def test_the_device_script_records_each_stage(tmp_path):
     (work / "rc").mkdir()
     (work / "rc" / "smollm2-135m").symlink_to(cache_dir())  # the tokenizer the tiny model uses
     env = {**os.environ, "PY": sys.executable, "DEVICE": "cpu", "WORK": str(work), "CARRY": str(carry), "OUT": str(out),
-           "OMP_NUM_THREADS": "1", "LEARN_S": "600", "LEARN_ARGS": "--model tiny --steps 2 --set group_size=2 --set groups_per_step=1 "
-                                                 "--set eval_episodes=2"}
+           "OMP_NUM_THREADS": "1", "LEARN_S": "600", "LEARN_SEEDS": "0 1",
+           "LEARN_ARGS": "--model tiny --steps 2 --set group_size=2 --set groups_per_step=1 --set eval_episodes=2"}
     proc = subprocess.run(["bash", str(ROOT / "benchmarks/device/check.sh"), "tests", "learn", "nonsense"], cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 2 and "unknown stage nonsense" in (out / "log.txt").read_text()
     tests, learn = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert tests["stage"] == "tests" and tests["rc"] == 0 and "skipped" in tests["result"]  # no CUDA here
     assert learn["stage"] == "learn" and learn["rc"] == 0, (out / "log.txt").read_text()[-3000:]
-    curve = learn["result"]["held_out"]
-    assert learn["result"]["device"] == "cpu" and learn["result"]["steps"] == 2 and sorted(curve) == ["0", "2"]
-    assert all(0 <= reward <= 1 and ci >= 0 for reward, ci, _ in curve.values()) and curve["2"][2] > curve["0"][2] == 0
-    assert [json.loads(line)["kind"] for line in (out / "learn-metrics.jsonl").read_text().splitlines()].count("eval") == 2
+    assert learn["result"]["device"] == "cpu" and sorted(learn["result"]["seeds"]) == ["0", "1"]
     games = next(json.loads(line)["games"] for line in (out / "log.txt").read_text().splitlines() if line.startswith('{"games"'))
-    assert sorted(games) == ["0", "2"] and all(by_secret and set(by_secret) <= {"3", "6", "11", "14"} for by_secret in games.values())
-    for found, played, common in (row for by_secret in games.values() for row in by_secret.values()):
-        assert 0 <= found <= played and sum(n for _, n in common) <= played and all(len(g.split()) <= 5 for g, _ in common)
+    for seed, run in learn["result"]["seeds"].items():
+        curve = run["held_out"]
+        assert run["steps"] == 2 and sorted(curve) == ["0", "2"]
+        assert all(0 <= reward <= 1 and ci >= 0 for reward, ci, _ in curve.values()) and curve["2"][2] > curve["0"][2] == 0
+        metrics = (out / f"learn-metrics-seed{seed}.jsonl").read_text().splitlines()
+        assert [json.loads(line)["kind"] for line in metrics].count("eval") == 2
+        assert sorted(games[seed]) == ["0", "2"] and all(by_secret and set(by_secret) <= {"3", "6", "11", "14"}
+                                                         for by_secret in games[seed].values())
+        for found, played, common in (row for by_secret in games[seed].values() for row in by_secret.values()):
+            assert 0 <= found <= played and sum(n for _, n in common) <= played and all(len(g.split()) <= 5 for g, _ in common)

@@ -11,7 +11,8 @@
 #   tree     benchmarks/prefix_tree.py: training passes as a prefix tree or plain rows, the real weights
 #   joint    benchmarks/joint_passes.py: several adapters in one pass or a pass each, the real weights
 #   learn    rolecast train recipes/guess_number.yaml on the GPU, held-out reward every 10 steps
-#            (LEARN_ARGS: more options for it, e.g. "--set groups_per_step=16"; LEARN_S: a time limit)
+#            (LEARN_ARGS: more options for it, e.g. "--set groups_per_step=12"; LEARN_S: a time limit;
+#            LEARN_SEEDS: a run per seed, side by side on the one GPU, default "0")
 #   scale    benchmarks/scale.py, 4 and 8 CPU rollout workers (SCALE_WORKERS), the real weights
 #            (code_pair, or debate where no sandbox backend isolates)        carry .ray (`pack.sh ray`)
 # The device's /tmp lasts while the machine stays warm (30 s after a call), so the calls go back
@@ -62,37 +63,53 @@ PY
   echo "=== $name: rc=$rc in $((SECONDS - start)) s"
 }
 
-learn() {  # the recipe as it is, evaluated every 10 steps; its curve as one JSON line
-  local run=$T/runs/learn
-  rm -rf "$run"
-  # LEARN_S: stop the run after that many seconds, and report the curve so far
-  timeout ${LEARN_S:-0} $PY -m orchestrator.cli train recipes/guess_number.yaml --device $DEVICE --set eval_every=10 \
-    --out "$run" --no-progress ${LEARN_ARGS:-}
-  local rc=$?
-  [ -f "$run/metrics.jsonl" ] || return $rc
-  cp "$run/metrics.jsonl" "$OUT/learn-metrics.jsonl"
-  $PY - "$run" "$DEVICE" <<'PY'
+learn() {  # the recipe as it is, evaluated every 10 steps, a run per seed side by side; their curves as one JSON line
+  local seeds=(${LEARN_SEEDS:-0}) runs=() rc=0 seed
+  for seed in "${seeds[@]}"; do
+    local run=$T/runs/learn-seed$seed
+    rm -rf "$run" && runs+=("$run")
+    # LEARN_S: stop the run after that many seconds, and report the curve so far
+    timeout ${LEARN_S:-0} $PY -m orchestrator.cli train recipes/guess_number.yaml --device $DEVICE --set eval_every=10 \
+      --seed $seed --out "$run" --no-progress ${LEARN_ARGS:-} 2>&1 | sed -u "s/^/[seed $seed] /" &
+  done
+  for seed in "${seeds[@]}"; do wait -n || rc=$?; done
+  for seed in "${seeds[@]}"; do
+    [ -f $T/runs/learn-seed$seed/metrics.jsonl ] && cp $T/runs/learn-seed$seed/metrics.jsonl "$OUT/learn-metrics-seed$seed.jsonl"
+  done
+  $PY - "$DEVICE" "${runs[@]}" <<'PY' || rc=1
 import collections, glob, json, sys
-rows = [json.loads(line) for line in open(f"{sys.argv[1]}/metrics.jsonl")]
-spent, minutes = 0.0, {0: 0.0}  # training minutes (steps' own seconds, evaluations left out) by step
-for r in rows:
-    if r["kind"] == "train":
-        spent += r["step_s"]
-        minutes[r["step"]] = round(spent / 60, 2)
-games = {}  # each evaluation's held-out games by secret: how many found, and the commonest plays
-for path in sorted(glob.glob(f"{sys.argv[1]}/evals/step-*/transcripts.jsonl")):
-    by_secret = collections.defaultdict(list)
-    for line in open(path):
-        ep = json.loads(line)
-        guesses = [(t["content"] or {}).get("guess") for t in ep["turns"]]
-        by_secret[ep["task"]["secret"]].append((" ".join(map(str, guesses)), ep["task"]["secret"] in guesses))
-    games[int(path.split("step-")[1].split("/")[0])] = {
-        secret: [sum(found for _, found in played), len(played), collections.Counter(g for g, _ in played).most_common(2)]
-        for secret, played in sorted(by_secret.items())}
-print(json.dumps({"games": games}))  # in log.txt; the curve stays the last line
-print(json.dumps({"device": sys.argv[2], "held_out": {r["step"]: [round(r["eval_reward/guesser"], 3),
-                  round(r["eval_ci95/guesser"], 3), minutes[r["step"]]] for r in rows if r["kind"] == "eval"},
-                  "held_out_columns": ["reward", "ci95", "training_minutes"], "steps": len(minutes) - 1}))
+
+
+def curve(run):  # held-out reward, its interval and the training minutes (evaluations left out) at each evaluation
+    rows = [json.loads(line) for line in open(f"{run}/metrics.jsonl")]
+    spent, minutes = 0.0, {0: 0.0}
+    for r in rows:
+        if r["kind"] == "train":
+            spent += r["step_s"]
+            minutes[r["step"]] = round(spent / 60, 2)
+    return {"held_out": {r["step"]: [round(r["eval_reward/guesser"], 3), round(r["eval_ci95/guesser"], 3), minutes[r["step"]]]
+                         for r in rows if r["kind"] == "eval"}, "steps": len(minutes) - 1}
+
+
+def games(run):  # each evaluation's held-out games by secret: how many found, and the commonest plays
+    out = {}
+    for path in sorted(glob.glob(f"{run}/evals/step-*/transcripts.jsonl")):
+        by_secret = collections.defaultdict(list)
+        for line in open(path):
+            ep = json.loads(line)
+            guesses = [(t["content"] or {}).get("guess") for t in ep["turns"]]
+            by_secret[ep["task"]["secret"]].append((" ".join(map(str, guesses)), ep["task"]["secret"] in guesses))
+        out[int(path.split("step-")[1].split("/")[0])] = {
+            secret: [sum(found for _, found in played), len(played), collections.Counter(g for g, _ in played).most_common(2)]
+            for secret, played in sorted(by_secret.items())}
+    return out
+
+
+runs = {run.rsplit("seed", 1)[1]: run for run in sys.argv[2:] if glob.glob(f"{run}/metrics.jsonl")}
+print(json.dumps({"games": {seed: games(run) for seed, run in runs.items()}}))  # in log.txt; the curves stay the last line
+print(json.dumps({"device": sys.argv[1], "seeds": {seed: curve(run) for seed, run in runs.items()},
+                  "held_out_columns": ["reward", "ci95", "training_minutes"]}))
+sys.exit(0 if runs else 1)
 PY
   return $rc
 }
