@@ -235,8 +235,11 @@ def _forward(body, segs: list[Segment], rows: list[int], passes: list[_Pass], wh
     # A pass of leaves only (every pass without shared prefixes) keeps no keys and values: its
     # cache would copy each layer's for nothing.
     keep = any(i in parents for i in rows)
-    out = body(input_ids=upload(ids, device), attention_mask=upload(mask, device),
-               position_ids=upload(positions, device), use_cache=keep or past is not None, **{cache: past})
+    # Rows of one length with no past need neither mask nor positions (0, 1, ... is the default):
+    # given, transformers reads them back from the GPU (a wait) to find the mask all ones and the
+    # positions one sequence a row.
+    given = {} if cached == 0 and own.all() else {"attention_mask": upload(mask, device), "position_ids": upload(positions, device)}
+    out = body(input_ids=upload(ids, device), use_cache=keep or past is not None, **{cache: past}, **given)
     layers = [(layer.keys, layer.values) for layer in getattr(out, cache).layers] if keep else []
     return _Pass(out.last_hidden_state, cached, layers)
 
