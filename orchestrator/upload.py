@@ -33,7 +33,9 @@ def host_tensor(values: Any, dtype: torch.dtype | None = None) -> torch.Tensor:
     if dtype is not None and dtype not in _NUMPY:
         return torch.tensor(values, dtype=dtype)
     host = torch.from_numpy(np.asarray(values, dtype=_NUMPY.get(dtype)))
-    return host.to(torch.get_default_dtype()) if dtype is None and host.dtype == torch.float64 else host
+    if dtype is None and host.dtype == torch.float64 and not isinstance(values, np.ndarray):
+        return host.to(torch.get_default_dtype())  # Python floats, which torch.tensor makes float32
+    return host
 
 
 def upload(values: Any, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:

@@ -23,6 +23,7 @@ def test_tensors_and_arrays_pass_through():
     assert host_tensor(t) is t and host_tensor(t, torch.float32).dtype == torch.float32
     a = np.arange(6, dtype=np.int64).reshape(2, 3)
     assert torch.equal(host_tensor(a), torch.arange(6).reshape(2, 3))
+    assert host_tensor(np.array([0.5])).dtype == torch.tensor(np.array([0.5])).dtype == torch.float64
     assert upload(a, torch.device("cpu"), torch.float32).dtype == torch.float32
 
 
