@@ -23,7 +23,8 @@ Both sides run the same GRPO step on the same model and device, in the same run:
 rolecast's step: 64 ``engine.generate`` calls gathered (continuous batching in HFEngine, the
 current adapter, per-request seeds), rewards, advantages, datums from the sampled tokens and
 their sampling logprobs, one ``forward_backward(data, "ppo")`` + ``optim_step``, then
-``save_weights_for_sampler`` (the engine samples the new weights next step); ``rolecast_sampling_s``,
+``push_to_sampler`` (the engine samples the new weights next step; ``rolecast train`` does the
+same, writing the adapter to disk only at checkpoints); ``rolecast_sampling_s``,
 ``rolecast_update_s`` and ``rolecast_publish_s`` split each timed step into those three parts. TRL's step: one
 ``GRPOTrainer`` optimizer step (``model.generate`` on the PEFT model, no vLLM, then its loss
 over ``--trl-micro-batch`` completions at a time). TRL turns gradient checkpointing on by
@@ -157,7 +158,7 @@ def rolecast_worker(args: argparse.Namespace) -> dict:
                 await (await client.optim_step_async(adam)).result_async()
                 _sync(device)
                 t2 = time.perf_counter()
-                await (await client.save_weights_for_sampler_async(sampler)).result_async()
+                await (await client.push_to_sampler_async()).result_async()
                 _sync(device)
                 times.append(time.perf_counter() - t0)
                 phases["update"].append(t2 - t0 - phases["sampling"][-1])  # rewards and datums too

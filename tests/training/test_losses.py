@@ -412,6 +412,31 @@ def test_a_shared_service_trains_alike_after_the_engine_served_its_adapter(tmp_p
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in client.lora_params("lora_B"))
 
 
+def test_push_to_sampler_gives_the_engine_what_a_saved_dir_would_and_writes_nothing(tmp_path):
+    """What the training loop does each step where the engine holds the adapters in this process:
+    the weights reach the engine straight from the trainer, under a new version."""
+    from safetensors.torch import load_file
+    from support import tiny_engine
+
+    engine = tiny_engine()
+    svc = ServiceClient("tiny", bf16_autocast=False)
+    svc.attach_engine(engine)
+    client = svc.create_lora_training_client("s", LoraConfig(rank=4))
+    assert not client.samples_in_process
+    with pytest.raises(RuntimeError, match="use save_weights_for_sampler"):
+        client.push_to_sampler().result()
+    assert client.save_weights_for_sampler(tmp_path / "s").result() == 1  # loaded from disk
+    written = load_file(str(tmp_path / "s" / "adapter_model.safetensors"))
+    client.perturb(0.5, 1).result()
+    assert client.samples_in_process and client.push_to_sampler().result() == 2
+    assert all(torch.equal(written[k], v) for k, v in load_file(str(tmp_path / "s" / "adapter_model.safetensors")).items())
+    engine.load_adapter("w", client.save_weights(tmp_path / "w").result())
+    pushed, saved = engine.lora.adapters["s"], engine.lora.adapters["w"]
+    assert pushed.keys() == saved.keys() and len(pushed) > 0
+    assert all(torch.equal(pushed[m].a, saved[m].a) and torch.equal(pushed[m].b, saved[m].b) for m in pushed)
+    svc.close()
+
+
 async def _gather(engine, reqs):
     return await asyncio.gather(*(engine.generate(r) for r in reqs))
 

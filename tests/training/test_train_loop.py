@@ -60,6 +60,33 @@ def test_train_writes_metrics_checkpoints_and_refreshes_the_sampler(tmp_path):
     assert len(rows(run)) == len(metrics)
 
 
+def test_the_engine_takes_each_steps_weights_and_the_sampler_dir_is_written_at_checkpoints(cli, tmp_path, monkeypatch):
+    """The HF engine holds the adapters in this process: each step's weights reach it with no
+    file written, and the run's sampler dirs are written when it starts and at each checkpoint,
+    the last one the final step's."""
+    from orchestrator.training.client import TrainingClient
+
+    run, written = tmp_path / "run", []
+    write_adapter = TrainingClient._write_adapter
+
+    def counted(self, folder):
+        written.append((self.name, Path(folder).relative_to(run).parts[0]))
+        return write_adapter(self, folder)
+
+    monkeypatch.setattr(TrainingClient, "_write_adapter", counted)
+    code, _, err = cli("train", recipe(tmp_path, 3), "--out", run, "--no-progress", "--dtype", "float32",
+                       "--set", "checkpoint_every=2")
+    assert code == 0, err
+    steps = [r for r in rows(run) if r["kind"] == "train"]
+    for adapter in ("pro", "con"):
+        assert [r[f"{adapter}/version"] for r in steps] == [2, 3, 4]  # 1 = the first publish
+        # the start, then steps 2 and 3 (checkpoints); the checkpoints hold their own copies
+        assert [where for name, where in written if name == adapter] == ["sampler"] + ["sampler", "checkpoints"] * 2
+        final = load_file(str(run / "checkpoints" / "step-000003" / "adapters" / adapter / "adapter_model.safetensors"))
+        sampler = load_file(str(run / "sampler" / adapter / "adapter_model.safetensors"))
+        assert final.keys() == sampler.keys() and all(torch.equal(final[k], sampler[k]) for k in final)
+
+
 def test_sigkill_then_resume_continues_after_the_last_checkpoint(tmp_path):
     run = tmp_path / "run"
     path = recipe(tmp_path, 4)
