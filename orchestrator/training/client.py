@@ -377,7 +377,7 @@ class TrainingClient:
 
     def push_to_sampler(self) -> APIFuture[int]:
         """The attached engine samples the adapter's current weights, as after
-        ``save_weights_for_sampler``, with nothing written to disk (a file write per step cost a
+        ``save_weights_for_sampler``, with nothing written to disk (publishing with the file was a
         fifth of a GRPO step on the H100). Only where ``samples_in_process``; returns the new version."""
         return self.service.submit(self._push_to_sampler)
 

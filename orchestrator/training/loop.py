@@ -383,8 +383,8 @@ class TrainingRun:
         """A learner's current weights to the engine and the rollout workers. Workers, and engines
         that load adapters from disk, read its sampler dir, so it is written first. An engine that
         holds the adapter in this process takes the weights as they are, and the dir waits for
-        the next checkpoint (``_write_samplers``) unless ``write``: a file a step cost a fifth of
-        a GRPO step on the H100."""
+        the next checkpoint (``_write_samplers``) unless ``write``: publishing with the file was a
+        fifth of a GRPO step on the H100."""
         client = self.clients[adapter]
         if not write and not self.rollouts and client.samples_in_process:
             version = await (await client.push_to_sampler_async()).result_async()
