@@ -171,6 +171,10 @@ class TrainingConfig(Strict):
         "w: each scored turn of a role also gets w * (its score - the mean score of the role's turns at "
         "that position in the group), beside the episode's advantage; needs an env that scores moves "
         "(guess_number) (training/turn_credit.py)"))
+    history_credit: float = Field(0.0, ge=0, description=(
+        "w: each turn of a role whose prompt tokens another turn of the step saw too also gets "
+        "w * (its episode reward - the mean reward of those turns), across the step's groups "
+        "(training/turn_credit.py)"))
     adam: AdamConfig = Field(default_factory=AdamConfig)
     lora: LoraSpec = Field(default_factory=LoraSpec)
     invalid: Literal["penalize", "drop"] = Field("penalize", description="what training does with invalid attempts")

@@ -47,7 +47,7 @@ from .metrics import MetricsWriter, read_metrics, write_atomic
 from .repetition import penalise_repetition
 from .rng import load_rng, save_rng
 from .trainer import build_trainer
-from .turn_credit import TurnAdvantages, turn_advantages
+from .turn_credit import TurnAdvantages, combined, history_advantages, turn_advantages
 from .types import AdamParams, Datum, LoraConfig
 
 log = structlog.get_logger()
@@ -160,7 +160,9 @@ class TrainingRun:
         rewards = [[self.reward_fn(ep, list(self.team.roles), self.reward_config) for ep in g] for g in groups]
         rewards, repeated = penalise_repetition(groups, rewards, self.cfg.repetition_penalty)
         advantages = self.trainer.advantages([[{r: rw[r] for r in self.roles} for rw in g] for g in rewards])
-        extra = turn_advantages(groups, list(self.roles), self.cfg.turn_credit) if self.cfg.turn_credit else None
+        extra = combined(
+            turn_advantages(groups, list(self.roles), self.cfg.turn_credit) if self.cfg.turn_credit else None,
+            history_advantages(groups, rewards, list(self.roles), self.cfg.history_credit) if self.cfg.history_credit else None)
         t_roll = time.perf_counter() - t0
         row: dict[str, Any] = {"step": step, "kind": "train"}
         for role in self.team.roles:
@@ -202,7 +204,7 @@ class TrainingRun:
     def _write_credit(self, step: int, groups, rewards, advantages, extra: list[list[TurnAdvantages]] | None,
                       trained: list[str]) -> None:
         """rollouts/step-N/credit.jsonl: per episode, each role's reward, the advantage the trainer
-        gave it, the turn-level credit on top (with turn_credit), the adapter that played it, and
+        gave it, the turn-level credit on top (turn_credit, history_credit), the adapter that played it, and
         whether that adapter trained this step: how credit was assigned, per role."""
         lines = []
         for g, group in enumerate(groups):

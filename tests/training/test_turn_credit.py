@@ -1,5 +1,6 @@
-"""Turn-level credit: scored moves get w * (score - the group's mean at that position) on top of the
-episode's advantage, in the datums, in credit.jsonl and in the step's metrics."""
+"""Turn-level credit: scored moves get w * (score - the group's mean at that position), and turns
+that saw the same prompt w * (reward - the mean reward of those turns, across groups), on top of
+the episode's advantage, in the datums, in credit.jsonl and in the step's metrics."""
 from __future__ import annotations
 
 import json
@@ -10,7 +11,7 @@ from support import credit, make_attempt, make_episode, metric_rows, train_tiny
 
 from orchestrator.errors import RolecastError
 from orchestrator.training.datums import role_datums
-from orchestrator.training.turn_credit import turn_advantages
+from orchestrator.training.turn_credit import combined, history_advantages, turn_advantages
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,6 +36,47 @@ def test_each_turn_is_compared_with_the_same_position_in_its_group():
     assert out[2] == {"g": {}, "x": {0: pytest.approx(0.6)}}
     (alone,) = turn_advantages([[b]], ["g"], weight=2.0)
     assert alone == [{"g": {0: 0.0, 2: 0.0}}]  # a group of one has nothing to compare with
+
+
+def seen(*prompts: list[int], role: str = "g", status: str = "ok"):
+    """An episode of ``role``'s turns, each one attempt whose prompt is the given tokens."""
+    ep = make_episode(*((role, [make_attempt(prompt, [9], [-0.5])]) for prompt in prompts))
+    ep.status = status
+    return ep
+
+
+def test_turns_that_saw_the_same_prompt_are_compared_across_groups():
+    # two groups (two secrets): every first turn saw [1]; a's and c's second turns saw [1, 2]
+    a, b = seen([1], [1, 2]), seen([1], [1, 3])
+    c, d = seen([1], [1, 2], [1, 2, 4]), seen([1])
+    rewards = [[{"g": 1.0}, {"g": 0.0}], [{"g": 0.5}, {"g": 0.1}]]
+    out = history_advantages([[a, b], [c, d]], rewards, ["g"], weight=2.0)
+    # first turns: 1.0, 0.0, 0.5, 0.1 (mean 0.4); second: a's 1.0 against c's 0.5 (mean 0.75);
+    # b's second and c's third prompts were seen once: nothing
+    assert out[0][0] == {"g": {0: pytest.approx(1.2), 1: pytest.approx(0.5)}}
+    assert out[0][1] == {"g": {0: pytest.approx(-0.8)}}
+    assert out[1][0] == {"g": {0: pytest.approx(0.2), 1: pytest.approx(-0.5)}}
+    assert out[1][1] == {"g": {0: pytest.approx(-0.6)}}
+
+
+def test_history_credit_leaves_out_faults_opponents_and_other_roles():
+    ok, faulted = seen([1]), seen([1], status="error")
+    opponent, other_role = seen([1]), seen([1], role="x")
+    opponent.adapters = {"g": "snapshot-3"}  # a self-play opponent played g: not the learner's turn
+    rewards = [[{"g": 1.0, "x": 0.0}, {"g": 0.0, "x": 0.0}, {"g": 0.0, "x": 0.0}, {"g": 0.0, "x": 5.0}]]
+    out = history_advantages([[ok, faulted, opponent, other_role]], rewards, ["g", "x"], weight=1.0)
+    assert out == [[{"g": {}, "x": {}}] * 4]  # every prompt is alone in its key
+    twin = seen([1])
+    (group,) = history_advantages([[ok, twin]], [[{"g": 1.0}, {"g": 0.0}]], ["g"], weight=1.0)
+    assert group == [{"g": {0: 0.5}}, {"g": {0: -0.5}}]
+
+
+def test_the_kinds_of_turn_credit_add_up_turn_by_turn():
+    by_score = [[{"g": {0: 0.25, 2: 1.0}}, {"g": {}}]]
+    by_history = [[{"g": {0: 0.5, 1: -1.0}}, {"g": {0: 2.0}}]]
+    assert combined(by_score, by_history) == [[{"g": {0: 0.75, 1: -1.0, 2: 1.0}}, {"g": {0: 2.0}}]]
+    assert by_score == [[{"g": {0: 0.25, 2: 1.0}}, {"g": {}}]]  # the parts are left as they were
+    assert combined(None, by_history) is by_history and combined(None, None) is None
 
 
 def test_a_turns_extra_advantage_reaches_its_valid_tokens_only():
@@ -81,3 +123,16 @@ def test_a_training_step_credits_each_scored_turn(cli, tmp_path, monkeypatch):
     (row,) = [r for r in metric_rows(run) if r["kind"] == "train"]
     flat = [s for row_scores in scores.values() for s in row_scores]
     assert row["turn_score/guesser"] == pytest.approx(sum(flat) / len(flat))
+
+
+def test_a_training_step_credits_turns_that_saw_the_same_prompt(cli, tmp_path):
+    run = tmp_path / "run"
+    train_tiny(cli, ROOT / "recipes/guess_number.yaml", run, 1, "--set", "history_credit=0.5", "--set", "turn_credit=0", "--set", "group_size=2",
+               "--set", "groups_per_step=4")
+    transcripts = {t["id"]: t for t in map(json.loads, (run / "rollouts/step-000001/transcripts.jsonl").read_text().splitlines())}
+    lines = credit(run, 1)
+    assert len({transcripts[line["episode"]]["task"]["secret"] for line in lines}) >= 2  # groups of several secrets
+    reward = {line["episode"]: line["rewards"]["guesser"] for line in lines}
+    mean = sum(reward.values()) / len(reward)
+    for line in lines:  # every first guess saw the same prompt, whatever its group's secret
+        assert line["turn_advantages"]["guesser"]["0"] == pytest.approx(0.5 * (reward[line["episode"]] - mean))
