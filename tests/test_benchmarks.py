@@ -129,7 +129,7 @@ def test_rollout_takes_random_weights_of_a_model_folder(tmp_path):
 def test_the_device_script_records_each_stage(tmp_path):
     """benchmarks/device/check.sh, the GPU checks prepared for a lent machine's few minutes
     (docs/gpu.md), dry-run on the CPU: the tests' summary and the learning run's curve reach
-    results.jsonl with their exit codes (two seeds' runs side by side), the held-out games by
+    results.jsonl with their exit codes (two variants of two seeds each, side by side), the held-out games by
     secret reach the log; an unknown stage is refused."""
     from orchestrator.models import cache_dir
 
@@ -139,7 +139,7 @@ def test_the_device_script_records_each_stage(tmp_path):
     (work / "rc").mkdir()
     (work / "rc" / "smollm2-135m").symlink_to(cache_dir())  # the tokenizer the tiny model uses
     env = {**os.environ, "PY": sys.executable, "DEVICE": "cpu", "WORK": str(work), "CARRY": str(carry), "OUT": str(out),
-           "OMP_NUM_THREADS": "1", "LEARN_S": "600", "LEARN_SEEDS": "0 1",
+           "OMP_NUM_THREADS": "1", "LEARN_S": "600", "LEARN_SEEDS": "0 1", "LEARN_VARIANTS": "=;wide=--set group_size=3",
            "LEARN_ARGS": "--model tiny --steps 2 --set group_size=2 --set groups_per_step=1 --set eval_episodes=2"}
     proc = subprocess.run(["bash", str(ROOT / "benchmarks/device/check.sh"), "tests", "learn", "nonsense"], cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
@@ -147,15 +147,17 @@ def test_the_device_script_records_each_stage(tmp_path):
     tests, learn = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert tests["stage"] == "tests" and tests["rc"] == 0 and "skipped" in tests["result"]  # no CUDA here
     assert learn["stage"] == "learn" and learn["rc"] == 0, (out / "log.txt").read_text()[-3000:]
-    assert learn["result"]["device"] == "cpu" and sorted(learn["result"]["seeds"]) == ["0", "1"]
+    runs = learn["result"]["runs"]
+    assert learn["result"]["device"] == "cpu" and sorted(runs) == ["seed0", "seed1", "wide-seed0", "wide-seed1"]
     games = next(json.loads(line)["games"] for line in (out / "log.txt").read_text().splitlines() if line.startswith('{"games"'))
-    for seed, run in learn["result"]["seeds"].items():
+    for label, run in runs.items():
         curve = run["held_out"]
         assert run["steps"] == 2 and sorted(curve) == ["0", "2"]
         assert all(0 <= reward <= 1 and ci >= 0 for reward, ci, _ in curve.values()) and curve["2"][2] > curve["0"][2] == 0
-        metrics = (out / f"learn-metrics-seed{seed}.jsonl").read_text().splitlines()
-        assert [json.loads(line)["kind"] for line in metrics].count("eval") == 2
-        assert sorted(games[seed]) == ["0", "2"] and all(by_secret and set(by_secret) <= {"3", "6", "11", "14"}
-                                                         for by_secret in games[seed].values())
-        for found, played, common in (row for by_secret in games[seed].values() for row in by_secret.values()):
+        metrics = [json.loads(line) for line in (out / f"learn-metrics-{label}.jsonl").read_text().splitlines()]
+        assert [row["kind"] for row in metrics].count("eval") == 2
+        assert metrics[1]["episodes"] == (3 if label.startswith("wide") else 2)  # the variant's own options apply
+        assert sorted(games[label]) == ["0", "2"] and all(by_secret and set(by_secret) <= {"3", "6", "11", "14"}
+                                                          for by_secret in games[label].values())
+        for found, played, common in (row for by_secret in games[label].values() for row in by_secret.values()):
             assert 0 <= found <= played and sum(n for _, n in common) <= played and all(len(g.split()) <= 5 for g, _ in common)

@@ -12,7 +12,8 @@
 #   joint    benchmarks/joint_passes.py: several adapters in one pass or a pass each, the real weights
 #   learn    rolecast train recipes/guess_number.yaml on the GPU, held-out reward every 10 steps
 #            (LEARN_ARGS: more options for it, e.g. "--set groups_per_step=12"; LEARN_S: a time limit;
-#            LEARN_SEEDS: a run per seed, side by side on the one GPU, default "0")
+#            LEARN_SEEDS: a run per seed, side by side on the one GPU, default "0"; LEARN_VARIANTS:
+#            "NAME=ARGS;NAME=ARGS", a run per variant and seed, e.g. "bf16=;fp32=--dtype float32")
 #   scale    benchmarks/scale.py, 4 and 8 CPU rollout workers (SCALE_WORKERS), the real weights
 #            (code_pair, or debate where no sandbox backend isolates)        carry .ray (`pack.sh ray`)
 # The device's /tmp lasts while the machine stays warm (30 s after a call), so the calls go back
@@ -63,18 +64,21 @@ PY
   echo "=== $name: rc=$rc in $((SECONDS - start)) s"
 }
 
-learn() {  # the recipe as it is, evaluated every 10 steps, a run per seed side by side; their curves as one JSON line
-  local seeds=(${LEARN_SEEDS:-0}) runs=() rc=0 seed
-  for seed in "${seeds[@]}"; do
-    local run=$T/runs/learn-seed$seed
-    rm -rf "$run" && runs+=("$run")
-    # LEARN_S: stop the run after that many seconds, and report the curve so far
-    timeout ${LEARN_S:-0} $PY -m orchestrator.cli train recipes/guess_number.yaml --device $DEVICE --set eval_every=10 \
-      --seed $seed --out "$run" --no-progress ${LEARN_ARGS:-} 2>&1 | sed -u "s/^/[seed $seed] /" &
+learn() {  # the recipe, evaluated every 10 steps, a run per variant and seed side by side; their curves as one JSON line
+  local seeds=(${LEARN_SEEDS:-0}) variants=("=") runs=() rc=0 seed entry label run
+  [ -n "${LEARN_VARIANTS:-}" ] && IFS=';' read -ra variants <<< "$LEARN_VARIANTS"
+  for entry in "${variants[@]}"; do  # NAME=ARGS: the run's own options, after LEARN_ARGS
+    for seed in "${seeds[@]}"; do
+      label=${entry%%=*}; label=${label:+$label-}seed$seed; run=$T/runs/learn-$label
+      rm -rf "$run" && runs+=("$run")
+      # LEARN_S: stop the run after that many seconds, and report the curve so far
+      timeout ${LEARN_S:-0} $PY -m orchestrator.cli train recipes/guess_number.yaml --device $DEVICE --set eval_every=10 \
+        --seed $seed --out "$run" --no-progress ${LEARN_ARGS:-} ${entry#*=} 2>&1 | sed -u "s/^/[$label] /" &
+    done
   done
-  for seed in "${seeds[@]}"; do wait -n || rc=$?; done
-  for seed in "${seeds[@]}"; do
-    [ -f $T/runs/learn-seed$seed/metrics.jsonl ] && cp $T/runs/learn-seed$seed/metrics.jsonl "$OUT/learn-metrics-seed$seed.jsonl"
+  for run in "${runs[@]}"; do wait -n || rc=$?; done
+  for run in "${runs[@]}"; do
+    [ -f $run/metrics.jsonl ] && cp $run/metrics.jsonl "$OUT/learn-metrics-${run##*/learn-}.jsonl"
   done
   $PY - "$DEVICE" "${runs[@]}" <<'PY' || rc=1
 import collections, glob, json, sys
@@ -105,9 +109,9 @@ def games(run):  # each evaluation's held-out games by secret: how many found, a
     return out
 
 
-runs = {run.rsplit("seed", 1)[1]: run for run in sys.argv[2:] if glob.glob(f"{run}/metrics.jsonl")}
-print(json.dumps({"games": {seed: games(run) for seed, run in runs.items()}}))  # in log.txt; the curves stay the last line
-print(json.dumps({"device": sys.argv[1], "seeds": {seed: curve(run) for seed, run in runs.items()},
+runs = {run.rsplit("/learn-", 1)[1]: run for run in sys.argv[2:] if glob.glob(f"{run}/metrics.jsonl")}
+print(json.dumps({"games": {label: games(run) for label, run in runs.items()}}))  # in log.txt; the curves stay the last line
+print(json.dumps({"device": sys.argv[1], "runs": {label: curve(run) for label, run in runs.items()},
                   "held_out_columns": ["reward", "ci95", "training_minutes"]}))
 sys.exit(0 if runs else 1)
 PY
