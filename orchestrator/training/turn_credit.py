@@ -30,7 +30,7 @@ a task's group in the same way. A prompt seen once gets nothing.
 """
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 from ..transcript import EpisodeRecord
 from .trainer import centred
@@ -82,13 +82,14 @@ def history_advantages(groups: list[list[EpisodeRecord]], rewards: list[list[dic
 def combined(*parts: list[list[TurnAdvantages]] | None) -> list[list[TurnAdvantages]] | None:
     """The sum, turn by turn, of the kinds of turn credit a run uses (None: none)."""
     used = [p for p in parts if p is not None]
-    if len(used) <= 1:
+    if len(used) < 2:
         return used[0] if used else None
-    total = [[{role: dict(turns) for role, turns in ep.items()} for ep in group] for group in used[0]]
-    for part in used[1:]:
-        for group_total, group in zip(total, part):
-            for ep_total, ep in zip(group_total, group):
-                for role, turns in ep.items():
-                    for n, value in turns.items():
-                        ep_total[role][n] = ep_total[role].get(n, 0.0) + value
-    return total
+    return [[_summed(alike) for alike in zip(*groups)] for groups in zip(*used)]
+
+
+def _summed(extras: tuple[TurnAdvantages, ...]) -> TurnAdvantages:
+    total: dict[str, Counter] = defaultdict(Counter)
+    for extra in extras:
+        for role, turns in extra.items():
+            total[role].update(turns)  # update adds, keeping negative values (Counter's + would drop them)
+    return {role: dict(turns) for role, turns in total.items()}
