@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import yaml
 import rolecast
 
 ROOT = Path(__file__).resolve().parent.parent
+SIGINT_AT_START = signal.getsignal(signal.SIGINT)  # before any test: what the process started with
 SMALL = {"group_size": 2, "groups_per_step": 1, "eval_episodes": 2, "eval_every": 0}
 
 
@@ -164,12 +166,14 @@ def test_a_plugin_that_breaks_the_contract_raises_and_registers_nothing(registry
 
 
 def test_an_interrupt_in_a_notebook_cancels_the_work_instead_of_waiting_for_it(tmp_path):
-    import signal
     import threading
     import time
 
     # An earlier test that left another SIGINT handler behind would make this one fail for that reason.
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is SIGINT_AT_START
+    # A kernel leaves SIGINT to Python's handler; a process started in the background (`cmd &`,
+    # nohup, some CI runners) inherits it ignored, and Python then installs none.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     calls = []
 
     async def slow(request):
@@ -188,9 +192,12 @@ def test_an_interrupt_in_a_notebook_cancels_the_work_instead_of_waiting_for_it(t
     # a kernel's loop (unlike asyncio.run's) leaves SIGINT to Python's handler: KeyboardInterrupt
     loop = asyncio.new_event_loop()
     t0 = time.perf_counter()
-    with pytest.raises(KeyboardInterrupt):
-        loop.run_until_complete(cell())
-    loop.close()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            loop.run_until_complete(cell())
+    finally:
+        loop.close()
+        signal.signal(signal.SIGINT, previous)
     assert time.perf_counter() - t0 < 20  # 400 episodes of 2-5 turns of 0.05 s each would take over a minute
     finished = (tmp_path / "run/transcripts.jsonl").read_text().splitlines()
     assert 0 < len(finished) < 20 and len(calls) < 25
