@@ -1,4 +1,4 @@
-"""Small host data sent to a GPU without waiting for it.
+"""Small host data sent to a GPU, and results read back from it, without waiting for it.
 
 The engine sends a little each decode step (the token ids of rows prefilled since, each row's
 adapter slot, temperatures, the sampling uniforms, grammar bitmasks), and the training client
@@ -11,11 +11,13 @@ while the host does the rest of its work; in a training pass, each one drains th
 host has queued what comes next. From pinned memory, with ``non_blocking``, the copy is queued on
 the stream like a kernel; PyTorch's pinned allocator holds the staging block until the copy has
 run, so the CPU side may be dropped at once. ``torch.cuda.set_sync_debug_mode`` flags the other
-kind (tests/gpu checks that a steady decode step and a training pass make none).
+kind (tests/gpu checks that a steady decode step and a training call make none). Results go the
+other way in a ``Download``: queued copies into pinned memory and an event, waited for only where
+the host reads them.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -52,3 +54,26 @@ def move_together(tensors: list[torch.Tensor], device: torch.device, dtype: torc
     per tensor to or from a GPU waits for it each time (420 of them for SmolLM2's LoRA weights)."""
     flat = upload(torch.cat([t.detach().reshape(-1).to(dtype) for t in tensors]), device)
     return [part.view(t.shape) for part, t in zip(flat.split([t.numel() for t in tensors]), tensors)]
+
+
+class Download:
+    """``tensors`` on their way to the host: copies into pinned memory queued behind the work that
+    makes them, then an event. ``get`` waits for that event alone, not for work queued after it,
+    so whoever made them can go on queueing work meanwhile. Off a GPU they are in hand."""
+
+    def __init__(self, tensors: Sequence[torch.Tensor]):
+        self._ready: torch.cuda.Event | None = None
+        if not tensors or tensors[0].device.type != "cuda":
+            self._host = tuple(t.detach().cpu() for t in tensors)
+            return
+        self._host = tuple(torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors)
+        for host, t in zip(self._host, tensors):
+            host.copy_(t.detach(), non_blocking=True)
+        self._ready = torch.cuda.Event()
+        self._ready.record()
+
+    def get(self) -> tuple[torch.Tensor, ...]:
+        """The host tensors, once their copies have run."""
+        if self._ready is not None:
+            self._ready.synchronize()
+        return self._host

@@ -1,8 +1,9 @@
-"""orchestrator/upload.py off CUDA: host_tensor gives what torch.tensor gives, only faster."""
+"""orchestrator/upload.py off CUDA: host_tensor gives what torch.tensor gives, only faster; a Download
+is the tensors in hand."""
 import numpy as np
 import pytest
 import torch
-from orchestrator.upload import host_tensor, upload
+from orchestrator.upload import Download, host_tensor, upload
 
 
 @pytest.mark.parametrize("values", [[1, 2, 3], [[1, 2], [3, 4]], [0.5, -1.0], [[0.25], [2.0]], [True, False], [], [7]])
@@ -30,3 +31,10 @@ def test_tensors_and_arrays_pass_through():
 def test_ragged_lists_are_refused():
     with pytest.raises(ValueError):
         host_tensor([[1, 2], [3]])
+
+
+def test_a_download_off_a_gpu_is_the_tensors_in_hand_detached():
+    x = torch.arange(3.0, requires_grad=True)
+    got, empty = Download([x * 2, torch.zeros(0)]).get()
+    assert torch.equal(got, torch.tensor([0.0, 2.0, 4.0])) and not got.requires_grad and empty.numel() == 0
+    assert Download([]).get() == ()

@@ -47,7 +47,7 @@ from .prefix_cache import BLOCK, PrefixCache, shared_prefixes
 from .sampling import counter_uniforms, sample_on_device
 from .slots import SlotKV
 from .tokens import TokenizerMethods, end_of_turn_ids
-from ..upload import upload
+from ..upload import Download, upload
 
 log = structlog.get_logger()
 
@@ -84,29 +84,19 @@ class _Seq:
 @dataclass
 class _Flight:
     """A static-path step whose sampled tokens the host has not read yet: they feed the next step
-    on the device while they travel to the host (pinned buffers, an event on a GPU)."""
+    on the device while they travel to the host (``upload.Download``)."""
 
     seqs: list[_Seq]  # its rows, in the order they had when it was launched
     tokens: torch.Tensor  # sampled ids on the device [rows]
-    host: tuple[torch.Tensor, torch.Tensor]  # ids and logprobs arriving on the host
-    ready: torch.cuda.Event | None = None
+    host: Download  # ids and logprobs arriving on the host
 
     @classmethod
     def launch(cls, seqs: list[_Seq], tokens: torch.Tensor, logprobs: torch.Tensor) -> "_Flight":
-        if tokens.device.type != "cuda":
-            return cls(seqs, tokens, (tokens, logprobs))
-        host = (torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True),
-                torch.empty(logprobs.shape, dtype=logprobs.dtype, pin_memory=True))
-        host[0].copy_(tokens, non_blocking=True)
-        host[1].copy_(logprobs, non_blocking=True)
-        ready = torch.cuda.Event()
-        ready.record()
-        return cls(seqs, tokens, host, ready)
+        return cls(seqs, tokens, Download([tokens, logprobs]))
 
     def read(self) -> tuple[list[int], list[float]]:
-        if self.ready is not None:
-            self.ready.synchronize()
-        return self.host[0].tolist(), self.host[1].tolist()
+        tokens, logprobs = self.host.get()
+        return tokens.tolist(), logprobs.tolist()
 
 
 @dataclass

@@ -40,7 +40,7 @@ from ..engines.lora import lora_scale
 from ..config import LOSS_CONFIGS
 from ..grammar.book import book_for
 from ..models import LoadedModel, bf16_native, load_model
-from ..upload import move_together, upload
+from ..upload import Download, move_together, upload
 from .losses import LOSS_FNS, aggregate, k3_kl, token_logprobs
 from . import prefix_tree
 from .routing import lora_layers, routed
@@ -431,13 +431,15 @@ class TrainingClient:
         for group in self.optimizer.param_groups:
             group.update(lr=params.learning_rate, betas=(params.beta1, params.beta2), eps=params.eps,
                          weight_decay=params.weight_decay)
-        metrics = {}
-        if params.grad_clip_norm > 0:
-            metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.params, params.grad_clip_norm))
+        norm = None
+        if params.grad_clip_norm > 0:  # clipped on the device; the norm is read when the metrics are
+            norm = Download([torch.nn.utils.clip_grad_norm_(self.params, params.grad_clip_norm)])
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        return OptimStepResponse(step=self.step, metrics=metrics)
+        if norm is None:
+            return OptimStepResponse(self.step)
+        return OptimStepResponse(self.step, later=lambda: {"grad_norm": float(norm.get()[0])})
 
     def adapter_state(self) -> dict[str, torch.Tensor]:
         """This adapter's weights in PEFT's saved format (keys without the adapter name), a tensor
@@ -542,13 +544,21 @@ class _Job:
             self.logps[i] = lp
 
     def output(self) -> ForwardBackwardOutput:
-        """The job's logprobs and metrics, brought to the host in two copies."""
-        logps = torch.cat(self.logps).cpu().split([len(lp) for lp in self.logps])
-        sums = dict(zip(self.sums, torch.stack(list(self.sums.values())).float().tolist()))
-        metrics = {"loss": sums.pop("loss"), "loss:sum": sums.pop("loss:sum"), "tokens": self.total_tokens}
-        for key, value in sums.items():
-            metrics[key if key in MEAN_NAMED else f"{key}_mean"] = value / max(self.total_tokens, 1.0)
-        return ForwardBackwardOutput(loss_fn_outputs=[{"logprobs": lp} for lp in logps], metrics=metrics)
+        """The job's logprobs and metrics, on their way to the host in two copies: the service's
+        thread does not wait for them (a GPU idled while it did, and the next call's host work
+        waited with it); the first read of the output does."""
+        lengths, names, tokens = [len(lp) for lp in self.logps], list(self.sums), self.total_tokens
+        sent = Download([torch.cat(self.logps), torch.stack(list(self.sums.values())).float()])
+
+        def arrived() -> dict[str, Any]:
+            logps, sums = sent.get()
+            named = dict(zip(names, sums.tolist()))
+            metrics = {"loss": named.pop("loss"), "loss:sum": named.pop("loss:sum"), "tokens": tokens}
+            for key, value in named.items():
+                metrics[key if key in MEAN_NAMED else f"{key}_mean"] = value / max(tokens, 1.0)
+            return {"loss_fn_outputs": [{"logprobs": lp} for lp in logps.split(lengths)], "metrics": metrics}
+
+        return ForwardBackwardOutput(later=arrived)
 
 
 def _fsync_dir(path: Path) -> None:

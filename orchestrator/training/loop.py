@@ -329,11 +329,13 @@ class TrainingRun:
                 owners.append(adapter)
         outs = await (await self.service.forward_backward_many_async(calls)).result_async()
         steps = {a: await self.clients[a].optim_step_async(AdamParams(**self.cfg.adam.model_dump())) for a in batches}
-        done = {}
-        for adapter, future in steps.items():
-            opt = await future.result_async()
-            done[adapter] = {**_mean([o.metrics for o, a in zip(outs, owners) if a == adapter]), **opt.metrics}
-        return done
+        opts = {a: await future.result_async() for a, future in steps.items()}
+
+        def metrics() -> dict[str, dict[str, float]]:  # they arrive from a GPU after the calls return
+            return {a: {**_mean([o.metrics for o, owner in zip(outs, owners) if owner == a]), **opt.metrics}
+                    for a, opt in opts.items()}
+
+        return await asyncio.to_thread(metrics)  # waited for off the event loop, where episodes go on
 
     async def evaluate(self, step: int) -> dict[str, Any]:
         tasks = self.team.eval_tasks or self.team.tasks

@@ -1,8 +1,8 @@
 """The data the training client takes and returns (names follow the Tinker API)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -87,13 +87,47 @@ class LoraConfig:
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-@dataclass
-class ForwardBackwardOutput:
-    loss_fn_outputs: list[dict[str, torch.Tensor]]  # per datum: "logprobs" of its target tokens (0 where mask is 0)
-    metrics: dict[str, float] = field(default_factory=dict)
+class _Arriving:
+    """A result whose fields may still be on their way from a GPU (``upload.Download``): given as a
+    function that waits for them and returns them by name, called on the first read. The service's
+    thread then hands over a call's result without waiting for the GPU, and goes on to queue the
+    next call's work while the GPU finishes this one's."""
+
+    _names: tuple[str, ...] = ()  # the fields, for repr
+
+    def __init__(self, fields: dict[str, Any] | Callable[[], dict[str, Any]]):
+        self._fields = fields
+
+    def _field(self, name: str) -> Any:
+        if callable(self._fields):
+            self._fields = self._fields()
+        return self._fields[name]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={self._field(k)!r}' for k in self._names)})"
 
 
-@dataclass
-class OptimStepResponse:
-    step: int
-    metrics: dict[str, float] = field(default_factory=dict)
+class ForwardBackwardOutput(_Arriving):
+    """Per datum, ``{"logprobs": ...}`` of its target tokens (0 where its mask is 0); the call's metrics."""
+
+    _names = ("loss_fn_outputs", "metrics")
+
+    def __init__(self, loss_fn_outputs: list[dict[str, torch.Tensor]] | None = None,
+                 metrics: dict[str, float] | None = None, *, later: Callable[[], dict[str, Any]] | None = None):
+        super().__init__(later or {"loss_fn_outputs": loss_fn_outputs or [], "metrics": metrics or {}})
+
+    loss_fn_outputs = property(lambda self: self._field("loss_fn_outputs"))
+    metrics = property(lambda self: self._field("metrics"))
+
+
+class OptimStepResponse(_Arriving):
+    """The adapter's step count after the step, and its metrics (``grad_norm`` where it clips)."""
+
+    _names = ("step", "metrics")
+
+    def __init__(self, step: int, metrics: dict[str, float] | None = None, *,
+                 later: Callable[[], dict[str, float]] | None = None):
+        super().__init__((lambda: {"step": step, "metrics": later()}) if later else {"step": step, "metrics": metrics or {}})
+
+    step = property(lambda self: self._field("step"))
+    metrics = property(lambda self: self._field("metrics"))

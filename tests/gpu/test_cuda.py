@@ -16,7 +16,7 @@ import pytest
 import torch
 from orchestrator.engines.base import GenerationRequest, SamplingParams
 from orchestrator.models import load_model
-from orchestrator.training.client import ServiceClient
+from orchestrator.training.client import ServiceClient, TrainingClient
 from orchestrator.training.types import AdamParams, Datum, LoraConfig, ModelInput
 from support import assert_same_draws, metric_rows, randomize, tiny_engine, train_recipe
 
@@ -211,13 +211,13 @@ def test_a_training_step_on_cuda_moves_only_the_trained_adapter():
         service.close()
 
 
-def test_a_training_pass_never_waits_for_the_gpu(monkeypatch):
-    """A forward_backward's passes (the prefix tree's waves, two adapters routed in one pass, the
-    LM head, the loss with its entropy and KL terms, the metrics) queue their work without
-    waiting for the GPU: indices are worked out on the host and data goes up from pinned memory
-    (orchestrator/upload.py). The host reads the results once, when the calls' outputs are built,
-    outside the passes checked here. One wait is transformers', not ours, and is left out: at the
-    start of each forward its SDPA mask code reads whether the padding mask is all ones
+def test_a_training_call_never_waits_for_the_gpu(monkeypatch):
+    """A forward_backward (the prefix tree's waves, two adapters routed in one pass, the LM head,
+    the loss with its entropy and KL terms, the metrics, the outputs) and an optim_step with
+    clipping queue their work without waiting for the GPU: indices are worked out on the host, data
+    goes up from pinned memory and results come back in a ``Download`` (orchestrator/upload.py),
+    waited for where the caller reads them. One wait is transformers', not ours, and is left out:
+    at the start of each forward its SDPA mask code reads whether the padding mask is all ones
     (``masking_utils._ignore_causal_mask_sdpa``)."""
     service = ServiceClient(load_model("tiny", dtype="float32", seed=0), device=CUDA)
     clients = [service.create_lora_training_client(name, LoraConfig(rank=4)) for name in ("a", "b")]
@@ -230,20 +230,29 @@ def test_a_training_pass_never_waits_for_the_gpu(monkeypatch):
                                                              "logprobs": [-5.0] * n, "advantages": [0.5 - i % 2] * n}))
     config = {"entropy_coef": 0.01, "kl_coef": 0.05}
     calls = [(c, data, "ppo", config) for c in clients]
-    micro, syncs = ServiceClient._micro_batch, []
+    passes, optim_step, syncs = ServiceClient._passes, TrainingClient._optim_step, []
 
-    def checked(self, jobs, part):
-        with waits_recorded(syncs, skip="transformers/masking_utils.py"):  # the service's thread alone works
-            return micro(self, jobs, part)
+    def checked(method):
+        def run(*args):
+            with waits_recorded(syncs, skip="transformers/masking_utils.py"):  # the service's thread alone works
+                return method(*args)
+        return run
 
+    adam = AdamParams(learning_rate=1e-3, grad_clip_norm=1.0)
     try:
-        service.forward_backward_many(calls).result()  # the first call's lazy set-up is not checked
-        monkeypatch.setattr(ServiceClient, "_micro_batch", checked)
+        service.forward_backward_many(calls).result()  # the first calls' lazy set-up is not checked
+        clients[0].optim_step(adam).result()
+        monkeypatch.setattr(ServiceClient, "_passes", checked(passes))
+        monkeypatch.setattr(TrainingClient, "_optim_step", checked(optim_step))
         outs = service.forward_backward_many(calls).result()
+        step = clients[0].optim_step(adam).result()
+        service.close()  # every job has run, so every wait would have been recorded by now
+        assert syncs == [], "\n".join(dict.fromkeys(syncs))
     finally:
         service.close()
     assert [o.metrics["tokens"] for o in outs] == [sum(len(d.model_input.to_ints()) - 39 for d in data)] * 2
-    assert syncs == [], "\n".join(dict.fromkeys(syncs))
+    assert outs[0].loss_fn_outputs[0]["logprobs"].device.type == "cpu"
+    assert step.step == 2 and step.metrics["grad_norm"] > 0
 
 
 def test_kill_then_resume_on_cuda(tmp_path):

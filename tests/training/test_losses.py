@@ -166,6 +166,35 @@ def test_gradients_reach_only_the_trained_adapter(service):
     assert all(p.grad is None for p in b.params)
 
 
+def test_optim_step_reports_the_norm_it_clipped_by(service):
+    c = service.create_lora_training_client("clip", LoraConfig(rank=4))
+    c.perturb(0.1, 0).result()  # B = 0 would give A no gradient
+    c.forward_backward([datum()], "importance_sampling").result()
+    service.close()
+    norm = float(torch.cat([p.grad.flatten() for p in c.params]).norm())  # the job has run: close() waited
+    step = c.optim_step(AdamParams(learning_rate=1e-2, grad_clip_norm=norm / 4)).result()
+    assert norm > 0 and step.step == 1 and step.metrics["grad_norm"] == pytest.approx(norm, rel=1e-5)
+    assert c.optim_step(AdamParams()).result().metrics == {}  # no clipping, no norm
+
+
+def test_results_are_read_when_first_asked_for_and_once():
+    """On a GPU a call's results arrive after it returns (upload.Download); reading them waits."""
+    from orchestrator.training.types import ForwardBackwardOutput, OptimStepResponse
+
+    reads = []
+
+    def later():
+        reads.append(1)
+        return {"loss_fn_outputs": [{"logprobs": torch.zeros(2)}], "metrics": {"loss": 0.5}}
+
+    out = ForwardBackwardOutput(later=later)
+    assert reads == []
+    assert out.metrics == {"loss": 0.5} and len(out.loss_fn_outputs) == 1 and reads == [1]
+    step = OptimStepResponse(3, later=lambda: {"grad_norm": 1.5})
+    assert step.step == 3 and step.metrics == {"grad_norm": 1.5} and repr(step) == "OptimStepResponse(step=3, metrics={'grad_norm': 1.5})"
+    assert ForwardBackwardOutput([], {"loss": 1.0}).metrics == {"loss": 1.0}
+
+
 def test_cross_entropy_loss_matches_returned_logprobs(service):
     c = service.create_lora_training_client("ce", LoraConfig(rank=4))
     d = datum()
