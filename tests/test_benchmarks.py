@@ -161,3 +161,6 @@ def test_the_device_script_records_each_stage(tmp_path):
                                                           for by_secret in games[label].values())
         for found, played, common in (row for by_secret in games[label].values() for row in by_secret.values()):
             assert 0 <= found <= played and sum(n for _, n in common) <= played and all(len(g.split()) <= 5 for g, _ in common)
+        # the first evaluation at or above the 0.59, with its training minutes; None if none was
+        first = next(([int(step), row[2]] for step, row in sorted(curve.items(), key=lambda kv: int(kv[0])) if row[0] >= 0.59), None)
+        assert learn["result"]["reached_0.59"][label] == first
