@@ -99,9 +99,10 @@ class _Arriving:
         self._fields = fields
 
     def _field(self, name: str) -> Any:
-        if callable(self._fields):
-            self._fields = self._fields()
-        return self._fields[name]
+        fields = self._fields  # one read: another thread may be replacing it (the wait is idempotent)
+        if callable(fields):
+            fields = self._fields = fields()
+        return fields[name]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(f'{k}={self._field(k)!r}' for k in self._names)})"
