@@ -105,7 +105,7 @@ class _Arriving:
         return fields[name]
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({', '.join(f'{k}={self._field(k)!r}' for k in self._names)})"
+        return f"{type(self).__name__}({', '.join(f'{k}={getattr(self, k)!r}' for k in self._names)})"
 
 
 class ForwardBackwardOutput(_Arriving):
@@ -128,7 +128,7 @@ class OptimStepResponse(_Arriving):
 
     def __init__(self, step: int, metrics: dict[str, float] | None = None, *,
                  later: Callable[[], dict[str, float]] | None = None):
-        super().__init__((lambda: {"step": step, "metrics": later()}) if later else {"step": step, "metrics": metrics or {}})
+        super().__init__((lambda: {"metrics": later()}) if later else {"metrics": metrics or {}})
+        self.step = step  # known on the host: only the metrics arrive
 
-    step = property(lambda self: self._field("step"))
     metrics = property(lambda self: self._field("metrics"))
