@@ -1,0 +1,82 @@
+"""The commands the README and docs/ show are ones the CLI and the benchmarks take: a renamed flag
+or a moved recipe fails here, not in a reader's terminal."""
+from __future__ import annotations
+
+import argparse
+import re
+import runpy
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cli import build_parser
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+SHELL = ("", "bash", "sh", "console")  # a usage synopsis goes in a ```text block
+ROLECAST = re.compile(r"^(\S*/)?rolecast ")
+BENCHMARK = re.compile(r"^(\S*/)?python3? (benchmarks/\w+\.py)")
+PATHS = re.compile(r"^(recipes|roles|examples|benchmarks|plugins|sandboxes)/\S+$")
+
+
+def shown_commands(page: Path) -> list[str]:
+    """Each shell line of the page's code blocks that runs ``rolecast`` or a benchmark, continuations
+    joined, a trailing comment and whatever follows ``&&``, ``|`` or ``;`` cut; and each such command
+    quoted whole in its prose (one that names a recipe, or a benchmark's flags, with no PLACEHOLDER:
+    prose also mentions a bare ``rolecast eval --opponent``)."""
+    text = page.read_text()
+    blocks = [body for lang, body in re.findall(r"^```(\w*)\n(.*?)^```", text, re.S | re.M) if lang in SHELL]
+    prose = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    commands = [span for span in re.findall(r"`([^`\n]+)`", prose)
+                if (ROLECAST.match(span) and " recipes/" in span or BENCHMARK.match(span) and " -" in span)
+                and not re.search(r"\b[A-Z_]{2,}\b", span)]
+    for line in "\n".join(blocks).replace("\\\n", " ").splitlines():
+        line = re.split(r"\s+#", line.strip().removeprefix("$ "))[0]
+        line = re.split(r"\s*(?:&&|\|\|?|;)\s*", line)[0]
+        if ROLECAST.match(line) or BENCHMARK.match(line):
+            commands.append(line)
+    return commands
+
+
+COMMANDS = [(page.relative_to(ROOT).as_posix(), line) for page in PAGES for line in shown_commands(page)]
+
+
+class _Parsed(Exception):
+    """Raised by a benchmark's parse_args once its flags are read: the benchmark itself never runs."""
+
+
+def parses(script: str, args: list[str], monkeypatch) -> None:
+    parse = argparse.ArgumentParser.parse_args
+
+    def parse_then_stop(self, *a, **kw):
+        parse(self, *a, **kw)
+        raise _Parsed
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
+    monkeypatch.setattr(sys, "argv", [script, *args])
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    with pytest.raises(_Parsed):
+        runpy.run_path(str(ROOT / script), run_name="__main__")
+
+
+def test_the_pages_show_commands():
+    pages = {page for page, _ in COMMANDS}
+    assert len(COMMANDS) >= 40 and pages >= {"README.md", "docs/gpu.md", "docs/scale.md", "docs/training.md"}
+    assert sum(bool(BENCHMARK.match(line)) for _, line in COMMANDS) >= 10
+
+
+@pytest.mark.parametrize("page,line", COMMANDS, ids=[f"{page}:{line[:60]}" for page, line in COMMANDS])
+def test_a_shown_command_parses_and_names_files_that_exist(page, line, monkeypatch):
+    args = shlex.split(line)
+    for path in (arg.split("=", 1)[-1] for arg in args):  # recipes, roles and scripts it names are here
+        if PATHS.match(path) and "*" not in path:
+            assert (ROOT / path).exists(), f"{page}: {line!r} names {path}, which is not in the repository"
+    try:
+        if ROLECAST.match(line):
+            build_parser().parse_args(args[1:])
+        else:
+            parses(args[1], args[2:], monkeypatch)
+    except SystemExit as exit:
+        pytest.fail(f"{page}: {line!r} is not a command it takes (exit {exit.code})")
