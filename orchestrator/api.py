@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .errors import RolecastError
-from .launch import Compute, adapter_dirs, bindings, play, policies_and_workers, recorded_run, run_dir
+from .launch import (Compute, adapter_dirs, bindings, closed_on_error, play, policies_and_workers, recorded_run,
+                     run_dir)
 from .rollout import RunOptions, RunResult
 from .team import Team, with_training_options
 from .team import load_team as _load_team
@@ -87,11 +88,12 @@ def run(team: TeamLike, *, episodes: int | None = None, tasks: Sequence[str | Ma
     seed = cfg.seed if seed is None else seed
     out_dir = run_dir(out, team.name, fresh=True)
     policies_, workers = policies_and_workers(compute, team, overrides, model, seed, loaded)
-    options = RunOptions(
-        episodes=episodes or cfg.episodes, seed=seed, out_dir=out_dir, concurrency=concurrency or cfg.concurrency,
-        episode_timeout_s=timeout or cfg.episode_timeout_s, progress=progress,
-        extra={**_record(compute, model, overrides, loaded), "rollout_workers": workers.workers if workers else None})
-    return _sync(lambda: play(team, policies_, options, workers, overrides))
+    with closed_on_error(workers):
+        options = RunOptions(
+            episodes=episodes or cfg.episodes, seed=seed, out_dir=out_dir, concurrency=concurrency or cfg.concurrency,
+            episode_timeout_s=timeout or cfg.episode_timeout_s, progress=progress,
+            extra={**_record(compute, model, overrides, loaded), "rollout_workers": workers.workers if workers else None})
+        return _sync(lambda: play(team, policies_, options, workers, overrides))
 
 
 @dataclass
@@ -136,10 +138,11 @@ def evaluate(team: TeamLike, *, episodes: int = 100, held_out: bool = False, opp
     out_dir = run_dir(out, f"eval-{team.name}", fresh=True)
     policies_, workers = policies_and_workers(compute, team, overrides, model, seed, loaded,
                                               {CHECKPOINT_ADAPTER: checkpoint} if checkpoint else None)
-    options = RunOptions(episodes=episodes, seed=seed, out_dir=out_dir, concurrency=concurrency or cfg.concurrency,
-                         episode_timeout_s=cfg.episode_timeout_s, progress=progress,
-                         extra={"eval": True, "opponent": opponent, **_record(compute, model, overrides, loaded)})
-    result = _sync(lambda: play(team, policies_, options, workers, overrides))
+    with closed_on_error(workers):
+        options = RunOptions(episodes=episodes, seed=seed, out_dir=out_dir, concurrency=concurrency or cfg.concurrency,
+                             episode_timeout_s=cfg.episode_timeout_s, progress=progress,
+                             extra={"eval": True, "opponent": opponent, **_record(compute, model, overrides, loaded)})
+        result = _sync(lambda: play(team, policies_, options, workers, overrides))
     report = {"team": team.name, "episodes": len(result.episodes), "status": result.summary["status"],
               "opponent": {"role": opponent_role, "policy": opponent} if opponent_role else None,
               "bindings": shown, "roles": rates(team, result.episodes, result.summary),
@@ -209,23 +212,24 @@ def train_into(team: Team, out: Path, compute: Compute, *, seed: int | None = No
     model = compute.model or team.config.model
     seed = team.config.seed if seed is None else seed
     workers = compute.workers(model, seed)  # first: a missing Ray fails before the model loads
-    engine = load_engine(model, compute.dtype, seed, compute.engine, device=compute.device)
-    service = ServiceClient.for_engine(engine, model, seed=seed, device=device_for(compute.device))
-    service.attach_engine(engine)
-    where = {"rollout_workers": workers.workers, "ray": compute.ray} if workers else {}
-    options = TrainOptions(out_dir=out, model=model, dtype=compute.dtype, seed=seed, steps=steps, resume=resume,
-                           progress=progress, extra={"device": str(service.device), **where, **(extra or {})})
+    with closed_on_error(workers):  # the workers outlive nothing that fails here
+        engine = load_engine(model, compute.dtype, seed, compute.engine, device=compute.device)
+        service = ServiceClient.for_engine(engine, model, seed=seed, device=device_for(compute.device))
+        service.attach_engine(engine)
+        where = {"rollout_workers": workers.workers, "ray": compute.ray} if workers else {}
+        options = TrainOptions(out_dir=out, model=model, dtype=compute.dtype, seed=seed, steps=steps, resume=resume,
+                               progress=progress, extra={"device": str(service.device), **where, **(extra or {})})
 
-    async def go() -> TrainResult:
-        try:
-            return TrainResult(out, await TrainingRun(team, options, engine, service, rollouts=workers).run())
-        finally:
-            await engine.aclose()
-            service.close()
-            if workers:
-                workers.close()
+        async def go() -> TrainResult:
+            try:
+                return TrainResult(out, await TrainingRun(team, options, engine, service, rollouts=workers).run())
+            finally:
+                await engine.aclose()
+                service.close()
+                if workers:
+                    workers.close()
 
-    return _sync(go)
+        return _sync(go)
 
 
 def _team(team: TeamLike) -> Team:

@@ -4,9 +4,10 @@ rollout workers that play. Errors name the command-line flag a value came from (
 ``--adapter``, ``--out``), which is also the keyword's name in the API."""
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -155,9 +156,22 @@ def policies_and_workers(compute: Compute, team: Any, overrides: dict[str, Bindi
     if workers is None:
         return build_policies(team, overrides, lambda: load_engine(model, compute.dtype, seed, compute.engine, adapters,
                                                                    compute.device)), None
-    for name, path in adapters.items():
-        workers.publish(name, path, 1)
-    return build_policies(team, overrides, lambda: None), workers
+    with closed_on_error(workers):
+        for name, path in adapters.items():
+            workers.publish(name, path, 1)
+        return build_policies(team, overrides, lambda: None), workers
+
+
+@contextlib.contextmanager
+def closed_on_error(workers: Any) -> Iterator[None]:
+    """Close the Ray rollout workers (and Ray, where they started it) when the block fails: else
+    they outlive the error, and a later call in the same process would find that Ray running."""
+    try:
+        yield
+    except BaseException:
+        if workers is not None:
+            workers.close()
+        raise
 
 
 async def play(team: Any, policies: dict[str, Any], options: Any, workers: Any = None,
@@ -168,10 +182,10 @@ async def play(team: Any, policies: dict[str, Any], options: Any, workers: Any =
 
     from .rollout import run_team
 
-    if workers is not None:
-        options = dataclasses.replace(options, play=workers.bind(team, overrides or {}),
-                                      concurrency=options.concurrency * workers.workers)
     try:
+        if workers is not None:
+            options = dataclasses.replace(options, play=workers.bind(team, overrides or {}),
+                                          concurrency=options.concurrency * workers.workers)
         return await run_team(team, policies, options)
     finally:
         engines = {id(p.engine): p.engine for p in policies.values() if getattr(p, "engine", None) is not None}

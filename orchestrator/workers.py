@@ -13,15 +13,20 @@ adapter versions, so a transcript says which published weights sampled each turn
 always goes to worker i mod N, and sampling seeds come from the episode, so a run with workers
 samples what the single-process run samples (up to the last bits of batched arithmetic).
 
-A worker that dies is replaced (its teams bound and adapters sent again) and its unfinished
-episodes re-played there from the start; an episode that raised on a live worker is a result
-(status ``error``), as it is without Ray. Sandboxes run inside the worker that plays the episode.
+A worker that dies, while playing or between episodes, is replaced (its teams bound and adapters
+sent again) and its unfinished episodes re-played there from the start: twice beside the worker's
+other episodes, then with the worker to itself, so that an episode that kills its worker every
+time fails alone, and not the episodes that shared the worker with it. An episode that raised on a
+live worker is a result (status ``error``), as it is without Ray. Sandboxes run inside the worker
+that plays the episode.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
+import socket
 import tempfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -35,7 +40,10 @@ from .transcript import EpisodeRecord
 
 log = structlog.get_logger()
 
-MAX_RESTARTS = 3  # per episode: a worker that dies this often in a row is a fault of the episode
+# An episode whose worker dies is played again: this often beside the worker's other episodes (the
+# death may be another's doing), then this often with the worker to itself, where a death is its own.
+SHARED_TRIES, ALONE_TRIES = 2, 2
+FOLDER_PREFIX = "rolecast-worker-"
 
 
 @dataclass
@@ -67,7 +75,8 @@ class RolloutWorker:
         self.teams: dict[str, tuple[Any, dict]] = {}
         self.loaded: dict[str, int] = {}  # adapter -> driver version held
         self.driver_version: dict[tuple[str, int], int] = {}  # (adapter, engine version) -> driver version
-        self.folder = Path(tempfile.mkdtemp(prefix="rolecast-worker-"))
+        remove_orphan_folders()
+        self.folder = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-"))
 
     def bind(self, key: str, team: Any, overrides: dict) -> None:
         from .rollout import build_policies
@@ -105,9 +114,76 @@ class RolloutWorker:
     def pid(self) -> int:
         return os.getpid()
 
+    def remove_folder(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def remove_orphan_folders(parent: str | None = None) -> None:
+    """Remove the adapter folders of this node's workers that died (a worker Ray kills, or one that
+    crashed, leaves its folder behind): each folder's name holds its worker's process id."""
+    for folder in Path(parent or tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*-*"):
+        pid = folder.name.removeprefix(FOLDER_PREFIX).split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """A cluster address that nothing answers at fails here in seconds: Ray itself retries a dead
+    address for about a quarter of an hour, printing only its own C++ warnings."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not (host and port.isdigit()):  # "auto" and other forms: Ray finds the cluster itself
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise RolecastError(f"--ray {address}: no Ray cluster answers there ({exc.strerror or exc}); start one "
+                            f"with `ray start --head`, or use --ray local") from None
+
+
+class _Sharing:
+    """Who plays on one worker: any number of episodes together, or one alone. One waiting to play
+    alone holds newcomers back, so it is not kept waiting by a stream of them."""
+
+    def __init__(self) -> None:
+        self.playing = 0  # episodes in flight; -1: one alone
+        self.waiting_alone = 0
+        self.changed = asyncio.Condition()
+
+    @contextlib.asynccontextmanager
+    async def turn(self, alone: bool):
+        async with self.changed:
+            if alone:
+                self.waiting_alone += 1
+                try:
+                    await self.changed.wait_for(lambda: self.playing == 0)
+                finally:
+                    self.waiting_alone -= 1
+                self.playing = -1
+            else:
+                await self.changed.wait_for(lambda: self.playing >= 0 and not self.waiting_alone)
+                self.playing += 1
+        try:
+            yield
+        finally:
+            async with self.changed:
+                self.playing = 0 if alone else self.playing - 1
+                self.changed.notify_all()
+
 
 class RayRollouts:
     """The driver's side: starts (or joins) Ray, owns the workers, replaces the ones that die."""
+
+    worker = RolloutWorker  # the actors' class (a test gives one that fails on cue)
 
     def __init__(self, options: RayOptions, *, model: str, dtype: str = "auto", seed: int = 0, backend: str = "hf",
                  device: str = "cpu"):
@@ -125,12 +201,16 @@ class RayRollouts:
                 start_env()
                 kwargs["num_cpus"] = max(os.cpu_count() or 1, int(options.workers * options.cpus_per_worker + 0.999))
             else:
+                check_reachable(options.address)
                 kwargs["address"] = options.address
-            ray.init(**kwargs)
+            try:
+                ray.init(**kwargs)
+            except ConnectionError as exc:
+                raise RolecastError(f"--ray {options.address}: {exc}") from None
         self._check_gpus()
         threads = max(1, int(options.cpus_per_worker)) if device == "cpu" else 0
         self._actor_class = ray.remote(num_cpus=options.cpus_per_worker, num_gpus=options.gpus_per_worker,
-                                       max_restarts=0)(RolloutWorker)
+                                       max_restarts=0)(self.worker)
         self._args = (model, dtype, seed, backend, device, threads)
         self.teams: dict[str, tuple[Any, dict]] = {}
         self.adapters: dict[str, tuple[int, Any]] = {}  # name -> (driver version, ref to its files)
@@ -140,7 +220,7 @@ class RayRollouts:
                  torch_threads=threads or None)
         self.generation = [0] * options.workers
         self.seen = [-1] * options.workers
-        self._locks: tuple[Any, list[asyncio.Lock]] = (None, [])  # (event loop, a lock per slot)
+        self._per_loop: tuple[Any, list[tuple[asyncio.Lock, _Sharing]]] = (None, [])  # (event loop, per slot)
         self.restarts = 0
 
     def _check_gpus(self) -> None:
@@ -184,47 +264,70 @@ class RayRollouts:
 
     async def _play(self, key: str, record: EpisodeRecord) -> EpisodeRecord:
         slot = record.index % self.workers
-        for _ in range(MAX_RESTARTS + 1):
-            actor, generation = await self._ready(slot)
-            ref = actor.play.remote(key, record)
+        for attempt in range(SHARED_TRIES + ALONE_TRIES):
+            generation = None  # of the actor that died; None: it died syncing, and _ready replaced it
             try:
-                return await ref
-            except asyncio.CancelledError:  # the episode's timeout: stop it on the worker too
-                self.ray.cancel(ref)
-                raise
+                async with self._slot(slot)[1].turn(alone=attempt >= SHARED_TRIES):
+                    actor, generation = await self._ready(slot)
+                    ref = actor.play.remote(key, record)
+                    try:
+                        return await ref
+                    except asyncio.CancelledError:  # the episode's timeout: stop it on the worker too
+                        self.ray.cancel(ref)
+                        raise
             except self.ray.exceptions.RayActorError as exc:
-                log.warning("rollout worker died", worker=slot, episode=record.id, error=str(exc).splitlines()[0])
-                await self._replace(slot, generation)
-        raise RolecastError(f"episode {record.id}: its rollout worker died {MAX_RESTARTS + 1} times")
+                log.warning("rollout worker died", worker=slot, episode=record.id, alone=attempt >= SHARED_TRIES,
+                            error=str(exc).splitlines()[0])
+                if generation is not None:
+                    await self._replace(slot, generation)
+        raise RolecastError(f"episode {record.id}: its rollout worker died {SHARED_TRIES + ALONE_TRIES} times, "
+                            f"the last {ALONE_TRIES} with no other episode on it")
 
     async def _ready(self, slot: int) -> tuple[Any, int]:
-        """The slot's actor with every published adapter loaded."""
-        async with self._lock(slot):
+        """The slot's actor with every published adapter loaded, and its generation."""
+        async with self._slot(slot)[0]:
+            actor, generation = self.actors[slot], self.generation[slot]
             if self.seen[slot] != self.changes:
                 changes = self.changes
-                await self.actors[slot].sync.remote(self.adapters)
+                try:
+                    await actor.sync.remote(self.adapters)
+                except self.ray.exceptions.RayActorError:  # it died between episodes
+                    await self._respawn(slot)
+                    raise
                 self.seen[slot] = changes
-            return self.actors[slot], self.generation[slot]
+            return actor, generation
 
     async def _replace(self, slot: int, generation: int) -> None:
-        async with self._lock(slot):
-            if self.generation[slot] != generation:  # another episode of this slot replaced it already
-                return
-            self.restarts += 1
-            actor = self._actor_class.remote(*self._args)
-            for key, (team, overrides) in self.teams.items():
-                await actor.bind.remote(key, team, overrides)
-            self.actors[slot], self.generation[slot], self.seen[slot] = actor, generation + 1, -1
+        async with self._slot(slot)[0]:
+            if self.generation[slot] == generation:  # else another episode of this slot replaced it already
+                await self._respawn(slot)
 
-    def _lock(self, slot: int) -> asyncio.Lock:
-        """The slot's lock in the running event loop (a lock is bound to the first loop that waits
-        on it, and one pool may serve several asyncio.run calls)."""
+    async def _respawn(self, slot: int) -> None:
+        """A new actor in ``slot`` (its lock held), with the teams bound; it loads the adapters before
+        its first episode. The old one is killed: Ray also reports a live actor it cannot reach for
+        a while as lost, and that one would go on holding its CPU or GPU."""
+        self.restarts += 1
+        self.ray.kill(self.actors[slot], no_restart=True)
+        actor = self._actor_class.remote(*self._args)
+        self.actors[slot], self.generation[slot], self.seen[slot] = actor, self.generation[slot] + 1, -1
+        for key, (team, overrides) in self.teams.items():
+            await actor.bind.remote(key, team, overrides)
+
+    def _slot(self, slot: int) -> tuple[asyncio.Lock, _Sharing]:
+        """The slot's lock (for syncing and replacing its actor) and its sharing, in the running event
+        loop: both are bound to the first loop that waits on them, and one pool may serve several
+        asyncio.run calls."""
         loop = asyncio.get_running_loop()
-        if self._locks[0] is not loop:
-            self._locks = (loop, [asyncio.Lock() for _ in self.actors])
-        return self._locks[1][slot]
+        if self._per_loop[0] is not loop:
+            self._per_loop = (loop, [(asyncio.Lock(), _Sharing()) for _ in self.actors])
+        return self._per_loop[1][slot]
 
     def close(self) -> None:
+        """Remove the workers' adapter folders, stop the workers, and Ray if this pool started it;
+        a second call does nothing."""
+        if self.actors and self.ray.is_initialized():  # a dead worker's folder goes when the next one starts
+            self.ray.wait([actor.remove_folder.remote() for actor in self.actors], num_returns=len(self.actors),
+                          timeout=10)
         for actor in self.actors:
             self.ray.kill(actor)
         self.actors = []

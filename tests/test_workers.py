@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import pickle
 import random
+import socket
+import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from orchestrator.team import load_team
-from support import SMALL_TRAINING, credit, tiny_engine
+from support import SMALL_TRAINING, credit, lora_state, peft_dir, tiny_engine
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -92,6 +96,7 @@ def test_a_worker_killed_mid_rollout_is_replaced_and_nothing_is_lost(ray_local, 
 
     try:
         result = asyncio.run(run_team(team, {}, RunOptions(out_dir=tmp_path / "ray", play=play_then_kill, **options)))
+        assert pool.restarts == 1
         # the same pool serves a second event loop (its locks are per loop)
         again = asyncio.run(run_team(team, {}, RunOptions(out_dir=tmp_path / "again", play=play, **options)))
     finally:
@@ -104,6 +109,106 @@ def test_a_worker_killed_mid_rollout_is_replaced_and_nothing_is_lost(ray_local, 
     assert sorted(json.loads(line)["index"] for line in lines) == list(range(8))
     tokens = [[a.token_ids for t in r.turns for a in t.attempts] for r in result.episodes]
     assert tokens == [[a.token_ids for t in r.turns for a in t.attempts] for r in expected.episodes]
+
+
+def _worker_folders(pids: list[int]) -> list[Path]:
+    return [f for pid in pids for f in Path(tempfile.gettempdir()).glob(f"rolecast-worker-{pid}-*")]
+
+
+def test_a_worker_that_died_between_episodes_is_replaced_with_the_latest_weights(ray_local, tmp_path):
+    """A worker killed while idle (the trainer stepping) fails the weights' sync before the next
+    episode: it is replaced there, the new one loads the published version, and its folders go."""
+    from orchestrator.rollout import RunOptions, run_team
+    from orchestrator.workers import RayOptions, RayRollouts
+
+    team = load_team(ROOT / "recipes/code_pair.yaml")
+    options = dict(episodes=2, seed=3, progress=False)
+    pool = RayRollouts(RayOptions(workers=1), model="tiny", dtype="float32")
+    play = pool.bind(team, {})
+    try:
+        first = asyncio.run(run_team(team, {}, RunOptions(out_dir=tmp_path / "a", play=play, **options)))
+        pids = [ray_local.get(pool.actors[0].pid.remote())]
+        assert _worker_folders(pids)
+        ray_local.kill(pool.actors[0])
+        pool.publish("coder", peft_dir(tmp_path / "coder", lora_state(tiny_engine().model, seed=1)), 7)
+        after = asyncio.run(run_team(team, {}, RunOptions(out_dir=tmp_path / "b", play=play, **options)))
+        pids.append(ray_local.get(pool.actors[0].pid.remote()))
+    finally:
+        pool.close()
+    assert [r.status for r in first.episodes + after.episodes] == ["ok"] * 4 and pool.restarts == 1
+    assert {a.adapter_version for r in after.episodes for t in r.turns if t.role == "coder" for a in t.attempts} == {7}
+    assert not _worker_folders(pids)  # the dead one's went when its successor started; the live one's at close
+
+
+def test_an_episode_that_kills_its_worker_fails_alone(ray_local, tmp_path):
+    """Every episode on a worker dies with it; replayed, the ones beside an episode that kills its
+    worker every time would die with it again and again. After two deaths an episode plays with
+    the worker to itself, so the culprit fails and its neighbours finish."""
+    from orchestrator.rollout import RunOptions, run_team
+    from orchestrator.workers import RayOptions, RayRollouts, RolloutWorker
+
+    class Poisoned(RolloutWorker):
+        async def play(self, key, record):
+            if record.index == 0:
+                await asyncio.sleep(0.5)  # its neighbours are in flight when it dies
+                os._exit(1)
+            return await super().play(key, record)
+
+    class Pool(RayRollouts):
+        worker = Poisoned
+
+    team = load_team(ROOT / "recipes/code_pair.yaml")
+    pool = Pool(RayOptions(workers=1), model="tiny", dtype="float32")
+    try:
+        result = asyncio.run(run_team(team, {}, RunOptions(out_dir=tmp_path / "run", play=pool.bind(team, {}),
+                                                           episodes=3, seed=3, progress=False)))
+    finally:
+        pool.close()
+    assert [r.status for r in result.episodes] == ["error", "ok", "ok"]
+    assert "its rollout worker died 4 times, the last 2 with no other episode on it" in result.episodes[0].error
+    assert pool.restarts == 4  # one new worker a death: the culprit's four
+
+
+def test_orphaned_worker_folders_are_removed_and_live_ones_kept(tmp_path):
+    from orchestrator.workers import remove_orphan_folders
+
+    dead = subprocess.Popen(["true"])  # a process id that is free once it has ended
+    dead.wait()
+    orphan, live, other = (tmp_path / f"rolecast-worker-{dead.pid}-x1", tmp_path / f"rolecast-worker-{os.getpid()}-x2",
+                           tmp_path / "rolecast-workers")
+    for folder in (orphan / "coder" / "3", live, other):
+        folder.mkdir(parents=True)
+    remove_orphan_folders(str(tmp_path))
+    assert not orphan.exists() and live.exists() and other.exists()
+
+
+def test_a_cluster_address_nothing_answers_at_fails_at_once():
+    """Ray retries a dead address for about a quarter of an hour; the pool checks it first."""
+    from orchestrator.errors import RolecastError
+    from orchestrator.workers import check_reachable
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]  # closed again: nothing listens there
+    for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
+        with pytest.raises(RolecastError, match=rf"--ray {address}: no Ray cluster answers there .*--ray local"):
+            check_reachable(address, timeout_s=2)
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        check_reachable(f"127.0.0.1:{server.getsockname()[1]}")
+    check_reachable("auto")  # Ray finds the cluster itself
+
+
+def test_a_run_that_fails_after_the_workers_start_closes_them(ray_local, tmp_path, monkeypatch):
+    import rolecast
+    from orchestrator import workers
+
+    closed = []
+    monkeypatch.setattr(workers.RayRollouts, "close", lambda self: closed.append(self))
+    monkeypatch.setattr("orchestrator.rollout.build_policies", lambda *a: (_ for _ in ()).throw(RuntimeError("no policies")))
+    with pytest.raises(RuntimeError, match="no policies"):
+        rolecast.run(ROOT / "recipes/code_pair.yaml", episodes=1, model="tiny", ray="local", out=tmp_path / "run",
+                     progress=False)
+    assert len(closed) == 1
 
 
 def test_gpu_workers_that_this_ray_cannot_place_are_an_error_not_a_hang(ray_local):

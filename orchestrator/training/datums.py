@@ -80,6 +80,7 @@ class DatumBuildOptions:
     merge: bool = True
     min_version: int | None = None  # attempts sampled by an older adapter version are stale: dropped
     stats: dict[str, int] = field(default_factory=lambda: {"attempts": 0, "dropped": 0, "no_tokens": 0, "stale": 0})
+    versions: list[int] = field(default_factory=list)  # the adapter version of each attempt kept that has one
 
 
 def role_datums(
@@ -103,6 +104,8 @@ def role_datums(
         if not attempt.valid and options.invalid == "drop":
             options.stats["dropped"] += 1
             continue
+        if version is not None:
+            options.versions.append(version)
         adv = advantage + turn_extra.get(turn, 0.0) if attempt.valid else options.invalid_advantage
         if not (options.merge and sequences and sequences[-1].extend_with(attempt, adv)):
             sequences.append(_Sequence.start(attempt, adv))

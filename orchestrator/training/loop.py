@@ -285,13 +285,12 @@ class TrainingRun:
     def _datums(self, adapter: str, groups: list[list[EpisodeRecord]], advantages,
                 extra: list[list[TurnAdvantages]] | None) -> tuple[list, list[int], dict]:
         """The adapter's ((sampling temperature, role with loss options of its own or None), datum)
-        pairs from the step's episodes, the lag of each sampled attempt behind the learner, and, in
-        async training, how many turns were dropped as too stale (turns more than
+        pairs from the step's episodes, the lag behind the learner of each attempt they train on,
+        and, in async training, how many turns were dropped as too stale (turns more than
         ``max_staleness`` versions behind)."""
         current = self.published[adapter]
         options = DatumBuildOptions(invalid=self.cfg.invalid, invalid_advantage=self.cfg.invalid_advantage,
                                     min_version=current - self.cfg.max_staleness)
-        lags: list[int] = []
         items: list[tuple[tuple[float, str | None], Datum]] = []
         for g, group in enumerate(groups):
             for e, episode in enumerate(group):
@@ -302,12 +301,10 @@ class TrainingRun:
                         continue
                     t = self.team.roles[role].config.policy.sampling.temperature
                     key = (t if t > 0 else 1.0, role if role in self.cfg.role_loss_config else None)
-                    lags += [current - a.adapter_version for turn in episode.turns if turn.role == role
-                             for a in turn.attempts if a.adapter_version is not None]
                     turn_extra = extra[g][e][role] if extra is not None else None
                     items += [(key, d) for d in role_datums(episode, role, advantages[g][e][role], options, turn_extra)]
         stale = {f"{adapter}/stale_dropped": options.stats["stale"]} if self.cfg.max_staleness else {}
-        return items, lags, stale
+        return items, [current - v for v in options.versions], stale
 
     def _played(self, episode: EpisodeRecord, role: str) -> str:
         """The adapter that played ``role`` in ``episode``: the trainer's override, else the role's own."""

@@ -39,3 +39,4 @@ def test_attempts_sampled_by_an_adapter_older_than_the_bound_are_dropped():
     opts = DatumBuildOptions(min_version=4)
     (d,) = role_datums(episode(("p", [old]), ("p", [new])), "p", 1.0, opts)
     assert d.loss_fn_inputs["target_tokens"] == [8, 9] and opts.stats["stale"] == 1
+    assert opts.versions == [5]  # the versions of what trains: the loop's staleness metric averages their lags
