@@ -35,7 +35,7 @@ def register(sub: Any) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from ..api import load_team, train_into
+    from ..api import as_started, load_team, train_into
     from ..launch import Compute
     from ..training.strategies import STRATEGIES, with_strategy
 
@@ -43,14 +43,20 @@ def handle(args: argparse.Namespace) -> int:
     if base.config.training is None:
         raise RolecastError(f"{base.path}: the recipe has no `training:` block")
     out = run_dir(args.out, f"compare-{base.name}")
-    # a started run (its config.yaml) goes on from its last checkpoint, or from step 0 without one
-    started = {name: (out / name / "config.yaml").is_file() for name in args.strategy or list(STRATEGIES)}
-    for name, resume in started.items():  # all checked before any trains: nothing of the user's is overwritten
-        if not resume and (out / name).is_dir() and any((out / name).iterdir()):
-            raise RolecastError(f"{out / name} holds files but no training run: move them, or give another --out")
-    for name, resume in started.items():
-        train_into(with_strategy(base, name, args.every), out / name, Compute(**compute_options(args)), seed=args.seed,
-                   steps=args.steps, resume=resume, progress=not args.no_progress, extra={"strategy": name})
+    runs = []
+    # all checked before any trains: nothing of the user's is overwritten, and a started run (its
+    # config.yaml) goes on from its last checkpoint (from step 0 without one) only as it was started
+    for name in args.strategy or list(STRATEGIES):
+        team, where, resume = with_strategy(base, name, args.every), out / name, (out / name / "config.yaml").is_file()
+        if not resume and where.is_dir() and any(where.iterdir()):
+            raise RolecastError(f"{where} holds files but no training run: move them, or give another --out")
+        compute, seed, steps = Compute(**compute_options(args)), args.seed, args.steps
+        if resume:
+            compute, seed, steps = as_started(team, where, compute, seed, steps)
+        runs.append((name, team, where, compute, seed, steps, resume))
+    for name, team, where, compute, seed, steps, resume in runs:
+        train_into(team, where, compute, seed=seed, steps=steps, resume=resume, progress=not args.no_progress,
+                   extra={"strategy": name})
     print(json.dumps(write_comparison(out, list(base.roles))))
     return 0
 

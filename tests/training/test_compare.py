@@ -39,6 +39,17 @@ def test_compare_trains_each_strategy_and_plots_them(cli, tmp_path):
     assert sorted(p.name for p in (out / "grpo" / "sampler").iterdir()) == ["con", "pro"]
     assert sorted(p.name for p in (out / "shared" / "sampler").iterdir()) == [SHARED_ADAPTER]
     assert (out / "compare.png").stat().st_size > 0 and (out / "compare.json").exists()
+    # run again, it resumes each strategy as it was started: other options stop it before anything trains ...
+    metrics = (out / "grpo" / "metrics.jsonl").read_text()
+    code, _, err = cli("compare", train_recipe(tmp_path, 1), "--strategy", "grpo", "--strategy", "shared",
+                       "--out", out, "--no-progress", "--set", "eval_episodes=3")
+    assert code == 2 and "was started with training.eval_episodes = 2, this command has 3" in err, err
+    assert (out / "grpo" / "metrics.jsonl").read_text() == metrics
+    # ... and the model it recorded is the default for the steps it adds
+    code, stdout, err = cli("compare", train_recipe(tmp_path, 1), "--strategy", "grpo", "--steps", "2",
+                            "--dtype", "float32", "--out", out, "--no-progress", "--set", "eval_episodes=2")
+    assert code == 0, err
+    assert [p["step"] for p in json.loads(stdout.strip().splitlines()[-1])["strategies"]["grpo"]["pro"]] == [0, 1, 2]
 
 
 def test_compare_keeps_a_folder_that_holds_no_run(cli, tmp_path):
