@@ -183,8 +183,8 @@ def as_started(team: Team, out: Path, compute: Compute, seed: int | None,
     config.yaml recorded, and a recipe, model, seed or training option that differs from it stops
     here with one line (its adapters' shapes, its schedule and its RNG belong to those)."""
     recorded = recorded_run(out)
-    if recorded is None:
-        return compute, seed, steps  # not a run dir: the loop says there is no checkpoint to resume
+    if recorded is None:  # said before the model loads, and before anything makes the folder
+        raise RolecastError(f"--resume: {out} holds no training run (no config.yaml)")
     recipe, then_run = recorded.get("recipe") or {}, recorded.get("run") or {}
     if recipe.get("name", team.name) != team.name:
         raise RolecastError(f"--resume: {out} is a run of recipe {recipe['name']!r}, not {team.name!r}")

@@ -12,8 +12,9 @@ Run dir::
     checkpoints/step-000005/      every adapter's weights, optimizer, RNG; trainer state
     checkpoints/latest            the name of the last complete checkpoint (replaced atomically)
 
-A checkpoint is written to a temp dir and renamed into place before ``latest`` points at it,
-so a kill -9 at any moment leaves the last good one; ``--resume`` continues at the step after.
+A checkpoint is written to a temp dir and renamed into place before ``latest`` names it, so a
+kill -9 at any moment leaves the last good one; ``--resume`` continues at the step after the
+newest whole checkpoint (one damaged since, say a folder deleted by hand, is passed over).
 """
 from __future__ import annotations
 
@@ -111,9 +112,12 @@ class TrainingRun:
 
     # -- the loop --------------------------------------------------------------------------------
     async def run(self) -> dict[str, Any]:
-        if not self.options.resume and (self.run_dir / "metrics.jsonl").exists():  # its rows would mix with ours
-            raise RolecastError(f"{self.run_dir} already holds a training run: add --resume to continue it, "
-                                "or give another --out")
+        if not self.options.resume:  # a training run's rows would mix with ours; a played run's config be lost
+            if (self.run_dir / "metrics.jsonl").exists():
+                raise RolecastError(f"{self.run_dir} already holds a training run: add --resume to continue it, "
+                                    "or give another --out")
+            if (self.run_dir / "config.yaml").exists():
+                raise RolecastError(f"{self.run_dir} already holds a run (its config.yaml): give another --out")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         start = await self._resume() if self.options.resume else 0  # the first step still to run
         if start > self.steps:
@@ -440,15 +444,12 @@ class TrainingRun:
     async def _resume(self) -> int:
         """Load the last checkpoint; the first step still to run. A run stopped before its first
         checkpoint starts again from step 0 in the same dir (its rows are dropped)."""
-        latest = self.run_dir / "checkpoints" / "latest"
-        if not latest.exists():
-            if not (self.run_dir / "config.yaml").is_file():
-                raise RolecastError(f"--resume: {self.run_dir} holds no training run (no config.yaml)")
+        found = self._last_checkpoint()
+        if found is None:
             log.warning("no checkpoint yet: starting again from step 0", run_dir=str(self.run_dir))
             self.metrics.truncate_after(-1)
             return 0
-        folder = self.run_dir / "checkpoints" / latest.read_text().strip()
-        state = json.loads((folder / "trainer.json").read_text())
+        folder, state = found
         if state["step"] > self.steps:
             raise RolecastError(f"--resume: {self.run_dir} is at step {state['step']}, past --steps {self.steps}")
         for adapter, client in self.clients.items():
@@ -462,6 +463,27 @@ class TrainingRun:
         self.metrics.truncate_after(state["step"])
         log.info("resumed", step=state["step"], checkpoint=str(folder))
         return int(state["step"]) + 1
+
+    def _last_checkpoint(self) -> tuple[Path, dict[str, Any]] | None:
+        """The newest checkpoint that is whole, and its trainer state; None where there is none. A
+        checkpoint is written whole or not at all (``checkpoint``), so a damaged one was damaged
+        afterwards: it is passed over for the one before, with a warning; where every one is
+        damaged, resuming stops rather than start again and drop the run's rows."""
+        folders = sorted((self.run_dir / "checkpoints").glob("step-*"), reverse=True)  # zero-padded: newest first
+        problems = []
+        for folder in folders:
+            try:
+                state = json.loads((folder / "trainer.json").read_text())
+                missing = [p for p in (folder / "rng.pt", *(folder / "adapters" / a for a in self.clients)) if not p.exists()]
+                if missing:
+                    raise FileNotFoundError(f"no {missing[0].relative_to(folder)}")
+                return folder, state
+            except (OSError, ValueError) as exc:
+                problems.append(f"{folder.name}: {exc.strerror if isinstance(exc, OSError) and exc.strerror else exc}")
+                log.warning("checkpoint damaged: trying the one before", checkpoint=str(folder), problem=problems[-1])
+        if folders:
+            raise RolecastError(f"--resume: no whole checkpoint in {self.run_dir / 'checkpoints'} ({'; '.join(problems)})")
+        return None
 
     async def _finished(self) -> dict[str, Any]:
         """A resumed run that had trained all its steps: its final evaluation row, made now only if

@@ -325,6 +325,12 @@ def test_resume_edges(cli, tmp_path):
 
     code, _, err = cli("train", recipe, "--out", tmp_path / "empty", "--resume", "--model", "tiny")
     assert code == 2 and "holds no training run (no config.yaml)" in err, err
+    assert not (tmp_path / "empty").exists()  # refused before anything made it
+
+    write(tmp_path / "played" / "config.yaml", "recipe: {}\n")  # as `rolecast run` leaves it: not overwritten
+    code, _, err = cli("train", recipe, "--out", tmp_path / "played", "--model", "tiny")
+    assert code == 2 and "already holds a run (its config.yaml): give another --out" in err, err
+    assert (tmp_path / "played" / "config.yaml").read_text() == "recipe: {}\n"
 
     for name, text, words in (("unparsable", "recipe: [unclosed\n", "is unreadable (ParserError)"),
                               ("list", "- a\n- b\n", "is not a run's config"),
@@ -333,6 +339,27 @@ def test_resume_edges(cli, tmp_path):
         (tmp_path / name / "config.yaml").write_bytes(text.encode("utf-8", "surrogateescape"))
         code, _, err = cli("train", recipe, "--out", tmp_path / name, "--resume", "--model", "tiny")
         assert code == 2 and words in err and "Traceback" not in err, (name, err)
+
+
+def test_resume_passes_over_a_damaged_checkpoint_for_the_one_before(cli, tmp_path):
+    """Checkpoints are written whole; one damaged afterwards (a file deleted by hand) is passed over
+    with a warning, and with none whole the resume stops in one line rather than start again."""
+    from support import SMALL_TRAINING, train_tiny
+
+    recipe, run = Path(__file__).resolve().parents[2] / "recipes/guess_number.yaml", tmp_path / "run"
+    train_tiny(cli, recipe, run, 2, "--set", "checkpoint_every=1")
+    (run / "checkpoints" / "step-000002" / "trainer.json").unlink()
+    again = ["--out", run, "--resume", "--no-progress", "--dtype", "float32", *SMALL_TRAINING, "--set", "checkpoint_every=1"]
+    code, _, err = cli("train", recipe, *again, "--steps", "3")
+    assert code == 0, err
+    assert "checkpoint damaged" in err and "step-000002: No such file or directory" in err, err
+    assert [(r["step"], r["kind"]) for r in rows(run)] == [(0, "eval"), (1, "train"), (2, "train"), (3, "train"), (3, "eval")]
+
+    for folder in (run / "checkpoints").glob("step-*"):
+        (folder / "rng.pt").unlink()
+    code, _, err = cli("train", recipe, *again, "--steps", "4")
+    assert code == 2 and "--resume: no whole checkpoint in" in err and "step-000003: no rng.pt" in err, err
+    assert "Traceback" not in err and rows(run)[-1]["step"] == 3  # nothing dropped
 
 
 def test_report_names_what_is_wrong_with_a_run_dir_in_one_line(cli, tmp_path):
