@@ -1,14 +1,19 @@
 """The ``rolecast`` command line: one module per command, flags they share in ``flags.py``.
 
 A user's mistake (bad YAML, unknown role, bad binding) is one line on stderr and exit code 2;
-``--debug`` shows the traceback instead. Plugins add commands through the ``register_commands``
+``--debug`` shows the traceback instead. Ctrl-C stops a command with exit code 130, SIGTERM with
+143, each after the clean-up that ``finally`` blocks do. Plugins add commands through the ``register_commands``
 hook (``hookspecs.py``).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 
 from .. import logs
 from ..errors import EXIT_USAGE, ConfigError, RolecastError
@@ -25,15 +30,43 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     try:
-        return int(args.func(args) or 0)
+        with stopped_by_sigterm():
+            return int(args.func(args) or 0)
     except RolecastError as exc:
         if args.debug:
             raise
         print(str(exc) if isinstance(exc, ConfigError) else f"rolecast: {exc}", file=sys.stderr)
         return exc.exit_code
+    except Terminated:
+        print("rolecast: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print("rolecast: interrupted", file=sys.stderr)
         return 130
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``timeout``, ``docker stop``, systemd, a cluster's scheduler), stopping a command
+    as Ctrl-C does: Python's default for it ends the process at once, and the clean-up that
+    ``finally`` blocks do (a sandbox's workdir handed back to its owner, Ray's workers stopped)
+    would never run."""
+
+
+@contextlib.contextmanager
+def stopped_by_sigterm() -> Iterator[None]:
+    """SIGTERM raises Terminated while the block runs, where no one else handles it."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+
+    def terminate(signum: int, frame: object) -> None:
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def build_parser() -> argparse.ArgumentParser:

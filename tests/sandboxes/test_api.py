@@ -5,6 +5,8 @@ import argparse
 import asyncio
 import json
 import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -146,3 +148,22 @@ def test_cli_json_and_refusals(workdir, capsys):
     args = _cli("--backend", "none", "--workdir", str(workdir), "--", "true")
     assert args.func(args) == 2
     assert "allow_unsafe" in capsys.readouterr().err
+
+
+def test_a_terminated_command_hands_the_workdir_back(workdir):
+    """`timeout`, `docker stop` and systemd stop a command with SIGTERM: the workdir, lent to the
+    sandbox's uid while it runs, goes back to its owner and mode, as after Ctrl-C."""
+    (workdir / "mine.txt").write_text("hi")
+    before = workdir.stat()
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "sandbox", "run", "--timeout", "60",
+                             "--workdir", str(workdir), "--", "sleep", "30"], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while workdir.stat().st_uid == before.st_uid and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # until the sandbox's uid holds it
+    assert proc.poll() is None, proc.stderr.read()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM and "rolecast: terminated" in err, err
+    for path in (workdir, workdir / "mine.txt"):
+        assert (path.stat().st_uid, path.stat().st_gid) == (before.st_uid, before.st_gid)
+    assert workdir.stat().st_mode == before.st_mode
