@@ -149,6 +149,12 @@ def _read_task(folder: Path) -> IssueTask:
         raise doc.error(("hidden_tests",), f"folder {task.hidden_tests!r} not found")
     if not task.hidden_test_files():
         raise doc.error(("hidden_tests",), f"no test_*.py files in {task.hidden_tests!r}")
+    try:  # the fix: rewards and `rolecast tasks check` apply it
+        task.solution_patch()
+    except FileNotFoundError:
+        raise ConfigError(doc.path, None, "(folder)", f"no {PATCH_FILE} next to {TASK_FILE} (the fix, as a diff)") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(task.patch_path, None, "(file)", f"unreadable: {exc}") from None
     for i, rel in enumerate(task.visible_tests):
         if not (task.repo_dir / rel).exists():
             raise doc.error(("visible_tests", i), f"{rel!r} not found in repo/")

@@ -95,6 +95,18 @@ def test_bad_task_yaml_one_line_error(tmp_path, text, line, key, problem):
     assert problem in msg
 
 
+@pytest.mark.parametrize("patch, problem", [(None, "task.yaml: (folder): no solution.patch next to task.yaml"),
+                                            (b"\xff\xfe--- a/x\n", "solution.patch: (file): unreadable: 'utf-8' codec")])
+def test_a_task_without_a_readable_fix_is_one_line(tmp_path, patch, problem):
+    folder = _write_task(tmp_path, GOOD)
+    (folder / "solution.patch").unlink()
+    if patch is not None:
+        (folder / "solution.patch").write_bytes(patch)
+    with pytest.raises(TaskFileError) as info:
+        load_task(folder)
+    assert str(info.value).startswith(str(folder)) and problem in str(info.value) and "\n" not in str(info.value)
+
+
 def test_bad_task_id_shape(tmp_path):
     folder = _write_task(tmp_path, GOOD.replace("001-demo", "Demo_1"), name="Demo_1")
     with pytest.raises(ValueError, match=r"task\.yaml:1: id: must be a lowercase slug"):
