@@ -210,8 +210,7 @@ def _json(body: bytes) -> dict[str, Any]:
 
 
 async def serve(engine: HFEngine | VLLMEngine, model_name: str, host: str, port: int, adapters: dict[str, Path], ready=None) -> None:
-    for name, path in adapters.items():
-        engine.load_adapter(name, path)
+    """Serve ``engine``, which holds ``adapters`` (loaded with it), until cancelled."""
     server = await asyncio.start_server(ChatServer(engine, model_name).handle, host, port)
     bound = server.sockets[0].getsockname()[1]
     log.info("serve.listening", url=f"http://{host}:{bound}/v1", models=["base", *sorted(adapters)])

@@ -38,7 +38,7 @@ def handle(args: argparse.Namespace) -> int:
     if taken := sorted(set(adapters) & {"base", args.model}):
         raise RolecastError(f"--adapter {taken[0]}: that name is the base model's; give the adapter another")
     _check_address(args.host, args.port)  # before the model loads: a busy port is one line, not minutes later
-    engine = load_engine(args.model, args.dtype, 0, args.engine, device=args.device)
+    engine = load_engine(args.model, args.dtype, 0, args.engine, adapters, device=args.device)
 
     def ready(port: int) -> None:
         print(f"listening on http://{args.host}:{port}/v1", flush=True)

@@ -40,7 +40,10 @@ def load_engine(model: str, dtype: str = "auto", seed: int = 0, backend: str = "
         served = _hf(model, dtype, seed, where)
     log.info("engine", backend=backend, model=model, device=str(where), requested=device)
     for name, path in (adapters or {}).items():
-        served.load_adapter(name, path)
+        try:
+            served.load_adapter(name, path)
+        except (KeyError, ValueError) as exc:  # weights for other modules or shapes: another base model's
+            raise RolecastError(f"--adapter {name}={path}: {exc.args[0] if exc.args else exc}") from None
     return served
 
 

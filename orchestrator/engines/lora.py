@@ -192,6 +192,12 @@ class MultiLoRA:
         for module, p in pairs.items():
             if "lora_A" not in p or "lora_B" not in p:
                 raise KeyError(f"adapter {name!r}: module {module} lacks lora_A or lora_B")
+            linear, a, b = self.linears[module], p["lora_A"], p["lora_B"]
+            if a.dim() != 2 or b.dim() != 2 or a.shape[0] != b.shape[1] or \
+                    (a.shape[1], b.shape[0]) != (linear.in_features, linear.out_features):
+                raise ValueError(f"adapter {name!r} does not fit this model (trained on another base model?): {module} "
+                                 f"maps {linear.in_features} -> {linear.out_features} features, its lora_A is "
+                                 f"{tuple(a.shape)} and lora_B {tuple(b.shape)}")
         # B = 0 (a fresh adapter): its delta is zero, skip the matmuls
         live = [m for m, p in pairs.items() if p["lora_B"].any()]
         weights = {}

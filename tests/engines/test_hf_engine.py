@@ -196,3 +196,18 @@ def test_adapters_load_from_peft_format_dirs(engine, tmp_path):
     assert a.token_ids == b.token_ids
     with pytest.raises(KeyError, match="does not have"):
         engine.update_adapter("same", {"base_model.model.model.nope.lora_A.weight": torch.zeros(1)})
+
+
+def test_an_adapter_of_another_base_model_is_refused_at_load(engine, tmp_path):
+    """Shapes that do not fit would fail every episode later, inside a matmul."""
+    from orchestrator.engines.load import load_engine
+    from orchestrator.errors import RolecastError
+
+    state = lora_state(engine.model, 3, std=0.5)
+    key = next(k for k in state if k.endswith("lora_A.weight"))
+    state[key] = torch.zeros(state[key].shape[0], state[key].shape[1] * 2)  # a wider model's layer
+    folder = peft_dir(tmp_path / "other", state)
+    with pytest.raises(ValueError, match=r"adapter 'other' does not fit this model .* lora_A is \(4, \d+\)"):
+        engine.load_adapter("other", folder)
+    with pytest.raises(RolecastError, match=rf"--adapter other={folder}: adapter 'other' does not fit this model"):
+        load_engine("tiny", "float32", 0, adapters={"other": folder}, device="cpu")
