@@ -35,7 +35,8 @@ class LossConfig(PluginConfig):
     entropy_coef: float = Field(
         0.0, ge=0.0, description="weight of the entropy bonus (over the grammar's allowed tokens where constrained); 0 = none")
     # In a recipe this is not an option: `rolecast train` sets it from each role's sampling.temperature.
-    temperature: float = Field(1.0, ge=0.0, description="temperature the actions were sampled at (0 is read as 1)")
+    temperature: float = Field(1.0, ge=0.0, description="temperature the actions were sampled at (0 is read as 1)",
+                               json_schema_extra={"recipe": False})
 
 
 class PPOConfig(LossConfig):

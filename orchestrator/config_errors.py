@@ -1,6 +1,7 @@
 """Turn pydantic validation errors into one-line ``FILE:LINE: KEY: problem`` errors."""
 from __future__ import annotations
 
+import typing
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ValidationError
@@ -31,16 +32,45 @@ def problem_text(err: dict[str, Any], model: type[BaseModel] | None = None) -> s
 
 
 def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:
-    """Field names of the sub-model at ``loc`` (best effort: nested models only)."""
+    """Field names a recipe may give the sub-model at ``loc`` (best effort: nested models, optional
+    ones included; a field marked ``recipe: False`` is set by rolecast, not by a recipe)."""
     current: Any = model
     for part in loc:
         if isinstance(part, int):
             continue
-        field = getattr(current, "model_fields", {}).get(part)
+        field = _fields(current).get(part)
         if field is None:
             return []
         current = field.annotation
-    return sorted(getattr(current, "model_fields", {}).keys())
+    return sorted(k for k, f in _fields(current).items() if (f.json_schema_extra or {}).get("recipe", True))
+
+
+def _fields(annotation: Any) -> dict[str, Any]:
+    """The fields of a model, or of the model in ``Model | None``."""
+    for candidate in (annotation, *typing.get_args(annotation)):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate.model_fields
+    return {}
+
+
+def first_error(exc: ValidationError, data: Any, model: type[BaseModel]) -> tuple[tuple, str]:
+    """Where in ``data`` (keys and indexes) the first error of validating it as ``model`` is, and
+    what it is, in words."""
+    err = exc.errors()[0]
+    return data_loc(err, data), problem_text(err, model)
+
+
+def data_loc(err: dict[str, Any], data: Any) -> tuple:
+    """The error's location as keys and indexes of ``data``: pydantic adds a union member's name
+    (``tasks.list[dict[str,any]][0]``), which no YAML file has, where a union field fails."""
+    loc, at = [], data
+    for i, part in enumerate(err["loc"]):
+        if isinstance(at, dict) and part in at or isinstance(at, list) and isinstance(part, int) and part < len(at):
+            at = at[part]
+        elif not (i == len(err["loc"]) - 1 and err.get("type") == "missing"):  # a missing key is named, not in data
+            continue
+        loc.append(part)
+    return tuple(loc)
 
 
 def validate_model(model: type[BaseModel], data: Any, doc: ErrorSite, prefix: Loc = ()) -> Any:
@@ -48,5 +78,5 @@ def validate_model(model: type[BaseModel], data: Any, doc: ErrorSite, prefix: Lo
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        raise doc.error(prefix + tuple(err["loc"]), problem_text(err, model)) from None
+        loc, problem = first_error(exc, data, model)
+        raise doc.error(prefix + loc, problem) from None

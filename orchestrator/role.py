@@ -19,7 +19,7 @@ from .grammar.schema import GrammarError, check_reply_prefix
 from .messages import check_schema, compile_validator, schema_json
 from .policies.binding import Binding, parse_binding
 from .registry import Registry, default_registry
-from .config_errors import problem_text
+from .config_errors import first_error
 from .yamlfile import MAX_YAML_BYTES, Loc, YamlDoc, load_yaml, read_text
 
 LIBRARY_DIR = Path(_library.__file__).resolve().parent
@@ -210,9 +210,9 @@ def load_role(
     try:
         config = RoleConfig.model_validate(merged)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        d, loc = where(tuple(err["loc"]))
-        raise d.error(loc, problem_text(err, RoleConfig)) from None
+        at, problem = first_error(exc, merged, RoleConfig)
+        d, loc = where(at)
+        raise d.error(loc, problem) from None
 
     d, loc = where(("output_schema",))
     schema = _load_schema(config.output_schema, d, loc)

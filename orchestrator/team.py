@@ -22,7 +22,7 @@ from .envs.base import Env, EnvConfig
 from .errors import ConfigError, RolecastError
 from .registry import Registry, config_model, default_registry
 from .role import BASE_VARIABLES, RoleSpec, library_roles, load_role, resolve_role_path
-from .config_errors import ErrorSite, problem_text, validate_model
+from .config_errors import ErrorSite, first_error, validate_model
 from .training.trainer import build_trainer
 from .yamlfile import Loc, YamlDoc, format_loc, inline_doc, load_json_lines, load_yaml
 
@@ -120,8 +120,8 @@ def _load_protocol(config: TeamConfig, doc: YamlDoc, registry: Registry) -> tupl
     try:
         return env_class, env_class.Config.model_validate(options)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        raise doc.error(("protocol",) + tuple(err["loc"]), problem_text(err, env_class.Config)) from None
+        loc, problem = first_error(exc, options, env_class.Config)
+        raise doc.error(("protocol", *loc), problem) from None
 
 
 def _check_training(training: TrainingConfig, roles: dict[str, RoleSpec], env_class: type[Env], doc: ErrorSite,

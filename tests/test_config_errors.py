@@ -87,6 +87,13 @@ CASES = [
      "team.yaml", 9, "training.reward", "unknown reward plugin 'vibes'"),
     ("training-wrong-type", lambda w: replace_in(w / "team.yaml", "tasks:", "training:\n  steps: -3\ntasks:"),
      "team.yaml", 9, "training.steps", "greater than or equal to 1"),
+    ("training-unknown-key", lambda w: replace_in(w / "team.yaml", "tasks:", "training:\n  stpes: 3\ntasks:"),
+     "team.yaml", 9, "training.stpes", "unknown key (allowed: adam, checkpoint_every,"),
+    # a union field: the key is the file's (tasks[0]), not pydantic's member name (tasks.list[dict[str,any]][0])
+    ("task-not-a-mapping", lambda w: replace_in(w / "team.yaml", '  - {text: "the sea"}', "  - 3"),
+     "team.yaml", 9, "tasks[0]", "valid dictionary"),
+    ("schema-not-a-mapping", lambda w: replace_in(w / "team.yaml", "  - use: reviewer", "  - use: reviewer\n    output_schema: false"),
+     "team.yaml", 8, "roles[1].output_schema", "valid"),
 ]
 
 

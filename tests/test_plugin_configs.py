@@ -35,7 +35,7 @@ CASES = [
     ("loss-typo", "debate.yaml", "clip_low_threshold: 0.8", "clip_low: 0.8",
      39, "training.loss_config.clip_low", "unknown key (allowed: aggregation, clip_high_threshold, clip_low_threshold"),
     ("loss-option-of-another-loss", "debate.yaml", "loss: ppo", "loss: importance_sampling",
-     39, "training.loss_config.clip_low_threshold", "unknown key (allowed: aggregation, entropy_coef, kl_coef, temperature)"),
+     39, "training.loss_config.clip_low_threshold", "unknown key (allowed: aggregation, entropy_coef, kl_coef)"),
     ("loss-bad-aggregation", "debate.yaml", "aggregation: token-mean", "aggregation: mean",
      39, "training.loss_config.aggregation", "'token-sum', 'token-mean' or 'sequence-mean'"),
     ("loss-temperature", "debate.yaml", "aggregation: token-mean}", "aggregation: token-mean, temperature: 0.7}",

@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo
 
-from ..config_errors import problem_text
+from ..config_errors import first_error
 from ..messages import Message
 from ..role import RoleSpec
 from ..yamlfile import Loc, format_loc
@@ -117,8 +117,7 @@ class Env(ABC):
         try:
             cls.Task.model_validate(task, context={"protocol": config})
         except ValidationError as exc:
-            err = exc.errors()[0]
-            return tuple(err["loc"]), problem_text(err, cls.Task)
+            return first_error(exc, task, cls.Task)
         return None
 
     @classmethod
