@@ -64,7 +64,7 @@ class RunResult:
 def every_episode_failed(episodes: list[EpisodeRecord]) -> EpisodeRecord | None:
     """The first episode when every one of ``episodes`` errored or timed out (their rewards are
     zeros that would read as a result), else None."""
-    failed = [e for e in episodes if e.status in ("error", "timeout")]
+    failed = [e for e in episodes if e.failed]
     return failed[0] if failed and len(failed) == len(episodes) else None
 
 

@@ -62,6 +62,11 @@ class EpisodeRecord:
     outcome: dict[str, Any] = field(default_factory=dict)
     duration_s: float = 0.0
 
+    @property
+    def failed(self) -> bool:
+        """It ended in a fault (an error, or out of time): its rewards are placeholders, no result."""
+        return self.status in ("error", "timeout")
+
     def dumps(self) -> str:
         """One JSONL line; serialises the records in place, without asdict's deep copy."""
         return json.dumps(self, default=vars, ensure_ascii=False)

@@ -163,17 +163,19 @@ class TrainingRun:
                             f"(transcripts in {folder}). Fix the cause, then --resume from the last checkpoint")
         rewards = [[self.reward_fn(ep, list(self.team.roles), self.reward_config) for ep in g] for g in groups]
         rewards, repeated = penalise_repetition(groups, rewards, self.cfg.repetition_penalty)
-        advantages = self.trainer.advantages([[{r: rw[r] for r in self.roles} for rw in g] for g in rewards])
+        # a failed episode's rewards are placeholders: in no baseline, trained on by no one
+        finished = [[not ep.failed for ep in g] for g in groups]
+        advantages = self.trainer.step_advantages([[{r: rw[r] for r in self.roles} for rw in g] for g in rewards], finished)
         extra = combined(
             turn_advantages(groups, list(self.roles), self.cfg.turn_credit) if self.cfg.turn_credit else None,
             history_advantages(groups, rewards, list(self.roles), self.cfg.history_credit) if self.cfg.history_credit else None)
         t_roll = time.perf_counter() - t0
         row: dict[str, Any] = {"step": step, "kind": "train"}
+        results = [(ep, rw) for g, rws in zip(groups, rewards) for ep, rw in zip(g, rws) if not ep.failed]
         for role in self.team.roles:
-            values = [rw[role] for g in rewards for rw in g]
-            row[f"reward/{role}"] = sum(values) / len(values)
+            row[f"reward/{role}"] = sum(rw[role] for _, rw in results) / len(results)
             if self.cfg.reward != "env" or role in self.cfg.repetition_penalty:  # what the env paid, beside what trained
-                row[f"env_reward/{role}"] = sum(ep.rewards.get(role, 0.0) for g in groups for ep in g) / len(values)
+                row[f"env_reward/{role}"] = sum(ep.rewards.get(role, 0.0) for ep, _ in results) / len(results)
         turns = [t for g in groups for ep in g for t in ep.turns]
         row["valid_turn_rate"] = sum(t.valid for t in turns) / max(len(turns), 1)
         for role in self.roles:  # the env's scores of the role's moves, where it scores them
@@ -181,11 +183,12 @@ class TrainingRun:
                 row[f"turn_score/{role}"] = sum(scores) / len(scores)
         row["episodes"] = len(episodes)
         row["episodes_errored"] = sum(ep.status == "error" for ep in episodes)  # not trained on: a fault, not a result
+        row["episodes_timed_out"] = sum(ep.status == "timeout" for ep in episodes)  # nor these
         row.update(repeated)
         trained = self.trainer.adapters_to_train(step)
         self._write_credit(step, groups, rewards, advantages, extra, trained)
         row.update(await self._update(step, trained, groups, advantages, extra))
-        row.update(self.trainer.after_step(step, episodes, [rw for g in rewards for rw in g], self._snapshot))
+        row.update(self.trainer.after_step(step, [ep for ep, _ in results], [rw for _, rw in results], self._snapshot))
         row["rollout_s"] = round(t_roll, 3)
         row["step_s"] = round(time.perf_counter() - t0, 3)
         row.update(self._engine_work())
@@ -219,7 +222,7 @@ class TrainingRun:
                     "advantages": {r: advantages[g][e].get(r, 0.0) for r in self.roles},
                     **({"turn_advantages": extra[g][e]} if extra is not None else {}),
                     "adapters": {r: self._played(episode, r) for r in self.roles},
-                    "trained": sorted(r for r in self.roles if self._played(episode, r) in trained),
+                    "trained": [] if episode.failed else sorted(r for r in self.roles if self._played(episode, r) in trained),
                 }))
         folder = self.run_dir / "rollouts" / f"step-{step:06d}"
         folder.mkdir(parents=True, exist_ok=True)
@@ -298,7 +301,7 @@ class TrainingRun:
         items: list[tuple[tuple[float, str | None], Datum]] = []
         for g, group in enumerate(groups):
             for e, episode in enumerate(group):
-                if episode.status == "error":  # its turns ended in a fault: no reward speaks for them
+                if episode.failed:  # its turns ended in a fault: no reward speaks for them
                     continue
                 for role in self.roles:
                     if self._played(episode, role) != adapter:

@@ -9,7 +9,7 @@ each valid turn's content, in order) equal those of k of the step's other N - 1 
 
 so a message no one else sent keeps its reward, and one that all N sent loses lambda. Episodes
 where the role sent no valid message are neither penalised nor counted as repeats (an invalid
-turn has its own penalty).
+turn has its own penalty), and episodes that failed are not among the N.
 """
 from __future__ import annotations
 
@@ -22,7 +22,10 @@ from ..transcript import EpisodeRecord
 
 
 def said(episode: EpisodeRecord, role: str) -> str | None:
-    """What ``role`` said in ``episode``, as one comparable key; None if it said nothing valid."""
+    """What ``role`` said in ``episode``, as one comparable key; None if it said nothing valid, or
+    the episode failed."""
+    if episode.failed:
+        return None
     contents = [t.content for t in episode.turns if t.role == role and t.valid]
     return json.dumps(contents, sort_keys=True) if contents else None
 
@@ -32,7 +35,7 @@ def repetition_shares(episodes: list[EpisodeRecord], role: str) -> list[float | 
     said nothing valid)."""
     keys = [said(ep, role) for ep in episodes]
     counts = Counter(k for k in keys if k is not None)
-    others = max(len(episodes) - 1, 1)
+    others = max(sum(not ep.failed for ep in episodes) - 1, 1)
     return [None if k is None else (counts[k] - 1) / others for k in keys]
 
 

@@ -72,6 +72,18 @@ class Trainer(ABC):
     def advantages(self, rewards: Rewards) -> Rewards:
         """Per-role advantages for every episode, in the shape of ``rewards``."""
 
+    def step_advantages(self, rewards: Rewards, finished: list[list[bool]]) -> Rewards:
+        """What the loop calls: advantages in which an episode that failed (``finished`` False: an
+        error or a timeout, whose rewards are placeholders) is in no baseline and gets none. By
+        default ``advantages`` over each group's finished episodes; a trainer that places episodes
+        by their position in the step (a population's seats) overrides this instead."""
+        kept = [[rw for rw, ok in zip(group, oks) if ok] for group, oks in zip(rewards, finished)]
+        out: Rewards = []
+        for group, oks, given in zip(rewards, finished, self.advantages(kept)):
+            it = iter(given)
+            out.append([next(it) if ok else {role: 0.0 for role in rw} for rw, ok in zip(group, oks)])
+        return out
+
     def adapters_to_train(self, step: int) -> list[str]:
         """The adapters that take an optimizer step at ``step``: by default every learner."""
         return self.learners()
@@ -79,7 +91,8 @@ class Trainer(ABC):
     def after_step(
         self, step: int, episodes: list[EpisodeRecord], rewards: list[dict[str, float]], snapshot: Snapshot
     ) -> dict[str, float]:
-        """Called after the step's updates with its episodes and rewards, flat in rollout order;
+        """Called after the step's updates with its finished episodes (a failed one is no result)
+        and their rewards, flat in rollout order;
         ``snapshot(adapter, name)`` freezes an adapter's live weights as adapter ``name``.
         Returns extra metrics for the step's row."""
         return {}

@@ -39,13 +39,16 @@ TurnAdvantages = dict[str, dict[int, float]]  # role -> {turn number in the epis
 
 
 def turn_advantages(groups: list[list[EpisodeRecord]], roles: list[str], weight: float) -> list[list[TurnAdvantages]]:
-    """Per group and episode, each role's extra advantage for its scored turns."""
+    """Per group and episode, each role's extra advantage for its scored turns (none in an episode
+    that failed)."""
     out: list[list[TurnAdvantages]] = []
     for group in groups:
         extras: list[TurnAdvantages] = [{role: {} for role in roles} for _ in group]
         for role in roles:
             by_position: dict[int, list[tuple[int, int, float]]] = defaultdict(list)  # (episode, turn, score)
             for e, episode in enumerate(group):
+                if episode.failed:  # its turns' scores are compared with no one's
+                    continue
                 for position, turn in enumerate(t for t in episode.turns if t.role == role):
                     if turn.score is not None:
                         by_position[position].append((e, turn.turn, turn.score))
@@ -66,7 +69,7 @@ def history_advantages(groups: list[list[EpisodeRecord]], rewards: list[list[dic
     alike: dict[tuple, list[tuple[int, int, int, float]]] = defaultdict(list)  # key -> (group, episode, turn, reward)
     for g, group in enumerate(groups):
         for e, episode in enumerate(group):
-            if episode.status == "error":
+            if episode.failed:
                 continue
             for turn in episode.turns:
                 if turn.role in roles and turn.attempts and turn.attempts[0].prompt_ids:

@@ -141,6 +141,11 @@ class Population(Trainer):
 
     # -- credit ------------------------------------------------------------------------------
     def advantages(self, rewards: Rewards) -> Rewards:
+        return self.step_advantages(rewards, [[True] * len(group) for group in rewards])
+
+    def step_advantages(self, rewards: Rewards, finished: list[list[bool]]) -> Rewards:
+        """Each member's seats centred together (within a group, or over the step), the seats
+        of snapshots and of failed episodes left out: the seats are placed by position in the step."""
         out: Rewards = [[{} for _ in group] for group in rewards]
         step_seats = self._seats.pop(min(self._seats))
         places: list[tuple[int, int, str, str]] = []  # (group, episode in it, seat, member)
@@ -148,7 +153,8 @@ class Population(Trainer):
         for g, group in enumerate(rewards):
             for e in range(len(group)):
                 seat = step_seats[index + e]
-                places += [(g, e, p, seat[p]) for p in self.players if seat[p] in members]
+                if finished[g][e]:
+                    places += [(g, e, p, seat[p]) for p in self.players if seat[p] in members]
                 out[g][e] = {p: 0.0 for p in self.players}  # snapshot seats: no learner, no advantage
             index += len(group)
         pools: dict[tuple, list[tuple[int, int, str]]] = {}  # who is centred together

@@ -141,6 +141,22 @@ def test_each_member_is_centred_on_its_own_rewards_in_its_group():
             assert [adv[g][e][p] for e, p in places] == pytest.approx([r - statistics.mean(own) for r in own])
 
 
+def test_a_failed_episode_is_in_no_members_baseline():
+    t, again = make(members=4), make(members=4)
+    seats = [t.adapters_for(1, i) for i in range(8)]
+    assert seats == [again.adapters_for(1, i) for i in range(8)]
+    rewards = [{"x": float(i), "o": float(-i)} for i in range(8)]
+    finished = [[True, False, True, True], [True] * 4]
+    adv = t.step_advantages([rewards[:4], rewards[4:]], finished)
+    assert adv[0][1] == {"x": 0.0, "o": 0.0}
+    # each member is centred on the seats it held in finished episodes alone
+    for g in range(2):
+        for member in t.members:
+            places = [(e, p) for e in range(4) for p in ("x", "o") if seats[4 * g + e][p] == member and finished[g][e]]
+            own = [rewards[4 * g + e][p] for e, p in places]
+            assert [adv[g][e][p] for e, p in places] == pytest.approx([r - statistics.mean(own) for r in own])
+
+
 def test_a_step_baseline_centres_each_member_on_all_its_rewards_in_the_step():
     by_step, by_group = make(members=4, baseline="step"), make(members=4)
     seats = [by_step.adapters_for(1, i) for i in range(8)]

@@ -298,6 +298,15 @@ def test_episodes_that_errored_are_counted_and_not_trained_on(breaking_env, cli,
     assert all(ep["turns"] and ep["turns"][0]["attempts"][0]["token_ids"] for ep in errored)  # sampled, then broke
     # an episode of Guess the Number is one datum (its turns continue each other): only the others'
     assert row["guesser/datums"] == 8 - len(errored)
+    # nor are they in a baseline: each group's finished episodes are centred among themselves
+    failed = {ep["id"] for ep in errored}
+    credit = [json.loads(line) for line in (run / "rollouts/step-000001/credit.jsonl").read_text().splitlines()]
+    for c in credit:
+        assert (c["advantages"]["guesser"], c["trained"]) == (0.0, []) if c["episode"] in failed else c["trained"] == ["guesser"]
+    for g in {c["group"] for c in credit}:
+        assert abs(sum(c["advantages"]["guesser"] for c in credit if c["group"] == g and c["episode"] not in failed)) < 1e-9
+    finished = [c["rewards"]["guesser"] for c in credit if c["episode"] not in failed]
+    assert row["reward/guesser"] == pytest.approx(sum(finished) / len(finished))
 
 
 def test_resume_edges(cli, tmp_path):

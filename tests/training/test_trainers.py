@@ -30,6 +30,16 @@ def test_grpo_mean_centres_per_role_within_each_group():
     assert adv[1] == [{"pro": 0.0, "con": 0.0}] * 3  # no signal in a group of equal rewards
 
 
+@pytest.mark.parametrize("name", ["grpo", "m-grpo", "self-play"])
+def test_an_episode_that_failed_is_in_no_baseline(name):
+    """Its rewards are placeholders (an error, a timeout): the group's others are centred without it."""
+    t = trainer(name) if name != "self-play" else REG.get("trainers", name)(TrainerContext(adapters={"pro": "p", "con": "p"}))
+    with_failed = [REWARDS[0] + [{"pro": -9.0, "con": 9.0}], REWARDS[1]]
+    adv = t.step_advantages(with_failed, [[True, True, True, False], [True] * 3])
+    assert adv[0][:3] == t.advantages(REWARDS)[0] and adv[0][3] == {"pro": 0.0, "con": 0.0}
+    assert adv[1] == t.advantages(REWARDS)[1]
+
+
 def test_grpo_std_scaling():
     adv = trainer("grpo", scale_std=True).advantages(REWARDS)
     std = (2 * 0.5**2 + 1.0**2) ** 0.5 / 3**0.5  # population std of [1, -0.5, 1]
