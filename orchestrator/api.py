@@ -19,11 +19,13 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import json
+import os
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from .config import SEED_MAX
 from .errors import RolecastError
 from .launch import (Compute, adapter_dirs, bindings, closed_on_error, play, policies_and_workers, recorded_run,
                      run_dir)
@@ -77,7 +79,8 @@ def run(team: TeamLike, *, episodes: int | None = None, tasks: Sequence[str | Ma
     bind roles (role -> ``replay:FILE``, ``builtin:NAME``, ``openai:MODEL@URL`` ... or a callable
     ``fn(request) -> str``); ``adapters`` load PEFT adapter dirs under the names the roles play.
     The result holds the run dir, the summary (summary.json) and every episode's record."""
-    _positive(episodes=episodes, concurrency=concurrency, timeout=timeout)
+    _check_arguments(team=team, episodes=episodes, concurrency=concurrency, timeout=timeout, seed=seed, tasks=tasks,
+                     policies=policies, adapters=adapters)
     team = _team(team)
     if tasks is not None:
         team = dataclasses.replace(team, tasks=[_task(team, t) for t in tasks])
@@ -116,7 +119,8 @@ def evaluate(team: TeamLike, *, episodes: int = 100, held_out: bool = False, opp
 
     from .evaluation import CHECKPOINT_ADAPTER, bind_opponent, blind_random_roles, evaluate as rates
 
-    _positive(episodes=episodes, concurrency=concurrency)
+    _check_arguments(team=team, episodes=episodes, concurrency=concurrency, seed=seed, policies=policies,
+                     adapters=adapters)
     team = _team(team)
     if held_out:
         if team.eval_tasks is None:
@@ -166,7 +170,7 @@ def train(recipe: TeamLike, *, steps: int | None = None, out: str | Path | None 
     train``. ``sets`` changes training options (``{"group_size": 4}``); ``resume`` continues the
     run in ``out`` from its last checkpoint, with the model, seed and steps it was started with
     unless given."""
-    _positive(steps=steps)
+    _check_arguments(recipe=recipe, steps=steps, seed=seed, sets=sets)
     team = with_training_options(_team(recipe), sets or {})
     if resume and out is None:
         raise RolecastError("--resume needs --out RUN_DIR (the run to continue)")
@@ -248,12 +252,30 @@ def _task(team: Team, value: str | Mapping[str, Any]) -> dict[str, Any]:
     return task
 
 
-def _positive(**values: int | float | None) -> None:
-    """Each value above 0, or None (the team's default); the CLI's argparse types check the same,
-    so this only speaks to API callers."""
-    for name, value in values.items():
-        if value is not None and not value > 0:
-            raise RolecastError(f"{name}={value!r}: must be above 0")
+def _check_arguments(**given: Any) -> None:
+    """The keywords' kinds, each None (the team's default) or what it must be, said in one line
+    before anything starts; the CLI's argparse types check the same, so this speaks to API callers."""
+    def number(value: Any, kind: type | tuple[type, ...]) -> bool:
+        return isinstance(value, kind) and not isinstance(value, bool)
+
+    for name, value in given.items():
+        if value is None:
+            continue
+        if name in ("episodes", "concurrency", "steps"):
+            ok, want = number(value, int) and value > 0, "a whole number above 0"
+        elif name == "timeout":
+            ok, want = number(value, (int, float)) and value > 0, "a number of seconds above 0"
+        elif name == "seed":
+            ok, want = number(value, int) and 0 <= value <= SEED_MAX, "a whole number from 0 to 2**63 - 1"
+        elif name == "tasks":
+            ok, want = isinstance(value, Sequence) and not isinstance(value, str) and len(value) > 0, \
+                "a list of one or more tasks (text as --task reads it, or mappings)"
+        elif name in ("team", "recipe"):
+            ok, want = isinstance(value, (str, os.PathLike, Mapping, Team)), "a team file's path, a mapping, or a Team"
+        else:  # policies, adapters, sets
+            ok, want = isinstance(value, Mapping), "a mapping"
+        if not ok:
+            raise RolecastError(f"{name}={value!r}: must be {want}")
 
 
 def _record(compute: Compute, model: str, overrides: Mapping[str, Any], adapters: Mapping[str, Path]) -> dict[str, Any]:

@@ -11,6 +11,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sandboxes import ISOLATING
 
+SEED_MAX = 2**63 - 1  # seeds reach the sampler's counter-based streams as int64
+# Below these, logits / temperature overflows and top_p rounds to 0 in float32 (0 is greedy).
+MIN_TEMPERATURE, MIN_TOP_P = 1e-3, 1e-6
+
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_\-]*$"
 
 
@@ -73,10 +77,17 @@ class SandboxOptions(Strict):
 
 
 class SamplingConfig(Strict):
-    temperature: float = Field(0.8, ge=0.0, le=5.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    temperature: float = Field(0.8, ge=0.0, le=5.0, description=f"0 (greedy), or {MIN_TEMPERATURE} to 5")
+    top_p: float = Field(1.0, ge=MIN_TOP_P, le=1.0)
     max_tokens: int = Field(256, ge=1, le=32768)
     stop: list[str] = Field(default_factory=list)
+
+    @field_validator("temperature")
+    @classmethod
+    def _not_tiny(cls, value: float) -> float:
+        if 0 < value < MIN_TEMPERATURE:
+            raise ValueError(f"must be 0 (greedy) or at least {MIN_TEMPERATURE}")
+        return value
 
 
 class PolicyConfig(Strict):
@@ -197,7 +208,7 @@ class TeamConfig(Strict):
     tasks: list[dict[str, Any]] | str = Field(description="inline list, or a .jsonl/.yaml path")
     model: str = "smollm2-135m"
     episodes: int = Field(1, ge=1)
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=SEED_MAX)
     concurrency: int = Field(16, ge=1)
     episode_timeout_s: float = Field(900.0, gt=0)
     max_turns: int = Field(64, ge=1, description="safety cap on turns per episode")

@@ -116,6 +116,7 @@ def run_dir(out: str | Path | None, stem: str, fresh: bool = False) -> Path:
             raise RolecastError(f"--out {out}: {blocker} is a file, not a folder")
         if fresh and (out / "config.yaml").exists():
             raise RolecastError(f"--out {out} already holds a run: give another --out, or remove it first")
+        _check_creatable(out)
         return out
     path = base = Path("runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     n = 1
@@ -123,6 +124,20 @@ def run_dir(out: str | Path | None, stem: str, fresh: bool = False) -> Path:
         n += 1
         path = base.with_name(f"{base.name}-{n}")
     return path
+
+
+def _check_creatable(out: Path) -> None:
+    """A folder that cannot be made (a read-only or special file system) is one line now, not a
+    traceback when the run first writes, after the model has loaded. The probe leaves nothing."""
+    missing = [p for p in (out, *out.parents) if not p.exists()]  # the deepest first
+    if not missing:
+        return
+    try:
+        out.mkdir(parents=True)
+    except OSError as exc:
+        raise RolecastError(f"--out {out}: cannot make this folder ({exc.strerror or exc})") from None
+    for folder in missing:
+        folder.rmdir()
 
 
 def recorded_run(out: Path) -> dict[str, Any] | None:

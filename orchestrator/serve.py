@@ -20,6 +20,7 @@ import structlog
 
 from .engines.base import GenerationRequest, SamplingParams
 from .engines.hf import HFEngine
+from .grammar.schema import GrammarError
 from .messages import check_schema, schema_json
 
 if TYPE_CHECKING:
@@ -89,17 +90,22 @@ class ChatServer:
             isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages
         ):
             raise HTTPError(400, "messages must be a non-empty list of {role, content} strings")
-        if req.get("n", 1) != 1:
+        given = {k: v for k, v in req.items() if v is not None}  # OpenAI's API reads null as "the default"
+        if given.get("n", 1) != 1:
             raise HTTPError(400, "only n = 1 is supported")
-        if req.get("stream"):
+        if given.get("stream"):
             raise HTTPError(400, "stream is not supported: ask without it for one JSON reply")
-        stop = req.get("stop") or []
-        max_tokens = next((req[k] for k in ("max_tokens", "max_completion_tokens") if req.get(k) is not None), 256)
+        stop = given.get("stop", [])
+        if isinstance(stop, str):
+            stop = [stop]
+        if not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
+            raise HTTPError(400, f"stop must be a string or a list of strings, got {stop!r}")
+        max_tokens = given.get("max_tokens", given.get("max_completion_tokens", 256))
         try:
             sampling = SamplingParams(
-                temperature=_number(req.get("temperature", 1.0)), top_p=_number(req.get("top_p", 1.0)),
-                max_tokens=_whole(max_tokens), stop=tuple([stop] if isinstance(stop, str) else stop),
-                seed=None if req.get("seed") is None else _whole(req["seed"]),
+                temperature=_number(given.get("temperature", 1.0)), top_p=_number(given.get("top_p", 1.0)),
+                max_tokens=_whole(max_tokens), stop=tuple(stop),
+                seed=None if given.get("seed") is None else _whole(given["seed"]),
             )
         except (TypeError, ValueError) as exc:
             raise HTTPError(400, f"bad sampling parameter: {exc}") from None
@@ -111,7 +117,10 @@ class ChatServer:
                                  f"the model's context of {limit} tokens", "context_length_exceeded")
         adapter = None if model in ("base", self.model_name) else model
         request = GenerationRequest(tuple(prompt), sampling, adapter, json_schema=schema)
-        out = await asyncio.wait_for(self.engine.generate(request), self.timeout)
+        try:
+            out = await asyncio.wait_for(self.engine.generate(request), self.timeout)
+        except GrammarError as exc:  # a valid schema the grammar compiler cannot take
+            raise HTTPError(400, f"response_format: {exc}") from None
         choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": out.text},
                                   "finish_reason": FINISH[out.finish_reason]}
         if req.get("logprobs"):
@@ -192,9 +201,14 @@ async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str, bytes]:
             if not value.strip().isdigit():
                 raise HTTPError(400, f"bad Content-Length: {value.strip()!r}")
             length = int(value.strip())
+        if name.strip().lower() == "transfer-encoding":
+            raise HTTPError(411, "a chunked body is not read here: send the body with a Content-Length")
     if length > MAX_BODY:
         raise HTTPError(413, "request body too large")
-    return parts[0], parts[1], await reader.readexactly(length) if length else b""
+    try:
+        return parts[0], parts[1], await reader.readexactly(length) if length else b""
+    except asyncio.IncompleteReadError as exc:
+        raise HTTPError(400, f"the body ended after {len(exc.partial)} of its {length} bytes (Content-Length)") from None
 
 
 def _json(body: bytes) -> dict[str, Any]:

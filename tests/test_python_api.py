@@ -71,7 +71,22 @@ def test_load_team_applies_training_options():
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", episodes=0, out=out), "episodes=0: must be above 0"),
+    (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", episodes=0, out=out),
+     "episodes=0: must be a whole number above 0"),
+    (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", episodes=2.5, out=out),
+     "episodes=2.5: must be a whole number above 0"),
+    (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", tasks="13", out=out),
+     "tasks='13': must be a list of one or more tasks"),
+    (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", tasks=[], out=out), "tasks=[]: must be a list"),
+    (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", seed=2**70, out=out),
+     "must be a whole number from 0 to 2**63 - 1"),
+    (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", policies=["guesser"], out=out),
+     "policies=['guesser']: must be a mapping"),
+    (lambda out: rolecast.run(42, out=out), "team=42: must be a team file's path, a mapping, or a Team"),
+    (lambda out: rolecast.train(ROOT / "recipes/guess_number.yaml", steps="2", out=out),
+     "steps='2': must be a whole number above 0"),
+    (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", out=Path("/proc/rolecast-run")),
+     "--out /proc/rolecast-run: cannot make this folder"),
     (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", dtype="fp16", out=out), "--dtype fp16: use one of"),
     (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", policies={"chef": "builtin:stub"}, out=out),
      "unknown role(s) chef"),

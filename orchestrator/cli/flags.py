@@ -5,6 +5,7 @@ import argparse
 import sys
 from typing import Any
 
+from ..config import SEED_MAX
 from ..engines.load import BACKENDS
 from ..errors import RolecastError
 from ..launch import DTYPES
@@ -31,6 +32,13 @@ def positive_int(text: str) -> int:
     return value
 
 
+def seed_number(text: str) -> int:
+    """argparse type: a seed, 0 to 2**63 - 1 (the sampler draws from it as int64)."""
+    if not 0 <= (value := _number(text, int, "a whole number")) <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"a seed is 0 to 2**63 - 1, got {value}")
+    return value
+
+
 def positive_float(text: str) -> float:
     """argparse type: a number above 0 (seconds, say)."""
     if not (value := _number(text, float, "a number")) > 0:
@@ -51,7 +59,7 @@ def add_model_flags(p: argparse.ArgumentParser, *, model_default: str | None = N
 
 def add_episode_flags(p: argparse.ArgumentParser, json_help: str) -> None:
     """--seed, --concurrency, --json and --no-progress: how a command plays its episodes."""
-    p.add_argument("--seed", type=int, help="run seed (default: the team's `seed`)")
+    p.add_argument("--seed", type=seed_number, help="run seed (default: the team's `seed`)")
     p.add_argument("--concurrency", type=positive_int, help="episodes in flight at once (default: the team's `concurrency`)")
     p.add_argument("--json", action="store_true", help=json_help)
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -105,7 +113,7 @@ def add_training_flags(p: argparse.ArgumentParser) -> None:
     command trains."""
     add_model_flags(p, adapter_help=None, dtype_help="the engine's weights when sampling " + DTYPE_DEFAULT)
     add_set_flag(p)
-    p.add_argument("--seed", type=int, help="run seed (default: the recipe's `seed`)")
+    p.add_argument("--seed", type=seed_number, help="run seed (default: the recipe's `seed`)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     add_ray_flags(p)
 

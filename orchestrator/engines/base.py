@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
+from ..config import MIN_TEMPERATURE, MIN_TOP_P, SEED_MAX
+
 FinishReason = Literal["stop", "length", "eos", "cancelled", "error"]
 
 
@@ -25,16 +27,17 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         """Refuse what the engine would only fail on mid-batch, taking its neighbours' rows along."""
-        if not (isinstance(self.temperature, (int, float)) and 0 <= self.temperature < float("inf")):
-            raise ValueError(f"temperature must be a number >= 0, got {self.temperature!r}")
-        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        t = self.temperature
+        if not (isinstance(t, (int, float)) and (t == 0 or MIN_TEMPERATURE <= t < float("inf"))):
+            raise ValueError(f"temperature must be 0 (greedy) or a number >= {MIN_TEMPERATURE}, got {t!r}")
+        if not (isinstance(self.top_p, (int, float)) and MIN_TOP_P <= self.top_p <= 1):
+            raise ValueError(f"top_p must be in [{MIN_TOP_P:g}, 1], got {self.top_p!r}")
         if not (isinstance(self.max_tokens, int) and self.max_tokens >= 1):
             raise ValueError(f"max_tokens must be a whole number >= 1, got {self.max_tokens!r}")
         if not (isinstance(self.stop, tuple) and all(isinstance(t, str) for t in self.stop)):  # "" is ignored
             raise ValueError(f"stop must be strings, got {self.stop!r}")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise ValueError(f"seed must be a whole number, got {self.seed!r}")
+        if self.seed is not None and not (isinstance(self.seed, int) and 0 <= self.seed <= SEED_MAX):
+            raise ValueError(f"seed must be a whole number from 0 to 2**63 - 1, got {self.seed!r}")
 
 
 @dataclass(frozen=True)

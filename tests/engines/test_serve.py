@@ -115,10 +115,18 @@ def test_openai_binding_is_checked():
 
 
 @pytest.mark.parametrize("extra, words", [
-    ({"stop": [1]}, "stop must be strings"),
-    ({"temperature": -1}, "temperature must be a number >= 0"),
+    ({"stop": [1]}, "stop must be a string or a list of strings"),
+    ({"stop": 5}, "stop must be a string or a list of strings"),
+    ({"stop": {"a": 1}}, "stop must be a string or a list of strings"),
+    ({"temperature": -1}, "temperature must be 0 (greedy) or a number >= 0.001"),
+    ({"temperature": 1e-300}, "temperature must be 0 (greedy) or a number >= 0.001"),  # logits / T overflows
     ({"temperature": "hot"}, "expected a number"),
-    ({"top_p": 0}, "top_p must be in (0, 1]"),
+    ({"top_p": 0}, "top_p must be in [1e-06, 1]"),
+    ({"top_p": 1e-50}, "top_p must be in [1e-06, 1]"),  # 0 in float32
+    ({"seed": 2**64}, "seed must be a whole number from 0 to 2**63 - 1"),  # it failed the whole batch, a 500 each
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"a": {"type": "integer", "minimum": 5, "maximum": 1}}, "required": ["a"]}}}},
+     "response_format: "),
     ({"max_tokens": 0}, "max_tokens must be a whole number >= 1"),
     ({"max_tokens": 2.5}, "expected a whole number"),
     ({"stream": True}, "stream is not supported"),
@@ -130,6 +138,29 @@ def test_bad_sampling_is_a_400_for_that_request_only(server, extra, words):
     status, data = call(server, "/chat/completions", chat("base", **extra))
     assert status == 400 and words in data["error"]["message"], data
     assert call(server, "/chat/completions", chat("base"))[0] == 200
+
+
+def test_null_sampling_values_are_the_defaults(server):
+    """OpenAI's API reads null as "not given", and its clients send nulls."""
+    status, data = call(server, "/chat/completions", chat("base", temperature=None, top_p=None, n=None, stop=None, seed=None))
+    assert status == 200, data
+
+
+@pytest.mark.parametrize("headers, body, status, words", [
+    ({"Content-Length": "50"}, b'{"model": "base"}', 400, "the body ended after 17 of its 50 bytes"),
+    ({"Transfer-Encoding": "chunked"}, b"11\r\n" + b'{"model": "base"}' + b"\r\n0\r\n\r\n", 411, "chunked body"),
+])
+def test_a_body_that_cannot_be_read_is_a_client_error(server, headers, body, status, words):
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(server)
+    with socket.create_connection((url.hostname, url.port), timeout=30) as conn:
+        head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        conn.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n{head}\r\n".encode() + body)
+        conn.shutdown(socket.SHUT_WR)  # the short body ends here
+        reply = b"".join(iter(lambda: conn.recv(65536), b""))
+    assert reply.startswith(f"HTTP/1.1 {status} ".encode()) and words in reply.decode(), reply
 
 
 def test_a_bad_content_length_is_a_400(server):
