@@ -45,6 +45,7 @@ from ..team import Team, trainable_roles
 from ..transcript import EpisodeRecord
 from .datums import DatumBuildOptions, role_datums
 from .metrics import MetricsWriter, read_metrics, write_atomic
+from .plugin_faults import blamed, checked
 from .repetition import penalise_repetition
 from .rng import load_rng, save_rng
 from .trainer import build_trainer
@@ -161,11 +162,13 @@ class TrainingRun:
             folder = self.run_dir / "rollouts" / f"step-{step:06d}"
             raise RunFailed(f"step {step}: every episode failed, leaving nothing to train on; the first: {first.error} "
                             f"(transcripts in {folder}). Fix the cause, then --resume from the last checkpoint")
-        rewards = [[self.reward_fn(ep, list(self.team.roles), self.reward_config) for ep in g] for g in groups]
+        rewards = checked(self._rewards(groups), self.team.roles, "reward", self.cfg.reward, "its reward")
         rewards, repeated = penalise_repetition(groups, rewards, self.cfg.repetition_penalty)
         # a failed episode's rewards are placeholders: in no baseline, trained on by no one
         finished = [[not ep.failed for ep in g] for g in groups]
-        advantages = self.trainer.step_advantages([[{r: rw[r] for r in self.roles} for rw in g] for g in rewards], finished)
+        with blamed("trainer", self.cfg.trainer, "advantages"):
+            advantages = self.trainer.step_advantages([[{r: rw[r] for r in self.roles} for rw in g] for g in rewards], finished)
+        checked(advantages, None, "trainer", self.cfg.trainer, "advantages")
         extra = combined(
             turn_advantages(groups, list(self.roles), self.cfg.turn_credit) if self.cfg.turn_credit else None,
             history_advantages(groups, rewards, list(self.roles), self.cfg.history_credit) if self.cfg.history_credit else None)
@@ -188,12 +191,18 @@ class TrainingRun:
         trained = self.trainer.adapters_to_train(step)
         self._write_credit(step, groups, rewards, advantages, extra, trained)
         row.update(await self._update(step, trained, groups, advantages, extra))
-        row.update(self.trainer.after_step(step, [ep for ep, _ in results], [rw for _, rw in results], self._snapshot))
+        with blamed("trainer", self.cfg.trainer, "after_step"):
+            row.update(self.trainer.after_step(step, [ep for ep, _ in results], [rw for _, rw in results], self._snapshot))
         row["rollout_s"] = round(t_roll, 3)
         row["step_s"] = round(time.perf_counter() - t0, 3)
         row.update(self._engine_work())
         self.metrics.write(row)
         return row
+
+    def _rewards(self, groups: list[list[EpisodeRecord]]) -> list[list[dict[str, float]]]:
+        """The reward plugin's rewards (per group, per episode, per role)."""
+        with blamed("reward", self.cfg.reward, "its reward"):
+            return [[self.reward_fn(ep, list(self.team.roles), self.reward_config) for ep in g] for g in groups]
 
     def _engine_work(self) -> dict[str, float]:
         """What the local engine did since the last metrics row (``HFEngine.stats``: prompt tokens
@@ -356,13 +365,14 @@ class TrainingRun:
                             f"(transcripts in {result.run_dir})")
         # Evaluations report the environment's own rewards, whatever reward training optimises.
         row: dict[str, Any] = {"step": step, "kind": "eval", "episodes": n}
+        if self.cfg.reward != "env":
+            (shaped,) = checked(self._rewards([result.episodes]), self.team.roles, "reward", self.cfg.reward, "its reward")
         for role in self.team.roles:
             stats = result.summary["roles"][role]  # the run's own mean and interval of env rewards
             row[f"eval_reward/{role}"] = stats["mean_reward"]
             row[f"eval_ci95/{role}"] = stats["reward_ci95"] or 0.0  # None: a single episode
             if self.cfg.reward != "env":
-                shaped = [self.reward_fn(ep, list(self.team.roles), self.reward_config)[role] for ep in result.episodes]
-                row[f"eval_trained_reward/{role}"] = sum(shaped) / len(shaped)
+                row[f"eval_trained_reward/{role}"] = sum(rw[role] for rw in shaped) / len(shaped)
         for role, e in evaluate_results(team, result.episodes, result.summary).items():
             row[f"eval_win_rate/{role}"] = e["win_rate"]
         row.update({f"eval_env/{k}": v for k, v in result.summary["env"].items()})
@@ -430,7 +440,8 @@ class TrainingRun:
         try:
             for adapter, client in self.clients.items():
                 client.save_state(tmp / "adapters" / adapter).result()
-            (tmp / "trainer.json").write_text(json.dumps({"step": step, "trainer": self.trainer.state_dict()}))
+            with blamed("trainer", self.cfg.trainer, "state_dict"):
+                (tmp / "trainer.json").write_text(json.dumps({"step": step, "trainer": self.trainer.state_dict()}))
             save_rng(tmp / "rng.pt")
             final = root / name
             if final.exists():

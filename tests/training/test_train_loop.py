@@ -399,3 +399,43 @@ def test_report_names_what_is_wrong_with_a_run_dir_in_one_line(cli, tmp_path):
     write(tmp_path / "cmp" / "compare.json", "{}")
     code, _, err = cli("report", tmp_path / "cmp")
     assert code == 2 and "a comparison: report one of its strategy folders" in err, err
+
+
+@pytest.fixture
+def faulty_plugins():
+    """A reward plugin that pays NaN and a trainer whose advantages raise, in the CLI's registry."""
+    from orchestrator.registry import default_registry
+    from plugins.trainers.grpo import GRPO
+    from support import plugin
+
+    def nan_reward(episode, roles, config):
+        return {role: float("nan") for role in roles}
+
+    class Raising(GRPO):
+        def advantages(self, rewards):
+            raise RuntimeError("the trainer broke")
+
+    default_registry.cache_clear()
+    default_registry().add_module(plugin(register_rewards=lambda register: register("nan", nan_reward),
+                                         register_trainers=lambda register: register("raising", Raising)), "faulty", "test")
+    yield
+    default_registry.cache_clear()
+
+
+@pytest.mark.parametrize("old, new, words", [
+    ("reward: hybrid ", "reward: nan ", "reward plugin 'nan': its reward gave role 'guesser' nan in episode 0 of group 0, "
+                                        "where a finite number is needed; fix it, then --resume from the last checkpoint"),
+    ("trainer: grpo", "trainer: raising", "trainer plugin 'raising': advantages raised RuntimeError: the trainer broke; fix it"),
+])
+def test_a_plugins_fault_in_a_step_is_one_line_and_moves_no_weight(faulty_plugins, cli, tmp_path, old, new, words):
+    from support import SMALL_TRAINING
+
+    text = (Path(__file__).resolve().parents[2] / "recipes/guess_number.yaml").read_text()
+    recipe = write(tmp_path / "guess.yaml", text.replace(old, new).replace("reward_config: {alpha: 0.6}", ""))
+    run = tmp_path / "run"
+    code, _, err = cli("train", recipe, "--model", "tiny", "--steps", "1", "--out", run, "--no-progress",
+                       "--dtype", "float32", *SMALL_TRAINING)
+    assert code == 1 and words in err and "Traceback" not in err, err
+    # step 1 trained nothing (a reward plugin's NaN stops even the evaluation before it)
+    assert [r["kind"] for r in rows(run)] in ([], ["eval"]) if (run / "metrics.jsonl").exists() else True
+    assert not (run / "checkpoints").exists()

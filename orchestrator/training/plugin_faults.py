@@ -1,0 +1,40 @@
+"""A reward or trainer plugin failing inside a training step: one line naming the plugin and its
+hook, exit 1 (RunFailed), before any weight moves; not a traceback, and not a NaN reward that
+would reach every adapter it trains and corrupt it."""
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from ..errors import RolecastError, RunFailed
+
+FIX = "fix it, then --resume from the last checkpoint"
+
+
+@contextlib.contextmanager
+def blamed(kind: str, name: str, hook: str) -> Iterator[None]:
+    """An exception inside the block is the plugin's: said as such."""
+    try:
+        yield
+    except RolecastError:
+        raise
+    except Exception as exc:
+        raise RunFailed(f"{kind} plugin {name!r}: {hook} raised {type(exc).__name__}: {exc}; {FIX}") from exc
+
+
+def checked(values: list[list[Any]], roles: Iterable[str] | None, kind: str, name: str, hook: str) -> list[list[Any]]:
+    """``values`` (per group, per episode, a mapping of role to number) with a finite number for
+    each of ``roles`` (None: for whatever roles a mapping holds)."""
+    for g, group in enumerate(values):
+        for e, row in enumerate(group):
+            if not isinstance(row, Mapping):
+                raise RunFailed(f"{kind} plugin {name!r}: {hook} gave {row!r} for episode {e} of group {g}, not a "
+                                f"mapping of role to number; {FIX}")
+            for role in row if roles is None else roles:
+                value = row.get(role)
+                if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)):
+                    raise RunFailed(f"{kind} plugin {name!r}: {hook} gave role {role!r} {value!r} in episode {e} of "
+                                    f"group {g}, where a finite number is needed; {FIX}")
+    return values
