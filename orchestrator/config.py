@@ -147,6 +147,16 @@ class LoraSpec(Strict):
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
 
+    @field_validator("target_modules")
+    @classmethod
+    def _inner_linears(cls, value: list[str]) -> list[str]:
+        """The LM head and the embeddings carry no LoRA: training takes log-probs through the
+        base head (only the positions the loss needs), so such an adapter would never train."""
+        if outer := sorted(set(value) & {"lm_head", "embed_tokens"}):
+            raise ValueError(f"{', '.join(outer)}: not a module a LoRA here can target (the model's inner linear "
+                             "layers: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)")
+        return value
+
 
 class TrainingConfig(Strict):
     """The ``training:`` block of a recipe: what ``rolecast train`` does each step."""

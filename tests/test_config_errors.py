@@ -87,6 +87,8 @@ CASES = [
      "team.yaml", 9, "training.reward", "unknown reward plugin 'vibes'"),
     ("training-wrong-type", lambda w: replace_in(w / "team.yaml", "tasks:", "training:\n  steps: -3\ntasks:"),
      "team.yaml", 9, "training.steps", "greater than or equal to 1"),
+    ("lora-on-the-head", lambda w: replace_in(w / "team.yaml", "tasks:", "training:\n  lora: {target_modules: [q_proj, lm_head]}\ntasks:"),
+     "team.yaml", 9, "training.lora.target_modules", "lm_head: not a module a LoRA here can target"),
     ("training-unknown-key", lambda w: replace_in(w / "team.yaml", "tasks:", "training:\n  stpes: 3\ntasks:"),
      "team.yaml", 9, "training.stpes", "unknown key (allowed: adam, checkpoint_every,"),
     # a union field: the key is the file's (tasks[0]), not pydantic's member name (tasks.list[dict[str,any]][0])

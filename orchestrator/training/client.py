@@ -410,9 +410,12 @@ class TrainingClient:
     async def perturb_async(self, std: float, seed: int | str) -> APIFuture[None]:
         return self.perturb(std, seed)
 
-    def lora_params(self, part: str = "lora_") -> list[torch.nn.Parameter]:
-        """This adapter's LoRA parameters (``part`` ``lora_A`` or ``lora_B``: one kind only)."""
-        return [p for n, p in self.service.peft.named_parameters() if part in n and f".{self.name}." in n]
+    def lora_params(self, part: str | None = None) -> list[torch.nn.Parameter]:
+        """This adapter's LoRA parameters (``part`` ``lora_A`` or ``lora_B``: one kind only), by
+        PEFT's names, ``<module>.lora_A.<adapter>.weight``: an adapter named ``mlp`` or ``q_proj``,
+        also a part of module names, takes none of another adapter's."""
+        marks = tuple(f".{kind}.{self.name}." for kind in ((part,) if part else ("lora_A", "lora_B")))
+        return [p for n, p in self.service.peft.named_parameters() if any(m in n for m in marks)]
 
     def get_tokenizer(self):
         return self.service.loaded.tokenizer

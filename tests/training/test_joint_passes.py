@@ -141,3 +141,12 @@ def test_the_defaults_follow_the_device():
         assert service.joint_passes is False and service.pass_tokens == 32
     finally:
         service.close()
+
+
+def test_an_adapter_named_like_a_module_holds_only_its_own_weights(service):
+    """PEFT names a weight ``...mlp.up_proj.lora_A.<adapter>.weight``: an adapter called ``mlp``
+    once took every other adapter's MLP weights too, into its optimizer, clipping and noise."""
+    solver, mlp = (service.create_lora_training_client(name, LoraConfig(rank=4)) for name in ("solver", "mlp"))
+    assert len(mlp.params) == len(solver.params) == 2 * 7 * 2  # 2 layers of the tiny model, 7 modules, A and B
+    assert not {id(p) for p in mlp.params} & {id(p) for p in solver.params}
+    assert len(mlp.lora_params("lora_A")) == len(mlp.params) // 2
