@@ -38,9 +38,16 @@ class LossConfig(PluginConfig):
     kl_coef: float = Field(0.0, ge=0.0, description="beta of the k3 KL penalty to the base model; 0 = none")
     entropy_coef: float = Field(
         0.0, ge=0.0, description="weight of the entropy bonus (over the grammar's allowed tokens where constrained); 0 = none")
-    # In a recipe this is not an option: `rolecast train` sets it from each role's sampling.temperature.
+    # In a recipe these are not options: `rolecast train` sets the temperature from each role's
+    # sampling.temperature, and the batch's counts where one adapter's batch goes in several calls
+    # (roles at other temperatures, or with loss options of their own), so that a mean is over
+    # the whole batch, as the aggregation says, and not over each call apart.
     temperature: float = Field(1.0, ge=0.0, description="temperature the actions were sampled at (0 is read as 1)",
                                json_schema_extra={"recipe": False})
+    batch_tokens: float | None = Field(None, gt=0, json_schema_extra={"recipe": False},
+                                       description="action tokens of the batch this call is part of (None: its own)")
+    batch_sequences: int | None = Field(None, ge=1, json_schema_extra={"recipe": False},
+                                        description="datums of the batch this call is part of (None: its own)")
 
 
 class PPOConfig(LossConfig):

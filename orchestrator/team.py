@@ -150,6 +150,8 @@ def _check_training(training: TrainingConfig, roles: dict[str, RoleSpec], env_cl
             raise doc.error(("training", *where), f"not a role that learns (those that do: {', '.join(learning)})")
         if "temperature" in options:  # training sets it per role: a value here would be ignored
             raise doc.error(("training", *where, "temperature"), "not an option: each role's policy.sampling.temperature is used")
+        if set_by_training := sorted(set(options) & {"batch_tokens", "batch_sequences"}):
+            raise doc.error(("training", *where, set_by_training[0]), "not an option: rolecast train counts each batch")
         validate_model(LOSS_CONFIGS[training.loss], options, doc, ("training", *where))
     for role, weight in training.repetition_penalty.items():
         if role not in learning:

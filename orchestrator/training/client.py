@@ -243,7 +243,8 @@ class ServiceClient:
                 per_token = per_token + options.kl_coef * kl
                 extra = {**extra, "kl": kl}
             lengths = [d.model_input.length for d in data]
-            loss = aggregate(per_token, mask, lengths, options.aggregation, total_tokens=job.total_tokens, total_sequences=len(job.data))
+            loss = aggregate(per_token, mask, lengths, options.aggregation, total_tokens=options.batch_tokens or job.total_tokens,
+                             total_sequences=options.batch_sequences or len(job.data))
             job.add(loss, per_token, mask, extra, [part[r][1] for r in mine], logp.detach().split(lengths))
             total = total + loss
         return total

@@ -335,9 +335,11 @@ class TrainingRun:
             by_key: dict[tuple[float, str | None], list[Datum]] = defaultdict(list)
             for key, d in items:
                 by_key[key].append(d)
+            # a mean (token-mean, sequence-mean) is over the adapter's whole batch, whatever calls it takes
+            whole = {"batch_tokens": max(float(sum(d.mask().sum() for _, d in items)), 1.0), "batch_sequences": len(items)}
             for (temperature, role), data in by_key.items():
                 own = self.cfg.role_loss_config.get(role, {}) if role else {}
-                config = {**RECIPE_LOSS_DEFAULTS, **self.cfg.loss_config, **own, "temperature": temperature}
+                config = {**RECIPE_LOSS_DEFAULTS, **self.cfg.loss_config, **own, "temperature": temperature, **whole}
                 calls.append((self.clients[adapter], data, self.cfg.loss, config))
                 owners.append(adapter)
         outs = await (await self.service.forward_backward_many_async(calls)).result_async()
@@ -345,7 +347,7 @@ class TrainingRun:
         opts = {a: await future.result_async() for a, future in steps.items()}
 
         def metrics() -> dict[str, dict[str, float]]:  # they arrive from a GPU after the calls return
-            return {a: {**_mean([o.metrics for o, owner in zip(outs, owners) if owner == a]), **opt.metrics}
+            return {a: {**_calls_summed([o.metrics for o, owner in zip(outs, owners) if owner == a]), **opt.metrics}
                     for a, opt in opts.items()}
 
         return await asyncio.to_thread(metrics)  # waited for off the event loop, where episodes go on
@@ -507,6 +509,17 @@ class TrainingRun:
         row = final[-1] if final else await self.evaluate(self.steps)
         self.metrics.close()
         return row
+
+
+def _calls_summed(rows: list[dict[str, float]]) -> dict[str, float]:
+    """An adapter's metrics from its calls' (one per temperature and role with loss options of
+    its own): the losses (each call's share of the batch's) and token counts add up, the
+    per-token means are weighted by each call's tokens."""
+    tokens = sum(row["tokens"] for row in rows) or 1.0
+    out = {k: sum(row[k] for row in rows) for k in ("loss", "loss:sum", "tokens")}
+    for key in {k for row in rows for k in row} - set(out):
+        out[key] = sum(row[key] * row["tokens"] for row in rows if key in row) / tokens
+    return out
 
 
 def _mean(rows: list[dict[str, float]]) -> dict[str, float]:

@@ -275,6 +275,27 @@ def test_micro_batches_add_up_to_the_full_batch(service, how):
                for a, b in zip(full.loss_fn_outputs, micro.loss_fn_outputs))
 
 
+@pytest.mark.parametrize("how", ["token-mean", "sequence-mean"])
+def test_calls_told_their_batch_add_up_to_one_call_over_it(service, how):
+    """The loop splits an adapter's batch into calls (roles at other temperatures, or with loss
+    options of their own); told the whole batch's counts, the calls' mean is the batch's mean, as
+    the aggregation says, not a mean per call summed over the calls."""
+    c = service.create_lora_training_client(f"split_{how}", LoraConfig(rank=4))
+    torch.manual_seed(0)
+    for p in c.params:
+        p.data.normal_(0, 0.05)
+    data = [datum(advantage=a) for a in (1.0, -0.5, 2.0)]
+    whole = {"batch_tokens": float(sum(d.mask().sum() for d in data)), "batch_sequences": len(data)}
+    grads, losses = [], []
+    for parts, extra in (([data], {}), ([data[:1], data[1:]], whole)):
+        outs = service.forward_backward_many([(c, part, "ppo", {"aggregation": how, **extra}) for part in parts]).result()
+        losses.append(sum(o.metrics["loss"] for o in outs))
+        grads.append([p.grad.clone() for p in c.params])
+        c.optimizer.zero_grad(set_to_none=True)
+    assert losses[1] == pytest.approx(losses[0], rel=1e-4, abs=1e-6)
+    assert all(torch.allclose(a, b, rtol=1e-3, atol=1e-6) for a, b in zip(*grads))
+
+
 def test_shared_prefixes_computed_once_give_the_same_logprobs_and_gradients(service):
     """A prefix tree with every kind of sharing: all datums share an opening, two pairs branch
     later, one datum is a prefix of another, one is repeated, one shares nothing; actions start
