@@ -57,14 +57,17 @@ def register_plugin(plugin: Any, name: str | None = None) -> None:
 
     registry = default_registry()
     name = name or getattr(plugin, "__name__", type(plugin).__name__)
-    failures, earlier = len(registry.failures), [c for c in registry.commands if c[0] == name]
+    if any(p == name and not source.startswith("in-process") for p, source in registry.plugins):
+        raise RolecastError(f"plugin {name}: the name of an installed plugin; register under another name")
+    if not any(hasattr(getattr(plugin, attr, None), "rolecast_impl") for attr in dir(plugin)):
+        raise RolecastError(f"plugin {name}: {plugin!r} has no hook (a module or object whose functions carry "
+                            "@rolecast.hookimpl: register_envs, register_rewards ...)")
+    failures = len(registry.failures)
     registry.add_module(plugin, name, f"in-process ({getattr(plugin, '__module__', None) or name})")
     if len(registry.failures) > failures:
         problem = registry.failures[failures].error
         del registry.failures[failures:]
         raise RolecastError(f"plugin {name}: {problem}")
-    registry.plugins[:] = [p for p in registry.plugins if p[0] != name] + [registry.plugins[-1]]
-    registry.commands[:] = [c for c in registry.commands if not any(c is e for e in earlier)]
 
 
 def run(team: TeamLike, *, episodes: int | None = None, tasks: Sequence[str | Mapping[str, Any]] | None = None,

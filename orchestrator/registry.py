@@ -1,13 +1,17 @@
 """Discovers plugins through the ``rolecast.plugins`` entry points and keeps what they register.
 
-A plugin that fails to import, or whose hook raises, is recorded with its error and skipped
-whole (none of its names or commands is kept, even those registered before the failure): one
-broken plugin never takes the CLI down, nor half-loads. So is a trainer that is not a
-``Trainer`` subclass, and a trainer or reward whose ``Config`` lets unknown keys through.
+A plugin that fails to import, or whose hook raises (its commands' hook included), is recorded
+with its error and skipped whole (none of its names or commands is kept, even those registered
+before the failure): one broken plugin never takes the CLI down, nor half-loads. So is one that
+registers what breaks the contract: an env that is not an ``Env`` subclass, a policy that cannot
+be called, a reward that does not take ``(episode, roles, config)``, a trainer that is not a
+``Trainer`` subclass or leaves a hook abstract, a trainer or reward whose ``Config`` lets unknown
+keys through.
 """
 from __future__ import annotations
 
 import importlib.metadata
+import inspect
 from dataclasses import dataclass, field
 from collections.abc import Callable
 from functools import lru_cache
@@ -23,6 +27,7 @@ from .training.trainer import Trainer
 ENTRY_POINT_GROUP = "rolecast.plugins"
 KINDS = ("envs", "policies", "rewards", "trainers")
 SINGULAR = {"envs": "env", "policies": "policy", "rewards": "reward", "trainers": "trainer"}
+ENV_PARTS = ("Config", "Task", "next_role", "observe", "step")
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,7 @@ class Registry:
         if errors:
             self.failures += errors
             return
+        self._drop(plugin)  # registering again: what it registered before goes, what it registers now stays
         for kind in KINDS:
             self.items[kind].update(staged[kind])
         self.commands += [(plugin, source, impl.function) for impl in pm.hook.register_commands.get_hookimpls()]
@@ -91,6 +97,14 @@ class Registry:
                 hook(subparsers=subparsers)
             except Exception as exc:  # argparse refuses a command name that is taken, say
                 self.failures.append(PluginFailure(plugin, source, f"register_commands: {_one_line(exc)}"))
+                self._drop(plugin)
+
+    def _drop(self, plugin: str) -> None:
+        """Forget what ``plugin`` registered: its names, its commands, its place among those loaded."""
+        for kind in KINDS:
+            self.items[kind] = {n: r for n, r in self.items[kind].items() if r.plugin != plugin}
+        self.commands[:] = [c for c in self.commands if c[0] != plugin]
+        self.plugins[:] = [p for p in self.plugins if p[0] != plugin]
 
     def _registrar(self, kind: str, plugin: str, source: str, staged: dict[str, Registration]):
         """``register(name, obj)`` for one plugin's hook: names go to ``staged`` until all its hooks succeed."""
@@ -115,13 +129,33 @@ def _check_plugin(kind: str, obj: Any) -> None:
     # Checked at registration, so a plugin that breaks the contract shows in `rolecast plugins`
     # rather than as a crash in the middle of a training run.
     what = getattr(obj, "__qualname__", repr(obj))
+    # envs by what an Env has: importing envs.base here would close an import cycle (base -> role -> registry)
+    if kind == "envs" and not (isinstance(obj, type) and all(hasattr(obj, a) for a in ENV_PARTS)):
+        raise TypeError(f"{what} is not an env (a subclass of orchestrator.envs.base.Env)")
+    if kind == "envs" and inspect.isabstract(obj):
+        raise TypeError(f"{what} does not implement {', '.join(sorted(obj.__abstractmethods__))}")
+    if kind == "policies" and not callable(obj):
+        raise TypeError(f"{what} cannot be called: a policy plugin is a class or function taking the role's spec")
+    if kind == "rewards" and not _takes(obj, 3):
+        raise TypeError(f"{what} must be a function of (episode, roles, config)")
     if kind == "trainers" and not (isinstance(obj, type) and issubclass(obj, Trainer)):
         raise TypeError(f"{what} is not a subclass of orchestrator.training.trainer.Trainer")
+    if kind == "trainers" and inspect.isabstract(obj):
+        raise TypeError(f"{what} does not implement {', '.join(sorted(obj.__abstractmethods__))}")
     if kind in ("trainers", "rewards"):
         config = config_model(obj)
         if not (isinstance(config, type) and issubclass(config, BaseModel)) or config.model_config.get("extra") != "forbid":
             raise TypeError(f"{what}.Config must be a pydantic model that forbids unknown keys "
                             "(subclass orchestrator.config.PluginConfig)")
+
+
+def _takes(fn: Any, n: int) -> bool:
+    """Whether ``fn`` can be called with ``n`` positional arguments."""
+    try:
+        inspect.signature(fn).bind(*[None] * n)
+    except (TypeError, ValueError):  # not callable, another arity, or no signature to read
+        return False
+    return True
 
 
 def _one_line(exc: BaseException) -> str:

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from support import ERROR_LINE, plugin, write
+from orchestrator.envs.guess_number import GuessNumberEnv
 from orchestrator.registry import Registry, discover
+from orchestrator.training.trainer import Trainer
 
 PLUGIN = '''
 import json
@@ -276,7 +278,7 @@ def test_hook_that_raises_is_reported_and_others_still_register():
 
     registry = discover()
     registry.add_module(plugin(register_envs=bad), "bad", "test")
-    registry.add_module(plugin(register_envs=lambda register: register("debate", object)), "clash", "test")
+    registry.add_module(plugin(register_envs=lambda register: register("debate", GuessNumberEnv)), "clash", "test")
     errors = {f.plugin: f.error for f in registry.failures}
     assert errors["bad"] == "register_envs: RuntimeError: oops"
     assert "already registered by plugin 'core'" in errors["clash"]
@@ -285,7 +287,7 @@ def test_hook_that_raises_is_reported_and_others_still_register():
 
 def test_a_plugin_that_fails_partway_keeps_none_of_its_names():
     def half(register):
-        register("half-env", object)
+        register("half-env", GuessNumberEnv)
         raise RuntimeError("second name failed")
 
     registry = discover()
@@ -308,6 +310,46 @@ def test_a_misspelt_hook_or_a_taken_command_is_reported():
     errors = {f.plugin: f.error for f in registry.failures}
     assert "register_env" in errors["misspelt"] and "typo" not in registry.names("envs")
     assert errors["takes-run"].startswith("register_commands: ") and "run" in errors["takes-run"]
+
+
+def test_a_plugin_whose_command_fails_keeps_none_of_its_names():
+    import argparse
+
+    registry = discover()
+    registry.add_module(plugin(register_policies=lambda register: register("clashing-policy", lambda spec: None),
+                               register_commands=lambda subparsers: subparsers.add_parser("run")), "clash", "test")
+    assert "clashing-policy" in registry.names("policies")
+    sub = argparse.ArgumentParser().add_subparsers()
+    sub.add_parser("run")
+    registry.add_commands(sub)
+    assert "clashing-policy" not in registry.names("policies") and "clash" not in [p for p, _ in registry.plugins]
+
+
+class _Abstract(Trainer):
+    pass
+
+
+@pytest.mark.parametrize("kind, obj, words", [
+    ("envs", 42, "42 is not an env (a subclass of orchestrator.envs.base.Env)"),
+    ("policies", 42, "42 cannot be called"),
+    ("rewards", "notafunction", "must be a function of (episode, roles, config)"),
+    ("rewards", lambda episode, roles: {}, "must be a function of (episode, roles, config)"),
+    ("trainers", _Abstract, "_Abstract does not implement advantages"),
+])
+def test_what_breaks_a_kinds_contract_is_refused_at_registration(kind, obj, words):
+    """Else it passed, and failed later in a run with a traceback (an int has no Config)."""
+    registry = discover()
+    registry.add_module(plugin(**{f"register_{kind}": lambda register: register("broken", obj)}), "broken", "test")
+    (failure,) = [f for f in registry.failures if f.plugin == "broken"]
+    assert words in failure.error and "broken" not in registry.names(kind)
+
+
+def test_registering_again_forgets_the_names_it_no_longer_registers():
+    registry = discover()
+    registry.add_module(plugin(register_policies=lambda register: (register("coin-a", lambda spec: None),
+                                                                   register("coin-b", lambda spec: None))), "coins", "test")
+    registry.add_module(plugin(register_policies=lambda register: register("coin-b", lambda spec: None)), "coins", "test")
+    assert "coin-a" not in registry.names("policies") and "coin-b" in registry.names("policies")
 
 
 def test_registry_get_unknown_names_known():

@@ -163,10 +163,12 @@ def test_a_plugin_defined_in_this_process_plays_a_team(tmp_path, registry):
 
 
 def test_a_plugin_that_breaks_the_contract_raises_and_registers_nothing(registry):
+    from orchestrator.envs.guess_number import GuessNumberEnv
+
     class Broken:
         @rolecast.hookimpl
         def register_envs(register):
-            register("half", object)
+            register("half", GuessNumberEnv)
             raise RuntimeError("no")
 
     class Misspelt:
@@ -178,6 +180,11 @@ def test_a_plugin_that_breaks_the_contract_raises_and_registers_nothing(registry
         with pytest.raises(rolecast.RolecastError, match=problem):
             rolecast.register_plugin(plugin)
     assert "half" not in registry.items["envs"] and not registry.failures
+    for plugin, name, problem in ((None, None, "has no hook"), (5, "five", "has no hook"),
+                                  (Broken, "core", "the name of an installed plugin")):
+        with pytest.raises(rolecast.RolecastError, match=problem):
+            rolecast.register_plugin(plugin, name=name)
+    assert "grpo" in registry.items["trainers"]
 
 
 def test_an_interrupt_in_a_notebook_cancels_the_work_instead_of_waiting_for_it(tmp_path):
