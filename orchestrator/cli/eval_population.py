@@ -45,7 +45,7 @@ def handle(args: argparse.Namespace, team: Any) -> int:
     missing = [m for m in trainer.members if not (run / "sampler" / m / "adapter_config.json").is_file()]
     if missing:
         raise RolecastError(f"--population: {run / 'sampler'} lacks member(s) {', '.join(missing)} (is it a run of this recipe?)")
-    baselines = args.baseline or ["random"]
+    baselines = list(dict.fromkeys(args.baseline or ["random"]))  # a baseline named twice is one entrant
     unknown = [b for b in baselines if b not in registry.items["policies"]]
     if unknown:
         raise RolecastError(f"--baseline {', '.join(unknown)}: unknown (builtin policies: {', '.join(registry.names('policies'))})")
@@ -54,7 +54,9 @@ def handle(args: argparse.Namespace, team: Any) -> int:
     adapters = {m: run / "sampler" / m for m in trainer.members} | {p.name: p for p in pool}
     entrants = [Entrant(name, adapter=name) for name in adapters] + [Entrant(b, builtin=b) for b in baselines]
     seed = team.config.seed if args.seed is None else args.seed
-    engine = load_engine(args.model or team.config.model, args.dtype, seed, args.engine, adapters, args.device)
+    # the model the population trained on, as its config.yaml records it, unless --model says otherwise
+    model = args.model or ((recorded_run(run) or {}).get("run") or {}).get("model") or team.config.model
+    engine = load_engine(model, args.dtype, seed, args.engine, adapters, args.device)
 
     async def go():
         try:

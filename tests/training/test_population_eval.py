@@ -75,8 +75,9 @@ def test_eval_population_end_to_end(cli, tmp_path):
     run = tmp_path / "run"
     train_tiny(cli, recipe, run, 2, "--set", "group_size=3", "--set", "trainer_config.members=3",
                "--set", "trainer_config.snapshot_every=1")
-    code, out, err = cli("eval", recipe, "--population", run, "--model", "tiny", "--dtype", "float32",
-                         "--games-per-pair", "2", "--json", "--no-progress")
+    # the model the run trained on is the default (no --model); a baseline named twice plays once
+    code, out, err = cli("eval", recipe, "--population", run, "--dtype", "float32", "--baseline", "random",
+                         "--baseline", "random", "--games-per-pair", "2", "--json", "--no-progress")
     assert code == 0, err
     assert "as its config.yaml records them" in err and '"members": 3' in err
     report = json.loads(out.strip().splitlines()[-1])
