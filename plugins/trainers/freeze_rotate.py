@@ -1,8 +1,8 @@
 """``freeze-rotate``: one adapter learns per phase while the others stay frozen.
 
 Phases last ``every`` steps (default 10) and follow ``schedule`` (default: the trainable
-adapters in team order), cycling: at step s the adapter schedule[(s // every) % len(schedule)]
-trains. Frozen partners make each learner's environment stationary for a phase, at the cost
+adapters in team order), cycling: at step s (the first is 1) the adapter
+schedule[((s - 1) // every) % len(schedule)] trains. Frozen partners make each learner's environment stationary for a phase, at the cost
 of slower joint progress. Advantages are GRPO's.
 """
 from __future__ import annotations
@@ -30,4 +30,4 @@ class FreezeRotate(GRPO):
             raise ValueError(f"freeze-rotate: schedule names unknown adapter(s) {unknown}; trainable: {context.adapter_names}")
 
     def adapters_to_train(self, step: int) -> list[str]:
-        return [self.schedule[(step // self.config.every) % len(self.schedule)]]
+        return [self.schedule[((step - 1) // self.config.every) % len(self.schedule)]]

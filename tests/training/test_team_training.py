@@ -86,8 +86,8 @@ def test_freeze_rotate_trains_one_player_per_phase(cli, tmp_path):
     recipe.write_text((ROOT / "recipes/prisoners_dilemma.yaml").read_text().replace("{every: 5}", "{every: 2}"))
     run = tmp_path / "run"
     train(cli, recipe, run, 4)
-    # phase = step // 2: alice at step 1, bob at 2 and 3, alice at 4
-    expected = {1: "alice", 2: "bob", 3: "bob", 4: "alice"}
+    # phase = (step - 1) // 2: alice at steps 1 and 2, bob at 3 and 4
+    expected = {1: "alice", 2: "alice", 3: "bob", 4: "bob"}
     rows = {r["step"]: r for r in metric_rows(run) if r["kind"] == "train"}
     for step, learner in expected.items():
         lines = credit(run, step)

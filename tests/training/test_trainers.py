@@ -71,10 +71,10 @@ def test_mgrpo_global_pools_every_role_and_per_role_scales_each_role_by_its_own_
 
 
 def test_freeze_rotate_schedule():
-    t = trainer("freeze-rotate", every=3)
-    assert [t.adapters_to_train(s)[0] for s in range(8)] == ["pro"] * 3 + ["con"] * 3 + ["pro"] * 2
+    t = trainer("freeze-rotate", every=3)  # the loop's steps start at 1: the first phase is 3 steps too
+    assert [t.adapters_to_train(s)[0] for s in range(1, 9)] == ["pro"] * 3 + ["con"] * 3 + ["pro"] * 2
     t = trainer("freeze-rotate", every=1, schedule=["con", "con", "pro"])
-    assert [t.adapters_to_train(s)[0] for s in range(4)] == ["con", "con", "pro", "con"]
+    assert [t.adapters_to_train(s)[0] for s in range(1, 5)] == ["con", "con", "pro", "con"]
     with pytest.raises(ValueError, match="unknown adapter"):
         trainer("freeze-rotate", schedule=["judge"])
     with pytest.raises(ValidationError, match="greater than or equal to 1"):
