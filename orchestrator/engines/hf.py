@@ -153,6 +153,7 @@ class HFEngine(TokenizerMethods):
         self.fused_prefill = fused_prefill  # read at each prefill: a benchmark may switch it
         self._cpu = cpu  # the CPU the fused step lays its weights out for (None: this machine's; cpu.py)
         self.versions: dict[str, int] = {}
+        self._removed_at: dict[str, int] = {}  # a removed adapter's last version: one added again goes on from it
         self.eos_ids = end_of_turn_ids(self.tokenizer)
         self._pending: queue.Queue[_Seq] = queue.Queue()
         self._lock = threading.RLock()  # held by a scheduler iteration and by adapter changes
@@ -272,14 +273,16 @@ class HFEngine(TokenizerMethods):
             if name not in self.lora.adapters:
                 raise KeyError(f"no adapter {name!r}")
             self.lora.remove(name)
-            self.versions.pop(name, None)
+            self._removed_at[name] = self.versions.pop(name, 0)
             if self._prefix is not None:
                 self._prefix.drop(name)
 
     def _bump(self, name: str) -> int:
         if self._prefix is not None:
             self._prefix.drop(name)
-        self.versions[name] = self.versions.get(name, 0) + 1
+        # Versions only rise, across a removal too: (name, version) keys the prefix cache and names
+        # the weights a completion was sampled with, so no two sets of weights may share one.
+        self.versions[name] = max(self.versions.get(name, 0), self._removed_at.get(name, 0)) + 1
         return self.versions[name]
 
     def _adapter_key(self, name: str | None) -> str:
@@ -710,7 +713,11 @@ class HFEngine(TokenizerMethods):
                 _deliver(s, _resolve, s.done)
 
     def _remember(self, row: int, seq: _Seq) -> None:
-        """Put a finished row's keys and values in the prefix cache, with the tokens they encode."""
+        """Put a finished row's keys and values in the prefix cache, with the tokens they encode;
+        not a row whose adapter changed while it ran (its keys mix two sets of weights)."""
+        key, version = seq.cache_key
+        if key != BASE and self.versions.get(key) != version:
+            return
         count = self._kv.length(row)  # fed tokens (the CPU path never feeds the last sampled one)
         keys, values = self._kv.row(row)
         self._prefix.insert((list(seq.request.prompt_ids) + seq.tokens)[:count], seq.cache_key, keys, values)

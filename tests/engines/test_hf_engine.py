@@ -211,3 +211,34 @@ def test_an_adapter_of_another_base_model_is_refused_at_load(engine, tmp_path):
         engine.load_adapter("other", folder)
     with pytest.raises(RolecastError, match=rf"--adapter other={folder}: adapter 'other' does not fit this model"):
         load_engine("tiny", "float32", 0, adapters={"other": folder}, device="cpu")
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_an_adapter_removed_and_added_again_never_serves_the_old_weights_keys(static):
+    """Versions key the prefix cache: a removed adapter's numbers are not used again, and a row
+    whose adapter changed while it ran (keys from two sets of weights) is not cached."""
+    e = tiny_engine(max_batch=8, max_prefill=3, static=static)
+    e.add_adapter("a")
+    randomize(e, "a", 1)  # version 2
+    prompt = tuple(e.apply_chat_template([{"role": "user", "content": "Tell me a story about a fox near the river."}]))
+
+    async def swap_while_it_runs():
+        running = asyncio.create_task(e.generate(GenerationRequest(prompt, SamplingParams(max_tokens=40, seed=1), "a")))
+        while not e._active:
+            await asyncio.sleep(0.001)
+        with e._lock:  # as the trainer's thread does, between two engine steps
+            e.remove_adapter("a")
+            e.add_adapter("a")
+            version = randomize(e, "a", 2)
+        await running
+        return version
+
+    try:
+        assert asyncio.run(swap_while_it_runs()) == 4  # on from the removed adapter's 2: no number is used twice
+        hits = e.stats.prefix_hit_tokens
+        out = asyncio.run(e.generate(GenerationRequest(prompt, SamplingParams(max_tokens=8, seed=5), "a")))
+        assert e.stats.prefix_hit_tokens == hits  # nothing cached from the row that ran across the swap
+        reference = e.teacher_forced_logprobs(list(prompt), out.token_ids, "a", 1.0)
+        assert max(abs(a - b) for a, b in zip(reference, out.logprobs)) < 1e-4
+    finally:
+        asyncio.run(e.aclose())
