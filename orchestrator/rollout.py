@@ -164,9 +164,10 @@ def summarize(team: Team, records: list[EpisodeRecord], wall_s: float) -> dict[s
     turns = [t for r in records for t in r.turns]
     attempts = [a for t in turns for a in t.attempts]
     per_role: dict[str, dict[str, Any]] = {}
+    results = [r for r in records if not r.failed]  # a failed episode's rewards are placeholders, no result
     for name in team.roles:
         mine = [t for t in turns if t.role == name]
-        values = [r.rewards.get(name, 0.0) for r in records]
+        values = [r.rewards.get(name, 0.0) for r in results]
         per_role[name] = {
             "mean_reward": _mean(values),
             "reward_ci95": _ci95(values),

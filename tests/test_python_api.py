@@ -65,6 +65,20 @@ def test_train_then_resume_with_the_options_the_run_started_with(tmp_path):
     assert [(r["kind"], r["step"]) for r in rows] == [("eval", 0), ("train", 1), ("eval", 1), ("train", 2), ("eval", 2)]
 
 
+def test_episodes_that_fail_are_no_part_of_the_mean_reward(tmp_path):
+    """Their rewards are placeholders (zeros): counted, the mean of four episodes that won two and
+    crashed two read 0.5 beside a W-D-L of 2-0-0."""
+    def crashes_on_odd(request):
+        if request.episode_index % 2:
+            raise RuntimeError("boom")
+        return binary_search(request)
+
+    result = rolecast.run(ROOT / "recipes/guess_number.yaml", episodes=4, tasks=["16"], policies={"guesser": crashes_on_odd},
+                          out=tmp_path / "run", progress=False)
+    assert result.summary["status"] == {"ok": 2, "error": 2}
+    assert result.summary["roles"]["guesser"]["mean_reward"] == 1.0
+
+
 def test_load_team_applies_training_options():
     team = rolecast.load_team(ROOT / "recipes/guess_number.yaml", sets={"group_size": 3, "adam.learning_rate": 1e-3})
     assert team.config.training.group_size == 3 and team.config.training.adam.learning_rate == 1e-3

@@ -71,7 +71,8 @@ def print_report(report: dict[str, Any]) -> None:
         table.add_column(col, justify="left" if col in ("role", "policy") else "right", no_wrap=True)
     for name, e in report["roles"].items():
         lo, hi = e["win_ci95"]
-        reward = f"{e['mean_reward']:.3f}" + ("" if e["reward_ci95"] is None else f" ±{e['reward_ci95']:.3f}")
+        reward = "-" if e["mean_reward"] is None else \
+            f"{e['mean_reward']:.3f}" + ("" if e["reward_ci95"] is None else f" ±{e['reward_ci95']:.3f}")
         table.add_row(name, report["bindings"][name], f"{e['win']}-{e['draw']}-{e['loss']}", f"{e['win_rate']:.3f}",
                       f"{lo:.3f}-{hi:.3f}", reward)
     console = Console()

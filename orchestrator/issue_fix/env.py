@@ -162,9 +162,12 @@ class IssueFixEnv(Env):
     # ------------------------------------------------------------------------------ tests
 
     async def _run_team_tests(self, content: dict[str, Any] | None) -> dict[str, Any]:
-        """Write the Tester's file (if it is acceptable), then run it with the visible tests."""
+        """Write the Tester's file (if it is acceptable), then run it with the visible tests. The
+        file of its turn before leaves the workdir first: a visible-tests folder would collect it,
+        and one bad early test would fail every later round (the team's test stays the last)."""
         paths = list(self.issue.visible_tests)
         refused = None
+        self._remove_last_test()
         if content is not None:
             refused = self._write_test(content["path"], content["code"])
             if refused is None:
@@ -174,6 +177,14 @@ class IssueFixEnv(Env):
         if refused:
             report["summary"] = f"test file refused: {refused}; " + report["summary"]
         return report
+
+    def _remove_last_test(self) -> None:
+        if self.test is None:
+            return
+        try:
+            resolve_in(self.workdir, self.test["path"]).unlink(missing_ok=True)
+        except (PathRefused, OSError):  # a sandboxed run moved things about: nothing of ours to remove
+            pass
 
     def _write_test(self, path: str, code: str) -> str | None:
         """Why the Tester's file cannot go to ``path``, or None once written there."""
@@ -218,7 +229,7 @@ class IssueFixEnv(Env):
             "ignored_changes": graded.ignored,
             "edits_applied": sum(r.ok for r in self.all_edits),
             "edits_total": len(self.all_edits),
-            "approved": verdict == "approve",
+            "approved": None if verdict is None else verdict == "approve",  # None: no valid verdict, a miss
             "tests_passed": self.test_report["passed"] if self.test_report else None,
             "process": {
                 c.planner: planner_reward((self.plan or {}).get("files", []), self.issue.solution_files()),

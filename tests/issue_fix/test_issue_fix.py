@@ -459,3 +459,26 @@ def test_tasks_check_reports_every_bad_task_before_running_any(tmp_path, cli, mo
     lines = err.strip().splitlines()
     assert lines[0] == f"{tmp_path}/002-no-issue/task.yaml:1: issue: required key is missing"
     assert lines[1].startswith(f"{tmp_path}/003-misnamed/task.yaml:1: ") and len(lines) == 2
+
+
+def test_no_valid_verdict_is_a_miss_not_a_rejection():
+    """A Reviewer that never gave a valid verdict has turned nothing down."""
+    from orchestrator.issue_fix.env import IssueFixEnv
+
+    wrong = {"outcome": 0.2}
+    metrics = IssueFixEnv.outcome_metrics(None, [{**wrong, "approved": None}, {**wrong, "approved": False}])
+    assert metrics == {"solved_rate": 0.0, "reviewer_rejects_wrong": 0.5}
+
+
+def test_a_tester_file_of_an_earlier_round_does_not_fail_the_later_ones(tmp_path, cli, monkeypatch):
+    """The visible tests are a folder: the round-one file stayed in it and failed every round after."""
+    fix = patch_edits(load_task(SLUG).solution_patch())
+    lines = [{"role": "planner", "text": json.dumps(PLAN)}]
+    lines += [{"role": "coder", "text": json.dumps({"edits": fix, "summary": "fix"})}] * 2
+    lines += [{"role": "reviewer", "text": json.dumps({"verdict": "approve", "comments": []})}] * 2
+    lines += [{"role": "tester", "text": json.dumps({"path": "tests/test_bad.py", "code": "def test_bad():\n    assert False\n"})},
+              {"role": "tester", "text": json.dumps(REPRO)}]
+    replay = tmp_path / "rounds.jsonl"
+    replay.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    out = run_replay(cli, monkeypatch, tmp_path, replay)["outcome"]
+    assert (out["rounds"], out["tests_passed"], out["outcome"]) == (2, True, 1.0)  # approved and passing: done
