@@ -49,8 +49,9 @@ def handle(args: argparse.Namespace, team: Any) -> int:
     unknown = [b for b in baselines if b not in registry.items["policies"]]
     if unknown:
         raise RolecastError(f"--baseline {', '.join(unknown)}: unknown (builtin policies: {', '.join(registry.names('policies'))})")
-    pool = sorted((p for p in (run / "pool").glob("*@*") if (p / "adapter_config.json").is_file()),
-                  key=lambda p: (int(re.sub(r".*@", "", p.name)), p.name))
+    kept = pool_at_last_checkpoint(run)  # a snapshot that left the pool keeps its folder (an older checkpoint names it)
+    pool = sorted((p for p in (run / "pool").glob("*@*") if (p / "adapter_config.json").is_file()
+                   and (kept is None or p.name in kept)), key=lambda p: (int(re.sub(r".*@", "", p.name)), p.name))
     adapters = {m: run / "sampler" / m for m in trainer.members} | {p.name: p for p in pool}
     entrants = [Entrant(name, adapter=name) for name in adapters] + [Entrant(b, builtin=b) for b in baselines]
     seed = team.config.seed if args.seed is None else args.seed
@@ -76,6 +77,16 @@ def handle(args: argparse.Namespace, team: Any) -> int:
     else:
         print_report(report, out)
     return 0
+
+
+def pool_at_last_checkpoint(run: Path) -> set[str] | None:
+    """The snapshots in the trainer's pool at the run's newest readable checkpoint; None where none says."""
+    for folder in sorted((run / "checkpoints").glob("step-*"), reverse=True):
+        try:
+            return set(json.loads((folder / "trainer.json").read_text())["trainer"]["pool"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None
 
 
 def trained_with(run: Path, team: Any) -> dict[str, Any]:

@@ -7,7 +7,8 @@ episode, is the learner; its opponent is the live adapter itself with probabilit
 ``sampling: win_rate``, in proportion to how often it beats the learner (w + 1) / (n + 2).
 Against the live adapter both players' tokens train; against a snapshot only the learner's.
 Each result updates an Elo table (K = ``elo_k``, default 16) kept for the learner ("latest")
-and every snapshot. Advantages are GRPO's, per player.
+and every snapshot. Advantages are GRPO's, per player, over the seats the live adapter held: a
+seat a snapshot played is in no baseline and gets none (its reward says how the snapshot did).
 
 Without a pool, self-play on a cyclic game (rock-paper-scissors) chases its own last strategy
 round and round; old snapshots anchor it.
@@ -19,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from orchestrator.training.trainer import Snapshot, TrainerContext
+from orchestrator.training.trainer import Rewards, Snapshot, TrainerContext, centred
 from orchestrator.transcript import EpisodeRecord
 
 from .grpo import GRPO
@@ -50,6 +51,7 @@ class SelfPlay(GRPO):
         self.pool: list[str] = []
         self.record: dict[str, list[int]] = {}  # snapshot -> [snapshot wins, games] against the learner
         self.elo: dict[str, float] = {"latest": 1000.0}
+        self._faced: dict[int, dict[int, str | None]] = {}  # step -> episode index -> the snapshot it faced
 
     # -- who plays whom ----------------------------------------------------------------------
     def learner(self, index: int) -> str:
@@ -66,10 +68,26 @@ class SelfPlay(GRPO):
         return rng.choices(self.pool, weights=weights)[0]
 
     def adapters_for(self, step: int, index: int) -> dict[str, str]:
-        snapshot = self.opponent(step, index)
+        snapshot = self._faced.setdefault(step, {})[index] = self.opponent(step, index)
         if snapshot is None:
             return {}
         return {p: snapshot for p in self.players if p != self.learner(index)}
+
+    # -- credit ------------------------------------------------------------------------------
+    def step_advantages(self, rewards: Rewards, finished: list[list[bool]]) -> Rewards:
+        """Each role centred within its group over the finished episodes where the live adapter
+        held its seat (against a snapshot, only the learner's seat)."""
+        faced = self._faced.pop(min(self._faced)) if self._faced else {}
+        out: Rewards = [[{role: 0.0 for role in rw} for rw in group] for group in rewards]
+        index = 0
+        for g, group in enumerate(rewards):
+            for role in {r for rw in group for r in rw}:
+                live = [e for e in range(len(group)) if finished[g][e] and (
+                    role not in self.players or faced.get(index + e) is None or role == self.learner(index + e))]
+                for e, value in zip(live, centred([group[e][role] for e in live], self.config.scale_std)):
+                    out[g][e][role] = value
+            index += len(group)
+        return out
 
     # -- after each step: results, Elo, snapshots ----------------------------------------------
     def after_step(

@@ -74,7 +74,8 @@ def test_eval_population_end_to_end(cli, tmp_path):
     recipe = ROOT / "recipes/rps_population.yaml"  # members: 4; the run is trained with 3
     run = tmp_path / "run"
     train_tiny(cli, recipe, run, 2, "--set", "group_size=3", "--set", "trainer_config.members=3",
-               "--set", "trainer_config.snapshot_every=1")
+               "--set", "trainer_config.snapshot_every=1", "--set", "trainer_config.pool_size=1")
+    assert sorted(p.name for p in (run / "pool").iterdir()) == ["player-0@1", "player-1@2"]  # the first left the pool
     # the model the run trained on is the default (no --model); a baseline named twice plays once
     code, out, err = cli("eval", recipe, "--population", run, "--dtype", "float32", "--baseline", "random",
                          "--baseline", "random", "--games-per-pair", "2", "--json", "--no-progress")
@@ -82,8 +83,8 @@ def test_eval_population_end_to_end(cli, tmp_path):
     assert "as its config.yaml records them" in err and '"members": 3' in err
     report = json.loads(out.strip().splitlines()[-1])
     names = [e["name"] for e in report["entrants"]]
-    assert names == ["player-0", "player-1", "player-2", "player-0@1", "player-1@2", "random"]
-    assert report["games_played"] == 15 * 2
+    assert names == ["player-0", "player-1", "player-2", "player-1@2", "random"]  # the pool as it ended
+    assert report["games_played"] == 10 * 2
     for a in names:  # rps pays +1/-1/0: zero-sum, so the payoff matrix is antisymmetric
         for b in names:
             if a != b:

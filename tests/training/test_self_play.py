@@ -31,6 +31,20 @@ def test_without_a_pool_everyone_plays_the_live_adapter():
     assert [t.learner(i) for i in range(4)] == ["x", "o", "x", "o"]
 
 
+def test_a_seat_a_snapshot_held_is_in_no_baseline():
+    """Against a snapshot only the learner's seat is the live adapter's: the other seat's reward
+    says how the snapshot did, and a group that holds each seat live once compares nothing."""
+    rewards = [[{"x": 3.0, "o": -3.0}, {"x": 1.0, "o": -1.0}], [{"x": 2.0, "o": 0.0}, {"x": 0.0, "o": 2.0}]]
+    against_pool, live = make(latest_prob=0.0), make(latest_prob=1.0)
+    for t in (against_pool, live):
+        fill_pool(t, ["player@1"])
+    assert [against_pool.adapters_for(1, i) for i in range(4)] == [{"o": "player@1"}, {"x": "player@1"}] * 2
+    assert [live.adapters_for(1, i) for i in range(4)] == [{}] * 4
+    adv = against_pool.step_advantages(rewards, [[True, True]] * 2)
+    assert adv == [[{"x": 0.0, "o": 0.0}] * 2] * 2  # each seat live once per group
+    assert live.step_advantages(rewards, [[True, True]] * 2) == live.advantages(rewards)  # no snapshot: GRPO's
+
+
 def test_pool_sampling_frequencies_uniform():
     t = make(latest_prob=0.8)
     fill_pool(t, ["player@5", "player@10", "player@15", "player@20"])
