@@ -47,6 +47,8 @@ class Compute:
         from .workers import RayOptions, RayRollouts
 
         cuda = str(self.device).startswith("cuda")
+        if self.engine == "vllm" and not cuda:  # said here, not as a worker's death minutes later
+            raise RolecastError("--ray with --engine vllm needs --device cuda: each worker runs vLLM on a GPU of its own")
         options = RayOptions(address=self.ray, workers=self.rollout_workers, gpus_per_worker=1.0 if cuda else 0.0)
         return RayRollouts(options, model=model, dtype=self.dtype, seed=seed, backend=self.engine,
                            device=self.device if cuda else "cpu")

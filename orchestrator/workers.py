@@ -25,8 +25,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import shutil
+import signal
 import socket
+import threading
 import tempfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -144,10 +147,19 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
     if not (host and port.isdigit()):  # "auto" and other forms: Ray finds the cluster itself
         return
     try:
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+        with socket.create_connection((host, int(port)), timeout=timeout_s) as conn:
+            # Ray speaks gRPC (HTTP/2, binary frames) there: a reply in text is a web server's, the
+            # common mistake of the dashboard's port (8265) for the cluster's (6379)
+            conn.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+            reply = conn.recv(16)
+    except socket.timeout:
+        return  # a server that says nothing first: let Ray try it
     except OSError as exc:
         raise RolecastError(f"--ray {address}: no Ray cluster answers there ({exc.strerror or exc}); start one "
                             f"with `ray start --head`, or use --ray local") from None
+    if reply and all(32 <= b < 127 or b in b"\t\r\n" for b in reply):
+        raise RolecastError(f"--ray {address}: a web server answers there, not a Ray cluster (the dashboard is "
+                            f"port 8265; give the head's address, HOST:6379, or ray://HOST:10001)")
 
 
 class _Sharing:
@@ -203,10 +215,13 @@ class RayRollouts:
             else:
                 check_reachable(options.address)
                 kwargs["address"] = options.address
+            ours = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
             try:
                 ray.init(**kwargs)
             except ConnectionError as exc:
                 raise RolecastError(f"--ray {options.address}: {exc}") from None
+            if ours is not None:  # Ray's own handler exits at once (code 15): the run's clean-up would not run
+                signal.signal(signal.SIGTERM, ours)
         self._check_gpus()
         threads = max(1, int(options.cpus_per_worker)) if device == "cpu" else 0
         self._actor_class = ray.remote(num_cpus=options.cpus_per_worker, num_gpus=options.gpus_per_worker,
@@ -249,7 +264,11 @@ class RayRollouts:
         function plays one of its episodes remotely."""
         key = f"team-{len(self.teams)}"
         self.teams[key] = (team, overrides)
-        self.ray.get([actor.bind.remote(key, team, overrides) for actor in self.actors])
+        try:
+            self.ray.get([actor.bind.remote(key, team, overrides) for actor in self.actors])
+        except self.ray.exceptions.RayActorError as exc:  # the engine could not load there: said in one line
+            said = re.findall(r"RolecastError: (.+)", str(exc)) or [line for line in str(exc).splitlines() if line.strip()][-1:]
+            raise RolecastError(f"a rollout worker could not start: {said[-1] if said else type(exc).__name__}") from None
 
         async def play(record: EpisodeRecord) -> EpisodeRecord:
             return await self._play(key, record)

@@ -10,6 +10,7 @@ import random
 import socket
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -194,8 +195,68 @@ def test_a_cluster_address_nothing_answers_at_fails_at_once():
         with pytest.raises(RolecastError, match=rf"--ray {address}: no Ray cluster answers there .*--ray local"):
             check_reachable(address, timeout_s=2)
     with socket.create_server(("127.0.0.1", 0)) as server:
-        check_reachable(f"127.0.0.1:{server.getsockname()[1]}")
+        check_reachable(f"127.0.0.1:{server.getsockname()[1]}", timeout_s=0.5)  # says nothing first: Ray's to try
     check_reachable("auto")  # Ray finds the cluster itself
+    # a web server (the dashboard's port for the cluster's): it answers Ray's opening in text
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        def answer():
+            conn, _ = server.accept()
+            with conn:
+                conn.recv(64)
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+
+        thread = threading.Thread(target=answer)
+        thread.start()
+        address = f"127.0.0.1:{server.getsockname()[1]}"
+        with pytest.raises(RolecastError, match=rf"--ray {address}: a web server answers there, not a Ray cluster"):
+            check_reachable(address)
+        thread.join()
+
+
+def test_a_worker_that_cannot_start_is_one_line(ray_local):
+    from orchestrator.errors import RolecastError
+    from orchestrator.workers import RayOptions, RayRollouts
+
+    pool = RayRollouts(RayOptions(workers=1), model="no-such-model", dtype="float32")
+    try:
+        with pytest.raises(RolecastError, match=r"a rollout worker could not start: --model no-such-model: unknown model"):
+            pool.bind(load_team(ROOT / "recipes/code_pair.yaml"), {})
+    finally:
+        pool.close()
+
+
+def test_the_run_keeps_its_sigterm_handler_when_it_starts_ray(ray_local, monkeypatch):
+    """ray.init installs a SIGTERM handler that exits at once (code 15), skipping the run's
+    clean-up that the CLI's handler lets run: the pool puts the run's back."""
+    import signal
+
+    from orchestrator.workers import RayOptions, RayRollouts
+
+    def ours(signum, frame):
+        raise KeyboardInterrupt
+
+    def rays_init(**kwargs):  # as ray.init does, on the Ray the fixture started
+        signal.signal(signal.SIGTERM, lambda signum, frame: None)
+
+    before = signal.signal(signal.SIGTERM, ours)
+    asked = iter([False])  # the pool asks first; Ray's own calls after its init see it started
+    monkeypatch.setattr(ray_local, "is_initialized", lambda: next(asked, True))
+    monkeypatch.setattr(ray_local, "init", rays_init)
+    monkeypatch.setattr(ray_local, "shutdown", lambda: None)  # the fixture's Ray stays up
+    try:
+        pool = RayRollouts(RayOptions(workers=1), model="tiny", dtype="float32")
+        assert signal.getsignal(signal.SIGTERM) is ours
+        pool.close()
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def test_vllm_workers_need_a_gpu_before_ray_starts(tmp_path):
+    import rolecast
+
+    with pytest.raises(rolecast.RolecastError, match="--ray with --engine vllm needs --device cuda"):
+        rolecast.run(ROOT / "recipes/code_pair.yaml", episodes=1, engine="vllm", device="cpu", ray="local",
+                     out=tmp_path / "run", progress=False)
 
 
 def test_a_run_that_fails_after_the_workers_start_closes_them(ray_local, tmp_path, monkeypatch):
