@@ -85,3 +85,24 @@ class Engine(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
     async def aclose(self) -> None: ...
+
+
+class AdapterVersions:
+    """Each adapter's version, which only rises: (name, version) names one set of weights, in
+    transcripts and in a prefix cache's keys, so no number is used twice, even for an adapter
+    removed and added again, or across a resumed training run (``continue_versions``)."""
+
+    def __init__(self) -> None:
+        self.versions: dict[str, int] = {}  # the adapters held, and their current versions
+        self._floor: dict[str, int] = {}  # numbers an adapter has used, or was told it had used
+
+    def next_version(self, name: str) -> int:
+        return max(self.versions.get(name, 0), self._floor.get(name, 0)) + 1
+
+    def continue_versions(self, name: str, last: int) -> None:
+        """Number ``name``'s next weights after ``last`` (a resumed run's, as it checkpointed)."""
+        self._floor[name] = max(self._floor.get(name, 0), last)
+
+    def forget_version(self, name: str) -> None:
+        """``name`` was removed: its numbers stay used."""
+        self._floor[name] = max(self._floor.get(name, 0), self.versions.pop(name, 0))

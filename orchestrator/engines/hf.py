@@ -38,7 +38,7 @@ from ..grammar.book import ConstrainedRow, GrammarBook, book_for
 from ..models import LoadedModel, kv_cache_name
 from ..padding import length_batches
 from .attention import use_decode_attention
-from .base import Completion, GenerationRequest
+from .base import AdapterVersions, Completion, GenerationRequest
 from .decoder import FusedDecoder
 from .graphs import StepGraphs, rows_bucket, window_bucket
 from .kv import BatchKV
@@ -120,7 +120,7 @@ class EngineStats:
         return {k: round(v, 4) if isinstance(v, float) else v for k, v in self.__dict__.items()}
 
 
-class HFEngine(TokenizerMethods):
+class HFEngine(TokenizerMethods, AdapterVersions):
     def __init__(self, loaded: LoadedModel, max_batch: int | None = None, max_prefill: int | None = None,
                  prefix_cache_tokens: int = 16384, fused_decode: bool = True, cpu: CpuFeatures | None = None,
                  static: bool | None = None, cuda_graphs: bool = True, share_prefixes: bool = True,
@@ -152,8 +152,7 @@ class HFEngine(TokenizerMethods):
         self.cuda_graphs = cuda_graphs and gpu and self.static
         self.fused_prefill = fused_prefill  # read at each prefill: a benchmark may switch it
         self._cpu = cpu  # the CPU the fused step lays its weights out for (None: this machine's; cpu.py)
-        self.versions: dict[str, int] = {}
-        self._removed_at: dict[str, int] = {}  # a removed adapter's last version: one added again goes on from it
+        AdapterVersions.__init__(self)
         self.eos_ids = end_of_turn_ids(self.tokenizer)
         self._pending: queue.Queue[_Seq] = queue.Queue()
         self._lock = threading.RLock()  # held by a scheduler iteration and by adapter changes
@@ -273,16 +272,14 @@ class HFEngine(TokenizerMethods):
             if name not in self.lora.adapters:
                 raise KeyError(f"no adapter {name!r}")
             self.lora.remove(name)
-            self._removed_at[name] = self.versions.pop(name, 0)
+            self.forget_version(name)
             if self._prefix is not None:
                 self._prefix.drop(name)
 
     def _bump(self, name: str) -> int:
         if self._prefix is not None:
             self._prefix.drop(name)
-        # Versions only rise, across a removal too: (name, version) keys the prefix cache and names
-        # the weights a completion was sampled with, so no two sets of weights may share one.
-        self.versions[name] = max(self.versions.get(name, 0), self._removed_at.get(name, 0)) + 1
+        self.versions[name] = self.next_version(name)
         return self.versions[name]
 
     def _adapter_key(self, name: str | None) -> str:

@@ -54,7 +54,7 @@ from typing import Any, Coroutine
 
 import structlog
 
-from .base import Completion, FinishReason, GenerationRequest
+from .base import AdapterVersions, Completion, FinishReason, GenerationRequest
 from ..grammar.schema import grammar_after
 from .tokens import TokenizerMethods, end_of_turn_ids
 
@@ -100,7 +100,7 @@ class _Version:
     retired: bool = False
 
 
-class VLLMEngine(TokenizerMethods):
+class VLLMEngine(TokenizerMethods, AdapterVersions):
     """The Engine protocol over ``vllm.AsyncLLMEngine``, with HFEngine's adapter API."""
 
     def __init__(
@@ -122,7 +122,7 @@ class VLLMEngine(TokenizerMethods):
             gpu_memory_utilization=gpu_memory_utilization, **(engine_args or {}),
         )
         self._llm = self._v.AsyncLLMEngine.from_engine_args(args)
-        self.versions: dict[str, int] = {}
+        AdapterVersions.__init__(self)
         self._current: dict[str, _Version] = {}
         self._lock = threading.Lock()  # adapters change from the trainer's thread while requests run
         self._lora_ids = itertools.count(1)  # vLLM wants ids > 0, unique for the engine's lifetime
@@ -216,7 +216,7 @@ class VLLMEngine(TokenizerMethods):
     def add_adapter(self, name: str) -> int:
         """A fresh adapter (B = 0): it samples exactly like the base model until weights arrive."""
         with self._lock:
-            return self._install(_Version(name, self.versions.get(name, 0) + 1))
+            return self._install(_Version(name, self.next_version(name)))
 
     def load_adapter(self, name: str, path: str | Path) -> int:
         """PEFT-format weights from ``path`` (copied, so later writes there do not leak in)."""
@@ -227,7 +227,7 @@ class VLLMEngine(TokenizerMethods):
         snapshot = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=self._snapshots))
         shutil.copytree(source, snapshot, dirs_exist_ok=True)
         with self._lock:
-            version = self.versions.get(name, 0) + 1
+            version = self.next_version(name)
             lora = self._v.LoRARequest(f"{name}@v{version}", next(self._lora_ids), str(snapshot))
             return self._install(_Version(name, version, lora, snapshot))
 
@@ -244,7 +244,7 @@ class VLLMEngine(TokenizerMethods):
             if name not in self._current:
                 raise KeyError(f"no adapter {name!r}")
             self._retire(self._current.pop(name))
-            self.versions.pop(name, None)
+            self.forget_version(name)
 
     # -- version bookkeeping (under self._lock) -------------------------------------------------
     def _install(self, new: _Version) -> int:

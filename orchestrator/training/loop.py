@@ -443,7 +443,8 @@ class TrainingRun:
             for adapter, client in self.clients.items():
                 client.save_state(tmp / "adapters" / adapter).result()
             with blamed("trainer", self.cfg.trainer, "state_dict"):
-                (tmp / "trainer.json").write_text(json.dumps({"step": step, "trainer": self.trainer.state_dict()}))
+                (tmp / "trainer.json").write_text(json.dumps({"step": step, "trainer": self.trainer.state_dict(),
+                                                              "published": self.published}))
             save_rng(tmp / "rng.pt")
             final = root / name
             if final.exists():
@@ -471,6 +472,8 @@ class TrainingRun:
         for adapter, client in self.clients.items():
             client.load_state(folder / "adapters" / adapter).result()
         self.trainer.load_state_dict(state["trainer"])
+        for adapter, version in state.get("published", {}).items():  # the weights go back under their number
+            self.engine.continue_versions(adapter, version - 1)
         for name in self.trainer.opponent_adapters():  # e.g. self-play's snapshots back into the engine
             self._load(name, self.run_dir / "pool" / name)
         await self._publish_all()

@@ -110,6 +110,8 @@ def test_sigkill_then_resume_continues_after_the_last_checkpoint(tmp_path):
     assert "resumed" in err and f"step={k}" in err
     train_steps = [r["step"] for r in rows(run) if r["kind"] == "train"]
     assert train_steps == [1, 2, 3, 4][: len(train_steps)] and train_steps[-1] == 4  # each step once
+    # the versions go on from the checkpoint's, as without the kill: no number names two sets of weights
+    assert [r["pro/version"] for r in rows(run) if r["kind"] == "train"] == [2, 3, 4, 5]
     assert (latest.read_text()) == "step-000004"
     state = json.loads((run / "checkpoints" / "step-000004" / "adapters" / "con" / "state.json").read_text())
     assert state["step"] == 4  # the optimizer's step count went on from the checkpoint's
@@ -145,7 +147,8 @@ def _check_resume_restores_the_checkpoint(path: Path, run: Path, done: str) -> N
             assert client.step == step
         rng = torch.load(run / "checkpoints" / done / "rng.pt", weights_only=False)
         assert torch.equal(torch.get_rng_state(), rng["torch"])
-        assert engine.adapter_version("pro") >= 1  # the sampler serves the restored weights
+        published = json.loads((run / "checkpoints" / done / "trainer.json").read_text())["published"]
+        assert engine.adapter_version("pro") == published["pro"]  # the restored weights, under their number
     finally:
         asyncio.run(engine.aclose())
         service.close()
