@@ -16,6 +16,13 @@ SEED_MAX = 2**63 - 1  # seeds reach the sampler's counter-based streams as int64
 MIN_TEMPERATURE, MIN_TOP_P = 1e-3, 1e-6
 
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_\-]*$"
+SET_BY_TRAIN = "set_by_train"  # a field's json_schema_extra key: why a recipe may not set it
+
+
+def set_by_train(model: type[BaseModel]) -> dict[str, str]:
+    """The fields of ``model`` that `rolecast train` sets and a recipe may not, each with why."""
+    return {name: f.json_schema_extra[SET_BY_TRAIN] for name, f in model.model_fields.items()
+            if isinstance(f.json_schema_extra, dict) and SET_BY_TRAIN in f.json_schema_extra}
 
 
 class Strict(BaseModel):
@@ -38,15 +45,15 @@ class LossConfig(PluginConfig):
     kl_coef: float = Field(0.0, ge=0.0, description="beta of the k3 KL penalty to the base model; 0 = none")
     entropy_coef: float = Field(
         0.0, ge=0.0, description="weight of the entropy bonus (over the grammar's allowed tokens where constrained); 0 = none")
-    # In a recipe these are not options: `rolecast train` sets the temperature from each role's
-    # sampling.temperature, and the batch's counts where one adapter's batch goes in several calls
-    # (roles at other temperatures, or with loss options of their own), so that a mean is over
-    # the whole batch, as the aggregation says, and not over each call apart.
+    # In a recipe these are not options (SET_BY_TRAIN says why): `rolecast train` sets the
+    # temperature from each role's sampling.temperature, and the batch's counts where one
+    # adapter's batch goes in several calls (roles at other temperatures, or with loss options of
+    # their own), so that a mean is over the whole batch, as the aggregation says, not per call.
     temperature: float = Field(1.0, ge=0.0, description="temperature the actions were sampled at (0 is read as 1)",
-                               json_schema_extra={"recipe": False})
-    batch_tokens: float | None = Field(None, gt=0, json_schema_extra={"recipe": False},
+                               json_schema_extra={SET_BY_TRAIN: "each role's policy.sampling.temperature is used"})
+    batch_tokens: float | None = Field(None, gt=0, json_schema_extra={SET_BY_TRAIN: "rolecast train counts each batch"},
                                        description="action tokens of the batch this call is part of (None: its own)")
-    batch_sequences: int | None = Field(None, ge=1, json_schema_extra={"recipe": False},
+    batch_sequences: int | None = Field(None, ge=1, json_schema_extra={SET_BY_TRAIN: "rolecast train counts each batch"},
                                         description="datums of the batch this call is part of (None: its own)")
 
 

@@ -6,6 +6,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ValidationError
 
+from .config import set_by_train
 from .errors import RolecastError
 from .yamlfile import Loc
 
@@ -33,24 +34,25 @@ def problem_text(err: dict[str, Any], model: type[BaseModel] | None = None) -> s
 
 def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:
     """Field names a recipe may give the sub-model at ``loc`` (best effort: nested models, optional
-    ones included; a field marked ``recipe: False`` is set by rolecast, not by a recipe)."""
+    ones included; not those `rolecast train` sets)."""
     current: Any = model
     for part in loc:
         if isinstance(part, int):
             continue
-        field = _fields(current).get(part)
+        field = getattr(_model(current), "model_fields", {}).get(part)
         if field is None:
             return []
         current = field.annotation
-    return sorted(k for k, f in _fields(current).items() if (f.json_schema_extra or {}).get("recipe", True))
+    model = _model(current)
+    return sorted(set(model.model_fields) - set(set_by_train(model))) if model else []
 
 
-def _fields(annotation: Any) -> dict[str, Any]:
-    """The fields of a model, or of the model in ``Model | None``."""
+def _model(annotation: Any) -> type[BaseModel] | None:
+    """The model ``annotation`` names, or the model in ``Model | None``."""
     for candidate in (annotation, *typing.get_args(annotation)):
         if isinstance(candidate, type) and issubclass(candidate, BaseModel):
-            return candidate.model_fields
-    return {}
+            return candidate
+    return None
 
 
 def first_error(exc: ValidationError, data: Any, model: type[BaseModel]) -> tuple[tuple, str]:

@@ -132,15 +132,13 @@ def _check_plugin(kind: str, obj: Any) -> None:
     # envs by what an Env has: importing envs.base here would close an import cycle (base -> role -> registry)
     if kind == "envs" and not (isinstance(obj, type) and all(hasattr(obj, a) for a in ENV_PARTS)):
         raise TypeError(f"{what} is not an env (a subclass of orchestrator.envs.base.Env)")
-    if kind == "envs" and inspect.isabstract(obj):
-        raise TypeError(f"{what} does not implement {', '.join(sorted(obj.__abstractmethods__))}")
     if kind == "policies" and not callable(obj):
         raise TypeError(f"{what} cannot be called: a policy plugin is a class or function taking the role's spec")
     if kind == "rewards" and not _takes(obj, 3):
         raise TypeError(f"{what} must be a function of (episode, roles, config)")
     if kind == "trainers" and not (isinstance(obj, type) and issubclass(obj, Trainer)):
         raise TypeError(f"{what} is not a subclass of orchestrator.training.trainer.Trainer")
-    if kind == "trainers" and inspect.isabstract(obj):
+    if kind in ("envs", "trainers") and inspect.isabstract(obj):
         raise TypeError(f"{what} does not implement {', '.join(sorted(obj.__abstractmethods__))}")
     if kind in ("trainers", "rewards"):
         config = config_model(obj)

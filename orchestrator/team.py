@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .config import LOSS_CONFIGS, TeamConfig, TrainingConfig
+from .config import LOSS_CONFIGS, TeamConfig, TrainingConfig, set_by_train
 from .envs.base import Env, EnvConfig
 from .errors import ConfigError, RolecastError
 from .registry import Registry, config_model, default_registry
@@ -148,10 +148,9 @@ def _check_training(training: TrainingConfig, roles: dict[str, RoleSpec], env_cl
             (("role_loss_config", role), options) for role, options in training.role_loss_config.items()]:
         if len(where) == 2 and where[1] not in learning:
             raise doc.error(("training", *where), f"not a role that learns (those that do: {', '.join(learning)})")
-        if "temperature" in options:  # training sets it per role: a value here would be ignored
-            raise doc.error(("training", *where, "temperature"), "not an option: each role's policy.sampling.temperature is used")
-        if set_by_training := sorted(set(options) & {"batch_tokens", "batch_sequences"}):
-            raise doc.error(("training", *where, set_by_training[0]), "not an option: rolecast train counts each batch")
+        reasons = set_by_train(LOSS_CONFIGS[training.loss])  # a value here would be overwritten
+        if taken := sorted(set(options) & set(reasons)):
+            raise doc.error(("training", *where, taken[0]), f"not an option: {reasons[taken[0]]}")
         validate_model(LOSS_CONFIGS[training.loss], options, doc, ("training", *where))
     for role, weight in training.repetition_penalty.items():
         if role not in learning:

@@ -80,13 +80,11 @@ def handle(args: argparse.Namespace, team: Any) -> int:
 
 
 def pool_at_last_checkpoint(run: Path) -> set[str] | None:
-    """The snapshots in the trainer's pool at the run's newest readable checkpoint; None where none says."""
-    for folder in sorted((run / "checkpoints").glob("step-*"), reverse=True):
-        try:
-            return set(json.loads((folder / "trainer.json").read_text())["trainer"]["pool"])
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    return None
+    """The snapshots in the trainer's pool at the run's newest whole checkpoint; None without one."""
+    from ..training.loop import last_checkpoint
+
+    found = last_checkpoint(run, "--population")
+    return None if found is None else set(found[1]["trainer"].get("pool", []))
 
 
 def trained_with(run: Path, team: Any) -> dict[str, Any]:

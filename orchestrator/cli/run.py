@@ -51,7 +51,8 @@ def print_summary(summary: dict[str, Any]) -> None:
         table.add_column(col, justify="left" if col == "role" else "right")
     for name, r in summary["roles"].items():
         ci = "" if r["reward_ci95"] is None else f"{r['reward_ci95']:.3f}"
-        table.add_row(name, "-" if r["mean_reward"] is None else f"{r['mean_reward']:.3f}", ci, str(r["turns"]), str(r["invalid_turns"]), str(r["retries"]))
+        mean = "-" if r["mean_reward"] is None else f"{r['mean_reward']:.3f}"  # None: every episode failed
+        table.add_row(name, mean, ci, str(r["turns"]), str(r["invalid_turns"]), str(r["retries"]))
     console = Console()
     console.print(table)
     console.print(

@@ -26,6 +26,7 @@ import shutil
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Awaitable
@@ -484,25 +485,7 @@ class TrainingRun:
         return int(state["step"]) + 1
 
     def _last_checkpoint(self) -> tuple[Path, dict[str, Any]] | None:
-        """The newest checkpoint that is whole, and its trainer state; None where there is none. A
-        checkpoint is written whole or not at all (``checkpoint``), so a damaged one was damaged
-        afterwards: it is passed over for the one before, with a warning; where every one is
-        damaged, resuming stops rather than start again and drop the run's rows."""
-        folders = sorted((self.run_dir / "checkpoints").glob("step-*"), reverse=True)  # zero-padded: newest first
-        problems = []
-        for folder in folders:
-            try:
-                state = json.loads((folder / "trainer.json").read_text())
-                missing = [p for p in (folder / "rng.pt", *(folder / "adapters" / a for a in self.clients)) if not p.exists()]
-                if missing:
-                    raise FileNotFoundError(f"no {missing[0].relative_to(folder)}")
-                return folder, state
-            except (OSError, ValueError) as exc:
-                problems.append(f"{folder.name}: {exc.strerror if isinstance(exc, OSError) and exc.strerror else exc}")
-                log.warning("checkpoint damaged: trying the one before", checkpoint=str(folder), problem=problems[-1])
-        if folders:
-            raise RolecastError(f"--resume: no whole checkpoint in {self.run_dir / 'checkpoints'} ({'; '.join(problems)})")
-        return None
+        return last_checkpoint(self.run_dir, "--resume", ["rng.pt", *(f"adapters/{a}" for a in self.clients)])
 
     async def _finished(self) -> dict[str, Any]:
         """A resumed run that had trained all its steps: its final evaluation row, made now only if
@@ -512,6 +495,28 @@ class TrainingRun:
         row = final[-1] if final else await self.evaluate(self.steps)
         self.metrics.close()
         return row
+
+
+def last_checkpoint(run_dir: Path, flag: str, needs: Sequence[str] = ()) -> tuple[Path, dict[str, Any]] | None:
+    """The newest checkpoint of ``run_dir`` that is whole (its trainer.json reads, and the files
+    ``needs`` names are there), and its state; None where there is none. A checkpoint is written
+    whole or not at all (``TrainingRun.checkpoint``), so a damaged one was damaged afterwards: it
+    is passed over for the one before, with a warning; where every one is damaged, ``flag``'s
+    command stops in one line (a resume would start again and drop the run's rows)."""
+    folders = sorted((run_dir / "checkpoints").glob("step-*"), reverse=True)  # zero-padded: newest first
+    problems = []
+    for folder in folders:
+        try:
+            state = json.loads((folder / "trainer.json").read_text())
+            if missing := [need for need in needs if not (folder / need).exists()]:
+                raise FileNotFoundError(f"no {missing[0]}")
+            return folder, state
+        except (OSError, ValueError) as exc:
+            problems.append(f"{folder.name}: {exc.strerror if isinstance(exc, OSError) and exc.strerror else exc}")
+            log.warning("checkpoint damaged: trying the one before", checkpoint=str(folder), problem=problems[-1])
+    if folders:
+        raise RolecastError(f"{flag}: no whole checkpoint in {run_dir / 'checkpoints'} ({'; '.join(problems)})")
+    return None
 
 
 def _calls_summed(rows: list[dict[str, float]]) -> dict[str, float]:
