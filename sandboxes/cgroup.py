@@ -69,12 +69,15 @@ class MemoryGroup:
     @contextmanager
     def joined(self) -> Iterator[None]:
         """Children forked by the current thread inside this block start in the group."""
-        tid = str(threading.get_native_id())
-        (self.path / "tasks").write_text(tid)
         try:
+            (self.path / "tasks").write_text(str(threading.get_native_id()))
             yield
         finally:
-            (self._parent / "tasks").write_text(tid)
+            self._leave()
+
+    def _leave(self) -> None:
+        """Move the calling thread back to the parent group; harmless where it already is."""
+        (self._parent / "tasks").write_text(str(threading.get_native_id()))
 
     def oom_killed(self) -> bool:
         for line in (self.path / "memory.oom_control").read_text().splitlines():
@@ -85,6 +88,10 @@ class MemoryGroup:
 
     def kill_all(self, timeout_s: float = 5.0) -> bool:
         """SIGKILL every process in the group until it is empty; False if it would not empty."""
+        # A signal (Ctrl-C, SIGTERM) can interrupt `joined` before the spawning thread moved
+        # back, and then this process is listed too: it leaves first, and never kills itself.
+        self._leave()
+        own = str(os.getpid())
         deadline = time.monotonic() + timeout_s
         while True:
             pids = (self.path / "cgroup.procs").read_text().split()
@@ -93,6 +100,8 @@ class MemoryGroup:
             if time.monotonic() > deadline:
                 return False
             for pid in pids:
+                if pid == own:
+                    continue
                 try:
                     os.kill(int(pid), signal.SIGKILL)
                 except ProcessLookupError:

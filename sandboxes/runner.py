@@ -129,9 +129,9 @@ def run(
         raise SandboxSetupError(f"workdir unreachable by the sandbox uid: {problem}")
     with lease_uid() as uid:
         st = wd.stat()
-        chown_tree(wd, uid, uid)
-        os.chmod(wd, 0o700)  # other runs' uids see / read-only; this keeps them out
-        try:
+        try:  # a signal can land mid-lend too: what was lent goes back
+            chown_tree(wd, uid, uid)
+            os.chmod(wd, 0o700)  # other runs' uids see / read-only; this keeps them out
             return _execute(chosen, layout, drop_privileges_argv(uid) + tail, limits, f"uid-{uid}")
         finally:
             chown_tree(wd, st.st_uid, st.st_gid, only_from=uid)
@@ -140,8 +140,8 @@ def run(
 
 def _execute(backend: Backend, layout: Layout, tail: list[str], limits: Limits, group_name: str) -> SandboxResult:
     group = cgroup.MemoryGroup.create(group_name, limits.memory_mb * 1024 * 1024)
-    argv = backend.wrap(limits_argv(limits, address_space=group is None) + tail, layout)
     try:
+        argv = backend.wrap(limits_argv(limits, address_space=group is None) + tail, layout)
         outcome = execute(
             argv,
             env=DEFAULT_ENV,  # the helpers never see the caller's environment either

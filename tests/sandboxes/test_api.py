@@ -24,6 +24,7 @@ from sandboxes import (
     select_backend,
 )
 from orchestrator.cli.sandbox import register as register_cli
+from sandboxes import cgroup, runner
 
 
 def test_auto_picks_an_isolating_backend(workdir):
@@ -167,3 +168,40 @@ def test_a_terminated_command_hands_the_workdir_back(workdir):
     for path in (workdir, workdir / "mine.txt"):
         assert (path.stat().st_uid, path.stat().st_gid) == (before.st_uid, before.st_gid)
     assert workdir.stat().st_mode == before.st_mode
+
+
+def test_a_signal_while_lending_the_workdir_hands_it_back(workdir, monkeypatch):
+    """Ctrl-C or SIGTERM between lending the workdir's top and its files left it owned by the
+    sandbox's uid, mode 0700."""
+    (workdir / "mine.txt").write_text("hi")
+    before = workdir.stat()
+    real = runner.chown_tree
+
+    def interrupted_lend(root, uid, gid, **kw):
+        if kw:  # the hand-back
+            return real(root, uid, gid, **kw)
+        os.chown(root, uid, gid)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "chown_tree", interrupted_lend)
+    with pytest.raises(KeyboardInterrupt):
+        run(["true"], workdir)
+    for path in (workdir, workdir / "mine.txt"):
+        assert (path.stat().st_uid, path.stat().st_gid) == (before.st_uid, before.st_gid)
+    assert workdir.stat().st_mode == before.st_mode
+
+@pytest.mark.skipif(not cgroup.available(), reason="no writable cgroup-v1 memory controller")
+def test_a_signal_inside_the_cgroup_join_does_not_kill_the_caller():
+    """A SIGTERM landing while the spawning thread sits in a run's memory group (before `joined`
+    moved it back) made the clean-up SIGKILL its own process: `sandbox run` exited -9 with the
+    workdir still lent out. Run in a child, since the old fault kills whoever calls it."""
+    script = (
+        "import threading\n"
+        "from sandboxes import cgroup\n"
+        f"group = cgroup.MemoryGroup.create('signal-in-join-{os.getpid()}', 64 << 20)\n"
+        "(group.path / 'tasks').write_text(str(threading.get_native_id()))\n"
+        "group.destroy()\n"
+        "print('alive', group.path.exists())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (0, "alive False\n"), done.stderr
