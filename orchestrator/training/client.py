@@ -351,7 +351,8 @@ class TrainingClient:
         self.lora = lora
         self.step = 0
         self.params = self.lora_params()
-        self.optimizer = torch.optim.AdamW(self.params, lr=1e-4)
+        # fused: its kernel can skip a step on the device (``found_inf``), with no sync to ask the host
+        self.optimizer = torch.optim.AdamW(self.params, lr=1e-4, fused=True)
 
     # -- the Tinker-shaped API -------------------------------------------------------------
     def forward_backward(self, data: list[Datum], loss_fn: str, loss_fn_config: dict[str, Any] | None = None):
@@ -435,15 +436,19 @@ class TrainingClient:
         for group in self.optimizer.param_groups:
             group.update(lr=params.learning_rate, betas=(params.beta1, params.beta2), eps=params.eps,
                          weight_decay=params.weight_decay)
-        norm = None
-        if params.grad_clip_norm > 0:  # clipped on the device; the norm is read when the metrics are
-            norm = Download([torch.nn.utils.clip_grad_norm_(self.params, params.grad_clip_norm)])
+        # All on the device; the norm is read when the metrics are.
+        norm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
+        if params.grad_clip_norm > 0:
+            torch.nn.utils.clip_grads_with_norm_(self.params, params.grad_clip_norm, norm)
+        # A non-finite gradient (a bf16 overflow, a NaN out of the loss) would make every weight
+        # NaN for good: that step is skipped, Adam's moments and step count untouched.
+        skipped = (~torch.isfinite(norm)).float()
+        self.optimizer.found_inf = skipped
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        if norm is None:
-            return OptimStepResponse(self.step)
-        return OptimStepResponse(self.step, later=lambda: {"grad_norm": float(norm.get()[0])})
+        read = Download([norm, skipped])
+        return OptimStepResponse(self.step, later=lambda: dict(zip(("grad_norm", "skipped_step"), map(float, read.get()))))
 
     def adapter_state(self) -> dict[str, torch.Tensor]:
         """This adapter's weights in PEFT's saved format (keys without the adapter name), a tensor
@@ -490,7 +495,10 @@ class TrainingClient:
     def _load_state(self, path: Path) -> int:
         meta = json.loads((path / "state.json").read_text())
         set_peft_model_state_dict(self.service.peft, load_file(str(path / "adapter_model.safetensors")), adapter_name=self.name)
-        self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
+        saved = torch.load(path / "optimizer.pt", weights_only=False)
+        for group in saved["param_groups"]:
+            group["fused"] = True  # a checkpoint from before the optimizer was fused
+        self.optimizer.load_state_dict(saved)
         load_rng(path / "rng.pt")
         self.step = int(meta["step"])
         return self.step

@@ -291,6 +291,9 @@ class TrainingRun:
             if epochs > 1:  # how far each pass strayed from the sampler
                 for e, p in enumerate(passes[adapter], 1):
                     metrics.update({f"{adapter}/epoch{e}/{k}": p[k] for k in ("clip_fraction", "approx_kl") if k in p})
+            if skipped := metrics.get(f"{adapter}/skipped_step"):
+                log.warning("training.step_skipped", step=step, adapter=adapter, share=skipped,
+                            reason="a non-finite gradient: the weights did not move")
             metrics[f"{adapter}/datums"] = len(items)
             metrics[f"{adapter}/version"] = await self._publish(adapter)
             _, lags, stale = plans[adapter]

@@ -122,7 +122,8 @@ class ForwardBackwardOutput(_Arriving):
 
 
 class OptimStepResponse(_Arriving):
-    """The adapter's step count after the step, and its metrics (``grad_norm`` where it clips)."""
+    """The adapter's step count after the step, and its metrics: ``grad_norm`` (before clipping) and
+    ``skipped_step`` (1.0 where a non-finite gradient left the weights as they were)."""
 
     _names = ("step", "metrics")
 

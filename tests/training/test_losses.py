@@ -174,7 +174,25 @@ def test_optim_step_reports_the_norm_it_clipped_by(service):
     norm = float(torch.cat([p.grad.flatten() for p in c.params]).norm())  # the job has run: close() waited
     step = c.optim_step(AdamParams(learning_rate=1e-2, grad_clip_norm=norm / 4)).result()
     assert norm > 0 and step.step == 1 and step.metrics["grad_norm"] == pytest.approx(norm, rel=1e-5)
-    assert c.optim_step(AdamParams()).result().metrics == {}  # no clipping, no norm
+    assert c.optim_step(AdamParams()).result().metrics == {"grad_norm": 0.0, "skipped_step": 0.0}  # no gradient
+
+
+def test_a_non_finite_gradient_skips_the_step_and_keeps_the_weights(service):
+    """A NaN out of the loss (or a bf16 overflow) used to go through clipping into AdamW and make
+    every weight NaN for good; the step is skipped on the device and the next one trains."""
+    c = service.create_lora_training_client("nan", LoraConfig(rank=4))
+    c.perturb(0.1, 0).result()
+    before = c.adapter_state()
+    c.forward_backward([datum(advantage=float("nan"))], "importance_sampling").result()
+    step = c.optim_step(AdamParams(learning_rate=1e-2, grad_clip_norm=1.0)).result()
+    assert math.isnan(step.metrics["grad_norm"]) and step.metrics["skipped_step"] == 1.0 and step.step == 1
+    assert all(torch.equal(before[k], v) for k, v in c.adapter_state().items())
+    assert all(float(s["exp_avg"].abs().sum()) == 0 for s in c.optimizer.state.values())
+    c.forward_backward([datum()], "importance_sampling").result()
+    step = c.optim_step(AdamParams(learning_rate=1e-2)).result()
+    assert step.metrics["skipped_step"] == 0.0 and math.isfinite(step.metrics["grad_norm"])
+    after = c.adapter_state()
+    assert all(torch.isfinite(v).all() for v in after.values()) and any(not torch.equal(before[k], v) for k, v in after.items())
 
 
 def test_results_are_read_when_first_asked_for_and_once():
@@ -499,3 +517,21 @@ def test_get_tokenizer_is_the_base_models_as_in_tinker(service):
     ids = tokenizer.encode("rock paper scissors", add_special_tokens=False)
     assert tokenizer.decode(ids) == "rock paper scissors"
     assert c.forward([Datum(ModelInput.from_ints(ids[:-1]), {"target_tokens": ids[1:]})], "cross_entropy").result().metrics["tokens"] == len(ids) - 1
+
+
+def test_a_checkpoint_of_the_unfused_optimizer_resumes(service, tmp_path):
+    """Checkpoints written before the optimizer was fused (the step skip needs it) still load,
+    into the fused optimizer, and train on."""
+    c = service.create_lora_training_client("old", LoraConfig(rank=4))
+    c.perturb(0.1, 0).result()
+    c.forward_backward([datum()], "importance_sampling").result()
+    c.optim_step(AdamParams(learning_rate=1e-2)).result()
+    c.save_state(tmp_path / "ckpt").result()
+    saved = torch.load(tmp_path / "ckpt" / "optimizer.pt", weights_only=False)
+    for group in saved["param_groups"]:
+        group["fused"] = None
+    torch.save(saved, tmp_path / "ckpt" / "optimizer.pt")
+    assert c.load_state(tmp_path / "ckpt").result() == 1
+    assert all(g["fused"] for g in c.optimizer.param_groups)
+    c.forward_backward([datum()], "importance_sampling").result()
+    assert c.optim_step(AdamParams(learning_rate=1e-2)).result().metrics["skipped_step"] == 0.0
