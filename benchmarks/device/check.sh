@@ -92,7 +92,7 @@ def curve(run):  # held-out reward, its interval and the training minutes (evalu
         if r["kind"] == "train":
             spent += r["step_s"]
             minutes[r["step"]] = round(spent / 60, 2)
-    return {"held_out": {r["step"]: [round(r["eval_reward/guesser"], 3), round(r["eval_ci95/guesser"], 3), minutes[r["step"]]]
+    return {"held_out": {r["step"]: [round(r["eval_reward/guesser"], 3), r["eval_ci95/guesser"] and round(r["eval_ci95/guesser"], 3), minutes[r["step"]]]
                          for r in rows if r["kind"] == "eval"}, "steps": len(minutes) - 1}
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import os
 import signal
 import sys
 import threading
@@ -43,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("rolecast: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `rolecast report RUN | head -1`: the reader has what it wanted
+        # Python's own flush at exit would fail on the closed pipe again, with a message.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
 
 
 class Terminated(KeyboardInterrupt):

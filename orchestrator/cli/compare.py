@@ -74,7 +74,7 @@ def write_comparison(out: Path, roles: list[str]) -> dict[str, Any]:
     fig, axes = plt.subplots(1, len(roles), figsize=(6 * len(roles), 4), squeeze=False)
     for folder in sorted(p for p in out.iterdir() if (p / "metrics.jsonl").exists()):
         evals = [r for r in read_metrics(folder) if r.get("kind") == "eval"]
-        curves = {role: [{"step": r["step"], "reward": r[f"eval_reward/{role}"], "ci95": r.get(f"eval_ci95/{role}", 0.0)}
+        curves = {role: [{"step": r["step"], "reward": r[f"eval_reward/{role}"], "ci95": r.get(f"eval_ci95/{role}")}
                          for r in evals if f"eval_reward/{role}" in r] for role in roles}
         result["strategies"][folder.name] = curves
         for ax, role in zip(axes[0], roles):
@@ -84,8 +84,8 @@ def write_comparison(out: Path, roles: list[str]) -> dict[str, Any]:
             xs = [p["step"] for p in points]
             ys = [p["reward"] for p in points]
             ax.plot(xs, ys, marker="o", markersize=3, label=folder.name)
-            ax.fill_between(xs, [y - p["ci95"] for y, p in zip(ys, points)], [y + p["ci95"] for y, p in zip(ys, points)],
-                            alpha=0.15)
+            ci = [p["ci95"] or 0.0 for p in points]  # None: one episode, no interval to draw
+            ax.fill_between(xs, [y - c for y, c in zip(ys, ci)], [y + c for y, c in zip(ys, ci)], alpha=0.15)
     for ax, role in zip(axes[0], roles):
         ax.set_title(f"{role}: held-out reward (95% interval)")
         ax.set_xlabel("step")

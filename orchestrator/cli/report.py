@@ -20,8 +20,12 @@ def handle(args: argparse.Namespace) -> int:
     from ..training.report import write_report
 
     if not (args.run_dir / "metrics.jsonl").is_file():
-        hint = ("a comparison: report one of its strategy folders, or see its compare.png"
-                if (args.run_dir / "compare.json").is_file() else "is this a training run dir?")
+        if (args.run_dir / "compare.json").is_file():
+            hint = "a comparison: report one of its strategy folders, or see its compare.png"
+        elif (args.run_dir / "evals").is_dir():
+            hint = "the run stopped before its first evaluation finished"
+        else:
+            hint = "is this a training run dir?"
         raise RolecastError(f"{args.run_dir}: no metrics.jsonl ({hint})")
     summary = write_report(args.run_dir)
     if args.json:

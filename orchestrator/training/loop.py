@@ -376,7 +376,7 @@ class TrainingRun:
         for role in self.team.roles:
             stats = result.summary["roles"][role]  # the run's own mean and interval of env rewards
             row[f"eval_reward/{role}"] = stats["mean_reward"]
-            row[f"eval_ci95/{role}"] = stats["reward_ci95"] or 0.0  # None: a single episode
+            row[f"eval_ci95/{role}"] = stats["reward_ci95"]  # None: one episode gives no interval
             if self.cfg.reward != "env":
                 row[f"eval_trained_reward/{role}"] = sum(rw[role] for rw in shaped) / len(shaped)
         for role, e in evaluate_results(team, result.episodes, result.summary).items():

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from ..errors import RolecastError
 from .metrics import read_metrics
 
@@ -15,7 +17,8 @@ PLOTS = [
      ("reward/", "env_reward/", "turn_score/")),
     ("eval.png", "evaluation reward per role (95% interval)", ("eval_reward/",)),
     ("loss.png", "loss per adapter", ("/loss",)),
-    ("kl.png", "KL to the base model and importance ratio", ("/kl", "/ratio_mean")),
+    ("kl.png", "how far the policy moved: KL to the base model, sampler-to-current KL (approx_kl), "
+     "importance ratio, PPO clip fraction", ("/kl", "/approx_kl", "/ratio_mean", "/clip_fraction")),
     ("win_rate.png", "win rates (self-play, population; eval_: against the evaluation opponent)",
      ("win_rate/", "eval_win_rate/")),
     ("elo.png", "Elo ratings (learners and snapshots)", ("elo/",)),
@@ -50,8 +53,8 @@ def write_report(run_dir: Path) -> dict[str, Any]:
             pts = [(r["step"], r[key]) for r in rows if _number(r.get(key))]
             xs, ys = zip(*pts)
             ax.plot(xs, ys, marker="o", markersize=3, label=key)
-            ci_key = key.replace("eval_reward/", "eval_ci95/")
-            if ci_key != key:
+            if key.startswith("eval_reward/"):
+                ci_key = _ci_key(key)
                 ci = [r[ci_key] if _number(r.get(ci_key)) else 0.0 for r in rows if _number(r.get(key))]
                 ax.fill_between(xs, [y - c for y, c in zip(ys, ci)], [y + c for y, c in zip(ys, ci)], alpha=0.2)
         ax.set_title(title)
@@ -70,13 +73,14 @@ def write_report(run_dir: Path) -> dict[str, Any]:
             raise RolecastError(f"{population}: not a round robin's report ({type(exc).__name__}: {exc}); "
                                 "`rolecast eval --population` writes it again") from None
     evals = [r for r in rows if r.get("kind") == "eval"]
-    summary = {"run_dir": str(run_dir), "steps": max((r["step"] for r in rows), default=0), "plots": written}
+    summary = {"run_dir": str(run_dir), "steps": max((r["step"] for r in rows), default=0),
+               "steps_planned": _planned_steps(run_dir), "plots": written}
     if evals:
         first, last = evals[0], evals[-1]
         summary["eval"] = {
             k.split("/", 1)[1]: {
-                "first": first.get(k), "first_ci95": first.get(k.replace("reward", "ci95")),
-                "last": last.get(k), "last_ci95": last.get(k.replace("reward", "ci95")),
+                "first": first.get(k), "first_ci95": first.get(_ci_key(k)),
+                "last": last.get(k), "last_ci95": last.get(_ci_key(k)),
                 "first_step": first["step"], "last_step": last["step"],
             }
             for k in last if k.startswith("eval_reward/")
@@ -85,9 +89,27 @@ def write_report(run_dir: Path) -> dict[str, Any]:
     for role, e in summary.get("eval", {}).items():
         lines.append(f"| {role} | {_shown(e['first'], e['first_ci95'])} (step {e['first_step']}) | "
                      f"{_shown(e['last'], e['last_ci95'])} (step {e['last_step']}) |")
+    planned = summary["steps_planned"]
+    if planned and not any(r["step"] == planned for r in evals):  # the final evaluation is the last row written
+        lines.append(f"\nThe run stopped at step {summary['steps']} of {planned}: "
+                     f"`rolecast train RECIPE --out {run_dir} --resume` continues it from its last checkpoint.")
     (out_dir / "summary.md").write_text("\n".join(lines) + "\n")
     summary["table"] = "\n".join(lines)
     return summary
+
+
+def _ci_key(reward_key: str) -> str:
+    """``eval_reward/ROLE``'s interval: ``eval_ci95/ROLE`` (a role may be named ``reward_model``)."""
+    return "eval_ci95/" + reward_key.removeprefix("eval_reward/")
+
+
+def _planned_steps(run_dir: Path) -> int | None:
+    """The steps the run was started (or last resumed) for, as its config.yaml records them."""
+    try:
+        steps = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))["run"]["steps"]
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, TypeError):
+        return None
+    return steps if type(steps) is int else None
 
 
 def _number(value: Any) -> bool:

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from support import metric_rows as rows
-from support import tiny_engine, write
+from support import tiny_engine, train_tiny, write
 from support import train_recipe as recipe
 
 def train(*args: str, **kwargs) -> subprocess.Popen:
@@ -402,6 +402,38 @@ def test_report_names_what_is_wrong_with_a_run_dir_in_one_line(cli, tmp_path):
     write(tmp_path / "cmp" / "compare.json", "{}")
     code, _, err = cli("report", tmp_path / "cmp")
     assert code == 2 and "a comparison: report one of its strategy folders" in err, err
+
+
+def test_report_of_a_one_episode_evaluation_and_of_a_stopped_run(cli, tmp_path):
+    """One evaluation episode gives no interval: it was stored as 0 and shown as "± 0.000". A
+    role named ``reward_model`` lost its interval ("reward" was replaced everywhere in the key);
+    a run stopped early looked finished; a run stopped before its first row got "is this a
+    training run dir?"; ``report | head -1`` ended in a BrokenPipeError traceback."""
+    run = tmp_path / "run"
+    train_tiny(cli, recipe(tmp_path, 1), run, 1, "--set", "eval_episodes=1")
+    evals = [r for r in rows(run) if r["kind"] == "eval"]
+    assert evals and all(r["eval_ci95/pro"] is None for r in evals)
+    code, out, err = cli("report", run)
+    assert code == 0 and "| pro | " in out and "±" not in out and "stopped" not in out, (out, err)
+
+    stopped = tmp_path / "stopped"
+    write(stopped / "config.yaml", "run:\n  steps: 5\n")
+    write(stopped / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in (
+        {"step": 0, "kind": "eval", "eval_reward/reward_model": 0.1, "eval_ci95/reward_model": 0.05},
+        {"step": 2, "kind": "train", "reward/reward_model": 0.2})))
+    code, out, err = cli("report", stopped)
+    assert code == 0 and "| reward_model | 0.100 ± 0.050 (step 0) |" in out, (out, err)
+    assert f"stopped at step 2 of 5: `rolecast train RECIPE --out {stopped} --resume`" in out
+
+    (tmp_path / "early" / "evals").mkdir(parents=True)
+    code, _, err = cli("report", tmp_path / "early")
+    assert code == 2 and "stopped before its first evaluation finished" in err, err
+
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "report", str(stopped)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader is gone before the command writes
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 128 + signal.SIGPIPE and err == "", err
 
 
 @pytest.fixture
