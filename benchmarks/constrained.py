@@ -35,6 +35,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from orchestrator.cli.flags import positive_int
 from orchestrator.engines.base import GenerationRequest, SamplingParams
 from orchestrator.engines.hf import HFEngine
 from orchestrator.envs.guess_number import GuessNumberConfig, GuessNumberEnv
@@ -148,10 +149,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--samples", type=int, default=32, help="replies per role and mode")
-    parser.add_argument("--rounds", type=int, default=2, help="free/constrained alternations (samples split across them)")
+    parser.add_argument("--samples", type=positive_int, default=32, help="replies per role and mode")
+    parser.add_argument("--rounds", type=positive_int, default=2, help="free/constrained alternations (samples split across them)")
     parser.add_argument("--roles", nargs="*", default=None, help="library roles (default: all)")
-    parser.add_argument("--max-tokens", type=int, default=None, help="cap on every role's budget (default: none)")
+    parser.add_argument("--max-tokens", type=positive_int, default=None, help="cap on every role's budget (default: none)")
     parser.add_argument("--smoke", action="store_true", help="seconds on the tiny model: does the script still run")
     args = parser.parse_args()
     if args.smoke:  # a random-weight model seldom stops by itself, hence the cap

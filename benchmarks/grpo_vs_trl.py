@@ -62,6 +62,8 @@ import warnings
 
 from _recipes import TOPICS
 
+from orchestrator.cli.flags import positive_int
+
 GROUP_EPS = 1e-4  # TRL's: (r - mean) / (std + 1e-4)
 CLIP = 0.2
 
@@ -254,15 +256,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--device", default="auto", help="auto (a CUDA GPU where there is one), cpu, cuda, cuda:N")
-    parser.add_argument("--prompts", type=int, default=8, help="distinct prompts per step")
-    parser.add_argument("--generations", type=int, default=8, help="completions per prompt (the GRPO group)")
-    parser.add_argument("--new-tokens", type=int, default=64, help="sampled tokens per completion, on both sides")
+    parser.add_argument("--prompts", type=positive_int, default=8, help="distinct prompts per step")
+    parser.add_argument("--generations", type=positive_int, default=8, help="completions per prompt (the GRPO group)")
+    parser.add_argument("--new-tokens", type=positive_int, default=64, help="sampled tokens per completion, on both sides")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per side and round")
-    parser.add_argument("--steps", type=int, default=5, help="timed steps per side and round")
-    parser.add_argument("--rounds", type=int, default=2, help="each side runs once per round, order alternating")
+    parser.add_argument("--steps", type=positive_int, default=5, help="timed steps per side and round")
+    parser.add_argument("--rounds", type=positive_int, default=2, help="each side runs once per round, order alternating")
     parser.add_argument("--lr", type=float, default=5e-5)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--micro-batch-tokens", type=int, default=None,
+    parser.add_argument("--micro-batch-tokens", type=positive_int, default=None,
                         help="rolecast's training client: cost budget per forward/backward pass (default: the device's)")
     parser.add_argument("--trl-micro-batch", type=int, default=0,
                         help="TRL's per-device batch (gradient accumulation makes up the rest); 0 = all completions")

@@ -29,6 +29,7 @@ import time
 
 import torch
 
+from orchestrator.cli.flags import positive_int
 from orchestrator.models import bf16_native, resolve_device
 from orchestrator.training.client import logprob_chunk
 from orchestrator.training.losses import token_logprobs
@@ -47,14 +48,14 @@ def timed(device: torch.device, fn) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="auto", help="auto (a CUDA GPU where there is one), cpu, cuda, cuda:N")
-    parser.add_argument("--positions", type=int, default=2048, help="action positions per call")
+    parser.add_argument("--positions", type=positive_int, default=2048, help="action positions per call")
     parser.add_argument("--chunk", type=int, default=0, help="positions per block of logits (0: the client's)")
-    parser.add_argument("--hidden", type=int, default=576)
-    parser.add_argument("--vocab", type=int, default=49152)
+    parser.add_argument("--hidden", type=positive_int, default=576)
+    parser.add_argument("--vocab", type=positive_int, default=49152)
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast (the client's setting where bf16 is native)")
     parser.add_argument("--entropy", action="store_true", help="also the entropies, with weights of their own")
-    parser.add_argument("--iters", type=int, default=5)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--iters", type=positive_int, default=5)
+    parser.add_argument("--rounds", type=positive_int, default=3)
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
     if args.smoke:

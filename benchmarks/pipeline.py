@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 
+from orchestrator.cli.flags import positive_int
 from orchestrator.messages import parse_message
 from orchestrator.policies.python import PythonPolicy
 from orchestrator.rollout import RunOptions, run_team
@@ -65,8 +66,8 @@ def bare_validation_rate(team, n: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--episodes", type=int, default=2000)
-    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--episodes", type=positive_int, default=2000)
+    parser.add_argument("--concurrency", type=positive_int, default=64)
     parser.add_argument("--smoke", action="store_true", help="seconds: does the script still run")
     args = parser.parse_args()
     if args.smoke:

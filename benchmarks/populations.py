@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
 import sys
@@ -39,6 +40,8 @@ from collections import Counter
 from pathlib import Path
 
 import yaml
+
+from orchestrator.cli.flags import positive_int
 
 ROOT = Path(__file__).resolve().parent.parent
 MOVES = ("rock", "paper", "scissors")
@@ -66,9 +69,10 @@ def train(recipe: Path, out: Path, args: argparse.Namespace, seed: int, extra: l
     from orchestrator.cli import main
 
     sets = [flag for item in args.set + extra for flag in ("--set", item)]
-    code = main(["train", str(recipe), "--model", args.model, "--steps", str(args.steps),
-                 "--seed", str(seed), "--out", str(out), "--no-progress", "--dtype", "float32",
-                 "--set", "eval_every=0", "--set", "eval_episodes=2", "--set", f"checkpoint_every={args.steps}", *sets])
+    with contextlib.redirect_stdout(sys.stderr):  # its final row: this script's stdout is its own JSON line
+        code = main(["train", str(recipe), "--model", args.model, "--steps", str(args.steps),
+                     "--seed", str(seed), "--out", str(out), "--no-progress", "--dtype", "float32",
+                     "--set", "eval_every=0", "--set", "eval_episodes=2", "--set", f"checkpoint_every={args.steps}", *sets])
     if code != 0:
         sys.exit(f"training {recipe.name} (seed {seed}) failed with exit code {code}")
 
@@ -130,9 +134,9 @@ def engine_per_episode(run: Path) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=20, help="training steps of each run (16 episodes a step)")
-    parser.add_argument("--probe", type=int, default=64, help="games each trained adapter plays against random")
+    parser.add_argument("--seeds", type=positive_int, default=3)
+    parser.add_argument("--steps", type=positive_int, default=20, help="training steps of each run (16 episodes a step unless --set changes it)")
+    parser.add_argument("--probe", type=positive_int, default=64, help="games each trained adapter plays against random")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a training option for both runs (rolecast train --set), e.g. loss_config.entropy_coef=0.1")
     parser.add_argument("--population-set", action="append", default=[], metavar="KEY=VALUE",
@@ -158,7 +162,8 @@ def main() -> None:
                        for k in range(len(dists["self-play"]))]
             rollout = {run: episodes_per_s(work / run) for run in ("self-play", "population")}
             step = {run: episodes_per_s(work / run, "step_s") for run in rollout}
-            result = {"seed": seed, "self_play": score(dists["self-play"]), "population_mixture": score(mixture),
+            result = {"seed": seed, "train_episodes": {run: sum(r["episodes"] for r in train_rows(work / run)) for run in rollout},
+                      "self_play": score(dists["self-play"]), "population_mixture": score(mixture),
                       "members": {p.name: score(dists[p.name]) for p in members},
                       "rollout_episodes_per_s": {run: round(rollout[run], 3) for run in rollout},
                       "engine_per_episode": {run: engine_per_episode(work / run) for run in rollout},
@@ -168,7 +173,7 @@ def main() -> None:
             seeds.append(result)
     mixture = [s["population_mixture"]["mean"] for s in seeds]
     print(json.dumps({
-        "model": args.model, "seeds": args.seeds, "steps": args.steps, "train_episodes": args.steps * 16,
+        "model": args.model, "seeds": args.seeds, "steps": args.steps, "train_episodes": {run: statistics.mean(s["train_episodes"][run] for s in seeds) for run in seeds[0]["train_episodes"]},
         "set": args.set, "population_set": args.population_set, "temperature": args.temperature,
         "probe_games": args.probe, "per_seed": seeds,
         "self_play_exploitability": [s["self_play"]["mean"] for s in seeds],

@@ -18,7 +18,9 @@ import textwrap
 import time
 from pathlib import Path
 
-from sandboxes import Limits, run
+from sandboxes import Limits, SandboxError, run, select_backend
+
+from orchestrator.cli.flags import positive_int
 
 TESTS = textwrap.dedent(
     """
@@ -41,12 +43,16 @@ TESTS = textwrap.dedent(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--runs", type=positive_int, default=10)
     parser.add_argument("--backend", default="auto")
     parser.add_argument("--smoke", action="store_true", help="seconds: does the script still run")
     opts = parser.parse_args()
     if opts.smoke:
         opts.runs = 1
+    try:
+        select_backend(opts.backend)
+    except SandboxError as exc:
+        sys.exit(f"--backend {opts.backend}: {exc}")
 
     with tempfile.TemporaryDirectory(prefix="rolecast-bench-") as tmp:
         project = Path(tmp)

@@ -23,11 +23,14 @@ so the ratio says what the overlap buys there, not at scale.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import tempfile
 from pathlib import Path
+
+from orchestrator.cli.flags import positive_int
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,10 +39,11 @@ def train(args: argparse.Namespace, out: Path, extra: list[str]) -> float:
     """Training episodes per second of one configuration."""
     from orchestrator.cli import main
 
-    code = main(["train", str(ROOT / args.recipe), "--model", args.model, "--steps", str(args.steps), "--seed", "0",
-                 "--out", str(out), "--no-progress", "--dtype", "float32", "--device", args.device, "--set", "eval_every=0",
-                 "--set", "eval_episodes=1", "--set", f"group_size={args.group_size}",
-                 "--set", f"groups_per_step={args.groups}", *extra])
+    with contextlib.redirect_stdout(sys.stderr):  # its final row: this script's stdout is its own JSON line
+        code = main(["train", str(ROOT / args.recipe), "--model", args.model, "--steps", str(args.steps), "--seed", "0",
+                     "--out", str(out), "--no-progress", "--dtype", "float32", "--device", args.device,
+                     "--set", "eval_every=0", "--set", "eval_episodes=1", "--set", f"group_size={args.group_size}",
+                     "--set", f"groups_per_step={args.groups}", *extra])
     if code != 0:
         sys.exit(f"training {' '.join(extra) or 'single'} failed with exit code {code}")
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -51,10 +55,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--recipe", default="recipes/code_pair.yaml")
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--groups", type=int, default=2, help="groups per step")
-    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--steps", type=positive_int, default=3)
+    parser.add_argument("--group-size", type=positive_int, default=8)
+    parser.add_argument("--groups", type=positive_int, default=2, help="groups per step")
+    parser.add_argument("--workers", type=positive_int, nargs="+", default=[1, 2])
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: workers, trainer and the single process")
     parser.add_argument("--smoke", action="store_true", help="seconds on the tiny model: does the script still run")
     args = parser.parse_args()

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import yaml
 
+from orchestrator.cli.flags import positive_int
 from orchestrator.engines.load import load_engine
 from orchestrator.envs.teacher_student import GENERATORS, UNITS
 from orchestrator.policies.python import PythonPolicy
@@ -87,7 +88,7 @@ def accuracy(episodes, role: str) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--episodes", type=int, default=64, help="episodes per domain")
+    parser.add_argument("--episodes", type=positive_int, default=64, help="episodes per domain")
     parser.add_argument("--example-format", choices=sorted(FORMATS), default="answer",
                         help="how the scripted teacher writes its example")
     parser.add_argument("--smoke", action="store_true", help="seconds on the tiny model: does the script still run")

@@ -30,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+from orchestrator.cli.flags import positive_int
 
 
 def _rss_mb(field: str) -> float:
@@ -115,10 +116,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--device", default="auto", help="auto (a CUDA GPU where there is one), cpu, cuda, cuda:N")
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--length", type=int, default=384)
-    parser.add_argument("--iters", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--batch", type=positive_int, default=8)
+    parser.add_argument("--length", type=positive_int, default=384)
+    parser.add_argument("--iters", type=positive_int, default=3)
+    parser.add_argument("--rounds", type=positive_int, default=2)
     parser.add_argument("--worker", choices=["client", "plain"])
     parser.add_argument("--smoke", action="store_true", help="seconds on the tiny model: does the script still run")
     args = parser.parse_args()
@@ -139,8 +140,10 @@ def main() -> None:
             out = subprocess.run(
                 [sys.executable, __file__, "--worker", side, "--model", args.model, "--batch", str(args.batch),
                  "--length", str(args.length), "--iters", str(args.iters), "--device", device],
-                capture_output=True, text=True, check=True,
+                stdout=subprocess.PIPE, text=True,  # stderr passes through: a failing worker says why
             )
+            if out.returncode:
+                sys.exit(f"the {side} worker failed (exit {out.returncode}); see its stderr above")
             results[side].append(json.loads(out.stdout.strip().splitlines()[-1]))
             print(f"round {r} {side}: {results[side][-1]}", file=sys.stderr)
     med = {side: {k: statistics.median(x[k] for x in rows) for k in ("tok_s", "peak_mb")} for side, rows in results.items()}

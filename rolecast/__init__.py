@@ -5,9 +5,6 @@
     result = rolecast.run("recipes/debate.yaml", episodes=8)
     trained = rolecast.train("recipes/guess_number.yaml", steps=2)
 """
-import structlog as _structlog
-
-from orchestrator import logs as _logs
 from orchestrator.api import Evaluation, TrainResult, evaluate, load_team, register_plugin, run, train
 from orchestrator.errors import ConfigError, RolecastError
 from orchestrator.hookspecs import hookimpl
@@ -16,6 +13,3 @@ from orchestrator.team import Team
 
 __all__ = ["ConfigError", "Evaluation", "RolecastError", "RunResult", "Team", "TrainResult", "evaluate", "hookimpl",
            "load_team", "register_plugin", "run", "train"]
-
-if not _structlog.is_configured():  # logs go to stderr, as the commands', unless the caller set structlog up
-    _logs.configure()

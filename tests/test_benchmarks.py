@@ -101,7 +101,7 @@ def test_smoke_run_prints_its_json_line(script: Path, runs: dict[Path, Future]) 
     proc = runs[script].result()
     assert proc.returncode == 0, f"{script.name} --smoke exited {proc.returncode}:\n{proc.stderr[-4000:]}"
     lines = proc.stdout.strip().splitlines()
-    assert lines, f"{script.name} --smoke printed nothing on stdout"
+    assert len(lines) == 1, f"{script.name} --smoke printed {len(lines)} lines on stdout, not its JSON line alone:\n{proc.stdout[-4000:]}"
     out = json.loads(lines[-1])
     assert isinstance(out, dict) and out, lines[-1]
     expected = KEYS.get(script.stem)
