@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Iterator
 from functools import lru_cache
 from typing import Any
 
@@ -96,7 +97,22 @@ def check_schema(schema: dict[str, Any]) -> str | None:
     except jsonschema.SchemaError as exc:
         where = "/".join(str(p) for p in exc.absolute_path)
         return f"invalid JSON Schema{f' at {where}' if where else ''}: {exc.message}"
+    if remote := next(_remote_refs(schema), None):
+        return f"$ref {remote!r} is not in this schema: only local references (#/$defs/...) resolve, nothing is fetched"
     return None
+
+
+def _remote_refs(node: Any) -> Iterator[str]:
+    """The ``$ref``s under ``node`` that point outside the schema (the validator would fetch them)."""
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str) and not ref.startswith("#"):
+            yield ref
+        for value in node.values():
+            yield from _remote_refs(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _remote_refs(value)
 
 
 def validation_errors(validator: jsonschema_rs.Validator, content: Any, limit: int = 3) -> list[str]:

@@ -57,10 +57,16 @@ class GrammarBook:
     # -- grammars and matchers -----------------------------------------------------------------
     def compiled(self, json_schema: str) -> Any:
         """The schema's compiled grammar; the first call per schema compiles (ms to seconds)."""
+        grammar = self._compiled.get(json_schema)  # a compiled one is not kept waiting behind a compile
+        if grammar is not None:
+            return grammar
         with self._lock:
             grammar = self._compiled.get(json_schema)
             if grammar is None:
-                grammar = self._compiler.compile_grammar(tight_grammar(json_schema))
+                try:
+                    grammar = self._compiler.compile_grammar(tight_grammar(json_schema))
+                except RuntimeError as exc:  # what only the real vocabulary shows (the check at load has none)
+                    raise GrammarError(f"xgrammar cannot compile this schema: {str(exc).split('] ')[-1][:300]}") from None
                 self._compiled[json_schema] = grammar
             return grammar
 

@@ -4,19 +4,14 @@ grammar of what follows a prefix (for backends that take a grammar, not a matche
 Needs no torch: roles are checked with it when a team loads."""
 from __future__ import annotations
 
+import json
 import re
 from functools import lru_cache
 from typing import Any
 
 from .ebnf import EbnfError, quotient
-
-
-class GrammarError(ValueError):
-    """A schema xgrammar cannot compile, or a reply prefix the schema does not allow."""
-
-    def __init__(self, message: str, key: str = "output_schema"):
-        super().__init__(message)
-        self.key = key  # the role key at fault
+from .enforceable import check_enforceable
+from .errors import GrammarError
 
 
 def xgrammar():
@@ -43,6 +38,7 @@ def _min_length_string(match: re.Match) -> str:
 
 def tight_grammar(json_schema: str) -> Any:
     """The xgrammar Grammar of a schema's messages, tight whitespace, properties in declared order."""
+    check_enforceable(json.loads(json_schema))
     xgr = xgrammar()
     try:
         grammar = xgr.Grammar.from_json_schema(json_schema, any_whitespace=False, separators=(", ", ": "))

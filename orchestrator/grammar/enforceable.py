@@ -1,0 +1,86 @@
+"""What constrained decoding cannot hold a reply to, refused before a schema is compiled.
+
+xgrammar (0.2) leaves some JSON Schema keywords out of its grammar without a word: a constrained
+reply may break them, is then invalid, retried and penalised, every time. Others it compiles
+wrongly (a literal quote in a pattern comes out unescaped) or only slowly. Each is named here
+with where it sits in the schema, so the role's file says what to change (or ``decoding: free``).
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from .errors import GrammarError
+
+# Keywords the grammar leaves out (checked against xgrammar's grammars: replies broke each).
+IGNORED = {
+    "uniqueItems": "repeated items",
+    "not": "what it excludes",
+    "if": "the branch it selects",
+    "dependentRequired": "the keys it makes required",
+    "dependentSchemas": "the schemas it applies",
+    "contains": "an array without such an item",
+}
+# Beside these the grammar keeps only them, dropping minLength / maxLength.
+_SHAPED = ("pattern", "format")
+_ANNOTATIONS = {"description", "title", "$comment", "examples", "default", "deprecated", "readOnly", "writeOnly"}
+MAX_REPEAT = 128  # xgrammar's compiler fails on a regex repetition bound above this (per_rule_fsm_hashes)
+MAX_MIN_LENGTH = 100  # a minLength alone is spelled a character at a time: 200 took 7 s to compile, 2000 65 s
+_BOUNDS = re.compile(r"(?<!\\)\{(\d+)(?:,(\d*))?\}")
+
+
+def check_enforceable(schema: Any, at: str = "") -> None:
+    """Raise GrammarError at the first keyword of ``schema`` (a parsed JSON Schema) that
+    constrained decoding would not enforce; ``at`` is where the schema sits in the whole."""
+    if not isinstance(schema, dict):
+        return
+    where = at or "the schema"
+    for key, lost in IGNORED.items():
+        if key in schema and not (key == "uniqueItems" and schema[key] is False):
+            raise GrammarError(f"{where}: constrained decoding cannot enforce {key!r} (xgrammar leaves it out, "
+                               f"so replies may hold {lost})")
+    if "$ref" in schema and (extra := sorted(set(schema) - _ANNOTATIONS - {"$ref"})):
+        raise GrammarError(f"{where}: constrained decoding ignores {', '.join(extra)} beside $ref: "
+                           "move them into the referenced schema")
+    if isinstance(schema.get("allOf"), list) and len(schema["allOf"]) > 1:
+        raise GrammarError(f"{where}: constrained decoding enforces allOf with one branch only: merge the branches")
+    step = schema.get("multipleOf")
+    if isinstance(step, (int, float)) and (schema.get("type") != "integer" or not float(step).is_integer()):
+        raise GrammarError(f"{where}: constrained decoding enforces multipleOf only as a whole number on an integer")
+    shaped = [k for k in _SHAPED if k in schema]
+    lengths = [k for k in ("minLength", "maxLength") if k in schema]
+    if shaped and lengths:
+        raise GrammarError(f"{where}: constrained decoding drops {' and '.join(lengths)} beside {shaped[0]}: "
+                           "bound the length in the pattern ({m,n})")
+    if isinstance(schema.get("minLength"), int) and "maxLength" not in schema and schema["minLength"] > MAX_MIN_LENGTH:
+        raise GrammarError(f"{where}: minLength {schema['minLength']} without a maxLength takes minutes to compile "
+                           f"(above {MAX_MIN_LENGTH}): give a maxLength too")
+    if isinstance(pattern := schema.get("pattern"), str):
+        _check_pattern(pattern, where)
+    for key, sub in _subschemas(schema):
+        check_enforceable(sub, f"{at}.{key}" if at else key)
+
+
+def _check_pattern(pattern: str, where: str) -> None:
+    if '"' in pattern or "\\\\" in pattern:
+        raise GrammarError(f"{where}: pattern {pattern!r} matches a literal quote or backslash, which constrained "
+                           "decoding would write unescaped (invalid JSON)")
+    for bound in _BOUNDS.finditer(pattern):
+        if max(int(bound[1]), int(bound[2] or 0)) > MAX_REPEAT:
+            raise GrammarError(f"{where}: pattern {pattern!r} repeats more than {MAX_REPEAT} times, which xgrammar "
+                               f"cannot compile: bound it at {MAX_REPEAT} or less")
+
+
+def _subschemas(schema: dict) -> list[tuple[str, Any]]:
+    """(path, subschema) of the places a schema holds schemas."""
+    out: list[tuple[str, Any]] = []
+    for key in ("properties", "$defs", "definitions", "patternProperties"):
+        if isinstance(schema.get(key), dict):
+            out += [(f"{key}.{name}", sub) for name, sub in schema[key].items()]
+    for key in ("anyOf", "oneOf", "allOf", "prefixItems"):
+        if isinstance(schema.get(key), list):
+            out += [(f"{key}[{i}]", sub) for i, sub in enumerate(schema[key])]
+    for key in ("items", "additionalProperties", "additionalItems"):
+        if isinstance(schema.get(key), dict):
+            out.append((key, schema[key]))
+    return out

@@ -1,0 +1,81 @@
+"""What constrained decoding cannot hold a reply to is refused when a schema is checked (role load,
+`rolecast validate`, serve's response_format), naming where and what: xgrammar left these out or
+compiled them wrongly, and every constrained reply could break them (found by a user's hunt)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from orchestrator.grammar.enforceable import check_enforceable
+from orchestrator.grammar.errors import GrammarError
+from orchestrator.grammar.schema import check_reply_prefix
+from orchestrator.messages import check_schema
+
+
+def obj(**properties) -> dict:
+    return {"type": "object", "properties": properties, "required": list(properties)}
+
+
+@pytest.mark.parametrize("schema, words", [
+    (obj(xs={"type": "array", "items": {"type": "integer"}, "uniqueItems": True}), "properties.xs: constrained decoding cannot enforce 'uniqueItems'"),
+    (obj(a={"not": {"type": "string"}}), "properties.a: constrained decoding cannot enforce 'not'"),
+    (obj(a={"type": "integer", "if": {"minimum": 3}, "then": {"maximum": 5}}), "'if'"),
+    ({**obj(a={"type": "string"}), "dependentRequired": {"a": ["b"]}}, "the schema: constrained decoding cannot enforce 'dependentRequired'"),
+    (obj(xs={"type": "array", "contains": {"const": 1}}), "'contains'"),
+    (obj(a={"allOf": [{"type": "integer"}, {"minimum": 2}]}), "allOf with one branch only"),
+    (obj(a={"type": "number", "multipleOf": 0.5}), "multipleOf only as a whole number on an integer"),
+    (obj(a={"type": "string", "pattern": "^[a-z]+$", "maxLength": 9}), "drops maxLength beside pattern"),
+    (obj(a={"type": "string", "format": "date", "minLength": 3}), "drops minLength beside format"),
+    (obj(a={"type": "string", "pattern": '^say "[a-z]+"$'}), "literal quote or backslash"),
+    (obj(a={"type": "string", "pattern": r"^C:\\[a-z]+$"}), "literal quote or backslash"),
+    (obj(a={"type": "string", "pattern": "^[a-z ]{1,200}$"}), "repeats more than 128 times"),
+    (obj(a={"type": "string", "minLength": 20000}), "minLength 20000 without a maxLength takes minutes"),
+    ({**obj(a={"$ref": "#/$defs/n", "minimum": 3}), "$defs": {"n": {"type": "integer"}}}, "ignores minimum beside $ref"),
+    ({**obj(a={"$ref": "#/$defs/n"}), "$defs": {"n": {"type": "array", "items": {"uniqueItems": True}}}},
+     "$defs.n.items: constrained decoding cannot enforce 'uniqueItems'"),
+    (obj(a={"anyOf": [{"type": "null"}, {"type": "array", "uniqueItems": True}]}), "properties.a.anyOf[1]"),
+])
+def test_what_decoding_would_not_enforce_is_refused_where_it_is(schema, words):
+    assert check_schema(schema) is None  # valid JSON Schema all: only the decoding cannot hold them
+    with pytest.raises(GrammarError) as caught:
+        check_reply_prefix(json.dumps(schema), "")
+    assert words in str(caught.value)
+
+
+@pytest.mark.parametrize("schema", [
+    obj(xs={"type": "array", "items": {"type": "integer"}, "uniqueItems": False}),
+    obj(n={"type": "integer", "multipleOf": 3}),
+    obj(a={"type": "string", "pattern": r"^tests/.+\.py$"}, b={"type": "string", "pattern": "^f\\([^{}]{1,58}$"}),
+    obj(a={"type": "string", "minLength": 1, "maxLength": 1200}, b={"type": "string", "minLength": 100}),
+    {**obj(a={"$ref": "#/$defs/n", "description": "a count"}), "$defs": {"n": {"type": "integer"}}},
+    obj(a={"allOf": [{"type": "integer"}]}),
+])
+def test_what_decoding_enforces_passes(schema):
+    check_enforceable(schema)
+    check_reply_prefix(json.dumps(schema), "")
+
+
+def test_a_remote_ref_is_refused_whatever_the_decoding():
+    """The validator would fetch it at run time (every episode failed, after a network wait), and
+    the grammar took it as any value."""
+    schema = obj(a={"$ref": "http://example.com/x.json"})
+    assert "$ref 'http://example.com/x.json' is not in this schema" in check_schema(schema)
+    assert check_schema({**obj(a={"$ref": "#/$defs/n"}), "$defs": {"n": {"type": "integer"}}}) is None
+
+
+def test_a_compile_failure_only_the_real_vocabulary_shows_is_a_grammar_error(monkeypatch):
+    """xgrammar's RuntimeError from compiling against a tokenizer's vocabulary was a 500 in serve
+    and a failed episode in a run; it is the same GrammarError (400, one line) as a schema refused."""
+    from orchestrator.grammar.book import GrammarBook
+    from orchestrator.models import load_model
+
+    tokenizer = load_model("tiny", dtype="float32").tokenizer
+    book = GrammarBook(tokenizer, len(tokenizer))
+
+    def fails(grammar):
+        raise RuntimeError("[12:00:00] grammar_functor.cc:3567: Check failed: per_rule_fsm_hashes")
+
+    monkeypatch.setattr(book, "_compiler", type("Compiler", (), {"compile_grammar": staticmethod(fails)})())
+    with pytest.raises(GrammarError, match="xgrammar cannot compile this schema: grammar_functor.cc"):
+        book.compiled(json.dumps(obj(a={"type": "string"})))
