@@ -211,7 +211,12 @@ class MultiLoRA:
     def load(self, name: str, path: str | Path) -> None:
         path = Path(path)
         config = json.loads((path / "adapter_config.json").read_text())
-        self.set_state(name, load_file(str(path / "adapter_model.safetensors")), lora_scale(config))
+        weights = path / "adapter_model.safetensors"
+        if not weights.is_file():
+            raise ValueError(f"no adapter_model.safetensors in {path} (PEFT writes it with safe_serialization=True)")
+        state = load_file(str(weights))
+        check_plain_lora(config, state)
+        self.set_state(name, state, lora_scale(config))
 
     def remove(self, name: str) -> None:
         del self.adapters[name]
@@ -222,6 +227,22 @@ class MultiLoRA:
         self._stacks.clear()
         self._active = None
         self.version += 1
+
+
+def check_plain_lora(config: dict, state: dict[str, torch.Tensor]) -> None:
+    """Raise ValueError unless the adapter is what the engine computes: LoRA A and B on linear
+    layers, one rank and alpha (DoRA's magnitudes, embedding LoRA, fully trained modules and
+    per-module ranks were read as plain LoRA, or left out: another model, silently)."""
+    for key, what in (("use_dora", "DoRA"), ("modules_to_save", "modules_to_save (fully trained layers)"),
+                      ("rank_pattern", "per-module ranks (rank_pattern)"), ("alpha_pattern", "per-module alphas (alpha_pattern)")):
+        if config.get(key):
+            raise ValueError(f"the adapter uses {what}, which the engine does not compute: plain LoRA only")
+    other = sorted(k for k in state if ".lora_A." not in k and ".lora_B." not in k)
+    if other:
+        raise ValueError(f"the adapter holds weights that are not LoRA A/B on a linear layer ({other[0]}, "
+                         f"{len(other)} in all): plain LoRA only")
+    if not state:
+        raise ValueError("the adapter holds no LoRA weights")
 
 
 def lora_scale(config: dict) -> float:

@@ -213,6 +213,32 @@ def test_an_adapter_of_another_base_model_is_refused_at_load(engine, tmp_path):
         load_engine("tiny", "float32", 0, adapters={"other": folder}, device="cpu")
 
 
+def test_an_adapter_that_is_not_plain_lora_is_refused_at_load(engine, tmp_path):
+    """DoRA, embedding LoRA, modules_to_save and per-module ranks loaded as plain LoRA (logprobs up
+    to 11 nats off PEFT's), an adapter without LoRA weights as the base model, and a .bin-only dir
+    was a FileNotFoundError traceback."""
+    import json
+
+    state = lora_state(engine.model, 3, std=0.5)
+    cases = {
+        "dora": ({"use_dora": True}, {}, "uses DoRA"),
+        "saved": ({"modules_to_save": ["lm_head"]}, {}, "uses modules_to_save"),
+        "ranks": ({"rank_pattern": {"q_proj": 8}}, {}, r"uses per-module ranks \(rank_pattern\)"),
+        "embed": ({}, {"base_model.model.model.embed_tokens.lora_embedding_A": torch.zeros(4, 8)},
+                  r"not LoRA A/B on a linear layer \(base_model.model.model.embed_tokens.lora_embedding_A, 1 in all\)"),
+    }
+    for name, (config, extra, words) in cases.items():
+        folder = peft_dir(tmp_path / name, {**state, **extra})
+        written = json.loads((folder / "adapter_config.json").read_text())
+        (folder / "adapter_config.json").write_text(json.dumps({**written, **config}))
+        with pytest.raises(ValueError, match=words):
+            engine.load_adapter(name, folder)
+    folder = peft_dir(tmp_path / "bin", state)
+    (folder / "adapter_model.safetensors").rename(folder / "adapter_model.bin")
+    with pytest.raises(ValueError, match="no adapter_model.safetensors in"):
+        engine.load_adapter("bin", folder)
+
+
 @pytest.mark.parametrize("static", [False, True])
 def test_an_adapter_removed_and_added_again_never_serves_the_old_weights_keys(static):
     """Versions key the prefix cache: a removed adapter's numbers are not used again, and a row
