@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from transformers.utils import logging as hf_logging
 from transformers import (
     AutoModelForCausalLM,
@@ -72,11 +73,16 @@ def load_model(name: str = DEFAULT_MODEL, dtype: str = "auto", seed: int = 0,
         model = _tiny_model(tokenizer, seed).to(torch_dtype)
     else:
         path = checkpoint_dir(name)
+        if not (path / "config.json").is_file():
+            raise ValueError(f"{path} has no config.json: not a Hugging Face model directory")
         try:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, local_files_only=True)
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        except OSError as exc:  # a dir without weights or tokenizer (an interrupted download, say)
+        except (OSError, SafetensorError) as exc:  # no weights or tokenizer, or weights cut short (a download stopped)
             raise ValueError(f"cannot load {name!r} from {path}: {' '.join(str(exc).split())}") from None
+        if not tokenizer.chat_template:  # roles speak in chat turns: every episode would fail on it
+            raise ValueError(f"{name!r} has no chat template (tokenizer_config.json's chat_template): "
+                             "rolecast needs a chat (instruct) model")
     model.to(device).eval()
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -131,8 +137,14 @@ def checkpoint_dir(name: str = DEFAULT_MODEL) -> Path:
         raise ValueError("the 'tiny' test model exists only in memory; give a checkpoint dir or smollm2-135m")
     if Path(name).is_dir():
         return Path(name)
-    if HUB_ID.fullmatch(name):
+    if Path(name).exists():
+        raise ValueError(f"{name} is a file: give a Hugging Face model directory (config.json, weights, tokenizer)")
+    if name.endswith(".gguf"):
+        raise ValueError(f"no such file: {name} (and rolecast loads a Hugging Face model directory, not a GGUF file)")
+    if HUB_ID.fullmatch(name) and not name.startswith((".", "~")):
         return _hub_snapshot(name)
+    if name.startswith((".", "/", "~")) or os.sep in name:
+        raise ValueError(f"no such model directory: {name}")
     raise ValueError(f"unknown model {name!r}: use {DEFAULT_MODEL!r}, 'tiny', a local Hugging Face model "
                      "directory or a hub id (org/name)")
 

@@ -58,3 +58,30 @@ def test_an_uncached_hub_id_offline_says_what_to_do(hub_cache, workspace, cli):
 def test_a_name_that_is_neither_is_refused():
     with pytest.raises(ValueError, match="unknown model 'no such model'"):
         load_model("no such model")
+
+
+def test_what_is_not_a_model_dir_is_named_in_one_line(tmp_path, monkeypatch):
+    """A path that does not exist, a file (a GGUF), a dir without config.json, weights cut short
+    and a tokenizer without a chat template (every episode failed on it) each say what they are."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "model.gguf").write_bytes(b"GGUF")
+    (tmp_path / "empty").mkdir()
+    for name, words in (("./does-not-exist", "no such model directory: ./does-not-exist"),
+                        ("models/x.gguf", "no such file: models/x.gguf"),
+                        ("model.gguf", "model.gguf is a file"),
+                        ("empty", "empty has no config.json")):
+        with pytest.raises(ValueError, match=words):
+            load_model(name)
+    tiny = load_model("tiny", dtype="float32", seed=3)
+    for name in ("cut", "plain"):
+        tiny.model.save_pretrained(tmp_path / name)
+        tiny.tokenizer.save_pretrained(tmp_path / name)
+    weights = tmp_path / "cut" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(ValueError, match="cannot load '.*cut' from"):
+        load_model(str(tmp_path / "cut"), dtype="float32")
+    (tmp_path / "plain" / "chat_template.jinja").unlink(missing_ok=True)
+    config = tmp_path / "plain" / "tokenizer_config.json"
+    config.write_text(config.read_text().replace('"chat_template"', '"unused_template"'))
+    with pytest.raises(ValueError, match="has no chat template"):
+        load_model(str(tmp_path / "plain"), dtype="float32")
