@@ -232,7 +232,9 @@ def _state_key(matcher: Any, row: torch.Tensor) -> Any:
 
 
 # Byte preferences of a closing walk: end strings, close containers, smallest scalars; inside
-# free text (a string that may not end yet) letters come before punctuation.
+# free text (a string that may not end yet) letters come before punctuation. Where no letter may
+# come (between values, in a number) closing and the next key come before digits: a number only
+# grows, and an object or array opened empty (``{}``, ``[]``) may close at once.
 def _ranks(order: bytes) -> np.ndarray:
     rank = np.full(256, 1000, dtype=np.int64)
     rank[0x20:0x7F] = 500 + np.arange(0x20, 0x7F)  # other printable ASCII
@@ -242,12 +244,15 @@ def _ranks(order: bytes) -> np.ndarray:
     return rank
 
 
-_STRUCTURE = _ranks(b'"]}0123456789abcdefghijklmnopqrstuvwxyz,: {[')
+_STRUCTURE = _ranks(b'"]}0123456789abcdefghijklmnopqrstuvwxyz,: [{')
+_BETWEEN = _ranks(b']},"0123456789abcdefghijklmnopqrstuvwxyz: [{')
 _FREE_TEXT = _ranks(b'"abcdefghijklmnopqrstuvwxyz0123456789')
 
 
 def _rank_for(allowed: np.ndarray) -> np.ndarray:
-    free_text = not allowed[ord('"')] and allowed[ord("a")] and allowed[ord("}")]
+    if not allowed[ord("a")]:
+        return _BETWEEN
+    free_text = not allowed[ord('"')] and allowed[ord("}")]
     return _FREE_TEXT if free_text else _STRUCTURE
 
 

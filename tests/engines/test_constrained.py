@@ -123,3 +123,24 @@ def test_unicode_enums_strings_and_closings(engine):
     closing = book.closing(matcher)
     raw = '{"mot": "café", "note": "'.encode() + b"\xe6" + b"".join(book.info.decoded_vocab[t] for t in closing)
     jsonschema.validate(json.loads(raw.decode("utf-8")), UNICODE)
+
+
+@pytest.mark.parametrize("schema, prefix, closing", [
+    # inside a number, more keys to come: the walk took digits forever and found none
+    ({"type": "object", "properties": {k: {"type": "number"} for k in ("acc", "flu", "rel")}, "required": ["acc", "flu", "rel"]},
+     '{"acc": 1', ', "flu": 0, "rel": 0}'),
+    ({"type": "object", "properties": {f"key{i:02d}": {"type": "integer"} for i in range(5)},
+      "required": [f"key{i:02d}" for i in range(5)]}, '{"key00": 12', ', "key01": 0, "key02": 0, "key03": 0, "key04": 0}'),
+    # an object with no required key, and an array, close empty: the shortest
+    ({"type": "object", "properties": {"a": {"type": "integer"}}}, "", "{}"),
+    ({"type": "object", "properties": {"a": {"anyOf": [{"type": "array", "items": {"type": "integer"}},
+                                                        {"type": "object", "properties": {"q": {"type": "boolean"}}, "required": ["q"]}]}},
+      "required": ["a"]}, '{"a": ', "[]}"),
+])
+def test_closings_are_found_and_short(engine, schema, prefix, closing):
+    """Budgets ran out on replies whose closing the search did not find (7 of 16 invalid with a
+    number key before another), or found long ({"a": 0} for {})."""
+    book = engine._grammars
+    tokens = book.closing(book.matcher(schema_json(schema), prefix))
+    assert tokens is not None and b"".join(book.info.decoded_vocab[t] for t in tokens).decode() == closing
+    jsonschema.validate(json.loads(prefix + closing), schema)
