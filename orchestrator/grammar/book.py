@@ -21,6 +21,7 @@ MARGIN = 16  # look at the budget every step once fewer than this many spare tok
 CHECK_EVERY = 16  # ... and at least this often before that: a closing can grow as a message nests
 MAX_CLOSING_BYTES = 512
 SEARCH_NODES = 4096  # breadth-first fallback for closings the greedy walk misses (patterns)
+MAX_SAME_MASK = 8  # bytes in a row under one mask before the greedy walk takes itself to be looping
 
 
 class GrammarBook:
@@ -147,13 +148,16 @@ class GrammarBook:
     def _greedy_closing(self, matcher: Any) -> bytes | None:
         """Walk the grammar one byte at a time, closing quotes and brackets first.
 
-        The choice depends only on the mask: when a byte leaves the mask as it was, the walk
-        would repeat it forever (a pattern like ``.+\\.py``), so it gives up.
+        The choice depends only on the mask: when bytes leave the mask as it was, the walk may
+        repeat them forever (a pattern like ``.+\\.py``), so after ``MAX_SAME_MASK`` in a row it
+        gives up (one alone is no sign: the key after ``"key1`` in ``key11``).
         """
-        probe, row, out, last = matcher.fork(), self.new_bitmask(1), bytearray(), b""
+        probe, row, out, last, same = matcher.fork(), self.new_bitmask(1), bytearray(), b"", 0
         while len(out) < MAX_CLOSING_BYTES:
             probe.fill_next_token_bitmask(row)
-            if (mask := row.numpy().tobytes()) == last:
+            mask = row.numpy().tobytes()
+            same = same + 1 if mask == last else 0
+            if same >= MAX_SAME_MASK:
                 return None
             last = mask
             byte = _preferred(self._allowed_bytes(row[0]))

@@ -129,8 +129,9 @@ def test_unicode_enums_strings_and_closings(engine):
     # inside a number, more keys to come: the walk took digits forever and found none
     ({"type": "object", "properties": {k: {"type": "number"} for k in ("acc", "flu", "rel")}, "required": ["acc", "flu", "rel"]},
      '{"acc": 1', ', "flu": 0, "rel": 0}'),
-    ({"type": "object", "properties": {f"key{i:02d}": {"type": "integer"} for i in range(5)},
-      "required": [f"key{i:02d}" for i in range(5)]}, '{"key00": 12', ', "key01": 0, "key02": 0, "key03": 0, "key04": 0}'),
+    # ... and "key11" after "key1" leaves the mask as it was: no sign of a loop
+    ({"type": "object", "properties": {f"key{i:02d}": {"type": "integer"} for i in range(12)},
+      "required": [f"key{i:02d}" for i in range(12)]}, '{"key00": 12', "".join(f', "key{i:02d}": 0' for i in range(1, 12)) + "}"),
     # an object with no required key, and an array, close empty: the shortest
     ({"type": "object", "properties": {"a": {"type": "integer"}}}, "", "{}"),
     ({"type": "object", "properties": {"a": {"anyOf": [{"type": "array", "items": {"type": "integer"}},
