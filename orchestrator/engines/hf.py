@@ -189,6 +189,8 @@ class HFEngine(TokenizerMethods, AdapterVersions):
                    seed=seed if seed is not None else int(torch.randint(0, 2**62, (1,))))
         if request.json_schema:  # compiling a new schema can take a second: off the event loop
             seq.grammar = await asyncio.to_thread(self._constrained_row, request)
+            if self._closed:  # closed while it compiled: aclose emptied the queue already, none would answer
+                raise RuntimeError("the engine is closed")
         self._start()
         self._pending.put(seq)
         self._compute.wake()

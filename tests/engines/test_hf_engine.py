@@ -268,3 +268,30 @@ def test_an_adapter_removed_and_added_again_never_serves_the_old_weights_keys(st
         assert max(abs(a - b) for a, b in zip(reference, out.logprobs)) < 1e-4
     finally:
         asyncio.run(e.aclose())
+
+
+def test_a_request_whose_grammar_compiles_while_the_engine_closes_fails_at_once(monkeypatch):
+    """It was queued after aclose had emptied the queue, and waited forever."""
+    import time
+
+    from orchestrator.engines.hf import HFEngine
+
+    engine = tiny_engine()
+    compile_row = HFEngine._constrained_row
+
+    def slow(self, req):
+        time.sleep(0.5)
+        return compile_row(self, req)
+
+    monkeypatch.setattr(HFEngine, "_constrained_row", slow)
+    schema = '{"properties": {"a": {"type": "integer"}}, "required": ["a"], "type": "object"}'
+    req = GenerationRequest(tuple(engine.encode("hi")), SamplingParams(max_tokens=4, seed=0), json_schema=schema)
+
+    async def race():
+        pending = asyncio.create_task(engine.generate(req))
+        await asyncio.sleep(0.1)  # inside the compile
+        await engine.aclose()
+        return await asyncio.wait_for(pending, timeout=30)
+
+    with pytest.raises(RuntimeError, match="the engine is closed"):
+        asyncio.run(race())
