@@ -4,7 +4,6 @@ from __future__ import annotations
 import fcntl
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -25,14 +24,22 @@ def leaked_sandbox_processes() -> list[int]:
     pids = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
-            try:
-                uid = entry.stat().st_uid
-                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                continue
-            if UID_BASE <= uid < UID_BASE + UID_SLOTS and state != "Z" and not _held(uid - UID_BASE):
-                pids.append(int(entry.name))
+            uid, live = _owner(entry)
+            if live and UID_BASE <= uid < UID_BASE + UID_SLOTS and not _held(uid - UID_BASE):
+                # seen again after its uid was seen free: a run that ended meanwhile is gone by now
+                if _owner(entry) == (uid, True):
+                    pids.append(int(entry.name))
     return pids
+
+
+def _owner(entry: Path) -> tuple[int, bool]:
+    """A /proc entry's uid, and whether it is a live (non-zombie) process."""
+    try:
+        uid = entry.stat().st_uid
+        state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return -1, False
+    return uid, state != "Z"
 
 
 def _held(slot: int) -> bool:
@@ -52,7 +59,11 @@ def test_fork_bomb_is_capped_and_fully_reaped(sandbox, marker, processes_with):
     assert r.timed_out
     assert r.duration_s < 5
     assert processes_with(marker) == []
-    assert leaked_sandbox_processes() == []
+    # a run elsewhere whose holder died abruptly frees its lock before its children finish dying
+    deadline = time.monotonic() + 3
+    while (leaked := leaked_sandbox_processes()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert leaked == []
 
 
 def test_memory_bomb_is_killed_at_the_limit(sandbox):
@@ -64,7 +75,9 @@ def test_memory_bomb_is_killed_at_the_limit(sandbox):
 
 
 def test_infinite_loop_is_stopped_by_cpu_limit(sandbox, marker, processes_with):
-    r = sandbox([PY, "-c", f"while True: pass  # {marker}"], wall_time_s=3.0, cpu_time_s=1)
+    # a wall limit far off: the CPU limit must fire first however busy the host (at 3 s it failed
+    # once other sessions left the loop less than a third of a core)
+    r = sandbox([PY, "-c", f"while True: pass  # {marker}"], wall_time_s=60.0, cpu_time_s=1)
     assert not r.timed_out and r.signal in (signal.SIGXCPU, signal.SIGKILL)
     assert processes_with(marker) == []
 
@@ -168,7 +181,6 @@ def test_cannot_kill_host_processes(sandbox, host_process):
 
 
 def test_filling_the_disk_is_bounded(sandbox, workdir):
-    before = shutil.disk_usage("/").free
     r = sandbox(
         "dd if=/dev/zero of=/tmp/fill bs=1M count=200 2>/dev/null; du -m /tmp/fill | cut -f1;"
         "dd if=/dev/zero of=fill bs=1M count=200 2>/dev/null; true",
@@ -177,7 +189,9 @@ def test_filling_the_disk_is_bounded(sandbox, workdir):
     assert int(r.stdout.split()[0]) <= 8  # the private /tmp tmpfs is full at its cap
     assert (workdir / "fill").stat().st_size <= 4 << 20
     assert not Path("/tmp/fill").exists()
-    assert before - shutil.disk_usage("/").free < 100 << 20
+    # what the sandbox could write reached the host's disk only as the capped file (free space on
+    # "/" moves with every other writer on the machine, so it is no measure)
+    assert sum(p.stat().st_size for p in workdir.rglob("*") if p.is_file()) <= 4 << 20
 
 
 def test_huge_single_file_hits_fsize_limit(sandbox, workdir):
