@@ -188,12 +188,12 @@ def test_a_cluster_address_nothing_answers_at_fails_at_once():
     from orchestrator.errors import RolecastError
     from orchestrator.workers import check_reachable
 
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]  # closed again: nothing listens there
-    for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
-        with pytest.raises(RolecastError, match=rf"--ray {address}: no Ray cluster answers there .*--ray local"):
-            check_reachable(address, timeout_s=2)
+    with socket.socket() as held:  # bound, not listening: refused, and no other process can take the port
+        held.bind(("127.0.0.1", 0))
+        port = held.getsockname()[1]
+        for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
+            with pytest.raises(RolecastError, match=rf"--ray {address}: no Ray cluster answers there .*--ray local"):
+                check_reachable(address, timeout_s=2)
     with socket.create_server(("127.0.0.1", 0)) as server:
         check_reachable(f"127.0.0.1:{server.getsockname()[1]}", timeout_s=0.5)  # says nothing first: Ray's to try
     check_reachable("auto")  # Ray finds the cluster itself
