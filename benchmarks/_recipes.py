@@ -8,9 +8,9 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from orchestrator.cli.flags import device_spec, positive_int
+from orchestrator.cli.flags import positive_int
 from orchestrator.engines.hf import EngineStats, HFEngine
-from orchestrator.models import LoadedModel
+from orchestrator.models import LoadedModel, resolve_device
 from orchestrator.rollout import RunOptions, RunResult, build_policies, run_team
 from orchestrator.team import Team, load_team
 
@@ -62,11 +62,16 @@ def parse_args(repeats: str, default_episodes: int, default_repeats: int, smoke_
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="smollm2-135m")
     if device:
-        parser.add_argument("--device", type=device_spec, default="auto", help="auto (a CUDA GPU where there is one), cpu, cuda, cuda:N")
+        parser.add_argument("--device", default="auto", help="auto (a CUDA GPU where there is one), cpu, cuda, cuda:N")
     parser.add_argument("--episodes", type=positive_int, default=default_episodes)
     parser.add_argument(f"--{repeats}", type=positive_int, default=default_repeats, help="the sides alternate this many times")
     parser.add_argument("--smoke", action="store_true", help="seconds on the tiny model: does the script still run")
     args = parser.parse_args()
+    if device:  # now, not after minutes of rollouts
+        try:
+            resolve_device(args.device)
+        except ValueError as exc:
+            parser.error(f"--device {args.device}: {exc}")
     if args.smoke:
         args.model, args.episodes = "tiny", smoke_episodes
         setattr(args, repeats, 1)

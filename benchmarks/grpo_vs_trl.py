@@ -62,7 +62,7 @@ import warnings
 
 from _recipes import TOPICS
 
-from orchestrator.cli.flags import device_spec, positive_int
+from orchestrator.cli.flags import positive_int
 
 GROUP_EPS = 1e-4  # TRL's: (r - mean) / (std + 1e-4)
 CLIP = 0.2
@@ -86,7 +86,10 @@ def log(msg: str) -> None:
 def _device(spec: str):
     from orchestrator.models import resolve_device
 
-    return resolve_device(spec)  # --device's type checked it
+    try:
+        return resolve_device(spec)
+    except ValueError as exc:
+        sys.exit(f"--device {spec}: {exc}")
 
 
 def _sync(device) -> None:
@@ -252,7 +255,7 @@ WORKERS = {"rolecast": rolecast_worker, "trl": trl_worker}
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--device", type=device_spec, default="auto", help="auto (a CUDA GPU where there is one), cpu, cuda, cuda:N")
+    parser.add_argument("--device", default="auto", help="auto (a CUDA GPU where there is one), cpu, cuda, cuda:N")
     parser.add_argument("--prompts", type=positive_int, default=8, help="distinct prompts per step")
     parser.add_argument("--generations", type=positive_int, default=8, help="completions per prompt (the GRPO group)")
     parser.add_argument("--new-tokens", type=positive_int, default=64, help="sampled tokens per completion, on both sides")

@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from orchestrator.cli.flags import device_spec, positive_int
+from orchestrator.cli.flags import positive_int
 from orchestrator.models import bf16_native, resolve_device
 from orchestrator.training.client import logprob_chunk
 from orchestrator.training.losses import token_logprobs
@@ -47,7 +47,7 @@ def timed(device: torch.device, fn) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", type=device_spec, default="auto", help="auto (a CUDA GPU where there is one), cpu, cuda, cuda:N")
+    parser.add_argument("--device", default="auto", help="auto (a CUDA GPU where there is one), cpu, cuda, cuda:N")
     parser.add_argument("--positions", type=positive_int, default=2048, help="action positions per call")
     parser.add_argument("--chunk", type=int, default=0, help="positions per block of logits (0: the client's)")
     parser.add_argument("--hidden", type=positive_int, default=576)
@@ -60,7 +60,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.smoke:
         args.positions, args.hidden, args.vocab, args.iters, args.rounds = 40, 64, 512, 1, 1
-    device = resolve_device(args.device)
+    try:
+        device = resolve_device(args.device)
+    except ValueError as exc:
+        sys.exit(f"--device {args.device}: {exc}")
     if args.bf16 and not bf16_native(device):
         print(f"note: {device} has no native bf16; autocast emulates it", file=sys.stderr)
     chunk = args.chunk or logprob_chunk(device)

@@ -55,7 +55,7 @@ import time
 import torch
 from _recipes import TOPICS
 
-from orchestrator.cli.flags import device_spec, positive_int
+from orchestrator.cli.flags import positive_int
 from orchestrator.compute_thread import compute_thread
 from orchestrator.cpu import CpuFeatures, host
 from orchestrator.engines.base import GenerationRequest, SamplingParams
@@ -278,7 +278,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--device", type=device_spec, default="cpu", help="cpu, or cuda for the GPU's sides (gpu_main)")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda for the GPU's sides (gpu_main)")
     parser.add_argument("--random-weights", action="store_true", help="--model is a dir: its shape, random weights")
     parser.add_argument("--requests", type=positive_int, default=None, help="concurrent requests (64 on the CPU, 256 on a GPU)")
     parser.add_argument("--max-tokens", type=positive_int, default=None, help="new tokens per request (64 on the CPU, 128 on a GPU)")
@@ -288,7 +288,10 @@ def main() -> None:
     args = parser.parse_args()
     from orchestrator.models import resolve_device
 
-    device = resolve_device(args.device)
+    try:
+        device = resolve_device(args.device)
+    except ValueError as exc:
+        parser.error(f"--device {args.device}: {exc}")
     gpu = device.type == "cuda"
     args.requests = args.requests or (256 if gpu else 64)
     args.max_tokens = args.max_tokens or (128 if gpu else 64)

@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from orchestrator.cli.flags import device_spec, positive_int
+from orchestrator.cli.flags import positive_int
 
 
 def _rss_mb(field: str) -> float:
@@ -115,7 +115,7 @@ def worker(side: str, model: str, batch: int, length: int, iters: int, device: s
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--device", type=device_spec, default="auto", help="auto (a CUDA GPU where there is one), cpu, cuda, cuda:N")
+    parser.add_argument("--device", default="auto", help="auto (a CUDA GPU where there is one), cpu, cuda, cuda:N")
     parser.add_argument("--batch", type=positive_int, default=8)
     parser.add_argument("--length", type=positive_int, default=384)
     parser.add_argument("--iters", type=positive_int, default=3)
@@ -130,7 +130,10 @@ def main() -> None:
         return
     from orchestrator.models import resolve_device
 
-    device = str(resolve_device(args.device))
+    try:
+        device = str(resolve_device(args.device))
+    except ValueError as exc:
+        sys.exit(f"--device {args.device}: {exc}")
     results: dict[str, list[dict]] = {"client": [], "plain": []}
     for r in range(args.rounds):
         for side in ("client", "plain") if r % 2 == 0 else ("plain", "client"):

@@ -32,18 +32,6 @@ def positive_int(text: str) -> int:
     return value
 
 
-def device_spec(text: str) -> str:
-    """argparse type: a device this machine has (``models.resolve_device``), checked as the flags
-    are read rather than after minutes of work; kept as given."""
-    from ..models import resolve_device
-
-    try:
-        resolve_device(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
-
-
 def seed_number(text: str) -> int:
     """argparse type: a seed, 0 to 2**63 - 1 (the sampler draws from it as int64)."""
     if not 0 <= (value := _number(text, int, "a whole number")) <= SEED_MAX:
