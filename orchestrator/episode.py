@@ -6,11 +6,13 @@ penalty and handed to the environment, which decides whether the episode goes on
 """
 from __future__ import annotations
 
+import math
+import numbers
 import random
 import time
 from collections.abc import Mapping
 
-from .envs.base import Env
+from .envs.base import Env, StepResult
 from .errors import PolicyError
 from .messages import Message, parse_message
 from .policies.base import Policy, PolicyOutput, PolicyRequest
@@ -71,10 +73,11 @@ async def _play(team: Team, env: Env, policies: Mapping[str, Policy], record: Ep
         if not entry.valid:
             rewards[role] += entry.penalty
         result = await env.step(role, message)
-        for name, value in result.rewards.items():
-            rewards[name] = rewards.get(name, 0.0) + value
-        entry.reward = result.rewards.get(role, 0.0)
-        entry.score = result.score
+        paid = _paid(team, env, result)
+        for name, value in paid.items():
+            rewards[name] += value
+        entry.reward = paid.get(role, 0.0)
+        entry.score = None if result.score is None else _number(env, "a score", role, result.score)
         turn += 1
         if result.done:
             break
@@ -82,6 +85,23 @@ async def _play(team: Team, env: Env, policies: Mapping[str, Policy], record: Ep
         record.status = "ok"
     record.outcome = env.outcome()
     return record
+
+
+def _paid(team: Team, env: Env, result: StepResult) -> dict[str, float]:
+    """The step's rewards as floats. One paid to a role the team lacks (a misspelt name would
+    credit no one) or that is no finite number (NaN spoils every mean, and a numpy scalar the
+    transcript) is the env's fault: it ends the episode as an error, not the run."""
+    for name in result.rewards:
+        if name not in team.roles:
+            raise ValueError(f"{type(env).__name__}.step paid a reward to {name!r}, not a role of the team "
+                             f"({', '.join(team.roles)})")
+    return {name: _number(env, "a reward", name, value) for name, value in result.rewards.items()}
+
+
+def _number(env: Env, what: str, role: str, value: object) -> float:
+    if not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError(f"{type(env).__name__}.step gave {role!r} {what} of {value!r}: not a finite number")
+    return float(value)
 
 
 async def _take_turn(

@@ -276,3 +276,50 @@ def test_a_team_written_in_code_runs_as_its_file_would(tmp_path, monkeypatch):
         with pytest.raises(rolecast.ConfigError) as caught:
             rolecast.run(bad)
         assert str(caught.value).startswith(message)
+
+
+def test_rewards_an_env_cannot_pay_end_that_episode_not_the_run(tmp_path, registry):
+    """NaN made summary.json invalid JSON, a numpy float crashed the run with no transcript
+    written, and a reward to a misspelt role credited no one, silently."""
+    import numpy as np
+
+    from orchestrator.envs.game import GameConfig, GameEnv
+
+    class PayConfig(GameConfig):
+        players: list[str] = ["caller"]
+
+    class PayEnv(GameEnv):
+        Config = PayConfig
+        observation_keys = frozenset({"observation", "legal_moves"})
+
+        def next_role(self):
+            return None if self.done else "caller"
+
+        def observe(self, role):
+            return {"observation": "Call it.", "legal_moves": ["heads"]}
+
+        async def step(self, role, message):
+            paid = {"nan": {role: float("nan")}, "ghost": {"calller": 1.0}, "numpy": {role: np.float32(1.0)}}
+            return self.finish({role: "win"}, paid[self.task["pay"]], "flip")
+
+    class Pay:
+        @rolecast.hookimpl
+        def register_envs(register):
+            register("pay", PayEnv)
+
+    rolecast.register_plugin(Pay)
+    team = {"name": "pay", "protocol": {"type": "pay"}, "roles": [{"use": "game_player", "name": "caller"}],
+            "tasks": [{"pay": "nan"}, {"pay": "ghost"}, {"pay": "numpy"}]}
+    result = rolecast.run(team, episodes=3, policies={"caller": lambda request: '{"move": "heads"}'},
+                          out=tmp_path / "run", progress=False)
+    assert [e.status for e in result.episodes] == ["error", "error", "ok"]
+    assert "'caller' a reward of nan: not a finite number" in result.episodes[0].error
+    assert "paid a reward to 'calller', not a role of the team (caller)" in result.episodes[1].error
+    assert result.summary["roles"]["caller"]["mean_reward"] == 1.0
+
+    def strict(constant):
+        raise ValueError(f"not JSON: {constant}")
+
+    json.loads((tmp_path / "run/summary.json").read_text(), parse_constant=strict)
+    lines = (tmp_path / "run/transcripts.jsonl").read_text().splitlines()
+    assert len(lines) == 3 and all(json.loads(line, parse_constant=strict) for line in lines)
