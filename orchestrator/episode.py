@@ -6,6 +6,7 @@ penalty and handed to the environment, which decides whether the episode goes on
 """
 from __future__ import annotations
 
+import json
 import math
 import numbers
 import random
@@ -18,7 +19,7 @@ from .messages import Message, parse_message
 from .policies.base import Policy, PolicyOutput, PolicyRequest
 from .role import RoleSpec
 from .team import Team
-from .transcript import Attempt, EpisodeRecord, Turn
+from .transcript import Attempt, EpisodeRecord, Turn, as_json
 
 RETRY_PROMPT = (
     "Your reply was not a valid message: {errors}. "
@@ -81,9 +82,14 @@ async def _play(team: Team, env: Env, policies: Mapping[str, Policy], record: Ep
         turn += 1
         if result.done:
             break
+    outcome = env.outcome()
+    try:  # as the transcript writes it: there, unwritable, it would fail the whole run
+        json.dumps(outcome, default=as_json)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{type(env).__name__}.outcome() holds what a transcript cannot write: {exc}") from None
+    record.outcome = outcome
     if record.status == "running":
         record.status = "ok"
-    record.outcome = env.outcome()
     return record
 
 

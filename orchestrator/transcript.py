@@ -69,4 +69,11 @@ class EpisodeRecord:
 
     def dumps(self) -> str:
         """One JSONL line; serialises the records in place, without asdict's deep copy."""
-        return json.dumps(self, default=vars, ensure_ascii=False)
+        return json.dumps(self, default=as_json, ensure_ascii=False)
+
+
+def as_json(value: Any) -> dict[str, Any]:
+    """``json.dumps``'s ``default`` for the records: an object's attributes (a dataclass's fields)."""
+    if not hasattr(value, "__dict__"):
+        raise TypeError(f"{type(value).__name__} value {value!r} is not JSON data")
+    return vars(value)

@@ -323,3 +323,45 @@ def test_rewards_an_env_cannot_pay_end_that_episode_not_the_run(tmp_path, regist
     json.loads((tmp_path / "run/summary.json").read_text(), parse_constant=strict)
     lines = (tmp_path / "run/transcripts.jsonl").read_text().splitlines()
     assert len(lines) == 3 and all(json.loads(line, parse_constant=strict) for line in lines)
+
+
+def test_an_outcome_no_transcript_can_hold_ends_that_episode_not_the_run(tmp_path, registry):
+    """A numpy int in outcome() made the first transcript line fail to write: the run died with a
+    traceback, no transcript line and no summary."""
+    import numpy as np
+
+    from orchestrator.envs.game import GameConfig, GameEnv
+
+    class CountConfig(GameConfig):
+        players: list[str] = ["caller"]
+
+    class CountEnv(GameEnv):
+        Config = CountConfig
+        observation_keys = frozenset({"observation", "legal_moves"})
+
+        def next_role(self):
+            return None if self.done else "caller"
+
+        def observe(self, role):
+            return {"observation": "Call it.", "legal_moves": ["heads"]}
+
+        async def step(self, role, message):
+            return self.finish({role: "win"}, {role: 1.0}, "flip")
+
+        def outcome(self):
+            return {**super().outcome(), "flips": np.int64(1) if self.task["numpy"] else 1}
+
+    class Count:
+        @rolecast.hookimpl
+        def register_envs(register):
+            register("count", CountEnv)
+
+    rolecast.register_plugin(Count)
+    team = {"name": "count", "protocol": {"type": "count"}, "roles": [{"use": "game_player", "name": "caller"}],
+            "tasks": [{"numpy": True}, {"numpy": False}]}
+    result = rolecast.run(team, episodes=2, policies={"caller": lambda request: '{"move": "heads"}'},
+                          out=tmp_path / "run", progress=False)
+    assert [e.status for e in result.episodes] == ["error", "ok"]
+    assert "CountEnv.outcome() holds what a transcript cannot write: int64 value" in result.episodes[0].error
+    assert result.episodes[1].outcome["flips"] == 1 and result.summary["roles"]["caller"]["mean_reward"] == 1.0
+    assert len((tmp_path / "run/transcripts.jsonl").read_text().splitlines()) == 2
