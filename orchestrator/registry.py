@@ -166,6 +166,11 @@ def _source(ep: importlib.metadata.EntryPoint) -> str:
     return f"{where} ({ep.value})"
 
 
+def _dist_name(ep: importlib.metadata.EntryPoint) -> str | None:
+    dist = getattr(ep, "dist", None)
+    return dist.name if dist is not None else None
+
+
 def _builtin(ep: importlib.metadata.EntryPoint) -> bool:
     dist = getattr(ep, "dist", None)
     return dist is not None and dist.name == "rolecast"
@@ -177,11 +182,13 @@ def discover() -> Registry:
     # plugin that takes a built-in name (policy `random`, say) is the one that fails
     eps = sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP),
                  key=lambda e: (not _builtin(e), e.name != "core", e.name))
-    seen: set[str] = set()
+    seen: dict[str, importlib.metadata.EntryPoint] = {}
     for ep in eps:
-        if ep.name in seen:  # the same distribution found twice on sys.path
+        if (first := seen.setdefault(ep.name, ep)) is not ep:
+            if _dist_name(first) != _dist_name(ep):  # not the same distribution found twice on sys.path
+                registry.failures.append(PluginFailure(ep.name, _source(ep), f"the plugin name {ep.name!r} is "
+                                                       f"taken by {_source(first)}: rename its entry point"))
             continue
-        seen.add(ep.name)
         try:
             module = ep.load()
         except Exception as exc:

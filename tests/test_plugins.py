@@ -352,6 +352,27 @@ def test_registering_again_forgets_the_names_it_no_longer_registers():
     assert "coin-a" not in registry.names("policies") and "coin-b" in registry.names("policies")
 
 
+def test_a_plugin_whose_entry_point_name_is_taken_is_reported_not_skipped(monkeypatch):
+    """A third-party entry point named ``games`` was dropped without a word, as if it were
+    rolecast's own found twice on sys.path: its env never registered and `rolecast plugins`
+    listed no failure."""
+    import importlib.metadata
+    from types import SimpleNamespace
+
+    mine = plugin(register_envs=lambda register: register("my-coin", GuessNumberEnv))
+    dist = SimpleNamespace(name="rolecast-mygames", version="1.0")
+    theirs = [SimpleNamespace(name=name, value="my_games", load=lambda: mine, dist=dist) for name in ("games", "mine")]
+    real = importlib.metadata.entry_points
+    monkeypatch.setattr(importlib.metadata, "entry_points",
+                        lambda group: [*real(group=group), *theirs, theirs[1]])  # `mine` as if found twice
+    registry = discover()
+    errors = [(f.plugin, f.source, f.error) for f in registry.failures]
+    assert errors == [("games", "rolecast-mygames==1.0 (my_games)",
+                       f"the plugin name 'games' is taken by rolecast=={importlib.metadata.version('rolecast')} "
+                       "(plugins.games): rename its entry point")]
+    assert ("mine", "rolecast-mygames==1.0 (my_games)") in registry.plugins and "my-coin" in registry.names("envs")
+
+
 def test_registry_get_unknown_names_known():
     with pytest.raises(KeyError, match="known: none"):
         Registry().get("trainers", "ppo")
