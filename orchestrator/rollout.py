@@ -177,7 +177,12 @@ def summarize(team: Team, records: list[EpisodeRecord], wall_s: float) -> dict[s
         }
     generated = sum(len(a.token_ids or ()) for a in attempts)
     finished = [r.outcome for r in records if r.status == "ok"]
-    env_metrics = team.env_class.outcome_metrics(team.env_config, finished) if finished else {}
+    try:
+        env_metrics = team.env_class.outcome_metrics(team.env_config, finished) if finished else {}
+        env_metrics = {k: round(float(v), 4) for k, v in env_metrics.items()}
+    except Exception as exc:  # an env plugin's fault, found after every episode: it costs its measures, not the summary
+        log.warning("outcome_metrics failed", env=team.env_class.__name__, error=f"{type(exc).__name__}: {exc}")
+        env_metrics = {}
     return {
         "team": team.name,
         "episodes": len(records),
@@ -187,7 +192,7 @@ def summarize(team: Team, records: list[EpisodeRecord], wall_s: float) -> dict[s
         "first_try_valid_rate": _mean([float(t.attempts[0].valid) for t in turns if t.attempts]),
         "retries": sum(t.retries for t in turns),
         "roles": per_role,
-        "env": {k: round(v, 4) for k, v in env_metrics.items()},
+        "env": env_metrics,
         "generated_tokens": generated,
         "wall_s": round(wall_s, 3),
         "generated_tok_s": round(generated / wall_s, 2) if wall_s > 0 else None,

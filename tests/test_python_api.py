@@ -365,3 +365,43 @@ def test_an_outcome_no_transcript_can_hold_ends_that_episode_not_the_run(tmp_pat
     assert "CountEnv.outcome() holds what a transcript cannot write: int64 value" in result.episodes[0].error
     assert result.episodes[1].outcome["flips"] == 1 and result.summary["roles"]["caller"]["mean_reward"] == 1.0
     assert len((tmp_path / "run/transcripts.jsonl").read_text().splitlines()) == 2
+
+
+def test_outcome_metrics_that_raise_cost_the_measures_not_the_summary(tmp_path, registry, capsys):
+    """They ran after every episode had played: the run died there with a traceback and no
+    summary.json (a training run, at its first evaluation)."""
+    from orchestrator.envs.game import GameConfig, GameEnv
+
+    class TallyConfig(GameConfig):
+        players: list[str] = ["caller"]
+
+    class TallyEnv(GameEnv):
+        Config = TallyConfig
+        observation_keys = frozenset({"observation", "legal_moves"})
+
+        def next_role(self):
+            return None if self.done else "caller"
+
+        def observe(self, role):
+            return {"observation": "Call it.", "legal_moves": ["heads"]}
+
+        async def step(self, role, message):
+            return self.finish({role: "win"}, {role: 1.0}, "flip")
+
+        @classmethod
+        def outcome_metrics(cls, config, outcomes):
+            return {"flips": len(outcomes) / 0}
+
+    class Tally:
+        @rolecast.hookimpl
+        def register_envs(register):
+            register("tally", TallyEnv)
+
+    rolecast.register_plugin(Tally)
+    team = {"name": "tally", "protocol": {"type": "tally"}, "roles": [{"use": "game_player", "name": "caller"}],
+            "tasks": [{}]}
+    result = rolecast.run(team, episodes=2, policies={"caller": lambda request: '{"move": "heads"}'},
+                          out=tmp_path / "run", progress=False)
+    assert result.summary["status"] == {"ok": 2} and result.summary["env"] == {}
+    assert json.loads((tmp_path / "run/summary.json").read_text())["roles"]["caller"]["mean_reward"] == 1.0
+    assert "outcome_metrics failed" in capsys.readouterr().err
