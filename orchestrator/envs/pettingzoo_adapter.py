@@ -38,7 +38,10 @@ class PettingZooConfig(GameConfig):
 
     @model_validator(mode="after")
     def _agents_match(self) -> "PettingZooConfig":
-        agents = make_env(self.env, self.env_kwargs).possible_agents
+        try:
+            agents = make_env(self.env, self.env_kwargs).possible_agents
+        except TypeError as exc:  # an env_kwargs key the game does not take: one line, not a traceback
+            raise ValueError(f"{self.env}: {exc}") from None
         if len(agents) != len(self.players):
             raise ValueError(f"{self.env} has {len(agents)} agents ({', '.join(agents)}); `players` names {len(self.players)} roles")
         return self

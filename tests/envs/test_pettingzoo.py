@@ -78,3 +78,16 @@ def test_players_must_match_the_agents(tmp_path):
         """)
     with pytest.raises(ConfigError, match="has 2 agents"):
         load_team(path)
+
+
+def test_an_env_kwargs_key_the_game_does_not_take_is_one_line(tmp_path):
+    """The game's constructor raised TypeError, which pydantic passes on: a traceback at load."""
+    pytest.importorskip("pettingzoo")
+    path = write(tmp_path / "team.yaml", """
+        name: zoo
+        protocol: {type: pettingzoo, env: tictactoe_v3, players: [p1, p2], env_kwargs: {boardsize: 4}}
+        roles: [{use: game_player, name: p1}, {use: game_player, name: p2}]
+        tasks: [{}]
+        """)
+    with pytest.raises(ConfigError, match=r"team.yaml:2: protocol: tictactoe_v3: .*unexpected keyword argument 'boardsize'"):
+        load_team(path)
