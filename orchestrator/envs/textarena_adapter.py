@@ -15,11 +15,15 @@ variant), else the quoted bracketed moves the last "available/valid moves" line 
 lists (as TicTacToe-v0 prints them), else empty: then ``builtin:random`` can only send random words,
 which TextArena rejects, and ``rolecast eval`` says so. Rewards are TextArena's final rewards; the
 results compare them; the outcome adds TextArena's reason (``detail``) and the roles that lost on
-an invalid move (``invalid_move``).
+an invalid move (``invalid_move``). TextArena's games draw from Python's global ``random``: each
+episode keeps its own state of it (``OwnRandom``), so a seed plays the same game at any concurrency
+and the caller's ``random`` is left as it was.
 """
 from __future__ import annotations
 
+import random
 import re
+from contextlib import contextmanager
 from typing import Any, Callable, Literal
 
 from pydantic import Field, model_validator
@@ -80,11 +84,31 @@ def state_moves(env_id: str) -> Callable[[Any, int], list[str]] | None:
     return STATE_MOVES.get(str(ENV_REGISTRY[env_id].entry_point))
 
 
-def start(env_id: str, env_kwargs: dict[str, Any], players: int, seed: int) -> Any:
+class OwnRandom:
+    """A state of Python's global ``random``, lent to it around the calls into one game: episodes
+    interleave at every await, and would otherwise draw each other's dice."""
+
+    def __init__(self) -> None:
+        self.state: object | None = None  # the first call, the reset, seeds it
+
+    @contextmanager
+    def lent(self):
+        outer = random.getstate()
+        if self.state is not None:
+            random.setstate(self.state)
+        try:
+            yield
+        finally:
+            self.state = random.getstate()
+            random.setstate(outer)
+
+
+def start(env_id: str, env_kwargs: dict[str, Any], players: int, seed: int, own: OwnRandom | None = None) -> Any:
     import textarena
 
-    env = textarena.make(env_id=env_id, **env_kwargs)
-    env.reset(num_players=players, seed=seed)  # TextArena seeds Python's global `random` from this seed
+    with (own or OwnRandom()).lent():
+        env = textarena.make(env_id=env_id, **env_kwargs)
+        env.reset(num_players=players, seed=seed)  # TextArena seeds the global `random` from this seed
     return env
 
 
@@ -123,7 +147,8 @@ class TextArenaEnv(GameEnv):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         c = self.config
-        self.env = start(c.env_id, c.env_kwargs, len(c.players), self.rng.randrange(2**31))
+        self.random = OwnRandom()
+        self.env = start(c.env_id, c.env_kwargs, len(c.players), self.rng.randrange(2**31), self.random)
         self.enumerate_moves = state_moves(c.env_id)
         self.player_id, self.text = self.env.get_observation()
         self.detail: str | None = None
@@ -145,11 +170,12 @@ class TextArenaEnv(GameEnv):
     async def step(self, role: str, message: Message) -> StepResult:
         if not message.valid:
             return self.forfeit(role, "invalid")
-        done, _ = self.env.step(action=str(message.content.get("move", "")))
-        if not done:
-            self.player_id, self.text = self.env.get_observation()
-            return StepResult()
-        rewards, info = self.env.close()  # where TextArena hands out the final rewards
+        with self.random.lent():
+            done, _ = self.env.step(action=str(message.content.get("move", "")))
+            if not done:
+                self.player_id, self.text = self.env.get_observation()
+                return StepResult()
+            rewards, info = self.env.close()  # where TextArena hands out the final rewards
         players = self.config.players
         scores = {p: float((rewards or {}).get(i, 0.0)) for i, p in enumerate(players)}
         views = [info.get(i) or {} for i in range(len(players))] if isinstance(info, dict) else []

@@ -36,14 +36,15 @@ def any_move(t: Team) -> Team:
     return dataclasses.replace(t, roles={n: dataclasses.replace(s, schema=schema) for n, s in t.roles.items()})
 
 
-def play(t: Team, policies: dict[str, str | Callable], tmp_path: Path, episodes: int = 1, seed: int = 0) -> RunResult:
+def play(t: Team, policies: dict[str, str | Callable], tmp_path: Path, episodes: int = 1, seed: int = 0,
+         concurrency: int = 16) -> RunResult:
     """``policies``: role -> "builtin:NAME" or a Python callable (every role must be bound)."""
     # Python-bound roles get a stub binding first, so no role falls back to the model.
     bindings = {r: Binding("builtin", p.partition(":")[2] if isinstance(p, str) else "stub") for r, p in policies.items()}
     bound = build_policies(t, bindings, no_engine)
     bound.update({r: PythonPolicy(p) for r, p in policies.items() if not isinstance(p, str)})
     options = RunOptions(episodes=episodes, seed=seed, out_dir=tmp_path / f"run-{len(list(tmp_path.iterdir()))}",
-                         progress=False)
+                         progress=False, concurrency=concurrency)
     return asyncio.run(run_team(t, bound, options))
 
 

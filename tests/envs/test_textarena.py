@@ -1,6 +1,7 @@
 """The TextArena adapter, on TextArena's own games with random players (extra `games`)."""
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import random
@@ -87,6 +88,22 @@ def test_random_players_play_nim_by_the_rules(tmp_path):
         assert piles == [0, 0, 0] and alternating(ep) and ep.outcome["invalid_move"] == []
         last = ep.turns[-1].role
         assert ep.outcome["results"][last] == "win" and ep.outcome["detail"].endswith("took the last object(s)!")
+
+
+async def roll(request) -> str:
+    await asyncio.sleep(0)  # the episodes interleave here, as they do at a model's reply
+    return json.dumps({"move": "[roll]"})
+
+
+def test_a_seed_rolls_the_same_dice_at_any_concurrency(tmp_path):
+    """Pig Dice rolls from the global `random` in its step: each episode keeps its own state."""
+    team = arena(tmp_path, "PigDice-v0-short", 'moves: ["[roll]", "[hold]"]')
+    random.seed(7)
+    mine = random.getstate()
+    runs = [play(team, {"p0": roll, "p1": roll}, tmp_path, episodes=6, seed=3, concurrency=c) for c in (1, 6)]
+    assert random.getstate() == mine  # the caller's `random` is untouched
+    one, six = ([[t.content for t in ep.turns] + [ep.outcome["detail"]] for ep in run.episodes] for run in runs)
+    assert one == six and len({len(turns) for turns in one}) > 1  # and the games differ from each other
 
 
 @pytest.mark.parametrize("env_id,endings", [
