@@ -13,6 +13,8 @@ import random
 import time
 from collections.abc import Mapping
 
+import structlog
+
 from .envs.base import Env, StepResult
 from .errors import PolicyError
 from .messages import Message, parse_message
@@ -20,6 +22,8 @@ from .policies.base import Policy, PolicyOutput, PolicyRequest
 from .role import RoleSpec
 from .team import Team
 from .transcript import Attempt, EpisodeRecord, Turn, as_json
+
+log = structlog.get_logger()
 
 RETRY_PROMPT = (
     "Your reply was not a valid message: {errors}. "
@@ -39,9 +43,15 @@ async def run_episode(team: Team, policies: Mapping[str, Policy], record: Episod
     """Fill ``record`` in place (so a timeout keeps the turns taken so far) and return it."""
     env = team.make_env(record.task, random.Random(f"{record.seed}:{record.index}"))
     try:
-        return await _play(team, env, policies, record)
-    finally:
-        await env.close()
+        played = await _play(team, env, policies, record)
+    except BaseException:
+        try:
+            await env.close()
+        except Exception as exc:  # the play's fault (or timeout) is the one the record keeps
+            log.warning("env close failed", episode=record.id, error=f"{type(exc).__name__}: {exc}")
+        raise
+    await env.close()
+    return played
 
 
 async def _play(team: Team, env: Env, policies: Mapping[str, Policy], record: EpisodeRecord) -> EpisodeRecord:
@@ -54,6 +64,8 @@ async def _play(team: Team, env: Env, policies: Mapping[str, Policy], record: Ep
         if turn >= team.config.max_turns:
             record.status = "max_turns"
             break
+        if role not in team.roles:
+            raise ValueError(f"{type(env).__name__}.next_role gave {role!r}, not a role of the team ({', '.join(team.roles)})")
         spec = team.roles[role]
         context = spec.context(record.task, env.observe(role))
         entry = await _take_turn(spec, policies[role], context, record, turn, last.get(role))

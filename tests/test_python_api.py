@@ -278,18 +278,16 @@ def test_a_team_written_in_code_runs_as_its_file_would(tmp_path, monkeypatch):
         assert str(caught.value).startswith(message)
 
 
-def test_rewards_an_env_cannot_pay_end_that_episode_not_the_run(tmp_path, registry):
-    """NaN made summary.json invalid JSON, a numpy float crashed the run with no transcript
-    written, and a reward to a misspelt role credited no one, silently."""
-    import numpy as np
-
+def caller_game(name: str, tasks: list[dict], episodes: int, out, **methods):
+    """Run a one-role game plugin (the caller calls "heads" and wins 1.0) whose env overrides
+    ``methods``; every episode replies the same."""
     from orchestrator.envs.game import GameConfig, GameEnv
 
-    class PayConfig(GameConfig):
+    class CallerConfig(GameConfig):
         players: list[str] = ["caller"]
 
-    class PayEnv(GameEnv):
-        Config = PayConfig
+    class Base(GameEnv):
+        Config = CallerConfig
         observation_keys = frozenset({"observation", "legal_moves"})
 
         def next_role(self):
@@ -299,19 +297,31 @@ def test_rewards_an_env_cannot_pay_end_that_episode_not_the_run(tmp_path, regist
             return {"observation": "Call it.", "legal_moves": ["heads"]}
 
         async def step(self, role, message):
-            paid = {"nan": {role: float("nan")}, "ghost": {"calller": 1.0}, "numpy": {role: np.float32(1.0)}}
-            return self.finish({role: "win"}, paid[self.task["pay"]], "flip")
+            return self.finish({role: "win"}, {role: 1.0}, "flip")
 
-    class Pay:
+    env = type(f"{name.title()}Env", (Base,), methods)
+
+    class Plugin:
         @rolecast.hookimpl
         def register_envs(register):
-            register("pay", PayEnv)
+            register(name, env)
 
-    rolecast.register_plugin(Pay)
-    team = {"name": "pay", "protocol": {"type": "pay"}, "roles": [{"use": "game_player", "name": "caller"}],
-            "tasks": [{"pay": "nan"}, {"pay": "ghost"}, {"pay": "numpy"}]}
-    result = rolecast.run(team, episodes=3, policies={"caller": lambda request: '{"move": "heads"}'},
-                          out=tmp_path / "run", progress=False)
+    rolecast.register_plugin(Plugin)
+    team = {"name": name, "protocol": {"type": name}, "roles": [{"use": "game_player", "name": "caller"}], "tasks": tasks}
+    return rolecast.run(team, episodes=episodes, policies={"caller": lambda request: '{"move": "heads"}'},
+                        out=out, progress=False)
+
+
+def test_rewards_an_env_cannot_pay_end_that_episode_not_the_run(tmp_path, registry):
+    """NaN made summary.json invalid JSON, a numpy float crashed the run with no transcript
+    written, and a reward to a misspelt role credited no one, silently."""
+    import numpy as np
+
+    async def step(self, role, message):
+        paid = {"nan": {role: float("nan")}, "ghost": {"calller": 1.0}, "numpy": {role: np.float32(1.0)}}
+        return self.finish({role: "win"}, paid[self.task["pay"]], "flip")
+
+    result = caller_game("pay", [{"pay": "nan"}, {"pay": "ghost"}, {"pay": "numpy"}], 3, tmp_path / "run", step=step)
     assert [e.status for e in result.episodes] == ["error", "error", "ok"]
     assert "'caller' a reward of nan: not a finite number" in result.episodes[0].error
     assert "paid a reward to 'calller', not a role of the team (caller)" in result.episodes[1].error
@@ -329,38 +339,12 @@ def test_an_outcome_no_transcript_can_hold_ends_that_episode_not_the_run(tmp_pat
     """A numpy int in outcome() made the first transcript line fail to write: the run died with a
     traceback, no transcript line and no summary."""
     import numpy as np
+    from orchestrator.envs.game import GameEnv
 
-    from orchestrator.envs.game import GameConfig, GameEnv
+    def outcome(self):
+        return {**GameEnv.outcome(self), "flips": np.int64(1) if self.task["numpy"] else 1}
 
-    class CountConfig(GameConfig):
-        players: list[str] = ["caller"]
-
-    class CountEnv(GameEnv):
-        Config = CountConfig
-        observation_keys = frozenset({"observation", "legal_moves"})
-
-        def next_role(self):
-            return None if self.done else "caller"
-
-        def observe(self, role):
-            return {"observation": "Call it.", "legal_moves": ["heads"]}
-
-        async def step(self, role, message):
-            return self.finish({role: "win"}, {role: 1.0}, "flip")
-
-        def outcome(self):
-            return {**super().outcome(), "flips": np.int64(1) if self.task["numpy"] else 1}
-
-    class Count:
-        @rolecast.hookimpl
-        def register_envs(register):
-            register("count", CountEnv)
-
-    rolecast.register_plugin(Count)
-    team = {"name": "count", "protocol": {"type": "count"}, "roles": [{"use": "game_player", "name": "caller"}],
-            "tasks": [{"numpy": True}, {"numpy": False}]}
-    result = rolecast.run(team, episodes=2, policies={"caller": lambda request: '{"move": "heads"}'},
-                          out=tmp_path / "run", progress=False)
+    result = caller_game("count", [{"numpy": True}, {"numpy": False}], 2, tmp_path / "run", outcome=outcome)
     assert [e.status for e in result.episodes] == ["error", "ok"]
     assert "CountEnv.outcome() holds what a transcript cannot write: int64 value" in result.episodes[0].error
     assert result.episodes[1].outcome["flips"] == 1 and result.summary["roles"]["caller"]["mean_reward"] == 1.0
@@ -370,38 +354,29 @@ def test_an_outcome_no_transcript_can_hold_ends_that_episode_not_the_run(tmp_pat
 def test_outcome_metrics_that_raise_cost_the_measures_not_the_summary(tmp_path, registry, capsys):
     """They ran after every episode had played: the run died there with a traceback and no
     summary.json (a training run, at its first evaluation)."""
-    from orchestrator.envs.game import GameConfig, GameEnv
+    def outcome_metrics(cls, config, outcomes):
+        return {"flips": len(outcomes) / 0}
 
-    class TallyConfig(GameConfig):
-        players: list[str] = ["caller"]
-
-    class TallyEnv(GameEnv):
-        Config = TallyConfig
-        observation_keys = frozenset({"observation", "legal_moves"})
-
-        def next_role(self):
-            return None if self.done else "caller"
-
-        def observe(self, role):
-            return {"observation": "Call it.", "legal_moves": ["heads"]}
-
-        async def step(self, role, message):
-            return self.finish({role: "win"}, {role: 1.0}, "flip")
-
-        @classmethod
-        def outcome_metrics(cls, config, outcomes):
-            return {"flips": len(outcomes) / 0}
-
-    class Tally:
-        @rolecast.hookimpl
-        def register_envs(register):
-            register("tally", TallyEnv)
-
-    rolecast.register_plugin(Tally)
-    team = {"name": "tally", "protocol": {"type": "tally"}, "roles": [{"use": "game_player", "name": "caller"}],
-            "tasks": [{}]}
-    result = rolecast.run(team, episodes=2, policies={"caller": lambda request: '{"move": "heads"}'},
-                          out=tmp_path / "run", progress=False)
+    result = caller_game("tally", [{}], 2, tmp_path / "run", outcome_metrics=classmethod(outcome_metrics))
     assert result.summary["status"] == {"ok": 2} and result.summary["env"] == {}
     assert json.loads((tmp_path / "run/summary.json").read_text())["roles"]["caller"]["mean_reward"] == 1.0
     assert "outcome_metrics failed" in capsys.readouterr().err
+
+
+def test_an_env_fault_is_named_not_hidden(tmp_path, registry, capsys):
+    """A close() that raised after a step had raised replaced the step's error in the record, and
+    a next_role() naming no role of the team was recorded as a bare KeyError."""
+    async def step(self, role, message):
+        raise RuntimeError("the dice fell off the table")
+
+    async def close(self):
+        raise OSError("the table is gone")
+
+    def next_role(self):
+        return "ghost"
+
+    broken = caller_game("broken", [{}], 1, tmp_path / "broken", step=step, close=close)
+    assert broken.episodes[0].error == "RuntimeError: the dice fell off the table"
+    assert "env close failed" in (err := capsys.readouterr().err) and "OSError: the table is gone" in err
+    lost = caller_game("lost", [{}], 1, tmp_path / "lost", next_role=next_role)
+    assert lost.episodes[0].error == "ValueError: LostEnv.next_role gave 'ghost', not a role of the team (caller)"
