@@ -14,6 +14,7 @@ moves are the action ids the action mask allows (every action when there is no m
 """
 from __future__ import annotations
 
+import importlib
 import re
 from typing import Any, Literal
 
@@ -39,9 +40,11 @@ class PettingZooConfig(GameConfig):
     @model_validator(mode="after")
     def _agents_match(self) -> "PettingZooConfig":
         try:
-            agents = make_env(self.env, self.env_kwargs).possible_agents
+            env = make_env(self.env, self.env_kwargs)
         except TypeError as exc:  # an env_kwargs key the game does not take: one line, not a traceback
             raise ValueError(f"{self.env}: {exc}") from None
+        agents = env.possible_agents
+        env.close()
         if len(agents) != len(self.players):
             raise ValueError(f"{self.env} has {len(agents)} agents ({', '.join(agents)}); `players` names {len(self.players)} roles")
         return self
@@ -69,7 +72,10 @@ def make_env(name: str, kwargs: dict[str, Any]) -> Any:
 
 
 def module_env(module_name: str, kwargs: dict[str, Any]) -> Any:
-    module = require(module_name)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:  # a user's module, or a game this PettingZoo lacks: no extra installs it
+        raise ValueError(f"cannot import the env module {module_name} ({exc}): is it on PYTHONPATH?") from None
     if not callable(getattr(module, "env", None)):
         raise ValueError(f"{module.__name__} has no env() constructor")
     return module.env(**kwargs)

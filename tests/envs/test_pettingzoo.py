@@ -80,6 +80,13 @@ def test_players_must_match_the_agents(tmp_path):
         load_team(path)
 
 
+def test_an_env_module_that_will_not_import_asks_for_the_path_not_the_extra(tmp_path):
+    """A user's game module that is not on the path was met with "pip install 'rolecast[games]'"."""
+    with pytest.raises(ConfigError, match=r"cannot import the env module mygames\.pig \(No module named 'mygames'\): "
+                                          r"is it on PYTHONPATH\?"):
+        zoo(tmp_path, "mygames.pig")
+
+
 def test_an_env_kwargs_key_the_game_does_not_take_is_one_line(tmp_path):
     """The game's constructor raised TypeError, which pydantic passes on: a traceback at load."""
     pytest.importorskip("pettingzoo")
