@@ -125,6 +125,12 @@ class TextArenaConfig(GameConfig):
 
         if self.env_id not in ENV_REGISTRY:
             raise ValueError(f"unknown TextArena env_id {self.env_id!r}")
+        try:  # now, not as every episode's error
+            import textarena
+
+            textarena.make(env_id=self.env_id, **self.env_kwargs)  # never reset: nothing to close
+        except TypeError as exc:  # an env_kwargs key the game does not take
+            raise ValueError(f"{self.env_id}: {exc}") from None
         return self
 
     def legal_moves_known(self) -> bool:

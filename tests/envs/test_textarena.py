@@ -10,6 +10,7 @@ import pytest
 
 from play import moves, play
 from orchestrator.envs.game import require
+from orchestrator.errors import ConfigError
 from orchestrator.envs.textarena_adapter import listed_moves, start, state_moves
 from support import write
 from orchestrator.team import load_team
@@ -40,6 +41,12 @@ def arena(tmp_path, env_id: str, extra: str = "") -> object:
 def test_a_missing_suite_names_the_extra():
     with pytest.raises(ValueError, match=r"pip install 'rolecast\[games\]'"):
         require("textarena_not_installed_here")
+
+
+def test_an_env_kwargs_key_the_game_does_not_take_is_refused_at_load(tmp_path):
+    """It passed `validate`, then failed every episode."""
+    with pytest.raises(ConfigError, match=r"team.yaml:\d+: protocol: TicTacToe-v0: .*unexpected keyword argument 'boardsize'"):
+        arena(tmp_path, "TicTacToe-v0", "env_kwargs: {boardsize: 4}")
 
 
 def test_moves_listed_in_the_observation():
