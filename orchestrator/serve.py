@@ -224,11 +224,14 @@ def _json(body: bytes) -> dict[str, Any]:
 
 
 async def serve(engine: HFEngine | VLLMEngine, model_name: str, host: str, port: int, adapters: dict[str, Path], ready=None) -> None:
-    """Serve ``engine``, which holds ``adapters`` (loaded with it), until cancelled."""
-    server = await asyncio.start_server(ChatServer(engine, model_name).handle, host, port)
-    bound = server.sockets[0].getsockname()[1]
-    log.info("serve.listening", url=f"http://{host}:{bound}/v1", models=["base", *sorted(adapters)])
-    if ready is not None:
-        ready(bound)
-    async with server:
-        await server.serve_forever()
+    """Serve ``engine``, which holds ``adapters`` (loaded with it), until cancelled; then close it."""
+    try:
+        server = await asyncio.start_server(ChatServer(engine, model_name).handle, host, port)
+        bound = server.sockets[0].getsockname()[1]
+        log.info("serve.listening", url=f"http://{host}:{bound}/v1", models=["base", *sorted(adapters)])
+        if ready is not None:
+            ready(bound)
+        async with server:
+            await server.serve_forever()
+    finally:  # requests in flight fail now: a scheduler step still running as the process exits aborts it
+        await engine.aclose()

@@ -224,3 +224,32 @@ def test_a_client_that_hangs_up_cancels_its_generation():
             await asyncio.wait_for(engine.cancelled.wait(), 10)
 
     asyncio.run(go())
+
+
+def test_shutdown_with_a_request_in_flight_closes_the_engine():
+    """Cancelling serve (Ctrl-C, SIGTERM) closes its engine: before, the scheduler went on decoding
+    for nobody while the process exited, and its step aborted the interpreter (SIGABRT)."""
+    from support import tiny_engine
+
+    from orchestrator.serve import serve
+
+    engine = tiny_engine()
+
+    async def go():
+        bound = asyncio.get_running_loop().create_future()
+        serving = asyncio.create_task(serve(engine, "tiny", "127.0.0.1", 0, {}, bound.set_result))
+        _, writer = await asyncio.open_connection("127.0.0.1", await bound)
+        body = json.dumps(chat("base", max_tokens=2000, temperature=1.0)).encode()
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        for _ in range(1000):
+            if engine.busy:
+                break
+            await asyncio.sleep(0.01)
+        assert engine.busy
+        serving.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await serving
+        assert engine.busy == 0
+        writer.close()
+
+    asyncio.run(go())
