@@ -46,11 +46,21 @@ class ChatServer:
         self.engine = engine
         self.model_name = model_name
         self.timeout = request_timeout_s
+        self.handlers: set[asyncio.Task] = set()  # connections being answered: serve cancels them at shutdown
 
     def models(self) -> list[str]:
         return ["base", self.model_name, *sorted(self.engine.versions)]
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.handlers.add(task := asyncio.current_task())
+        try:
+            await self._answer(reader, writer)
+        except asyncio.CancelledError:  # shutdown: Python 3.11's start_server prints a traceback per handler cancelled
+            writer.close()
+        finally:
+            self.handlers.discard(task)
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             method, path, body = await asyncio.wait_for(_read_request(reader), 30)
             status, payload = 200, await _unless_gone(reader, self.route(method, path, body))
@@ -225,13 +235,16 @@ def _json(body: bytes) -> dict[str, Any]:
 
 async def serve(engine: HFEngine | VLLMEngine, model_name: str, host: str, port: int, adapters: dict[str, Path], ready=None) -> None:
     """Serve ``engine``, which holds ``adapters`` (loaded with it), until cancelled; then close it."""
+    chat = ChatServer(engine, model_name)
     try:
-        server = await asyncio.start_server(ChatServer(engine, model_name).handle, host, port)
+        server = await asyncio.start_server(chat.handle, host, port)
         bound = server.sockets[0].getsockname()[1]
         log.info("serve.listening", url=f"http://{host}:{bound}/v1", models=["base", *sorted(adapters)])
         if ready is not None:
             ready(bound)
         async with server:
             await server.serve_forever()
-    finally:  # requests in flight fail now: a scheduler step still running as the process exits aborts it
-        await engine.aclose()
+    finally:
+        for task in list(chat.handlers):  # their generations cancelled, not failed by the closing engine
+            task.cancel()
+        await engine.aclose()  # a scheduler step still running as the process exits aborts it

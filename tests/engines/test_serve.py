@@ -226,19 +226,19 @@ def test_a_client_that_hangs_up_cancels_its_generation():
     asyncio.run(go())
 
 
-def test_shutdown_with_a_request_in_flight_closes_the_engine():
+def test_shutdown_with_a_request_in_flight_closes_the_engine_quietly():
     """Cancelling serve (Ctrl-C, SIGTERM) closes its engine: before, the scheduler went on decoding
-    for nobody while the process exited, and its step aborted the interpreter (SIGABRT)."""
+    for nobody while the process exited, and its step aborted the interpreter (SIGABRT). Its
+    connections end without the tracebacks asyncio.run's shutdown printed for each (Python 3.11)."""
     from support import tiny_engine
 
     from orchestrator.serve import serve
 
     engine = tiny_engine()
+    errors = []
 
-    async def go():
-        bound = asyncio.get_running_loop().create_future()
-        serving = asyncio.create_task(serve(engine, "tiny", "127.0.0.1", 0, {}, bound.set_result))
-        _, writer = await asyncio.open_connection("127.0.0.1", await bound)
+    async def client(port, serving):
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
         body = json.dumps(chat("base", max_tokens=2000, temperature=1.0)).encode()
         writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
         for _ in range(1000):
@@ -246,10 +246,13 @@ def test_shutdown_with_a_request_in_flight_closes_the_engine():
                 break
             await asyncio.sleep(0.01)
         assert engine.busy
-        serving.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await serving
-        assert engine.busy == 0
-        writer.close()
+        serving.cancel()  # as asyncio.run does on Ctrl-C
 
-    asyncio.run(go())
+    async def main():
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: errors.append(context))
+        serving = asyncio.current_task()
+        await serve(engine, "tiny", "127.0.0.1", 0, {}, lambda port: asyncio.create_task(client(port, serving)))
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(main())
+    assert engine.busy == 0 and not errors, errors
