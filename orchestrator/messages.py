@@ -97,6 +97,8 @@ def check_schema(schema: dict[str, Any]) -> str | None:
     except jsonschema.SchemaError as exc:
         where = "/".join(str(p) for p in exc.absolute_path)
         return f"invalid JSON Schema{f' at {where}' if where else ''}: {exc.message}"
+    except RecursionError:  # the checker recurses per level: ~100 levels of a served request's schema were a 500
+        return "invalid JSON Schema: nested too deeply"
     if remote := next(_remote_refs(schema), None):
         return f"$ref {remote!r} is not in this schema: only local references (#/$defs/...) resolve, nothing is fetched"
     return None

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import subprocess
 import sys
@@ -127,6 +128,9 @@ def test_openai_binding_is_checked():
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
         "type": "object", "properties": {"a": {"type": "integer", "minimum": 5, "maximum": 1}}, "required": ["a"]}}}},
      "response_format: "),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": functools.reduce(
+        lambda inner, _: {"type": "object", "properties": {"a": inner}}, range(200), {"type": "string"})}}},
+     "invalid JSON Schema: nested too deeply"),  # a RecursionError, a 500
     ({"max_tokens": 0}, "max_tokens must be a whole number >= 1"),
     ({"max_tokens": 2.5}, "expected a whole number"),
     ({"stream": True}, "stream is not supported"),
