@@ -200,12 +200,11 @@ async def _unless_gone(reader: asyncio.StreamReader, work: Any) -> Any:
 
 
 async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str, bytes]:
-    line = (await reader.readline()).decode("latin-1").strip()
-    parts = line.split()
+    parts = (await _read_line(reader)).split()
     if len(parts) != 3:
         raise HTTPError(400, "malformed request line")
     length = 0
-    while (header := (await reader.readline()).decode("latin-1").strip()):
+    while (header := await _read_line(reader)):
         name, _, value = header.partition(":")
         if name.strip().lower() == "content-length":
             if not value.strip().isdigit():
@@ -219,6 +218,13 @@ async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str, bytes]:
         return parts[0], parts[1], await reader.readexactly(length) if length else b""
     except asyncio.IncompleteReadError as exc:
         raise HTTPError(400, f"the body ended after {len(exc.partial)} of its {length} bytes (Content-Length)") from None
+
+
+async def _read_line(reader: asyncio.StreamReader) -> str:
+    try:
+        return (await reader.readline()).decode("latin-1").strip()
+    except ValueError:  # past the reader's limit (a long query string, a big cookie): the client's fault, not a 500
+        raise HTTPError(400, "a request line or header is longer than 64 KiB") from None
 
 
 def _json(body: bytes) -> dict[str, Any]:
