@@ -207,7 +207,7 @@ async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str, bytes]:
     while (header := await _read_line(reader)):
         name, _, value = header.partition(":")
         if name.strip().lower() == "content-length":
-            if not value.strip().isdigit():
+            if not value.strip().isdecimal():  # not isdigit: int() refuses "²"
                 raise HTTPError(400, f"bad Content-Length: {value.strip()!r}")
             length = int(value.strip())
         if name.strip().lower() == "transfer-encoding":

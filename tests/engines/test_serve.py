@@ -167,10 +167,13 @@ def test_a_body_that_cannot_be_read_is_a_client_error(server, headers, body, sta
     assert reply.startswith(f"HTTP/1.1 {status} ".encode()) and words in reply.decode(), reply
 
 
-@pytest.mark.parametrize("head", [b"GET /v1/models?q=" + b"a" * 70000 + b" HTTP/1.1\r\n\r\n",
-                                  b"GET /v1/models HTTP/1.1\r\nCookie: " + b"a" * 70000 + b"\r\n\r\n"])
-def test_a_line_past_the_readers_limit_is_a_400(head):
-    """The stream reader's 64 KiB limit raised a ValueError: a 500 server_error."""
+@pytest.mark.parametrize("head, words", [
+    (b"GET /v1/models?q=" + b"a" * 70000 + b" HTTP/1.1\r\n\r\n", "longer than 64 KiB"),
+    (b"GET /v1/models HTTP/1.1\r\nCookie: " + b"a" * 70000 + b"\r\n\r\n", "longer than 64 KiB"),
+    (b"GET /v1/models HTTP/1.1\r\nContent-Length: \xb2\r\n\r\n", "bad Content-Length"),  # a digit int() refuses
+])
+def test_a_bad_request_head_is_a_400(head, words):
+    """Each was a ValueError: a 500 server_error (the reader's 64 KiB limit, int("²"))."""
     from orchestrator.serve import HTTPError, _read_request
 
     async def read():
@@ -179,7 +182,7 @@ def test_a_line_past_the_readers_limit_is_a_400(head):
         reader.feed_eof()
         return await _read_request(reader)
 
-    with pytest.raises(HTTPError, match="longer than 64 KiB") as caught:
+    with pytest.raises(HTTPError, match=words) as caught:
         asyncio.run(read())
     assert caught.value.status == 400
 
