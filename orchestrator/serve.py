@@ -239,13 +239,18 @@ def _json(body: bytes) -> dict[str, Any]:
     return data
 
 
+def base_url(host: str, port: int) -> str:
+    """The API's URL; an IPv6 address goes in brackets ("http://::1:8000/v1" is no URL)."""
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
+
+
 async def serve(engine: HFEngine | VLLMEngine, model_name: str, host: str, port: int, adapters: dict[str, Path], ready=None) -> None:
     """Serve ``engine``, which holds ``adapters`` (loaded with it), until cancelled; then close it."""
     chat = ChatServer(engine, model_name)
     try:
         server = await asyncio.start_server(chat.handle, host, port)
         bound = server.sockets[0].getsockname()[1]
-        log.info("serve.listening", url=f"http://{host}:{bound}/v1", models=["base", *sorted(adapters)])
+        log.info("serve.listening", url=base_url(host, bound), models=["base", *sorted(adapters)])
         if ready is not None:
             ready(bound)
         async with server:

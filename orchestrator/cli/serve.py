@@ -32,7 +32,7 @@ def register(sub: Any) -> None:
 def handle(args: argparse.Namespace) -> int:
     from ..engines.load import load_engine
     from ..launch import adapter_dirs
-    from ..serve import serve
+    from ..serve import base_url, serve
 
     adapters = adapter_dirs(parse_adapter_flags(args.adapter))
     if taken := sorted(set(adapters) & {"base", args.model}):
@@ -41,7 +41,7 @@ def handle(args: argparse.Namespace) -> int:
     engine = load_engine(args.model, args.dtype, 0, args.engine, adapters, device=args.device)
 
     def ready(port: int) -> None:
-        print(f"listening on http://{args.host}:{port}/v1", flush=True)
+        print(f"listening on {base_url(args.host, port)}", flush=True)
 
     try:
         asyncio.run(serve(engine, args.model, args.host, args.port, adapters, ready))

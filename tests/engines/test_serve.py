@@ -200,6 +200,13 @@ def test_a_bad_content_length_is_a_400(server):
     assert response.status == 400 and "bad Content-Length" in json.loads(response.read())["error"]["message"]
 
 
+def test_the_url_shown_for_an_ipv6_host_is_a_url():
+    from orchestrator.serve import base_url
+
+    assert base_url("::1", 8000) == "http://[::1]:8000/v1"  # it said http://::1:8000/v1
+    assert base_url("127.0.0.1", 8000) == "http://127.0.0.1:8000/v1"
+
+
 def test_serve_refuses_a_busy_port_and_a_clashing_adapter_name_in_one_line(cli, tmp_path):
     import socket
 
