@@ -2,7 +2,8 @@
 
 A user's mistake (bad YAML, unknown role, bad binding) is one line on stderr and exit code 2;
 ``--debug`` shows the traceback instead. Ctrl-C stops a command with exit code 130, SIGTERM with
-143, each after the clean-up that ``finally`` blocks do. Plugins add commands through the ``register_commands``
+143, each after the clean-up that ``finally`` blocks do; ``serve`` alone exits 0, as a server told to
+stop has done its job. Plugins add commands through the ``register_commands``
 hook (``hookspecs.py``).
 """
 from __future__ import annotations
