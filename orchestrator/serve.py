@@ -110,7 +110,11 @@ class ChatServer:
             stop = [stop]
         if not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
             raise HTTPError(400, f"stop must be a string or a list of strings, got {stop!r}")
-        max_tokens = given.get("max_tokens", given.get("max_completion_tokens", 256))
+        prompt = self.engine.apply_chat_template(messages)
+        limit = getattr(self.engine, "context_length", None)
+        max_tokens = given.get("max_tokens", given.get("max_completion_tokens"))
+        if max_tokens is None:  # unasked: 256, or the room the prompt leaves (a 400 about a max_tokens never sent)
+            max_tokens = 256 if limit is None else max(1, min(256, limit - len(prompt)))
         try:
             sampling = SamplingParams(
                 temperature=_number(given.get("temperature", 1.0)), top_p=_number(given.get("top_p", 1.0)),
@@ -120,8 +124,6 @@ class ChatServer:
         except (TypeError, ValueError) as exc:
             raise HTTPError(400, f"bad sampling parameter: {exc}") from None
         schema = response_schema(req.get("response_format"))
-        prompt = self.engine.apply_chat_template(messages)
-        limit = getattr(self.engine, "context_length", None)
         if limit is not None and len(prompt) + sampling.max_tokens > limit:
             raise HTTPError(400, f"the prompt ({len(prompt)} tokens) and max_tokens ({sampling.max_tokens}) exceed "
                                  f"the model's context of {limit} tokens", "context_length_exceeded")

@@ -144,6 +144,17 @@ def test_bad_sampling_is_a_400_for_that_request_only(server, extra, words):
     assert call(server, "/chat/completions", chat("base"))[0] == 200
 
 
+def test_a_long_prompt_without_max_tokens_gets_the_room_it_leaves(server):
+    """The default of 256 was refused as "max_tokens (256) exceed the model's context" past 1792
+    prompt tokens, a max_tokens the client never sent."""
+    body = chat("base", messages=[{"role": "user", "content": " hello" * 1900}])
+    del body["max_tokens"]
+    status, data = call(server, "/chat/completions", body)
+    assert status == 200, data
+    usage = data["usage"]
+    assert 1792 < usage["prompt_tokens"] < 2048 and usage["total_tokens"] <= 2048
+
+
 def test_null_sampling_values_are_the_defaults(server):
     """OpenAI's API reads null as "not given", and its clients send nulls."""
     status, data = call(server, "/chat/completions", chat("base", temperature=None, top_p=None, n=None, stop=None, seed=None))
