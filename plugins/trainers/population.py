@@ -175,7 +175,8 @@ class Population(Trainer):
             opponent = next(a for p, a in ep.adapters.items() if p in self.players and p != seat)
             theirs = max(rw.get(p, 0.0) for p in self.players if p != seat)
             score = 1.0 if rw.get(seat, 0.0) > theirs else 0.5 if rw.get(seat, 0.0) == theirs else 0.0
-            self.result(member, opponent, score)
+            if opponent in self.rating:  # else a snapshot that left the pool while async training played it
+                self.result(member, opponent, score)
             played[member][0] += score
             played[member][1] += 1
         metrics = {f"win_rate/{m}": s / n for m, (s, n) in played.items() if n}

@@ -103,7 +103,7 @@ class SelfPlay(GRPO):
             bucket = wins["pool" if opp else "latest"]
             bucket[0] += score
             bucket[1] += 1
-            if opp:
+            if opp in self.record:  # not a snapshot that left the pool while async training played it
                 self._update_elo(opp, score)
         every = self.config.snapshot_every
         if every and step % every == 0:

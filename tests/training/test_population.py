@@ -253,3 +253,17 @@ def test_resume_restores_the_population_exactly(cli, tmp_path):
     for member in MEMBERS:
         weights = [load_file(str(run / "sampler" / member / "adapter_model.safetensors")) for run in (straight, resumed)]
         assert all(torch.allclose(weights[0][k], weights[1][k], atol=1e-4) for k in weights[0])
+
+
+def test_a_result_against_a_snapshot_that_left_the_pool_meanwhile_is_no_crash():
+    """Async training draws a step's matches before the step before it snapshots and evicts."""
+    t = make(members=2, snapshot_every=1, pool_size=1)
+    t.after_step(1, [], [], lambda adapter, name: None)
+    ahead = [t.adapters_for(3, i) for i in range(40)]
+    t.after_step(2, [], [], lambda adapter, name: None)  # player-0@1 leaves the pool
+    episodes = [EpisodeRecord(id=f"3-{i}", index=i, team="t", task={}, seed=0, adapters=s) for i, s in enumerate(ahead)]
+    t.after_step(3, episodes, [{"x": 1.0, "o": -1.0}] * len(ahead), lambda adapter, name: None)
+    assert any("player-0@1" in s.values() for s in ahead) and "player-0@1" not in t.rating
+    assert all("player-0@1" not in row for row in t.record.values())
+    against_members = sum(s["o" if t.focal(i)[1] == "x" else "x"] in t.members for i, s in enumerate(ahead))
+    assert sum(games for row in t.record.values() for _, games in row.values()) == 2 * against_members > 0

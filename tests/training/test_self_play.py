@@ -93,3 +93,14 @@ def test_after_step_snapshots_bounded_pool_and_elo():
     fresh = make(snapshot_every=2, pool_size=2)
     fresh.load_state_dict(state)
     assert fresh.pool == t.pool and fresh.elo == t.elo
+
+
+def test_a_result_against_a_snapshot_that_left_the_pool_meanwhile_is_no_crash():
+    """Async training draws a step's opponents before the step before it snapshots and evicts."""
+    t = make(snapshot_every=1, pool_size=1, latest_prob=0.0)
+    t.after_step(1, [], [], lambda adapter, name: None)
+    ahead = [EpisodeRecord(id=f"3-{i}", index=i, team="t", task={}, seed=0, adapters=t.adapters_for(3, i)) for i in range(2)]
+    t.after_step(2, [], [], lambda adapter, name: None)  # player@1 leaves the pool
+    metrics = t.after_step(3, ahead, [{"x": 1.0, "o": -1.0}, {"x": 1.0, "o": -1.0}], lambda adapter, name: None)
+    assert {a for ep in ahead for a in ep.adapters.values()} == {"player@1"}
+    assert metrics["win_rate/vs_pool"] == 0.5 and t.elo["latest"] == 1000.0  # no rating moved against it
