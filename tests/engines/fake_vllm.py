@@ -1,8 +1,9 @@
 """A stand-in for the parts of ``vllm`` the vLLM backend touches, for machines without a GPU.
 
 Field and argument names follow vLLM's V1 API (SamplingParams, AsyncEngineArgs, LoRARequest,
-AsyncLLM.generate/abort/remove_lora): the dataclasses reject unknown keywords, so a misspelt
-field fails here as it would against the real package. Generation is scripted: each request
+AsyncLLM.generate/abort/remove_lora): the dataclasses reject unknown keywords, and values vLLM's
+own checks refuse (the newest vLLM's, the strictest: temperature up to 2), so a misspelt field or
+a value out of range fails here as it would against the real package. Generation is scripted: each request
 yields one final RequestOutput built from ``engine.reply`` (or waits forever when ``hang``).
 Under structured outputs the scripted text must be one vLLM could produce: xgrammar (the
 backend vLLM picks by default) checks it against the request's grammar or JSON schema, and a
@@ -58,6 +59,10 @@ class StructuredOutputsParams:
     grammar: str | None = None
     disable_any_whitespace: bool = False
 
+    def __post_init__(self) -> None:  # as vLLM's: exactly one constraint
+        if sum(x is not None for x in (self.json, self.regex, self.choice, self.grammar)) != 1:
+            raise ValueError(f"You can only use one kind of structured outputs constraint: {self}")
+
 
 @dataclass
 class SamplingParams:
@@ -75,12 +80,31 @@ class SamplingParams:
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     structured_outputs: StructuredOutputsParams | None = None
 
+    def __post_init__(self) -> None:  # vLLM's _verify_args, for the fields above
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if not 0.0 <= self.temperature <= 2.0:
+            raise ValueError(f"temperature must be in [0, 2], got {self.temperature}.")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}.")
+        if self.logprobs is not None and self.logprobs != -1 and self.logprobs < 0:
+            raise ValueError(f"logprobs must be non-negative or -1, got {self.logprobs}.")
+        if any(not s for s in self.stop or ()):
+            raise ValueError("stop cannot contain an empty string.")
+
 
 @dataclass
 class LoRARequest:
     lora_name: str
     lora_int_id: int
     lora_path: str = ""
+
+    def __post_init__(self) -> None:  # as vLLM's
+        if self.lora_int_id < 1:
+            raise ValueError(f"id must be > 0, got {self.lora_int_id}")
+        assert self.lora_path, "lora_path cannot be empty"
 
 
 @dataclass

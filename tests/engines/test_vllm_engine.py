@@ -96,6 +96,22 @@ async def test_sampling_params_mapping(vllm_engine, tokenizer):
     assert p.ignore_eos is True and not p.stop_token_ids  # no end of turn either: a fixed length
 
 
+def test_the_fake_refuses_what_vllm_refuses():
+    """Else a backend bug that real vLLM would reject passes here."""
+    with pytest.raises(ValueError, match="empty string"):
+        fake_vllm.SamplingParams(stop=["END", ""])
+    with pytest.raises(ValueError, match="top_p"):
+        fake_vllm.SamplingParams(top_p=0.0)
+    with pytest.raises(ValueError, match="max_tokens"):
+        fake_vllm.SamplingParams(max_tokens=0)
+    with pytest.raises(ValueError, match="id must be > 0"):
+        fake_vllm.LoRARequest("coder@v1", 0, "/snapshots/coder")
+    with pytest.raises(AssertionError, match="lora_path"):
+        fake_vllm.LoRARequest("coder@v1", 1)
+    with pytest.raises(ValueError, match="one kind"):
+        fake_vllm.StructuredOutputsParams(json="{}", grammar="root ::= \"x\"")
+
+
 async def test_json_schema_goes_to_structured_outputs_as_the_hf_engines_grammar(vllm_engine):
     schema = json.dumps({"type": "object", "properties": {"verdict": {"enum": ["approve", "reject"]}}})
     fake(vllm_engine).reply = Reply([5, 6], [-0.1, -0.2], '{"verdict": "reject"}')
