@@ -116,6 +116,7 @@ class VLLMEngine(TokenizerMethods, AdapterVersions):
         self.tokenizer = tokenizer
         self.model = str(model)
         self.eos_ids = end_of_turn_ids(tokenizer)
+        self.max_lora_rank = max_lora_rank
         args = self._v.AsyncEngineArgs(
             model=self.model, dtype=dtype, seed=seed, enable_lora=True, max_loras=max_loras,
             max_lora_rank=max_lora_rank, enable_prefix_caching=True, logprobs_mode="processed_logprobs",
@@ -224,6 +225,10 @@ class VLLMEngine(TokenizerMethods, AdapterVersions):
         weights = ("adapter_model.safetensors", "adapter_model.bin")
         if not (source / "adapter_config.json").is_file() or not any((source / w).is_file() for w in weights):
             raise FileNotFoundError(f"{source}: not a PEFT adapter dir (needs adapter_config.json and {weights[0]})")
+        # else vLLM finds it only when a request first loads the LoRA, as an error in its engine core
+        rank = json.loads((source / "adapter_config.json").read_text()).get("r", 0)
+        if rank > self.max_lora_rank:
+            raise ValueError(f"{source}: LoRA rank {rank} is above the vllm engine's max_lora_rank {self.max_lora_rank}")
         snapshot = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=self._snapshots))
         shutil.copytree(source, snapshot, dirs_exist_ok=True)
         with self._lock:

@@ -219,6 +219,14 @@ async def test_each_version_gets_a_new_lora_name_id_and_snapshot(vllm_engine, tm
     assert torch.all(next(iter(weights.values())) == 2.0)
 
 
+def test_an_adapter_above_max_lora_rank_is_refused_when_loaded(vllm_engine, tmp_path):
+    """vLLM would refuse it only when a request loads it, inside its engine core."""
+    with pytest.raises(ValueError, match="LoRA rank 64 is above the vllm engine's max_lora_rank 32"):
+        vllm_engine.load_adapter("coder", adapter_dir(tmp_path / "wide", 1.0, rank=64))
+    assert vllm_engine.adapter_version("coder") == 0
+    assert vllm_engine.load_adapter("coder", adapter_dir(tmp_path / "narrow", 1.0, rank=32)) == 1
+
+
 async def test_superseded_version_is_evicted_once_unused(vllm_engine, tmp_path):
     vllm_engine.load_adapter("judge", adapter_dir(tmp_path / "j1", 1.0))
     llm = fake(vllm_engine)
