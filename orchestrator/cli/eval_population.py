@@ -55,9 +55,11 @@ def handle(args: argparse.Namespace, team: Any) -> int:
     adapters = {m: run / "sampler" / m for m in trainer.members} | {p.name: p for p in pool}
     entrants = [Entrant(name, adapter=name) for name in adapters] + [Entrant(b, builtin=b) for b in baselines]
     seed = team.config.seed if args.seed is None else args.seed
-    # the model the population trained on, as its config.yaml records it, unless --model says otherwise
-    model = args.model or ((recorded_run(run) or {}).get("run") or {}).get("model") or team.config.model
-    engine = load_engine(model, args.dtype, seed, args.engine, adapters, args.device)
+    # the model and dtype the population trained with, as its config.yaml records them, unless the flags say otherwise
+    then = (recorded_run(run) or {}).get("run") or {}
+    model = args.model or then.get("model") or team.config.model
+    dtype = then.get("dtype", "auto") if args.dtype == "auto" and not args.model else args.dtype
+    engine = load_engine(model, dtype, seed, args.engine, adapters, args.device)
 
     async def go():
         try:
@@ -69,7 +71,7 @@ def handle(args: argparse.Namespace, team: Any) -> int:
             await engine.aclose()
 
     games = asyncio.run(go())
-    report = {"team": team.name, "run_dir": str(run), **analyse(entrants, games, games_per_pair, seed)}
+    report = {"team": team.name, "run_dir": str(run), "model": model, "dtype": dtype, **analyse(entrants, games, games_per_pair, seed)}
     out.mkdir(parents=True, exist_ok=True)
     (out / "population.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
     if args.json:

@@ -76,12 +76,13 @@ def test_eval_population_end_to_end(cli, tmp_path):
     train_tiny(cli, recipe, run, 2, "--set", "group_size=3", "--set", "trainer_config.members=3",
                "--set", "trainer_config.snapshot_every=1", "--set", "trainer_config.pool_size=1")
     assert sorted(p.name for p in (run / "pool").iterdir()) == ["player-0@1", "player-1@2"]  # the first left the pool
-    # the model the run trained on is the default (no --model); a baseline named twice plays once
-    code, out, err = cli("eval", recipe, "--population", run, "--dtype", "float32", "--baseline", "random",
+    # the model and dtype the run trained with are the defaults (no --model, --dtype); a baseline named twice plays once
+    code, out, err = cli("eval", recipe, "--population", run, "--baseline", "random",
                          "--baseline", "random", "--games-per-pair", "2", "--json", "--no-progress")
     assert code == 0, err
     assert "as its config.yaml records them" in err and '"members": 3' in err
     report = json.loads(out.strip().splitlines()[-1])
+    assert (report["model"], report["dtype"]) == ("tiny", "float32")
     names = [e["name"] for e in report["entrants"]]
     assert names == ["player-0", "player-1", "player-2", "player-1@2", "random"]  # the pool as it ended
     assert report["games_played"] == 10 * 2
