@@ -133,4 +133,8 @@ def parse_message(text: str, validator: jsonschema_rs.Validator) -> tuple[dict[s
     content, reason = extract_json(text)
     if content is None:
         return None, [reason or "no JSON object"]
+    try:  # a lone surrogate escape ("\\udcff") parses, but no tokenizer or UTF-8 file takes it
+        json.dumps(content, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return content, ["a string holds a lone surrogate escape (\\ud800-\\udfff without its pair): not valid Unicode"]
     return content, validation_errors(validator, content)

@@ -50,6 +50,14 @@ def test_validation_errors_name_the_path():
     assert parse_message('{"verdict": "approve"}', v) == ({"verdict": "approve"}, [])
 
 
+def test_a_lone_surrogate_escape_is_invalid_and_a_pair_is_fine():
+    # it would reach the transcript (a UTF-8 file) and the next prompts' tokenizer, and crash both
+    v = compile_validator(SCHEMA)
+    _, errors = parse_message('{"verdict": "approve", "comments": ["a\\udcffb"]}', v)
+    assert errors and "lone surrogate" in errors[0] and "\udcff" not in errors[0]
+    assert parse_message('{"verdict": "approve", "c": "\\ud83d\\ude00"}', v) == ({"verdict": "approve", "c": "\U0001f600"}, [])
+
+
 def test_validators_are_compiled_once_per_schema():
     assert compile_validator(dict(SCHEMA)) is compile_validator({**SCHEMA})
 
