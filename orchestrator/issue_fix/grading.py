@@ -160,15 +160,27 @@ def workdir_changes(task: IssueTask, workdir: str | Path) -> list[str]:
 
 
 def repo_files(root: str | Path) -> list[str]:
-    """Relative paths of the regular files under ``root`` (links not followed, caches skipped)."""
+    """Relative paths of the regular files under ``root`` (links not followed, caches skipped).
+
+    Names that are not UTF-8 (sandboxed code can make them) are skipped: no module is named so,
+    and no prompt or transcript can hold them.
+    """
     root = Path(root)
     found: list[str] = []
     for folder, dirs, files in os.walk(root):
-        dirs[:] = sorted(set(dirs) - IGNORED(folder, dirs))
-        for name in sorted(set(files) - IGNORED(folder, files)):
+        dirs[:] = sorted(filter(_utf8, set(dirs) - IGNORED(folder, dirs)))
+        for name in sorted(filter(_utf8, set(files) - IGNORED(folder, files))):
             if is_regular(Path(folder) / name):
                 found.append((Path(folder) / name).relative_to(root).as_posix())
     return found
+
+
+def _utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")  # os.walk gives a byte it cannot decode as a lone surrogate
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 _TEST_CONFIG = {"conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml"}

@@ -482,3 +482,20 @@ def test_a_tester_file_of_an_earlier_round_does_not_fail_the_later_ones(tmp_path
     replay.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
     out = run_replay(cli, monkeypatch, tmp_path, replay)["outcome"]
     assert (out["rounds"], out["tests_passed"], out["outcome"]) == (2, True, 1.0)  # approved and passing: done
+
+
+@needs_sandbox
+def test_a_file_name_that_is_not_utf8_is_neither_shown_nor_graded(tmp_path, monkeypatch):
+    """Sandboxed code may name a file with any bytes: in the next prompts and the outcome it made
+    the transcript writer raise (the whole run died) and the tokenizer too."""
+    scratch(monkeypatch, tmp_path)
+    team = team_for(tmp_path, max_rounds=2)
+    code = REPRO_TEST + "\n\ndef test_odd_name():\n    open(b'textkit/\\xff.py', 'w').write('x = 1')\n"
+    policies = build_policies(team, {n: Binding("builtin", "stub") for n in team.roles}, None)
+    policies.update(
+        reviewer=PythonPolicy(lambda r: '{"verdict": "request_changes"}'),
+        tester=PythonPolicy(lambda r: json.dumps({"path": "tests/test_repro.py", "code": code})),
+    )
+    (ep,) = run(team, policies, tmp_path).episodes  # writes the transcript
+    assert ep.status == "ok", ep.error
+    assert ep.outcome["rounds"] == 2 and ep.outcome["ignored_changes"] == ["tests/test_repro.py"]
