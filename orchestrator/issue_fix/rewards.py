@@ -66,10 +66,12 @@ def tester_reward(task: IssueTask, path: str, code: str, runner: Runner) -> tupl
     if not names:
         return 0.0, "the test file holds no test functions"
     ids = [f"{path}::{name}" for name in names]
-    with tempfile.TemporaryDirectory(prefix=f"rolecast-repro-{task.id}-") as tmp:
-        grades = {}
-        for label in ("buggy", "fixed"):
-            work = copy_repo(task, Path(tmp) / label)
+    grades = {}
+    for label in ("buggy", "fixed"):
+        # each copy under the same name in a folder of its own: a test that read its label from
+        # the working directory (`assert "fixed" in os.getcwd()`) would earn 1 without the bug
+        with tempfile.TemporaryDirectory(prefix=f"rolecast-repro-{task.id}-") as tmp:
+            work = copy_repo(task, Path(tmp) / "repo")
             if label == "fixed":
                 ok, msg = apply_patch(work, task.solution_patch())
                 if not ok:

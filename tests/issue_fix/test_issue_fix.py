@@ -14,8 +14,9 @@ import pytest
 import sandboxes
 from orchestrator.issue_fix.edits import apply_edits
 from orchestrator.issue_fix.grading import grade, grade_work, graded_path
+from orchestrator.issue_fix import rewards
 from orchestrator.issue_fix.rewards import coder_reward, planner_reward, reviewer_reward
-from orchestrator.issue_fix.running import apply_patch, copy_repo
+from orchestrator.issue_fix.running import apply_patch, copy_repo, subprocess_runner
 from orchestrator.issue_fix.task import load_task, task_folders
 from orchestrator.policies.binding import Binding
 from orchestrator.policies.python import PythonPolicy
@@ -377,6 +378,14 @@ def test_process_reward_rules():
     assert planner_reward(["a/x.py"], ["a/x.py", "a/y.py"]) == pytest.approx(2 / 3)
     assert reviewer_reward("approve", 1.0) == 1.0 and reviewer_reward("request_changes", 0.5) == 1.0
     assert reviewer_reward("approve", 0.5) == 0.0 and reviewer_reward(None, 0.0) == 0.0
+
+
+def test_tester_reward_cannot_tell_the_fixed_copy_by_its_path():
+    task = load_task(SLUG)
+    for peek in ("os.getcwd()", "__file__"):
+        code = f"import os\n\ndef test_x():\n    assert 'fixed' in os.path.abspath({peek})\n"
+        assert rewards.tester_reward(task, "tests/test_x.py", code, subprocess_runner)[0] == 0.0
+    assert rewards.tester_reward(task, REPRO["path"], REPRO["code"], subprocess_runner)[0] == 1.0
 
 
 def test_graded_paths_are_source_modules_only():
