@@ -107,7 +107,13 @@ class IssueTask(BaseModel):
         ids: list[str] = []
         for rel in self.hidden_test_files():
             src = self.hidden_dir / Path(rel).relative_to(self.hidden_dest)
-            ids += [f"{rel}::{n}" for n in static_test_names(src.read_text(encoding="utf-8"))]
+            try:
+                names = static_test_names(src.read_text(encoding="utf-8"))
+            except SyntaxError as exc:
+                raise TaskFileError(src, exc.lineno, "(file)", f"hidden test does not parse: {exc.msg}") from None
+            except UnicodeDecodeError as exc:
+                raise TaskFileError(src, None, "(file)", f"hidden test is not UTF-8 text: {exc}") from None
+            ids += [f"{rel}::{n}" for n in names]
         return ids
 
 
@@ -149,6 +155,7 @@ def _read_task(folder: Path) -> IssueTask:
         raise doc.error(("hidden_tests",), f"folder {task.hidden_tests!r} not found")
     if not task.hidden_test_files():
         raise doc.error(("hidden_tests",), f"no test_*.py files in {task.hidden_tests!r}")
+    task.hidden_test_ids()  # grading reads them: one that does not parse is this task's error, not an episode's
     try:  # the fix: rewards and `rolecast tasks check` apply it
         task.solution_patch()
     except FileNotFoundError:

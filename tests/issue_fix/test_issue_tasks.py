@@ -107,6 +107,18 @@ def test_a_task_without_a_readable_fix_is_one_line(tmp_path, patch, problem):
     assert str(info.value).startswith(str(folder)) and problem in str(info.value) and "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("tail, line, problem", [(b"def test_x(:\n", ":", "does not parse: invalid syntax"),
+                                                 (b"# \xff\n", ": ", "not UTF-8 text")])
+def test_a_hidden_test_that_cannot_be_read_is_one_line(tmp_path, tail, line, problem):
+    """Grading reads the hidden tests' names: loading let this through, every episode then failed."""
+    folder = _write_task(tmp_path, GOOD)
+    hidden = folder / "hidden_tests/test_hidden_paginate.py"
+    hidden.write_bytes(hidden.read_bytes() + tail)
+    with pytest.raises(TaskFileError) as info:
+        load_task(folder)
+    assert str(info.value).startswith(f"{hidden}{line}") and problem in str(info.value), str(info.value)
+
+
 def test_bad_task_id_shape(tmp_path):
     folder = _write_task(tmp_path, GOOD.replace("001-demo", "Demo_1"), name="Demo_1")
     with pytest.raises(ValueError, match=r"task\.yaml:1: id: must be a lowercase slug"):
