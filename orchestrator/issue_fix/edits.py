@@ -88,9 +88,11 @@ def _apply(target: Path, path: str, search: str, replace: str) -> EditResult:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
         return EditResult(path, True, f"created {path}")
-    data = read_regular(target)
+    data = read_regular(target, MAX_FILE_BYTES + 1)
     if data is None:
         return EditResult(path, False, f"{path}: no such file (an empty `search` creates one)")
+    if len(data) > MAX_FILE_BYTES:  # only part of it was read: writing that back would cut the file
+        return EditResult(path, False, f"{path} is over {MAX_FILE_BYTES} bytes: too large to edit")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:

@@ -334,6 +334,14 @@ def test_edits_apply_exactly_or_say_why(tmp_path):
     assert coder_reward(results) == 0.3 and coder_reward([]) == 0.0
 
 
+def test_an_edit_of_a_file_too_large_to_read_whole_leaves_it_whole(tmp_path):
+    big = "START = 0\n" + "x = 1\n" * 200_000 + "END = 0\n"  # over edits.MAX_FILE_BYTES
+    write(tmp_path / "pkg/data.py", big)
+    (result,) = apply_edits(tmp_path, [{"path": "pkg/data.py", "search": "START = 0", "replace": "START = 1"}])
+    assert not result.ok and "too large" in result.message
+    assert (tmp_path / "pkg/data.py").read_text() == big  # it was cut to its first 1 MB, and "edited"
+
+
 def test_hostile_edits_fail_with_a_reason_and_change_nothing(tmp_path):
     write(tmp_path / "pkg/mod.py", "a = 1\n")
     results = apply_edits(tmp_path, [
