@@ -516,3 +516,20 @@ def test_a_file_name_that_is_not_utf8_is_neither_shown_nor_graded(tmp_path, monk
     (ep,) = run(team, policies, tmp_path).episodes  # writes the transcript
     assert ep.status == "ok", ep.error
     assert ep.outcome["rounds"] == 2 and ep.outcome["ignored_changes"] == ["tests/test_repro.py"]
+
+
+@needs_sandbox
+def test_a_timed_out_episode_waits_for_its_sandboxed_run_then_removes_its_copy(tmp_path, monkeypatch):
+    """The episode's timeout cannot stop a sandboxed run, which goes on writing in the copy: one
+    removed under it was left behind, half deleted."""
+    folder = scratch(monkeypatch, tmp_path)
+    team = team_for(tmp_path, max_rounds=1, sandbox="{timeout_s: 3}")
+    spam = ("import os\n\ndef test_spam():\n    i = 0\n    while True:\n"
+            "        os.makedirs(f'junk/d{i % 20}', exist_ok=True)\n        open(f'junk/d{i % 20}/f{i}', 'w').close()\n"
+            "        i += 1\n")
+    policies = build_policies(team, {n: Binding("builtin", "stub") for n in team.roles}, None)
+    policies["tester"] = PythonPolicy(lambda r: json.dumps({"path": "tests/test_spam.py", "code": spam}))
+    options = RunOptions(episodes=1, seed=0, out_dir=tmp_path / "run", progress=False, episode_timeout_s=1)
+    (ep,) = asyncio.run(run_team(team, policies, options)).episodes
+    assert ep.status == "timeout"
+    assert list(folder.iterdir()) == []
