@@ -188,6 +188,16 @@ async def arun(
     executor: Executor | None = None,
     **options: object,
 ) -> SandboxResult:
-    """``run`` in a worker thread (the event loop keeps going); same arguments."""
+    """``run`` in a worker thread (the event loop keeps going); same arguments.
+
+    Cancelled, it returns (raising CancelledError) only once the run has ended, within its wall
+    time: the thread cannot be stopped, and a caller's clean-up that removed the workdir under a
+    run still writing there left the run's later files behind.
+    """
     loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(executor, functools.partial(run, command, workdir, limits, **options))  # type: ignore[arg-type]
+    job = loop.run_in_executor(executor, functools.partial(run, command, workdir, limits, **options))  # type: ignore[arg-type]
+    try:
+        return await asyncio.shield(job)
+    except asyncio.CancelledError:
+        await asyncio.wait([job])
+        raise

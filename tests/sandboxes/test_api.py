@@ -93,6 +93,17 @@ async def test_arun_does_not_block_the_loop(workdir):
     assert r.ok and ticks >= 5
 
 
+async def test_a_cancelled_arun_returns_once_the_run_has_ended(workdir):
+    """Its caller cleans up next: removing the workdir under a run still writing there left the
+    run's later files behind."""
+    task = asyncio.create_task(arun(["sh", "-c", "sleep 0.5; echo late > late.txt"], workdir))
+    await asyncio.sleep(0.2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert (workdir / "late.txt").read_text() == "late\n"
+
+
 async def test_pool_bounds_concurrency_and_isolates_episodes(tmp_path):
     repo = tmp_path / "repo"
     repo.mkdir()
