@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .base import Limits, SandboxResult, SandboxSetupError
-from .runner import Command, arun, select_backend
+from .runner import Command, arun, ended_first, select_backend
 
 T = TypeVar("T")
 
@@ -52,8 +52,9 @@ class SandboxPool:
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)``, a blocking function that runs sandboxes one after another, on the pool's
-        threads: however many episodes call at once, at most ``max_concurrent`` run."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(fn, *args))
+        threads: however many episodes call at once, at most ``max_concurrent`` run. Cancelled, it
+        raises only once ``fn`` has ended (``ended_first``)."""
+        return await ended_first(asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(fn, *args)))
 
     async def run(
         self,

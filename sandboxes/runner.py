@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor
 from contextlib import nullcontext
 from pathlib import Path
+from typing import TypeVar
 
 import structlog
 
@@ -41,6 +42,7 @@ from .process import Outcome, execute
 from .unshare import UnshareBackend
 
 log = structlog.get_logger()
+T = TypeVar("T")
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (BwrapBackend(), UnshareBackend(), NoneBackend())}
 ISOLATING = tuple(name for name, b in BACKENDS.items() if b.isolating)  # what untrusted code may run in
@@ -188,14 +190,16 @@ async def arun(
     executor: Executor | None = None,
     **options: object,
 ) -> SandboxResult:
-    """``run`` in a worker thread (the event loop keeps going); same arguments.
-
-    Cancelled, it returns (raising CancelledError) only once the run has ended, within its wall
-    time: the thread cannot be stopped, and a caller's clean-up that removed the workdir under a
-    run still writing there left the run's later files behind.
-    """
+    """``run`` in a worker thread (the event loop keeps going); same arguments. Cancelled, it
+    raises only once the run has ended (``ended_first``)."""
     loop = asyncio.get_running_loop()
-    job = loop.run_in_executor(executor, functools.partial(run, command, workdir, limits, **options))  # type: ignore[arg-type]
+    return await ended_first(loop.run_in_executor(executor, functools.partial(run, command, workdir, limits, **options)))  # type: ignore[arg-type]
+
+
+async def ended_first(job: asyncio.Future[T]) -> T:
+    """``job``'s result. Cancelled, CancelledError only once ``job`` has ended, within its runs'
+    wall times: a sandbox's thread cannot be stopped, and a caller's clean-up that removed the
+    workdir under a run still writing there left the run's later files behind."""
     try:
         return await asyncio.shield(job)
     except asyncio.CancelledError:

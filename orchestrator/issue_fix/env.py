@@ -103,7 +103,6 @@ class IssueFixEnv(Env):
         self.all_edits: list[EditResult] = []
         self.test_report: dict[str, Any] | None = None
         self.result: dict[str, Any] = {}
-        self._jobs: set[asyncio.Future[Any]] = set()  # sandboxed work in flight (see _sandboxed)
 
     @classmethod
     def task_from_cli(cls, value: str) -> dict[str, Any]:
@@ -173,7 +172,7 @@ class IssueFixEnv(Env):
             refused = self._write_test(content["path"], content["code"])
             if refused is None:
                 paths.append(self.test["path"])
-        g = await self._sandboxed(run_tests, self.issue, self.workdir, self.runner, paths, [])
+        g = await self.pool.call(run_tests, self.issue, self.workdir, self.runner, paths, [])
         report = _report(g, self.config.max_output_chars)
         if refused:
             report["summary"] = f"test file refused: {refused}; " + report["summary"]
@@ -215,8 +214,8 @@ class IssueFixEnv(Env):
     async def _finish(self) -> StepResult:
         self.done = True
         graded, repro = await asyncio.gather(
-            self._sandboxed(grade_work, self.issue, self.workdir, self.runner),
-            self._sandboxed(tester_reward, self.issue, self.test["path"], self.test["code"], self.runner)
+            self.pool.call(grade_work, self.issue, self.workdir, self.runner),
+            self.pool.call(tester_reward, self.issue, self.test["path"], self.test["code"], self.runner)
             if self.test else _nothing((0.0, "no test file was written")),
         )
         c = self.config
@@ -258,18 +257,7 @@ class IssueFixEnv(Env):
                 **verdict_rates("reviewer", [(f, o["approved"]) for f, o in zip(fixed, graded)])}
 
     async def close(self) -> None:
-        # a timed-out episode's sandboxed run goes on writing in the workdir: removed while it
-        # ran, the copy was left behind, half deleted
-        await asyncio.gather(*self._jobs, return_exceptions=True)
         await asyncio.to_thread(shutil.rmtree, self._tmp, True)
-
-    async def _sandboxed(self, fn: Any, *args: Any) -> Any:
-        """``fn(*args)`` on the sandbox pool. Cancelling the episode cannot stop the pool's thread,
-        so the job is shielded and kept until it ends, for close() to wait for."""
-        job = asyncio.ensure_future(self.pool.call(fn, *args))
-        self._jobs.add(job)
-        job.add_done_callback(self._jobs.discard)
-        return await asyncio.shield(job)
 
     # ------------------------------------------------------------------------------ views
 
