@@ -81,6 +81,8 @@ def apply_edit(root: Path, path: str, search: str, replace: str) -> EditResult:
 
 
 def _apply(target: Path, path: str, search: str, replace: str) -> EditResult:
+    if search and search == replace:  # it would count as applied, and pay the Coder, for doing nothing
+        return EditResult(path, False, f"`search` and `replace` are the same: the edit changes nothing in {path}")
     if not search:
         if os.path.lexists(target):
             return EditResult(path, False, f"{path} already exists: give `search` text to change it")

@@ -322,16 +322,18 @@ def test_edits_apply_exactly_or_say_why(tmp_path):
         {"path": "/etc/passwd", "search": "root", "replace": ""},
         {"path": "link.py", "search": "a", "replace": "b"},
         {"path": "missing.py", "search": "a", "replace": "b"},
+        {"path": "pkg/mod.py", "search": "a = 2", "replace": "a = 2"},  # applied, and paid, for nothing
     ])
-    assert [r.ok for r in results] == [True, True, False, False, True, False, False, False, False, False]
+    assert [r.ok for r in results] == [True, True, False, False, True, False, False, False, False, False, False]
     assert (tmp_path / "pkg/mod.py").read_text() == "a = 2\nb = 3\n"
     assert (tmp_path / "pkg/new.py").read_text() == "x = 0\n"
     assert "not found" in results[2].message and "other indentation or spacing" in results[3].message
     assert "already exists" in results[5].message and "without '..'" in results[6].message
     assert "outside the repository" in results[8].message and "no such file" in results[9].message
+    assert "changes nothing" in results[10].message
     amb = apply_edits(tmp_path, [{"path": "pkg/mod.py", "search": "= ", "replace": ""}])[0]
     assert not amb.ok and "occurs 2 times" in amb.message
-    assert coder_reward(results) == 0.3 and coder_reward([]) == 0.0
+    assert coder_reward(results) == pytest.approx(3 / 11) and coder_reward([]) == 0.0
 
 
 def test_an_edit_of_a_file_too_large_to_read_whole_leaves_it_whole(tmp_path):
