@@ -51,7 +51,7 @@ class MGRPO(GRPO):
                 out.append([{role: a for role in roles} for a in adv])
                 continue
             pooled = [episode.get(role, 0.0) for episode in group for role in roles]
-            mean = sum(pooled) / len(pooled)
+            mean = sum(pooled) / len(pooled) if pooled else 0.0  # a group whose episodes all failed: none to centre
             scale = statistics.pstdev(pooled) + 1e-6 if self.config.scale_std and len(pooled) > 1 else 1.0
             out.append([{role: (episode.get(role, 0.0) - mean) / scale for role in roles} for episode in group])
         return out

@@ -40,6 +40,15 @@ def test_an_episode_that_failed_is_in_no_baseline(name):
     assert adv[1] == t.advantages(REWARDS)[1]
 
 
+@pytest.mark.parametrize("config", [{}, {"baseline": "global"}, {"baseline": "global", "scale_std": True},
+                                    {"baseline": "per_role"}])
+def test_a_group_whose_every_episode_failed_gets_zeros_and_the_others_train(config):
+    """One task that always errors leaves an empty group, not a ZeroDivisionError for the step."""
+    adv = trainer("m-grpo", **config).step_advantages([REWARDS[0], REWARDS[1]], [[True] * 3, [False] * 3])
+    assert adv[0] == trainer("m-grpo", **config).advantages([REWARDS[0]])[0]
+    assert adv[1] == [{"pro": 0.0, "con": 0.0}] * 3
+
+
 def test_grpo_std_scaling():
     adv = trainer("grpo", scale_std=True).advantages(REWARDS)
     std = (2 * 0.5**2 + 1.0**2) ** 0.5 / 3**0.5  # population std of [1, -0.5, 1]
