@@ -21,7 +21,7 @@ from typing import Literal
 from pydantic import Field
 
 from orchestrator.config import NAME_PATTERN
-from orchestrator.training.trainer import Rewards, centred
+from orchestrator.training.trainer import Rewards, TrainerContext, centred
 
 from .grpo import GRPO
 
@@ -33,6 +33,12 @@ class MGRPO(GRPO):
             None, pattern=NAME_PATTERN, description="the role whose reward is the team's; default: the mean over roles")
 
     config: Config
+
+    def __init__(self, context: TrainerContext):
+        super().__init__(context)
+        role = self.config.team_reward_role
+        if role and role not in context.adapters:  # its reward never reaches the trainer: every advantage would be 0
+            raise ValueError(f"m-grpo: team_reward_role {role!r} is not a trainable role; trainable: {list(context.adapters)}")
 
     def team_reward(self, episode: dict[str, float]) -> float:
         if self.config.team_reward_role:
