@@ -76,12 +76,12 @@ class JudgeConfig(PluginConfig):
 def judge_reward(episode: EpisodeRecord, roles: list[str], config: JudgeConfig) -> dict[str, float]:
     """The judge role's verdict: the role (or stance) named in its ``field`` wins."""
     judge = config.judge
-    stances = {v.lower(): k for k, v in config.stances.items()}
+    names = {**{v.lower(): k for k, v in config.stances.items()}, **{r.lower(): r for r in roles}}  # a role's own name first
     verdicts = [t.content for t in episode.turns if t.role == judge and t.valid and t.content]
     if not verdicts:
         return {role: 0.0 for role in roles}
     named = str(verdicts[-1].get(config.field, "")).strip().lower()
-    winner = named if named in roles else stances.get(named)
+    winner = names.get(named)  # the verdict is compared lowercased: so are the names (a role may be `Alice`)
     if winner is None:
         return {role: 0.0 for role in roles}
     return {role: 0.0 if role == judge else (config.win if role == winner else config.lose) for role in roles}

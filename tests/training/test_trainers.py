@@ -115,4 +115,7 @@ def test_reward_plugins_by_hand():
     assert reward("judge", judged, ["pro", "con", "judge"], stances={"pro": "for", "con": "against"}) == {
         "pro": -0.5, "con": 1.0, "judge": 0.0}
     assert reward("judge", episode({}, judge_says="nobody"), ["pro", "con"]) == {"pro": 0.0, "con": 0.0}
+    # verdicts are compared without case: a role named with capitals wins when named as it is spelt
+    assert reward("judge", episode({}, judge_says="Alice"), ["Alice", "Bob", "judge"]) == {
+        "Alice": 1.0, "Bob": -0.5, "judge": 0.0}
     assert reward("outcome", episode({"a": 1.0, "b": 0.0}), ["a", "b"]) == {"a": 0.5, "b": 0.5}
