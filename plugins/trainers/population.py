@@ -27,7 +27,7 @@ for games whose groups are alike (every task the same start, as in Rock-Paper-Sc
 Members start as the base model (LoRA B = 0), so alike that in a game like Rock-Paper-Scissors
 they collapse together; ``init_noise`` adds seeded noise of that std to each member's B first.
 
-After each step every decisive result updates the Elo ratings (K = ``elo_k``) of both sides and
+After each step every result (a draw scores 1/2) updates the Elo ratings (K = ``elo_k``) of both sides and
 the pairwise records; every ``snapshot_every`` steps (0: never) one member, in turn, is frozen
 into a pool of at most ``pool_size`` snapshots (the oldest leaves). Ratings, records, pool and
 turn are in every checkpoint.
