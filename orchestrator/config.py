@@ -34,6 +34,10 @@ class PluginConfig(Strict):
     ``loss_config``. Subclass it with a default and a description for every field; unknown keys
     are errors, so a misspelt option fails ``rolecast validate`` instead of being ignored."""
 
+    def check_roles(self, roles: list[str]) -> None:
+        """Raise ValueError where an option names a role the team lacks (``roles``: all of them).
+        Called at load: a misspelt role would otherwise read as a reward of 0, and teach nothing."""
+
 
 Aggregation = Literal["token-sum", "token-mean", "sequence-mean"]
 

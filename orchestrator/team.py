@@ -137,7 +137,12 @@ def _check_training(training: TrainingConfig, roles: dict[str, RoleSpec], env_cl
             plugin = registry.get(kind, getattr(training, key))
         except KeyError as exc:
             raise doc.error(("training", key), exc.args[0]) from None
-        validate_model(config_model(plugin), getattr(training, f"{key}_config"), doc, ("training", f"{key}_config"))
+        options = validate_model(config_model(plugin), getattr(training, f"{key}_config"), doc, ("training", f"{key}_config"))
+        try:
+            if callable(check := getattr(options, "check_roles", None)):  # a Config not derived from PluginConfig has none
+                check(list(roles))
+        except ValueError as exc:
+            raise doc.error(("training", f"{key}_config"), str(exc)) from None
     if not (learning := trainable_roles(roles)):
         raise doc.error(("training",), "no role learns: give one `trainable: true` and an adapter, bound to the model")
     try:

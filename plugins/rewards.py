@@ -50,8 +50,16 @@ def hybrid_reward(episode: EpisodeRecord, roles: list[str], config: HybridConfig
 hybrid_reward.Config = HybridConfig
 
 
+def unknown_roles(option: str, named: list[str], roles: list[str]) -> None:
+    if missing := [n for n in named if n not in roles]:
+        raise ValueError(f"{option}: {', '.join(map(repr, missing))} not a role of the team ({', '.join(roles)})")
+
+
 class ZeroSumConfig(PluginConfig):
     players: list[str] | None = Field(None, min_length=1, description="the roles in the game; default: every role")
+
+    def check_roles(self, roles: list[str]) -> None:
+        unknown_roles("players", self.players or [], roles)
 
 
 def zero_sum_reward(episode: EpisodeRecord, roles: list[str], config: ZeroSumConfig) -> dict[str, float]:
@@ -71,6 +79,10 @@ class JudgeConfig(PluginConfig):
     win: float = Field(1.0, description="the winner's reward")
     lose: float = Field(-0.5, description="every other role's reward (the judge gets 0)")
     stances: dict[str, str] = Field(default_factory=dict, description="{role: stance}: a verdict may name a stance")
+
+    def check_roles(self, roles: list[str]) -> None:
+        unknown_roles("judge", [self.judge], roles)
+        unknown_roles("stances", list(self.stances), roles)
 
 
 def judge_reward(episode: EpisodeRecord, roles: list[str], config: JudgeConfig) -> dict[str, float]:
