@@ -437,6 +437,16 @@ class TrainingRun:
                                                           "dtype": self.options.dtype, "steps": self.steps, **self.options.extra}}
         (self.run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
 
+    def _record_steps(self) -> None:
+        """A resume with more --steps makes them the run's: a later --resume (after a crash in the
+        added steps) defaults to them, and `rolecast report` counts them."""
+        path = self.run_dir / "config.yaml"
+        config = yaml.safe_load(path.read_text(encoding="utf-8"))
+        run = config.setdefault("run", {})
+        if run.get("steps") != self.steps:
+            run["steps"] = self.steps
+            write_atomic(path, yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
+
     def checkpoint(self, step: int) -> Path:
         self._write_samplers()
         root = self.run_dir / "checkpoints"
@@ -484,6 +494,7 @@ class TrainingRun:
         # last: loading adapters into the engine draws from the RNG (PEFT initialises before loading)
         load_rng(folder / "rng.pt")
         self.metrics.truncate_after(state["step"])
+        self._record_steps()
         log.info("resumed", step=state["step"], checkpoint=str(folder))
         return int(state["step"]) + 1
 

@@ -221,6 +221,9 @@ def test_resume_continues_the_run_as_it_was_started(cli, tmp_path):
     code, _, err = cli("train", recipe, *same, "--steps", "2")  # no --model: the run's, tiny
     assert code == 0, err
     assert [r["step"] for r in rows(run) if r["kind"] == "train"] == [1, 2]
+    code, _, err = cli("train", recipe, *same)  # the 2 steps it was extended to are the run's: it has finished
+    assert code == 0 and "past --steps" not in err, err
+    assert [r["step"] for r in rows(run) if r["kind"] == "train"] == [1, 2]
 
 
 def test_out_through_a_file_and_counts_below_one_are_one_line(cli, tmp_path, capsys):
