@@ -214,8 +214,9 @@ def train_into(team: Team, out: Path, compute: Compute, *, seed: int | None = No
     its config.yaml beside the run options."""
     from .engines.load import device_for, load_engine
     from .training.client import ServiceClient
-    from .training.loop import TrainingRun, TrainOptions
+    from .training.loop import TrainingRun, TrainOptions, check_start
 
+    check_start(team, out, resume)
     model = compute.model or team.config.model
     seed = team.config.seed if seed is None else seed
     workers = compute.workers(model, seed)  # first: a missing Ray fails before the model loads

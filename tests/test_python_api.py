@@ -21,6 +21,13 @@ def binary_search(request):
     return json.dumps({"guess": (request.context["lowest"] + request.context["highest"]) // 2})
 
 
+def _holding_a_run(folder: Path) -> Path:
+    """A run dir as a finished `rolecast train` leaves it, as far as a fresh run into it can tell."""
+    folder.mkdir()
+    (folder / "metrics.jsonl").write_text("")
+    return folder
+
+
 def test_run_plays_a_callable_policy_and_records_it(tmp_path):
     result = rolecast.run(ROOT / "recipes/guess_number.yaml", episodes=4, tasks=["16", {"secret": 3}],
                           policies={"guesser": binary_search}, out=tmp_path / "run", progress=False)
@@ -113,6 +120,9 @@ def test_load_team_applies_training_options():
     (lambda out: rolecast.train(ROOT / "recipes/guess_number.yaml", sets={16: 2}, out=out),
      "--set 16: not a settable option"),
     (lambda out: rolecast.train(ROOT / "recipes/guess_number.yaml", resume=True), "--resume needs --out"),
+    (lambda out: rolecast.train(ROOT / "recipes/code_review.yaml", out=out), "has no `training:` block"),
+    (lambda out: rolecast.train(ROOT / "recipes/guess_number.yaml", out=_holding_a_run(out.parent / "done")),
+     "already holds a training run: add --resume"),
     (lambda out: rolecast.load_team(ROOT / "recipes/nope.yaml"), "nope.yaml"),
 ])
 def test_mistakes_are_one_line_errors_before_any_model_loads(tmp_path, monkeypatch, call, message):

@@ -68,11 +68,24 @@ class TrainOptions:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def check_start(team: Team, run_dir: Path, resume: bool) -> None:
+    """What refuses a training run before any model loads: a recipe with no training block, and a
+    fresh run into a dir that holds one (a training run's rows would mix with ours; a played run's
+    config be lost)."""
+    if team.config.training is None:
+        raise RolecastError(f"{team.path}: the recipe has no `training:` block")
+    if not resume:
+        if (run_dir / "metrics.jsonl").exists():
+            raise RolecastError(f"{run_dir} already holds a training run: add --resume to continue it, "
+                                "or give another --out")
+        if (run_dir / "config.yaml").exists():
+            raise RolecastError(f"{run_dir} already holds a run (its config.yaml): give another --out")
+
+
 class TrainingRun:
     def __init__(self, team: Team, options: TrainOptions, engine: Engine, service: Any, registry: Registry | None = None,
                  rollouts: Any = None):
-        if team.config.training is None:
-            raise RolecastError(f"{team.path}: the recipe has no `training:` block")
+        check_start(team, options.out_dir, options.resume)
         self.team = team
         self.cfg: TrainingConfig = team.config.training
         self.options = options
@@ -114,12 +127,6 @@ class TrainingRun:
 
     # -- the loop --------------------------------------------------------------------------------
     async def run(self) -> dict[str, Any]:
-        if not self.options.resume:  # a training run's rows would mix with ours; a played run's config be lost
-            if (self.run_dir / "metrics.jsonl").exists():
-                raise RolecastError(f"{self.run_dir} already holds a training run: add --resume to continue it, "
-                                    "or give another --out")
-            if (self.run_dir / "config.yaml").exists():
-                raise RolecastError(f"{self.run_dir} already holds a run (its config.yaml): give another --out")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         start = await self._resume() if self.options.resume else 0  # the first step still to run
         if start > self.steps:
