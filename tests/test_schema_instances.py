@@ -19,6 +19,9 @@ SCHEMAS = [
     {"type": "object", "properties": {"x": {"anyOf": [{"type": "integer", "minimum": 1}, {"const": "none"}]},
                                       "y": {"type": ["string", "null"], "minLength": 4}},
      "required": ["x", "y"]},
+    {"type": "object", "properties": {"path": {"type": "string", "pattern": "^tests/.+\\.py$"},
+                                      "id": {"type": "string", "pattern": "^(ab|c)\\d{2}\\s[^x]*\\w+$"}},
+     "required": ["path", "id"]},
 ]
 
 
@@ -38,3 +41,4 @@ def test_random_integers_follow_the_views_range_and_choices_spread():
     verdicts = {random_instance(SCHEMAS[3], {}, rng)["verdict"] for _ in range(40)}
     assert verdicts == {"pro", "con"}
     assert minimal_instance(SCHEMAS[3]) == {"verdict": "pro", "ok": False, "notes": ["xxx", "xxx"]}
+    assert minimal_instance(SCHEMAS[5])["path"] == "tests/x.py"

@@ -4,7 +4,11 @@ the same schemas and honour the same constraints."""
 from __future__ import annotations
 
 import random
+import re
+import string
 from collections.abc import Callable
+from re import _constants as sre
+from re import _parser as sre_parse
 from typing import Any
 
 from ..envs.words import WORDS
@@ -32,9 +36,55 @@ def schema_instance(schema: dict[str, Any], pick: Pick, scalar: Scalar) -> Any:
         return {name: schema_instance(props.get(name, {}), pick, scalar) for name in schema.get("required", [])}
     if kind == "array":
         return [schema_instance(schema.get("items", {}), pick, scalar) for _ in range(schema.get("minItems", 0))]
+    if kind == "string" and "pattern" in schema and (text := pattern_instance(schema["pattern"], pick)) is not None:
+        return text
     if kind in ("string", "integer", "number", "boolean"):
         return scalar(kind, schema)
     return None
+
+
+CHARS = "x" + string.ascii_letters + string.digits + string.punctuation + " "  # a character class's candidates, "x" first
+CATEGORIES = {sre.CATEGORY_DIGIT: r"\d", sre.CATEGORY_NOT_DIGIT: r"\D", sre.CATEGORY_SPACE: r"\s",
+              sre.CATEGORY_NOT_SPACE: r"\S", sre.CATEGORY_WORD: r"\w", sre.CATEGORY_NOT_WORD: r"\W"}
+
+
+def pattern_instance(pattern: str, pick: Pick) -> str | None:
+    """A string ``pattern`` matches (a made-up one never meets the tester's ``^tests/.+\\.py$``), from
+    its parse: each repeat its fewest times, ``pick`` among a branch's alternatives and a character
+    class's members; None where that walk does not give one (lookarounds, backreferences)."""
+
+    def member(op: Any, av: Any, char: str) -> bool:
+        if op is sre.ANY:
+            return char != "\n"
+        if op is sre.NOT_LITERAL:
+            return ord(char) != av
+        if op is not sre.IN:
+            raise ValueError(f"no walk through {op}")
+        negate = av[:1] == [(sre.NEGATE, None)]
+        hit = any(ord(char) == v if o is sre.LITERAL else v[0] <= ord(char) <= v[1] if o is sre.RANGE
+                  else re.fullmatch(CATEGORIES[v], char) is not None for o, v in av[negate:])
+        return hit != negate
+
+    def walk(nodes: Any) -> str:
+        out = []
+        for op, av in nodes:
+            if op is sre.LITERAL:
+                out.append(chr(av))
+            elif op in (sre.MAX_REPEAT, sre.MIN_REPEAT, sre.POSSESSIVE_REPEAT):
+                out.append("".join(walk(av[2]) for _ in range(av[0])))
+            elif op is sre.SUBPATTERN:
+                out.append(walk(av[3]))
+            elif op is sre.BRANCH:
+                out.append(walk(pick(av[1])))
+            elif op is not sre.AT:
+                out.append(pick([char for char in CHARS if member(op, av, char)]))
+        return "".join(out)
+
+    try:
+        text = walk(sre_parse.parse(pattern))
+    except (re.error, ValueError, KeyError, IndexError):
+        return None
+    return text if re.search(pattern, text) else None
 
 
 def fit_length(text: str, schema: dict[str, Any]) -> str:
