@@ -52,6 +52,7 @@ class MetricsWriter:
         self.path = run_dir / "metrics.jsonl"
         self.tb_dir = run_dir / "tb"
         self._tb = None
+        self._purge: int | None = None  # TensorBoard hides the events of steps from here on (truncate_after)
 
     def write(self, row: dict[str, Any]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -60,14 +61,16 @@ class MetricsWriter:
         if self._tb is None:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(str(self.tb_dir))
+            self._tb = SummaryWriter(str(self.tb_dir), purge_step=self._purge)
         for key, value in row.items():
             if isinstance(value, (int, float)) and key != "step":
                 self._tb.add_scalar(key, value, row["step"])
         self._tb.flush()
 
     def truncate_after(self, step: int) -> None:
-        """Drop rows of steps after ``step``: a resumed run redoes them."""
+        """Drop rows of steps after ``step``: a resumed run redoes them. Their TensorBoard events
+        are in the stopped run's event file, so they are purged from the display instead."""
+        self._purge = step + 1
         if not self.path.exists():
             return
         rows = [row for row in parse_rows(self.path) if row["step"] <= step]

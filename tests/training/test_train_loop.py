@@ -251,6 +251,26 @@ def test_metrics_drop_a_cut_off_last_line_and_name_a_damaged_one(tmp_path):
         read_metrics(tmp_path)
 
 
+def test_tensorboard_shows_the_redone_steps_once_after_a_resume(tmp_path):
+    """The stopped run's events of the steps after the checkpoint stay in its event file; the
+    resumed run's writer purges them from TensorBoard's display, as truncate_after drops the rows."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from orchestrator.training.metrics import MetricsWriter
+
+    stopped = MetricsWriter(tmp_path)
+    for step in (1, 2, 3):
+        stopped.write({"step": step, "kind": "train", "loss": float(step)})  # killed after step 3: never closed
+    resumed = MetricsWriter(tmp_path)
+    resumed.truncate_after(1)  # the checkpoint was step 1's
+    for step in (2, 3):
+        resumed.write({"step": step, "kind": "train", "loss": 10.0 + step})
+    resumed.close()
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("loss")] == [(1, 1.0), (2, 12.0), (3, 13.0)]
+
+
 @pytest.fixture
 def breaking_env():
     """``breaking_guess``, in the CLI's registry: Guess the Number whose step raises in a share
