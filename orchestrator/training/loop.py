@@ -48,7 +48,7 @@ from .datums import DatumBuildOptions, role_datums
 from .metrics import MetricsWriter, read_metrics, write_atomic
 from .plugin_faults import blamed, checked
 from .repetition import penalise_repetition
-from .rng import load_rng, save_rng
+from .rng import load_rng, save_rng, seed_rng
 from .trainer import build_trainer
 from .turn_credit import TurnAdvantages, combined, history_advantages, turn_advantages
 from .types import AdamParams, Datum, LoraConfig
@@ -132,6 +132,7 @@ class TrainingRun:
         if start > self.steps:
             return await self._finished()
         if start == 0:
+            seed_rng(self.options.seed)
             self._write_config()
             for adapter, client in self.clients.items():
                 if std := self.trainer.init_noise(adapter):

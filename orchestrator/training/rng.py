@@ -7,6 +7,13 @@ from pathlib import Path
 import torch
 
 
+def seed_rng(seed: int) -> None:
+    """A fresh run's generators from its seed: torch starts from the OS's entropy, and LoRA
+    dropout draws from it, so two runs with one seed would differ, and a resumed run from both."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+
+
 def save_rng(path: Path) -> None:
     state = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if torch.cuda.is_available():  # dropout and sampling on a GPU draw from its own generators

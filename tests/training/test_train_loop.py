@@ -226,6 +226,21 @@ def test_resume_continues_the_run_as_it_was_started(cli, tmp_path):
     assert [r["step"] for r in rows(run) if r["kind"] == "train"] == [1, 2]
 
 
+def test_a_resumed_run_with_lora_dropout_trains_the_weights_of_one_run_straight(cli, tmp_path):
+    """LoRA dropout draws from torch's generator, which a process seeds from the OS: a run seeds
+    it from --seed, so two runs, and a run and its resumed twin, drop the same units."""
+    recipe = Path(__file__).resolve().parents[2] / "recipes/guess_number.yaml"
+    flags = ["--set", "lora.dropout=0.5", "--set", "checkpoint_every=1"]
+    train_tiny(cli, recipe, tmp_path / "straight", 2, *flags)
+    train_tiny(cli, recipe, tmp_path / "resumed", 1, *flags)
+    train_tiny(cli, recipe, tmp_path / "resumed", 2, *flags, "--resume")
+    for step in ("step-000001", "step-000002"):
+        straight, resumed = (load_file(str(tmp_path / run / "checkpoints" / step / "adapters" / "guesser" /
+                                           "adapter_model.safetensors")) for run in ("straight", "resumed"))
+        # apart by the engine's batching at most (a sampling logprob's last bits), not by a dropout mask
+        assert all(torch.allclose(straight[k], resumed[k], rtol=0, atol=1e-6) for k in straight), step
+
+
 def test_out_through_a_file_and_counts_below_one_are_one_line(cli, tmp_path, capsys):
     recipe = Path(__file__).resolve().parents[2] / "recipes/guess_number.yaml"
     (tmp_path / "afile").write_text("")
