@@ -475,7 +475,8 @@ class TrainingRun:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         write_atomic(root / "latest", name)
-        for old in sorted(root.glob("step-*"))[: -self.cfg.keep_checkpoints]:  # zero-padded: oldest first
+        # zero-padded: oldest first; and the temp dirs of saves a kill cut short (ours is renamed)
+        for old in [*sorted(root.glob("step-*"))[: -self.cfg.keep_checkpoints], *root.glob(".step-*.tmp-*")]:
             shutil.rmtree(old, ignore_errors=True)
         log.info("checkpoint", step=step, path=str(root / name))
         return root / name

@@ -399,11 +399,13 @@ def test_resume_passes_over_a_damaged_checkpoint_for_the_one_before(cli, tmp_pat
     recipe, run = Path(__file__).resolve().parents[2] / "recipes/guess_number.yaml", tmp_path / "run"
     train_tiny(cli, recipe, run, 2, "--set", "checkpoint_every=1")
     (run / "checkpoints" / "step-000002" / "trainer.json").unlink()
+    (run / "checkpoints" / ".step-000003.tmp-cut" / "adapters").mkdir(parents=True)  # a save the kill cut short
     again = ["--out", run, "--resume", "--no-progress", "--dtype", "float32", *SMALL_TRAINING, "--set", "checkpoint_every=1"]
     code, _, err = cli("train", recipe, *again, "--steps", "3")
     assert code == 0, err
     assert "checkpoint damaged" in err and "step-000002: No such file or directory" in err, err
     assert [(r["step"], r["kind"]) for r in rows(run)] == [(0, "eval"), (1, "train"), (2, "train"), (3, "train"), (3, "eval")]
+    assert not list((run / "checkpoints").glob(".step-*"))  # its temp dir went with the next checkpoint
 
     for folder in (run / "checkpoints").glob("step-*"):
         (folder / "rng.pt").unlink()
