@@ -192,6 +192,8 @@ def as_started(team: Team, out: Path, compute: Compute, seed: int | None,
     recorded = recorded_run(out)
     if recorded is None:  # said before the model loads, and before anything makes the folder
         raise RolecastError(f"--resume: {out} holds no training run (no config.yaml)")
+    if "recipe" not in recorded:  # `rolecast run` and `eval` record a "team": no training to go on with, a config to keep
+        raise RolecastError(f"--resume: {out} holds no training run (its config.yaml is a played run's): give another --out")
     recipe, then_run = recorded.get("recipe") or {}, recorded.get("run") or {}
     if recipe.get("name", team.name) != team.name:
         raise RolecastError(f"--resume: {out} is a run of recipe {recipe['name']!r}, not {team.name!r}")

@@ -381,6 +381,12 @@ def test_resume_edges(cli, tmp_path):
     code, _, err = cli("train", recipe, "--out", tmp_path / "played", "--model", "tiny")
     assert code == 2 and "already holds a run (its config.yaml): give another --out" in err, err
     assert (tmp_path / "played" / "config.yaml").read_text() == "recipe: {}\n"
+    played = write(tmp_path / "ran" / "config.yaml", "team: {name: guess_number}\nrun: {episodes: 2, model: tiny}\n")
+    code, _, err = cli("train", recipe, "--out", tmp_path / "ran", "--resume", "--no-progress", "--dtype", "float32",
+                       *SMALL_TRAINING, "--steps", "1")  # as `rolecast run` leaves it: nothing to resume, kept
+    assert code == 2 and "holds no training run (its config.yaml is a played run's)" in err, err
+    assert played.read_text() == "team: {name: guess_number}\nrun: {episodes: 2, model: tiny}\n"
+    assert sorted(p.name for p in (tmp_path / "ran").iterdir()) == ["config.yaml"]
 
     for name, text, words in (("unparsable", "recipe: [unclosed\n", "is unreadable (ParserError)"),
                               ("list", "- a\n- b\n", "is not a run's config"),
