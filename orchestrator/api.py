@@ -175,6 +175,7 @@ def train(recipe: TeamLike, *, steps: int | None = None, out: str | Path | None 
     unless given."""
     _check_arguments(recipe=recipe, steps=steps, seed=seed, sets=sets)
     team = with_training_options(_team(recipe), sets or {})
+    steps = steps_given(team, sets or {}, steps)
     if resume and out is None:
         raise RolecastError("--resume needs --out RUN_DIR (the run to continue)")
     where = run_dir(out, f"train-{team.name}")
@@ -182,6 +183,12 @@ def train(recipe: TeamLike, *, steps: int | None = None, out: str | Path | None 
     if resume:
         compute, seed, steps = as_started(team, where, compute, seed, steps)
     return train_into(team, where, compute, seed=seed, steps=steps, resume=resume, progress=progress)
+
+
+def steps_given(team: Team, sets: Mapping[str, Any], steps: int | None) -> int | None:
+    """``--steps``, else ``--set steps=N``, the same thing: a resumed run's steps default to what
+    its config.yaml recorded, which would pass over the set ones."""
+    return team.config.training.steps if steps is None and "steps" in sets else steps
 
 
 def as_started(team: Team, out: Path, compute: Compute, seed: int | None,

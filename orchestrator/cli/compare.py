@@ -35,11 +35,12 @@ def register(sub: Any) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from ..api import as_started, load_team, train_into
+    from ..api import as_started, load_team, steps_given, train_into
     from ..launch import Compute
     from ..training.strategies import STRATEGIES, with_strategy
 
-    base = load_team(args.recipe, parse_sets(args.sets))
+    sets = parse_sets(args.sets)
+    base = load_team(args.recipe, sets)
     if base.config.training is None:
         raise RolecastError(f"{base.path}: the recipe has no `training:` block")
     out = run_dir(args.out, f"compare-{base.name}")
@@ -50,7 +51,7 @@ def handle(args: argparse.Namespace) -> int:
         team, where, resume = with_strategy(base, name, args.every), out / name, (out / name / "config.yaml").is_file()
         if not resume and where.is_dir() and any(where.iterdir()):
             raise RolecastError(f"{where} holds files but no training run: move them, or give another --out")
-        compute, seed, steps = Compute(**compute_options(args)), args.seed, args.steps
+        compute, seed, steps = Compute(**compute_options(args)), args.seed, steps_given(base, sets, args.steps)
         if resume:
             compute, seed, steps = as_started(team, where, compute, seed, steps)
         runs.append((name, team, where, compute, seed, steps, resume))

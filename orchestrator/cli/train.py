@@ -23,7 +23,9 @@ def register(sub: Any) -> None:
 def handle(args: argparse.Namespace) -> int:
     from .. import api
 
-    trained = api.train(api.load_team(args.recipe, parse_sets(args.sets)), steps=args.steps, out=args.out,
+    sets = parse_sets(args.sets)
+    team = api.load_team(args.recipe, sets)
+    trained = api.train(team, steps=api.steps_given(team, sets, args.steps), out=args.out,
                         resume=args.resume, seed=args.seed, progress=not args.no_progress, **compute_options(args))
     print(json.dumps(trained.final))
     print(f"run dir: {trained.run_dir}", file=sys.stderr)

@@ -221,9 +221,14 @@ def test_resume_continues_the_run_as_it_was_started(cli, tmp_path):
     code, _, err = cli("train", recipe, *same, "--steps", "2")  # no --model: the run's, tiny
     assert code == 0, err
     assert [r["step"] for r in rows(run) if r["kind"] == "train"] == [1, 2]
-    code, _, err = cli("train", recipe, *same)  # the 2 steps it was extended to are the run's: it has finished
-    assert code == 0 and "past --steps" not in err, err
-    assert [r["step"] for r in rows(run) if r["kind"] == "train"] == [1, 2]
+    # the run now goes to step 2: resumed again without --steps it had finished, not gone past its steps
+    before = (run / "metrics.jsonl").read_text()
+    code, _, err = cli("train", recipe, *same)
+    assert code == 0, err
+    assert (run / "metrics.jsonl").read_text() == before
+    code, _, err = cli("train", recipe, *same, "--set", "steps=3")  # as --steps 3, not passed over for the run's 2
+    assert code == 0, err
+    assert [r["step"] for r in rows(run) if r["kind"] == "train"] == [1, 2, 3]
 
 
 def test_a_resumed_run_with_lora_dropout_trains_the_weights_of_one_run_straight(cli, tmp_path):
