@@ -193,7 +193,7 @@ def steps_given(team: Team, sets: Mapping[str, Any], steps: int | None) -> int |
 
 def as_started(team: Team, out: Path, compute: Compute, seed: int | None,
                steps: int | None) -> tuple[Compute, int | None, int | None]:
-    """A resumed run continues the run it checkpointed: model, seed and steps default to what its
+    """A resumed run continues the run it checkpointed: model, dtype, seed and steps default to what its
     config.yaml recorded, and a recipe, model, seed or training option that differs from it stops
     here with one line (its adapters' shapes, its schedule and its RNG belong to those)."""
     recorded = recorded_run(out)
@@ -213,7 +213,9 @@ def as_started(team: Team, out: Path, compute: Compute, seed: int | None,
     if k is not None:
         raise RolecastError(f"--resume: {out} was started with training.{k} = {then[k]!r}, this command has "
                             f"{now[k]!r}: resume with the --set flags it was started with")
-    return (dataclasses.replace(compute, model=compute.model or then_run.get("model")),
+    # --dtype's default, auto, is bf16 where the CPU has it: a float32 run would go on in bf16
+    dtype = then_run.get("dtype", compute.dtype) if compute.dtype == "auto" else compute.dtype
+    return (dataclasses.replace(compute, model=compute.model or then_run.get("model"), dtype=dtype),
             then_run.get("seed") if seed is None else seed, steps or then_run.get("steps"))
 
 

@@ -217,6 +217,13 @@ def test_resume_continues_the_run_as_it_was_started(cli, tmp_path):
         assert code == 2 and message in err and "Traceback" not in err, err
     code, _, err = cli("train", root / "recipes/rps.yaml", *same)
     assert code == 2 and "is a run of recipe 'guess_number', not 'rps'" in err, err
+    from orchestrator.api import as_started, load_team
+    from orchestrator.cli.flags import parse_sets
+    from orchestrator.launch import Compute
+
+    team = load_team(recipe, parse_sets([*SMALL_TRAINING[1::2], "checkpoint_every=1"]))
+    compute, seed, steps = as_started(team, run, Compute(), None, None)  # no --dtype: auto, bf16 where the CPU has it
+    assert (compute.model, compute.dtype, seed, steps) == ("tiny", "float32", 0, 1)
     assert [r["step"] for r in rows(run) if r["kind"] == "train"] == [1]  # nothing written by the refusals
     code, _, err = cli("train", recipe, *same, "--steps", "2")  # no --model: the run's, tiny
     assert code == 0, err
