@@ -40,6 +40,7 @@ from ..episode import derive_seed
 from ..errors import RolecastError, RunFailed
 from ..evaluation import CHECKPOINT_ADAPTER, bind_opponent
 from ..evaluation import evaluate as evaluate_results
+from ..launch import recorded_run
 from ..registry import Registry, config_model, default_registry
 from ..rollout import RunOptions, build_policies, every_episode_failed, run_team
 from ..team import Team, trainable_roles
@@ -448,12 +449,10 @@ class TrainingRun:
     def _record_steps(self) -> None:
         """A resume with more --steps makes them the run's: a later --resume (after a crash in the
         added steps) defaults to them, and `rolecast report` counts them."""
-        path = self.run_dir / "config.yaml"
-        config = yaml.safe_load(path.read_text(encoding="utf-8"))
-        run = config.setdefault("run", {})
-        if run.get("steps") != self.steps:
-            run["steps"] = self.steps
-            write_atomic(path, yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
+        config = recorded_run(self.run_dir)  # None, not a traceback, where a hand deleted it
+        if config is not None and (config.get("run") or {}).get("steps") != self.steps:
+            config["run"] = {**(config.get("run") or {}), "steps": self.steps}
+            write_atomic(self.run_dir / "config.yaml", yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
 
     def checkpoint(self, step: int) -> Path:
         self._write_samplers()
