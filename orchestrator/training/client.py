@@ -495,7 +495,9 @@ class TrainingClient:
     def _load_state(self, path: Path) -> int:
         meta = json.loads((path / "state.json").read_text())
         set_peft_model_state_dict(self.service.peft, load_file(str(path / "adapter_model.safetensors")), adapter_name=self.name)
-        saved = torch.load(path / "optimizer.pt", weights_only=False)
+        # on the CPU first: a GPU run's moments would not load where there is no GPU; load_state_dict
+        # moves them to the parameters' device
+        saved = torch.load(path / "optimizer.pt", weights_only=False, map_location="cpu")
         for group in saved["param_groups"]:
             group["fused"] = True  # a checkpoint from before the optimizer was fused
         self.optimizer.load_state_dict(saved)

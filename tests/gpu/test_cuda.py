@@ -273,6 +273,10 @@ def test_kill_then_resume_on_cuda(tmp_path):
     assert "resumed" in resumed.stderr and f"step={int(done.split('-')[1])}" in resumed.stderr
     train_steps = [r["step"] for r in metric_rows(run) if r["kind"] == "train"]
     assert train_steps[-1] == 4 and train_steps == sorted(set(train_steps))  # each step once
+    on_cpu = [a if a != CUDA else "cpu" for a in args] + ["--resume", "--steps", "5"]  # the optimizer's CUDA moments
+    resumed = subprocess.run(on_cpu, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    assert [r["step"] for r in metric_rows(run) if r["kind"] == "train"][-1] == 5
 
 
 def test_rolecast_train_shares_the_engines_base_weights_on_cuda(tmp_path):
