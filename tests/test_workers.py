@@ -213,6 +213,16 @@ def test_a_cluster_address_nothing_answers_at_fails_at_once():
         thread.join()
 
 
+def test_an_address_ray_cannot_parse_is_one_line(ray_local, monkeypatch):
+    from orchestrator.errors import RolecastError
+    from orchestrator.workers import RayOptions, RayRollouts
+
+    monkeypatch.setattr(ray_local, "is_initialized", lambda: False)  # as in a run that starts or joins Ray itself
+    for address, said in (("nonsense", "Invalid address format"), (":6379", "Malformed host")):
+        with pytest.raises(RolecastError, match=rf"--ray {address}: {said}"):
+            RayRollouts(RayOptions(address=address, workers=1), model="tiny")
+
+
 def test_a_worker_that_cannot_start_is_one_line(ray_local):
     from orchestrator.errors import RolecastError
     from orchestrator.workers import RayOptions, RayRollouts
