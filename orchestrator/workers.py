@@ -269,6 +269,12 @@ class RayRollouts:
         except self.ray.exceptions.RayActorError as exc:  # the engine could not load there: said in one line
             said = re.findall(r"RolecastError: (.+)", str(exc)) or [line for line in str(exc).splitlines() if line.strip()][-1:]
             raise RolecastError(f"a rollout worker could not start: {said[-1] if said else type(exc).__name__}") from None
+        except self.ray.exceptions.RayTaskError as exc:  # a binding the driver could check, the worker cannot load
+            raise RolecastError(f"a rollout worker cannot bind {team.name}'s roles: {exc.cause} (workers import "
+                                "policies and read replay files themselves; in-process plugins are not there)") from None
+        except TypeError as exc:  # Ray could not pickle the team or its bindings (a callable holding a lock, say)
+            raise RolecastError(f"{team.name}'s roles cannot be sent to the rollout workers: {exc.__cause__ or exc} "
+                                "(bind such a policy as python:pkg.mod:fn)") from None
 
         async def play(record: EpisodeRecord) -> EpisodeRecord:
             return await self._play(key, record)

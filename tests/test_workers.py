@@ -235,6 +235,28 @@ def test_a_worker_that_cannot_start_is_one_line(ray_local):
         pool.close()
 
 
+def test_bindings_a_worker_cannot_load_or_ray_cannot_send_are_one_line(ray_local):
+    """The driver checks a binding where it runs; a worker imports it again (another node, another
+    sys.path), and Ray must pickle it to get it there."""
+    import threading
+
+    from orchestrator.errors import RolecastError
+    from orchestrator.policies.binding import Binding
+    from orchestrator.workers import RayOptions, RayRollouts
+
+    team, lock = load_team(ROOT / "recipes/code_pair.yaml"), threading.Lock()
+    pool = RayRollouts(RayOptions(workers=1), model="tiny", dtype="float32")
+    try:
+        with pytest.raises(RolecastError, match=r"a rollout worker cannot bind code_pair's roles: cannot import "
+                                                r"'no_such_module' for python policy"):
+            pool.bind(team, {"tester": Binding("python", "no_such_module:fn")})
+        with pytest.raises(RolecastError, match=r"code_pair's roles cannot be sent to the rollout workers: "
+                                                r"cannot pickle '_thread.lock' object"):
+            pool.bind(team, {"tester": Binding("python", "here:fn", fn=lambda request: lock and "{}")})
+    finally:
+        pool.close()
+
+
 def test_the_run_keeps_its_sigterm_handler_when_it_starts_ray(ray_local, monkeypatch):
     """ray.init installs a SIGTERM handler that exits at once (code 15), skipping the run's
     clean-up that the CLI's handler lets run: the pool puts the run's back."""
