@@ -222,7 +222,7 @@ class RayRollouts:
                 raise RolecastError(f"--ray {options.address}: {exc}") from None
             if ours is not None:  # Ray's own handler exits at once (code 15): the run's clean-up would not run
                 signal.signal(signal.SIGTERM, ours)
-        self._check_gpus()
+        self._check_resources()
         threads = max(1, int(options.cpus_per_worker)) if device == "cpu" else 0
         self._actor_class = ray.remote(num_cpus=options.cpus_per_worker, num_gpus=options.gpus_per_worker,
                                        max_restarts=0)(self.worker)
@@ -238,22 +238,25 @@ class RayRollouts:
         self._per_loop: tuple[Any, list[tuple[asyncio.Lock, _Sharing]]] = (None, [])  # (event loop, per slot)
         self.restarts = 0
 
-    def _check_gpus(self) -> None:
-        """GPU workers the cluster cannot place would wait for a GPU for ever, without a word: on
-        this machine's Ray that is an error; a cluster's autoscaler may add GPUs, so there a warning."""
-        need = self.options.workers * self.options.gpus_per_worker
-        have = self.ray.cluster_resources().get("GPU", 0)
-        if need <= have:
-            return
-        what = (f"--rollout-workers {self.options.workers} on a GPU: each worker takes a GPU of its own, "
-                f"and this Ray has {have:g}")
-        if self.options.address != "local":
-            log.warning("ray.waiting_for_gpus", note=f"{what}; the workers start when the cluster has {need:g}")
-            return
-        if self.started_ray:
-            self.ray.shutdown()
-        raise RolecastError(f"{what}: use --rollout-workers {int(have)} or fewer, or --device cpu"
-                            if have >= 1 else f"{what}: use --device cpu")
+    def _check_resources(self) -> None:
+        """Workers the cluster cannot place would wait for a CPU or GPU for ever, without a word: on
+        this machine's Ray that is an error; a cluster's autoscaler may add nodes, so there a warning."""
+        for resource, each in (("CPU", self.options.cpus_per_worker), ("GPU", self.options.gpus_per_worker)):
+            need, have = self.options.workers * each, self.ray.cluster_resources().get(resource, 0)
+            if need <= have:
+                continue
+            gpu = resource == "GPU"
+            what = (f"--rollout-workers {self.options.workers}{' on a GPU' if gpu else ''}: each worker takes "
+                    f"{'a GPU' if gpu else f'{each:g} CPU'} of its own, and this Ray has {have:g}")
+            if self.options.address != "local":
+                log.warning(f"ray.waiting_for_{resource.lower()}s",
+                            note=f"{what}; the workers start when the cluster has {need:g}")
+                continue
+            if self.started_ray:
+                self.ray.shutdown()
+            fewer = int(have // each)
+            raise RolecastError(f"{what}: use --rollout-workers {fewer} or fewer{', or --device cpu' if gpu else ''}"
+                                if fewer >= 1 or not gpu else f"{what}: use --device cpu")
 
     @property
     def workers(self) -> int:

@@ -304,9 +304,10 @@ def test_a_run_that_fails_after_the_workers_start_closes_them(ray_local, tmp_pat
     assert len(closed) == 1
 
 
-def test_gpu_workers_that_this_ray_cannot_place_are_an_error_not_a_hang(ray_local):
-    """Each GPU worker asks Ray for a GPU; on this machine's Ray (none here) they would wait for
-    ever. A cluster's address may autoscale, so there the workers are started and left to wait."""
+def test_workers_that_this_ray_cannot_place_are_an_error_not_a_hang(ray_local):
+    """Each GPU worker asks Ray for a GPU (and each worker for a CPU); on this machine's Ray (no GPU
+    here, 2 CPUs) they would wait for ever. A cluster's address may autoscale, so there the workers
+    are started and left to wait."""
     from orchestrator.errors import RolecastError
     from orchestrator.workers import RayOptions, RayRollouts
 
@@ -316,6 +317,10 @@ def test_gpu_workers_that_this_ray_cannot_place_are_an_error_not_a_hang(ray_loca
     pool = RayRollouts(RayOptions(address="auto", workers=1, gpus_per_worker=1.0), model="tiny", dtype="float32")
     assert pool.workers == 1
     pool.close()
+    # CPUs alike: the pool starts its own Ray with a CPU per worker, but one it joins may have fewer
+    with pytest.raises(RolecastError, match=r"--rollout-workers 3: each worker takes 1 CPU of its own, and this Ray "
+                                            r"has 2: use --rollout-workers 2 or fewer$"):
+        RayRollouts(RayOptions(workers=3), model="tiny", dtype="float32")
 
 
 @pytest.mark.parametrize("command", ["run", "eval"])
