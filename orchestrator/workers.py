@@ -337,9 +337,13 @@ class RayRollouts:
         self.restarts += 1
         self.ray.kill(self.actors[slot], no_restart=True)
         actor = self._actor_class.remote(*self._args)
+        try:
+            for key, (team, overrides) in self.teams.items():
+                await actor.bind.remote(key, team, overrides)
+        except BaseException:  # cancelled (the episode's timeout) with teams unbound: the slot keeps the dead
+            self.ray.kill(actor, no_restart=True)  # actor, whose next episode replaces it again
+            raise
         self.actors[slot], self.generation[slot], self.seen[slot] = actor, self.generation[slot] + 1, -1
-        for key, (team, overrides) in self.teams.items():
-            await actor.bind.remote(key, team, overrides)
 
     def _slot(self, slot: int) -> tuple[asyncio.Lock, _Sharing]:
         """The slot's lock (for syncing and replacing its actor) and its sharing, in the running event

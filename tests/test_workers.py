@@ -170,6 +170,42 @@ def test_an_episode_that_kills_its_worker_fails_alone(ray_local, tmp_path):
     assert pool.restarts == 4  # one new worker a death: the culprit's four
 
 
+def test_an_episode_timed_out_while_its_worker_is_replaced_leaves_no_half_bound_worker(ray_local, tmp_path):
+    """The episode's timeout can cancel a replacement before every team is bound to the new worker
+    (a run binds two: training's and the evaluations'); the next episode then finds a worker that
+    knows its team, not one that fails every episode of the other."""
+    import time
+
+    from orchestrator.rollout import RunOptions, run_team
+    from orchestrator.workers import RayOptions, RayRollouts, RolloutWorker
+
+    started = tmp_path / "started"
+
+    class SlowToReplace(RolloutWorker):
+        def __init__(self, *args):
+            if started.exists():  # a replacement: slower to load than the episode's timeout
+                time.sleep(3)
+            started.touch()
+            super().__init__(*args)
+
+    class Pool(RayRollouts):
+        worker = SlowToReplace
+
+    team = load_team(ROOT / "recipes/code_pair.yaml")
+    pool = Pool(RayOptions(workers=1), model="tiny", dtype="float32")
+    try:
+        first, second = pool.bind(team, {}), pool.bind(team, {})
+        ray_local.kill(pool.actors[0])
+        options = dict(episodes=1, seed=3, progress=False)
+        timed_out = asyncio.run(run_team(team, {}, RunOptions(out_dir=tmp_path / "a", play=first, episode_timeout_s=1.5,
+                                                              **options)))
+        after = asyncio.run(run_team(team, {}, RunOptions(out_dir=tmp_path / "b", play=second, **options)))
+    finally:
+        pool.close()
+    assert [r.status for r in timed_out.episodes] == ["timeout"]
+    assert [(r.status, r.error) for r in after.episodes] == [("ok", None)]
+
+
 def test_orphaned_worker_folders_are_removed_and_live_ones_kept(tmp_path):
     from orchestrator.workers import remove_orphan_folders
 
