@@ -211,6 +211,7 @@ class RayRollouts:
             kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
             if options.address == "local":
                 start_env()
+                kwargs["address"] = "local"  # else Ray joins the cluster RAY_ADDRESS or `ray start` left here
                 kwargs["num_cpus"] = max(os.cpu_count() or 1, int(options.workers * options.cpus_per_worker + 0.999))
             else:
                 check_reachable(options.address)

@@ -319,6 +319,23 @@ def test_the_run_keeps_its_sigterm_handler_when_it_starts_ray(ray_local, monkeyp
         signal.signal(signal.SIGTERM, before)
 
 
+def test_ray_local_starts_ray_here_whatever_cluster_the_environment_names(ray_local, monkeypatch):
+    """Given no address, ray.init joins the cluster RAY_ADDRESS names (set in a Ray cluster's pods)
+    or one `ray start` left on this node, and then refuses num_cpus: --ray local starts its own."""
+    from ray._private.services import canonicalize_bootstrap_address
+
+    from orchestrator.workers import RayOptions, RayRollouts
+
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
+    joins = []
+    asked = iter([False])  # the pool asks first; Ray's own calls after its init see it started
+    monkeypatch.setattr(ray_local, "is_initialized", lambda: next(asked, True))
+    monkeypatch.setattr(ray_local, "init", lambda **kwargs: joins.append(canonicalize_bootstrap_address(kwargs.get("address"))))
+    monkeypatch.setattr(ray_local, "shutdown", lambda: None)  # the fixture's Ray stays up
+    RayRollouts(RayOptions(workers=1), model="tiny", dtype="float32").close()
+    assert joins == [None]  # None: Ray starts a local instance
+
+
 def test_vllm_workers_need_a_gpu_before_ray_starts(tmp_path):
     import rolecast
 
