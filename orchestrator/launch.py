@@ -37,6 +37,8 @@ class Compute:
             raise RolecastError(f"--dtype {self.dtype}: use one of {', '.join(DTYPES)}")
         if self.engine not in BACKENDS:
             raise RolecastError(f"--engine {self.engine}: use one of {', '.join(BACKENDS)}")
+        if self.ray is not None and not isinstance(self.ray, str):  # ray=True, as the bare flag reads
+            raise RolecastError(f"--ray {self.ray!r}: give local, or a cluster address (auto, ray://host:10001)")
         if not isinstance(self.rollout_workers, int) or self.rollout_workers < 1:
             raise RolecastError(f"--rollout-workers {self.rollout_workers}: must be a whole number of at least 1")
 
