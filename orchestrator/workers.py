@@ -107,7 +107,10 @@ class RolloutWorker:
         from .episode import run_episode
 
         team, policies = self.teams[key]
-        await run_episode(team, policies, record)
+        try:
+            await run_episode(team, policies, record)
+        except Exception as exc:  # as run_team records it: raised, Ray's traceback would replace the turns taken
+            record.status, record.error = "error", f"{type(exc).__name__}: {exc}"
         for turn in record.turns:
             for attempt in turn.attempts:
                 if attempt.adapter is not None and attempt.adapter_version:

@@ -206,6 +206,30 @@ def test_an_episode_timed_out_while_its_worker_is_replaced_leaves_no_half_bound_
     assert [(r.status, r.error) for r in after.episodes] == [("ok", None)]
 
 
+def test_an_episode_that_raises_on_a_worker_keeps_its_turns_and_its_error(ray_local, tmp_path):
+    """As without Ray: the turns taken before the fault, and the fault in one line (not Ray's
+    traceback of the worker)."""
+    from orchestrator.policies.binding import Binding
+    from orchestrator.rollout import RunOptions, run_team
+    from orchestrator.workers import RayOptions, RayRollouts
+
+    def breaks(request):
+        if request.turn:
+            raise RuntimeError(f"broke on turn {request.turn}")
+        return json.dumps({"guess": 8})
+
+    team = load_team(ROOT / "recipes/guess_number.yaml")  # episode 0's secret is 1: the guess of 8 does not end it
+    pool = RayRollouts(RayOptions(workers=1), model="tiny", dtype="float32")
+    try:
+        play = pool.bind(team, {"guesser": Binding("python", "here:breaks", fn=breaks)})
+        result = asyncio.run(run_team(team, {}, RunOptions(out_dir=tmp_path / "run", play=play, episodes=1, seed=3,
+                                                           progress=False)))
+    finally:
+        pool.close()
+    (episode,) = result.episodes
+    assert (episode.status, episode.error, len(episode.turns)) == ("error", "RuntimeError: broke on turn 1", 1)
+
+
 def test_orphaned_worker_folders_are_removed_and_live_ones_kept(tmp_path):
     from orchestrator.workers import remove_orphan_folders
 
