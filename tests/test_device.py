@@ -1,11 +1,14 @@
 """--device on a machine without a GPU: auto and cpu run, cuda is one line and exit 2."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from orchestrator.models import load_model, resolve_device
 from orchestrator.training.client import ServiceClient
 
+ROOT = Path(__file__).resolve().parent.parent
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
 
 
@@ -27,7 +30,9 @@ def test_cuda_without_a_gpu_says_so():
 @no_gpu
 @pytest.mark.parametrize("command", ["run", "eval", "train", "serve"])
 def test_every_model_command_takes_device(cli, workspace, command):
-    target = [] if command == "serve" else [workspace / "team.yaml"]
+    # train refuses a team with no training block first, before the model loads: it gets a recipe
+    target = {"serve": [], "train": [ROOT / "recipes/guess_number.yaml", "--out", workspace / "run"]}.get(
+        command, [workspace / "team.yaml"])
     code, out, err = cli(command, *target, "--model", "tiny", "--device", "cuda", "--no-progress" if command != "serve" else "--port=0")
     assert code == 2 and out == "" and "Traceback" not in err
     [line] = err.strip().splitlines()
