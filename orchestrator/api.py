@@ -74,7 +74,7 @@ def run(team: TeamLike, *, episodes: int | None = None, tasks: Sequence[str | Ma
         out: str | Path | None = None, seed: int | None = None, concurrency: int | None = None,
         timeout: float | None = None, policies: Policies | None = None, adapters: Mapping[str, str | Path] | None = None,
         progress: bool = True, model: str | None = None, dtype: str = "auto", engine: str = "hf",
-        device: str = "auto", ray: str | None = None, rollout_workers: int = 2) -> RunResult:
+        device: str = "auto", ray: str | None = None, rollout_workers: int | None = None) -> RunResult:
     """Play ``episodes`` episodes of ``team`` (default: the team's ``episodes``) into the run dir
     ``out`` (default ``runs/<team>-<time>``, which must not hold a run yet); as ``rolecast run``.
 
@@ -112,7 +112,7 @@ def evaluate(team: TeamLike, *, episodes: int = 100, held_out: bool = False, opp
              out: str | Path | None = None, seed: int | None = None, concurrency: int | None = None,
              policies: Policies | None = None, adapters: Mapping[str, str | Path] | None = None, progress: bool = True,
              model: str | None = None, dtype: str = "auto", engine: str = "hf", device: str = "auto",
-             ray: str | None = None, rollout_workers: int = 2) -> Evaluation:
+             ray: str | None = None, rollout_workers: int | None = None) -> Evaluation:
     """Play ``episodes`` episodes of ``team`` and report per role win/draw/loss rates with 95%
     intervals, into ``out`` (default ``runs/eval-<team>-<time>``) with its eval.json; as
     ``rolecast eval``. ``held_out`` plays the recipe's ``training.eval_tasks``; ``opponent``
@@ -167,7 +167,7 @@ class TrainResult:
 def train(recipe: TeamLike, *, steps: int | None = None, out: str | Path | None = None, resume: bool = False,
           seed: int | None = None, sets: Mapping[str, Any] | None = None, progress: bool = True,
           model: str | None = None, dtype: str = "auto", engine: str = "hf", device: str = "auto",
-          ray: str | None = None, rollout_workers: int = 2) -> TrainResult:
+          ray: str | None = None, rollout_workers: int | None = None) -> TrainResult:
     """Train the recipe's trainable roles, each its own LoRA adapter, for ``steps`` steps (default:
     the recipe's) into the run dir ``out`` (default ``runs/train-<recipe>-<time>``); as ``rolecast
     train``. ``sets`` changes training options (``{"group_size": 4}``); ``resume`` continues the

@@ -30,7 +30,7 @@ class Compute:
     engine: str = "hf"
     device: str = "auto"
     ray: str | None = None
-    rollout_workers: int = 2
+    rollout_workers: int | None = None  # None: 2 where there is `ray`
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -39,8 +39,13 @@ class Compute:
             raise RolecastError(f"--engine {self.engine}: use one of {', '.join(BACKENDS)}")
         if self.ray is not None and not isinstance(self.ray, str):  # ray=True, as the bare flag reads
             raise RolecastError(f"--ray {self.ray!r}: give local, or a cluster address (auto, ray://host:10001)")
-        if not isinstance(self.rollout_workers, int) or self.rollout_workers < 1:
+        if self.rollout_workers is None:
+            return
+        if not isinstance(self.rollout_workers, int) or isinstance(self.rollout_workers, bool) or self.rollout_workers < 1:
             raise RolecastError(f"--rollout-workers {self.rollout_workers}: must be a whole number of at least 1")
+        if self.ray is None:  # else the run would play in this process, and say nothing
+            raise RolecastError(f"--rollout-workers {self.rollout_workers}: rollout workers are Ray's; add --ray (local, "
+                                "or a cluster address)")
 
     def workers(self, model: str, seed: int) -> Any:
         """The Ray rollout workers ``ray`` asks for, or None. On CUDA each gets a GPU of its own."""
@@ -51,7 +56,7 @@ class Compute:
         cuda = str(self.device).startswith("cuda")
         if self.engine == "vllm" and not cuda:  # said here, not as a worker's death minutes later
             raise RolecastError("--ray with --engine vllm needs --device cuda: each worker runs vLLM on a GPU of its own")
-        options = RayOptions(address=self.ray, workers=self.rollout_workers, gpus_per_worker=1.0 if cuda else 0.0)
+        options = RayOptions(address=self.ray, workers=self.rollout_workers or 2, gpus_per_worker=1.0 if cuda else 0.0)
         return RayRollouts(options, model=model, dtype=self.dtype, seed=seed, backend=self.engine,
                            device=self.device if cuda else "cpu")
 

@@ -110,6 +110,8 @@ def test_load_team_applies_training_options():
      "--out /proc/rolecast-run: cannot make this folder"),
     (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", dtype="fp16", out=out), "--dtype fp16: use one of"),
     (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", ray=True, out=out), "--ray True: give local, or"),
+    (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", rollout_workers=4, out=out),
+     "--rollout-workers 4: rollout workers are Ray's; add --ray"),  # it played in this process, saying nothing
     (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", policies={"chef": "builtin:stub"}, out=out),
      "unknown role(s) chef"),
     (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", policies={"guesser": "replay:nope.jsonl"}, out=out),

@@ -94,7 +94,7 @@ def _pairs(flags: list[str], flag: str, expected: str) -> dict[str, str]:
 def compute_options(args: argparse.Namespace) -> dict[str, Any]:
     """--model, --dtype, --engine, --device and the Ray flags as the API's keywords."""
     return {"model": args.model, "dtype": args.dtype, "engine": args.engine, "device": args.device,
-            "ray": getattr(args, "ray", None), "rollout_workers": getattr(args, "rollout_workers", 2)}
+            "ray": getattr(args, "ray", None), "rollout_workers": getattr(args, "rollout_workers", None)}
 
 
 def exit_code(result: Any) -> int:
@@ -122,7 +122,7 @@ def add_ray_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
                    help="play episodes on Ray rollout workers: `local` (default) starts Ray here; "
                         "an address (auto, ray://host:10001) joins a cluster (pip install 'rolecast[ray]')")
-    p.add_argument("--rollout-workers", type=positive_int, default=2, metavar="N",
+    p.add_argument("--rollout-workers", type=positive_int, metavar="N",
                    help="--ray: rollout workers, each with its own engine (default 2)")
 
 
