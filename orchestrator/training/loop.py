@@ -493,7 +493,8 @@ class TrainingRun:
             raise RolecastError(f"--resume: {self.run_dir} is at step {state['step']}, past --steps {self.steps}")
         for adapter, client in self.clients.items():
             client.load_state(folder / "adapters" / adapter).result()
-        self.trainer.load_state_dict(state["trainer"])
+        with blamed("trainer", self.cfg.trainer, f"load_state_dict of {folder.name}/trainer.json"):
+            self.trainer.load_state_dict(state["trainer"])
         for adapter, version in state.get("published", {}).items():  # the weights go back under their number
             self.engine.continue_versions(adapter, version - 1)
         for name in self.trainer.opponent_adapters():  # e.g. self-play's snapshots back into the engine

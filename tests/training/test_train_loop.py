@@ -432,6 +432,20 @@ def test_resume_passes_over_a_damaged_checkpoint_for_the_one_before(cli, tmp_pat
     assert "Traceback" not in err and rows(run)[-1]["step"] == 3  # nothing dropped
 
 
+def test_trainer_state_the_trainer_cannot_load_is_one_line(cli, tmp_path):
+    """A trainer.json edited by hand (self-play's pool left out) was a KeyError traceback."""
+    from support import SMALL_TRAINING, train_tiny
+
+    recipe, run = Path(__file__).resolve().parents[2] / "recipes/rps.yaml", tmp_path / "run"
+    train_tiny(cli, recipe, run, 1)
+    saved = run / "checkpoints" / "step-000001" / "trainer.json"
+    saved.write_text(json.dumps({**json.loads(saved.read_text()), "trainer": {}}))
+    code, _, err = cli("train", recipe, "--out", run, "--resume", "--steps", "2", "--no-progress", "--dtype", "float32",
+                       *SMALL_TRAINING)
+    assert code == 1 and "Traceback" not in err, err
+    assert "trainer plugin 'self-play': load_state_dict of step-000001/trainer.json raised KeyError: 'pool'" in err
+
+
 def test_report_names_what_is_wrong_with_a_run_dir_in_one_line(cli, tmp_path):
     good = [{"step": 0, "kind": "eval", "eval_reward/pro": 0.5, "eval_ci95/pro": 0.1},
             {"step": 1, "kind": "train", "reward/pro": 0.25, "note": "text is not plotted"},
