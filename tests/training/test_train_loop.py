@@ -278,16 +278,23 @@ def test_metrics_drop_a_cut_off_last_line_and_name_a_damaged_one(tmp_path):
         read_metrics(tmp_path)
 
 
-def test_tensorboard_shows_the_redone_steps_once_after_a_resume(tmp_path):
+def test_tensorboard_shows_the_redone_steps_once_after_a_resume(tmp_path, monkeypatch):
     """The stopped run's events of the steps after the checkpoint stay in its event file; the
     resumed run's writer purges them from TensorBoard's display, as truncate_after drops the rows."""
+    import time
+
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from orchestrator.training.metrics import MetricsWriter
 
-    stopped = MetricsWriter(tmp_path)
-    for step in (1, 2, 3):
-        stopped.write({"step": step, "kind": "train", "loss": float(step)})  # killed after step 3: never closed
+    # Event files are read in name order: start time, then a per-process counter that sorts as text
+    # (".10" before ".9"). A resumed run starts in a later process; here, in this one, the stopped
+    # run's file is dated a minute back so, as there, it is read first.
+    with monkeypatch.context() as earlier:
+        earlier.setattr(time, "time", lambda now=time.time(): now - 60)
+        stopped = MetricsWriter(tmp_path)
+        for step in (1, 2, 3):
+            stopped.write({"step": step, "kind": "train", "loss": float(step)})  # killed after step 3: never closed
     resumed = MetricsWriter(tmp_path)
     resumed.truncate_after(1)  # the checkpoint was step 1's
     for step in (2, 3):
