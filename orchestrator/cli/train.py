@@ -23,9 +23,7 @@ def register(sub: Any) -> None:
 def handle(args: argparse.Namespace) -> int:
     from .. import api
 
-    sets = parse_sets(args.sets)
-    team = api.load_team(args.recipe, sets)
-    trained = api.train(team, steps=api.steps_given(team, sets, args.steps), out=args.out,
+    trained = api.train(args.recipe, steps=args.steps, sets=parse_sets(args.sets), out=args.out,
                         resume=args.resume, seed=args.seed, progress=not args.no_progress, **compute_options(args))
     print(json.dumps(trained.final))
     print(f"run dir: {trained.run_dir}", file=sys.stderr)
