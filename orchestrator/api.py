@@ -230,9 +230,10 @@ def train_into(team: Team, out: Path, compute: Compute, *, seed: int | None = No
     check_start(team, out, resume)
     model = compute.model or team.config.model
     seed = team.config.seed if seed is None else seed
-    workers = compute.workers(model, seed)  # first: a missing Ray fails before the model loads
+    rank = team.config.training.lora.rank  # vLLM sizes its adapter slots by it
+    workers = compute.workers(model, seed, rank)  # first: a missing Ray fails before the model loads
     with closed_on_error(workers):  # the workers outlive nothing that fails here
-        engine = load_engine(model, compute.dtype, seed, compute.engine, device=compute.device)
+        engine = load_engine(model, compute.dtype, seed, compute.engine, device=compute.device, lora_rank=rank)
         service = ServiceClient.for_engine(engine, model, seed=seed, device=device_for(compute.device))
         service.attach_engine(engine)
         where = {"rollout_workers": workers.workers, "ray": compute.ray} if workers else {}

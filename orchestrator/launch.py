@@ -47,8 +47,9 @@ class Compute:
             raise RolecastError(f"--rollout-workers {self.rollout_workers}: rollout workers are Ray's; add --ray (local, "
                                 "or a cluster address)")
 
-    def workers(self, model: str, seed: int) -> Any:
-        """The Ray rollout workers ``ray`` asks for, or None. On CUDA each gets a GPU of its own."""
+    def workers(self, model: str, seed: int, lora_rank: int = 0) -> Any:
+        """The Ray rollout workers ``ray`` asks for, or None. On CUDA each gets a GPU of its own;
+        ``lora_rank``: that of the adapters training will give them."""
         if self.ray is None:
             return None
         from .workers import RayOptions, RayRollouts
@@ -58,7 +59,7 @@ class Compute:
             raise RolecastError("--ray with --engine vllm needs --device cuda: each worker runs vLLM on a GPU of its own")
         options = RayOptions(address=self.ray, workers=self.rollout_workers or 2, gpus_per_worker=1.0 if cuda else 0.0)
         return RayRollouts(options, model=model, dtype=self.dtype, seed=seed, backend=self.engine,
-                           device=self.device if cuda else "cpu")
+                           device=self.device if cuda else "cpu", lora_rank=lora_rank)
 
 
 def bindings(policies: Mapping[str, str | Binding | Callable[..., Any]] | None) -> dict[str, Binding]:

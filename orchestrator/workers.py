@@ -67,14 +67,14 @@ def start_env() -> None:
 class RolloutWorker:
     """The body of a Ray actor (async: its episodes share the engine's batches)."""
 
-    def __init__(self, model: str, dtype: str, seed: int, backend: str, device: str, threads: int):
+    def __init__(self, model: str, dtype: str, seed: int, backend: str, device: str, threads: int, lora_rank: int = 0):
         import torch
 
         from .engines.load import load_engine
 
         if threads:
             torch.set_num_threads(threads)
-        self.engine = load_engine(model, dtype, seed, backend, device=device)
+        self.engine = load_engine(model, dtype, seed, backend, device=device, lora_rank=lora_rank)
         self.teams: dict[str, tuple[Any, dict]] = {}
         self.loaded: dict[str, int] = {}  # adapter -> driver version held
         self.driver_version: dict[tuple[str, int], int] = {}  # (adapter, engine version) -> driver version
@@ -201,7 +201,7 @@ class RayRollouts:
     worker = RolloutWorker  # the actors' class (a test gives one that fails on cue)
 
     def __init__(self, options: RayOptions, *, model: str, dtype: str = "auto", seed: int = 0, backend: str = "hf",
-                 device: str = "cpu"):
+                 device: str = "cpu", lora_rank: int = 0):
         try:
             import ray
         except ImportError:
@@ -230,7 +230,7 @@ class RayRollouts:
         threads = max(1, int(options.cpus_per_worker)) if device == "cpu" else 0
         self._actor_class = ray.remote(num_cpus=options.cpus_per_worker, num_gpus=options.gpus_per_worker,
                                        max_restarts=0)(self.worker)
-        self._args = (model, dtype, seed, backend, device, threads)
+        self._args = (model, dtype, seed, backend, device, threads, lora_rank)
         self.teams: dict[str, tuple[Any, dict]] = {}
         self.adapters: dict[str, tuple[int, Any]] = {}  # name -> (driver version, ref to its files)
         self.changes = 0  # bumped by every publish; a worker is synced when it has seen the latest

@@ -139,6 +139,21 @@ def test_mistakes_are_one_line_errors_before_any_model_loads(tmp_path, monkeypat
     assert not (tmp_path / "out").exists()
 
 
+def test_training_starts_the_engine_with_room_for_the_recipes_lora_rank(tmp_path, monkeypatch):
+    """vLLM preallocates its adapter slots at a fixed rank: it must know the recipe's before the
+    first update, not refuse that update mid-run."""
+    seen = {}
+
+    def engine_seen(*args, **kwargs):
+        seen.update(kwargs)
+        raise rolecast.RolecastError("stop here")
+
+    monkeypatch.setattr("orchestrator.engines.load.load_engine", engine_seen)
+    with pytest.raises(rolecast.RolecastError, match="stop here"):
+        rolecast.train(ROOT / "recipes/guess_number.yaml", sets={"lora.rank": 128}, out=tmp_path / "out")
+    assert seen["lora_rank"] == 128
+
+
 @pytest.fixture
 def registry():
     from orchestrator.registry import default_registry

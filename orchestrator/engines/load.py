@@ -1,6 +1,7 @@
 """An engine for a model name: the HF engine on a loaded model, or vLLM on its checkpoint dir."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import structlog
@@ -22,9 +23,9 @@ def device_for(spec: str):
 
 
 def load_engine(model: str, dtype: str = "auto", seed: int = 0, backend: str = "hf",
-                adapters: dict[str, Path] | None = None, device: str = "auto"):
+                adapters: dict[str, Path] | None = None, device: str = "auto", lora_rank: int = 0):
     """The engine serving ``model`` on ``device``, with PEFT adapter dirs ``adapters`` (name -> dir)
-    loaded.
+    loaded; ``lora_rank`` is the largest rank of the adapters it will be given later (training's).
 
     A model, device or backend that cannot be had here (unknown name, no GPU, no vllm) is a
     RolecastError that says what to do.
@@ -34,7 +35,8 @@ def load_engine(model: str, dtype: str = "auto", seed: int = 0, backend: str = "
     if backend == "vllm":  # vLLM places itself on the GPUs it sees
         if device == "cpu":
             raise RolecastError("--engine vllm runs on a CUDA GPU, not --device cpu")
-        served, where = _vllm(model, dtype, seed), "vllm's"
+        ranks = [lora_rank, *(adapter_rank(Path(path)) for path in (adapters or {}).values())]
+        served, where = _vllm(model, dtype, seed, max(ranks)), "vllm's"
     else:
         where = device_for(device)
         served = _hf(model, dtype, seed, where)
@@ -57,11 +59,20 @@ def _hf(model: str, dtype: str, seed: int, device):
         raise RolecastError(f"--model {model}: {exc}") from None
 
 
-def _vllm(model: str, dtype: str, seed: int):
+def adapter_rank(folder: Path) -> int:
+    """The LoRA rank a PEFT adapter dir declares; 0 where it has no readable config (loading it
+    then says what is wrong)."""
+    try:
+        return int(json.loads((folder / "adapter_config.json").read_text()).get("r", 0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 0
+
+
+def _vllm(model: str, dtype: str, seed: int, lora_rank: int):
     from ..models import checkpoint_dir
-    from .vllm import VLLMEngine, VLLMUnavailable
+    from .vllm import VLLMEngine, VLLMUnavailable, max_lora_rank_for
 
     try:
-        return VLLMEngine(checkpoint_dir(model), dtype=dtype, seed=seed)
+        return VLLMEngine(checkpoint_dir(model), dtype=dtype, seed=seed, max_lora_rank=max_lora_rank_for(lora_rank))
     except (VLLMUnavailable, ValueError) as exc:  # no vllm, too old, or a model vLLM cannot load
         raise RolecastError(f"--engine vllm: {exc}") from None

@@ -63,6 +63,19 @@ INSTALL_HINT = "pip install 'rolecast[vllm]' (needs a CUDA GPU)"
 MIN_VERSION = "0.10.2"
 
 
+# The max_lora_rank values vLLM accepts; its adapter slots are preallocated at that rank, so the
+# engine takes the smallest one that holds the run's adapters (and 64 at least, for --adapter dirs).
+LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def max_lora_rank_for(rank: int) -> int:
+    """The max_lora_rank an engine serving LoRA adapters of rank up to ``rank`` is started with."""
+    fits = [r for r in LORA_RANKS if r >= max(rank, 64)]
+    if not fits:
+        raise ValueError(f"LoRA rank {rank} is above vLLM's largest max_lora_rank, {LORA_RANKS[-1]}")
+    return fits[0]
+
+
 class VLLMUnavailable(ImportError):
     """vllm is not installed, or too old for this backend."""
 

@@ -158,6 +158,9 @@ class AsyncLLMEngine:
 
     @classmethod
     def from_engine_args(cls, args: AsyncEngineArgs) -> "AsyncLLMEngine":
+        ranks = (8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's LoRAConfig checks it as the engine is made
+        if args.enable_lora and args.max_lora_rank not in ranks:
+            raise ValueError(f"max_lora_rank ({args.max_lora_rank}) must be one of {ranks}.")
         engine = cls(args)
         cls.engines.append(engine)
         return engine

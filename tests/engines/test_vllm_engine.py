@@ -110,6 +110,9 @@ def test_the_fake_refuses_what_vllm_refuses():
         fake_vllm.LoRARequest("coder@v1", 1)
     with pytest.raises(ValueError, match="one kind"):
         fake_vllm.StructuredOutputsParams(json="{}", grammar="root ::= \"x\"")
+    with pytest.raises(ValueError, match="max_lora_rank"):
+        fake_vllm.AsyncLLMEngine.from_engine_args(fake_vllm.AsyncEngineArgs("/models/base", enable_lora=True,
+                                                                           max_lora_rank=100))
 
 
 async def test_json_schema_goes_to_structured_outputs_as_the_hf_engines_grammar(vllm_engine):
@@ -225,6 +228,32 @@ def test_an_adapter_above_max_lora_rank_is_refused_when_loaded(vllm_engine, tmp_
         vllm_engine.load_adapter("coder", adapter_dir(tmp_path / "wide", 1.0, rank=64))
     assert vllm_engine.adapter_version("coder") == 0
     assert vllm_engine.load_adapter("coder", adapter_dir(tmp_path / "narrow", 1.0, rank=32)) == 1
+
+
+@pytest.mark.parametrize("lora_rank, adapter_rank, engine_rank", [
+    (0, None, 64),  # serve's and eval's default: room for the common ranks
+    (16, None, 64),
+    (128, None, 128),  # a recipe's lora.rank: 128 (its first update would have been refused at 64)
+    (100, None, 128),  # vLLM takes only some ranks
+    (0, 300, 320),  # an --adapter dir's rank
+])
+def test_load_engine_sizes_vllms_lora_slots_for_the_ranks_it_will_serve(monkeypatch, tmp_path, lora_rank,
+                                                                          adapter_rank, engine_rank):
+    from orchestrator.engines.load import load_engine
+
+    fake_vllm.install(monkeypatch)
+    adapters = {"coder": adapter_dir(tmp_path / "coder", 1.0, rank=adapter_rank)} if adapter_rank else None
+    engine = load_engine(str(checkpoint_dir()), backend="vllm", adapters=adapters, lora_rank=lora_rank)
+    assert fake(engine).args.max_lora_rank == engine_rank == engine.max_lora_rank
+
+
+def test_a_rank_above_vllms_largest_is_one_line(monkeypatch, tmp_path):
+    from orchestrator.engines.load import load_engine
+    from orchestrator.errors import RolecastError
+
+    fake_vllm.install(monkeypatch)
+    with pytest.raises(RolecastError, match="--engine vllm: LoRA rank 600 is above vLLM's largest max_lora_rank, 512"):
+        load_engine(str(checkpoint_dir()), backend="vllm", adapters={"c": adapter_dir(tmp_path / "c", 1.0, rank=600)})
 
 
 async def test_superseded_version_is_evicted_once_unused(vllm_engine, tmp_path):
