@@ -376,3 +376,21 @@ def test_a_plugin_whose_entry_point_name_is_taken_is_reported_not_skipped(monkey
 def test_registry_get_unknown_names_known():
     with pytest.raises(KeyError, match="known: none"):
         Registry().get("trainers", "ppo")
+
+
+def test_plugins_table_prints_brackets_as_written(monkeypatch, capsys):
+    """rich read "[...]" in an error or a source as markup: a pip extra vanished from the hint,
+    and a "[/path]" raised MarkupError instead of the listing."""
+    import argparse
+
+    from orchestrator.cli import plugins
+    from orchestrator.registry import PluginFailure, Registration
+
+    registry = Registry()
+    registry.items["envs"]["coin"] = Registration("envs", "coin", object, "coin", "c==1 (coin [x])")
+    registry.failures += [PluginFailure("gpu", "g==1 (gpu)", "ImportError: pip install 'g[cuda]'"),
+                          PluginFailure("bad", "b==1 (bad)", "OSError: [/etc/b]")]
+    monkeypatch.setattr(plugins, "default_registry", lambda: registry)
+    assert plugins.handle(argparse.Namespace(json=False)) == 0
+    out = capsys.readouterr().out
+    assert "(coin [x])" in out and "pip install 'g[cuda]'" in out and "OSError: [/etc/b]" in out

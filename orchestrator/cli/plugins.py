@@ -16,6 +16,7 @@ def register(sub: Any) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     registry = default_registry()
@@ -32,9 +33,11 @@ def handle(args: argparse.Namespace) -> int:
     table = Table(title="rolecast plugins")
     for col in ("plugin", "kind", "name", "source"):
         table.add_column(col)
+    # escaped: rich reads "[...]" in a cell or an error as markup, dropping it ("pkg[extra]") or raising ("[/path]")
     for row in rows:
-        table.add_row(row["plugin"], row["kind"], row["name"], row["source"])
+        table.add_row(*(escape(row[col]) for col in ("plugin", "kind", "name", "source")))
     console.print(table)
     for f in failures:
-        console.print(f"[red]failed[/red] plugin {f['plugin']} ({f['source']}): {f['error']}", markup=True, highlight=False)
+        console.print(f"[red]failed[/red] plugin {escape(f['plugin'])} ({escape(f['source'])}): {escape(f['error'])}",
+                      markup=True, highlight=False)
     return 0
