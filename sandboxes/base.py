@@ -1,6 +1,7 @@
 """The sandbox interface: limits in, result out, and the errors a caller can catch."""
 from __future__ import annotations
 
+import math
 import shutil
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
@@ -46,8 +47,9 @@ class Limits:
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
-            if value is not None and value <= 0:
-                raise ValueError(f"Limits.{name} must be positive, got {value!r}")
+            # finite too: the CPU rlimit is ceil(wall_time_s), which inf crashed and nan let through
+            if value is not None and not 0 < value < math.inf:
+                raise ValueError(f"Limits.{name} must be positive and finite, got {value!r}")
 
 
 @dataclass

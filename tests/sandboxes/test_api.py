@@ -49,6 +49,8 @@ def test_faults_raise_clear_errors(tmp_path, workdir):
         run([], workdir)
     with pytest.raises(ValueError):
         Limits(wall_time_s=0)
+    with pytest.raises(ValueError, match="finite"):
+        Limits(wall_time_s=float("nan"))
 
 
 def test_unreachable_workdir_is_a_setup_error(backend):
@@ -160,6 +162,9 @@ def test_cli_json_and_refusals(workdir, capsys):
     args = _cli("--backend", "none", "--workdir", str(workdir), "--", "true")
     assert args.func(args) == 2
     assert "allow_unsafe" in capsys.readouterr().err
+    args = _cli("--timeout", "inf", "--workdir", str(workdir), "--", "true")  # was an OverflowError traceback
+    assert args.func(args) == 2
+    assert "wall_time_s must be positive and finite, got inf" in capsys.readouterr().err
 
 
 def test_a_terminated_command_hands_the_workdir_back(workdir):
