@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +35,13 @@ async def _run(team: Team, loaded: LoadedModel, episodes: int, out: Path, concur
 
 def run_recipe(team: Team, loaded: LoadedModel, episodes: int, out: Path, concurrency: int | None = None,
                **engine_options: Any) -> tuple[RunResult, EngineStats]:
-    """One run of ``episodes`` episodes (seed 0) on ``HFEngine(loaded, **engine_options)``."""
-    return asyncio.run(_run(team, loaded, episodes, out, concurrency, engine_options))
+    """One run of ``episodes`` episodes (seed 0) on ``HFEngine(loaded, **engine_options)``; the
+    script stops (exit 1) if one of them fails."""
+    result, stats = asyncio.run(_run(team, loaded, episodes, out, concurrency, engine_options))
+    # run_team only logs a failed episode: timed, it would pass for one played (and --smoke with it)
+    if failed := [e for e in result.episodes if e.failed]:
+        sys.exit(f"{team.name}: {len(failed)} of {episodes} episodes failed: {failed[0].error}")
+    return result, stats
 
 
 def warm_up(team: Team, loaded: LoadedModel, out: Path) -> None:

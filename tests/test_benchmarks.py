@@ -110,6 +110,25 @@ def test_smoke_run_prints_its_json_line(script: Path, runs: dict[Path, Future]) 
     assert all(math.isfinite(x) for x in numbers(out)), lines[-1]
 
 
+def test_a_failed_episode_stops_a_benchmark(monkeypatch, tmp_path):
+    """run_team only logs an episode that fails: debate.py, prefix_cache.py, prefix_tree.py and
+    joint_passes.py timed such runs and exited 0, so a prompt broken by a renamed observation key
+    still passed their smoke runs."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from _recipes import RECIPES, run_recipe
+
+    from orchestrator.envs.debate import DebateEnv
+    from orchestrator.models import load_model
+    from orchestrator.team import load_team
+
+    def observe(self, role):
+        raise KeyError("topic")
+
+    monkeypatch.setattr(DebateEnv, "observe", observe)
+    with pytest.raises(SystemExit, match="debate: 2 of 2 episodes failed: KeyError: 'topic'"):
+        run_recipe(load_team(RECIPES / "debate.yaml"), load_model("tiny", dtype="float32"), 2, tmp_path)
+
+
 def test_rollout_takes_random_weights_of_a_model_folder(tmp_path):
     """``rollout.py --random-weights`` (how the GPU runs get SmolLM2's shape without carrying its
     weights) on a folder holding the tiny model's config and tokenizer."""
