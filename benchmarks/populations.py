@@ -98,11 +98,17 @@ def move_distributions(adapters: dict[str, Path], args: argparse.Namespace, out:
             await engine.aclose()
 
     counts = {n: [Counter() for _ in range(team.env_config.rounds)] for n in names}
-    for record in asyncio.run(go()).episodes:
+    episodes = asyncio.run(go()).episodes
+    if failed := [e for e in episodes if e.failed]:  # run_team only logs them
+        sys.exit(f"probe games: {len(failed)} of {len(episodes)} failed: {failed[0].error}")
+    for record in episodes:
         mine = [t.content["move"] for t in record.turns if t.role == "alice" and t.valid and t.content]
         for k, move in enumerate(mine[: team.env_config.rounds]):
             counts[names[record.index % len(names)]][k][move] += 1
-    return {n: [{m: c[m] / max(sum(c.values()), 1) for m in MOVES} for c in rounds] for n, rounds in counts.items()}
+    # a round without a valid move would read as exploitability 0, the Nash mixture's
+    if empty := next(((n, k) for n, rounds in counts.items() for k, c in enumerate(rounds) if not c), None):
+        sys.exit(f"probe games: {empty[0]} played no valid move in round {empty[1] + 1}")
+    return {n: [{m: c[m] / sum(c.values()) for m in MOVES} for c in rounds] for n, rounds in counts.items()}
 
 
 def score(rounds: list[dict[str, float]]) -> dict:

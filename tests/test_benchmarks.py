@@ -129,6 +129,28 @@ def test_a_failed_episode_stops_a_benchmark(monkeypatch, tmp_path):
         run_recipe(load_team(RECIPES / "debate.yaml"), load_model("tiny", dtype="float32"), 2, tmp_path)
 
 
+def test_populations_stops_on_probe_games_that_measured_nothing(monkeypatch, tmp_path):
+    """populations.py counted the moves of failed probe games as none: an empty count made a
+    distribution of zeros, exploitability 0, the best score there is, for an adapter never measured."""
+    import argparse
+
+    from support import lora_state, peft_dir
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from populations import move_distributions
+
+    from orchestrator.envs.rps import RPSEnv
+    from orchestrator.models import load_model
+
+    def observe(self, role):
+        raise KeyError("history")
+
+    adapter = peft_dir(tmp_path / "player", lora_state(load_model("tiny", dtype="float32").model, 0, std=0.0))
+    monkeypatch.setattr(RPSEnv, "observe", observe)
+    with pytest.raises(SystemExit, match="probe games: 2 of 2 failed: KeyError: 'history'"):
+        move_distributions({"player": adapter}, argparse.Namespace(model="tiny", probe=2), tmp_path / "probe")
+
+
 def test_rollout_takes_random_weights_of_a_model_folder(tmp_path):
     """``rollout.py --random-weights`` (how the GPU runs get SmolLM2's shape without carrying its
     weights) on a folder holding the tiny model's config and tokenizer."""
