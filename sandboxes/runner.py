@@ -109,7 +109,10 @@ def run(
     argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
     if not argv:
         raise SandboxSetupError("empty command")
-    wd = Path(workdir).resolve()
+    try:
+        wd = Path(workdir).resolve()
+    except OSError as exc:  # "." in a folder since removed
+        raise SandboxSetupError(f"workdir {workdir}: {exc.strerror}") from None
     if not wd.is_dir():
         raise SandboxSetupError(f"workdir {wd} is not a directory")
     hidden = tuple(p for p in HIDDEN if p.is_dir())

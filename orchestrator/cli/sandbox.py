@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any
 
@@ -22,7 +21,8 @@ def register(sub: Any) -> None:
                    help=f"wall-time limit, seconds (default {defaults.wall_time_s:g})")
     p.add_argument("--memory", type=positive_int, default=defaults.memory_mb,
                    help=f"memory limit, MiB (default {defaults.memory_mb})")
-    p.add_argument("--workdir", default=os.getcwd(), help="writable work directory (default: cwd)")
+    # ".", not os.getcwd(): every command builds this parser, and a removed cwd made each a traceback
+    p.add_argument("--workdir", default=".", help="writable work directory (default: cwd)")
     p.add_argument("--backend", default="auto", choices=["auto", *BACKENDS],
                    help="isolation: bwrap, unshare, or none with --unsafe (default auto: the best available)")
     p.add_argument("--unsafe", action="store_true", help="allow backend 'none' (no isolation)")

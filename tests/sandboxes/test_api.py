@@ -167,6 +167,18 @@ def test_cli_json_and_refusals(workdir, capsys):
     assert "wall_time_s must be positive and finite, got inf" in capsys.readouterr().err
 
 
+def test_the_cli_builds_in_a_removed_folder(tmp_path, monkeypatch, capsys):
+    """--workdir's default was os.getcwd() when the parser was built, as every command builds it: in
+    a folder since removed, `rolecast validate` and `rolecast --help` were a FileNotFoundError traceback."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    args = _cli("--", "true")
+    assert args.workdir == "." and args.func(args) == 2
+    assert capsys.readouterr().err.strip() == "rolecast sandbox run: workdir .: No such file or directory"
+
+
 def test_a_terminated_command_hands_the_workdir_back(workdir):
     """`timeout`, `docker stop` and systemd stop a command with SIGTERM: the workdir, lent to the
     sandbox's uid while it runs, goes back to its owner and mode, as after Ctrl-C."""
