@@ -119,21 +119,20 @@ def run_dir(out: str | Path | None, stem: str, fresh: bool = False) -> Path:
     same second: calls in a loop); a path through an existing file is one line here, not a
     traceback when the run first writes. ``fresh``: an ``out`` that already holds a run (its
     config.yaml) is refused too, rather than overwritten."""
-    if out is not None:
-        out = Path(out)
-        blocker = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
-        if blocker is not None:
-            raise RolecastError(f"--out {out}: {blocker} is a file, not a folder")
-        if fresh and (out / "config.yaml").exists():
-            raise RolecastError(f"--out {out} already holds a run: give another --out, or remove it first")
-        _check_creatable(out)
-        return out
-    path = base = Path("runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    n = 1
-    while path.exists():
-        n += 1
-        path = base.with_name(f"{base.name}-{n}")
-    return path
+    if out is None:  # checked as a given one is: a file named runs here was a traceback at the first write
+        out = base = Path("runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+        n = 1
+        while out.exists():
+            n += 1
+            out = base.with_name(f"{base.name}-{n}")
+    out = Path(out)
+    blocker = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise RolecastError(f"--out {out}: {blocker} is a file, not a folder")
+    if fresh and (out / "config.yaml").exists():
+        raise RolecastError(f"--out {out} already holds a run: give another --out, or remove it first")
+    _check_creatable(out)
+    return out
 
 
 def _check_creatable(out: Path) -> None:

@@ -289,6 +289,15 @@ def test_runs_started_in_the_same_second_get_run_dirs_of_their_own(tmp_path, mon
     assert all(len((tmp_path / d / "transcripts.jsonl").read_text().splitlines()) == 1 for d in dirs)
 
 
+def test_a_file_named_runs_is_one_line_without_out_too(tmp_path, monkeypatch):
+    """Only a given ``out`` was checked: without one, a file named runs here was a NotADirectoryError
+    traceback when the run first wrote (after the model had loaded)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").write_text("")
+    with pytest.raises(rolecast.RolecastError, match=r"runs/guess_number-\S+: runs is a file, not a folder"):
+        rolecast.run(ROOT / "recipes/guess_number.yaml", episodes=1, policies={"guesser": binary_search}, progress=False)
+
+
 def test_a_team_written_in_code_runs_as_its_file_would(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "secrets.yaml").write_text("[{secret: 3}, {secret: 11}]\n")  # relative paths: from here
