@@ -62,7 +62,7 @@ import warnings
 
 from _recipes import TOPICS
 
-from orchestrator.cli.flags import positive_int
+from orchestrator.cli.flags import non_negative_int, positive_int
 
 GROUP_EPS = 1e-4  # TRL's: (r - mean) / (std + 1e-4)
 CLIP = 0.2
@@ -259,14 +259,14 @@ def main() -> None:
     parser.add_argument("--prompts", type=positive_int, default=8, help="distinct prompts per step")
     parser.add_argument("--generations", type=positive_int, default=8, help="completions per prompt (the GRPO group)")
     parser.add_argument("--new-tokens", type=positive_int, default=64, help="sampled tokens per completion, on both sides")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per side and round")
+    parser.add_argument("--warmup", type=non_negative_int, default=2, help="untimed steps per side and round")
     parser.add_argument("--steps", type=positive_int, default=5, help="timed steps per side and round")
     parser.add_argument("--rounds", type=positive_int, default=2, help="each side runs once per round, order alternating")
     parser.add_argument("--lr", type=float, default=5e-5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--micro-batch-tokens", type=positive_int, default=None,
                         help="rolecast's training client: cost budget per forward/backward pass (default: the device's)")
-    parser.add_argument("--trl-micro-batch", type=int, default=0,
+    parser.add_argument("--trl-micro-batch", type=non_negative_int, default=0,
                         help="TRL's per-device batch (gradient accumulation makes up the rest); 0 = all completions")
     parser.add_argument("--trl-gradient-checkpointing", action="store_true", help="TRL's default; off here")
     parser.add_argument("--worker", choices=sorted(WORKERS))

@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from orchestrator.cli.flags import positive_int
+from orchestrator.cli.flags import non_negative_int, positive_int
 from orchestrator.models import bf16_native, resolve_device
 from orchestrator.training.client import logprob_chunk
 from orchestrator.training.losses import token_logprobs
@@ -49,7 +49,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="auto", help="auto (a CUDA GPU where there is one), cpu, cuda, cuda:N")
     parser.add_argument("--positions", type=positive_int, default=2048, help="action positions per call")
-    parser.add_argument("--chunk", type=int, default=0, help="positions per block of logits (0: the client's)")
+    parser.add_argument("--chunk", type=non_negative_int, default=0, help="positions per block of logits (0: the client's)")
     parser.add_argument("--hidden", type=positive_int, default=576)
     parser.add_argument("--vocab", type=positive_int, default=49152)
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast (the client's setting where bf16 is native)")

@@ -151,6 +151,19 @@ def test_populations_stops_on_probe_games_that_measured_nothing(monkeypatch, tmp
         move_distributions({"player": adapter}, argparse.Namespace(model="tiny", probe=2), tmp_path / "probe")
 
 
+@pytest.mark.parametrize("script, argv", [("grpo_vs_trl", ["--warmup", "-1", "--generations", "1"]),
+                                          ("grpo_vs_trl", ["--trl-micro-batch", "-1", "--generations", "1"]),
+                                          ("logprob_head", ["--chunk", "-1", "--smoke"])])
+def test_counts_that_may_be_zero_refuse_negatives(script, argv, monkeypatch, capsys):
+    """``--warmup -1`` ran a step fewer and timed the cold first one as the run's; ``--chunk -1``
+    was a shape-mismatch traceback. (``--generations 1`` stops grpo_vs_trl before it runs anything.)"""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    monkeypatch.setattr(sys, "argv", [script, *argv])
+    with pytest.raises(SystemExit) as stop:
+        importlib.import_module(script).main()
+    assert stop.value.code == 2 and f"argument {argv[0]}: must be at least 0, got -1" in capsys.readouterr().err
+
+
 def test_rollout_takes_random_weights_of_a_model_folder(tmp_path):
     """``rollout.py --random-weights`` (how the GPU runs get SmolLM2's shape without carrying its
     weights) on a folder holding the tiny model's config and tokenizer."""

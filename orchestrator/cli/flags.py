@@ -32,6 +32,13 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    """argparse type: a whole number, 0 or more (a count that may be none, or 0 for a default)."""
+    if (value := _number(text, int, "a whole number")) < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return value
+
+
 def seed_number(text: str) -> int:
     """argparse type: a seed, 0 to 2**63 - 1 (the sampler draws from it as int64)."""
     if not 0 <= (value := _number(text, int, "a whole number")) <= SEED_MAX:
