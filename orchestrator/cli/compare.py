@@ -47,7 +47,7 @@ def handle(args: argparse.Namespace) -> int:
     runs = []
     # all checked before any trains: nothing of the user's is overwritten, and a started run (its
     # config.yaml) goes on from its last checkpoint (from step 0 without one) only as it was started
-    for name in args.strategy or list(STRATEGIES):
+    for name in dict.fromkeys(args.strategy or STRATEGIES):  # a strategy named twice is one run
         team, where, resume = with_strategy(base, name, args.every), out / name, (out / name / "config.yaml").is_file()
         if not resume and where.is_dir() and any(where.iterdir()):
             raise RolecastError(f"{where} holds files but no training run: move them, or give another --out")

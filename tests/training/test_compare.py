@@ -60,3 +60,21 @@ def test_compare_keeps_a_folder_that_holds_no_run(cli, tmp_path):
                        "--model", "tiny", "--out", out, "--no-progress")
     assert code == 2 and f"{out / 'grpo'} holds files but no training run" in err, err
     assert (out / "grpo" / "notes.txt").read_text() == "mine" and not (out / "shared").exists()  # nothing trained
+
+
+def test_a_strategy_named_twice_trains_once(cli, tmp_path, monkeypatch):
+    """``--strategy grpo --strategy grpo`` trained grpo, then stopped on its own run ("already holds a
+    training run") before compare.json was written."""
+    import orchestrator.api
+
+    trained = []
+
+    def train_into(team, where, *args, **kwargs):  # a run dir, as training makes it, and no model
+        where.mkdir(parents=True)
+        trained.append(where.name)
+
+    monkeypatch.setattr(orchestrator.api, "train_into", train_into)
+    code, stdout, err = cli("compare", train_recipe(tmp_path, 1), "--strategy", "grpo", "--strategy", "shared",
+                            "--strategy", "grpo", "--out", tmp_path / "cmp", "--no-progress")
+    assert code == 0, err
+    assert trained == ["grpo", "shared"] and (tmp_path / "cmp" / "compare.json").exists()
