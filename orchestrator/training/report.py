@@ -73,8 +73,9 @@ def write_report(run_dir: Path) -> dict[str, Any]:
             raise RolecastError(f"{population}: not a round robin's report ({type(exc).__name__}: {exc}); "
                                 "`rolecast eval --population` writes it again") from None
     evals = [r for r in rows if r.get("kind") == "eval"]
+    then = _run_options(run_dir)
     summary = {"run_dir": str(run_dir), "steps": max((r["step"] for r in rows), default=0),
-               "steps_planned": _planned_steps(run_dir), "plots": written}
+               "steps_planned": then["steps"] if type(then.get("steps")) is int else None, "plots": written}
     if evals:
         first, last = evals[0], evals[-1]
         summary["eval"] = {
@@ -91,8 +92,11 @@ def write_report(run_dir: Path) -> dict[str, Any]:
                      f"{_shown(e['last'], e['last_ci95'])} (step {e['last_step']}) |")
     planned = summary["steps_planned"]
     if planned and not any(r["step"] == planned for r in evals):  # the final evaluation is the last row written
+        # a strategy of `rolecast compare` trained a changed recipe (trainer, adapters): compare resumes it
+        again = (f"rolecast compare RECIPE --out {run_dir.absolute().parent} --strategy {then['strategy']}"
+                 if then.get("strategy") else f"rolecast train RECIPE --out {run_dir} --resume")
         lines.append(f"\nThe run stopped at step {summary['steps']} of {planned}: "
-                     f"`rolecast train RECIPE --out {run_dir} --resume` continues it from its last checkpoint.")
+                     f"`{again}` continues it from its last checkpoint.")
     (out_dir / "summary.md").write_text("\n".join(lines) + "\n")
     summary["table"] = "\n".join(lines)
     return summary
@@ -103,13 +107,14 @@ def _ci_key(reward_key: str) -> str:
     return "eval_ci95/" + reward_key.removeprefix("eval_reward/")
 
 
-def _planned_steps(run_dir: Path) -> int | None:
-    """The steps the run was started (or last resumed) for, as its config.yaml records them."""
+def _run_options(run_dir: Path) -> dict[str, Any]:
+    """The run options its config.yaml records (``steps``: those it was started, or last resumed,
+    for; ``strategy``: a `rolecast compare` run's); none where it is missing or damaged."""
     try:
-        steps = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))["run"]["steps"]
+        run = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))["run"]
     except (OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, TypeError):
-        return None
-    return steps if type(steps) is int else None
+        return {}
+    return run if isinstance(run, dict) else {}
 
 
 def _number(value: Any) -> bool:

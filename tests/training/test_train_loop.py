@@ -515,6 +515,18 @@ def test_report_of_a_one_episode_evaluation_and_of_a_stopped_run(cli, tmp_path):
     assert proc.wait(timeout=120) == 128 + signal.SIGPIPE and err == "", err
 
 
+def test_report_of_a_stopped_compare_strategy_names_compare(cli, tmp_path, monkeypatch):
+    """A strategy's run trained a changed recipe (its trainer, a shared adapter): the report said
+    `rolecast train RECIPE --resume`, which refuses it ("no adapters/pro": a damaged checkpoint?)."""
+    stopped = tmp_path / "cmp" / "shared"
+    write(stopped / "config.yaml", "run:\n  steps: 5\n  strategy: shared\n")
+    write(stopped / "metrics.jsonl", json.dumps({"step": 0, "kind": "eval", "eval_reward/pro": 0.1}) + "\n")
+    monkeypatch.chdir(stopped)
+    code, out, err = cli("report", ".")
+    assert code == 0, err
+    assert f"stopped at step 0 of 5: `rolecast compare RECIPE --out {tmp_path / 'cmp'} --strategy shared`" in out
+
+
 @pytest.fixture
 def faulty_plugins():
     """A reward plugin that pays NaN and a trainer whose advantages raise, in the CLI's registry."""
