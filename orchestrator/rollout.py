@@ -204,10 +204,19 @@ def _mean(values: list[float]) -> float | None:
     return round(sum(values) / len(values), 4) if values else None
 
 
+# Student's t 97.5% quantiles for 1..30 degrees of freedom
+_T975 = (12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.306, 2.2622, 2.2281, 2.201, 2.1788, 2.1604,
+         2.1448, 2.1314, 2.1199, 2.1098, 2.1009, 2.093, 2.086, 2.0796, 2.0739, 2.0687, 2.0639, 2.0595, 2.0555,
+         2.0518, 2.0484, 2.0452, 2.0423)
+
+
 def _ci95(values: list[float]) -> float | None:
-    """Half-width of a normal-approximation 95% interval of the mean."""
+    """Half-width of a Student's t 95% interval of the mean: 1.96 (the normal quantile) covered
+    70% of means at 2 episodes, 91% at 8."""
     if len(values) < 2:
         return None
-    m = sum(values) / len(values)
-    var = sum((v - m) ** 2 for v in values) / (len(values) - 1)
-    return round(1.96 * math.sqrt(var / len(values)), 4)
+    n, m = len(values), sum(values) / len(values)
+    var = sum((v - m) ** 2 for v in values) / (n - 1)
+    z = 1.959964  # past 30 degrees of freedom, the quantile's expansion in 1/df (Cornish-Fisher), within 1e-4
+    t = _T975[n - 2] if n <= 31 else z + (z**3 + z) / (4 * (n - 1)) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * (n - 1) ** 2)
+    return round(t * math.sqrt(var / n), 4)
