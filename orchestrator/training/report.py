@@ -95,7 +95,8 @@ def write_report(run_dir: Path) -> dict[str, Any]:
         # a strategy of `rolecast compare` trained a changed recipe (trainer, adapters): compare resumes it
         again = (f"rolecast compare RECIPE --out {run_dir.absolute().parent} --strategy {then['strategy']}"
                  if then.get("strategy") else f"rolecast train RECIPE --out {run_dir} --resume")
-        lines.append(f"\nThe run stopped at step {summary['steps']} of {planned}: "
+        # no lock says whether it still trains: a second process resuming a live run would write over it
+        lines.append(f"\nThe run is at step {summary['steps']} of {planned}, still training or stopped; if it stopped, "
                      f"`{again}` continues it from its last checkpoint.")
     (out_dir / "summary.md").write_text("\n".join(lines) + "\n")
     summary["table"] = "\n".join(lines)

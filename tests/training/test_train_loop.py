@@ -486,7 +486,8 @@ def test_report_names_what_is_wrong_with_a_run_dir_in_one_line(cli, tmp_path):
 def test_report_of_a_one_episode_evaluation_and_of_a_stopped_run(cli, tmp_path):
     """One evaluation episode gives no interval: it was stored as 0 and shown as "± 0.000". A
     role named ``reward_model`` lost its interval ("reward" was replaced everywhere in the key);
-    a run stopped early looked finished; a run stopped before its first row got "is this a
+    a run stopped early looked finished, and one still training was said to have stopped (to be
+    resumed: a second process on the live run); a run stopped before its first row got "is this a
     training run dir?"; ``report | head -1`` ended in a BrokenPipeError traceback."""
     run = tmp_path / "run"
     train_tiny(cli, recipe(tmp_path, 1), run, 1, "--set", "eval_episodes=1")
@@ -502,7 +503,7 @@ def test_report_of_a_one_episode_evaluation_and_of_a_stopped_run(cli, tmp_path):
         {"step": 2, "kind": "train", "reward/reward_model": 0.2})))
     code, out, err = cli("report", stopped)
     assert code == 0 and "| reward_model | 0.100 ± 0.050 (step 0) |" in out, (out, err)
-    assert f"stopped at step 2 of 5: `rolecast train RECIPE --out {stopped} --resume`" in out
+    assert f"at step 2 of 5, still training or stopped; if it stopped, `rolecast train RECIPE --out {stopped} --resume`" in out
 
     (tmp_path / "early" / "evals").mkdir(parents=True)
     code, _, err = cli("report", tmp_path / "early")
@@ -524,7 +525,7 @@ def test_report_of_a_stopped_compare_strategy_names_compare(cli, tmp_path, monke
     monkeypatch.chdir(stopped)
     code, out, err = cli("report", ".")
     assert code == 0, err
-    assert f"stopped at step 0 of 5: `rolecast compare RECIPE --out {tmp_path / 'cmp'} --strategy shared`" in out
+    assert f"stopped, `rolecast compare RECIPE --out {tmp_path / 'cmp'} --strategy shared`" in out
 
 
 @pytest.fixture
