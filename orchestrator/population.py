@@ -17,11 +17,12 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .errors import RunFailed
 from .policies.binding import Binding
 from .registry import Registry
 from .rollout import RunOptions, build_policies, run_team
@@ -71,6 +72,7 @@ async def play_round_robin(
     for match in schedule(entrants, seats, games):
         by_bindings[tuple((s, e.builtin) for s, e in match.items() if e.builtin)].append(match)
     played: list[Game] = []
+    records = []
     for k, (builtins, matches) in enumerate(sorted(by_bindings.items())):
         overrides = {s: Binding("builtin", name) for s, name in builtins}
         policies = build_policies(team, overrides, lambda: engine, registry)
@@ -80,12 +82,17 @@ async def play_round_robin(
             adapters_for=lambda i, m=matches: {s: e.adapter for s, e in m[i].items() if e.adapter},
             extra={"round_robin": {s: e.name for s, e in matches[0].items() if e.builtin}},
         ))
+        records += result.episodes
         for record, match in zip(result.episodes, matches):
             if record.status != "ok":
                 continue
             a_seat, b_seat = seats[0], seats[1]
             played.append(Game(match[a_seat].name, match[b_seat].name,
                                record.rewards.get(a_seat, 0.0), record.rewards.get(b_seat, 0.0)))
+    if not played:  # ratings of no games would read as a result: every entrant level at 1000
+        error = next((f"; the first error: {r.error}" for r in records if r.error), "")
+        raise RunFailed(f"no game of the round robin finished ({dict(Counter(r.status for r in records))}){error} "
+                        f"(transcripts in {out_dir})")
     return played
 
 

@@ -70,6 +70,22 @@ def test_bradley_terry_matches_the_two_player_closed_form():
     assert three_cycles(["a", "b"], matrices(["a", "b"], games)["score"]) == ([], 0)
 
 
+async def test_a_round_robin_where_no_game_finished_is_an_error(tmp_path):
+    """Every game failed or was cut short: the report rated every entrant 1000, exit 0, and its
+    population.json refused the rerun ("already holds a round robin")."""
+    import dataclasses
+
+    from orchestrator.errors import RunFailed
+    from orchestrator.population import play_round_robin
+    from orchestrator.team import load_team
+
+    team = load_team(ROOT / "recipes/rps_population.yaml")
+    team = dataclasses.replace(team, config=team.config.model_copy(update={"max_turns": 1}))  # 3 rounds need 6
+    entrants = [Entrant("a", builtin="random"), Entrant("b", builtin="random")]
+    with pytest.raises(RunFailed, match=r"no game of the round robin finished \({'max_turns': 2}\)"):
+        await play_round_robin(team, ["alice", "bob"], entrants, None, 2, seed=0, out_dir=tmp_path, concurrency=2)
+
+
 def test_eval_population_end_to_end(cli, tmp_path):
     recipe = ROOT / "recipes/rps_population.yaml"  # members: 4; the run is trained with 3
     run = tmp_path / "run"
