@@ -49,8 +49,9 @@ def handle(args: argparse.Namespace) -> int:
     # config.yaml) goes on from its last checkpoint (from step 0 without one) only as it was started
     for name in dict.fromkeys(args.strategy or STRATEGIES):  # a strategy named twice is one run
         team, where, resume = with_strategy(base, name, args.every), out / name, (out / name / "config.yaml").is_file()
-        if not resume and where.is_dir() and any(where.iterdir()):
-            raise RolecastError(f"{where} holds files but no training run: move them, or give another --out")
+        if not resume and where.exists() and (not where.is_dir() or any(where.iterdir())):
+            what = "holds files but no training run" if where.is_dir() else "is a file, where its run dir goes"
+            raise RolecastError(f"{where} {what}: move it, or give another --out")
         compute, seed, steps = Compute(**compute_options(args)), args.seed, steps_given(base, sets, args.steps)
         if resume:
             compute, seed, steps = as_started(team, where, compute, seed, steps)

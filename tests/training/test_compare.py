@@ -60,6 +60,11 @@ def test_compare_keeps_a_folder_that_holds_no_run(cli, tmp_path):
                        "--model", "tiny", "--out", out, "--no-progress")
     assert code == 2 and f"{out / 'grpo'} holds files but no training run" in err, err
     assert (out / "grpo" / "notes.txt").read_text() == "mine" and not (out / "shared").exists()  # nothing trained
+    # a file where a strategy's run dir goes: a FileExistsError traceback once the model had loaded
+    (out / "m-grpo").write_text("mine")
+    code, _, err = cli("compare", train_recipe(tmp_path, 1), "--strategy", "m-grpo", "--model", "tiny", "--out", out,
+                       "--no-progress")
+    assert code == 2 and f"{out / 'm-grpo'} is a file, where its run dir goes" in err, err
 
 
 def test_a_strategy_named_twice_trains_once(cli, tmp_path, monkeypatch):
