@@ -203,7 +203,16 @@ def load_role(
     merged = deep_merge(doc.data, overrides)
 
     def where(loc: Loc) -> tuple[YamlDoc, Loc]:
-        if override_doc is not None and loc and loc[0] in overrides:
+        # The team's file where it set the key or a value holding it; mappings merge, so a key
+        # beside those a team's `policy: {adapter: x}` sets is still the role file's.
+        node: Any = overrides
+        for part in loc:
+            if not isinstance(node, dict):
+                break
+            if part not in node:
+                return doc, tuple(loc)
+            node = node[part]
+        if override_doc is not None and loc:
             return override_doc, override_loc + tuple(loc)
         return doc, tuple(loc)
 

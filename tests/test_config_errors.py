@@ -68,6 +68,10 @@ CASES = [
      "team.yaml", 8, "roles[1].max_retries", "integer"),
     ("bad-binding", lambda w: replace_in(w / "echo.yaml", "adapter: null", "adapter: null\n  bind: telepathy:now"),
      "echo.yaml", 11, "policy.bind", "unknown policy kind"),
+    # the team sets policy.adapter; the role file's other policy keys are still its own
+    ("override-beside-role-key", lambda w: (replace_in(w / "echo.yaml", "temperature: 0.0", "temp: 0.0"),
+                                            replace_in(w / "team.yaml", "use: ./echo.yaml", "use: ./echo.yaml\n    policy: {adapter: echo}")),
+     "echo.yaml", 11, "policy.sampling.temp", "unknown key"),
     ("empty-file", lambda w: write(w / "team.yaml", "\n"), "team.yaml", 1, "(file)", "empty"),
     ("role-not-mapping", lambda w: write(w / "echo.yaml", "- name: echo\n"), "echo.yaml", 1, "(root)", "mapping"),
     ("tasks-file-missing", lambda w: replace_in(w / "team.yaml", 'tasks:\n  - {text: "the sea"}\n  - {text: "the sky"}', "tasks: tasks.jsonl"),
@@ -136,6 +140,16 @@ def test_missing_file(tmp_path, cli):
     code, _, err = cli("validate", tmp_path / "nope.yaml")
     assert code == 2
     assert err.strip() == f"{tmp_path / 'nope.yaml'}: (file): file not found"
+
+
+def test_team_override_keeps_role_file_paths(workspace, cli):
+    """A replay file the role names resolves from the role's folder, whatever policy keys the team sets."""
+    write(workspace / "sub" / "echo.yaml", (workspace / "echo.yaml").read_text()
+          .replace("prompts/", "../prompts/").replace("adapter: null", "adapter: null\n  bind: replay:echo.jsonl"))
+    write(workspace / "sub" / "echo.jsonl", '{"role": "echo", "text": "{\\"say\\": \\"hi\\"}"}\n')
+    replace_in(workspace / "team.yaml", "use: ./echo.yaml", "use: ./sub/echo.yaml\n    policy: {adapter: echo}")
+    code, _, err = cli("validate", workspace / "team.yaml")
+    assert code == 0, err
 
 
 def test_run_reports_config_error_without_traceback(workspace, cli):
