@@ -26,6 +26,7 @@ LIBRARY_DIR = Path(_library.__file__).resolve().parent
 # Variables every prompt template may use; environments add their own observation keys.
 BASE_VARIABLES = frozenset({"task", "role", "description", "params", "schema"})
 DEFAULT_SYSTEM = "You are the {{ role }}. {{ description }}"
+Site = tuple[str, int | None, str]  # file, line, key: where a template reads a variable
 
 
 @dataclass(frozen=True, eq=False)
@@ -38,7 +39,7 @@ class RoleSpec:
     template_path: Path
     system_template: jinja2.Template
     schema: dict[str, Any]
-    variables: frozenset[str]  # top-level names the templates read
+    variables: dict[str, Site]  # top-level names the templates read, each where it is first read
     binding: Binding | None = None  # policy.bind, parsed and checked; None = the model engine
     followup_template: jinja2.Template | None = None  # later turns' message (a conversation role)
 
@@ -145,17 +146,28 @@ def _jinja_env(directory: str) -> jinja2.Environment:
     )
 
 
-def _compile_template(path: Path, where: tuple[YamlDoc, Loc]) -> tuple[jinja2.Template, frozenset[str]]:
+def _reads(ast: jinja2.nodes.Template, file: str, key: str, line: int | None = None) -> dict[str, Site]:
+    """The top-level names template ``ast`` reads, each at its first use (or at ``line``: a
+    template written in a YAML key)."""
+    first: dict[str, int] = {}
+    for node in ast.find_all(jinja2.nodes.Name):
+        if node.ctx == "load":
+            first[node.name] = min(node.lineno, first.get(node.name, node.lineno))
+    return {name: (file, line or first.get(name), key) for name in jinja2.meta.find_undeclared_variables(ast)}
+
+
+def _compile_template(path: Path, where: tuple[YamlDoc, Loc]) -> tuple[jinja2.Template, dict[str, Site]]:
     doc, loc = where
+    key = str(loc[-1])  # prompt or followup
     if not path.is_file():
         raise doc.error(loc, f"prompt template not found: {path}")
     env = _jinja_env(str(path.parent))
     try:
         source = path.read_text(encoding="utf-8")
-        variables = frozenset(jinja2.meta.find_undeclared_variables(env.parse(source)))
+        variables = _reads(env.parse(source), str(path), key)
         template = env.get_template(path.name)
     except jinja2.TemplateSyntaxError as exc:
-        raise ConfigError(path, exc.lineno, "prompt", f"template syntax error: {exc.message}") from None
+        raise ConfigError(path, exc.lineno, key, f"template syntax error: {exc.message}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise doc.error(loc, f"cannot read prompt template {path}: {exc}") from None
     return template, variables
@@ -238,13 +250,14 @@ def load_role(
     if config.followup is not None:
         d, loc = where(("followup",))
         followup_template, followup_variables = _compile_template((d.path.parent / config.followup).resolve(), (d, loc))
-        variables |= followup_variables
+        variables = {**followup_variables, **variables}
     env = _jinja_env(str(template_path.parent))
+    d, loc = where(("system",))
     try:
         system_template = env.from_string(config.system or DEFAULT_SYSTEM)
-        variables |= jinja2.meta.find_undeclared_variables(env.parse(config.system or DEFAULT_SYSTEM))
+        at = d.error(loc, "")  # the file, line and key an error at `system` names
+        variables = {**_reads(env.parse(config.system or DEFAULT_SYSTEM), at.file, at.key, at.line), **variables}
     except jinja2.TemplateSyntaxError as exc:
-        d, loc = where(("system",))
         raise d.error(loc, f"template syntax error: {exc.message}") from None
     binding = None
     if config.policy.bind is not None:
@@ -262,6 +275,6 @@ def load_role(
         template_path=template_path,
         system_template=system_template,
         schema=schema,
-        variables=frozenset(variables),
+        variables=variables,
         followup_template=followup_template,
     )

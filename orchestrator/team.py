@@ -230,16 +230,16 @@ def _load_roles(config: TeamConfig, doc: YamlDoc, registry: Registry) -> dict[st
 
 def _check_template_variables(spec: RoleSpec, env_class: type[Env]) -> None:
     allowed = BASE_VARIABLES | env_class.observation_keys | set(spec.template.environment.globals)
-    unknown = sorted(spec.variables - allowed)
+    unknown = sorted(set(spec.variables) - allowed)
     if not unknown:
         return
-    text = spec.template_path.read_text(encoding="utf-8").splitlines()
-    line = next((n for n, t in enumerate(text, 1) if unknown[0] in t), None)
+    file, line, key = spec.variables[unknown[0]]
+    here = [name for name in unknown if spec.variables[name][::2] == (file, key)]  # those read at the same file and key
     raise ConfigError(
-        spec.template_path,
+        file,
         line,
-        "prompt",
-        f"template uses undefined variable(s) {', '.join(unknown)}; "
+        key,
+        f"template uses undefined variable(s) {', '.join(here)}; "
         f"available with protocol {env_class.__name__}: {', '.join(sorted(allowed - set(spec.template.environment.globals)))}",
     )
 
