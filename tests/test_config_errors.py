@@ -85,6 +85,8 @@ CASES = [
     ("override-beside-role-key", lambda w: (replace_in(w / "echo.yaml", "temperature: 0.0", "temp: 0.0"),
                                             replace_in(w / "team.yaml", "use: ./echo.yaml", "use: ./echo.yaml\n    policy: {adapter: echo}")),
      "echo.yaml", 11, "policy.sampling.temp", "unknown key"),
+    ("team-protocol-misspelt", lambda w: replace_in(w / "team.yaml", "protocol:", "protocl:"),
+     "team.yaml", 1, "protocol", "required key is missing"),
     ("empty-file", lambda w: write(w / "team.yaml", "\n"), "team.yaml", 1, "(file)", "empty"),
     ("role-not-mapping", lambda w: write(w / "echo.yaml", "- name: echo\n"), "echo.yaml", 1, "(root)", "mapping"),
     ("tasks-file-missing", lambda w: replace_in(w / "team.yaml", 'tasks:\n  - {text: "the sea"}\n  - {text: "the sky"}', "tasks: tasks.jsonl"),

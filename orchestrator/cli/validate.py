@@ -37,7 +37,8 @@ def handle(args: argparse.Namespace) -> int:
     for path in files:
         try:
             data = load_yaml(path).data
-            if isinstance(data, dict) and "protocol" in data:
+            # keys only a team has: with `protocol` misspelt, a team is still checked as one
+            if isinstance(data, dict) and {"protocol", "roles", "tasks"} & set(data):
                 team = load_team(path)
                 print(f"ok  {path}  (team {team.name}: {len(team.roles)} roles, protocol {team.config.protocol.type})")
             else:
