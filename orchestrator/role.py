@@ -146,14 +146,49 @@ def _jinja_env(directory: str) -> jinja2.Environment:
     )
 
 
-def _reads(ast: jinja2.nodes.Template, file: str, key: str, line: int | None = None) -> dict[str, Site]:
+def _reads(env: jinja2.Environment, ast: jinja2.nodes.Template, file: str, key: str, line: int | None = None,
+           seen: frozenset[str] = frozenset()) -> dict[str, Site]:
     """The top-level names template ``ast`` reads, each at its first use (or at ``line``: a
-    template written in a YAML key)."""
+    template written in a YAML key), with those of the templates it includes."""
     first: dict[str, int] = {}
+    assigned = set()
     for node in ast.find_all(jinja2.nodes.Name):
         if node.ctx == "load":
             first[node.name] = min(node.lineno, first.get(node.name, node.lineno))
-    return {name: (file, line or first.get(name), key) for name in jinja2.meta.find_undeclared_variables(ast)}
+        else:
+            assigned.add(node.name)
+    try:
+        undeclared = jinja2.meta.find_undeclared_variables(ast)
+    except jinja2.TemplateSyntaxError as exc:  # an unknown filter, say: introspection names no file
+        exc.filename = file
+        raise
+    reads = {name: (file, line or first.get(name), key) for name in undeclared}
+    for node in ast.find_all((jinja2.nodes.Include, jinja2.nodes.Import, jinja2.nodes.FromImport, jinja2.nodes.Extends)):
+        found = _referenced(env, node)
+        if found is None or found[0] in seen:  # nothing to follow, or a template already followed
+            continue
+        name, source, filename = found
+        included = _reads(env, env.parse(source, name, filename), filename, key, seen=seen | {name})
+        # an included template also sees the includer's own variables ({% set %}, loop variables)
+        reads = {**{n: site for n, site in included.items() if n not in assigned}, **reads}
+    return reads
+
+
+def _referenced(env: jinja2.Environment, node: jinja2.nodes.Node) -> tuple[str, str, str] | None:
+    """The template an include (import, extends) renders, as its name, source and file: the first
+    of its list that exists, as Jinja picks; None for a name computed at render time or an
+    `ignore missing` include of none; TemplateNotFound where none exists."""
+    targets = node.template.items if isinstance(node.template, (jinja2.nodes.List, jinja2.nodes.Tuple)) else [node.template]
+    if not all(isinstance(t, jinja2.nodes.Const) for t in targets):
+        return None
+    for target in targets:
+        try:
+            return (target.value, *env.loader.get_source(env, target.value)[:2])
+        except jinja2.TemplateNotFound:
+            continue
+    if getattr(node, "ignore_missing", False):
+        return None
+    raise jinja2.TemplateNotFound(" or ".join(str(t.value) for t in targets))
 
 
 def _compile_template(path: Path, where: tuple[YamlDoc, Loc]) -> tuple[jinja2.Template, dict[str, Site]]:
@@ -164,10 +199,12 @@ def _compile_template(path: Path, where: tuple[YamlDoc, Loc]) -> tuple[jinja2.Te
     env = _jinja_env(str(path.parent))
     try:
         source = path.read_text(encoding="utf-8")
-        variables = _reads(env.parse(source), str(path), key)
+        variables = _reads(env, env.parse(source, path.name, str(path)), str(path), key)
         template = env.get_template(path.name)
     except jinja2.TemplateSyntaxError as exc:
-        raise ConfigError(path, exc.lineno, key, f"template syntax error: {exc.message}") from None
+        raise ConfigError(exc.filename or path, exc.lineno, key, f"template syntax error: {exc.message}") from None
+    except jinja2.TemplateNotFound as exc:
+        raise ConfigError(path, None, key, f"included template not found: {exc.name}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise doc.error(loc, f"cannot read prompt template {path}: {exc}") from None
     return template, variables
@@ -256,9 +293,11 @@ def load_role(
     try:
         system_template = env.from_string(config.system or DEFAULT_SYSTEM)
         at = d.error(loc, "")  # the file, line and key an error at `system` names
-        variables = {**_reads(env.parse(config.system or DEFAULT_SYSTEM), at.file, at.key, at.line), **variables}
+        variables = {**_reads(env, env.parse(config.system or DEFAULT_SYSTEM), at.file, at.key, at.line), **variables}
     except jinja2.TemplateSyntaxError as exc:
         raise d.error(loc, f"template syntax error: {exc.message}") from None
+    except jinja2.TemplateNotFound as exc:
+        raise d.error(loc, f"included template not found: {exc.name}") from None
     binding = None
     if config.policy.bind is not None:
         d, loc = where(("policy", "bind"))

@@ -63,6 +63,16 @@ CASES = [
      "echo.yaml", 13, "system", "rolee"),
     ("team-system-undefined-variable", lambda w: replace_in(w / "team.yaml", "  - use: reviewer", "  - use: reviewer\n    system: 'Be {{ mood }}.'"),
      "team.yaml", 8, "roles[1].system", "mood"),
+    ("included-template-undefined-variable", lambda w: (write(w / "prompts" / "echo.md.j2", '{% include "ctx.md.j2" %}\n{{ task.text }}\n'),
+                                                        write(w / "prompts" / "ctx.md.j2", "Context:\n{{ contxt }}\n")),
+     "ctx.md.j2", 2, "prompt", "contxt"),
+    ("template-unknown-filter", lambda w: write(w / "prompts" / "echo.md.j2", "Hi\n{% for m in history %}{{ m | tojosn }}{% endfor %}\n"),
+     "echo.md.j2", 2, "prompt", "No filter named 'tojosn'"),
+    ("included-template-unknown-filter", lambda w: (write(w / "prompts" / "echo.md.j2", '{% include "ctx.md.j2" %}\n'),
+                                                    write(w / "prompts" / "ctx.md.j2", "Hi\n{{ task | tojosn }}\n")),
+     "ctx.md.j2", 2, "prompt", "No filter named 'tojosn'"),
+    ("included-template-missing", lambda w: write(w / "prompts" / "echo.md.j2", '{% include "ctx.md.j2" %}\n'),
+     "echo.md.j2", None, "prompt", "included template not found: ctx.md.j2"),
     ("unknown-role", lambda w: replace_in(w / "team.yaml", "use: reviewer", "use: chef"),
      "team.yaml", 7, "roles[1].use", "unknown role 'chef'"),
     ("routes-to-unknown-role", lambda w: replace_in(w / "team.yaml", "order: [echo, reviewer]", "order: [echo, critic]"),
@@ -163,6 +173,14 @@ def test_team_override_keeps_role_file_paths(workspace, cli):
           .replace("prompts/", "../prompts/").replace("adapter: null", "adapter: null\n  bind: replay:echo.jsonl"))
     write(workspace / "sub" / "echo.jsonl", '{"role": "echo", "text": "{\\"say\\": \\"hi\\"}"}\n')
     replace_in(workspace / "team.yaml", "use: ./echo.yaml", "use: ./sub/echo.yaml\n    policy: {adapter: echo}")
+    code, _, err = cli("validate", workspace / "team.yaml")
+    assert code == 0, err
+
+
+def test_included_template_sees_the_includers_variables(workspace, cli):
+    write(workspace / "prompts" / "echo.md.j2", '{% for line in task.text.split() %}{% include ["no.md.j2", "line.md.j2"] %}{% endfor %}\n'
+                                                '{% include "optional.md.j2" ignore missing %}\n')
+    write(workspace / "prompts" / "line.md.j2", "- {{ line }}\n")
     code, _, err = cli("validate", workspace / "team.yaml")
     assert code == 0, err
 
