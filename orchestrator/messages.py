@@ -101,6 +101,10 @@ def check_schema(schema: dict[str, Any]) -> str | None:
         return "invalid JSON Schema: nested too deeply"
     if remote := next(_remote_refs(schema), None):
         return f"$ref {remote!r} is not in this schema: only local references (#/$defs/...) resolve, nothing is fetched"
+    try:
+        compile_validator(schema)  # a local $ref to nowhere shows only here (every reply would fail on it)
+    except jsonschema_rs.ValidationError as exc:
+        return f"invalid JSON Schema: {exc.message}"
     return None
 
 

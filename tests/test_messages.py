@@ -65,6 +65,8 @@ def test_validators_are_compiled_once_per_schema():
 def test_check_schema():
     assert check_schema(SCHEMA) is None
     assert "invalid JSON Schema" in check_schema({"type": "objekt"})
+    assert check_schema({"type": "object", "properties": {"a": {"$ref": "#/$defs/nope"}}}) == \
+        "invalid JSON Schema: Pointer '/$defs/nope' does not exist"
 
 
 def test_message_envelope_is_strict():
