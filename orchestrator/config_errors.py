@@ -44,7 +44,10 @@ def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:
             return []
         current = field.annotation
     model = _model(current)
-    return sorted(set(model.model_fields) - set(set_by_train(model))) if model else []
+    if model is None:
+        return []
+    taken = set_by_train(model)
+    return sorted(f.alias or name for name, f in model.model_fields.items() if name not in taken)  # as a file spells them
 
 
 def _model(annotation: Any) -> type[BaseModel] | None:
