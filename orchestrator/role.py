@@ -149,7 +149,8 @@ def _jinja_env(directory: str) -> jinja2.Environment:
 def _reads(env: jinja2.Environment, ast: jinja2.nodes.Template, file: str, key: str, line: int | None = None,
            seen: frozenset[str] = frozenset()) -> dict[str, Site]:
     """The top-level names template ``ast`` reads, each at its first use (or at ``line``: a
-    template written in a YAML key), with those of the templates it includes."""
+    template written in a YAML key), with those of the templates it includes; TemplateAssertionError
+    for an unknown filter or test."""
     first: dict[str, int] = {}
     assigned = set()
     for node in ast.find_all(jinja2.nodes.Name):
@@ -157,6 +158,10 @@ def _reads(env: jinja2.Environment, ast: jinja2.nodes.Template, file: str, key: 
             first[node.name] = min(node.lineno, first.get(node.name, node.lineno))
         else:
             assigned.add(node.name)
+    for node in ast.find_all((jinja2.nodes.Filter, jinja2.nodes.Test)):
+        kind, known = ("filter", env.filters) if isinstance(node, jinja2.nodes.Filter) else ("test", env.tests)
+        if node.name not in known:  # inside an {% if %}, Jinja leaves this to the first render that takes the branch
+            raise jinja2.TemplateAssertionError(f"No {kind} named {node.name!r}.", node.lineno, filename=file)
     try:
         undeclared = jinja2.meta.find_undeclared_variables(ast)
     except jinja2.TemplateSyntaxError as exc:  # an unknown filter, say: introspection names no file
