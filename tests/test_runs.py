@@ -114,6 +114,16 @@ def test_replay_exhaustion_and_policy_crash_end_the_episode_not_the_run(tmp_path
     assert len(read_transcripts(tmp_path / "b")) == 2
 
 
+def test_a_replay_plays_an_episode_id_again_from_the_start(tmp_path):
+    # a training run's evaluations reuse one seed, so its episode ids, with the same policies
+    team = load_team(ROOT / "recipes/debate.yaml")
+    policies = build_policies(team, {name: Binding("replay", str(debate_replay(tmp_path / "d.jsonl"))) for name in team.roles},
+                              no_engine)
+    for name in ("a", "b"):
+        result = asyncio.run(run_team(team, policies, RunOptions(episodes=2, seed=0, out_dir=tmp_path / name, progress=False)))
+        assert [e.status for e in result.episodes] == ["ok", "ok"], result.episodes[0].error
+
+
 def test_episode_timeout_keeps_partial_transcript(tmp_path):
     team = load_team(ROOT / "recipes/debate.yaml")
 
