@@ -22,6 +22,8 @@ from ..errors import PolicyError
 from .base import PolicyOutput, PolicyRequest
 
 log = structlog.get_logger()
+# urllib's timeout bounds each socket read, not the reply: one that trickles in is cut this long after it
+GRACE_S = 5.0
 
 
 class HTTPStatusError(PolicyError):
@@ -73,7 +75,10 @@ class OpenAIPolicy:
             raise PolicyError(f"{self.base_url}: unexpected response {str(data)[:200]}") from None
 
     async def _send(self, body: dict[str, Any]) -> dict[str, Any]:
-        return await asyncio.wait_for(asyncio.to_thread(self._post, body), self.timeout + 5)
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(self._post, body), self.timeout + GRACE_S)
+        except TimeoutError:  # bare, it would name neither the server nor the time it had
+            raise PolicyError(f"{self.base_url}: no reply within {self.timeout + GRACE_S:g}s") from None
 
     def _post(self, body: dict[str, Any]) -> dict[str, Any]:
         headers = {"Content-Type": "application/json"}

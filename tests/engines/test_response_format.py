@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import threading
 
 import pytest
 
@@ -16,6 +17,7 @@ from orchestrator.config import SamplingConfig
 from orchestrator.engines.base import Completion, GenerationRequest
 from orchestrator.errors import PolicyError
 from orchestrator.messages import schema_json
+from orchestrator.policies import openai
 from orchestrator.policies.base import PolicyRequest
 from orchestrator.policies.openai import OpenAIPolicy, response_format
 from orchestrator.serve import ChatServer, HTTPError, response_schema
@@ -125,3 +127,16 @@ async def test_other_http_errors_still_fail():
     async with serving(RecordingEngine()) as url:
         with pytest.raises(PolicyError, match="HTTP 404"):
             await OpenAIPolicy(f"nope@{url}")(policy_request(json_schema=schema_json(SCHEMA)))
+
+
+async def test_a_reply_that_never_ends_is_the_policys_error_not_an_episode_timeout(monkeypatch):
+    # urllib times each read, so a server that trickles bytes is cut only by the policy's own bound
+    release = threading.Event()
+    policy = OpenAIPolicy("base@http://127.0.0.1:9/v1", timeout_s=0.1)
+    monkeypatch.setattr(openai, "GRACE_S", 0.1)
+    monkeypatch.setattr(policy, "_post", lambda body: release.wait(10))
+    try:
+        with pytest.raises(PolicyError, match="no reply within 0.2s"):
+            await policy(policy_request())
+    finally:
+        release.set()
