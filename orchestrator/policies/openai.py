@@ -9,6 +9,7 @@ plain requests from then on (the reply is still validated against the schema).
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import os
 import re
@@ -70,9 +71,12 @@ class OpenAIPolicy:
             data = await self._send(body)
         try:
             choice = data["choices"][0]
-            return PolicyOutput(text=choice["message"]["content"] or "", finish_reason=choice.get("finish_reason"))
+            text = choice["message"]["content"] or ""
         except (KeyError, IndexError, TypeError):
-            raise PolicyError(f"{self.base_url}: unexpected response {str(data)[:200]}") from None
+            text = None
+        if not isinstance(text, str):  # a number or an object for content is no reply either
+            raise PolicyError(f"{self.base_url}: unexpected response {str(data)[:200]}")
+        return PolicyOutput(text=text, finish_reason=choice.get("finish_reason"))
 
     async def _send(self, body: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -91,5 +95,7 @@ class OpenAIPolicy:
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace")[:300]
             raise HTTPStatusError(f"{self.base_url}: HTTP {exc.code}: {detail}", exc.code, detail) from None
-        except (urllib.error.URLError, TimeoutError, ValueError) as exc:
+        # OSError: URLError, timeouts, and a connection dropped while the response is read (urlopen
+        # wraps only the request's faults in URLError); RecursionError: a response nested too deeply
+        except (OSError, http.client.HTTPException, ValueError, RecursionError) as exc:
             raise PolicyError(f"{self.base_url}: {exc}") from None

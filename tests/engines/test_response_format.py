@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import threading
 
 import pytest
@@ -140,3 +141,33 @@ async def test_a_reply_that_never_ends_is_the_policys_error_not_an_episode_timeo
             await policy(policy_request())
     finally:
         release.set()
+
+
+@contextlib.asynccontextmanager
+async def answering(raw: bytes):
+    """A server that reads a request and sends back ``raw`` whatever it asked (b"": hangs up)."""
+    async def handle(reader, writer):
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+        await reader.readexactly(length)
+        writer.write(raw)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+@pytest.mark.parametrize("raw", [
+    b"",
+    b'HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{"choices": [',
+    b'HTTP/1.1 200 OK\r\nContent-Length: 43\r\n\r\n{"choices": [{"message": {"content": 12}}]}',
+], ids=["hung-up", "cut-short", "number-content"])
+async def test_a_broken_response_is_a_policy_error_naming_the_server(raw):
+    async with answering(raw) as url:
+        with pytest.raises(PolicyError, match=re.escape(url)):
+            await OpenAIPolicy(f"base@{url}")(policy_request())
