@@ -69,7 +69,12 @@ class EpisodeRecord:
 
     def dumps(self) -> str:
         """One JSONL line; serialises the records in place, without asdict's deep copy."""
-        return json.dumps(self, default=as_json, ensure_ascii=False)
+        line = json.dumps(self, default=as_json, ensure_ascii=False)
+        try:
+            line.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate (a Python policy's text): UTF-8 has none, JSON's escape does
+            return json.dumps(self, default=as_json)
+        return line
 
 
 def as_json(value: Any) -> dict[str, Any]:

@@ -86,6 +86,16 @@ def test_garbage_policy_is_retried_penalised_and_recorded(tmp_path):
     assert saved[0]["turns"][1]["penalty"] == -1.0 and saved[0]["turns"][1]["retries"] == 2
 
 
+def test_a_reply_with_a_lone_surrogate_is_written_and_read_back(tmp_path):
+    # a Python policy's text (os.fsdecode of a file name) or a server's "\\udcff": no UTF-8 holds it
+    team = load_team(ROOT / "recipes/debate.yaml")
+    policies = build_policies(team, stub_all(team), no_engine)
+    policies["con"] = PythonPolicy(lambda r: 'file \udcff: {"argument": "x"}')
+    result = asyncio.run(run_team(team, policies, RunOptions(episodes=1, seed=0, out_dir=tmp_path, progress=False)))
+    assert result.episodes[0].status == "ok"
+    assert read_transcripts(tmp_path)[0]["turns"][1]["attempts"][0]["text"] == 'file \udcff: {"argument": "x"}'
+
+
 def stub_all(team):
     """Bind every role to the stub; a test then swaps in the policies it is about."""
     return {name: Binding("builtin", "stub") for name in team.roles}
