@@ -47,6 +47,8 @@ def extract_json(text: str) -> tuple[dict[str, Any] | None, str | None]:
             except json.JSONDecodeError:
                 start = chunk.find("{", start + 1)
                 continue
+            except RecursionError:  # a degenerate reply ('{"a": [[[[...') a thousand levels deep
+                return None, "the reply's JSON is nested too deeply"
             if isinstance(value, dict):
                 return value, None
             saw_non_object = True

@@ -32,6 +32,7 @@ def test_extract_json_tolerates_fences_and_chatter(text, expected):
         ("no json here", "no JSON object"),
         ('{"verdict": "approve"', "no well-formed JSON object"),
         ("", "no JSON object"),
+        pytest.param('{"a": ' + "[" * 5000, "nested too deeply", id="a model stuck on ["),  # not a RecursionError
     ],
 )
 def test_extract_json_failures_say_why(text, reason):
