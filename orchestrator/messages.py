@@ -44,7 +44,7 @@ def extract_json(text: str) -> tuple[dict[str, Any] | None, str | None]:
         while start != -1:
             try:
                 value, _ = _DECODER.raw_decode(chunk, start)
-            except json.JSONDecodeError:
+            except ValueError:  # malformed, or an integer past Python's 4300-digit limit (not a JSONDecodeError)
                 start = chunk.find("{", start + 1)
                 continue
             except RecursionError:  # a degenerate reply ('{"a": [[[[...') a thousand levels deep

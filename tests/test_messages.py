@@ -33,6 +33,7 @@ def test_extract_json_tolerates_fences_and_chatter(text, expected):
         ('{"verdict": "approve"', "no well-formed JSON object"),
         ("", "no JSON object"),
         pytest.param('{"a": ' + "[" * 5000, "nested too deeply", id="a model stuck on ["),  # not a RecursionError
+        pytest.param('{"guess": 1' + "0" * 5000 + "}", "no well-formed JSON object", id="a model stuck on 0"),
     ],
 )
 def test_extract_json_failures_say_why(text, reason):
