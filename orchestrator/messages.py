@@ -124,9 +124,12 @@ def _remote_refs(node: Any) -> Iterator[str]:
 
 
 def validation_errors(validator: jsonschema_rs.Validator, content: Any, limit: int = 3) -> list[str]:
-    if validator.is_valid(content):  # the fast path: no error objects built
-        return []
-    errors = sorted(validator.iter_errors(content), key=lambda e: [str(p) for p in e.instance_path])[:limit]
+    try:
+        if validator.is_valid(content):  # the fast path: no error objects built
+            return []
+        errors = sorted(validator.iter_errors(content), key=lambda e: [str(p) for p in e.instance_path])[:limit]
+    except ValueError:  # jsonschema-rs reads an instance 255 levels deep at most: "Recursion limit reached"
+        return ["the reply's JSON is nested too deeply"]
     return [f"at {_json_path(e.instance_path)}: {e.message}" for e in errors]
 
 

@@ -52,6 +52,13 @@ def test_validation_errors_name_the_path():
     assert parse_message('{"verdict": "approve"}', v) == ({"verdict": "approve"}, [])
 
 
+def test_a_value_nested_past_the_validators_depth_is_invalid():
+    # jsonschema-rs raises ValueError past 255 levels: about 260 SmolLM2 tokens of "[[[[...]]]]"
+    v = compile_validator(SCHEMA)
+    _, errors = parse_message('{"verdict": "approve", "n": ' + "[" * 300 + "]" * 300 + "}", v)
+    assert errors == ["the reply's JSON is nested too deeply"]
+
+
 def test_a_lone_surrogate_escape_is_invalid_and_a_pair_is_fine():
     # it would reach the transcript (a UTF-8 file) and the next prompts' tokenizer, and crash both
     v = compile_validator(SCHEMA)
