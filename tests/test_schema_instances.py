@@ -22,6 +22,10 @@ SCHEMAS = [
     {"type": "object", "properties": {"path": {"type": "string", "pattern": "^tests/.+\\.py$"},
                                       "id": {"type": "string", "pattern": "^(ab|c)\\d{2}\\s[^x]*\\w+$"}},
      "required": ["path", "id"]},
+    {"type": "object", "$defs": {"mood": {"enum": ["calm", "stormy"]}, "note": {"type": "string", "minLength": 3}},
+     "properties": {"mood": {"$ref": "#/$defs/mood"}, "notes": {"type": "array", "items": {"$ref": "#/$defs/note"},
+                                                                "minItems": 1}},
+     "required": ["mood", "notes"]},  # local $refs, which roles allow: {} for each, before
 ]
 
 

@@ -17,30 +17,43 @@ Pick = Callable[[list], Any]
 Scalar = Callable[[str, dict[str, Any]], Any]
 
 
-def schema_instance(schema: dict[str, Any], pick: Pick, scalar: Scalar) -> Any:
+def schema_instance(schema: dict[str, Any], pick: Pick, scalar: Scalar, root: dict[str, Any] | None = None) -> Any:
     """An instance of ``schema``: ``pick`` chooses among alternatives (enum values, ``anyOf`` or
     ``oneOf`` branches, a list of types), ``scalar(kind, schema)`` makes a string, number or boolean.
-    Objects get their required properties, arrays their ``minItems`` items."""
+    Objects get their required properties, arrays their ``minItems`` items; a ``$ref`` (local, as
+    roles allow) is followed from ``root``, the whole schema."""
+    root = root if root is not None else schema
+    if str(schema.get("$ref")).startswith("#/"):
+        return schema_instance(_resolve(root, schema["$ref"]), pick, scalar, root)
     if "const" in schema:
         return schema["const"]
     if "enum" in schema:
         return pick(schema["enum"])
     for key in ("anyOf", "oneOf"):
         if key in schema:
-            return schema_instance(pick(schema[key]), pick, scalar)
+            return schema_instance(pick(schema[key]), pick, scalar, root)
     kind = schema.get("type", "object")
     if isinstance(kind, list):
         kind = pick(kind)
     if kind == "object":
         props = schema.get("properties", {})
-        return {name: schema_instance(props.get(name, {}), pick, scalar) for name in schema.get("required", [])}
+        return {name: schema_instance(props.get(name, {}), pick, scalar, root) for name in schema.get("required", [])}
     if kind == "array":
-        return [schema_instance(schema.get("items", {}), pick, scalar) for _ in range(schema.get("minItems", 0))]
+        return [schema_instance(schema.get("items", {}), pick, scalar, root) for _ in range(schema.get("minItems", 0))]
     if kind == "string" and "pattern" in schema and (text := pattern_instance(schema["pattern"], pick)) is not None:
         return text
     if kind in ("string", "integer", "number", "boolean"):
         return scalar(kind, schema)
     return None
+
+
+def _resolve(root: dict[str, Any], ref: str) -> dict[str, Any]:
+    """The subschema a local ``$ref`` (``#/$defs/name``, a JSON pointer) names."""
+    node: Any = root
+    for part in ref.split("/")[1:]:
+        part = part.replace("~1", "/").replace("~0", "~")
+        node = node[int(part)] if isinstance(node, list) else node[part]
+    return node
 
 
 CHARS = "x" + string.ascii_letters + string.digits + string.punctuation + " "  # a character class's candidates, "x" first
