@@ -122,14 +122,17 @@ async def run_team(team: Team, policies: Mapping[str, Policy], options: RunOptio
         )
         async with semaphore:
             t0 = time.perf_counter()
+            deadline = asyncio.timeout(options.episode_timeout_s)
             try:
                 played = options.play(record) if options.play else run_episode(team, policies, record)
-                record = await asyncio.wait_for(played, options.episode_timeout_s)
-            except asyncio.TimeoutError:
-                record.status, record.error = "timeout", f"episode exceeded {options.episode_timeout_s:g}s"
+                async with deadline:
+                    record = await played
             except Exception as exc:  # a policy or environment fault ends this episode, not the run
-                record.status, record.error = "error", f"{type(exc).__name__}: {exc}"
-                log.warning("episode failed", episode=record.id, error=record.error)
+                if deadline.expired():  # a TimeoutError of a policy's own (its API call's) is a fault like any other
+                    record.status, record.error = "timeout", f"episode exceeded {options.episode_timeout_s:g}s"
+                else:
+                    record.status, record.error = "error", f"{type(exc).__name__}: {exc}"
+                    log.warning("episode failed", episode=record.id, error=record.error)
             record.duration_s = time.perf_counter() - t0
         records.append(record)
         transcripts.write(record.dumps() + "\n")

@@ -149,6 +149,18 @@ def test_episode_timeout_keeps_partial_transcript(tmp_path):
     assert [t.role for t in result.episodes[0].turns] == ["pro"]
 
 
+def test_a_policys_own_timeout_is_an_error_not_the_episodes(tmp_path):
+    def api(request):
+        raise TimeoutError("the judge's API did not answer in 10s")  # as urlopen(timeout=10) raises it
+
+    team = load_team(ROOT / "recipes/debate.yaml")
+    policies = build_policies(team, stub_all(team), no_engine)
+    policies["judge"] = PythonPolicy(api)
+    result = asyncio.run(run_team(team, policies, RunOptions(episodes=1, seed=0, out_dir=tmp_path, progress=False)))
+    ep = result.episodes[0]
+    assert (ep.status, ep.error) == ("error", "TimeoutError: the judge's API did not answer in 10s")
+
+
 def test_pipeline_loops_back_until_approved(tmp_path):
     team = load_team(ROOT / "recipes/code_review.yaml")
     verdicts = iter(["request_changes", "request_changes", "approve"])
