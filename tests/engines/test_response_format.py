@@ -19,7 +19,7 @@ from orchestrator.engines.base import Completion, GenerationRequest
 from orchestrator.errors import PolicyError
 from orchestrator.messages import schema_json
 from orchestrator.policies import openai
-from orchestrator.policies.base import PolicyRequest
+from orchestrator.policies.base import PolicyOutput, PolicyRequest
 from orchestrator.policies.openai import OpenAIPolicy, response_format
 from orchestrator.serve import ChatServer, HTTPError, response_schema
 
@@ -171,3 +171,32 @@ async def test_a_broken_response_is_a_policy_error_naming_the_server(raw):
     async with answering(raw) as url:
         with pytest.raises(PolicyError, match=re.escape(url)):
             await OpenAIPolicy(f"base@{url}")(policy_request())
+
+
+async def test_requests_reach_the_server_all_at_once(monkeypatch):
+    # more than asyncio's default thread pool holds anywhere (32 at most): each reply waits for all
+    n, arrived, everyone = 33, [], asyncio.Event()
+
+    async def handle(reader, writer):
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+        await reader.readexactly(length)
+        arrived.append(1)
+        if len(arrived) == n:
+            everyone.set()
+        await everyone.wait()
+        body = b'{"choices": [{"message": {"content": "{}"}}]}'
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    monkeypatch.setattr(openai, "GRACE_S", 0.0)
+    policy = OpenAIPolicy(f"base@http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1", timeout_s=3.0)
+    try:
+        outs = await asyncio.gather(*(policy(policy_request()) for _ in range(n)), return_exceptions=True)
+    finally:
+        everyone.set()
+        server.close()
+        await server.wait_closed()
+    assert [out.text if isinstance(out, PolicyOutput) else str(out) for out in outs] == ["{}"] * n
