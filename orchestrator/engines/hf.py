@@ -183,6 +183,7 @@ class HFEngine(TokenizerMethods, AdapterVersions):
     async def generate(self, request: GenerationRequest) -> Completion:
         if self._closed:
             raise RuntimeError("the engine is closed")
+        self._check_prompt(request.prompt_ids)
         loop = asyncio.get_running_loop()
         seed = request.sampling.seed
         seq = _Seq(request=request, future=loop.create_future(), loop=loop,
@@ -200,6 +201,15 @@ class HFEngine(TokenizerMethods, AdapterVersions):
             seq.cancelled = True  # the scheduler drops it at its next iteration
             self._compute.wake()
             raise
+
+    def _check_prompt(self, ids: tuple[int, ...]) -> None:
+        """Refuse a prompt the model could only fail on mid-batch, taking its neighbours' rows along."""
+        if not ids:
+            raise ValueError("the prompt is empty: a request needs at least one prompt token")
+        vocab = self.model.get_input_embeddings().num_embeddings
+        if min(ids) < 0 or max(ids) >= vocab:
+            bad = next(t for t in ids if not 0 <= t < vocab)
+            raise ValueError(f"prompt token id {bad} is outside the model's vocabulary (0 to {vocab - 1})")
 
     async def aclose(self) -> None:
         self._closed = True

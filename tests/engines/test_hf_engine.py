@@ -167,6 +167,20 @@ def test_a_fault_in_one_requests_booking_fails_that_request_alone(engine, monkey
     assert len(asyncio.run(gather(engine, reqs[:1]))[0].token_ids) == 6
 
 
+@pytest.mark.parametrize("prompt", [(), (5, 10**6)], ids=["empty", "past-vocab"])
+def test_a_prompt_the_model_cannot_read_fails_that_request_alone(engine, prompt):
+    """It failed the whole batch's step, its neighbours' requests with an IndexError (or a TypeError)."""
+    good = request(engine, 0, max_tokens=4, ignore_eos=True)
+
+    async def together():
+        return await asyncio.gather(engine.generate(good), engine.generate(GenerationRequest(prompt)),
+                                    return_exceptions=True)
+
+    ok, bad = asyncio.run(together())
+    assert isinstance(bad, ValueError) and ("empty" in str(bad) or "vocabulary" in str(bad))
+    assert len(ok.token_ids) == 4 and engine.busy == 0
+
+
 def test_a_request_whose_event_loop_has_closed_is_dropped_quietly(engine):
     """A caller's ``asyncio.run`` may return while the engine still settles its request (a batch
     failed as the caller gave up): settling it must not raise on the compute thread, which every
