@@ -22,7 +22,7 @@ import contextlib
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterator
@@ -183,7 +183,7 @@ class HFEngine(TokenizerMethods, AdapterVersions):
     async def generate(self, request: GenerationRequest) -> Completion:
         if self._closed:
             raise RuntimeError("the engine is closed")
-        self._check_prompt(request.prompt_ids)
+        request = self._fit(request)
         loop = asyncio.get_running_loop()
         seed = request.sampling.seed
         seq = _Seq(request=request, future=loop.create_future(), loop=loop,
@@ -202,14 +202,23 @@ class HFEngine(TokenizerMethods, AdapterVersions):
             self._compute.wake()
             raise
 
-    def _check_prompt(self, ids: tuple[int, ...]) -> None:
-        """Refuse a prompt the model could only fail on mid-batch, taking its neighbours' rows along."""
+    def _fit(self, request: GenerationRequest) -> GenerationRequest:
+        """Refuse a prompt the model could only fail on mid-batch, taking its neighbours' rows along,
+        or that fills its context; a reply that would run past the context ends there (``length``)."""
+        ids = request.prompt_ids
         if not ids:
             raise ValueError("the prompt is empty: a request needs at least one prompt token")
         vocab = self.model.get_input_embeddings().num_embeddings
         if min(ids) < 0 or max(ids) >= vocab:
             bad = next(t for t in ids if not 0 <= t < vocab)
             raise ValueError(f"prompt token id {bad} is outside the model's vocabulary (0 to {vocab - 1})")
+        limit = self.context_length  # positions past it are ones the model never learnt: replies there are noise
+        if limit is not None and len(ids) >= limit:
+            raise ValueError(f"the prompt ({len(ids)} tokens) leaves no room for a reply in the model's context "
+                             f"of {limit} tokens")
+        if limit is not None and len(ids) + request.sampling.max_tokens > limit:
+            request = replace(request, sampling=replace(request.sampling, max_tokens=limit - len(ids)))
+        return request
 
     async def aclose(self) -> None:
         self._closed = True

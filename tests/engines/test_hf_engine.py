@@ -181,6 +181,17 @@ def test_a_prompt_the_model_cannot_read_fails_that_request_alone(engine, prompt)
     assert len(ok.token_ids) == 4 and engine.busy == 0
 
 
+def test_a_prompt_that_fills_the_context_is_refused_and_a_reply_stops_where_it_ends(engine, monkeypatch):
+    """Both ran on past the model's positions, sampling noise (a model with learnt positions would fail its batch)."""
+    r = request(engine, 0, max_tokens=12, ignore_eos=True)
+    monkeypatch.setattr(engine.model.config, "max_position_embeddings", len(r.prompt_ids) + 3)
+    out = asyncio.run(engine.generate(r))
+    assert len(out.token_ids) == 3 and out.finish_reason == "length"
+    monkeypatch.setattr(engine.model.config, "max_position_embeddings", len(r.prompt_ids))
+    with pytest.raises(ValueError, match="no room for a reply in the model's context"):
+        asyncio.run(engine.generate(r))
+
+
 def test_a_request_whose_event_loop_has_closed_is_dropped_quietly(engine):
     """A caller's ``asyncio.run`` may return while the engine still settles its request (a batch
     failed as the caller gave up): settling it must not raise on the compute thread, which every
