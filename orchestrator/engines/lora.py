@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from ..upload import move_together, upload
@@ -214,7 +215,10 @@ class MultiLoRA:
         weights = path / "adapter_model.safetensors"
         if not weights.is_file():
             raise ValueError(f"no adapter_model.safetensors in {path} (PEFT writes it with safe_serialization=True)")
-        state = load_file(str(weights))
+        try:
+            state = load_file(str(weights))
+        except SafetensorError as exc:  # truncated or corrupt (a save or copy cut short)
+            raise ValueError(f"cannot read {weights}: {exc}") from None
         check_plain_lora(config, state)
         self.set_state(name, state, lora_scale(config))
 

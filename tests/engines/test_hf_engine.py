@@ -264,6 +264,19 @@ def test_an_adapter_that_is_not_plain_lora_is_refused_at_load(engine, tmp_path):
         engine.load_adapter("bin", folder)
 
 
+def test_an_adapter_whose_weights_file_is_cut_short_is_one_line_at_load(tmp_path):
+    """safetensors' own error came out of ``rolecast run --adapter`` as a traceback."""
+    from orchestrator.engines.load import load_engine
+    from orchestrator.errors import RolecastError
+    from orchestrator.models import load_model
+
+    folder = peft_dir(tmp_path / "cut", lora_state(load_model("tiny").model, 3))
+    weights = folder / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(RolecastError, match=rf"--adapter cut={folder}: cannot read {weights}: "):
+        load_engine("tiny", "float32", 0, adapters={"cut": folder}, device="cpu")
+
+
 @pytest.mark.parametrize("static", [False, True])
 def test_an_adapter_removed_and_added_again_never_serves_the_old_weights_keys(static):
     """Versions key the prefix cache: a removed adapter's numbers are not used again, and a row
