@@ -137,6 +137,9 @@ class HFEngine(TokenizerMethods, AdapterVersions):
         self.loaded = loaded
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
+        supported = fused_decode and FusedDecoder.supports(self.model)
+        if static and not supported:  # before the hooks go on: a refused engine leaves the model free
+            raise ValueError("the static decode path needs a Llama-shaped model and fused_decode")
         self.lora = MultiLoRA(self.model)
         self._cache_name = kv_cache_name(self.model)
         self.device = self.lora.device  # the model's: its KV cache, batches and sampling live there too
@@ -145,9 +148,6 @@ class HFEngine(TokenizerMethods, AdapterVersions):
         self.max_prefill = max_prefill or (self.max_batch if gpu else 16)
         use_decode_attention(self.model)  # decode steps: two matmuls instead of SDPA's kernel
         self.fused_decode = fused_decode  # decoder.py's step where the model's shape allows (read every step)
-        supported = fused_decode and FusedDecoder.supports(self.model)
-        if static and not supported:
-            raise ValueError("the static decode path needs a Llama-shaped model and fused_decode")
         self.static = supported if static is None and gpu else bool(static)
         self.cuda_graphs = cuda_graphs and gpu and self.static
         self.fused_prefill = fused_prefill  # read at each prefill: a benchmark may switch it

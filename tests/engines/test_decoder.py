@@ -162,6 +162,16 @@ def test_other_shapes_step_through_transformers():
     assert tiny_engine().decode_path == "fused:onednn"
 
 
+def test_a_static_engine_refused_for_the_models_shape_leaves_the_model_free():
+    """The refusal came after the adapter hooks went on: every later engine on the model was refused
+    as a second open engine."""
+    model = AutoModelForCausalLM.from_config(MistralConfig(vocab_size=64, sliding_window=16, **SHAPE))
+    loaded = LoadedModel(model=model.eval(), tokenizer=load_model("tiny").tokenizer, name="m", dtype=torch.float32)
+    with pytest.raises(ValueError, match="static decode path needs a Llama-shaped model"):
+        HFEngine(loaded, static=True)
+    assert HFEngine(loaded).decode_path == "transformers"
+
+
 @pytest.mark.parametrize("cpu,dtype,expected", [
     (AVX512, torch.bfloat16, "onednn"),
     (AVX2, torch.bfloat16, "onednn-fp32"),
