@@ -782,11 +782,10 @@ class HFEngine(TokenizerMethods, AdapterVersions):
         if reason is None and not sp.stop:
             return  # the text is only needed to look for stop strings, or once the reply is done
         text = self.decode([t for t in seq.tokens if t not in self.eos_ids])
-        for stop in sp.stop:
-            at = text.find(stop)
-            if stop and at != -1:
-                text, reason = text[:at], "stop"
-                break
+        # the earliest stop string in the text, whatever their order: one token may complete two
+        found = [at for stop in sp.stop if stop and (at := text.find(stop)) != -1]
+        if found:
+            text, reason = text[:min(found)], "stop"
         if reason:
             seq.done = Completion(
                 token_ids=list(seq.tokens), text=text, logprobs=list(seq.logprobs), finish_reason=reason,

@@ -88,6 +88,21 @@ def test_max_tokens_and_stop_strings(engine):
     assert stop not in cut.text
 
 
+def test_a_token_that_completes_two_stop_strings_cuts_the_text_at_the_first(engine):
+    """The text was cut at the first stop string listed, and kept the other where it came earlier."""
+    full = asyncio.run(engine.generate(request(engine, 1, max_tokens=16, ignore_eos=True)))  # seeded: repeatable
+    for j in range(1, len(full.token_ids)):
+        before = engine.decode(full.token_ids[:j])
+        piece = engine.decode(full.token_ids[:j + 1])[len(before):]
+        if len(piece) >= 2 and piece[0] not in before and piece[-1] not in before + piece[:-1]:
+            break
+    else:
+        pytest.fail("no token brings two characters new to the text")
+    stops = (piece[-1], piece[0])  # both first appear in token j, the later one listed first
+    cut = asyncio.run(engine.generate(request(engine, 1, max_tokens=16, ignore_eos=True, stop=stops)))
+    assert cut.finish_reason == "stop" and cut.text == before and len(cut.token_ids) == j + 1
+
+
 def test_ignore_eos_samples_past_an_end_of_turn_token(engine):
     full = asyncio.run(engine.generate(request(engine, 2, max_tokens=8)))  # seeded: repeatable
     engine.eos_ids = {full.token_ids[2]}  # pretend its third token ends the turn
