@@ -241,7 +241,8 @@ def check_plain_lora(config: dict, state: dict[str, torch.Tensor]) -> None:
                       ("rank_pattern", "per-module ranks (rank_pattern)"), ("alpha_pattern", "per-module alphas (alpha_pattern)")):
         if config.get(key):
             raise ValueError(f"the adapter uses {what}, which the engine does not compute: plain LoRA only")
-    other = sorted(k for k in state if ".lora_A." not in k and ".lora_B." not in k)
+    # the weights alone: a lora_B.bias (PEFT's lora_bias) was read as lora_B, or overwritten by it
+    other = sorted(k for k in state if not k.endswith((".lora_A.weight", ".lora_B.weight")))
     if other:
         raise ValueError(f"the adapter holds weights that are not LoRA A/B on a linear layer ({other[0]}, "
                          f"{len(other)} in all): plain LoRA only")

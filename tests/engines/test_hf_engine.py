@@ -254,18 +254,21 @@ def test_an_adapter_of_another_base_model_is_refused_at_load(engine, tmp_path):
 
 
 def test_an_adapter_that_is_not_plain_lora_is_refused_at_load(engine, tmp_path):
-    """DoRA, embedding LoRA, modules_to_save and per-module ranks loaded as plain LoRA (logprobs up
-    to 11 nats off PEFT's), an adapter without LoRA weights as the base model, and a .bin-only dir
-    was a FileNotFoundError traceback."""
+    """DoRA, embedding LoRA, modules_to_save, per-module ranks and lora_B biases (lora_bias) loaded as
+    plain LoRA (logprobs up to 11 nats off PEFT's), an adapter without LoRA weights as the base model,
+    and a .bin-only dir was a FileNotFoundError traceback."""
     import json
 
     state = lora_state(engine.model, 3, std=0.5)
+    key = next(k for k in state if k.endswith("q_proj.lora_A.weight"))
     cases = {
         "dora": ({"use_dora": True}, {}, "uses DoRA"),
         "saved": ({"modules_to_save": ["lm_head"]}, {}, "uses modules_to_save"),
         "ranks": ({"rank_pattern": {"q_proj": 8}}, {}, r"uses per-module ranks \(rank_pattern\)"),
         "embed": ({}, {"base_model.model.model.embed_tokens.lora_embedding_A": torch.zeros(4, 8)},
                   r"not LoRA A/B on a linear layer \(base_model.model.model.embed_tokens.lora_embedding_A, 1 in all\)"),
+        "bias": ({"lora_bias": True}, {key.replace("lora_A.weight", "lora_B.bias"): torch.ones(64)},
+                 r"not LoRA A/B on a linear layer \(.*q_proj.lora_B.bias, 1 in all\)"),
     }
     for name, (config, extra, words) in cases.items():
         folder = peft_dir(tmp_path / name, {**state, **extra})
