@@ -50,6 +50,8 @@ def test_what_decoding_would_not_enforce_is_refused_where_it_is(schema, words):
     obj(a={"type": "string", "minLength": 1, "maxLength": 1200}, b={"type": "string", "minLength": 100}),
     {**obj(a={"$ref": "#/$defs/n", "description": "a count"}), "$defs": {"n": {"type": "integer"}}},
     obj(a={"allOf": [{"type": "integer"}]}),
+    # a root $ref beside its $defs: pydantic's schema of a recursive model
+    {"$ref": "#/$defs/node", "$defs": {"node": obj(v={"type": "integer"}, next={"anyOf": [{"$ref": "#/$defs/node"}, {"type": "null"}]})}},
 ])
 def test_what_decoding_enforces_passes(schema):
     check_enforceable(schema)

@@ -24,6 +24,9 @@ IGNORED = {
 # Beside these the grammar keeps only them, dropping minLength / maxLength.
 _SHAPED = ("pattern", "format")
 _ANNOTATIONS = {"description", "title", "$comment", "examples", "default", "deprecated", "readOnly", "writeOnly"}
+# Keys that hold no constraint on the value itself: a root "$ref" beside its "$defs" (pydantic's
+# recursive models) is compiled whole.
+_NOT_CONSTRAINTS = _ANNOTATIONS | {"$defs", "definitions", "$schema", "$id"}
 MAX_REPEAT = 128  # xgrammar's compiler fails on a regex repetition bound above this (per_rule_fsm_hashes)
 MAX_MIN_LENGTH = 100  # a minLength alone is spelled a character at a time: 200 took 7 s to compile, 2000 65 s
 _BOUNDS = re.compile(r"(?<!\\)\{(\d+)(?:,(\d*))?\}")
@@ -39,7 +42,7 @@ def check_enforceable(schema: Any, at: str = "") -> None:
         if key in schema and not (key == "uniqueItems" and schema[key] is False):
             raise GrammarError(f"{where}: constrained decoding cannot enforce {key!r} (xgrammar leaves it out, "
                                f"so replies may hold {lost})")
-    if "$ref" in schema and (extra := sorted(set(schema) - _ANNOTATIONS - {"$ref"})):
+    if "$ref" in schema and (extra := sorted(set(schema) - _NOT_CONSTRAINTS - {"$ref"})):
         raise GrammarError(f"{where}: constrained decoding ignores {', '.join(extra)} beside $ref: "
                            "move them into the referenced schema")
     if isinstance(schema.get("allOf"), list) and len(schema["allOf"]) > 1:
