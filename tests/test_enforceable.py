@@ -35,6 +35,8 @@ def obj(**properties) -> dict:
     ({**obj(a={"$ref": "#/$defs/n"}), "$defs": {"n": {"type": "array", "items": {"uniqueItems": True}}}},
      "$defs.n.items: constrained decoding cannot enforce 'uniqueItems'"),
     (obj(a={"anyOf": [{"type": "null"}, {"type": "array", "uniqueItems": True}]}), "properties.a.anyOf[1]"),
+    (obj(a={"type": "integer", "anyOf": [{"minimum": 5}, {"maximum": -5}]}), "properties.a: constrained decoding ignores type beside anyOf"),
+    ({**obj(k={"type": "integer"}), "oneOf": [obj(k={"const": 1}), obj(k={"const": 2})]}, "the schema: constrained decoding ignores properties, required, type beside oneOf"),
 ])
 def test_what_decoding_would_not_enforce_is_refused_where_it_is(schema, words):
     assert check_schema(schema) is None  # valid JSON Schema all: only the decoding cannot hold them
@@ -52,6 +54,9 @@ def test_what_decoding_would_not_enforce_is_refused_where_it_is(schema, words):
     obj(a={"allOf": [{"type": "integer"}]}),
     # a root $ref beside its $defs: pydantic's schema of a recursive model
     {"$ref": "#/$defs/node", "$defs": {"node": obj(v={"type": "integer"}, next={"anyOf": [{"$ref": "#/$defs/node"}, {"type": "null"}]})}},
+    # ... and a tagged union beside its (OpenAPI) discriminator
+    {**obj(pet={"oneOf": [{"$ref": "#/$defs/cat"}, {"$ref": "#/$defs/dog"}], "discriminator": {"propertyName": "kind"}}),
+     "$defs": {"cat": obj(kind={"const": "cat"}, meows={"type": "integer"}), "dog": obj(kind={"const": "dog"})}},
 ])
 def test_what_decoding_enforces_passes(schema):
     check_enforceable(schema)

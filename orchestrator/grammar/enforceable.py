@@ -25,8 +25,9 @@ IGNORED = {
 _SHAPED = ("pattern", "format")
 _ANNOTATIONS = {"description", "title", "$comment", "examples", "default", "deprecated", "readOnly", "writeOnly"}
 # Keys that hold no constraint on the value itself: a root "$ref" beside its "$defs" (pydantic's
-# recursive models) is compiled whole.
-_NOT_CONSTRAINTS = _ANNOTATIONS | {"$defs", "definitions", "$schema", "$id"}
+# recursive models) is compiled whole, and so is a oneOf beside OpenAPI's "discriminator" (pydantic's
+# tagged unions).
+_NOT_CONSTRAINTS = _ANNOTATIONS | {"$defs", "definitions", "$schema", "$id", "discriminator"}
 MAX_REPEAT = 128  # xgrammar's compiler fails on a regex repetition bound above this (per_rule_fsm_hashes)
 MAX_MIN_LENGTH = 100  # a minLength alone is spelled a character at a time: 200 took 7 s to compile, 2000 65 s
 _BOUNDS = re.compile(r"(?<!\\)\{(\d+)(?:,(\d*))?\}")
@@ -45,6 +46,10 @@ def check_enforceable(schema: Any, at: str = "") -> None:
     if "$ref" in schema and (extra := sorted(set(schema) - _NOT_CONSTRAINTS - {"$ref"})):
         raise GrammarError(f"{where}: constrained decoding ignores {', '.join(extra)} beside $ref: "
                            "move them into the referenced schema")
+    for key in ("anyOf", "oneOf", "allOf"):  # xgrammar compiles the branches alone, even "type" beside them
+        if key in schema and (extra := sorted(set(schema) - _NOT_CONSTRAINTS - {key})):
+            raise GrammarError(f"{where}: constrained decoding ignores {', '.join(extra)} beside {key}: "
+                               "move them into each branch")
     if isinstance(schema.get("allOf"), list) and len(schema["allOf"]) > 1:
         raise GrammarError(f"{where}: constrained decoding enforces allOf with one branch only: merge the branches")
     step = schema.get("multipleOf")
