@@ -52,6 +52,10 @@ def check_enforceable(schema: Any, at: str = "") -> None:
                                "move them into each branch")
     if isinstance(schema.get("allOf"), list) and len(schema["allOf"]) > 1:
         raise GrammarError(f"{where}: constrained decoding enforces allOf with one branch only: merge the branches")
+    declared = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    if isinstance(schema.get("required"), list) and (missing := [k for k in schema["required"] if k not in declared]):
+        raise GrammarError(f"{where}: required {missing[0]!r} is not in properties: constrained decoding writes only "
+                           "declared properties, so no reply would hold it")
     step = schema.get("multipleOf")
     if isinstance(step, (int, float)) and (schema.get("type") != "integer" or not float(step).is_integer()):
         raise GrammarError(f"{where}: constrained decoding enforces multipleOf only as a whole number on an integer")
