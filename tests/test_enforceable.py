@@ -35,6 +35,8 @@ def obj(**properties) -> dict:
     ({**obj(a={"$ref": "#/$defs/n"}), "$defs": {"n": {"type": "array", "items": {"uniqueItems": True}}}},
      "$defs.n.items: constrained decoding cannot enforce 'uniqueItems'"),
     (obj(a={"anyOf": [{"type": "null"}, {"type": "array", "uniqueItems": True}]}), "properties.a.anyOf[1]"),
+    (obj(a={"type": "string", "format": "email"}), "properties.a: constrained decoding writes format 'email' as invalid JSON"),
+    (obj(a={"type": "string", "format": "json-pointer"}), "format 'json-pointer' as invalid JSON"),
     ({**obj(a={"type": "integer"}), "required": ["a", "b"]}, "the schema: required 'b' is not in properties"),
     (obj(a={"type": "object", "required": ["k"]}), "properties.a: required 'k' is not in properties"),
     (obj(a={"type": "integer", "anyOf": [{"minimum": 5}, {"maximum": -5}]}), "properties.a: constrained decoding ignores type beside anyOf"),

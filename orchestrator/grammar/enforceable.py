@@ -28,6 +28,9 @@ _ANNOTATIONS = {"description", "title", "$comment", "examples", "default", "depr
 # recursive models) is compiled whole, and so is a oneOf beside OpenAPI's "discriminator" (pydantic's
 # tagged unions).
 _NOT_CONSTRAINTS = _ANNOTATIONS | {"$defs", "definitions", "$schema", "$id", "discriminator"}
+# Formats xgrammar spells with invalid JSON: email's quoted local part takes a raw backslash pair
+# (the JSON text "\"a\q\"@b" holds the escape \q), json-pointer's characters raw quotes and control characters.
+BROKEN_FORMATS = ("email", "json-pointer", "relative-json-pointer")
 MAX_REPEAT = 128  # xgrammar's compiler fails on a regex repetition bound above this (per_rule_fsm_hashes)
 MAX_MIN_LENGTH = 100  # a minLength alone is spelled a character at a time: 200 took 7 s to compile, 2000 65 s
 _BOUNDS = re.compile(r"(?<!\\)\{(\d+)(?:,(\d*))?\}")
@@ -67,6 +70,9 @@ def check_enforceable(schema: Any, at: str = "") -> None:
     if isinstance(schema.get("minLength"), int) and "maxLength" not in schema and schema["minLength"] > MAX_MIN_LENGTH:
         raise GrammarError(f"{where}: minLength {schema['minLength']} without a maxLength takes minutes to compile "
                            f"(above {MAX_MIN_LENGTH}): give a maxLength too")
+    if schema.get("format") in BROKEN_FORMATS:
+        raise GrammarError(f"{where}: constrained decoding writes format {schema['format']!r} as invalid JSON "
+                           "(raw backslashes, quotes or control characters): use a pattern")
     if isinstance(pattern := schema.get("pattern"), str):
         _check_pattern(pattern, where)
     for key, sub in _subschemas(schema):
