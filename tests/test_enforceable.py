@@ -90,3 +90,19 @@ def test_a_compile_failure_only_the_real_vocabulary_shows_is_a_grammar_error(mon
     monkeypatch.setattr(book, "_compiler", type("Compiler", (), {"compile_grammar": staticmethod(fails)})())
     with pytest.raises(GrammarError, match="xgrammar cannot compile this schema: grammar_functor.cc"):
         book.compiled(json.dumps(obj(a={"type": "string"})))
+
+
+@pytest.mark.parametrize("schema", [{"type": "string"}, {"type": "string", "maxLength": 3}, {"type": "string", "minLength": 2}])
+def test_strings_hold_no_utf8_encoded_surrogates(schema):
+    """\\xed\\xa0\\x80 (U+D800) passed xgrammar's string classes: not UTF-8, it decoded to three
+    replacement characters, past a maxLength (random walks wrote it in free strings)."""
+    import xgrammar
+
+    from orchestrator.grammar.schema import grammar_after, tight_grammar
+
+    compiler = xgrammar.GrammarCompiler(xgrammar.TokenizerInfo([]), max_threads=1)
+    for grammar, text in [(tight_grammar(json.dumps(schema)), '"ab'), (xgrammar.Grammar.from_ebnf(grammar_after(json.dumps(schema), '"a')), "b")]:
+        matcher = xgrammar.GrammarMatcher(compiler.compile_grammar(grammar), terminate_without_stop_token=True)
+        assert matcher.accept_string(text.encode())  # the grammar of the rest (vLLM's) excludes them too
+        assert not matcher.accept_string(b"\xed\xa0\x80")
+        assert matcher.accept_string('é"'.encode()) and matcher.is_terminated()

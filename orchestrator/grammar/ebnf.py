@@ -462,6 +462,8 @@ def _char(code: int, special: str) -> str:
         return "\\" + c
     if code < 0x20 or code == 0x7F:
         return f"\\x{code:02x}"
+    if 0xD800 <= code <= 0xDFFF:  # a surrogate, excluded from string classes: no UTF-8 of its own
+        return f"\\u{code:04x}"
     return c
 
 

@@ -48,6 +48,9 @@ def tight_grammar(json_schema: str) -> Any:
     if "basic_string_sub ::=" in text and "basic_escape ::=" in text:
         text = _MIN_ONLY.sub(_min_length_string, text)
     text = _LENGTH_CHARS.sub(r'\1 ::= (([^\\0-\\x1f\\"\\\\]))', text)
+    # UTF-8-encoded surrogates (\xed\xa0-\xbf..) pass xgrammar's string classes: not UTF-8, they
+    # decode as 3 replacement characters each, past a maxLength.
+    text = text.replace("[^\\0-\\x1f", "[^\\0-\\x1f\\uD800-\\uDFFF")
     return xgr.Grammar.from_ebnf(text) if text != str(grammar) else grammar
 
 
