@@ -35,6 +35,8 @@ def obj(**properties) -> dict:
     ({**obj(a={"$ref": "#/$defs/n"}), "$defs": {"n": {"type": "array", "items": {"uniqueItems": True}}}},
      "$defs.n.items: constrained decoding cannot enforce 'uniqueItems'"),
     (obj(a={"anyOf": [{"type": "null"}, {"type": "array", "uniqueItems": True}]}), "properties.a.anyOf[1]"),
+    (obj(a={"type": "integer", "enum": [1, 2, "x"]}), "properties.a: constrained decoding writes every enum value, and 'x' breaks"),
+    (obj(a={"const": "abc", "maxLength": 2}), "writes every const value, and 'abc' breaks the keywords beside it"),
     (obj(a={"type": "string", "format": "email"}), "properties.a: constrained decoding writes format 'email' as invalid JSON"),
     (obj(a={"type": "string", "format": "json-pointer"}), "format 'json-pointer' as invalid JSON"),
     ({**obj(a={"type": "integer"}), "required": ["a", "b"]}, "the schema: required 'b' is not in properties"),
@@ -56,6 +58,8 @@ def test_what_decoding_would_not_enforce_is_refused_where_it_is(schema, words):
     obj(a={"type": "string", "minLength": 1, "maxLength": 1200}, b={"type": "string", "minLength": 100}),
     {**obj(a={"$ref": "#/$defs/n", "description": "a count"}), "$defs": {"n": {"type": "integer"}}},
     obj(a={"allOf": [{"type": "integer"}]}),
+    {**obj(a={"type": "string", "enum": ["ab", "cd"], "maxLength": 2}, b={"const": [1], "type": "array", "items": {"$ref": "#/$defs/n"}}),
+     "$defs": {"n": {"type": "integer"}}},
     # a root $ref beside its $defs: pydantic's schema of a recursive model
     {"$ref": "#/$defs/node", "$defs": {"node": obj(v={"type": "integer"}, next={"anyOf": [{"$ref": "#/$defs/node"}, {"type": "null"}]})}},
     # ... and a tagged union beside its (OpenAPI) discriminator

@@ -10,6 +10,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import jsonschema
+from referencing.exceptions import Unresolvable
+
 from .errors import GrammarError
 
 # Keywords the grammar leaves out (checked against xgrammar's grammars: replies broke each).
@@ -59,6 +62,16 @@ def check_enforceable(schema: Any, at: str = "") -> None:
     if isinstance(schema.get("required"), list) and (missing := [k for k in schema["required"] if k not in declared]):
         raise GrammarError(f"{where}: required {missing[0]!r} is not in properties: constrained decoding writes only "
                            "declared properties, so no reply would hold it")
+    values = schema["enum"] if isinstance(schema.get("enum"), list) else [schema["const"]] if "const" in schema else []
+    if values and set(schema) - _NOT_CONSTRAINTS - {"enum", "const"}:  # xgrammar writes every value, whatever beside
+        check = jsonschema.Draft202012Validator(schema)
+        try:
+            broken = [v for v in values if not check.is_valid(v)]
+        except Unresolvable:  # a $ref into the whole schema: not checked here
+            broken = []
+        if broken:
+            raise GrammarError(f"{where}: constrained decoding writes every {'enum' if 'enum' in schema else 'const'} "
+                               f"value, and {broken[0]!r} breaks the keywords beside it: drop it")
     step = schema.get("multipleOf")
     if isinstance(step, (int, float)) and (schema.get("type") != "integer" or not float(step).is_integer()):
         raise GrammarError(f"{where}: constrained decoding enforces multipleOf only as a whole number on an integer")
