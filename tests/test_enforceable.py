@@ -37,6 +37,8 @@ def obj(**properties) -> dict:
     (obj(a={"anyOf": [{"type": "null"}, {"type": "array", "uniqueItems": True}]}), "properties.a.anyOf[1]"),
     (obj(a={"type": "integer", "enum": [1, 2, "x"]}), "properties.a: constrained decoding writes every enum value, and 'x' breaks"),
     (obj(a={"const": "abc", "maxLength": 2}), "writes every const value, and 'abc' breaks the keywords beside it"),
+    (obj(a={"type": "integer", "minimum": 1.5}), "properties.a: constrained decoding takes an integer's minimum only as a whole number"),
+    (obj(a={"type": ["integer", "null"], "maximum": 2**63}), "integer's maximum only as a whole number within 64 bits, not 9223372036854775808"),
     (obj(a={"type": "string", "format": "email"}), "properties.a: constrained decoding writes format 'email' as invalid JSON"),
     (obj(a={"type": "string", "format": "json-pointer"}), "format 'json-pointer' as invalid JSON"),
     ({**obj(a={"type": "integer"}), "required": ["a", "b"]}, "the schema: required 'b' is not in properties"),
@@ -53,7 +55,7 @@ def test_what_decoding_would_not_enforce_is_refused_where_it_is(schema, words):
 
 @pytest.mark.parametrize("schema", [
     obj(xs={"type": "array", "items": {"type": "integer"}, "uniqueItems": False}),
-    obj(n={"type": "integer", "multipleOf": 3}),
+    obj(n={"type": "integer", "multipleOf": 3, "minimum": -2**63, "maximum": 2.0**62}),
     obj(a={"type": "string", "pattern": r"^tests/.+\.py$"}, b={"type": "string", "pattern": "^f\\([^{}]{1,58}$"}),
     obj(a={"type": "string", "minLength": 1, "maxLength": 1200}, b={"type": "string", "minLength": 100}),
     {**obj(a={"$ref": "#/$defs/n", "description": "a count"}), "$defs": {"n": {"type": "integer"}}},

@@ -75,6 +75,13 @@ def check_enforceable(schema: Any, at: str = "") -> None:
     step = schema.get("multipleOf")
     if isinstance(step, (int, float)) and (schema.get("type") != "integer" or not float(step).is_integer()):
         raise GrammarError(f"{where}: constrained decoding enforces multipleOf only as a whole number on an integer")
+    if "integer" in (schema.get("type") if isinstance(schema.get("type"), list) else [schema.get("type")]):
+        for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):  # else xgrammar's "Check failed"
+            bound = schema.get(key)
+            if isinstance(bound, (int, float)) and not ((isinstance(bound, int) or bound.is_integer())
+                                                         and -2**63 <= bound < 2**63):
+                raise GrammarError(f"{where}: constrained decoding takes an integer's {key} only as a whole number "
+                                   f"within 64 bits, not {bound!r}")
     shaped = [k for k in _SHAPED if k in schema]
     lengths = [k for k in ("minLength", "maxLength") if k in schema]
     if shaped and lengths:
