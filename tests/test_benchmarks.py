@@ -78,7 +78,7 @@ def runs(request: pytest.FixtureRequest) -> Iterator[dict[Path, Future]]:
     """The selected benchmarks' smoke runs, started together and run two at a time: most of each
     run is importing torch on one core, so this halves the file's wall time."""
     selected = [item.callspec.params["script"] for item in request.session.items
-                if item.module is request.module and hasattr(item, "callspec")]  # the parametrized smoke tests
+                if item.module is request.module and item.originalname == "test_smoke_run_prints_its_json_line"]
     with ThreadPoolExecutor(max_workers=2) as pool:
         yield {script: pool.submit(smoke, script) for script in selected if skip_reason(script) is None}
 
@@ -151,16 +151,16 @@ def test_populations_stops_on_probe_games_that_measured_nothing(monkeypatch, tmp
         move_distributions({"player": adapter}, argparse.Namespace(model="tiny", probe=2), tmp_path / "probe")
 
 
-@pytest.mark.parametrize("script, argv", [("grpo_vs_trl", ["--warmup", "-1", "--generations", "1"]),
-                                          ("grpo_vs_trl", ["--trl-micro-batch", "-1", "--generations", "1"]),
-                                          ("logprob_head", ["--chunk", "-1", "--smoke"])])
-def test_counts_that_may_be_zero_refuse_negatives(script, argv, monkeypatch, capsys):
+@pytest.mark.parametrize("name, argv", [("grpo_vs_trl", ["--warmup", "-1", "--generations", "1"]),
+                                        ("grpo_vs_trl", ["--trl-micro-batch", "-1", "--generations", "1"]),
+                                        ("logprob_head", ["--chunk", "-1", "--smoke"])])
+def test_counts_that_may_be_zero_refuse_negatives(name, argv, monkeypatch, capsys):
     """``--warmup -1`` ran a step fewer and timed the cold first one as the run's; ``--chunk -1``
     was a shape-mismatch traceback. (``--generations 1`` stops grpo_vs_trl before it runs anything.)"""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    monkeypatch.setattr(sys, "argv", [script, *argv])
+    monkeypatch.setattr(sys, "argv", [name, *argv])
     with pytest.raises(SystemExit) as stop:
-        importlib.import_module(script).main()
+        importlib.import_module(name).main()
     assert stop.value.code == 2 and f"argument {argv[0]}: must be at least 0, got -1" in capsys.readouterr().err
 
 
