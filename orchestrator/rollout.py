@@ -20,6 +20,7 @@ from typing import Any
 
 import structlog
 import yaml
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from .engines.base import Engine
@@ -160,7 +161,14 @@ def _progress(enabled: bool) -> Progress:
         TimeRemainingColumn(),
         disable=not enabled,
         transient=False,
+        console=progress_console(),
     )
+
+
+def progress_console() -> Console:
+    """Where progress bars draw: stderr, as the logs do; stdout holds a command's result (the JSON
+    line of run --json, train, compare), and a piped one printed the bar's last frame into it."""
+    return Console(stderr=True)
 
 
 def summarize(team: Team, records: list[EpisodeRecord], wall_s: float) -> dict[str, Any]:

@@ -208,6 +208,20 @@ def test_user_role_in_temp_folder_runs_with_python_policy(workspace, cli, monkey
     assert "transcripts.jsonl" in err
 
 
+def test_run_json_prints_only_the_summary_on_stdout_with_the_progress_bar_on(workspace, cli, monkeypatch):
+    """``rolecast run --json | jq``: the bar draws on stderr, as the logs do."""
+    write(workspace / "mypolicies.py", """
+        def echo(request):
+            return '{"say": "hi"}'
+        """)
+    monkeypatch.syspath_prepend(str(workspace))
+    code, out, err = cli("run", workspace / "team.yaml", "--episodes", "2", "--out", workspace / "run", "--json",
+                         "--policy", "echo=python:mypolicies:echo", "--policy", "reviewer=builtin:stub")
+    assert code == 0, err
+    assert json.loads(out)["status"] == {"ok": 2}  # the whole of stdout: one JSON line
+    assert "2/2" in err
+
+
 def test_unknown_role_in_policy_flag(workspace, cli):
     code, _, err = cli("run", workspace / "team.yaml", "--policy", "chef=builtin:stub")
     assert code == 2 and "unknown role(s) chef" in err

@@ -42,7 +42,7 @@ from ..evaluation import CHECKPOINT_ADAPTER, bind_opponent
 from ..evaluation import evaluate as evaluate_results
 from ..launch import recorded_run
 from ..registry import Registry, config_model, default_registry
-from ..rollout import RunOptions, build_policies, every_episode_failed, run_team
+from ..rollout import RunOptions, build_policies, every_episode_failed, progress_console, run_team
 from ..team import Team, trainable_roles
 from ..transcript import EpisodeRecord
 from .datums import DatumBuildOptions, role_datums
@@ -144,7 +144,7 @@ class TrainingRun:
 
         ahead: dict[int, asyncio.Task] = {}  # async training: later steps' rollouts, sampling meanwhile
         try:
-            with Progress(disable=not self.options.progress) as bar:
+            with Progress(disable=not self.options.progress, console=progress_console()) as bar:
                 task = bar.add_task("training", total=self.steps, completed=start)
                 for step in range(max(start, 1), self.steps + 1):
                     for later in range(step, min(step + self.cfg.max_staleness, self.steps) + 1):
