@@ -49,7 +49,9 @@ class Team:
         return {
             **self.config.model_dump(mode="json", exclude={"roles", "tasks"}),
             "roles": [
-                {**spec.config.model_dump(mode="json"), "output_schema": spec.schema, "prompt": str(spec.template_path)}
+                {**spec.config.model_dump(mode="json"), "output_schema": spec.schema, "prompt": str(spec.template_path),
+                 # as the prompt: the file read, not a path relative to a YAML file the run dir lacks
+                 "followup": spec.followup_template and spec.followup_template.filename}
                 for spec in self.roles.values()
             ],
             "tasks": self.tasks,

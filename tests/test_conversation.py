@@ -120,3 +120,10 @@ def test_a_retry_reads_the_failed_reply_as_it_was_sampled(loaded, tmp_path):
     for before, after in pairs:
         n = len(before.prompt_ids) + len(before.token_ids)
         assert after.prompt_ids[:n] == before.prompt_ids + before.token_ids
+
+
+def test_the_run_dir_records_the_followup_template_it_read():
+    """As the prompt is: a path relative to the role's YAML means nothing beside the run's config.yaml."""
+    [guesser] = load_team(ROOT / "recipes/guess_number.yaml").resolved()["roles"]
+    assert guesser["followup"] == str(ROOT / "roles/prompts/number_guesser_followup.md.j2")
+    assert guesser["prompt"] == str(ROOT / "roles/prompts/number_guesser.md.j2")
