@@ -129,6 +129,11 @@ def run(
     if not chosen.isolating:
         return _execute(chosen, layout, tail, limits, f"pid-{os.getpid()}-{threading.get_native_id()}")
 
+    # "/" (the CLI's default "." in a container) would lend the whole host to the sandbox's uid,
+    # and /tmp every other run's files; either would also be bound writable over the private mounts.
+    covered = [str(t) for t in (TMP, *HIDDEN) if t.is_relative_to(wd)]
+    if covered:
+        raise SandboxSetupError(f"workdir {wd} contains {', '.join(covered)}; use a directory of its own")
     problem = check_reachable(wd, layout.tmpfs_tops)
     if problem:
         raise SandboxSetupError(f"workdir unreachable by the sandbox uid: {problem}")

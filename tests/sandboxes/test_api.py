@@ -65,6 +65,19 @@ def test_unreachable_workdir_is_a_setup_error(backend):
         hidden.rmdir()
 
 
+@pytest.mark.parametrize("wd", ["/", "/tmp"])
+def test_a_workdir_holding_the_private_mounts_is_refused(backend, wd, monkeypatch):
+    """`rolecast sandbox run` in a container's cwd / lent the whole host to the sandbox's uid
+    (chown -R, chmod 0700 /) and bound it writable; /tmp lent every other run's files."""
+
+    def lend(root, *args, **kw):
+        raise AssertionError(f"{root} was lent")  # never let the old code chown the host
+
+    monkeypatch.setattr(runner, "chown_tree", lend)
+    with pytest.raises(SandboxSetupError, match="contains /tmp"):
+        run(["true"], wd, backend=backend)
+
+
 def test_exit_code_signal_and_ownership_round_trip(sandbox, workdir):
     (workdir / "given").write_text("in")
     r = sandbox("cat given; echo out > made; kill -TERM $$")
