@@ -9,11 +9,12 @@ import fcntl
 import math
 import os
 import random
+import subprocess
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from .base import Limits, SandboxUnavailable, tool
+from .base import Limits, SandboxSetupError, SandboxUnavailable, tool
 
 # Each run gets its own uid from this range, so RLIMIT_NPROC (counted per real uid)
 # is per run, and concurrent runs cannot read each other's 0700 workdirs.
@@ -103,20 +104,14 @@ def chown_tree(root: Path, uid: int, gid: int, *, only_from: int | None = None) 
     """lchown everything under root (never following links the child may have planted).
 
     ``only_from`` restricts the change to entries owned by that uid: on the way back we
-    touch only what the sandbox owns.
+    touch only what the sandbox owns. GNU chown walks any depth and path length: os.walk
+    recursed, and lstat failed past PATH_MAX, so a child that nested deep enough crashed
+    the hand-back with the workdir still lent.
     """
-
-    def fix(path: str) -> None:
-        try:
-            if only_from is None or os.lstat(path).st_uid == only_from:
-                os.chown(path, uid, gid, follow_symlinks=False)
-        except FileNotFoundError:
-            pass
-
-    fix(str(root))
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            fix(os.path.join(dirpath, name))
+    argv = [_require("chown"), "-R", "-P", "-h", *([f"--from={only_from}"] if only_from is not None else [])]
+    done = subprocess.run([*argv, f"{uid}:{gid}", "--", str(root)], capture_output=True, text=True, env=DEFAULT_ENV)
+    if done.returncode:
+        raise SandboxSetupError(f"cannot chown {root}: {done.stderr.strip()}")
 
 
 def check_reachable(workdir: Path, hidden_tops: Sequence[Path]) -> str | None:

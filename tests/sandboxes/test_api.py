@@ -86,6 +86,20 @@ def test_exit_code_signal_and_ownership_round_trip(sandbox, workdir):
     assert (workdir / "made").read_text() == "out\n"
 
 
+def test_a_deep_tree_is_handed_back(sandbox, workdir):
+    """The hand-back walked with os.walk (recursive) and lstat'ed full paths: a child nesting
+    past the recursion limit, or past PATH_MAX, crashed run() with the workdir still lent."""
+    nest = "import os\nfor name in ['d'] * 1100 + ['x' * 250] * 20:\n    os.mkdir(name); os.chdir(name)\n"
+    before = workdir.stat()
+    try:
+        assert sandbox([sys.executable, "-c", nest]).ok
+        owners = subprocess.run(["find", str(workdir), "-printf", "%U\n"], capture_output=True, text=True).stdout
+        assert set(owners.split()) == {str(before.st_uid)} and len(owners.split()) == 1121
+        assert workdir.stat().st_mode == before.st_mode
+    finally:  # pytest's own clean-up of tmp_path recurses too
+        subprocess.run(["rm", "-rf", "--", str(workdir / "d")], check=True)
+
+
 def test_python_of_the_tests_is_usable(sandbox):
     # third-party packages of the venv import inside; rolecast's own (editable) source need not be
     # visible there: a checkout under /tmp is hidden by the private /tmp
