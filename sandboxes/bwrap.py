@@ -30,6 +30,8 @@ class BwrapBackend(Backend):
             "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP",
             "--ro-bind", "/", "/",
             "--dev", "/dev",
+            # bwrap's /dev/shm is a root-owned 0755 dir: sem_open (multiprocessing's locks) failed
+            "--perms", "1777", "--size", str(1 << 20), "--tmpfs", "/dev/shm",
             "--proc", "/proc",
             "--perms", "1777", "--size", str(layout.tmp_size_bytes), "--tmpfs", str(TMP),
         ]

@@ -100,6 +100,14 @@ def test_a_deep_tree_is_handed_back(sandbox, workdir):
         subprocess.run(["rm", "-rf", "--", str(workdir / "d")], check=True)
 
 
+def test_shared_memory_is_private_and_writable(sandbox, marker):
+    """bwrap left /dev/shm a root-owned 0755 dir: multiprocessing's locks (sem_open) failed there."""
+    lock = "import multiprocessing, sys; multiprocessing.Lock(); open('/dev/shm/' + sys.argv[1], 'w')"
+    r = sandbox([sys.executable, "-c", lock, marker])
+    assert r.ok, r.stderr
+    assert not Path("/dev/shm", marker).exists()
+
+
 def test_python_of_the_tests_is_usable(sandbox):
     # third-party packages of the venv import inside; rolecast's own (editable) source need not be
     # visible there: a checkout under /tmp is hidden by the private /tmp
