@@ -5,6 +5,7 @@ import asyncio
 import functools
 import os
 import shutil
+import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -12,7 +13,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .base import Limits, SandboxResult, SandboxSetupError
+from .base import Limits, SandboxResult, SandboxSetupError, tool
 from .runner import Command, arun, ended_first, select_backend
 
 T = TypeVar("T")
@@ -78,7 +79,9 @@ class SandboxPool:
             await asyncio.to_thread(copy_private, repo, dest / "repo")
             yield dest / "repo"
         finally:
-            await asyncio.to_thread(shutil.rmtree, dest, ignore_errors=True)
+            # rm, not shutil.rmtree: that recurses (Python 3.11), so a command nesting ~1000 dirs
+            # made the episode raise RecursionError and left its copy behind
+            await asyncio.to_thread(subprocess.run, [str(tool("rm")), "-rf", "--", str(dest)])
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

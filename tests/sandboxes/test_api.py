@@ -161,6 +161,21 @@ async def test_pool_bounds_concurrency_and_isolates_episodes(tmp_path):
     assert max(end for _, _, end in results) - min(start for _, start, _ in results) >= 0.8
 
 
+async def test_an_episode_deletes_a_deep_tree(tmp_path):
+    """shutil.rmtree recursed: a command nesting ~1000 dirs made the episode raise RecursionError
+    and left its copy behind."""
+    (tmp_path / "repo").mkdir()
+    nest = "import os\nfor _ in range(1100):\n    os.mkdir('d'); os.chdir('d')\n"
+    async with SandboxPool(1, scratch_dir=tmp_path / "scratch") as pool:
+        try:
+            async with pool.episode(tmp_path / "repo") as wd:
+                assert (await pool.run([sys.executable, "-c", nest], wd)).ok
+        finally:  # pytest's own clean-up of tmp_path recurses too
+            leftover = list((tmp_path / "scratch").iterdir())
+            subprocess.run(["rm", "-rf", "--", str(tmp_path / "scratch")], check=True)
+    assert leftover == []
+
+
 def test_one_pool_serves_successive_event_loops(tmp_path):
     """`rolecast compare` runs each strategy under its own asyncio.run with the process's shared
     pool: a loop-bound lock in the pool failed every episode after the first strategy."""
