@@ -55,7 +55,9 @@ class UnshareBackend(Backend):
         for path in (*layout.readable, layout.workdir):
             dest = f"{r}{q(str(path))}"
             opts = "bind" if path == layout.workdir else "bind,ro"
-            lines += [f"mkdir -p {dest}", f"{mount} -o {opts} {q(str(path))} {dest}"]
+            # a file binds onto a file: mkdir made a directory there, and mount failed (exit 32)
+            make = [f"mkdir -p {dest}"] if path.is_dir() else [f"mkdir -p {r}{q(str(path.parent))}", f": > {dest}"]
+            lines += [*make, f"{mount} -o {opts} {q(str(path))} {dest}"]
         # No exec: sh stays the namespace's init (root, so the child cannot signal it;
         # its parent-death signal intact), and reports a signal death as 128+N.
         lines += ["set +e", f'{tool("chroot")} {r} "$@"']

@@ -108,6 +108,13 @@ def test_shared_memory_is_private_and_writable(sandbox, marker):
     assert not Path("/dev/shm", marker).exists()
 
 
+def test_a_readable_file_is_readable(backend, workdir, tmp_path):
+    """unshare mounted a readable= file onto a directory it had made: exit 32, a mount error."""
+    (tmp_path / "given.txt").write_text("read me")
+    r = run(["cat", str(tmp_path / "given.txt")], workdir, backend=backend, readable=[tmp_path / "given.txt"])
+    assert (r.exit_code, r.stdout) == (0, "read me"), r.stderr
+
+
 def test_python_of_the_tests_is_usable(sandbox):
     # third-party packages of the venv import inside; rolecast's own (editable) source need not be
     # visible there: a checkout under /tmp is hidden by the private /tmp
