@@ -115,6 +115,10 @@ def run(
         raise SandboxSetupError(f"workdir {workdir}: {exc.strerror}") from None
     if not wd.is_dir():
         raise SandboxSetupError(f"workdir {wd} is not a directory")
+    # else the backend's mount fails, and that came back as the command's exit 1 (bwrap) or 32
+    missing = [str(p) for p in readable if not os.path.exists(p)]
+    if missing:
+        raise SandboxSetupError(f"readable path {', '.join(missing)} does not exist")
     hidden = tuple(p for p in HIDDEN if p.is_dir())
     tops = (TMP, *hidden)
     wanted = {*python_paths(), *(Path(os.path.realpath(p)) for p in readable)}

@@ -47,6 +47,8 @@ def test_faults_raise_clear_errors(tmp_path, workdir):
         run(["true"], tmp_path / "missing")
     with pytest.raises(SandboxSetupError, match="empty command"):
         run([], workdir)
+    with pytest.raises(SandboxSetupError, match="does not exist"):  # was the command's exit 1 or 32
+        run(["true"], workdir, readable=[tmp_path / "missing"])
     with pytest.raises(ValueError):
         Limits(wall_time_s=0)
     with pytest.raises(ValueError, match="finite"):
