@@ -50,6 +50,9 @@ class Limits:
             # finite too: the CPU rlimit is ceil(wall_time_s), which inf crashed and nan let through
             if value is not None and not 0 < value < math.inf:
                 raise ValueError(f"Limits.{name} must be positive and finite, got {value!r}")
+            # a fractional size reached the cgroup (OSError), bwrap's --size (exit 1) or a slice (TypeError)
+            if name != "wall_time_s" and value is not None and not isinstance(value, int):
+                raise ValueError(f"Limits.{name} must be an int, got {value!r}")
 
 
 @dataclass

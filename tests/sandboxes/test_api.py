@@ -53,6 +53,8 @@ def test_faults_raise_clear_errors(tmp_path, workdir):
         Limits(wall_time_s=0)
     with pytest.raises(ValueError, match="finite"):
         Limits(wall_time_s=float("nan"))
+    with pytest.raises(ValueError, match="memory_mb must be an int"):  # was an OSError from the cgroup
+        Limits(memory_mb=256.5)
 
 
 def test_unreachable_workdir_is_a_setup_error(backend):
