@@ -115,6 +115,10 @@ CASES = [
     ("loop-back-forward", lambda w: replace_in(w / "team.yaml", "order: [echo, reviewer]",
                                                "order: [echo, reviewer]\n  loop_back: {from: echo, to: reviewer, field: verdict, values: [x]}"),
      "team.yaml", 2, "protocol", "must come before"),
+    # a role of the team that never acts in order: the loop would jump to nowhere mid-episode
+    ("loop-back-outside-order", lambda w: replace_in(w / "team.yaml", "order: [echo, reviewer]",
+                                                     "order: [reviewer]\n  loop_back: {from: reviewer, to: echo, field: verdict, values: [x]}"),
+     "team.yaml", 2, "protocol", "loop_back.to ('echo') is not in order"),
     ("loop-back-unknown-key", lambda w: replace_in(w / "team.yaml", "order: [echo, reviewer]",
                                                    "order: [echo, reviewer]\n  loop_back: {from: reviewer, to: echo, field: verdict, values: [x], frm: 1}"),
      "team.yaml", 5, "protocol.loop_back.frm", "unknown key (allowed: field, from, to, values)"),

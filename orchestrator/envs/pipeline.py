@@ -47,7 +47,12 @@ class PipelineConfig(EnvConfig):
     @model_validator(mode="after")
     def _loop_goes_back(self) -> "PipelineConfig":
         lb = self.loop_back
-        if lb and lb.from_ in self.order and lb.to in self.order and self.order.index(lb.to) > self.order.index(lb.from_):
+        if lb is None:
+            return self
+        for key, name in (("from", lb.from_), ("to", lb.to)):
+            if name not in self.order:  # it never acts: the loop never fires, or jumps to no position
+                raise ValueError(f"loop_back.{key} ({name!r}) is not in order {self.order}")
+        if self.order.index(lb.to) > self.order.index(lb.from_):
             raise ValueError(f"loop_back.to ({lb.to}) must come before loop_back.from ({lb.from_}) in order")
         return self
 
