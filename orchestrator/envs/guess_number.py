@@ -123,6 +123,7 @@ class GuessNumberEnv(GameEnv):
         else:
             guess = (message.content or {}).get("guess")
             if not isinstance(guess, int) or isinstance(guess, bool) or not c.low <= guess <= c.high:
+                self.history.append({"guess": guess, "feedback": "illegal"})  # a turn taken: 0 in the process mean
                 return replace(self.forfeit(role, "illegal"), score=0.0)
             score = self._score(guess, *self._possible())
             self.scores += score

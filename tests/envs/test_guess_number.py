@@ -82,6 +82,13 @@ def test_out_of_range_guess_is_illegal_and_ends_the_game(tmp_path):
     assert ep.outcome["reason"] == "illegal" and ep.outcome["results"] == {"guesser": "loss"}
 
 
+def test_an_illegal_guess_counts_in_the_process_mean(tmp_path):
+    # 8 halves 1..16 (1.0), 17 is illegal (0.0): the mean of the two turns, not of the first alone
+    (ep,) = play(small(tasks=[{"secret": 5}], process="halving"), {"guesser": guesses(8, 17)}, tmp_path).episodes
+    assert [turn.score for turn in ep.turns] == [1.0, 0.0]
+    assert ep.outcome["process"] == {"guesser": 0.5} and ep.outcome["guesses"] == 2
+
+
 def test_secrets_come_from_the_seed_when_tasks_have_none(tmp_path):
     t = small()
     a = [e.outcome["secret"] for e in play(t, {"guesser": "builtin:random"}, tmp_path, episodes=20).episodes]
