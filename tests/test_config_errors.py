@@ -119,6 +119,10 @@ CASES = [
     ("loop-back-outside-order", lambda w: replace_in(w / "team.yaml", "order: [echo, reviewer]",
                                                      "order: [reviewer]\n  loop_back: {from: reviewer, to: echo, field: verdict, values: [x]}"),
      "team.yaml", 2, "protocol", "loop_back.to ('echo') is not in order"),
+    # its verdict would never come: every episode would pay failure_reward
+    ("success-outside-order", lambda w: replace_in(w / "team.yaml", "order: [echo, reviewer]",
+                                                   "order: [reviewer]\n  success: {role: echo, field: say, values: [x]}"),
+     "team.yaml", 2, "protocol", "success.role ('echo') is not in order"),
     ("loop-back-unknown-key", lambda w: replace_in(w / "team.yaml", "order: [echo, reviewer]",
                                                    "order: [echo, reviewer]\n  loop_back: {from: reviewer, to: echo, field: verdict, values: [x], frm: 1}"),
      "team.yaml", 5, "protocol.loop_back.frm", "unknown key (allowed: field, from, to, values)"),

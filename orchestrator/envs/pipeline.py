@@ -47,12 +47,14 @@ class PipelineConfig(EnvConfig):
     @model_validator(mode="after")
     def _loop_goes_back(self) -> "PipelineConfig":
         lb = self.loop_back
-        if lb is None:
-            return self
-        for key, name in (("from", lb.from_), ("to", lb.to)):
-            if name not in self.order:  # it never acts: the loop never fires, or jumps to no position
-                raise ValueError(f"loop_back.{key} ({name!r}) is not in order {self.order}")
-        if self.order.index(lb.to) > self.order.index(lb.from_):
+        # A role outside order never acts: the loop would never fire or jump to no position, and
+        # success would never be met.
+        named = ([("loop_back.from", lb.from_), ("loop_back.to", lb.to)] if lb else []) + (
+            [("success.role", self.success.role)] if self.success else [])
+        for key, name in named:
+            if name not in self.order:
+                raise ValueError(f"{key} ({name!r}) is not in order {self.order}")
+        if lb and self.order.index(lb.to) > self.order.index(lb.from_):
             raise ValueError(f"loop_back.to ({lb.to}) must come before loop_back.from ({lb.from_}) in order")
         return self
 
