@@ -119,8 +119,13 @@ class DebateEnv(Env):
 
     def _match(self, value: Any) -> str | None:
         wanted = str(value).strip().lower()
+        # Labels first: they are what the judge's prompt calls the sides, and a debater may be
+        # named or stand for another side's letter (debaters [a, b]).
+        by_label = {self._label(d).lower(): d for d in self.config.debaters}
+        if wanted in by_label:
+            return by_label[wanted]
         for d in self.config.debaters:
-            if wanted in (d.lower(), self._stance(d).lower(), self._label(d).lower()):
+            if wanted in (d.lower(), self._stance(d).lower()):
                 return d
         return None
 

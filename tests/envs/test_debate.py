@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from play import Script, play, team
+from orchestrator.team import load_team
+from play import ROOT, Script, play, team
 
 
 def debate(winner: str) -> dict:
@@ -38,3 +39,18 @@ def test_the_judge_sees_letters_in_a_random_order_and_a_letter_names_its_side(tm
         assert ep.outcome["winner"] == a_side
     wins = sum(ep.outcome["winner"] == "pro" for ep in episodes)
     assert 10 <= wins <= 30  # about half: the letter, not the side, carries the bias
+
+
+def test_a_letter_names_the_side_it_labels_when_the_debaters_are_called_by_letters(tmp_path):
+    """Debaters named a and b: the judge's "A" is the side its prompt lettered A, not role a."""
+    text = (ROOT / "recipes" / "debate.yaml").read_text()
+    for old, new in (("[pro, con]", "[a, b]"), ("name: pro", "name: a"), ("name: con", "name: b")):
+        text = text.replace(old, new)
+    (tmp_path / "ab.yaml").write_text(text)
+    judge = Script({"winner": "A", "reason": "r"})
+    policies = {"a": Script({"argument": "a says"}, {"argument": "a again"}),
+                "b": Script({"argument": "b says"}, {"argument": "b again"}), "judge": judge}
+    episodes = play(load_team(tmp_path / "ab.yaml"), policies, tmp_path, episodes=8).episodes
+    lettered_a = {r.episode: "a" if "[A] a says" in r.messages[-1]["content"] else "b" for r in judge.requests}
+    assert set(lettered_a.values()) == {"a", "b"}
+    assert all(ep.outcome["winner"] == lettered_a[ep.id] for ep in episodes)
