@@ -134,7 +134,7 @@ class CodePairEnv(Env):
         try:
             given, said = parse_example(self.example)
             reference = eval(f"lambda x: {self.task['reference']}")  # the recipe's code
-            return bool(reference(given) == said)
+            return same(reference(given), said)
         except Exception:  # not an example of that shape, or a call the reference refuses
             return False
 
@@ -155,10 +155,21 @@ class CodePairEnv(Env):
         try:
             out = json.loads(marked[-1][len(MARK):])
             results = out["results"][:len(tests)]
-            passed = sum(ok and json.loads(value) == expected for (ok, value), (_, expected) in zip(results, tests))
+            passed = sum(ok and same(json.loads(value), expected) for (ok, value), (_, expected) in zip(results, tests))
             return passed, out.get("error")
         except (ValueError, IndexError, KeyError, TypeError):  # a timeout, a crash, output that is not ours
             return 0, "timed out" if res.timed_out else f"the check failed (exit {res.exit_code})"
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal as JSON values are: Python's ``True == 1`` would pass a bool where a number is due."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    if isinstance(a, (list, tuple)) and type(a) is type(b):
+        return len(a) == len(b) and all(map(same, a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    return bool(a == b)
 
 
 def parse_example(text: str) -> tuple[Any, Any]:

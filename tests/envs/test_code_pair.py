@@ -58,6 +58,18 @@ def test_only_a_literal_example_that_holds_is_right(example):
 
 
 @needs_sandbox
+def test_a_bool_is_not_a_number(tmp_path):
+    """JSON's true is not 1, though Python's True == 1: a function or an example that answers
+    with the wrong type is wrong."""
+    mod2 = {"spec": "Return x modulo 2.", "reference": "x % 2", "tests": [[5, 1], [8, 0]]}
+    ep = episode(tmp_path, mod2, {"example": "f(5) == True"}, code("x % 2 == 1"))
+    assert ep.outcome["passed"] == 0 and ep.outcome["example_correct"] is False
+    even = {"spec": "Return True if x is even, else False.", "reference": "x % 2 == 0", "tests": [[4, True], [3, False]]}
+    ep = episode(tmp_path, even, {"example": "f(4) == 1"}, code("1 - x % 2"))
+    assert ep.outcome["passed"] == 0 and ep.outcome["example_correct"] is False
+
+
+@needs_sandbox
 @pytest.mark.parametrize("body, error", [
     ("x +", "SyntaxError"),
     ("sum(iter(int, 1))", "timed out"),   # never returns: the sandbox's deadline ends it
