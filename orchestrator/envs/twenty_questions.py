@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator, model_validator
 
 from ..messages import Message
 from ..yamlfile import Loc
@@ -45,6 +45,13 @@ class TwentyQuestionsConfig(GameConfig):
     split_seed: int = 0
     test_fraction: float = Field(0.2, gt=0.0, lt=1.0)
     rewards: QuestionRewards = Field(default_factory=QuestionRewards)
+
+    @model_validator(mode="after")
+    def _split_has_words(self) -> "TwentyQuestionsConfig":
+        train, test = split_words(self.split_seed, self.test_fraction)
+        if not (train if self.split == "train" else test):  # every drawn secret would fail its episode
+            raise ValueError(f"test_fraction {self.test_fraction} leaves the {self.split} split empty")
+        return self
 
     def role_refs(self) -> list[tuple[Loc, str]]:
         return super().role_refs() + [(("answerer",), self.answerer)]

@@ -4,6 +4,9 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+from pydantic import ValidationError
+
 from play import Script, play, team
 from orchestrator.envs.words import WORDS, split_words
 
@@ -82,6 +85,15 @@ def test_secrets_come_from_the_chosen_split(tmp_path):
     t = team("twenty_questions", split="test")
     result = play(t, {"guesser": ask(guess="x"), "answerer": Script()}, tmp_path, episodes=20)
     assert {e.outcome["secret"] for e in result.episodes} <= set(test)
+
+
+@pytest.mark.parametrize("split, fraction", [("test", 0.001), ("train", 0.999)])
+def test_a_split_with_no_words_is_refused_with_the_protocol(split, fraction):
+    from orchestrator.envs.twenty_questions import TwentyQuestionsConfig
+
+    with pytest.raises(ValidationError, match=f"leaves the {split} split empty"):
+        TwentyQuestionsConfig(split=split, test_fraction=fraction)
+    TwentyQuestionsConfig(split="train" if split == "test" else "test", test_fraction=fraction)  # the other is not
 
 
 def test_random_guesser_and_answerer_finish(tmp_path):
