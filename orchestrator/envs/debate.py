@@ -73,6 +73,10 @@ class DebateEnv(Env):
         if self.config.first == "random":
             self.rng.shuffle(self.speakers)
 
+    @classmethod
+    def task_from_cli(cls, value: str) -> dict[str, Any]:
+        return {"topic": value}
+
     def _stance(self, role: str) -> str:
         return str(self.roles[role].config.params.get("stance", role))
 

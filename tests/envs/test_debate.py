@@ -54,3 +54,14 @@ def test_a_letter_names_the_side_it_labels_when_the_debaters_are_called_by_lette
     lettered_a = {r.episode: "a" if "[A] a says" in r.messages[-1]["content"] else "b" for r in judge.requests}
     assert set(lettered_a.values()) == {"a", "b"}
     assert all(ep.outcome["winner"] == lettered_a[ep.id] for ep in episodes)
+
+
+def test_a_task_given_as_text_is_the_topic(tmp_path):
+    """``rolecast run recipes/debate.yaml --task TOPIC`` (and ``rolecast.run(tasks=[...])``) debates it."""
+    import rolecast
+
+    pro = Script({"argument": "a"}, {"argument": "b"})
+    policies = {"pro": pro, "con": Script({"argument": "c"}, {"argument": "d"}), "judge": Script({"winner": "A", "reason": "r"})}
+    rolecast.run(ROOT / "recipes/debate.yaml", tasks=["Zoos should be closed."], episodes=1, policies=policies,
+                 out=tmp_path / "run", progress=False)
+    assert pro.requests[0].messages[-1]["content"].startswith("Debate topic: Zoos should be closed.")
