@@ -147,6 +147,10 @@ class TeacherStudentEnv(Env):
         self.turn = 0
         self.answers: dict[str, int | None] = {}
 
+    @classmethod
+    def task_from_cli(cls, value: str) -> dict[str, Any]:
+        return {"domain": value}
+
     def next_role(self) -> str | None:
         return self.order[self.turn] if self.turn < len(self.order) else None
 

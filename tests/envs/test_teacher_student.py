@@ -105,3 +105,16 @@ def test_bad_domains_are_one_line_at_validate(cli, tmp_path, edit, message):
     m = ERROR_LINE.match(line)
     assert m and m["file"] == str(path) and m["line"] == "17" and m["key"] == "protocol.domains"
     assert message in m["problem"]
+
+
+def test_a_task_given_as_text_is_its_domain(tmp_path):
+    """``rolecast run recipes/teacher_student.yaml --task smallest``: every episode is that domain's."""
+    import rolecast
+    from play import ROOT
+
+    recipe = ROOT / "recipes/teacher_student.yaml"
+    policies = {role: "builtin:random" for role in ("teacher_largest", "teacher_smallest", "student", "student_alone")}
+    result = rolecast.run(recipe, tasks=["smallest"], episodes=6, policies=policies, out=tmp_path / "run", progress=False)
+    assert [ep.outcome["domain"] for ep in result.episodes] == ["smallest"] * 6
+    with pytest.raises(rolecast.RolecastError, match="--task cubes: domain 'cubes' has no teacher"):
+        rolecast.run(recipe, tasks=["cubes"], policies=policies, out=tmp_path / "run2", progress=False)
