@@ -27,8 +27,8 @@ from typing import Any, TypeVar
 
 from .config import SEED_MAX
 from .errors import RolecastError
-from .launch import (Compute, adapter_dirs, bindings, closed_on_error, play, policies_and_workers, recorded_run,
-                     run_dir)
+from .launch import (Compute, adapter_dirs, bindings, claimed, closed_on_error, play, policies_and_workers,
+                     recorded_run, run_dir)
 from .rollout import RunOptions, RunResult
 from .team import Team, with_training_options
 from .team import load_team as _load_team
@@ -93,13 +93,14 @@ def run(team: TeamLike, *, episodes: int | None = None, tasks: Sequence[str | Ma
     model = compute.model or cfg.model
     seed = cfg.seed if seed is None else seed
     out_dir = run_dir(out, team.name, fresh=True)
-    policies_, workers = policies_and_workers(compute, team, overrides, model, seed, loaded)
-    with closed_on_error(workers):
-        options = RunOptions(
-            episodes=episodes or cfg.episodes, seed=seed, out_dir=out_dir, concurrency=concurrency or cfg.concurrency,
-            episode_timeout_s=timeout or cfg.episode_timeout_s, progress=progress,
-            extra={**_record(compute, model, overrides, loaded), "rollout_workers": workers.workers if workers else None})
-        return _sync(lambda: play(team, policies_, options, workers, overrides))
+    with claimed(out_dir):
+        policies_, workers = policies_and_workers(compute, team, overrides, model, seed, loaded)
+        with closed_on_error(workers):
+            options = RunOptions(
+                episodes=episodes or cfg.episodes, seed=seed, out_dir=out_dir, concurrency=concurrency or cfg.concurrency,
+                episode_timeout_s=timeout or cfg.episode_timeout_s, progress=progress,
+                extra={**_record(compute, model, overrides, loaded), "rollout_workers": workers.workers if workers else None})
+            return _sync(lambda: play(team, policies_, options, workers, overrides))
 
 
 @dataclass
@@ -143,18 +144,19 @@ def evaluate(team: TeamLike, *, episodes: int = 100, held_out: bool = False, opp
         structlog.get_logger().warning("builtin:random is no baseline here: the game lists no legal moves, so it sends "
                                        "random words and loses", team=team.name, roles=blind)
     out_dir = run_dir(out, f"eval-{team.name}", fresh=True)
-    policies_, workers = policies_and_workers(compute, team, overrides, model, seed, loaded,
-                                              {CHECKPOINT_ADAPTER: checkpoint} if checkpoint else None)
-    with closed_on_error(workers):
-        options = RunOptions(episodes=episodes, seed=seed, out_dir=out_dir, concurrency=concurrency or cfg.concurrency,
-                             episode_timeout_s=cfg.episode_timeout_s, progress=progress,
-                             extra={"eval": True, "opponent": opponent, **_record(compute, model, overrides, loaded)})
-        result = _sync(lambda: play(team, policies_, options, workers, overrides))
-    report = {"team": team.name, "episodes": len(result.episodes), "status": result.summary["status"],
-              "opponent": {"role": opponent_role, "policy": opponent} if opponent_role else None,
-              "bindings": shown, "roles": rates(team, result.episodes, result.summary),
-              "env": result.summary["env"], "illegal_baseline": blind, "run_dir": str(result.run_dir)}
-    (result.run_dir / "eval.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
+    with claimed(out_dir):
+        policies_, workers = policies_and_workers(compute, team, overrides, model, seed, loaded,
+                                                  {CHECKPOINT_ADAPTER: checkpoint} if checkpoint else None)
+        with closed_on_error(workers):
+            options = RunOptions(episodes=episodes, seed=seed, out_dir=out_dir, concurrency=concurrency or cfg.concurrency,
+                                 episode_timeout_s=cfg.episode_timeout_s, progress=progress,
+                                 extra={"eval": True, "opponent": opponent, **_record(compute, model, overrides, loaded)})
+            result = _sync(lambda: play(team, policies_, options, workers, overrides))
+        report = {"team": team.name, "episodes": len(result.episodes), "status": result.summary["status"],
+                  "opponent": {"role": opponent_role, "policy": opponent} if opponent_role else None,
+                  "bindings": shown, "roles": rates(team, result.episodes, result.summary),
+                  "env": result.summary["env"], "illegal_baseline": blind, "run_dir": str(result.run_dir)}
+        (result.run_dir / "eval.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
     return Evaluation(report=report, run=result)
 
 
@@ -231,25 +233,26 @@ def train_into(team: Team, out: Path, compute: Compute, *, seed: int | None = No
     model = compute.model or team.config.model
     seed = team.config.seed if seed is None else seed
     rank = team.config.training.lora.rank  # vLLM sizes its adapter slots by it
-    workers = compute.workers(model, seed, rank)  # first: a missing Ray fails before the model loads
-    with closed_on_error(workers):  # the workers outlive nothing that fails here
-        engine = load_engine(model, compute.dtype, seed, compute.engine, device=compute.device, lora_rank=rank)
-        service = ServiceClient.for_engine(engine, model, seed=seed, device=device_for(compute.device))
-        service.attach_engine(engine)
-        where = {"rollout_workers": workers.workers, "ray": compute.ray} if workers else {}
-        options = TrainOptions(out_dir=out, model=model, dtype=compute.dtype, seed=seed, steps=steps, resume=resume,
-                               progress=progress, extra={"device": str(service.device), **where, **(extra or {})})
+    with claimed(out):  # TrainingRun checks the start again, under it
+        workers = compute.workers(model, seed, rank)  # first: a missing Ray fails before the model loads
+        with closed_on_error(workers):  # the workers outlive nothing that fails here
+            engine = load_engine(model, compute.dtype, seed, compute.engine, device=compute.device, lora_rank=rank)
+            service = ServiceClient.for_engine(engine, model, seed=seed, device=device_for(compute.device))
+            service.attach_engine(engine)
+            where = {"rollout_workers": workers.workers, "ray": compute.ray} if workers else {}
+            options = TrainOptions(out_dir=out, model=model, dtype=compute.dtype, seed=seed, steps=steps, resume=resume,
+                                   progress=progress, extra={"device": str(service.device), **where, **(extra or {})})
 
-        async def go() -> TrainResult:
-            try:
-                return TrainResult(out, await TrainingRun(team, options, engine, service, rollouts=workers).run())
-            finally:
-                await engine.aclose()
-                service.close()
-                if workers:
-                    workers.close()
+            async def go() -> TrainResult:
+                try:
+                    return TrainResult(out, await TrainingRun(team, options, engine, service, rollouts=workers).run())
+                finally:
+                    await engine.aclose()
+                    service.close()
+                    if workers:
+                        workers.close()
 
-        return _sync(go)
+            return _sync(go)
 
 
 def _team(team: TeamLike) -> Team:

@@ -5,7 +5,9 @@ rollout workers that play. Errors name the command-line flag a value came from (
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
+import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -147,6 +149,55 @@ def _check_creatable(out: Path) -> None:
         raise RolecastError(f"--out {out}: cannot make this folder ({exc.strerror or exc})") from None
     for folder in missing:
         folder.rmdir()
+
+
+LOCK_FILE = ".rolecast.lock"
+
+
+@contextlib.contextmanager
+def claimed(out: Path) -> Iterator[None]:
+    """Hold the run dir ``out`` for this run alone while the block runs: a second process (or
+    call) writing it would interleave its metrics, checkpoints and transcripts. An exclusive flock
+    on ``out/.rolecast.lock``, which the OS releases when a process dies (a killed run resumes);
+    the lock file goes at the end, and the folders made for it where the run wrote nothing."""
+    made = [p for p in (out, *out.parents) if not p.exists()]  # the deepest first
+    lock = out / LOCK_FILE
+    while True:
+        out.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise RolecastError(f"{out}: cannot make its lock file ({exc.strerror or exc})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"  # "": it has not written it yet
+            os.close(fd)
+            raise RolecastError(f"{out} is in use by another rolecast process (pid {holder}): wait for it or give "
+                                "another --out") from None
+        except OSError as exc:  # a file system without flock (Lustre without its mount option): run as before it
+            import structlog
+
+            structlog.get_logger().warning("cannot lock the run dir: nothing stops another process writing it too",
+                                           out=str(out), error=exc.strerror)
+            break
+        with contextlib.suppress(FileNotFoundError):
+            if os.path.samestat(os.fstat(fd), os.stat(lock)):
+                break
+        os.close(fd)  # locked a file its holder removed as it let go: lock the one at the path now
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(lock)  # while still held: a process that opened it meanwhile finds it gone, and opens anew
+        for folder in made:
+            try:
+                folder.rmdir()
+            except OSError:  # the run wrote in it
+                break
+        os.close(fd)
 
 
 def recorded_run(out: Path) -> dict[str, Any] | None:

@@ -3,13 +3,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 import rolecast
+from orchestrator.launch import LOCK_FILE, claimed
 
 ROOT = Path(__file__).resolve().parent.parent
 SIGINT_AT_START = signal.getsignal(signal.SIGINT)  # before any test: what the process started with
@@ -26,6 +30,59 @@ def _holding_a_run(folder: Path) -> Path:
     folder.mkdir()
     (folder / "metrics.jsonl").write_text("")
     return folder
+
+
+def _holding(folder: Path) -> subprocess.Popen:
+    """Another process that holds ``folder`` as a run does (an flock on its lock file, its pid in
+    it), until it is killed."""
+    folder.mkdir(parents=True, exist_ok=True)
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time\n"
+                               "lock = open(sys.argv[1], 'w')\nfcntl.flock(lock, fcntl.LOCK_EX)\n"
+                               "lock.write(f'{os.getpid()}\\n')\nlock.flush()\nprint('held', flush=True)\n"
+                               "time.sleep(600)", str(folder / LOCK_FILE)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline() == "held\n"
+    return holder
+
+
+def test_a_run_dir_in_use_is_refused_in_one_line_and_left_as_it_was(tmp_path):
+    out = tmp_path / "run"
+    holder = _holding(out)
+    try:
+        with pytest.raises(rolecast.RolecastError) as caught:
+            rolecast.run(ROOT / "recipes/guess_number.yaml", episodes=2, policies={"guesser": binary_search}, out=out,
+                         progress=False)
+        assert str(caught.value) == (f"{out} is in use by another rolecast process (pid {holder.pid}): wait for it "
+                                     "or give another --out")
+        assert sorted(p.name for p in out.iterdir()) == [LOCK_FILE]  # nothing of the refused run's
+    finally:
+        holder.kill()
+        holder.wait()
+    # the killed holder's lock file is no obstacle, and a run's end leaves no lock file behind
+    rolecast.run(ROOT / "recipes/guess_number.yaml", episodes=2, policies={"guesser": binary_search}, out=out,
+                 progress=False)
+    assert (out / "summary.json").is_file() and not (out / LOCK_FILE).exists()
+
+
+def test_two_holds_in_one_process_conflict_and_a_hold_leaves_no_folder_it_made_empty(tmp_path):
+    """flock locks belong to an open file: a second call in this process (a thread, a notebook) is
+    refused as another process is."""
+    out = tmp_path / "runs" / "eval"
+    with claimed(out):
+        with pytest.raises(rolecast.RolecastError, match=f"{out} is in use by another rolecast process \\(pid {os.getpid()}\\)"):
+            rolecast.evaluate(ROOT / "recipes/guess_number.yaml", episodes=2, policies={"guesser": binary_search},
+                              out=out, progress=False)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_file_system_without_locks_runs_unguarded_and_says_so(tmp_path, monkeypatch, capsys):
+    def no_flock(fd, operation):
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr("fcntl.flock", no_flock)
+    result = rolecast.run(ROOT / "recipes/guess_number.yaml", episodes=2, policies={"guesser": binary_search},
+                          out=tmp_path / "run", progress=False)
+    assert result.summary["status"] == {"ok": 2} and not (tmp_path / "run" / LOCK_FILE).exists()
+    assert "cannot lock the run dir" in capsys.readouterr().err
 
 
 def test_run_plays_a_callable_policy_and_records_it(tmp_path):
@@ -64,6 +121,14 @@ def test_train_then_resume_with_the_options_the_run_started_with(tmp_path):
                              dtype="float32", progress=False)
     assert trained.run_dir == out and trained.final["kind"] == "eval" and trained.final["step"] == 1
     assert (out / "sampler" / "guesser" / "adapter_config.json").is_file()
+    assert not (out / LOCK_FILE).exists()  # let go of at the end
+    # while another process holds the run dir, a resume into it is refused; once it is killed, it goes on
+    holder = _holding(out)
+    with pytest.raises(rolecast.RolecastError, match=f"{out} is in use by another rolecast process "
+                       rf"\(pid {holder.pid}\): wait for it or give another --out"):
+        rolecast.train(ROOT / "recipes/guess_number.yaml", steps=2, out=out, sets=SMALL, resume=True, progress=False)
+    holder.kill()
+    holder.wait()
     # no model and no seed given: the run's own (tiny, 0) are used; the budget grows to 2 steps
     again = rolecast.train(ROOT / "recipes/guess_number.yaml", steps=2, out=out, sets=SMALL, resume=True,
                            dtype="float32", progress=False)

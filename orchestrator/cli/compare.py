@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RolecastError
-from ..launch import run_dir
+from ..launch import LOCK_FILE, claimed, run_dir
 from .flags import add_training_flags, compute_options, parse_sets, positive_int
 
 
@@ -44,22 +44,24 @@ def handle(args: argparse.Namespace) -> int:
     if base.config.training is None:
         raise RolecastError(f"{base.path}: the recipe has no `training:` block")
     out = run_dir(args.out, f"compare-{base.name}")
-    runs = []
-    # all checked before any trains: nothing of the user's is overwritten, and a started run (its
-    # config.yaml) goes on from its last checkpoint (from step 0 without one) only as it was started
-    for name in dict.fromkeys(args.strategy or STRATEGIES):  # a strategy named twice is one run
-        team, where, resume = with_strategy(base, name, args.every), out / name, (out / name / "config.yaml").is_file()
-        if not resume and where.exists() and (not where.is_dir() or any(where.iterdir())):
-            what = "holds files but no training run" if where.is_dir() else "is a file, where its run dir goes"
-            raise RolecastError(f"{where} {what}: move it, or give another --out")
-        compute, seed, steps = Compute(**compute_options(args)), args.seed, steps_given(base, sets, args.steps)
-        if resume:
-            compute, seed, steps = as_started(team, where, compute, seed, steps)
-        runs.append((name, team, where, compute, seed, steps, resume))
-    for name, team, where, compute, seed, steps, resume in runs:
-        train_into(team, where, compute, seed=seed, steps=steps, resume=resume, progress=not args.no_progress,
-                   extra={"strategy": name})
-    print(json.dumps(write_comparison(out, list(base.roles))))
+    with claimed(out):  # a second comparison into it would train its strategies over ours
+        runs = []
+        # all checked before any trains: nothing of the user's is overwritten, and a started run (its
+        # config.yaml) goes on from its last checkpoint (from step 0 without one) only as it was started
+        for name in dict.fromkeys(args.strategy or STRATEGIES):  # a strategy named twice is one run
+            team, where, resume = with_strategy(base, name, args.every), out / name, (out / name / "config.yaml").is_file()
+            # a lock file alone is what a run killed before its config.yaml leaves: no file of the user's
+            if not resume and where.exists() and (not where.is_dir() or any(p.name != LOCK_FILE for p in where.iterdir())):
+                what = "holds files but no training run" if where.is_dir() else "is a file, where its run dir goes"
+                raise RolecastError(f"{where} {what}: move it, or give another --out")
+            compute, seed, steps = Compute(**compute_options(args)), args.seed, steps_given(base, sets, args.steps)
+            if resume:
+                compute, seed, steps = as_started(team, where, compute, seed, steps)
+            runs.append((name, team, where, compute, seed, steps, resume))
+        for name, team, where, compute, seed, steps, resume in runs:
+            train_into(team, where, compute, seed=seed, steps=steps, resume=resume, progress=not args.no_progress,
+                       extra={"strategy": name})
+        print(json.dumps(write_comparison(out, list(base.roles))))
     return 0
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RolecastError
-from ..launch import recorded_run, run_dir
+from ..launch import claimed, recorded_run, run_dir
 
 
 def handle(args: argparse.Namespace, team: Any) -> int:
@@ -59,21 +59,22 @@ def handle(args: argparse.Namespace, team: Any) -> int:
     then = (recorded_run(run) or {}).get("run") or {}
     model = args.model or then.get("model") or team.config.model
     dtype = then.get("dtype", "auto") if args.dtype == "auto" and not args.model else args.dtype
-    engine = load_engine(model, dtype, seed, args.engine, adapters, args.device)
+    with claimed(out):  # a second round robin into it would mix its games with these
+        engine = load_engine(model, dtype, seed, args.engine, adapters, args.device)
 
-    async def go():
-        try:
-            return await play_round_robin(
-                team, trainer.players, entrants, engine, games_per_pair, seed=seed, out_dir=out,
-                concurrency=args.concurrency or team.config.concurrency, registry=registry,
-                progress=not (args.no_progress or args.json))
-        finally:
-            await engine.aclose()
+        async def go():
+            try:
+                return await play_round_robin(
+                    team, trainer.players, entrants, engine, games_per_pair, seed=seed, out_dir=out,
+                    concurrency=args.concurrency or team.config.concurrency, registry=registry,
+                    progress=not (args.no_progress or args.json))
+            finally:
+                await engine.aclose()
 
-    games = asyncio.run(go())
-    report = {"team": team.name, "run_dir": str(run), "model": model, "dtype": dtype, **analyse(entrants, games, games_per_pair, seed)}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "population.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
+        games = asyncio.run(go())
+        report = {"team": team.name, "run_dir": str(run), "model": model, "dtype": dtype,
+                  **analyse(entrants, games, games_per_pair, seed)}
+        (out / "population.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
     if args.json:
         print(json.dumps(report))
     else:

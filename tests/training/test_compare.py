@@ -83,3 +83,23 @@ def test_a_strategy_named_twice_trains_once(cli, tmp_path, monkeypatch):
                             "--strategy", "grpo", "--out", tmp_path / "cmp", "--no-progress")
     assert code == 0, err
     assert trained == ["grpo", "shared"] and (tmp_path / "cmp" / "compare.json").exists()
+
+
+def test_a_comparison_in_use_is_refused_and_a_killed_runs_lock_file_is_no_obstacle(cli, tmp_path, monkeypatch):
+    import os
+
+    import orchestrator.api
+    from orchestrator.launch import LOCK_FILE, claimed
+
+    trained = []
+    monkeypatch.setattr(orchestrator.api, "train_into", lambda team, where, *args, **kwargs: trained.append(where.name))
+    out = tmp_path / "cmp"
+    args = ("compare", train_recipe(tmp_path, 1), "--strategy", "grpo", "--out", out, "--no-progress")
+    with claimed(out):  # a comparison running into it
+        code, _, err = cli(*args)
+    assert code == 2 and f"{out} is in use by another rolecast process (pid {os.getpid()})" in err, err
+    assert trained == []
+    (out / "grpo").mkdir(parents=True)
+    (out / "grpo" / LOCK_FILE).write_text("12345\n")  # as a run killed before its config.yaml leaves its dir
+    code, _, err = cli(*args)
+    assert code == 0 and trained == ["grpo"], err
