@@ -222,12 +222,13 @@ def policies_and_workers(compute: Compute, team: Any, overrides: dict[str, Bindi
     """The policies that play ``team`` here, loading the engine with ``adapters`` when a role needs
     it; or, with Ray, rollout workers holding the adapters (the policies then only check the
     bindings)."""
-    from .engines.load import load_engine
+    from .engines.load import adapter_rank, load_engine
     from .rollout import build_policies
 
     check_adapter_names(adapters, team)
     adapters = {**adapters, **(extra_adapters or {})}
-    workers = compute.workers(model, seed)
+    # sized for the adapters, as load_engine sizes its own: vLLM's slots would stop at rank 64
+    workers = compute.workers(model, seed, max(map(adapter_rank, adapters.values()), default=0))
     if workers is None:
         return build_policies(team, overrides, lambda: load_engine(model, compute.dtype, seed, compute.engine, adapters,
                                                                    compute.device)), None

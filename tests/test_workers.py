@@ -368,6 +368,33 @@ def test_vllm_workers_need_a_gpu_before_ray_starts(tmp_path):
                      out=tmp_path / "run", progress=False)
 
 
+def test_workers_are_sized_for_the_adapters_they_are_given(tmp_path, monkeypatch):
+    """vLLM preallocates its adapter slots: workers started for rank 64 refused a rank-128
+    --adapter (or --opponent checkpoint) that the same command loads without --ray."""
+    from orchestrator import workers
+    from orchestrator.launch import Compute, adapter_dirs, policies_and_workers
+
+    started = {}
+
+    class Pool:
+        workers = 1
+
+        def __init__(self, options, **kwargs):
+            started.update(kwargs)
+
+        def publish(self, name, path, version):
+            pass
+
+    monkeypatch.setattr(workers, "RayRollouts", Pool)
+    adapter = tmp_path / "pro"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"r": 128}))
+    (adapter / "adapter_model.safetensors").write_bytes(b"")
+    policies_and_workers(Compute(engine="vllm", device="cuda", ray="local"), load_team(ROOT / "recipes/debate.yaml"),
+                         {}, "tiny", 0, adapter_dirs({"pro": adapter}))
+    assert started["lora_rank"] == 128
+
+
 def test_a_run_that_fails_after_the_workers_start_closes_them(ray_local, tmp_path, monkeypatch):
     import rolecast
     from orchestrator import workers
