@@ -8,6 +8,7 @@ import contextlib
 import fcntl
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -116,6 +117,9 @@ def check_adapter_names(adapters: Mapping[str, Path], team: Any) -> None:
                                 f"(its roles' adapters: {', '.join(played) or 'none'})")
 
 
+_naming, _named = threading.Lock(), set()  # the default run dirs this process has handed out
+
+
 def run_dir(out: str | Path | None, stem: str, fresh: bool = False) -> Path:
     """``out``, or ``runs/<stem>-<time>`` (``-2``, ``-3`` ... after it where runs started in the
     same second: calls in a loop); a path through an existing file is one line here, not a
@@ -124,9 +128,11 @@ def run_dir(out: str | Path | None, stem: str, fresh: bool = False) -> Path:
     if out is None:  # checked as a given one is: a file named runs here was a traceback at the first write
         out = base = Path("runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
         n = 1
-        while out.exists():
-            n += 1
-            out = base.with_name(f"{base.name}-{n}")
+        with _naming:  # calls in threads (asyncio.to_thread) see no folder of each other's yet: one name each
+            while out.exists() or out.absolute() in _named:
+                n += 1
+                out = base.with_name(f"{base.name}-{n}")
+            _named.add(out.absolute())
     out = Path(out)
     blocker = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
     if blocker is not None:
@@ -148,7 +154,10 @@ def _check_creatable(out: Path) -> None:
     except OSError as exc:
         raise RolecastError(f"--out {out}: cannot make this folder ({exc.strerror or exc})") from None
     for folder in missing:
-        folder.rmdir()
+        try:
+            folder.rmdir()
+        except OSError:  # a run started beside this one made its folder in it meanwhile: it stays
+            break
 
 
 LOCK_FILE = ".rolecast.lock"

@@ -354,6 +354,39 @@ def test_runs_started_in_the_same_second_get_run_dirs_of_their_own(tmp_path, mon
     assert all(len((tmp_path / d / "transcripts.jsonl").read_text().splitlines()) == 1 for d in dirs)
 
 
+def test_runs_started_together_in_threads_get_run_dirs_of_their_own(tmp_path, monkeypatch):
+    """Calls through asyncio.to_thread picked the same name (none had made its folder yet) and
+    mixed their transcripts in it, or one failed on the other's folder."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("time.strftime", lambda fmt: "20261126-120000")
+    (tmp_path / "runs").mkdir()  # as the first run leaves it
+
+    async def together():
+        return await asyncio.gather(*(asyncio.to_thread(rolecast.run, ROOT / "recipes/guess_number.yaml", episodes=1,
+                                                        policies={"guesser": binary_search}, progress=False)
+                                      for _ in range(3)))
+
+    dirs = [result.run_dir for result in asyncio.run(together())]
+    assert len(set(dirs)) == 3
+    assert all(len((tmp_path / d / "transcripts.jsonl").read_text().splitlines()) == 1 for d in dirs)
+
+
+def test_the_creatable_probe_leaves_a_parent_another_run_made_its_folder_in(tmp_path, monkeypatch):
+    from orchestrator.launch import run_dir
+
+    out, beside = tmp_path / "runs" / "a", tmp_path / "runs" / "b"
+    rmdir = Path.rmdir
+
+    def rmdir_while_another_starts(self):
+        if self == out:
+            beside.mkdir()
+        rmdir(self)
+
+    monkeypatch.setattr(Path, "rmdir", rmdir_while_another_starts)
+    assert run_dir(out, "a") == out
+    assert not out.exists() and beside.is_dir()
+
+
 def test_a_file_named_runs_is_one_line_without_out_too(tmp_path, monkeypatch):
     """Only a given ``out`` was checked: without one, a file named runs here was a NotADirectoryError
     traceback when the run first wrote (after the model had loaded)."""
