@@ -216,14 +216,15 @@ class ServiceClient:
             data = [datums[r] for r in mine]
             # Indices are worked out on the host and every tensor goes up with `upload`: a boolean
             # index or a pageable copy here would make the host wait for the pass's forward.
-            masks = [job.masks[part[r][1]] for r in mine]
+            indices = [part[r][1] for r in mine]
+            masks = [job.masks[i] for i in indices]
             host_mask = torch.cat(masks)
             keep = host_mask > 0  # action tokens: the only positions that go through the LM head
             at = torch.cat([torch.arange(starts[r], starts[r + 1]) for r in mine])[keep]
             rows, kept = upload(at, device), upload(keep.nonzero().flatten(), device)
-            targets = upload(torch.cat([d.tensor("target_tokens", torch.long) for d in data])[keep], device)
+            targets = upload(torch.cat([job.inputs["target_tokens"][i] for i in indices])[keep], device)
             mask = upload(host_mask, device)
-            inputs = {key: upload(torch.cat([d.tensor(key) for d in data]), device) for key in job.needed}
+            inputs = {key: upload(torch.cat([job.inputs[key][i] for i in indices]), device) for key in job.needed}
             bitmask = self._grammar_masks(data, masks)
             options = job.options
 
@@ -245,7 +246,7 @@ class ServiceClient:
             lengths = [d.model_input.length for d in data]
             loss = aggregate(per_token, mask, lengths, options.aggregation, total_tokens=options.batch_tokens or job.total_tokens,
                              total_sequences=options.batch_sequences or len(job.data))
-            job.add(loss, per_token, mask, extra, [part[r][1] for r in mine], logp.detach().split(lengths))
+            job.add(loss, per_token, mask, extra, indices, logp.detach().split(lengths))
             total = total + loss
         return total
 
@@ -537,12 +538,16 @@ class _Job:
             raise ValueError("forward_backward needs at least one Datum")
         self.fn, self.needed = LOSS_FNS[loss_fn]
         self.options = LOSS_CONFIGS[loss_fn].model_validate(config)  # a ValueError on an unknown key or a bad value
-        for key in self.needed:
+        for key in ("target_tokens", *self.needed):
             missing = [i for i, d in enumerate(data) if key not in d.loss_fn_inputs]
             if missing:
                 raise ValueError(f"loss {loss_fn!r} needs loss_fn_inputs[{key!r}] (missing in datum {missing[0]})")
         self.adapter, self.data = client.name, data
+        # Every datum's tensors read, their shapes checked, before any pass: a bad one met in a later
+        # micro-batch left the earlier micro-batches' gradients in the adapter.
         self.masks = [d.mask() for d in data]
+        self.inputs = {key: [d.tensor(key, torch.long if key == "target_tokens" else torch.float32) for d in data]
+                       for key in ("target_tokens", *self.needed)}
         self.total_tokens = float(sum(m.sum() for m in self.masks))
         self.sums: dict[str, torch.Tensor] = {}  # on the device, read once the job's passes are done
         self.logps: list[torch.Tensor] = [torch.empty(0)] * len(data)

@@ -268,6 +268,28 @@ def test_bad_calls_are_clear(service):
         service.create_lora_training_client("bad")
 
 
+def test_a_bad_datum_in_a_later_micro_batch_leaves_no_gradient(service):
+    """Each datum's inputs are checked before any pass: a wrong length found in the second
+    micro-batch once raised after the first had put its gradients into the adapter."""
+    c = service.create_lora_training_client("bad_later", LoraConfig(rank=4))
+    c.perturb(0.1, 0).result()
+    short, untargeted = datum(), datum()
+    for d in (short, untargeted):  # tokens of their own: no prefix shared with the first datum's micro-batch
+        d.model_input = ModelInput.from_ints([t + 100 for t in d.model_input.tokens])
+    short.loss_fn_inputs["advantages"] = [1.0] * 3
+    del untargeted.loss_fn_inputs["target_tokens"]
+    service.micro_batch_tokens = 25  # one datum per micro-batch
+    try:
+        with pytest.raises(ValueError, match="'advantages'.*shape \\(3,\\)"):
+            c.forward_backward([datum(), short], "ppo").result()
+        assert all(p.grad is None for p in c.params)
+        with pytest.raises(ValueError, match="needs loss_fn_inputs\\['target_tokens'\\] \\(missing in datum 1\\)"):
+            c.forward_backward([datum(), untargeted], "ppo").result()
+    finally:
+        service.micro_batch_tokens = 4096
+    assert all(p.grad is None for p in c.params)
+
+
 @pytest.mark.parametrize("how", ["token-sum", "token-mean", "sequence-mean"])
 def test_micro_batches_add_up_to_the_full_batch(service, how):
     c = service.create_lora_training_client(f"micro_{how}", LoraConfig(rank=4))
