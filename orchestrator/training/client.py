@@ -63,7 +63,9 @@ class APIFuture(Generic[T]):
         return self._future.result(timeout)
 
     async def result_async(self, timeout: float | None = None) -> T:
-        return await asyncio.wait_for(asyncio.wrap_future(self._future), timeout)
+        # shielded: a timeout (or a cancelled waiter) cancelled the call itself where it was still
+        # queued, so an optimizer step or a forward_backward silently never ran; as with result()
+        return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(self._future)), timeout)
 
     def done(self) -> bool:
         return self._future.done()

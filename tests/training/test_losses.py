@@ -213,6 +213,25 @@ def test_results_are_read_when_first_asked_for_and_once():
     assert ForwardBackwardOutput([], {"loss": 1.0}).metrics == {"loss": 1.0}
 
 
+def test_a_wait_that_times_out_leaves_the_call_to_run(service):
+    """``result_async(timeout)`` that timed out once cancelled the call where it was still
+    queued: the optimizer step never ran and its result was a CancelledError."""
+    import threading
+
+    c = service.create_lora_training_client("waited", LoraConfig(rank=4))
+    busy = threading.Event()
+    service.submit(busy.wait)  # the compute thread is busy until the wait has timed out
+    step = c.optim_step(AdamParams())
+
+    async def wait_briefly():
+        with pytest.raises(asyncio.TimeoutError):
+            await step.result_async(timeout=0.01)
+
+    asyncio.run(wait_briefly())
+    busy.set()
+    assert step.result().step == 1 and c.step == 1
+
+
 def test_cross_entropy_loss_matches_returned_logprobs(service):
     c = service.create_lora_training_client("ce", LoraConfig(rank=4))
     d = datum()
