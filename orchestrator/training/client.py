@@ -32,7 +32,7 @@ from typing import Any, Callable, Generic, TypeVar
 
 import torch
 from peft import LoraConfig as PeftLoraConfig
-from peft import get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+from peft import get_peft_model, set_peft_model_state_dict
 from safetensors.torch import load_file, save_file
 
 from ..compute_thread import compute_thread
@@ -459,8 +459,13 @@ class TrainingClient:
         return {k: part.clone() for k, part in self._state_views().items()}
 
     def _state_views(self) -> dict[str, torch.Tensor]:
-        """The adapter's weights on the host: one copy off a GPU for all of them, views of it."""
-        state = get_peft_model_state_dict(self.service.peft, adapter_name=self.name)
+        """The adapter's weights on the host: one copy off a GPU for all of them, views of it.
+
+        Named here, not by PEFT's ``get_peft_model_state_dict``: that drops every key holding
+        another adapter's name (beside an adapter ``self_attn`` this one's file lacked its
+        attention weights; beside ``layers``, in every key, it held every adapter's)."""
+        marks = {f".{kind}.{self.name}.": f".{kind}." for kind in ("lora_A", "lora_B")}
+        state = {n.replace(m, marks[m]): p.detach() for n, p in self.service.peft.named_parameters() for m in marks if m in n}
         return dict(zip(state, move_together(list(state.values()), torch.device("cpu"), torch.float32)))
 
     def _config(self) -> dict:

@@ -150,3 +150,22 @@ def test_an_adapter_named_like_a_module_holds_only_its_own_weights(service):
     assert len(mlp.params) == len(solver.params) == 2 * 7 * 2  # 2 layers of the tiny model, 7 modules, A and B
     assert not {id(p) for p in mlp.params} & {id(p) for p in solver.params}
     assert len(mlp.lora_params("lora_A")) == len(mlp.params) // 2
+
+
+def test_an_adapters_saved_weights_are_its_own_whatever_the_others_are_called(service, tmp_path):
+    """PEFT's state dict drops every key that holds another adapter's name: beside an adapter
+    called ``self_attn`` an adapter's file lacked its attention weights, and beside one called
+    ``layers`` (in every key) it held every adapter's weights."""
+    (kept,) = learners(service, ["kept"], [4])
+    expected = {n.replace(".kept.", "."): p.detach() for n, p in service.peft.named_parameters() if ".kept." in n}
+    assert len(expected) == len(kept.params)
+    for other in ("self_attn", "layers"):
+        service.create_lora_training_client(other, LoraConfig(rank=2))
+        state = kept.adapter_state()
+        assert state.keys() == expected.keys() and all(torch.equal(state[k], v) for k, v in expected.items())
+    kept.save_state(tmp_path / "ckpt").result()
+    saved = kept.adapter_state()
+    for p in kept.params:
+        p.data.zero_()
+    kept.load_state(tmp_path / "ckpt").result()
+    assert all(torch.equal(saved[k], v) for k, v in kept.adapter_state().items())
