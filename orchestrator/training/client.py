@@ -109,7 +109,7 @@ class ServiceClient:
         # segment in each branch rather than give it a pass below this. About 30 on a 2-core CPU. On a GPU a small model's pass is bound by
         # its kernel launches: on the H100 a pass of 2,048 tokens took 0.24 s where its tokens
         # alone cost 0.02 s (a plain 64 x 512 pass's rate), so thousands of tokens.
-        self.pass_tokens = pass_tokens or (4096 if gpu else prefix_tree.RECOMPUTE_TOKENS)
+        self.pass_tokens = (4096 if gpu else prefix_tree.RECOMPUTE_TOKENS) if pass_tokens is None else pass_tokens
         # forward_backward_many: several adapters' datums in one pass (_micro_batches). Fewer, larger
         # passes: on the CPU, where a pass is compute-bound, that lost as often as it won
         # (docs/training.md); on a GPU it saves whole passes' launches. On there by default.

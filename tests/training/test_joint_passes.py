@@ -143,6 +143,16 @@ def test_the_defaults_follow_the_device():
         service.close()
 
 
+def test_a_pass_told_it_costs_nothing_computes_each_prefix_once():
+    """``pass_tokens=0`` (as the engine's CPU default): no shared opening is recomputed in its
+    branches; it was taken for "not given" and became the CPU's 32."""
+    service = ServiceClient("tiny", pass_tokens=0)
+    try:
+        assert service.pass_tokens == 0
+    finally:
+        service.close()
+
+
 def test_an_adapter_named_like_a_module_holds_only_its_own_weights(service):
     """PEFT names a weight ``...mlp.up_proj.lora_A.<adapter>.weight``: an adapter called ``mlp``
     once took every other adapter's MLP weights too, into its optimizer, clipping and noise."""
