@@ -15,7 +15,7 @@ import dataclasses
 from typing import Any
 
 from ..evaluation import with_adapter
-from ..team import Team
+from ..team import Team, trainable_roles
 
 SHARED_ADAPTER = "shared"
 STRATEGIES: dict[str, dict[str, Any]] = {
@@ -38,8 +38,8 @@ def with_strategy(team: Team, name: str, every: int = 5) -> Team:
         update["trainer_config"] = {"every": every}
     training = team.config.training.model_copy(update=update)
     team = dataclasses.replace(team, config=team.config.model_copy(update={"training": training}))
-    if name == "shared":
-        roles = {n: with_adapter(s, SHARED_ADAPTER) if s.config.policy.adapter and s.config.policy.trainable else s
-                 for n, s in team.roles.items()}
+    if name == "shared":  # the roles that learn; one bound elsewhere (builtin:, replay:) stays bound
+        learners = trainable_roles(team.roles)
+        roles = {n: with_adapter(s, SHARED_ADAPTER) if n in learners else s for n, s in team.roles.items()}
         team = dataclasses.replace(team, roles=roles)
     return team

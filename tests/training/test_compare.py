@@ -25,6 +25,17 @@ def test_each_strategy_changes_only_how_the_team_learns(tmp_path):
         with_strategy(team, "ppo")
 
 
+def test_shared_leaves_a_role_bound_elsewhere_as_it_is(tmp_path):
+    """A role with an adapter but bound to a builtin does not learn; ``shared`` once gave it the
+    shared adapter and dropped its binding, so the model played it and it learned."""
+    recipe = train_recipe(tmp_path, 1)
+    recipe.write_text(recipe.read_text().replace("policy: {adapter: con,", "policy: {adapter: con, bind: 'builtin:stub',"))
+    team = load_team(recipe)
+    shared = with_strategy(team, "shared")
+    assert shared.roles["con"] is team.roles["con"] and str(shared.roles["con"].binding) == "builtin:stub"
+    assert shared.roles["pro"].config.policy.adapter == SHARED_ADAPTER
+
+
 def test_compare_trains_each_strategy_and_plots_them(cli, tmp_path):
     out = tmp_path / "cmp"
     code, stdout, err = cli("compare", train_recipe(tmp_path, 1), "--strategy", "grpo", "--strategy", "shared",
