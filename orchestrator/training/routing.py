@@ -74,7 +74,9 @@ class Routing:
         if not stack.present:
             return output
         x = inputs[0]
-        if self._keep is not None and module.training:  # each row's own adapter's LoRA dropout
+        # each row's own adapter's LoRA dropout, in passes that take a gradient: forward() gives the
+        # logprobs of the policy the engine samples, not of a random thinning of it
+        if self._keep is not None and module.training and torch.is_grad_enabled():
             keep = self._keep.to(x.device, x.dtype)
             x = x * (torch.rand(x.shape, device=x.device) < keep).to(x.dtype) / keep
         if not torch.is_autocast_enabled(x.device.type):

@@ -133,6 +133,18 @@ def test_lora_dropout_applies_per_row_adapter(service):
     assert torch.equal(logp[0][1], logp[1][1])  # the adapter without dropout is deterministic
 
 
+def test_forward_without_a_gradient_takes_no_lora_dropout(service):
+    """``forward`` once drew dropout too: an adapter with dropout 0.5 gave other logprobs at each
+    call, none of them the policy's (the engine samples without dropout)."""
+    (plain,) = learners(service, ["drop_plain"], [4])
+    noisy = service.create_lora_training_client("drop_eval", LoraConfig(rank=4, dropout=0.5))
+    for p, q in zip(noisy.params, plain.params):
+        p.data.copy_(q.data)
+    d = datum(list(range(100, 130)), 1.0, actions_from=0)
+    logp = [c.forward([d]).result().loss_fn_outputs[0]["logprobs"] for c in (noisy, noisy, plain)]
+    assert torch.equal(logp[0], logp[1]) and torch.equal(logp[0], logp[2])
+
+
 def test_the_defaults_follow_the_device():
     """On the CPU a pass is compute-bound: adapters pass apart and the prefix tree's passes cost
     about 30 tokens. (A GPU's defaults, joint passes and 4,096: tests/gpu.)"""
