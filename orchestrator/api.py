@@ -225,14 +225,17 @@ def train_into(team: Team, out: Path, compute: Compute, *, seed: int | None = No
                resume: bool = False, progress: bool = True, extra: dict[str, Any] | None = None) -> TrainResult:
     """Train ``team`` into ``out`` on a fresh engine and training service; ``extra`` is recorded in
     its config.yaml beside the run options."""
-    from .engines.load import device_for, load_engine
+    from .engines.load import adapter_rank, device_for, load_engine
     from .training.client import ServiceClient
     from .training.loop import TrainingRun, TrainOptions, check_start
 
     check_start(team, out, resume)
     model = compute.model or team.config.model
     seed = team.config.seed if seed is None else seed
-    rank = team.config.training.lora.rank  # vLLM sizes its adapter slots by it
+    # vLLM sizes its adapter slots by the largest rank it will hold: the learners', an eval opponent's
+    opponent = team.config.training.eval_opponent or ""
+    rank = max(team.config.training.lora.rank,
+               adapter_rank(Path(opponent.partition(":")[2])) if opponent.startswith("checkpoint:") else 0)
     with claimed(out):  # TrainingRun checks the start again, under it
         workers = compute.workers(model, seed, rank)  # first: a missing Ray fails before the model loads
         with closed_on_error(workers):  # the workers outlive nothing that fails here

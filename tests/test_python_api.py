@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -217,6 +218,15 @@ def test_training_starts_the_engine_with_room_for_the_recipes_lora_rank(tmp_path
     with pytest.raises(rolecast.RolecastError, match="stop here"):
         rolecast.train(ROOT / "recipes/guess_number.yaml", sets={"lora.rank": 128}, out=tmp_path / "out")
     assert seen["lora_rank"] == 128
+    # and an eval opponent's checkpoint of a higher rank, loaded into the same engine
+    (tmp_path / "opponent").mkdir()
+    (tmp_path / "opponent/adapter_config.json").write_text('{"r": 200}')
+    team = rolecast.load_team(ROOT / "recipes/rps.yaml")
+    training = team.config.training.model_copy(update={"eval_opponent": f"checkpoint:{tmp_path / 'opponent'}"})
+    team = dataclasses.replace(team, config=team.config.model_copy(update={"training": training}))
+    with pytest.raises(rolecast.RolecastError, match="stop here"):
+        rolecast.train(team, out=tmp_path / "out2")
+    assert seen["lora_rank"] == 200
 
 
 @pytest.fixture
