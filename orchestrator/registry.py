@@ -92,7 +92,7 @@ class Registry:
 
     def add_commands(self, subparsers: Any) -> None:
         """Let each plugin add its CLI commands; one that fails is recorded, not raised."""
-        for plugin, source, hook in self.commands:
+        for plugin, source, hook in list(self.commands):  # _drop shrinks the list: iterating it would skip the next
             try:
                 hook(subparsers=subparsers)
             except Exception as exc:  # argparse refuses a command name that is taken, say

@@ -325,6 +325,19 @@ def test_a_plugin_whose_command_fails_keeps_none_of_its_names():
     assert "clashing-policy" not in registry.names("policies") and "clash" not in [p for p, _ in registry.plugins]
 
 
+def test_the_plugin_after_one_whose_command_fails_still_adds_its_command():
+    """Dropping the failed plugin shrank the list being iterated: the next plugin's command was skipped."""
+    import argparse
+
+    registry = Registry()
+    registry.add_module(plugin(register_commands=lambda subparsers: subparsers.add_parser("run")), "a-clash", "test")
+    registry.add_module(plugin(register_commands=lambda subparsers: subparsers.add_parser("hello")), "b-fine", "test")
+    sub = argparse.ArgumentParser().add_subparsers()
+    sub.add_parser("run")
+    registry.add_commands(sub)
+    assert "hello" in sub.choices and [f.plugin for f in registry.failures] == ["a-clash"]
+
+
 class _Abstract(Trainer):
     pass
 
