@@ -80,8 +80,8 @@ class Population(Trainer):
         super().__init__(context)
         self.players: list[str] = list(self.config.players or context.adapters)
         shared = {context.adapters.get(p) for p in self.players}
-        if len(shared) != 1 or None in shared:
-            raise ValueError(f"population: the players {self.players} must be trainable roles sharing one adapter")
+        if len(self.players) < 2 or len(shared) != 1 or None in shared:  # one player: no seat for an opponent
+            raise ValueError(f"population: the players {self.players} must be trainable roles sharing one adapter, two or more")
         if len(set(self.players)) != len(self.players):
             raise ValueError(f"population: the players must be different roles; got {self.players}")
         base = shared.pop()

@@ -55,6 +55,8 @@ def test_needs_players_sharing_one_adapter():
     cls = default_registry().get("trainers", "population")
     with pytest.raises(ValueError, match="sharing one adapter"):
         cls(TrainerContext(adapters={"x": "px", "o": "po"}))
+    with pytest.raises(ValueError, match="sharing one adapter, two or more"):  # was StopIteration in after_step
+        cls(TrainerContext(adapters={"x": "player"}))
     with pytest.raises(ValueError, match="two or more distinct members"):
         cls.Config(members=["a", "a"])
 
