@@ -86,9 +86,12 @@ class JudgeConfig(PluginConfig):
 
 
 def judge_reward(episode: EpisodeRecord, roles: list[str], config: JudgeConfig) -> dict[str, float]:
-    """The judge role's verdict: the role (or stance) named in its ``field`` wins."""
+    """The judge role's verdict: the role (or stance, or the label the env showed the judge for a
+    role: ``episode.outcome["labels"]``, debate's per-episode A/B) named in its ``field`` wins."""
     judge = config.judge
-    names = {**{v.lower(): k for k, v in config.stances.items()}, **{r.lower(): r for r in roles}}  # a role's own name first
+    labels = {str(k).lower(): v for k, v in (episode.outcome.get("labels") or {}).items()}
+    # the labels first, as the env reads them (debaters named a and b), then a role's own name, then a stance
+    names = {**{v.lower(): k for k, v in config.stances.items()}, **{r.lower(): r for r in roles}, **labels}
     verdicts = [t.content for t in episode.turns if t.role == judge and t.valid and t.content]
     if not verdicts:
         return {role: 0.0 for role in roles}

@@ -134,4 +134,6 @@ class DebateEnv(Env):
         return None
 
     def outcome(self) -> dict[str, Any]:
-        return {"winner": self.winner, "first": self.speakers[0]}
+        # labels: what the judge called each side, for the `judge` reward, which reads the verdict
+        return {"winner": self.winner, "first": self.speakers[0],
+                "labels": {self._label(d): d for d in self.config.debaters}}

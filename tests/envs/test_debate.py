@@ -41,6 +41,20 @@ def test_the_judge_sees_letters_in_a_random_order_and_a_letter_names_its_side(tm
     assert 10 <= wins <= 30  # about half: the letter, not the side, carries the bias
 
 
+def test_the_judge_reward_credits_the_side_a_letter_names(tmp_path):
+    """``reward: judge`` on a debate: the judge answers with a side's letter, which named no role,
+    so every debater got 0 and nothing learnt."""
+    from orchestrator.registry import default_registry
+
+    judge_reward = default_registry().get("rewards", "judge")
+    policies = {"pro": Script(*[{"argument": "p"}] * 16), "con": Script(*[{"argument": "c"}] * 16),
+                "judge": Script(*[{"winner": "A", "reason": "r"}] * 8)}
+    episodes = play(team("debate", tasks=[{"topic": "t"}]), policies, tmp_path, episodes=8).episodes
+    assert {ep.outcome["winner"] for ep in episodes} == {"pro", "con"}
+    for ep in episodes:
+        assert judge_reward(ep, ["pro", "con", "judge"], judge_reward.Config()) == ep.rewards
+
+
 def test_a_letter_names_the_side_it_labels_when_the_debaters_are_called_by_letters(tmp_path):
     """Debaters named a and b: the judge's "A" is the side its prompt lettered A, not role a."""
     text = (ROOT / "recipes" / "debate.yaml").read_text()

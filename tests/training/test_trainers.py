@@ -119,3 +119,6 @@ def test_reward_plugins_by_hand():
     assert reward("judge", episode({}, judge_says="Alice"), ["Alice", "Bob", "judge"]) == {
         "Alice": 1.0, "Bob": -0.5, "judge": 0.0}
     assert reward("outcome", episode({"a": 1.0, "b": 0.0}), ["a", "b"]) == {"a": 0.5, "b": 0.5}
+    # a label the env showed the judge names its side, before a role called by that letter
+    lettered = make_episode(("judge", [], {"winner": "A"}), outcome={"labels": {"A": "b", "B": "a"}})
+    assert reward("judge", lettered, ["a", "b", "judge"]) == {"a": -0.5, "b": 1.0, "judge": 0.0}
