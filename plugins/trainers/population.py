@@ -36,11 +36,12 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from typing import Any, Literal
 
 from pydantic import Field
 
-from orchestrator.config import PluginConfig
+from orchestrator.config import NAME_PATTERN, PluginConfig
 from orchestrator.training.trainer import Rewards, Snapshot, Trainer, TrainerContext, centred
 from orchestrator.transcript import EpisodeRecord
 
@@ -73,6 +74,9 @@ class Population(Trainer):
             count = self.members if isinstance(self.members, int) else len(set(self.members))
             if count < 2:
                 raise ValueError("members: a population needs two or more distinct members")
+            # a member is an adapter: a name with a dot or a slash broke PEFT and the sampler dir's path
+            if bad := [n for n in ([] if isinstance(self.members, int) else self.members) if not re.match(NAME_PATTERN, n)]:
+                raise ValueError(f"members: {bad[0]!r} is not an adapter name (it must match {NAME_PATTERN})")
 
     config: Config
 

@@ -59,6 +59,8 @@ def test_needs_players_sharing_one_adapter():
         cls(TrainerContext(adapters={"x": "player"}))
     with pytest.raises(ValueError, match="two or more distinct members"):
         cls.Config(members=["a", "a"])
+    with pytest.raises(ValueError, match="'../b' is not an adapter name"):  # was a KeyError out of PEFT mid-run
+        cls.Config(members=["a", "../b"])
 
 
 def test_uniform_matchmaking_frequencies():
