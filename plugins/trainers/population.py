@@ -88,6 +88,8 @@ class Population(Trainer):
             raise ValueError(f"population: the players {self.players} must be trainable roles sharing one adapter, two or more")
         if len(set(self.players)) != len(self.players):
             raise ValueError(f"population: the players must be different roles; got {self.players}")
+        if others := [r for r in context.adapters if r not in self.players]:  # only members learn: these never would
+            raise ValueError(f"population: {others} learn but are not players: make them players or trainable: false")
         base = shared.pop()
         m = self.config.members
         self.members: list[str] = [f"{base}-{i}" for i in range(m)] if isinstance(m, int) else list(dict.fromkeys(m))

@@ -57,6 +57,8 @@ def test_needs_players_sharing_one_adapter():
         cls(TrainerContext(adapters={"x": "px", "o": "po"}))
     with pytest.raises(ValueError, match="sharing one adapter, two or more"):  # was StopIteration in after_step
         cls(TrainerContext(adapters={"x": "player"}))
+    with pytest.raises(ValueError, match=r"\['judge'\] learn but are not players"):  # its adapter never trained
+        cls(TrainerContext(adapters={"x": "player", "o": "player", "judge": "judge"}, config=cls.Config(players=["x", "o"])))
     with pytest.raises(ValueError, match="two or more distinct members"):
         cls.Config(members=["a", "a"])
     with pytest.raises(ValueError, match="'../b' is not an adapter name"):  # was a KeyError out of PEFT mid-run
