@@ -24,9 +24,13 @@ def blamed(kind: str, name: str, hook: str) -> Iterator[None]:
         raise RunFailed(f"{kind} plugin {name!r}: {hook} raised {type(exc).__name__}: {exc}; {FIX}") from exc
 
 
-def checked(values: list[list[Any]], roles: Iterable[str] | None, kind: str, name: str, hook: str) -> list[list[Any]]:
+def checked(values: list[list[Any]], roles: Iterable[str] | None, kind: str, name: str, hook: str,
+            like: list[list[Any]] | None = None) -> list[list[Any]]:
     """``values`` (per group, per episode, a mapping of role to number) with a finite number for
-    each of ``roles`` (None: for whatever roles a mapping holds)."""
+    each of ``roles`` (None: for whatever roles a mapping holds), and as many groups and episodes
+    as ``like`` where given (else the step indexed past their end: an IndexError traceback)."""
+    if like is not None and (shape := [len(g) for g in values]) != (wanted := [len(g) for g in like]):
+        raise RunFailed(f"{kind} plugin {name!r}: {hook} gave {shape} episodes per group for the step's {wanted}; {FIX}")
     for g, group in enumerate(values):
         for e, row in enumerate(group):
             if not isinstance(row, Mapping):

@@ -542,9 +542,17 @@ def faulty_plugins():
         def advantages(self, rewards):
             raise RuntimeError("the trainer broke")
 
+    class NoGroups(GRPO):
+        def advantages(self, rewards):
+            return []
+
+    def trainers(register):
+        register("raising", Raising)
+        register("no-groups", NoGroups)
+
     default_registry.cache_clear()
     default_registry().add_module(plugin(register_rewards=lambda register: register("nan", nan_reward),
-                                         register_trainers=lambda register: register("raising", Raising)), "faulty", "test")
+                                         register_trainers=trainers), "faulty", "test")
     yield
     default_registry.cache_clear()
 
@@ -553,6 +561,9 @@ def faulty_plugins():
     ("reward: hybrid ", "reward: nan ", "reward plugin 'nan': its reward gave role 'guesser' nan in episode 0 of group 0, "
                                         "where a finite number is needed; fix it, then --resume from the last checkpoint"),
     ("trainer: grpo", "trainer: raising", "trainer plugin 'raising': advantages raised RuntimeError: the trainer broke; fix it"),
+    # advantages of another shape than the step's groups: was an IndexError traceback out of the loop
+    ("trainer: grpo", "trainer: no-groups", "trainer plugin 'no-groups': advantages gave [] episodes per group for "
+                                            "the step's [2]; fix it"),
 ])
 def test_a_plugins_fault_in_a_step_is_one_line_and_moves_no_weight(faulty_plugins, cli, tmp_path, old, new, words):
     from support import SMALL_TRAINING
