@@ -380,8 +380,9 @@ class TrainingRun:
                             f"(transcripts in {result.run_dir})")
         # Evaluations report the environment's own rewards, whatever reward training optimises.
         row: dict[str, Any] = {"step": step, "kind": "eval", "episodes": n}
-        if self.cfg.reward != "env":
-            (shaped,) = checked(self._rewards([result.episodes]), self.team.roles, "reward", self.cfg.reward, "its reward")
+        if self.cfg.reward != "env":  # over the finished episodes, as eval_reward: a failed one's rewards are placeholders
+            finished = [ep for ep in result.episodes if not ep.failed]
+            (shaped,) = checked(self._rewards([finished]), self.team.roles, "reward", self.cfg.reward, "its reward")
         for role in self.team.roles:
             stats = result.summary["roles"][role]  # the run's own mean and interval of env rewards
             row[f"eval_reward/{role}"] = stats["mean_reward"]

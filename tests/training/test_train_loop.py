@@ -369,6 +369,39 @@ def test_episodes_that_errored_are_counted_and_not_trained_on(breaking_env, cli,
     assert row["reward/guesser"] == pytest.approx(sum(finished) / len(finished))
 
 
+def test_an_evaluations_trained_reward_leaves_out_the_episodes_that_failed(tmp_path, monkeypatch):
+    """eval_trained_reward/ is over the evaluation's finished episodes, as eval_reward/ is: a failed
+    one's placeholder rewards (zeros) pulled it towards 0."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from orchestrator.registry import config_model, default_registry
+    from orchestrator.rollout import RunResult, summarize
+    from orchestrator.team import load_team
+    from orchestrator.training import loop
+    from orchestrator.training.metrics import MetricsWriter
+    from support import make_episode
+
+    team = load_team(Path(__file__).resolve().parents[2] / "recipes/guess_number.yaml")  # reward: hybrid, alpha 0.6
+    episodes = [make_episode(rewards={"guesser": r}, outcome={"process": {"guesser": p}}) for r, p in ((1.0, 0.5), (0.0, 0.25), (0.0, 0.0))]
+    episodes[2].status = "error"
+
+    async def played(team, policies, options):
+        return RunResult(tmp_path, summarize(team, episodes, 1.0), episodes)
+
+    monkeypatch.setattr(loop, "run_team", played)
+    run = loop.TrainingRun.__new__(loop.TrainingRun)
+    run.team = run.eval_team = team
+    run.cfg, run.options, run.run_dir, run.metrics = team.config.training, SimpleNamespace(seed=0), tmp_path, MetricsWriter(tmp_path)
+    run.eval_policies, run.eval_opponent_role, run.play_eval, run.concurrency, run.engine, run.rollouts = {}, None, None, 1, None, None
+    run.reward_fn = default_registry().get("rewards", "hybrid")
+    run.reward_config = config_model(run.reward_fn).model_validate(run.cfg.reward_config)
+    row = asyncio.run(run.evaluate(0))
+    run.metrics.close()
+    assert row["eval_reward/guesser"] == 0.5  # the env's, over the two that finished
+    assert row["eval_trained_reward/guesser"] == pytest.approx((0.6 + 0.4 * 0.5 + 0.4 * 0.25) / 2)
+
+
 def test_resume_edges(cli, tmp_path):
     """A finished run resumes to its final row, adding none; one stopped before its first
     checkpoint starts again from step 0; --steps below the checkpoint's step, a folder that
