@@ -286,8 +286,8 @@ class TrainingRun:
                 order, parts = list(items), min(self.cfg.minibatches, len(items))
                 if epochs > 1 or parts > 1:
                     rngs[adapter].shuffle(order)
-                size = -(-len(order) // parts)
-                chunks[adapter] = [order[i:i + size] for i in range(0, len(order), size)]
+                # sizes a datum apart, so there are `parts` of them (chunks of ceil(n / parts) may be fewer)
+                chunks[adapter] = [order[i * len(order) // parts:(i + 1) * len(order) // parts] for i in range(parts)]
             results: dict[str, list[dict[str, float]]] = {a: [] for a in live}
             for k in range(max((len(c) for c in chunks.values()), default=0)):
                 done = await self._minibatch({a: c[k] for a, c in chunks.items() if k < len(c)})

@@ -60,3 +60,25 @@ def test_minibatches_are_optimizer_steps(tmp_path):
     row, run = one_step(tmp_path, epochs=1, minibatches=2)
     assert [run.clients[a].step for a in ("pro", "con")] == [2, 2]
     assert "pro/epoch1/clip_fraction" not in row and row["pro/clip_fraction"] >= 0.0
+
+
+def test_minibatches_that_do_not_divide_the_datums_are_still_that_many_optimizer_steps():
+    """5 datums in 4 minibatches are 4 optimizer steps (2, 1, 1, 1), not 3 chunks of ceil(5 / 4)."""
+    from types import SimpleNamespace
+
+    from orchestrator.config import TrainingConfig
+
+    run, sizes = TrainingRun.__new__(TrainingRun), []
+    run.cfg, run.options = TrainingConfig(minibatches=4), SimpleNamespace(seed=0)
+    run._datums = lambda adapter, *_: ([((1.0, None), n) for n in range(5)], [], {})
+
+    async def minibatch(batches):
+        sizes.append(len(batches["pro"]))
+        return {"pro": {}}
+
+    async def publish(adapter):
+        return 2
+
+    run._minibatch, run._publish = minibatch, publish
+    asyncio.run(run._update(1, ["pro"], [], None, None))
+    assert sorted(sizes, reverse=True) == [2, 1, 1, 1]
