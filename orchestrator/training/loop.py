@@ -128,6 +128,12 @@ class TrainingRun:
 
     # -- the loop --------------------------------------------------------------------------------
     async def run(self) -> dict[str, Any]:
+        try:
+            return await self._run()
+        finally:  # a failed run's too: its TensorBoard writer holds a thread and the event file open
+            self.metrics.close()
+
+    async def _run(self) -> dict[str, Any]:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         start = await self._resume() if self.options.resume else 0  # the first step still to run
         if start > self.steps:
@@ -159,9 +165,7 @@ class TrainingRun:
         finally:
             for pending in ahead.values():
                 pending.cancel()
-        final = await self.evaluate(self.steps)
-        self.metrics.close()
-        return final
+        return await self.evaluate(self.steps)
 
     async def train_step(self, step: int, rollout: Awaitable[list[list[EpisodeRecord]]] | None = None) -> dict[str, Any]:
         """One step on ``rollout``'s episodes (by default, a rollout of this step started now)."""
@@ -519,9 +523,7 @@ class TrainingRun:
         the run stopped before writing it."""
         final = [row for row in read_metrics(self.run_dir) if row["kind"] == "eval" and row["step"] == self.steps]
         log.info("the run had finished", step=self.steps)
-        row = final[-1] if final else await self.evaluate(self.steps)
-        self.metrics.close()
-        return row
+        return final[-1] if final else await self.evaluate(self.steps)
 
 
 def last_checkpoint(run_dir: Path, flag: str, needs: Sequence[str] = ()) -> tuple[Path, dict[str, Any]] | None:

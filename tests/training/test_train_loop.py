@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -338,12 +339,16 @@ def breaking_recipe(tmp_path: Path, tasks: str) -> Path:
 def test_a_step_where_every_episode_failed_stops_the_run(breaking_env, cli, tmp_path):
     from support import SMALL_TRAINING
 
-    run = tmp_path / "run"
+    def writers() -> int:  # TensorBoard's, each with its event file open
+        return sum(type(t).__name__ == "_AsyncWriterThread" for t in threading.enumerate())
+
+    run, before = tmp_path / "run", writers()
     recipe = breaking_recipe(tmp_path, "[{secret: 1, breaks: 1.0}, {secret: 2, breaks: 1.0}]")  # the eval tasks do not break
     code, _, err = cli("train", recipe, "--model", "tiny", "--steps", "2", "--out", run, "--no-progress", "--dtype", "float32", *SMALL_TRAINING)
     assert code == 1 and "Traceback" not in err, err
     assert "step 1: every episode failed, leaving nothing to train on; the first: RuntimeError: the env broke" in err
     assert [r["kind"] for r in rows(run)] == ["eval"]  # step 1 wrote no row and trained nothing
+    assert writers() == before  # the failed run closed its metrics' writer
 
 
 def test_episodes_that_errored_are_counted_and_not_trained_on(breaking_env, cli, tmp_path):
