@@ -482,6 +482,9 @@ class TrainingClient:
         (folder / "adapter_config.json").write_text(json.dumps(config, indent=2, default=str))
         return state, config
 
+    # what _save_state writes and load_state reads: a checkpoint lacking one is damaged
+    STATE_FILES = ("state.json", "adapter_model.safetensors", "optimizer.pt", "rng.pt")
+
     def _save_state(self, path: Path) -> Path:
         """Adapter, optimizer, step and RNG state, written to a temp dir and renamed into place."""
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -513,10 +513,10 @@ class TrainingRun:
         return int(state["step"]) + 1
 
     def _last_checkpoint(self) -> tuple[Path, dict[str, Any]] | None:
-        # every file TrainingClient.load_state reads: one deleted by hand passes the checkpoint over, not a
+        # every file an adapter's state load reads: one deleted by hand passes the checkpoint over, not a
         # traceback halfway through loading it
-        files = ("state.json", "adapter_model.safetensors", "optimizer.pt", "rng.pt")
-        return last_checkpoint(self.run_dir, "--resume", ["rng.pt", *(f"adapters/{a}/{f}" for a in self.clients for f in files)])
+        files = [f"adapters/{a}/{f}" for a, client in self.clients.items() for f in client.STATE_FILES]
+        return last_checkpoint(self.run_dir, "--resume", ["rng.pt", *files])
 
     async def _finished(self) -> dict[str, Any]:
         """A resumed run that had trained all its steps: its final evaluation row, made now only if
