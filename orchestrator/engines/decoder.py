@@ -26,7 +26,7 @@ Prepacking is ISA-specific (``cpu.py``), so the weights take one of three layout
   - ``onednn-fp32``: a bf16 model on a CPU without them (AVX2 only): the weights prepacked as fp32,
     activations cast up and results rounded back to bf16. Not bit-identical to transformers' bf16
     matmuls (one bf16 rounding apart, as the training pass is), but emulated bf16 matmuls were
-    7x slower than fp32 ones on an AVX2 EPYC (``benchmarks/rollout.py --weights`` compares);
+    7x slower than fp32 ones on an AVX2 EPYC (``benchmarks/rollout.py``'s fallback side compares);
   - ``plain``: torch without oneDNN (or a kernel that failed its probe): ``F.linear`` as transformers.
 """
 from __future__ import annotations
