@@ -54,7 +54,7 @@ def test_replay_runs_are_deterministic(tmp_path, cli):
     first = outs[0][0]
     assert [t["role"] for t in first["turns"]] == ["pro", "con", "pro", "con", "judge"]
     assert first["rewards"] == {"pro": 1.0, "con": -0.5, "judge": 0.0}
-    assert first["outcome"] == {"winner": "pro", "first": "pro"}
+    assert first["outcome"] == {"winner": "pro", "first": "pro", "labels": {"A": "con", "B": "pro"}}  # the judge's sides
     assert first["turns"][1]["content"] == {"argument": "It hurts."}  # fenced reply parsed
     summary = json.loads((tmp_path / "a" / "summary.json").read_text())
     assert summary["status"] == {"ok": 6} and summary["roles"]["pro"]["mean_reward"] == 1.0
