@@ -18,7 +18,7 @@ from __future__ import annotations
 import statistics
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from orchestrator.config import NAME_PATTERN
 from orchestrator.training.trainer import Rewards, TrainerContext, centred
@@ -31,6 +31,12 @@ class MGRPO(GRPO):
         baseline: Literal["team", "global", "per_role"] = Field("team", description="what a reward is compared with")
         team_reward_role: str | None = Field(
             None, pattern=NAME_PATTERN, description="the role whose reward is the team's; default: the mean over roles")
+
+        @model_validator(mode="after")
+        def _team_reward_read(self) -> "MGRPO.Config":
+            if self.team_reward_role and self.baseline != "team":  # else it would be silently ignored
+                raise ValueError(f"team_reward_role: only baseline team reads the team's reward, not {self.baseline}")
+            return self
 
     config: Config
 
