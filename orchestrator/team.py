@@ -83,7 +83,7 @@ def load_team(source: str | Path | Mapping[str, Any], registry: Registry | None 
         if name not in roles:
             raise doc.error(("protocol",) + loc, f"routes to unknown role {name!r} (team roles: {', '.join(roles)})")
     for spec in roles.values():
-        _check_template_variables(spec, env_class)
+        _check_template_variables(spec, env_class, env_config)
     tasks = _load_tasks(config.tasks, doc, ("tasks",), env_class, env_config)
     eval_tasks = None
     if config.training is not None:
@@ -230,8 +230,8 @@ def _load_roles(config: TeamConfig, doc: YamlDoc, registry: Registry) -> dict[st
     return roles
 
 
-def _check_template_variables(spec: RoleSpec, env_class: type[Env]) -> None:
-    allowed = BASE_VARIABLES | env_class.observation_keys | set(spec.template.environment.globals)
+def _check_template_variables(spec: RoleSpec, env_class: type[Env], env_config: EnvConfig) -> None:
+    allowed = BASE_VARIABLES | env_class.observes(env_config, spec.name) | set(spec.template.environment.globals)
     unknown = sorted(set(spec.variables) - allowed)
     if not unknown:
         return
@@ -242,7 +242,8 @@ def _check_template_variables(spec: RoleSpec, env_class: type[Env]) -> None:
         line,
         key,
         f"template uses undefined variable(s) {', '.join(here)}; "
-        f"available with protocol {env_class.__name__}: {', '.join(sorted(allowed - set(spec.template.environment.globals)))}",
+        f"available to role {spec.name!r} with protocol {env_class.__name__}: "
+        f"{', '.join(sorted(allowed - set(spec.template.environment.globals)))}",
     )
 
 

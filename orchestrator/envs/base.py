@@ -121,6 +121,13 @@ class Env(ABC):
         return None
 
     @classmethod
+    def observes(cls, config: EnvConfig, role: str) -> frozenset[str]:
+        """The keys of ``observation_keys`` that ``observe(role)`` gives: a protocol whose view
+        leaves a key out for some roles (a secret) says so here, so a template of such a role
+        that reads it fails when the team loads, not in every episode."""
+        return cls.observation_keys
+
+    @classmethod
     def task_from_cli(cls, value: str) -> dict[str, Any]:
         """The task dict for ``rolecast run --task VALUE`` (environments override the meaning); a
         ValueError for a value the environment cannot take."""

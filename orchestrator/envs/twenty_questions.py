@@ -100,6 +100,10 @@ class TwentyQuestionsEnv(GameEnv):
     def task_from_cli(cls, value: str) -> dict[str, Any]:
         return {"secret": value}
 
+    @classmethod
+    def observes(cls, config: TwentyQuestionsConfig, role: str) -> frozenset[str]:
+        return cls.observation_keys if role == config.answerer else cls.observation_keys - {"secret", "question"}
+
     @property
     def guesser(self) -> str:
         return self.config.players[0]

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from play import Script, play, team
@@ -101,3 +103,22 @@ def test_random_guesser_and_answerer_finish(tmp_path):
                   episodes=20)
     assert len(result.episodes) == 20
     assert all(e.status == "ok" and e.outcome["results"] is not None for e in result.episodes)
+
+
+def test_a_guesser_template_reading_the_secret_fails_at_load(tmp_path):
+    """The secret is in the answerer's view only: a guesser prompt reading it passed `validate`,
+    then every episode failed on its undefined variable."""
+    from orchestrator.errors import ConfigError
+    from orchestrator.team import load_team
+
+    roles = Path(__file__).resolve().parents[2] / "roles"
+    (tmp_path / "cheat.md.j2").write_text("The word is {{ secret }}.\n" + (roles / "prompts/guesser.md.j2").read_text())
+    guesser = yaml.safe_load((roles / "guesser.yaml").read_text())
+    (tmp_path / "guesser.yaml").write_text(yaml.safe_dump({**guesser, "prompt": "cheat.md.j2"}, sort_keys=False))
+    recipe = (Path(__file__).resolve().parents[2] / "recipes/twenty_questions.yaml").read_text()
+    (tmp_path / "team.yaml").write_text(recipe.replace("  - use: guesser", f"  - use: {tmp_path / 'guesser.yaml'}"))
+    with pytest.raises(ConfigError, match=r"undefined variable\(s\) secret; available to role 'guesser'") as info:
+        load_team(tmp_path / "team.yaml")
+    assert info.value.file.endswith("cheat.md.j2") and "secret" not in str(info.value).rpartition("guesser' with")[2]
+    # the answerer reads it, as the shipped prompt does
+    load_team(Path(__file__).resolve().parents[2] / "recipes/twenty_questions.yaml")
