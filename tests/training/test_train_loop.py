@@ -587,9 +587,14 @@ def faulty_plugins():
         def advantages(self, rewards):
             return []
 
+    class NoRoles(GRPO):
+        def advantages(self, rewards):
+            return [[{} for _ in group] for group in rewards]
+
     def trainers(register):
         register("raising", Raising)
         register("no-groups", NoGroups)
+        register("no-roles", NoRoles)
 
     default_registry.cache_clear()
     default_registry().add_module(plugin(register_rewards=lambda register: register("nan", nan_reward),
@@ -605,6 +610,9 @@ def faulty_plugins():
     # advantages of another shape than the step's groups: was an IndexError traceback out of the loop
     ("trainer: grpo", "trainer: no-groups", "trainer plugin 'no-groups': advantages gave [] episodes per group for "
                                             "the step's [2]; fix it"),
+    # a trainable role left out: was a KeyError traceback where its datums are built
+    ("trainer: grpo", "trainer: no-roles", "trainer plugin 'no-roles': advantages gave role 'guesser' None in episode 0 "
+                                           "of group 0, where a finite number is needed; fix it"),
 ])
 def test_a_plugins_fault_in_a_step_is_one_line_and_moves_no_weight(faulty_plugins, cli, tmp_path, old, new, words):
     from support import SMALL_TRAINING
