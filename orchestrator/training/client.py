@@ -558,6 +558,13 @@ class _Job:
         self.masks = [d.mask() for d in data]
         self.inputs = {key: [d.tensor(key, torch.long if key == "target_tokens" else torch.float32) for d in data]
                        for key in ("target_tokens", *self.needed)}
+        # and their token ids: out of range, an embedding or the LM head fails mid-pass (on a GPU, a
+        # device-side assert that takes the whole process along)
+        model = client.service.loaded.model
+        _in_vocab("model_input", [torch.tensor(d.model_input.tokens) for d in data],
+                  model.get_input_embeddings().num_embeddings)
+        _in_vocab("target_tokens", [t[m > 0] for t, m in zip(self.inputs["target_tokens"], self.masks)],
+                  model.get_output_embeddings().weight.shape[0])
         self.total_tokens = float(sum(m.sum() for m in self.masks))
         self.sums: dict[str, torch.Tensor] = {}  # on the device, read once the job's passes are done
         self.logps: list[torch.Tensor] = [torch.empty(0)] * len(data)
@@ -588,6 +595,13 @@ class _Job:
             return {"loss_fn_outputs": [{"logprobs": lp} for lp in logps.split(lengths)], "metrics": metrics}
 
         return ForwardBackwardOutput(later=arrived)
+
+
+def _in_vocab(what: str, ids: list[torch.Tensor], vocab: int) -> None:
+    for i, t in enumerate(ids):
+        if t.numel() and not (0 <= int(t.min()) and int(t.max()) < vocab):
+            bad = next(v for v in t.tolist() if not 0 <= v < vocab)
+            raise ValueError(f"datum {i}: {what} holds token id {bad}, outside the model's vocabulary (0 to {vocab - 1})")
 
 
 def _fsync_dir(path: Path) -> None:

@@ -304,6 +304,20 @@ def test_a_bad_datum_in_a_later_micro_batch_leaves_no_gradient(service):
         assert all(p.grad is None for p in c.params)
         with pytest.raises(ValueError, match="needs loss_fn_inputs\\['target_tokens'\\] \\(missing in datum 1\\)"):
             c.forward_backward([datum(), untargeted], "ppo").result()
+        # token ids past the vocabulary: an IndexError out of the embedding, or the LM head's gather
+        # (on a GPU a device-side assert), after the first micro-batch's backward
+        for key, where in (("model_input", -1), ("target_tokens", -1), ("target_tokens", -2)):
+            bad = datum()
+            bad.model_input = ModelInput.from_ints([t + 200 for t in bad.model_input.tokens])
+            if key == "model_input":
+                bad.model_input = ModelInput.from_ints([*bad.model_input.tokens[:where], 10**6])
+            else:
+                bad.loss_fn_inputs["target_tokens"][where] = -1 if where == -2 else 10**6
+            with pytest.raises(ValueError, match=f"datum 1: {key} holds token id .*outside the model's vocabulary"):
+                c.forward_backward([datum(), bad], "ppo").result()
+        masked = datum()  # a target the loss never reads (mask 0) is no one's business
+        masked.loss_fn_inputs["target_tokens"][0] = 10**6
+        c.forward([masked], "ppo").result()
     finally:
         service.micro_batch_tokens = 4096
     assert all(p.grad is None for p in c.params)
