@@ -32,6 +32,17 @@ def problems(n: int, seed: int = 0) -> list[dict]:
     return out
 
 
+def fresh(path: Path) -> Path:
+    """``path``, or ``path-2``, ``path-3`` ... where it holds an earlier evaluation: ``evaluate`` refuses
+    a run dir that holds one, which a second run of this script would otherwise hit (a traceback,
+    after the base model's evaluation)."""
+    out, n = path, 1
+    while out.exists():
+        n += 1
+        out = path.with_name(f"{path.name}-{n}")
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="*", type=Path, help="propose_solve training run dirs")
@@ -45,7 +56,7 @@ def main() -> None:
 
     for run in [None, *args.runs]:
         adapters = {"solver": run / "sampler" / "solver"} if run else None
-        out = run / "fixed-problems" if run else None  # the base model's: runs/eval-propose_solve-<time>
+        out = fresh(run / "fixed-problems") if run else None  # the base model's: runs/eval-propose_solve-<time>
         report = rolecast.evaluate(RECIPE, episodes=len(posed), policies={"proposer": proposer}, adapters=adapters,
                                    out=out, model=args.model, progress=False).report
         solver = report["roles"]["solver"]

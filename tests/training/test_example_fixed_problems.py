@@ -28,3 +28,31 @@ def test_fixed_problems_example(cli, tmp_path):
     assert base_posed == posed
     adapters = {a["adapter"] for e in episodes for t in e["turns"] if t["role"] == "solver" for a in t["attempts"]}
     assert adapters == {"solver"}
+
+
+def test_fixed_problems_example_runs_again(tmp_path, monkeypatch):
+    """A second run over the same run dir evaluates into a new folder: evaluate refuses one that
+    holds a run, and the script was a traceback after the base model's evaluation."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    import rolecast
+    from orchestrator.launch import run_dir
+
+    spec = importlib.util.spec_from_file_location("fixed_problems", ROOT / "examples" / "fixed_problems.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    outs = []
+
+    def evaluate(recipe, out=None, **_):  # the refusal evaluate makes, without a model
+        if out is not None:
+            run_dir(out, "eval", fresh=True).mkdir(parents=True)
+            (out / "config.yaml").write_text("{}")
+            outs.append(out)
+        return SimpleNamespace(report={"roles": {"solver": {"mean_reward": 0.0, "reward_ci95": 0.0}}})
+
+    monkeypatch.setattr(rolecast, "evaluate", evaluate)
+    monkeypatch.setattr(sys, "argv", ["fixed_problems.py", str(tmp_path), "--problems", "2"])
+    example.main()
+    example.main()
+    assert outs == [tmp_path / "fixed-problems", tmp_path / "fixed-problems-2"]
