@@ -660,10 +660,13 @@ class HFEngine(TokenizerMethods, AdapterVersions):
         self._ids[:rows] = ids  # rows past them keep stale ids: their slots are idle
         shape = (bucket, window, self._slots.mode(adapters))
         if self.cuda_graphs:  # read every step: a benchmark may switch it
-            logits = self._graphs(shape, (kv.generation, self._slots.generation))
-        else:
-            logits = self._static_forward(*shape)
-        return logits[:rows]
+            try:
+                return self._graphs(shape, (kv.generation, self._slots.generation))[:rows]
+            except RuntimeError as exc:  # a capture the GPU refused: the step reruns (it writes only what its
+                # inputs determine), and every step from now on runs eagerly
+                log.warning("engine.decode_graphs_off", error=" ".join(str(exc).split())[:300])
+                self.cuda_graphs = False
+        return self._static_forward(*shape)[:rows]
 
     def _static_forward(self, rows: int, window: int, lora: str) -> torch.Tensor:
         """The static step over ``rows`` slots and ``window`` columns, adding LoRA as ``lora`` says

@@ -263,6 +263,30 @@ def test_a_prefill_graph_the_gpu_refuses_leaves_the_prefill_eager():
     assert outs[True] == outs[False]
 
 
+def test_a_decode_graph_the_gpu_refuses_leaves_decode_eager():
+    """Should capturing a decode step fail, the engine logs it, reruns the step eagerly and stays
+    eager (its decode path says so), the requests unharmed; it was an error for every request."""
+    class Refused:
+        calls = 0
+
+        def __call__(self, shape, generation):
+            Refused.calls += 1
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+
+    reqs = _requests(8, (None, "alpha"))
+    outs = {}
+    for graphs in (False, True):
+        engine = tiny_engine(static=True, max_batch=6)
+        engine.add_adapter("alpha")
+        randomize(engine, "alpha", 1)
+        if graphs:
+            engine.cuda_graphs, engine._graphs = True, Refused()
+        outs[graphs] = [(o.token_ids, o.logprobs) for o in _generate(engine, reqs)]
+        asyncio.run(engine.aclose())
+    assert Refused.calls == 1 and engine.decode_path == "static:eager"
+    assert outs[True] == outs[False]
+
+
 def _layered_engine(layers: int, **options):
     """The tiny model's shape with ``layers`` decoder layers (random bf16 weights), on the static path."""
     import copy
