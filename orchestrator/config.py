@@ -26,7 +26,9 @@ def set_by_train(model: type[BaseModel]) -> dict[str, str]:
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Numbers finite: an inf learning rate or LoRA alpha ('1e400' reads as inf) made the weights NaN
+    # after one step, and an inf penalty every mean -inf, where the file could have said so.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class PluginConfig(Strict):
@@ -137,9 +139,7 @@ class RoleConfig(Strict):
     output_schema: dict[str, Any] | str
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     max_retries: int = Field(2, ge=0, le=20)
-    # finite, as the env's own rewards must be (episode._paid): -inf would make every mean -inf or NaN
-    invalid_penalty: float = Field(-1.0, allow_inf_nan=False,
-                                   description="reward added for a turn still invalid after retries")
+    invalid_penalty: float = Field(-1.0, description="reward added for a turn still invalid after retries")
     params: dict[str, Any] = Field(default_factory=dict, description="template parameters, e.g. a stance")
 
 
@@ -220,7 +220,7 @@ class TrainingConfig(Strict):
     adam: AdamConfig = Field(default_factory=AdamConfig)
     lora: LoraSpec = Field(default_factory=LoraSpec)
     invalid: Literal["penalize", "drop"] = Field("penalize", description="what training does with invalid attempts")
-    invalid_advantage: float = Field(-1.0, allow_inf_nan=False)
+    invalid_advantage: float = -1.0
     eval_every: int = Field(10, ge=0, description="0 = only at the start and the end")
     eval_episodes: int = Field(64, ge=1)
     eval_tasks: list[dict[str, Any]] | str | None = Field(None, description="held-out tasks; default: the team's")

@@ -38,6 +38,8 @@ CASES = [
      "echo.yaml", 13, "invalid_penalty", "finite number"),
     ("training-advantage-not-finite", lambda w: replace_in(w / "team.yaml", "tasks:", "training:\n  invalid_advantage: .nan\ntasks:"),
      "team.yaml", 9, "training.invalid_advantage", "finite number"),
+    ("training-learning-rate-not-finite", lambda w: replace_in(w / "team.yaml", "tasks:", "training:\n  adam: {learning_rate: 1e400}\ntasks:"),
+     "team.yaml", 9, "training.adam.learning_rate", "finite number"),
     ("schema-bad-type", lambda w: replace_in(w / "echo.yaml", "  type: object", "  type: objekt"),
      "echo.yaml", 4, "output_schema", "invalid JSON Schema"),
     ("schema-bad-required", lambda w: replace_in(w / "echo.yaml", "required: [say]", "required: say"),

@@ -53,6 +53,8 @@ def test_budget_and_plugin_options_apply(team):
     ("role_loss_config.alice.entropy_cof=0.1", "--set: role_loss_config.alice.entropy_cof: unknown key"),
     ("repetition_penalty.carol=0.5", "--set: repetition_penalty.carol: not a role that learns"),
     ("repetition_penalty.alice=-1", "--set: repetition_penalty.alice: must be 0 or more, got -1.0"),
+    ("lora.alpha=1e999", "--set: lora.alpha: Input should be a finite number (got '1e999')"),
+    ("loss_config.kl_coef=.inf", "--set: loss_config.kl_coef: Input should be a finite number (got inf)"),
     ("role_loss_config.bob.temperature=2", "--set: role_loss_config.bob.temperature: not an option: each role's "
                                            "policy.sampling.temperature is used"),
 ])
