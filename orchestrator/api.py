@@ -32,6 +32,7 @@ from .launch import (Compute, adapter_dirs, bindings, claimed, closed_on_error, 
 from .rollout import RunOptions, RunResult
 from .team import Team, with_training_options
 from .team import load_team as _load_team
+from .yamlfile import format_loc
 
 T = TypeVar("T")
 TeamLike = Team | str | Path | Mapping[str, Any]
@@ -209,16 +210,40 @@ def as_started(team: Team, out: Path, compute: Compute, seed: int | None,
     for flag, given in (("model", compute.model), ("seed", seed)):
         if flag in then_run and given is not None and given != then_run[flag]:
             raise RolecastError(f"--resume: {out} was started with --{flag} {then_run[flag]}; this command gives {given}")
-    then, now = recipe.get("training") or {}, team.resolved().get("training") or {}
-    # a key the run did not record is an option newer than the run: nothing to compare it with
-    k = next((k for k in sorted(then) if k != "steps" and k in now and then[k] != now[k]), None)
-    if k is not None:
-        raise RolecastError(f"--resume: {out} was started with training.{k} = {then[k]!r}, this command has "
-                            f"{now[k]!r}: resume with the --set flags it was started with")
+    then, now = _learnt_from(recipe), _learnt_from(team.resolved())
+    if (loc := _first_change(then, now)) is not None:
+        was, has = then, now
+        for part in loc:
+            was, has = was[part], has[part]
+        shown = [text if len(text := repr(v)) < 60 else text[:57] + "..." for v in (was, has)]
+        raise RolecastError(f"--resume: {out} was started with {format_loc(loc)} = {shown[0]}, this command has "
+                            f"{shown[1]}: resume with the recipe and --set flags it was started with")
     # --dtype's default, auto, is bf16 where the CPU has it: a float32 run would go on in bf16
     dtype = then_run.get("dtype", compute.dtype) if compute.dtype == "auto" else compute.dtype
     return (dataclasses.replace(compute, model=compute.model or then_run.get("model"), dtype=dtype),
             then_run.get("seed") if seed is None else seed, steps or then_run.get("steps"))
+
+
+def _learnt_from(recipe: Mapping[str, Any]) -> dict[str, Any]:
+    """What a resumed run must share with the run it continues: the protocol, roles, tasks and training
+    options, less the steps (which may extend it) and the roles' template paths (a moved checkout)."""
+    out = {k: recipe[k] for k in ("protocol", "roles", "tasks", "max_turns", "training") if k in recipe}
+    if isinstance(out.get("roles"), list):
+        out["roles"] = [{k: v for k, v in r.items() if k not in ("prompt", "followup")} if isinstance(r, dict) else r
+                        for r in out["roles"]]
+    if isinstance(out.get("training"), dict):
+        out["training"] = {k: v for k, v in out["training"].items() if k != "steps"}
+    return out
+
+
+def _first_change(then: Any, now: Any, loc: tuple = ()) -> tuple | None:
+    """Where recorded ``then`` and ``now`` first differ; a key one side lacks is an option newer than
+    the run (or gone since), with nothing to compare it with."""
+    if isinstance(then, dict) and isinstance(now, dict):
+        return next((c for k in then if k in now and (c := _first_change(then[k], now[k], loc + (k,)))), None)
+    if isinstance(then, list) and isinstance(now, list) and len(then) == len(now):
+        return next((c for i, pair in enumerate(zip(then, now)) if (c := _first_change(*pair, loc + (i,)))), None)
+    return None if then == now else loc
 
 
 def train_into(team: Team, out: Path, compute: Compute, *, seed: int | None = None, steps: int | None = None,

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -237,6 +238,33 @@ def test_resume_continues_the_run_as_it_was_started(cli, tmp_path):
     code, _, err = cli("train", recipe, *same, "--set", "steps=3")  # as --steps 3, not passed over for the run's 2
     assert code == 0, err
     assert [r["step"] for r in rows(run) if r["kind"] == "train"] == [1, 2, 3]
+
+
+def test_resume_refuses_a_recipe_edited_since_the_run_started(tmp_path):
+    """Only the training block was compared: a recipe whose protocol, roles or tasks changed resumed
+    without a word, its config.yaml still recording the recipe as it was."""
+    import yaml
+
+    from orchestrator.api import as_started, load_team
+    from orchestrator.errors import RolecastError
+    from orchestrator.launch import Compute
+
+    root = Path(__file__).resolve().parents[2]
+    team = load_team(root / "recipes/guess_number.yaml")
+    run = write(tmp_path / "run" / "config.yaml", yaml.safe_dump(
+        {"recipe": team.resolved(), "run": {"seed": 0, "model": "tiny", "steps": 1}})).parent
+    text = (root / "recipes/guess_number.yaml").read_text()
+    for old, new, words in (("turns: 5", "turns: 2", "protocol.turns = 5, this command has 2"),
+                            ("name: guesser\n", "name: guesser\n    policy: {adapter: other}\n",
+                             "roles[0].policy.adapter = 'guesser', this command has 'other'"),
+                            ("{secret: 16}]", "{secret: 16}, {secret: 3}]", "tasks = [{'secret': 1}, ")):
+        edited = write(tmp_path / "recipes" / "guess_number.yaml", text.replace(old, new))
+        with pytest.raises(RolecastError, match="was started with " + re.escape(words)):
+            as_started(load_team(edited), run, Compute(), None, None)
+    shutil.copytree(root / "roles", tmp_path / "roles")  # as a checkout moved elsewhere: its templates' paths differ
+    moved = write(tmp_path / "recipes" / "guess_number.yaml", text.replace("use: number_guesser",
+                                                                          f"use: {tmp_path}/roles/number_guesser.yaml"))
+    assert as_started(load_team(moved), run, Compute(), None, None)[1:] == (0, 1)
 
 
 def test_a_resumed_run_with_lora_dropout_trains_the_weights_of_one_run_straight(cli, tmp_path):
