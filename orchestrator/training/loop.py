@@ -551,11 +551,12 @@ def last_checkpoint(run_dir: Path, flag: str, needs: Sequence[str] = ()) -> tupl
 def _calls_summed(rows: list[dict[str, float]]) -> dict[str, float]:
     """An adapter's metrics from its calls' (one per temperature and role with loss options of
     its own): the losses (each call's share of the batch's) and token counts add up, the
-    per-token means are weighted by each call's tokens."""
-    tokens = sum(row["tokens"] for row in rows) or 1.0
+    per-token means are weighted by each call's tokens, over the calls that computed them (a
+    role's own kl or entropy is its tokens' mean, not diluted by the other roles' tokens)."""
     out = {k: sum(row[k] for row in rows) for k in ("loss", "loss:sum", "tokens")}
     for key in {k for row in rows for k in row} - set(out):
-        out[key] = sum(row[key] * row["tokens"] for row in rows if key in row) / tokens
+        having = [row for row in rows if key in row]
+        out[key] = sum(row[key] * row["tokens"] for row in having) / (sum(row["tokens"] for row in having) or 1.0)
     return out
 
 

@@ -189,6 +189,17 @@ def test_role_loss_config_reaches_only_that_roles_tokens(cli, tmp_path):
     assert "judge/kl" in row and "generator/kl" not in row
 
 
+def test_a_metric_one_roles_call_computes_is_that_roles_tokens_mean():
+    """An adapter's calls (the Judge's with kl_coef of its own, the Worker's without) are summed
+    into one row: the Judge's kl is the mean over the Judge's tokens, not diluted by the Worker's."""
+    from orchestrator.training.loop import _calls_summed
+
+    row = _calls_summed([{"loss": 0.1, "loss:sum": 1.0, "tokens": 100.0, "kl": 0.2, "ratio_mean": 1.5},
+                         {"loss": 0.3, "loss:sum": 3.0, "tokens": 300.0, "ratio_mean": 0.5}])
+    assert row["kl"] == pytest.approx(0.2)  # was 0.05: as if the Worker's tokens had no KL
+    assert row["ratio_mean"] == pytest.approx(0.75) and row["tokens"] == 400.0 and row["loss"] == pytest.approx(0.4)
+
+
 def test_repetition_penalty_lowers_the_rewards_of_repeated_messages(cli, tmp_path):
     import json
 
