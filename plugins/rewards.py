@@ -3,6 +3,8 @@
 ``episode`` is an ``EpisodeRecord``: ``episode.rewards`` holds each role's environment reward
 (invalid-turn penalties included); environments with a team outcome put it in
 ``episode.outcome["outcome"]`` and per-role process rewards in ``episode.outcome["process"]``.
+A reward that does not read ``episode.rewards`` (the env's outcome, a judge's verdict) adds each
+role's own invalid-turn penalties, so a role's ``invalid_penalty`` counts whatever the reward.
 
 A reward's options are its ``Config`` attribute, a ``PluginConfig`` model: the recipe's
 ``reward_config`` is checked against it when the recipe loads, and the reward is called with the
@@ -21,18 +23,24 @@ def env_reward(episode: EpisodeRecord, roles: list[str], config: PluginConfig) -
     return {role: episode.rewards.get(role, 0.0) for role in roles}
 
 
-def team_outcome(episode: EpisodeRecord, roles: list[str]) -> float:
-    """R: the env's team outcome when it reports one, else the mean of the roles' rewards."""
+def penalties(episode: EpisodeRecord, role: str) -> float:
+    """The invalid-turn penalties ``role`` took in ``episode`` (each turn still invalid after its retries)."""
+    return sum(t.penalty for t in episode.turns if t.role == role)
+
+
+def team_outcome(episode: EpisodeRecord, roles: list[str]) -> tuple[float, dict[str, float]]:
+    """R: the env's team outcome when it reports one, else the mean of the roles' rewards; and
+    what each role adds to it: its penalties where R is the env's outcome, which has none in it."""
     if "outcome" in episode.outcome and episode.outcome["outcome"] is not None:
-        return float(episode.outcome["outcome"])
+        return float(episode.outcome["outcome"]), {role: penalties(episode, role) for role in roles}
     values = [episode.rewards.get(role, 0.0) for role in roles]
-    return sum(values) / len(values) if values else 0.0
+    return (sum(values) / len(values) if values else 0.0), {role: 0.0 for role in roles}
 
 
 def outcome_reward(episode: EpisodeRecord, roles: list[str], config: PluginConfig) -> dict[str, float]:
-    """One shared team reward R for every role."""
-    r = team_outcome(episode, roles)
-    return {role: r for role in roles}
+    """One shared team reward R for every role (less a role's own invalid-turn penalties)."""
+    r, own = team_outcome(episode, roles)
+    return {role: r + own[role] for role in roles}
 
 
 class HybridConfig(PluginConfig):
@@ -42,9 +50,9 @@ class HybridConfig(PluginConfig):
 def hybrid_reward(episode: EpisodeRecord, roles: list[str], config: HybridConfig) -> dict[str, float]:
     """r_i = a*R + (1-a)*p_i, with p_i the role's process reward (0 when the env gives none)."""
     a = config.alpha
-    r = team_outcome(episode, roles)
+    r, own = team_outcome(episode, roles)
     process = episode.outcome.get("process") or {}
-    return {role: a * r + (1 - a) * float(process.get(role, 0.0)) for role in roles}
+    return {role: a * r + (1 - a) * float(process.get(role, 0.0)) + own[role] for role in roles}
 
 
 hybrid_reward.Config = HybridConfig
@@ -93,13 +101,12 @@ def judge_reward(episode: EpisodeRecord, roles: list[str], config: JudgeConfig) 
     # the labels first, as the env reads them (debaters named a and b), then a role's own name, then a stance
     names = {**{v.lower(): k for k, v in config.stances.items()}, **{r.lower(): r for r in roles}, **labels}
     verdicts = [t.content for t in episode.turns if t.role == judge and t.valid and t.content]
-    if not verdicts:
-        return {role: 0.0 for role in roles}
-    named = str(verdicts[-1].get(config.field, "")).strip().lower()
+    named = str(verdicts[-1].get(config.field, "")).strip().lower() if verdicts else ""
     winner = names.get(named)  # the verdict is compared lowercased: so are the names (a role may be `Alice`)
     if winner is None:
-        return {role: 0.0 for role in roles}
-    return {role: 0.0 if role == judge else (config.win if role == winner else config.lose) for role in roles}
+        return {role: penalties(episode, role) for role in roles}
+    return {role: penalties(episode, role) + (0.0 if role == judge else config.win if role == winner else config.lose)
+            for role in roles}
 
 
 judge_reward.Config = JudgeConfig

@@ -6,6 +6,7 @@ from pydantic import ValidationError
 
 from orchestrator.registry import config_model, default_registry
 from orchestrator.training.trainer import TrainerContext
+from orchestrator.transcript import Turn
 from support import make_episode
 
 REG = default_registry()
@@ -122,3 +123,22 @@ def test_reward_plugins_by_hand():
     # a label the env showed the judge names its side, before a role called by that letter
     lettered = make_episode(("judge", [], {"winner": "A"}), outcome={"labels": {"A": "b", "B": "a"}})
     assert reward("judge", lettered, ["a", "b", "judge"]) == {"a": -0.5, "b": 1.0, "judge": 0.0}
+
+
+def test_rewards_that_read_no_env_reward_keep_each_roles_invalid_penalty():
+    """A coder's turn still invalid after its retries (penalty -1): under the env's outcome or a
+    judge's verdict it had cost the coder nothing, its role's invalid_penalty silently void."""
+    ep = episode({"planner": 0.0, "coder": -1.0}, {"outcome": 0.5, "process": {"planner": 1.0, "coder": 0.25}})
+    ep.turns = [Turn(turn=0, role="coder", message_id="e:0", content=None, valid=False, retries=2, penalty=-1.0)]
+    roles = ["planner", "coder"]
+    assert reward("outcome", ep, roles) == {"planner": 0.5, "coder": -0.5}
+    assert reward("hybrid", ep, roles) == pytest.approx({"planner": 0.6 * 0.5 + 0.4 * 1.0, "coder": 0.6 * 0.5 + 0.4 * 0.25 - 1.0})
+    # without the env's outcome R is the mean of the roles' rewards, the penalty already in it
+    del ep.outcome["outcome"]
+    assert reward("outcome", ep, roles) == {"planner": -0.5, "coder": -0.5}
+    judged = episode({}, judge_says="against")
+    judged.turns.append(Turn(turn=1, role="pro", message_id="e:1", content=None, valid=False, retries=0, penalty=-2.0))
+    stances = {"pro": "for", "con": "against"}
+    assert reward("judge", judged, ["pro", "con", "judge"], stances=stances) == {"pro": -2.5, "con": 1.0, "judge": 0.0}
+    judged.turns[0].content = {"winner": "nobody"}
+    assert reward("judge", judged, ["pro", "con", "judge"], stances=stances) == {"pro": -2.0, "con": 0.0, "judge": 0.0}
