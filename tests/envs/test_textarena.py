@@ -49,6 +49,20 @@ def test_an_env_kwargs_key_the_game_does_not_take_is_refused_at_load(tmp_path):
         arena(tmp_path, "TicTacToe-v0", "env_kwargs: {boardsize: 4}")
 
 
+def test_a_player_count_the_game_refuses_is_refused_at_load(tmp_path):
+    """TicTacToe-v0 with three players loaded, then every episode failed on TextArena's assertion."""
+    pytest.importorskip("textarena")
+    path = write(tmp_path / "team.yaml", """
+        name: arena
+        protocol: {type: textarena, env_id: TicTacToe-v0, players: [p0, p1, p2]}
+        roles: [{use: game_player, name: p0}, {use: game_player, name: p1}, {use: game_player, name: p2}]
+        tasks: [{}]
+        """)
+    with pytest.raises(ConfigError, match=r"team.yaml:2: protocol: TicTacToe-v0 with 3 players failed to start: "
+                                          r"AssertionError: The number of players has to be 2, received 3$"):
+        load_team(path)
+
+
 def test_moves_listed_in_the_observation():
     text = "Board...\nAvailable Moves: '[0]', '[4]'\n[Player 0] [1]\nAvailable Moves: '[2]', '[8]'"
     assert listed_moves(text) == ["[2]", "[8]"] and listed_moves("no list") == []
