@@ -14,10 +14,11 @@ from the game state for the games in ``STATE_MOVES`` (Nim, Chopsticks, Breakthro
 variant), else the quoted bracketed moves the last "available/valid moves" line of the observation
 lists (as TicTacToe-v0 prints them), else empty: then ``builtin:random`` can only send random words,
 which TextArena rejects, and ``rolecast eval`` says so. Rewards are TextArena's final rewards; the
-results compare them; the outcome adds TextArena's reason (``detail``) and the roles that lost on
-an invalid move (``invalid_move``). TextArena's games draw from Python's global ``random``: each
-episode keeps its own state of it (``OwnRandom``), so a seed plays the same game at any concurrency
-and the caller's ``random`` is left as it was.
+results compare them (a one-player game is won only at reward 1, solved); the outcome adds
+TextArena's reason (``detail``) and the roles that lost on an invalid move (``invalid_move``).
+TextArena's games draw from Python's global ``random``: each episode keeps its own state of it
+(``OwnRandom``), so a seed plays the same game at any concurrency and the caller's ``random`` is
+left as it was.
 """
 from __future__ import annotations
 
@@ -189,7 +190,10 @@ class TextArenaEnv(GameEnv):
         views = [info.get(i) or {} for i in range(len(players))] if isinstance(info, dict) else []
         self.detail = next((str(v["reason"]) for v in views if v.get("reason")), None)
         self.invalid_move = [p for p, v in zip(players, views) if v.get("invalid_move")]
-        return self.finish(results_by_score(scores), scores, "game_over")
+        # A one-player game pays 1 when solved and the share done when not (0.5: a near miss), no win
+        solo = {p: ("win" if s >= 1 else "loss") for p, s in scores.items()}
+        results = results_by_score(scores) if len(players) > 1 else solo
+        return self.finish(results, scores, "game_over")
 
     def outcome(self) -> dict[str, Any]:
         return {**super().outcome(), "detail": self.detail, "invalid_move": self.invalid_move}

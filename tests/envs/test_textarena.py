@@ -111,6 +111,22 @@ def test_random_players_play_nim_by_the_rules(tmp_path):
         assert ep.outcome["results"][last] == "win" and ep.outcome["detail"].endswith("took the last object(s)!")
 
 
+def test_a_one_player_game_is_won_only_when_solved(tmp_path):
+    """TextArena pays a one-player game the share done (here 0.5 for a guess one off): that was a win."""
+    pytest.importorskip("textarena")
+    path = write(tmp_path / "team.yaml", """
+        name: arena
+        protocol: {type: textarena, env_id: GuessTheNumber-v0, players: [p0],
+                   env_kwargs: {min_number: 1, max_number: 3, max_turns: 1}}
+        roles: [{use: game_player, name: p0}]
+        tasks: [{}]
+        """)
+    result = play(load_team(path), {"p0": moves("[1]", "[1]")}, tmp_path, episodes=6)
+    rewards = [ep.rewards["p0"] for ep in result.episodes]
+    assert 0.5 in rewards and 1.0 in rewards  # a near miss and a hit among them
+    assert [ep.outcome["results"]["p0"] for ep in result.episodes] == ["win" if r == 1.0 else "loss" for r in rewards]
+
+
 async def roll(request) -> str:
     await asyncio.sleep(0)  # the episodes interleave here, as they do at a model's reply
     return json.dumps({"move": "[roll]"})
