@@ -93,13 +93,14 @@ class GameEnv(Env):
 
 
 def results_by_score(scores: dict[str, float]) -> dict[str, Result]:
-    """Highest score wins; a shared top score is a draw for those who share it. Alone, a player
-    wins with a positive score and loses with a negative one."""
+    """Highest score wins; a top score every player shares is a draw, one that only some share a
+    win for each of them (TextArena's winning side of three or more players: +1 each). Alone, a
+    player wins with a positive score and loses with a negative one."""
     if len(scores) == 1:
         return {p: ("win" if s > 0 else "draw" if s == 0 else "loss") for p, s in scores.items()}
     best = max(scores.values())
-    leaders = [p for p, s in scores.items() if s == best]
-    return {p: ("loss" if s < best else "draw" if len(leaders) > 1 else "win") for p, s in scores.items()}
+    tied = all(s == best for s in scores.values())
+    return {p: ("loss" if s < best else "draw" if tied else "win") for p, s in scores.items()}
 
 
 def require(module: str) -> Any:

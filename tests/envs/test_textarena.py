@@ -127,6 +127,20 @@ def test_a_one_player_game_is_won_only_when_solved(tmp_path):
     assert [ep.outcome["results"]["p0"] for ep in result.episodes] == ["win" if r == 1.0 else "loss" for r in rewards]
 
 
+def test_the_winning_side_of_three_players_wins(tmp_path):
+    """TextArena pays each winner +1: two winners against one loser were both called a draw."""
+    pytest.importorskip("textarena")
+    path = write(tmp_path / "team.yaml", """
+        name: arena
+        protocol: {type: textarena, env_id: ThreePlayerTicTacToe-v0, players: [p0, p1, p2]}
+        roles: [{use: game_player, name: p0}, {use: game_player, name: p1}, {use: game_player, name: p2}]
+        tasks: [{}]
+        """)
+    (ep,) = play(load_team(path), {"p0": moves("pass", "pass"), "p1": moves(), "p2": moves()}, tmp_path).episodes
+    assert ep.rewards == {"p0": -1.0, "p1": 1.0, "p2": 1.0} and ep.outcome["invalid_move"] == ["p0"]
+    assert ep.outcome["results"] == {"p0": "loss", "p1": "win", "p2": "win"}
+
+
 async def roll(request) -> str:
     await asyncio.sleep(0)  # the episodes interleave here, as they do at a model's reply
     return json.dumps({"move": "[roll]"})
