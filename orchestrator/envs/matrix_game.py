@@ -20,6 +20,10 @@ class MatrixGameConfig(TwoPlayerConfig):
     players: list[str] = Field(["alice", "bob"], min_length=2, max_length=2)
     rounds: int = Field(5, ge=1, le=100)
 
+    def turns_needed(self) -> int:
+        """The turns a whole game takes (the team's ``max_turns`` must allow them): two a round."""
+        return 2 * self.rounds
+
 
 class MatrixGameEnv(GameEnv):
     actions: ClassVar[tuple[str, ...]]

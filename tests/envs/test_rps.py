@@ -1,7 +1,12 @@
 """Rock-Paper-Scissors: per-round rewards, totals, configured rewards, illegal moves."""
 from __future__ import annotations
 
+import pytest
+
 from play import any_move, moves, play, team
+from orchestrator.errors import ConfigError
+from orchestrator.team import load_team
+from support import write
 
 
 def test_hand_computed_rounds(tmp_path):
@@ -28,3 +33,17 @@ def test_random_players_use_the_three_actions(tmp_path):
     result = play(team("rps", rounds=10), {"alice": "builtin:random", "bob": "builtin:random"}, tmp_path, episodes=5)
     played = {a for e in result.episodes for pair in e.outcome["history"] for a in pair}
     assert played == {"rock", "paper", "scissors"}
+
+
+def test_more_rounds_than_max_turns_allows_are_refused_at_load(tmp_path):
+    """40 rounds are 80 turns: under the default max_turns (64) every episode stopped with no result."""
+    path = write(tmp_path / "team.yaml", """
+        name: rps
+        protocol: {type: rps, players: [alice, bob], rounds: 40}
+        roles: [{use: game_player, name: alice}, {use: game_player, name: bob}]
+        tasks: [{}]
+        """)
+    with pytest.raises(ConfigError, match=r"team.yaml:2: protocol: a whole game takes 80 turns and max_turns is 64"):
+        load_team(path)
+    path.write_text(path.read_text() + "max_turns: 80\n")
+    assert load_team(path).env_config.rounds == 40
