@@ -43,6 +43,10 @@ class PettingZooConfig(GameConfig):
             env = make_env(self.env, self.env_kwargs)
         except TypeError as exc:  # an env_kwargs key the game does not take: one line, not a traceback
             raise ValueError(f"{self.env}: {exc}") from None
+        except (ValueError, AssertionError):  # pydantic words these itself
+            raise
+        except Exception as exc:  # a dependency the game lacks, a user's env() that fails: one line too
+            raise ValueError(f"{self.env}: {type(exc).__name__}: {exc}") from None
         agents = env.possible_agents
         env.close()
         if len(agents) != len(self.players):

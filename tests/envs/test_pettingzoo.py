@@ -98,3 +98,16 @@ def test_an_env_kwargs_key_the_game_does_not_take_is_one_line(tmp_path):
         """)
     with pytest.raises(ConfigError, match=r"team.yaml:2: protocol: tictactoe_v3: .*unexpected keyword argument 'boardsize'"):
         load_team(path)
+
+
+def test_an_env_module_whose_env_fails_is_one_line(tmp_path, monkeypatch):
+    """Only TypeError was worded: a game's missing dependency or a user's failing env() was a traceback at load."""
+    pytest.importorskip("pettingzoo")
+    write(tmp_path / "zoo_games" / "__init__.py", "")
+    write(tmp_path / "zoo_games" / "failing.py", """
+        def env(**kwargs):
+            raise RuntimeError("the board needs a display")
+        """)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match=r"team.yaml:\d+: protocol: zoo_games.failing: RuntimeError: the board needs a display$"):
+        zoo(tmp_path, "zoo_games.failing")
