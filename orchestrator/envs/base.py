@@ -22,10 +22,16 @@ from ..role import RoleSpec
 from ..yamlfile import Loc, format_loc
 
 
-class EnvConfig(BaseModel):
+class Options(BaseModel):
+    """A block of protocol options: no unknown key, numbers finite (a reward of ``.inf`` would
+    fail every episode on its first payment instead of the file at load)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class EnvConfig(Options):
     """The ``protocol:`` block of a team file, less ``type``. Subclass it per environment."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     # What happens after a turn that stays invalid once its retries are spent.
     on_invalid: Literal["continue", "end"] = "continue"
 

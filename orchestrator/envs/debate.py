@@ -15,15 +15,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, model_validator
+from pydantic import Field, StrictStr, model_validator
 
 from ..messages import Message
 from ..yamlfile import Loc
-from .base import Env, EnvConfig, StepResult, TaskConfig
+from .base import Env, EnvConfig, Options, StepResult, TaskConfig
 
 
-class DebateRewards(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class DebateRewards(Options):
     winner: float = 1.0
     loser: float = -0.5
     tie: float = 0.0

@@ -10,17 +10,16 @@ from __future__ import annotations
 import importlib
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from ..messages import Message
 from ..yamlfile import Loc
-from .base import Env, EnvConfig, StepResult
+from .base import Env, EnvConfig, Options, StepResult
 
 Result = Literal["win", "draw", "loss"]
 
 
-class WinLossRewards(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class WinLossRewards(Options):
     win: float = 1.0
     loss: float = -1.0
     draw: float = 0.0

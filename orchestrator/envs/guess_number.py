@@ -27,15 +27,14 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, field_validator, model_validator
+from pydantic import Field, StrictInt, ValidationInfo, field_validator, model_validator
 
 from ..messages import Message
-from .base import StepResult, TaskConfig, task_protocol
+from .base import Options, StepResult, TaskConfig, task_protocol
 from .game import GameConfig, GameEnv
 
 
-class GuessRewards(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class GuessRewards(Options):
     correct: float = 1.0
     failed: float = 0.0  # turns ran out
 

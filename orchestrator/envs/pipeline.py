@@ -11,15 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from ..messages import Message
 from ..yamlfile import Loc
-from .base import Env, EnvConfig, StepResult
+from .base import Env, EnvConfig, Options, StepResult
 
 
-class FieldMatch(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class FieldMatch(Options):
     field: str
     values: list[Any] = Field(min_length=1)
 

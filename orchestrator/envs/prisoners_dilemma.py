@@ -13,13 +13,13 @@ cooperator ``sucker``. The result (win/draw/loss) compares the totals.
 """
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from .base import Options
 from .matrix_game import MatrixGameConfig, MatrixGameEnv
 
 
-class Payoffs(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class Payoffs(Options):
     temptation: float = 5.0
     reward: float = 3.0
     punishment: float = 1.0

@@ -22,17 +22,16 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator, model_validator
+from pydantic import Field, StrictStr, field_validator, model_validator
 
 from ..messages import Message
 from ..yamlfile import Loc
-from .base import StepResult, TaskConfig
+from .base import Options, StepResult, TaskConfig
 from .game import GameConfig, GameEnv
 from .words import split_words
 
 
-class QuestionRewards(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class QuestionRewards(Options):
     correct: float = 1.0
     failed: float = 0.0
 

@@ -122,3 +122,15 @@ def test_a_guesser_template_reading_the_secret_fails_at_load(tmp_path):
     assert info.value.file.endswith("cheat.md.j2") and "secret" not in str(info.value).rpartition("guesser' with")[2]
     # the answerer reads it, as the shipped prompt does
     load_team(Path(__file__).resolve().parents[2] / "recipes/twenty_questions.yaml")
+
+
+def test_an_infinite_reward_is_refused_at_load(tmp_path):
+    """A protocol's rewards are finite: `.inf` loaded, then every episode failed on its first payment."""
+    from orchestrator.errors import ConfigError
+    from orchestrator.team import load_team
+
+    recipe = (Path(__file__).resolve().parents[2] / "recipes/twenty_questions.yaml").read_text()
+    (tmp_path / "team.yaml").write_text(recipe.replace("rewards: {correct: 1.0,", "rewards: {correct: .inf,"))
+    with pytest.raises(ConfigError, match="protocol.rewards.correct: .*finite") as info:
+        load_team(tmp_path / "team.yaml")
+    assert info.value.line == 11
