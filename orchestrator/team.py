@@ -83,10 +83,10 @@ def load_team(source: str | Path | Mapping[str, Any], registry: Registry | None 
         if name not in roles:
             raise doc.error(("protocol",) + loc, f"routes to unknown role {name!r} (team roles: {', '.join(roles)})")
     # a game longer than the cap would end every episode at max_turns, without a result
-    if (needed := getattr(env_config, "turns_needed", None)) and needed() > config.max_turns:
+    if (needed := env_config.turns_needed()) is not None and needed > config.max_turns:
         raise doc.error(("max_turns",) if "max_turns" in doc.data else ("protocol",),
-                        f"a whole game takes {needed()} turns and max_turns is {config.max_turns}: every episode "
-                        "would stop before its result (raise max_turns)")
+                        f"a whole game can take {needed} turns and max_turns is {config.max_turns}: episodes "
+                        "would stop before their result (raise max_turns)")
     for spec in roles.values():
         _check_template_variables(spec, env_class, env_config)
     tasks = _load_tasks(config.tasks, doc, ("tasks",), env_class, env_config)

@@ -39,6 +39,11 @@ class EnvConfig(Options):
         """(location in this block, role name) of every role it routes to: checked at load time."""
         return []
 
+    def turns_needed(self) -> int | None:
+        """The most turns a whole game can take, where the protocol bounds it: a team whose
+        ``max_turns`` is fewer is refused at load (its episodes could stop before their result)."""
+        return None
+
 
 class TaskConfig(BaseModel):
     """One entry of a team file's ``tasks``: the keys its environment reads, checked when the team

@@ -47,6 +47,9 @@ class GuessNumberConfig(GameConfig):
     rewards: GuessRewards = Field(default_factory=GuessRewards)
     process: Literal["consistent", "halving"] = "consistent"
 
+    def turns_needed(self) -> int:
+        return self.turns
+
     @model_validator(mode="after")
     def _range(self) -> "GuessNumberConfig":
         if self.high <= self.low:

@@ -21,8 +21,7 @@ class MatrixGameConfig(TwoPlayerConfig):
     rounds: int = Field(5, ge=1, le=100)
 
     def turns_needed(self) -> int:
-        """The turns a whole game takes (the team's ``max_turns`` must allow them): two a round."""
-        return 2 * self.rounds
+        return 2 * self.rounds  # a move each a round
 
 
 class MatrixGameEnv(GameEnv):

@@ -55,6 +55,9 @@ class TwentyQuestionsConfig(GameConfig):
     def role_refs(self) -> list[tuple[Loc, str]]:
         return super().role_refs() + [(("answerer",), self.answerer)]
 
+    def turns_needed(self) -> int:
+        return 2 * self.questions + 1  # a question and its answer each, then the guess
+
     def opponent_role(self) -> str | None:
         return self.opponent or self.answerer
 

@@ -43,7 +43,7 @@ def test_more_rounds_than_max_turns_allows_are_refused_at_load(tmp_path):
         roles: [{use: game_player, name: alice}, {use: game_player, name: bob}]
         tasks: [{}]
         """)
-    with pytest.raises(ConfigError, match=r"team.yaml:2: protocol: a whole game takes 80 turns and max_turns is 64"):
+    with pytest.raises(ConfigError, match=r"team.yaml:2: protocol: a whole game can take 80 turns and max_turns is 64"):
         load_team(path)
     path.write_text(path.read_text() + "max_turns: 80\n")
     assert load_team(path).env_config.rounds == 40

@@ -134,3 +134,18 @@ def test_an_infinite_reward_is_refused_at_load(tmp_path):
     with pytest.raises(ConfigError, match="protocol.rewards.correct: .*finite") as info:
         load_team(tmp_path / "team.yaml")
     assert info.value.line == 11
+
+
+def test_more_questions_than_max_turns_allows_are_refused_at_load(tmp_path):
+    """questions: 40 takes up to 81 turns: under max_turns 64 a game of questions stopped at
+    max_turns, with no guess and no result. guess_number's turns are checked the same way."""
+    from orchestrator.errors import ConfigError
+    from orchestrator.team import load_team
+
+    root = Path(__file__).resolve().parents[2] / "recipes"
+    (tmp_path / "tq.yaml").write_text((root / "twenty_questions.yaml").read_text().replace("questions: 20", "questions: 40"))
+    with pytest.raises(ConfigError, match="tq.yaml:19: max_turns: a whole game can take 81 turns and max_turns is 64"):
+        load_team(tmp_path / "tq.yaml")
+    (tmp_path / "gn.yaml").write_text((root / "guess_number.yaml").read_text() + "max_turns: 4\n")
+    with pytest.raises(ConfigError, match="a whole game can take 5 turns and max_turns is 4"):
+        load_team(tmp_path / "gn.yaml")
