@@ -7,9 +7,9 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -26,6 +26,22 @@ def copy_private(src: str | os.PathLike[str], dest: str | os.PathLike[str], igno
     if not src.is_dir():
         raise SandboxSetupError(f"repo {src} is not a directory")
     return Path(shutil.copytree(src, dest, symlinks=True, ignore=ignore))
+
+
+def remove_tree(path: str | os.PathLike[str]) -> None:
+    """Remove ``path`` and everything under it, however deep. rm, not shutil.rmtree: that recurses
+    (Python 3.11), so a command nesting ~1000 dirs raised RecursionError and left the tree behind."""
+    subprocess.run([str(tool("rm")), "-rf", "--", str(path)])
+
+
+@contextmanager
+def temporary_dir(prefix: str) -> Iterator[Path]:
+    """A new temporary folder for sandboxed runs, removed with :func:`remove_tree` on exit."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield path
+    finally:
+        remove_tree(path)
 
 
 class SandboxPool:
@@ -79,9 +95,7 @@ class SandboxPool:
             await asyncio.to_thread(copy_private, repo, dest / "repo")
             yield dest / "repo"
         finally:
-            # rm, not shutil.rmtree: that recurses (Python 3.11), so a command nesting ~1000 dirs
-            # made the episode raise RecursionError and left its copy behind
-            await asyncio.to_thread(subprocess.run, [str(tool("rm")), "-rf", "--", str(dest)])
+            await asyncio.to_thread(remove_tree, dest)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -2,9 +2,10 @@
 reference patch every test passes."""
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from sandboxes.pool import temporary_dir
 
 from .grading import Grade, install_hidden_tests, run_tests
 from .running import Runner, apply_patch, copy_repo, subprocess_runner
@@ -45,7 +46,7 @@ def check_task(task: IssueTask, runner: Runner = subprocess_runner) -> CheckRepo
     if not hidden_ids:
         rep.problems.append("no hidden test functions found")
         return rep
-    with tempfile.TemporaryDirectory(prefix=f"rolecast-check-{task.id}-") as tmp:
+    with temporary_dir(prefix=f"rolecast-check-{task.id}-") as tmp:
         for label in ("buggy", "fixed"):
             work = copy_repo(task, Path(tmp) / label)
             if label == "fixed":

@@ -25,6 +25,7 @@ from typing import Any
 from pydantic import Field, StrictStr, field_validator, model_validator
 
 from sandboxes import shared_pool
+from sandboxes.pool import remove_tree
 
 from ..config import SandboxOptions
 from ..envs.base import Env, EnvConfig, StepResult, TaskConfig, verdict_rates
@@ -257,7 +258,7 @@ class IssueFixEnv(Env):
                 **verdict_rates("reviewer", [(f, o["approved"]) for f, o in zip(fixed, graded)])}
 
     async def close(self) -> None:
-        await asyncio.to_thread(shutil.rmtree, self._tmp, True)
+        await asyncio.to_thread(remove_tree, self._tmp)  # however deep sandboxed code nested it
 
     # ------------------------------------------------------------------------------ views
 

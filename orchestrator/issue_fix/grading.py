@@ -8,11 +8,12 @@ import os
 import re
 import shlex
 import shutil
-import tempfile
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
+
+from sandboxes.pool import temporary_dir
 
 from .edits import is_regular, read_regular
 from .running import Runner, copy_repo, subprocess_runner
@@ -167,11 +168,17 @@ def repo_files(root: str | Path) -> list[str]:
     """
     root = Path(root)
     found: list[str] = []
-    for folder, dirs, files in os.walk(root):
-        dirs[:] = sorted(filter(_utf8, set(dirs) - IGNORED(folder, dirs)))
-        for name in sorted(filter(_utf8, set(files) - IGNORED(folder, files))):
-            if is_regular(Path(folder) / name):
-                found.append((Path(folder) / name).relative_to(root).as_posix())
+    stack = [root]  # not os.walk: that recurses (Python 3.11), and sandboxed code nests folders at will
+    while stack:
+        folder = stack.pop()
+        try:
+            with os.scandir(folder) as it:
+                entries = {e.name: e for e in it}
+        except OSError:  # as os.walk: a folder that cannot be listed is skipped
+            continue
+        names = sorted(filter(_utf8, set(entries) - IGNORED(folder, entries)))
+        found += [(folder / n).relative_to(root).as_posix() for n in names if is_regular(folder / n)]
+        stack += [folder / n for n in reversed(names) if entries[n].is_dir(follow_symlinks=False)]
     return found
 
 
@@ -210,7 +217,7 @@ def grade_work(task: IssueTask, workdir: str | Path, runner: Runner = subprocess
     accepts, then :func:`grade` runs there; the changes left out are in ``Grade.ignored``.
     """
     changes = workdir_changes(task, workdir)
-    with tempfile.TemporaryDirectory(prefix=f"rolecast-grade-{task.id}-") as tmp:
+    with temporary_dir(prefix=f"rolecast-grade-{task.id}-") as tmp:
         fresh = copy_repo(task, Path(tmp) / "repo")
         for rel in filter(lambda r: graded_path(task, r), changes):
             (fresh / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -5,9 +5,10 @@ hidden tests that pass); mixing them with the outcome is the trainer's business.
 """
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
+
+from sandboxes.pool import temporary_dir
 
 from .edits import EditResult, PathRefused, resolve_in
 from .grading import run_tests
@@ -70,7 +71,7 @@ def tester_reward(task: IssueTask, path: str, code: str, runner: Runner) -> tupl
     for label in ("buggy", "fixed"):
         # each copy under the same name in a folder of its own: a test that read its label from
         # the working directory (`assert "fixed" in os.getcwd()`) would earn 1 without the bug
-        with tempfile.TemporaryDirectory(prefix=f"rolecast-repro-{task.id}-") as tmp:
+        with temporary_dir(prefix=f"rolecast-repro-{task.id}-") as tmp:
             work = copy_repo(task, Path(tmp) / "repo")
             if label == "fixed":
                 ok, msg = apply_patch(work, task.solution_patch())

@@ -535,3 +535,18 @@ def test_a_timed_out_episode_waits_for_its_sandboxed_run_then_removes_its_copy(t
     (ep,) = asyncio.run(run_team(team, policies, options)).episodes
     assert ep.status == "timeout"
     assert list(folder.iterdir()) == []
+
+
+@needs_sandbox
+def test_folders_nested_past_the_recursion_limit_are_graded_and_removed(tmp_path, monkeypatch):
+    """os.walk and shutil.rmtree recurse (Python 3.11): a test nesting 1500 folders made the
+    episode an error (RecursionError) and left its copies behind."""
+    folder = scratch(monkeypatch, tmp_path)
+    team = team_for(tmp_path, max_rounds=1)
+    deep = REPRO_TEST + "\n\ndef test_deep():\n    import os\n    for _ in range(1500):\n        os.mkdir('d')\n        os.chdir('d')\n"
+    policies = build_policies(team, {n: Binding("builtin", "stub") for n in team.roles}, None)
+    policies["tester"] = PythonPolicy(lambda r: json.dumps({"path": "tests/test_repro.py", "code": deep}))
+    (ep,) = run(team, policies, tmp_path).episodes
+    assert ep.status == "ok", ep.error
+    assert ep.outcome["ignored_changes"] == ["tests/test_repro.py"]
+    assert list(folder.iterdir()) == []
