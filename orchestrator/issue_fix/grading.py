@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from sandboxes.pool import temporary_dir
+from sandboxes.pool import remove_tree, temporary_dir
 
 from .edits import is_regular, read_regular
 from .running import Runner, copy_repo, subprocess_runner
@@ -129,12 +129,13 @@ def run_tests(task: IssueTask, workdir: Path, runner: Runner, paths: list[str],
     drops whatever was reported.
     """
     report = workdir / REPORT_FILE
-    report.unlink(missing_ok=True)
+    remove_tree(report)  # whatever a run before left there: a folder made unlink raise
     out = runner(_pytest_argv(task, paths), workdir, task.timeout_s)
     log = (out.stdout + "\n" + out.stderr)[-4000:]
     found: dict[str, TestOutcome] | None = None
-    if report.is_file():
-        found = _parse_junit(report.read_text(encoding="utf-8", errors="replace"))
+    data = read_regular(report)  # not through a link the run planted there to a host file
+    if data is not None:
+        found = _parse_junit(data.decode("utf-8", errors="replace"))
         report.unlink(missing_ok=True)
     if found is None:  # a runner that does not share the filesystem: read the -rA summary
         found = _parse_ra(out.stdout)

@@ -13,11 +13,11 @@ import pytest
 
 import sandboxes
 from orchestrator.issue_fix.edits import apply_edits
-from orchestrator.issue_fix.grading import grade, grade_work, graded_path
+from orchestrator.issue_fix.grading import grade, grade_work, graded_path, run_tests
 from orchestrator.issue_fix import rewards
 from orchestrator.issue_fix.rewards import coder_reward, planner_reward, reviewer_reward
-from orchestrator.issue_fix.running import apply_patch, copy_repo, subprocess_runner
-from orchestrator.issue_fix.task import load_task, task_folders
+from orchestrator.issue_fix.running import RunOutcome, apply_patch, copy_repo, subprocess_runner
+from orchestrator.issue_fix.task import REPORT_FILE, load_task, task_folders
 from orchestrator.policies.binding import Binding
 from orchestrator.policies.python import PythonPolicy
 from orchestrator.rollout import RunOptions, build_policies, run_team
@@ -550,3 +550,22 @@ def test_folders_nested_past_the_recursion_limit_are_graded_and_removed(tmp_path
     assert ep.status == "ok", ep.error
     assert ep.outcome["ignored_changes"] == ["tests/test_repro.py"]
     assert list(folder.iterdir()) == []
+
+
+def test_whatever_a_run_left_at_the_report_path_is_not_trusted(tmp_path):
+    """A team's test made the junit report's path a folder (the next run raised IsADirectoryError:
+    the episode an error) or a link to a host file (read as root, and taken for the report)."""
+    task = load_task(SLUG)
+    work = copy_repo(task, tmp_path / "repo")
+    (work / REPORT_FILE).mkdir()
+    g = run_tests(task, work, subprocess_runner, ["tests"], [])
+    assert not g.crashed and g.passed == g.total > 0
+    hidden = "tests/hidden/test_hidden_slug.py::test_x"
+    forged = write(tmp_path / "forged.xml", '<testsuite><testcase file="tests/hidden/test_hidden_slug.py" name="test_x"/></testsuite>')
+
+    def linking_runner(argv, workdir, timeout_s):  # a run that plants the link and writes no report
+        (workdir / REPORT_FILE).symlink_to(forged)
+        return RunOutcome(0, "", "")
+
+    g = run_tests(task, work, linking_runner, ["tests"], [hidden])
+    assert g.crashed and g.passed == 0 and g.failed_ids == [hidden]
