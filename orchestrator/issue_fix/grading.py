@@ -199,7 +199,8 @@ def graded_path(task: IssueTask, rel: str) -> bool:
 
     Left out: anything that is not ``.py``, test files and folders, pytest configuration, the
     hidden tests' folder, and new top-level modules (``pytest.py`` would shadow pytest itself).
-    A new module is taken inside a package that repo/ already has.
+    A new module is taken inside a package that repo/ already has, and not under one of its
+    files (sandboxed code can turn ``pkg/mod.py`` into a folder: the copy could not hold it).
     """
     p = Path(rel)
     if p.suffix != ".py" or p.name in _TEST_CONFIG or p.name.startswith("test_") or p.stem.endswith("_test"):
@@ -208,7 +209,8 @@ def graded_path(task: IssueTask, rel: str) -> bool:
         return False
     if (task.repo_dir / p).is_file():
         return True
-    return len(p.parts) > 1 and (task.repo_dir / p.parts[0] / "__init__.py").is_file()
+    return (len(p.parts) > 1 and (task.repo_dir / p.parts[0] / "__init__.py").is_file()
+            and not any((task.repo_dir / q).is_file() for q in p.parents))
 
 
 def grade_work(task: IssueTask, workdir: str | Path, runner: Runner = subprocess_runner) -> Grade:

@@ -569,3 +569,15 @@ def test_whatever_a_run_left_at_the_report_path_is_not_trusted(tmp_path):
 
     g = run_tests(task, work, linking_runner, ["tests"], [hidden])
     assert g.crashed and g.passed == 0 and g.failed_ids == [hidden]
+
+
+def test_a_module_turned_into_a_folder_is_graded_not_a_crash(tmp_path):
+    """Sandboxed code can replace textkit/slug.py by a folder holding x.py: the fresh copy could
+    not make that folder, and grading raised FileExistsError (the episode an error, ungraded)."""
+    task = load_task(SLUG)
+    work = copy_repo(task, tmp_path / "repo")
+    (work / "textkit/slug.py").unlink()
+    write(work / "textkit/slug.py/x.py", "x = 1\n")
+    g = grade_work(task, work, subprocess_runner)
+    assert g.ignored == ["textkit/slug.py/x.py"] and 0 < g.passed < g.total
+    assert not graded_path(task, "textkit/slug.py/x.py")
