@@ -33,7 +33,8 @@ class TaskFileError(ConfigError, ValueError):
 
 
 class IssueTask(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # timeout_s finite: `.inf` loaded, then each test run raised ValueError from sandboxes.Limits
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     id: str = Field(description="lowercase slug (e.g. 001-short-slug), equal to the folder name")
     title: str

@@ -81,6 +81,7 @@ def test_load_good(tmp_path):
         (GOOD.replace("[tests]", "[nope.py]"), 5, "visible_tests[0]", "not found in repo/"),
         (GOOD.replace("title: t", "title: [1, 2]"), 2, "title", "valid string"),
         (GOOD + "path: /x\n", 7, "path", "unknown key"),
+        (GOOD + "timeout_s: .inf\n", 7, "timeout_s", "finite number"),
         ("id: [unclosed\n", 2, "(yaml)", "invalid YAML"),
     ],
 )
