@@ -79,10 +79,12 @@ def tester_reward(task: IssueTask, path: str, code: str, runner: Runner) -> tupl
                     return 0.0, f"solution.patch does not apply: {msg}"
             try:
                 target = resolve_in(work, path)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(code, encoding="utf-8")
             except PathRefused as exc:
                 return 0.0, str(exc)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(code, encoding="utf-8")
+            except OSError as exc:  # a file of repo/ where its folder goes (sandboxed code made one there)
+                return 0.0, f"{path}: {exc.strerror or exc}"
             grades[label] = run_tests(task, work, runner, [path], ids)
     buggy, fixed = grades["buggy"], grades["fixed"]
     if not buggy.crashed and all(o.ok for o in buggy.outcomes):

@@ -398,6 +398,14 @@ def test_tester_reward_cannot_tell_the_fixed_copy_by_its_path():
     assert rewards.tester_reward(task, REPRO["path"], REPRO["code"], subprocess_runner)[0] == 1.0
 
 
+def test_a_tester_file_under_a_project_file_earns_zero_not_a_crash():
+    """Its earlier test can turn tests/test_slug.py into a folder, so the Tester's file may live
+    under it: the fresh copies could not make that folder, and the episode ended in FileExistsError."""
+    task = load_task(SLUG)
+    assert rewards.tester_reward(task, "tests/test_slug.py/test_x.py", REPRO_TEST, subprocess_runner) == (
+        0.0, "tests/test_slug.py/test_x.py: File exists")
+
+
 def test_graded_paths_are_source_modules_only():
     task = load_task(SLUG)
     assert graded_path(task, "textkit/slug.py") and graded_path(task, "textkit/new_helper.py")
