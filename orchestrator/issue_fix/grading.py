@@ -65,8 +65,7 @@ class Grade:
 def install_hidden_tests(task: IssueTask, workdir: str | Path) -> Path:
     """Copy the hidden tests to ``workdir/<hidden_dest>``, replacing whatever is there."""
     dest = Path(workdir) / task.hidden_dest
-    if dest.exists():
-        shutil.rmtree(dest)
+    remove_tree(dest)  # a link or a file there too, and however deep
     shutil.copytree(task.hidden_dir, dest, ignore=IGNORED)
     return dest
 

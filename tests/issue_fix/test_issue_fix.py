@@ -224,6 +224,22 @@ def test_grading_takes_the_fix_with_the_cheats(tmp_path):
     assert graded.fraction == 1.0 and graded.ignored == ["conftest.py"]
 
 
+@pytest.mark.parametrize("left", ["file", "link"])
+def test_grade_replaces_whatever_is_at_the_hidden_tests_place(tmp_path, left):
+    """grade() installs the hidden tests over what a workdir holds there: a file made rmtree raise
+    NotADirectoryError, a link (to a folder of the host's) "Cannot call rmtree on a symbolic link"."""
+    task = load_task(SLUG)
+    work = copy_repo(task, tmp_path / "work")
+    dest = work / task.hidden_dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("host")
+    dest.write_text("x") if left == "file" else dest.symlink_to(outside)
+    assert grade(task, work).fraction < 1.0
+    assert dest.is_dir() and not dest.is_symlink() and (outside / "keep.txt").read_text() == "host"
+
+
 @needs_sandbox
 def test_invalid_turns_and_crashes_still_clean_up(tmp_path, monkeypatch):
     folder = scratch(monkeypatch, tmp_path)
