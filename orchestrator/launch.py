@@ -61,8 +61,9 @@ class Compute:
         if self.engine == "vllm" and not cuda:  # said here, not as a worker's death minutes later
             raise RolecastError("--ray with --engine vllm needs --device cuda: each worker runs vLLM on a GPU of its own")
         options = RayOptions(address=self.ray, workers=self.rollout_workers or 2, gpus_per_worker=1.0 if cuda else 0.0)
+        # Ray shows each GPU worker its own GPU alone, as cuda:0: a driver's cuda:N is no device there
         return RayRollouts(options, model=model, dtype=self.dtype, seed=seed, backend=self.engine,
-                           device=self.device if cuda else "cpu", lora_rank=lora_rank)
+                           device="cuda" if cuda else "cpu", lora_rank=lora_rank)
 
 
 def bindings(policies: Mapping[str, str | Binding | Callable[..., Any]] | None) -> dict[str, Binding]:

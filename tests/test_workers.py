@@ -395,6 +395,23 @@ def test_workers_are_sized_for_the_adapters_they_are_given(tmp_path, monkeypatch
     assert started["lora_rank"] == 128
 
 
+def test_gpu_workers_load_on_the_one_gpu_ray_shows_each(monkeypatch):
+    """Ray shows a GPU worker its GPU alone, as cuda:0 (CUDA_VISIBLE_DEVICES): the driver's
+    --device cuda:1 named no device there, and every worker failed to start."""
+    from orchestrator import workers
+    from orchestrator.launch import Compute
+
+    started = {}
+
+    class Pool:
+        def __init__(self, options, **kwargs):
+            started.update(kwargs, gpus=options.gpus_per_worker)
+
+    monkeypatch.setattr(workers, "RayRollouts", Pool)
+    Compute(device="cuda:1", ray="local").workers("tiny", 0)
+    assert (started["device"], started["gpus"]) == ("cuda", 1.0)
+
+
 def test_a_run_that_fails_after_the_workers_start_closes_them(ray_local, tmp_path, monkeypatch):
     import rolecast
     from orchestrator import workers
