@@ -149,14 +149,15 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
     host, _, port = address.removeprefix("ray://").rpartition(":")
     if not (host and port.isdigit()):  # "auto" and other forms: Ray finds the cluster itself
         return
-    try:
+    try:  # a connection that times out is no cluster either: a firewall dropping it, say
         with socket.create_connection((host, int(port)), timeout=timeout_s) as conn:
             # Ray speaks gRPC (HTTP/2, binary frames) there: a reply in text is a web server's, the
             # common mistake of the dashboard's port (8265) for the cluster's (6379)
             conn.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
-            reply = conn.recv(16)
-    except socket.timeout:
-        return  # a server that says nothing first: let Ray try it
+            try:
+                reply = conn.recv(16)
+            except socket.timeout:
+                return  # a server that says nothing first: let Ray try it
     except OSError as exc:
         raise RolecastError(f"--ray {address}: no Ray cluster answers there ({exc.strerror or exc}); start one "
                             f"with `ray start --head`, or use --ray local") from None

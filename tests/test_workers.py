@@ -3,6 +3,7 @@ process samples, and a worker killed in the middle of a rollout is replaced with
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import pickle
@@ -256,6 +257,16 @@ def test_a_cluster_address_nothing_answers_at_fails_at_once():
                 check_reachable(address, timeout_s=2)
     with socket.create_server(("127.0.0.1", 0)) as server:
         check_reachable(f"127.0.0.1:{server.getsockname()[1]}", timeout_s=0.5)  # says nothing first: Ray's to try
+    # a connection nothing takes up (a firewall that drops it, here a full accept queue): no cluster either
+    with socket.create_server(("127.0.0.1", 0), backlog=0) as server, contextlib.ExitStack() as queued:
+        address = f"127.0.0.1:{server.getsockname()[1]}"
+        for _ in range(8):  # the queue holds one or two
+            try:
+                queued.enter_context(socket.create_connection(server.getsockname(), timeout=0.5))
+            except TimeoutError:
+                break
+        with pytest.raises(RolecastError, match=rf"--ray {address}: no Ray cluster answers there \(timed out\)"):
+            check_reachable(address, timeout_s=0.5)
     check_reachable("auto")  # Ray finds the cluster itself
     # a web server (the dashboard's port for the cluster's): it answers Ray's opening in text
     with socket.create_server(("127.0.0.1", 0)) as server:
