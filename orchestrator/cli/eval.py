@@ -43,8 +43,9 @@ def handle(args: argparse.Namespace) -> int:
 
         if ignored := [f for f, v in (("--held-out", args.held_out), ("--episodes", args.episodes)) if v]:
             raise RolecastError(f"--population plays --games-per-pair games a pair: drop {', '.join(ignored)}")
-        if args.ray is not None:
-            raise RolecastError("--ray plays plain evaluations; --population plays its round robin in this process")
+        if args.ray is not None or args.rollout_workers is not None:  # the workers alone too: ignored, unsaid
+            raise RolecastError("--ray and --rollout-workers play plain evaluations; --population plays its round "
+                                "robin in this process")
         return eval_population.handle(args, api.load_team(args.recipe))
     if ignored := [f for f, v in (("--baseline", args.baseline), ("--games-per-pair", args.games_per_pair)) if v]:
         raise RolecastError(f"{', '.join(ignored)}: only with --population RUN_DIR")

@@ -135,6 +135,8 @@ def test_eval_population_flags_that_do_not_apply_are_refused(cli, tmp_path):
         (["--population", tmp_path / "nowhere"], "no such folder"),
         (["--population", tmp_path, "--held-out"], "drop --held-out"),
         (["--population", tmp_path, "--episodes", "5"], "drop --episodes"),
+        (["--population", tmp_path, "--ray"], "--population plays its round robin in this process"),
+        (["--population", tmp_path, "--rollout-workers", "2"], "--population plays its round robin in this process"),
         (["--games-per-pair", "5"], "--games-per-pair: only with --population"),
         (["--baseline", "random"], "--baseline: only with --population"),
     ):
