@@ -87,10 +87,14 @@ class RolloutWorker:
         self.teams[key] = (team, build_policies(team, overrides, lambda: self.engine))
 
     def sync(self, adapters: dict[str, tuple[int, Any]]) -> None:
-        """Load every adapter whose driver version differs from the one held; ``adapters`` maps
-        name -> (version, object ref of its files)."""
+        """Load every adapter whose driver version differs from the one held, and unload those
+        ``adapters`` no longer holds; it maps name -> (version, object ref of its files)."""
         import ray
 
+        for name in set(self.loaded) - set(adapters):  # a snapshot the trainer let go (RayRollouts.forget)
+            self.engine.remove_adapter(name)
+            shutil.rmtree(self.folder / name, ignore_errors=True)
+            del self.loaded[name]
         for name, (version, ref) in adapters.items():
             if self.loaded.get(name) == version:
                 continue
@@ -294,6 +298,11 @@ class RayRollouts:
         files = {p.name: p.read_bytes() for p in Path(folder).iterdir() if p.is_file()}
         self.adapters[name] = (version, self.ray.put(files))
         self.changes += 1
+
+    def forget(self, name: str) -> None:
+        """Adapter ``name`` is no longer played: workers unload it before their next episode."""
+        if self.adapters.pop(name, None) is not None:
+            self.changes += 1
 
     async def _play(self, key: str, record: EpisodeRecord) -> EpisodeRecord:
         slot = record.index % self.workers

@@ -26,7 +26,7 @@ import shutil
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Awaitable
@@ -122,6 +122,8 @@ class TrainingRun:
         self.published: dict[str, int] = {}  # learner adapter -> the version last published to the samplers
         self._unwritten: set[str] = set()  # learners whose sampler dir lags the engine (_publish), until a checkpoint
         self._engine_seen: dict[str, float] = {}  # the engine's stats at the last metrics row (_engine_work)
+        self._frozen: set[str] = set()  # snapshots (_snapshot) in the engine and on the workers
+        self._retiring: dict[str, list[asyncio.Task]] = {}  # snapshots the trainer let go -> rollouts that may play them
         self.run_dir = options.out_dir
         self.steps = options.steps or self.cfg.steps
         self.metrics = MetricsWriter(self.run_dir)
@@ -157,6 +159,7 @@ class TrainingRun:
                         if later not in ahead:
                             ahead[later] = asyncio.create_task(self.rollout(later))
                     await self.train_step(step, ahead.pop(step))
+                    self._retire(ahead.values())
                     if self.cfg.eval_every and step % self.cfg.eval_every == 0 and step != self.steps:
                         await self.evaluate(step)
                     if step % self.cfg.checkpoint_every == 0 or step == self.steps:
@@ -410,6 +413,22 @@ class TrainingRun:
         """Freeze the adapter's current weights as opponent ``name`` (kept on disk for --resume)."""
         path = self.clients[adapter].save_weights(self.run_dir / "pool" / name).result()
         self._load(name, path)
+        self._frozen.add(name)
+
+    def _retire(self, pending: Iterable[asyncio.Task]) -> None:
+        """Unload the snapshots the trainer no longer keeps (``opponent_adapters``), once no rollout
+        that began while it kept them (``pending``: async training's) is still playing: the engine
+        stacks every loaded adapter's LoRA into each decode step (lora.SlotLoRA), so a long
+        self-play run slowed with every snapshot it had ever taken."""
+        for name in self._frozen - set(self.trainer.opponent_adapters()):
+            self._frozen.discard(name)
+            self._retiring[name] = [t for t in pending if not t.done()]
+        for name, tasks in list(self._retiring.items()):
+            if all(t.done() for t in tasks):
+                del self._retiring[name]
+                self.engine.remove_adapter(name)
+                if self.rollouts:
+                    self.rollouts.forget(name)
 
     def _load(self, name: str, path: Path) -> None:
         """A frozen adapter into the engine, and to the rollout workers."""
@@ -504,6 +523,7 @@ class TrainingRun:
             self.engine.continue_versions(adapter, version - 1)
         for name in self.trainer.opponent_adapters():  # e.g. self-play's snapshots back into the engine
             self._load(name, self.run_dir / "pool" / name)
+            self._frozen.add(name)
         await self._publish_all()
         # last: loading adapters into the engine draws from the RNG (PEFT initialises before loading)
         load_rng(folder / "rng.pt")

@@ -104,3 +104,58 @@ def test_a_result_against_a_snapshot_that_left_the_pool_meanwhile_is_no_crash():
     metrics = t.after_step(3, ahead, [{"x": 1.0, "o": -1.0}, {"x": 1.0, "o": -1.0}], lambda adapter, name: None)
     assert {a for ep in ahead for a in ep.adapters.values()} == {"player@1"}
     assert metrics["win_rate/vs_pool"] == 0.5 and t.elo["latest"] == 1000.0  # no rating moved against it
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_snapshots_that_leave_the_pool_leave_the_engine(cli, tmp_path, monkeypatch, staleness):
+    """The engine stacks every loaded adapter into each decode step: a snapshot the pool let go
+    stayed loaded, so a long run held (and computed with) every snapshot it had taken. Under
+    async training one leaves once the rollouts that began while it was kept have finished."""
+    import json
+
+    from orchestrator.engines.hf import HFEngine
+    from support import ROOT, train_tiny
+
+    loaded, removed = [], []
+    load, remove = HFEngine.load_adapter, HFEngine.remove_adapter
+    monkeypatch.setattr(HFEngine, "load_adapter", lambda self, name, path: loaded.append(name) or load(self, name, path))
+    monkeypatch.setattr(HFEngine, "remove_adapter", lambda self, name: removed.append(name) or remove(self, name))
+    recipe = tmp_path / "rps.yaml"
+    recipe.write_text((ROOT / "recipes/rps.yaml").read_text().replace("snapshot_every: 5, pool_size: 5", "snapshot_every: 1, pool_size: 1"))
+    run = tmp_path / "run"
+    train_tiny(cli, recipe, run, 4, "--set", f"max_staleness={staleness}")
+    snapshots = [name for name in loaded if "@" in name]
+    assert snapshots == ["player@1", "player@2", "player@3", "player@4"]
+    assert removed == ["player@1", "player@2", "player@3"]
+    for step in range(1, 5):
+        for line in (run / "rollouts" / f"step-{step:06d}" / "transcripts.jsonl").read_text().splitlines():
+            assert json.loads(line)["status"] == "ok"
+
+
+def test_a_snapshot_leaves_the_engine_once_no_rollout_that_may_play_it_is_pending():
+    from types import SimpleNamespace
+
+    from orchestrator.training.loop import TrainingRun
+
+    class Task:
+        def __init__(self):
+            self.finished = False
+
+        def done(self):
+            return self.finished
+
+    removed, forgotten = [], []
+    run = TrainingRun.__new__(TrainingRun)
+    run.trainer = SimpleNamespace(opponent_adapters=lambda: ["p@2"])
+    run.engine = SimpleNamespace(remove_adapter=removed.append)
+    run.rollouts = SimpleNamespace(forget=forgotten.append)
+    run._frozen, run._retiring = {"p@1", "p@2"}, {}
+    playing, finished = Task(), Task()
+    finished.finished = True
+    run._retire([playing, finished])  # p@1 let go while the next step's rollout plays
+    assert removed == [] and run._frozen == {"p@2"}
+    run._retire([])
+    assert removed == []
+    playing.finished = True
+    run._retire([])
+    assert removed == forgotten == ["p@1"] and run._retiring == {}
