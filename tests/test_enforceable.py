@@ -30,6 +30,8 @@ def obj(**properties) -> dict:
     (obj(a={"type": "string", "pattern": '^say "[a-z]+"$'}), "literal quote or backslash"),
     (obj(a={"type": "string", "pattern": r"^C:\\[a-z]+$"}), "literal quote or backslash"),
     (obj(a={"type": "string", "pattern": "^[a-z ]{1,200}$"}), "repeats more than 128 times"),
+    (obj(a={"type": "string", "pattern": r"^(?=.*\.py$)[a-z_./]{1,20}$"}), "properties.a: constrained decoding cannot enforce the lookahead"),
+    (obj(a={"type": "string", "pattern": "^(?!x).+$"}), "cannot enforce the lookahead"),
     (obj(a={"type": "string", "minLength": 20000}), "minLength 20000 without a maxLength takes minutes"),
     ({**obj(a={"$ref": "#/$defs/n", "minimum": 3}), "$defs": {"n": {"type": "integer"}}}, "ignores minimum beside $ref"),
     ({**obj(a={"$ref": "#/$defs/n"}), "$defs": {"n": {"type": "array", "items": {"uniqueItems": True}}}},

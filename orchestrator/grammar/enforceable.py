@@ -37,6 +37,7 @@ BROKEN_FORMATS = ("email", "json-pointer", "relative-json-pointer")
 MAX_REPEAT = 128  # xgrammar's compiler fails on a regex repetition bound above this (per_rule_fsm_hashes)
 MAX_MIN_LENGTH = 100  # a minLength alone is spelled a character at a time: 200 took 7 s to compile, 2000 65 s
 _BOUNDS = re.compile(r"(?<!\\)\{(\d+)(?:,(\d*))?\}")
+_LOOKAHEAD = re.compile(r"(?<!\\)\(\?[=!]")  # xgrammar drops these (a warning on stderr), matching as if absent
 
 
 def check_enforceable(schema: Any, at: str = "") -> None:
@@ -103,6 +104,9 @@ def _check_pattern(pattern: str, where: str) -> None:
     if '"' in pattern or "\\\\" in pattern:
         raise GrammarError(f"{where}: pattern {pattern!r} matches a literal quote or backslash, which constrained "
                            "decoding would write unescaped (invalid JSON)")
+    if _LOOKAHEAD.search(pattern):
+        raise GrammarError(f"{where}: constrained decoding cannot enforce the lookahead in pattern {pattern!r} "
+                           "(xgrammar leaves it out, so replies may break it)")
     for bound in _BOUNDS.finditer(pattern):
         if max(int(bound[1]), int(bound[2] or 0)) > MAX_REPEAT:
             raise GrammarError(f"{where}: pattern {pattern!r} repeats more than {MAX_REPEAT} times, which xgrammar "
