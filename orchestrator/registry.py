@@ -58,7 +58,9 @@ class Registry:
             return self.items[kind][name].obj
         except KeyError:
             known = ", ".join(sorted(self.items[kind])) or "none"
-            raise KeyError(f"unknown {SINGULAR[kind]} plugin {name!r} (known: {known})") from None
+            # the name may be a broken plugin's: "unknown" alone sends its author to check the install
+            failed = "".join(f"; plugin {f.plugin} failed to load: {f.error}" for f in self.failures)
+            raise KeyError(f"unknown {SINGULAR[kind]} plugin {name!r} (known: {known}){failed}") from None
 
     def names(self, kind: str) -> list[str]:
         return sorted(self.items[kind])

@@ -391,6 +391,24 @@ def test_registry_get_unknown_names_known():
         Registry().get("trainers", "ppo")
 
 
+def test_an_unknown_name_says_which_plugins_failed_to_load():
+    """A trainer whose Config lets unknown keys through kept its plugin out; the recipe naming it
+    read only "unknown trainer plugin", as if the package were not installed."""
+    class Loose(Trainer):
+        Config = object
+
+        def advantages(self, rewards):
+            return rewards
+
+    registry = discover()
+    registry.add_module(plugin(register_trainers=lambda register: register("loose", Loose)), "mine", "test")
+    with pytest.raises(KeyError) as caught:
+        registry.get("trainers", "loose")
+    assert "unknown trainer plugin 'loose'" in str(caught.value)
+    assert "; plugin mine failed to load: register_trainers: TypeError: " in str(caught.value)
+    assert "Loose.Config must be a pydantic model" in str(caught.value)
+
+
 def test_plugins_table_prints_brackets_as_written(monkeypatch, capsys):
     """rich read "[...]" in an error or a source as markup: a pip extra vanished from the hint,
     and a "[/path]" raised MarkupError instead of the listing."""
