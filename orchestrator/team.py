@@ -8,9 +8,10 @@ trainable roles.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,9 +80,10 @@ def load_team(source: str | Path | Mapping[str, Any], registry: Registry | None 
 
     env_class, env_config = _load_protocol(config, doc, registry)
     roles = _load_roles(config, doc, registry)
-    for loc, name in env_config.role_refs():
-        if name not in roles:
-            raise doc.error(("protocol",) + loc, f"routes to unknown role {name!r} (team roles: {', '.join(roles)})")
+    with _plugin_code(doc, ("protocol", "type"), f"env plugin {config.protocol.type!r}: role_refs"):
+        for loc, name in env_config.role_refs():
+            if name not in roles:
+                raise doc.error(("protocol",) + loc, f"routes to unknown role {name!r} (team roles: {', '.join(roles)})")
     # a game longer than the cap would end every episode at max_turns, without a result
     if (needed := env_config.turns_needed()) is not None and needed > config.max_turns:
         raise doc.error(("max_turns",) if "max_turns" in doc.data else ("protocol",),
@@ -124,11 +126,12 @@ def _load_protocol(config: TeamConfig, doc: YamlDoc, registry: Registry) -> tupl
     except KeyError as exc:
         raise doc.error(("protocol", "type"), exc.args[0]) from None
     options = {k: v for k, v in doc.data["protocol"].items() if k != "type"}
-    try:
-        return env_class, env_class.Config.model_validate(options)
-    except ValidationError as exc:
-        loc, problem = first_error(exc, options, env_class.Config)
-        raise doc.error(("protocol", *loc), problem) from None
+    with _plugin_code(doc, ("protocol", "type"), f"env plugin {config.protocol.type!r}: its Config"):
+        try:
+            return env_class, env_class.Config.model_validate(options)
+        except ValidationError as exc:
+            loc, problem = first_error(exc, options, env_class.Config)
+            raise doc.error(("protocol", *loc), problem) from None
 
 
 def _check_training(training: TrainingConfig, roles: dict[str, RoleSpec], env_class: type[Env], doc: ErrorSite,
@@ -145,17 +148,19 @@ def _check_training(training: TrainingConfig, roles: dict[str, RoleSpec], env_cl
         except KeyError as exc:
             raise doc.error(("training", key), exc.args[0]) from None
         options = validate_model(config_model(plugin), getattr(training, f"{key}_config"), doc, ("training", f"{key}_config"))
-        try:
-            if callable(check := getattr(options, "check_roles", None)):  # a Config not derived from PluginConfig has none
-                check(list(roles))
-        except ValueError as exc:
-            raise doc.error(("training", f"{key}_config"), str(exc)) from None
+        with _plugin_code(doc, ("training", key), f"{key} plugin {getattr(training, key)!r}: check_roles"):
+            try:
+                if callable(check := getattr(options, "check_roles", None)):  # a Config not derived from PluginConfig has none
+                    check(list(roles))
+            except ValueError as exc:
+                raise doc.error(("training", f"{key}_config"), str(exc)) from None
     if not (learning := trainable_roles(roles)):
         raise doc.error(("training",), "no role learns: give one `trainable: true` and an adapter, bound to the model")
-    try:
-        build_trainer(registry.get("trainers", training.trainer), learning, training.trainer_config)
-    except ValueError as exc:
-        raise doc.error(("training", "trainer_config"), str(exc)) from None
+    with _plugin_code(doc, ("training", "trainer"), f"trainer plugin {training.trainer!r}: __init__"):
+        try:
+            build_trainer(registry.get("trainers", training.trainer), learning, training.trainer_config)
+        except ValueError as exc:
+            raise doc.error(("training", "trainer_config"), str(exc)) from None
     for where, options in [(("loss_config",), training.loss_config)] + [
             (("role_loss_config", role), options) for role, options in training.role_loss_config.items()]:
         if len(where) == 2 and where[1] not in learning:
@@ -169,6 +174,17 @@ def _check_training(training: TrainingConfig, roles: dict[str, RoleSpec], env_cl
             raise doc.error(("training", "repetition_penalty", role), f"not a role that learns (those that do: {', '.join(learning)})")
         if not weight >= 0:
             raise doc.error(("training", "repetition_penalty", role), f"must be 0 or more, got {weight}")
+
+
+@contextlib.contextmanager
+def _plugin_code(doc: ErrorSite, loc: Loc, what: str) -> Iterator[None]:
+    """A plugin's code run while the team loads: its own bug is one line naming it, not a traceback."""
+    try:
+        yield
+    except RolecastError:
+        raise
+    except Exception as exc:
+        raise doc.error(loc, f"{what} raised {type(exc).__name__}: {exc}") from None
 
 
 # Training options that may change after load (``--set``, ``rolecast.train(sets=...)``): budgets

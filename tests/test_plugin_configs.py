@@ -146,3 +146,52 @@ def test_registry_refuses_trainers_and_rewards_that_break_the_contract():
     assert "register_rewards: TypeError" in errors[0] and "forbids unknown keys" in errors[0]
     assert "register_trainers: TypeError" in errors[1] and "not a subclass of" in errors[1]
     assert "duck" not in registry.names("trainers") and "loose" not in registry.names("rewards")
+
+
+def test_a_plugin_that_raises_while_the_team_loads_is_one_line_naming_it(tmp_path):
+    """A trainer's __init__, a Config's check_roles or an env's Config raising something other than
+    the ValueError that says the team does not fit was a traceback at `rolecast validate`."""
+    from pydantic import model_validator
+
+    from orchestrator.envs.guess_number import GuessNumberConfig, GuessNumberEnv
+    from orchestrator.training.trainer import Trainer
+
+    class Broken(Trainer):
+        def __init__(self, context):
+            raise RuntimeError("boom")
+
+        def advantages(self, rewards):
+            return rewards
+
+    class Picky(PluginConfig):
+        def check_roles(self, roles):
+            raise KeyError(roles[0])
+
+    def picky(episode, roles, config):
+        return {}
+
+    picky.Config = Picky
+
+    class OddConfig(GuessNumberConfig):
+        @model_validator(mode="after")
+        def _odd(self):
+            raise TypeError("odd")
+
+    class OddEnv(GuessNumberEnv):
+        Config = OddConfig
+
+    registry = discover()
+    registry.add_module(plugin(register_trainers=lambda register: register("broken", Broken),
+                               register_rewards=lambda register: register("picky", picky),
+                               register_envs=lambda register: register("odd", OddEnv)), "mine", "test")
+    picky_reward = [("reward: hybrid", "reward: picky"), ("reward_config: {alpha: 0.6}", "reward_config: {}")]
+    for edits, line, key, problem in [
+            ([("trainer: grpo", "trainer: broken")], 34, "training.trainer", "trainer plugin 'broken': __init__ raised RuntimeError: boom"),
+            (picky_reward, 35, "training.reward", "reward plugin 'picky': check_roles raised KeyError: 'guesser'"),
+            ([("type: guess_number", "type: odd")], 13, "protocol.type", "env plugin 'odd': its Config raised TypeError: odd")]:
+        path = recipe(tmp_path, "guess_number.yaml")
+        for old, new in edits:
+            path.write_text(path.read_text().replace(old, new))
+        with pytest.raises(RolecastError) as caught:
+            load_team(path, registry)
+        assert str(caught.value) == f"{path}:{line}: {key}: {problem}"
