@@ -89,8 +89,12 @@ def load_team(source: str | Path | Mapping[str, Any], registry: Registry | None 
         raise doc.error(("max_turns",) if "max_turns" in doc.data else ("protocol",),
                         f"a whole game can take {needed} turns and max_turns is {config.max_turns}: episodes "
                         "would stop before their result (raise max_turns)")
-    for spec in roles.values():
+    for name, spec in roles.items():
         _check_template_variables(spec, env_class, env_config)
+        declared = spec.schema.get("properties")  # none at the root (a root $ref): not checked
+        if isinstance(declared, dict) and (missing := sorted(env_class.reads(env_config, name) - set(declared))):
+            raise doc.error(("protocol",), f"{env_class.__name__} reads field(s) {', '.join(missing)} of the messages of role {name!r}, "
+                            f"which its output_schema does not declare (properties: {', '.join(declared) or 'none'})")
     tasks = _load_tasks(config.tasks, doc, ("tasks",), env_class, env_config)
     eval_tasks = None
     if config.training is not None:

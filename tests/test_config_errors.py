@@ -125,6 +125,20 @@ CASES = [
     ("success-outside-order", lambda w: replace_in(w / "team.yaml", "order: [echo, reviewer]",
                                                    "order: [reviewer]\n  success: {role: echo, field: say, values: [x]}"),
      "team.yaml", 2, "protocol", "success.role ('echo') is not in order"),
+    # a field the role's schema does not declare: the loop never fired, success never came
+    ("loop-back-field-not-in-schema", lambda w: replace_in(w / "team.yaml", "order: [echo, reviewer]",
+                                                           "order: [echo, reviewer]\n  loop_back: {from: reviewer, to: echo, field: verdcit, values: [x]}"),
+     "team.yaml", 2, "protocol", "PipelineEnv reads field(s) verdcit of the messages of role 'reviewer'"),
+    # an own role written for another protocol: every episode failed with KeyError: 'example'
+    ("code-pair-field-not-in-schema", lambda w: replace_in(w / "team.yaml", "type: pipeline\n  order: [echo, reviewer]",
+                                                           "type: code_pair\n  tester: echo\n  coder: reviewer"),
+     "team.yaml", 2, "protocol", "CodePairEnv reads field(s) example of the messages of role 'echo', which its output_schema "
+                                 "does not declare (properties: say)"),
+    # a judge of one's own whose verdict is not `winner`: every debate was a silent tie
+    ("debate-judge-field-not-in-schema", lambda w: (replace_in(w / "team.yaml", "  - use: reviewer", "  - use: reviewer\n  - use: debater"),
+                                                    replace_in(w / "team.yaml", "type: pipeline\n  order: [echo, reviewer]",
+                                                               "type: debate\n  debaters: [reviewer, debater]\n  judge: echo")),
+     "team.yaml", 2, "protocol", "DebateEnv reads field(s) winner of the messages of role 'echo'"),
     ("loop-back-unknown-key", lambda w: replace_in(w / "team.yaml", "order: [echo, reviewer]",
                                                    "order: [echo, reviewer]\n  loop_back: {from: reviewer, to: echo, field: verdict, values: [x], frm: 1}"),
      "team.yaml", 5, "protocol.loop_back.frm", "unknown key (allowed: field, from, to, values)"),

@@ -139,6 +139,13 @@ class Env(ABC):
         return cls.observation_keys
 
     @classmethod
+    def reads(cls, config: EnvConfig, role: str) -> frozenset[str]:
+        """The fields of ``role``'s messages that ``step`` reads: each must be a property of the
+        role's output schema, checked when the team loads (a role written for another protocol
+        otherwise failed every episode with a KeyError, or never met a condition)."""
+        return frozenset()
+
+    @classmethod
     def task_from_cli(cls, value: str) -> dict[str, Any]:
         """The task dict for ``rolecast run --task VALUE`` (environments override the meaning); a
         ValueError for a value the environment cannot take."""

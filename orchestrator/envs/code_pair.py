@@ -105,6 +105,10 @@ class CodePairEnv(Env):
     def next_role(self) -> str | None:
         return self.order[0] if self.order else None
 
+    @classmethod
+    def reads(cls, config: CodePairConfig, role: str) -> frozenset[str]:
+        return frozenset({"example"} if role == config.tester else {"code"} if role == config.coder else ())
+
     def observe(self, role: str) -> dict[str, Any]:
         return {"spec": self.task["spec"], "example": self.example if role == self.config.coder else None}
 

@@ -76,6 +76,10 @@ class DebateEnv(Env):
     def task_from_cli(cls, value: str) -> dict[str, Any]:
         return {"topic": value}
 
+    @classmethod
+    def reads(cls, config: DebateConfig, role: str) -> frozenset[str]:
+        return frozenset({config.winner_field} if role == config.judge else ())
+
     def _stance(self, role: str) -> str:
         return str(self.roles[role].config.params.get("stance", role))
 

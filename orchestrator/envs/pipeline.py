@@ -79,6 +79,11 @@ class PipelineEnv(Env):
         self.done = False
         self.succeeded: bool | None = None
 
+    @classmethod
+    def reads(cls, config: PipelineConfig, role: str) -> frozenset[str]:
+        return frozenset(m.field for m in (config.loop_back, config.success)
+                         if m and role == (m.from_ if m is config.loop_back else m.role))
+
     def next_role(self) -> str | None:
         return None if self.done else self.config.order[self.position]
 
