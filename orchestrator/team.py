@@ -80,19 +80,23 @@ def load_team(source: str | Path | Mapping[str, Any], registry: Registry | None 
 
     env_class, env_config = _load_protocol(config, doc, registry)
     roles = _load_roles(config, doc, registry)
-    with _plugin_code(doc, ("protocol", "type"), f"env plugin {config.protocol.type!r}: role_refs"):
+    env = f"env plugin {config.protocol.type!r}"  # its hooks' own faults: one line naming the hook
+    with _plugin_code(doc, ("protocol", "type"), f"{env}: role_refs"):
         for loc, name in env_config.role_refs():
             if name not in roles:
                 raise doc.error(("protocol",) + loc, f"routes to unknown role {name!r} (team roles: {', '.join(roles)})")
-    # a game longer than the cap would end every episode at max_turns, without a result
-    if (needed := env_config.turns_needed()) is not None and needed > config.max_turns:
+    with _plugin_code(doc, ("protocol", "type"), f"{env}: turns_needed"):
+        needed = env_config.turns_needed()
+    if needed is not None and needed > config.max_turns:  # every episode would end at max_turns, without a result
         raise doc.error(("max_turns",) if "max_turns" in doc.data else ("protocol",),
                         f"a whole game can take {needed} turns and max_turns is {config.max_turns}: episodes "
                         "would stop before their result (raise max_turns)")
     for name, spec in roles.items():
-        _check_template_variables(spec, env_class, env_config)
+        with _plugin_code(doc, ("protocol", "type"), f"{env}: observes or reads"):
+            seen, read = env_class.observes(env_config, name), env_class.reads(env_config, name)
+        _check_template_variables(spec, seen, env_class.__name__)
         declared = spec.schema.get("properties")  # none at the root (a root $ref): not checked
-        if isinstance(declared, dict) and (missing := sorted(env_class.reads(env_config, name) - set(declared))):
+        if isinstance(declared, dict) and (missing := sorted(read - set(declared))):
             raise doc.error(("protocol",), f"{env_class.__name__} reads field(s) {', '.join(missing)} of the messages of role {name!r}, "
                             f"which its output_schema does not declare (properties: {', '.join(declared) or 'none'})")
     tasks = _load_tasks(config.tasks, doc, ("tasks",), env_class, env_config)
@@ -255,8 +259,9 @@ def _load_roles(config: TeamConfig, doc: YamlDoc, registry: Registry) -> dict[st
     return roles
 
 
-def _check_template_variables(spec: RoleSpec, env_class: type[Env], env_config: EnvConfig) -> None:
-    allowed = BASE_VARIABLES | env_class.observes(env_config, spec.name) | set(spec.template.environment.globals)
+def _check_template_variables(spec: RoleSpec, seen: frozenset[str], protocol: str) -> None:
+    """``spec``'s templates read only the base variables, its globals and ``seen`` (what it observes)."""
+    allowed = BASE_VARIABLES | seen | set(spec.template.environment.globals)
     unknown = sorted(set(spec.variables) - allowed)
     if not unknown:
         return
@@ -267,7 +272,7 @@ def _check_template_variables(spec: RoleSpec, env_class: type[Env], env_config: 
         line,
         key,
         f"template uses undefined variable(s) {', '.join(here)}; "
-        f"available to role {spec.name!r} with protocol {env_class.__name__}: "
+        f"available to role {spec.name!r} with protocol {protocol}: "
         f"{', '.join(sorted(allowed - set(spec.template.environment.globals)))}",
     )
 

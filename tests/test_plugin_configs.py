@@ -180,15 +180,26 @@ def test_a_plugin_that_raises_while_the_team_loads_is_one_line_naming_it(tmp_pat
     class OddEnv(GuessNumberEnv):
         Config = OddConfig
 
+    class Blind(GuessNumberEnv):
+        @classmethod
+        def observes(cls, config, role):
+            return cls.observation_keys - role  # a set less a string: a TypeError
+
+    def envs(register):
+        register("odd", OddEnv)
+        register("blind", Blind)
+
     registry = discover()
     registry.add_module(plugin(register_trainers=lambda register: register("broken", Broken),
                                register_rewards=lambda register: register("picky", picky),
-                               register_envs=lambda register: register("odd", OddEnv)), "mine", "test")
+                               register_envs=envs), "mine", "test")
     picky_reward = [("reward: hybrid", "reward: picky"), ("reward_config: {alpha: 0.6}", "reward_config: {}")]
     for edits, line, key, problem in [
             ([("trainer: grpo", "trainer: broken")], 34, "training.trainer", "trainer plugin 'broken': __init__ raised RuntimeError: boom"),
             (picky_reward, 35, "training.reward", "reward plugin 'picky': check_roles raised KeyError: 'guesser'"),
-            ([("type: guess_number", "type: odd")], 13, "protocol.type", "env plugin 'odd': its Config raised TypeError: odd")]:
+            ([("type: guess_number", "type: odd")], 13, "protocol.type", "env plugin 'odd': its Config raised TypeError: odd"),
+            ([("type: guess_number", "type: blind")], 13, "protocol.type", "env plugin 'blind': observes or reads raised "
+                                                                           "TypeError: unsupported operand type(s) for -: 'frozenset' and 'str'")]:
         path = recipe(tmp_path, "guess_number.yaml")
         for old, new in edits:
             path.write_text(path.read_text().replace(old, new))
