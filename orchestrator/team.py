@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import random
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from .errors import ConfigError, RolecastError
 from .registry import Registry, config_model, default_registry
 from .role import BASE_VARIABLES, RoleSpec, library_roles, load_role, resolve_role_path
 from .config_errors import ErrorSite, first_error, validate_model
+from .training.plugin_faults import said_as
 from .training.trainer import build_trainer
 from .yamlfile import Loc, YamlDoc, format_loc, inline_doc, load_json_lines, load_yaml
 
@@ -184,15 +185,9 @@ def _check_training(training: TrainingConfig, roles: dict[str, RoleSpec], env_cl
             raise doc.error(("training", "repetition_penalty", role), f"must be 0 or more, got {weight}")
 
 
-@contextlib.contextmanager
-def _plugin_code(doc: ErrorSite, loc: Loc, what: str) -> Iterator[None]:
+def _plugin_code(doc: ErrorSite, loc: Loc, what: str) -> contextlib.AbstractContextManager[None]:
     """A plugin's code run while the team loads: its own bug is one line naming it, not a traceback."""
-    try:
-        yield
-    except RolecastError:
-        raise
-    except Exception as exc:
-        raise doc.error(loc, f"{what} raised {type(exc).__name__}: {exc}") from None
+    return said_as(lambda said: doc.error(loc, said), what)
 
 
 # Training options that may change after load (``--set``, ``rolecast.train(sets=...)``): budgets

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from ..errors import RolecastError, RunFailed
@@ -14,14 +14,19 @@ FIX = "fix it, then --resume from the last checkpoint"
 
 
 @contextlib.contextmanager
-def blamed(kind: str, name: str, hook: str) -> Iterator[None]:
-    """An exception inside the block is the plugin's: said as such."""
+def said_as(error: Callable[[str], Exception], what: str) -> Iterator[None]:
+    """An exception inside the block (plugin code) is ``error`` of one line: "WHAT raised TYPE: TEXT"."""
     try:
         yield
     except RolecastError:
         raise
     except Exception as exc:
-        raise RunFailed(f"{kind} plugin {name!r}: {hook} raised {type(exc).__name__}: {exc}; {FIX}") from exc
+        raise error(f"{what} raised {type(exc).__name__}: {exc}") from exc
+
+
+def blamed(kind: str, name: str, hook: str) -> contextlib.AbstractContextManager[None]:
+    """An exception inside the block is the plugin's: said as such, in a training step."""
+    return said_as(lambda said: RunFailed(f"{said}; {FIX}"), f"{kind} plugin {name!r}: {hook}")
 
 
 def checked(values: list[list[Any]], roles: Iterable[str] | None, kind: str, name: str, hook: str,
