@@ -49,15 +49,19 @@ def test_an_env_kwargs_key_the_game_does_not_take_is_refused_at_load(tmp_path):
         arena(tmp_path, "TicTacToe-v0", "env_kwargs: {boardsize: 4}")
 
 
+def three_players(tmp_path, env_id: str):
+    pytest.importorskip("textarena")
+    return write(tmp_path / "team.yaml", f"""
+        name: arena
+        protocol: {{type: textarena, env_id: {env_id}, players: [p0, p1, p2]}}
+        roles: [{{use: game_player, name: p0}}, {{use: game_player, name: p1}}, {{use: game_player, name: p2}}]
+        tasks: [{{}}]
+        """)
+
+
 def test_a_player_count_the_game_refuses_is_refused_at_load(tmp_path):
     """TicTacToe-v0 with three players loaded, then every episode failed on TextArena's assertion."""
-    pytest.importorskip("textarena")
-    path = write(tmp_path / "team.yaml", """
-        name: arena
-        protocol: {type: textarena, env_id: TicTacToe-v0, players: [p0, p1, p2]}
-        roles: [{use: game_player, name: p0}, {use: game_player, name: p1}, {use: game_player, name: p2}]
-        tasks: [{}]
-        """)
+    path = three_players(tmp_path, "TicTacToe-v0")
     with pytest.raises(ConfigError, match=r"team.yaml:2: protocol: TicTacToe-v0 with 3 players failed to start: "
                                           r"AssertionError: The number of players has to be 2, received 3$"):
         load_team(path)
@@ -129,13 +133,7 @@ def test_a_one_player_game_is_won_only_when_solved(tmp_path):
 
 def test_the_winning_side_of_three_players_wins(tmp_path):
     """TextArena pays each winner +1: two winners against one loser were both called a draw."""
-    pytest.importorskip("textarena")
-    path = write(tmp_path / "team.yaml", """
-        name: arena
-        protocol: {type: textarena, env_id: ThreePlayerTicTacToe-v0, players: [p0, p1, p2]}
-        roles: [{use: game_player, name: p0}, {use: game_player, name: p1}, {use: game_player, name: p2}]
-        tasks: [{}]
-        """)
+    path = three_players(tmp_path, "ThreePlayerTicTacToe-v0")
     (ep,) = play(load_team(path), {"p0": moves("pass", "pass"), "p1": moves(), "p2": moves()}, tmp_path).episodes
     assert ep.rewards == {"p0": -1.0, "p1": 1.0, "p2": 1.0} and ep.outcome["invalid_move"] == ["p0"]
     assert ep.outcome["results"] == {"p0": "loss", "p1": "win", "p2": "win"}
