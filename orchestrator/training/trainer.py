@@ -98,7 +98,8 @@ class Trainer(ABC):
         return {}
 
     def opponent_adapters(self) -> list[str]:
-        """The snapshot names (made with ``snapshot``) that ``--resume`` loads back into the engine."""
+        """The snapshots (made with ``snapshot``) still played: ``--resume`` loads them back into the
+        engine, and one that leaves this list is unloaded (once no rollout may seat it)."""
         return []
 
     def state_dict(self) -> dict[str, Any]:
