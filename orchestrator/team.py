@@ -96,10 +96,7 @@ def load_team(source: str | Path | Mapping[str, Any], registry: Registry | None 
         with _plugin_code(doc, ("protocol", "type"), f"{env}: observes or reads"):
             seen, read = env_class.observes(env_config, name), env_class.reads(env_config, name)
         _check_template_variables(spec, seen, env_class.__name__)
-        declared = spec.schema.get("properties")  # none at the root (a root $ref): not checked
-        if isinstance(declared, dict) and (missing := sorted(read - set(declared))):
-            raise doc.error(("protocol",), f"{env_class.__name__} reads field(s) {', '.join(missing)} of the messages of role {name!r}, "
-                            f"which its output_schema does not declare (properties: {', '.join(declared) or 'none'})")
+        _check_reads(doc, env_class.__name__, spec, read)
     tasks = _load_tasks(config.tasks, doc, ("tasks",), env_class, env_config)
     eval_tasks = None
     if config.training is not None:
@@ -252,6 +249,22 @@ def _load_roles(config: TeamConfig, doc: YamlDoc, registry: Registry) -> dict[st
             raise doc.error(loc, f"duplicate role name {spec.name!r}: give one of them another `name:`")
         roles[spec.name] = spec
     return roles
+
+
+def _check_reads(doc: ErrorSite, protocol: str, spec: RoleSpec, read: Mapping[str, list[Any] | None]) -> None:
+    """The fields the protocol reads of ``spec``'s messages are properties of its schema, and the
+    values it looks for are ones their ``enum`` allows."""
+    declared = spec.schema.get("properties")
+    if not isinstance(declared, dict):  # none at the root (a root $ref): not checked
+        return
+    if missing := sorted(set(read) - set(declared)):
+        raise doc.error(("protocol",), f"{protocol} reads field(s) {', '.join(missing)} of the messages of role "
+                        f"{spec.name!r}, which its output_schema does not declare (properties: {', '.join(declared) or 'none'})")
+    for field, values in read.items():
+        allowed = declared[field].get("enum") if isinstance(declared[field], dict) else None
+        if values and isinstance(allowed, list) and (never := [v for v in values if v not in allowed]):
+            raise doc.error(("protocol",), f"{protocol} waits for {field} {', '.join(map(repr, never))} from role "
+                            f"{spec.name!r}, which its output_schema's enum never allows ({', '.join(map(repr, allowed))})")
 
 
 def _check_template_variables(spec: RoleSpec, seen: frozenset[str], protocol: str) -> None:

@@ -129,6 +129,11 @@ CASES = [
     ("loop-back-field-not-in-schema", lambda w: replace_in(w / "team.yaml", "order: [echo, reviewer]",
                                                            "order: [echo, reviewer]\n  loop_back: {from: reviewer, to: echo, field: verdcit, values: [x]}"),
      "team.yaml", 2, "protocol", "PipelineEnv reads field(s) verdcit of the messages of role 'reviewer'"),
+    # a value the field's enum never allows (`redo` for request_changes): the loop never fired
+    ("loop-back-value-not-in-enum", lambda w: replace_in(w / "team.yaml", "order: [echo, reviewer]",
+                                                         "order: [echo, reviewer]\n  loop_back: {from: reviewer, to: echo, field: verdict, values: [redo]}"),
+     "team.yaml", 2, "protocol", "PipelineEnv waits for verdict 'redo' from role 'reviewer', which its output_schema's enum "
+                                 "never allows ('approve', 'request_changes')"),
     # an own role written for another protocol: every episode failed with KeyError: 'example'
     ("code-pair-field-not-in-schema", lambda w: replace_in(w / "team.yaml", "type: pipeline\n  order: [echo, reviewer]",
                                                            "type: code_pair\n  tester: echo\n  coder: reviewer"),

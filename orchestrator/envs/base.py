@@ -139,11 +139,12 @@ class Env(ABC):
         return cls.observation_keys
 
     @classmethod
-    def reads(cls, config: EnvConfig, role: str) -> frozenset[str]:
-        """The fields of ``role``'s messages that ``step`` reads: each must be a property of the
-        role's output schema, checked when the team loads (a role written for another protocol
-        otherwise failed every episode with a KeyError, or never met a condition)."""
-        return frozenset()
+    def reads(cls, config: EnvConfig, role: str) -> dict[str, list[Any] | None]:
+        """The fields of ``role``'s messages that ``step`` reads, each with the values it looks for
+        (None: any). Checked when the team loads: each must be a property of the role's output
+        schema, and a value its ``enum`` lacks could never come (a role written for another
+        protocol otherwise failed every episode with a KeyError, or never met a condition)."""
+        return {}
 
     @classmethod
     def task_from_cli(cls, value: str) -> dict[str, Any]:

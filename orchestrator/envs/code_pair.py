@@ -106,8 +106,8 @@ class CodePairEnv(Env):
         return self.order[0] if self.order else None
 
     @classmethod
-    def reads(cls, config: CodePairConfig, role: str) -> frozenset[str]:
-        return frozenset({"example"} if role == config.tester else {"code"} if role == config.coder else ())
+    def reads(cls, config: CodePairConfig, role: str) -> dict[str, list[Any] | None]:
+        return {"example": None} if role == config.tester else {"code": None} if role == config.coder else {}
 
     def observe(self, role: str) -> dict[str, Any]:
         return {"spec": self.task["spec"], "example": self.example if role == self.config.coder else None}

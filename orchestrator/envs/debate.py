@@ -77,8 +77,8 @@ class DebateEnv(Env):
         return {"topic": value}
 
     @classmethod
-    def reads(cls, config: DebateConfig, role: str) -> frozenset[str]:
-        return frozenset({config.winner_field} if role == config.judge else ())
+    def reads(cls, config: DebateConfig, role: str) -> dict[str, list[Any] | None]:
+        return {config.winner_field: None} if role == config.judge else {}
 
     def _stance(self, role: str) -> str:
         return str(self.roles[role].config.params.get("stance", role))

@@ -80,9 +80,12 @@ class PipelineEnv(Env):
         self.succeeded: bool | None = None
 
     @classmethod
-    def reads(cls, config: PipelineConfig, role: str) -> frozenset[str]:
-        return frozenset(m.field for m in (config.loop_back, config.success)
-                         if m and role == (m.from_ if m is config.loop_back else m.role))
+    def reads(cls, config: PipelineConfig, role: str) -> dict[str, list[Any] | None]:
+        out: dict[str, list[Any] | None] = {}
+        for m in (config.loop_back, config.success):
+            if m and role == (m.from_ if m is config.loop_back else m.role):
+                out[m.field] = [*(out.get(m.field) or []), *m.values]
+        return out
 
     def next_role(self) -> str | None:
         return None if self.done else self.config.order[self.position]
