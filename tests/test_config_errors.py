@@ -134,6 +134,11 @@ CASES = [
                                                          "order: [echo, reviewer]\n  loop_back: {from: reviewer, to: echo, field: verdict, values: [redo]}"),
      "team.yaml", 2, "protocol", "PipelineEnv waits for verdict 'redo' from role 'reviewer', which its output_schema's enum "
                                  "never allows ('approve', 'request_changes')"),
+    # 40 rounds of a two-role loop take 80 turns: every episode that looped on stopped at max_turns 64
+    ("loop-back-rounds-past-max-turns", lambda w: replace_in(w / "team.yaml", "order: [echo, reviewer]",
+                                                             "order: [echo, reviewer]\n  max_rounds: 40\n"
+                                                             "  loop_back: {from: reviewer, to: echo, field: verdict, values: [approve]}"),
+     "team.yaml", 2, "protocol", "a whole game can take 80 turns and max_turns is 64"),
     # an own role written for another protocol: every episode failed with KeyError: 'example'
     ("code-pair-field-not-in-schema", lambda w: replace_in(w / "team.yaml", "type: pipeline\n  order: [echo, reviewer]",
                                                            "type: code_pair\n  tester: echo\n  coder: reviewer"),

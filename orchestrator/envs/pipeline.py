@@ -57,6 +57,11 @@ class PipelineConfig(EnvConfig):
             raise ValueError(f"loop_back.to ({lb.to}) must come before loop_back.from ({lb.from_}) in order")
         return self
 
+    def turns_needed(self) -> int:
+        lb = self.loop_back  # each round after the first goes again from its `to` to its `from`
+        loop = self.order.index(lb.from_) - self.order.index(lb.to) + 1 if lb else 0
+        return len(self.order) + (self.max_rounds - 1) * loop
+
     def role_refs(self) -> list[tuple[Loc, str]]:
         refs: list[tuple[Loc, str]] = [(("order", i), name) for i, name in enumerate(self.order)]
         if self.loop_back:

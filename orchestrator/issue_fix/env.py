@@ -58,6 +58,9 @@ class IssueFixConfig(EnvConfig):
     def role_refs(self) -> list[tuple[Loc, str]]:
         return [((key,), getattr(self, key)) for key in ("planner", "coder", "reviewer", "tester")]
 
+    def turns_needed(self) -> int:
+        return 1 + 3 * self.max_rounds  # the plan, then a Coder, Reviewer and Tester turn a round
+
 
 class IssueFixTask(TaskConfig):
     dir: StrictStr  # a task folder (tasks/<id>), loaded now: a bad one is one error, not one per episode

@@ -605,3 +605,21 @@ def test_a_module_turned_into_a_folder_is_graded_not_a_crash(tmp_path):
     g = grade_work(task, work, subprocess_runner)
     assert g.ignored == ["textkit/slug.py/x.py"] and 0 < g.passed < g.total
     assert not graded_path(task, "textkit/slug.py/x.py")
+
+
+def test_rounds_past_max_turns_are_refused_at_load(tmp_path, monkeypatch):
+    """22 rounds take 1 + 3 x 22 = 67 turns: past max_turns 64 an unapproved fix stopped unfinished."""
+    from orchestrator.errors import ConfigError
+
+    root = Path(__file__).resolve().parents[2]
+    recipe = (root / "recipes/issue_fix.yaml").read_text()
+    assert "max_rounds: 3" in recipe
+    (tmp_path / "roles").symlink_to(root / "roles")  # the recipe's prompts: ../roles/prompts/...
+    monkeypatch.chdir(root)  # its tasks: relative to the current folder
+    (tmp_path / "recipes").mkdir()
+    path = tmp_path / "recipes" / "team.yaml"
+    path.write_text(recipe.replace("max_rounds: 3", "max_rounds: 21"))
+    assert load_team(path).env_config.turns_needed() == 64
+    path.write_text(recipe.replace("max_rounds: 3", "max_rounds: 22"))
+    with pytest.raises(ConfigError, match="a whole game can take 67 turns and max_turns is 64"):
+        load_team(path)
