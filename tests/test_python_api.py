@@ -97,6 +97,14 @@ def test_run_plays_a_callable_policy_and_records_it(tmp_path):
     assert recorded["policy"] == ["guesser=python:test_python_api:binary_search"] and recorded["episodes"] == 4
 
 
+def test_a_model_dir_given_as_a_path_is_recorded_as_text(tmp_path):
+    """config.yaml could not hold a Path: the run failed at its first write, after the model loaded."""
+    result = rolecast.run(ROOT / "recipes/guess_number.yaml", episodes=1, policies={"guesser": binary_search},
+                          model=tmp_path / "model", out=tmp_path / "run", progress=False)
+    assert result.summary["status"] == {"ok": 1}
+    assert yaml.safe_load((tmp_path / "run/config.yaml").read_text())["run"]["model"] == str(tmp_path / "model")
+
+
 def test_a_call_inside_a_running_event_loop_works_as_in_a_notebook(tmp_path):
     async def cell():  # a Jupyter cell runs inside the kernel's loop: asyncio.run would refuse
         return rolecast.run(ROOT / "recipes/guess_number.yaml", episodes=2, policies={"guesser": binary_search},
@@ -170,6 +178,7 @@ def test_load_team_applies_training_options():
     (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", policies=["guesser"], out=out),
      "policies=['guesser']: must be a mapping"),
     (lambda out: rolecast.run(42, out=out), "team=42: must be a team file's path, a mapping, or a Team"),
+    (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", model=5, out=out), "--model 5: give a model name"),
     (lambda out: rolecast.train(ROOT / "recipes/guess_number.yaml", steps="2", out=out),
      "steps='2': must be a whole number above 0"),
     (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", out=Path("/proc/rolecast-run")),
