@@ -110,13 +110,13 @@ class Evaluation:
     run: RunResult
 
 
-def evaluate(team: TeamLike, *, episodes: int = 100, held_out: bool = False, opponent: str | None = None,
+def evaluate(team: TeamLike, *, episodes: int | None = None, held_out: bool = False, opponent: str | None = None,
              out: str | Path | None = None, seed: int | None = None, concurrency: int | None = None,
              policies: Policies | None = None, adapters: Mapping[str, str | Path] | None = None, progress: bool = True,
              model: str | None = None, dtype: str = "auto", engine: str = "hf", device: str = "auto",
              ray: str | None = None, rollout_workers: int | None = None) -> Evaluation:
-    """Play ``episodes`` episodes of ``team`` and report per role win/draw/loss rates with 95%
-    intervals, into ``out`` (default ``runs/eval-<team>-<time>``) with its eval.json; as
+    """Play ``episodes`` episodes of ``team`` (default 100) and report per role win/draw/loss rates
+    with 95% intervals, into ``out`` (default ``runs/eval-<team>-<time>``) with its eval.json; as
     ``rolecast eval``. ``held_out`` plays the recipe's ``training.eval_tasks``; ``opponent``
     rebinds its opponent role (``random``, ``minimax``, any builtin, ``base`` or
     ``checkpoint:PATH``); ``policies`` and ``adapters`` as for ``run``."""
@@ -149,8 +149,9 @@ def evaluate(team: TeamLike, *, episodes: int = 100, held_out: bool = False, opp
         policies_, workers = policies_and_workers(compute, team, overrides, model, seed, loaded,
                                                   {CHECKPOINT_ADAPTER: checkpoint} if checkpoint else None)
         with closed_on_error(workers):
-            options = RunOptions(episodes=episodes, seed=seed, out_dir=out_dir, concurrency=concurrency or cfg.concurrency,
-                                 episode_timeout_s=cfg.episode_timeout_s, progress=progress,
+            options = RunOptions(episodes=episodes or 100, seed=seed, out_dir=out_dir,
+                                 concurrency=concurrency or cfg.concurrency, episode_timeout_s=cfg.episode_timeout_s,
+                                 progress=progress,
                                  extra={"eval": True, "opponent": opponent, **_record(compute, model, overrides, loaded)})
             result = _sync(lambda: play(team, policies_, options, workers, overrides))
         report = {"team": team.name, "episodes": len(result.episodes), "status": result.summary["status"],

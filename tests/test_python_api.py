@@ -124,6 +124,14 @@ def test_evaluate_reports_rates_against_a_rebound_opponent(tmp_path):
     assert evaluation.run.summary["status"] == {"ok": 4}
 
 
+def test_evaluate_without_episodes_plays_its_default(tmp_path):
+    """episodes=None, as run() takes it, failed after the run dir was made: its config.yaml there
+    refused the next try."""
+    evaluation = rolecast.evaluate(ROOT / "recipes/tictactoe.yaml", episodes=None, out=tmp_path / "eval",
+                                   policies={"x": "builtin:random", "o": "builtin:random"}, progress=False)
+    assert evaluation.report["episodes"] == 100
+
+
 def test_train_then_resume_with_the_options_the_run_started_with(tmp_path):
     out = tmp_path / "train"
     trained = rolecast.train(ROOT / "recipes/guess_number.yaml", steps=1, out=out, sets=SMALL, model="tiny",

@@ -49,7 +49,7 @@ def handle(args: argparse.Namespace) -> int:
         return eval_population.handle(args, api.load_team(args.recipe))
     if ignored := [f for f, v in (("--baseline", args.baseline), ("--games-per-pair", args.games_per_pair)) if v]:
         raise RolecastError(f"{', '.join(ignored)}: only with --population RUN_DIR")
-    evaluation = api.evaluate(args.recipe, episodes=args.episodes or 100, held_out=args.held_out, opponent=args.opponent,
+    evaluation = api.evaluate(args.recipe, episodes=args.episodes, held_out=args.held_out, opponent=args.opponent,
                               out=args.out, seed=args.seed, concurrency=args.concurrency,
                               policies=parse_policy_flags(args.policy), adapters=parse_adapter_flags(args.adapter),
                               progress=not (args.no_progress or args.json), **compute_options(args))
