@@ -44,6 +44,7 @@ def load_team(source: str | Path | Mapping[str, Any], sets: Mapping[str, Any] | 
     written in code: its paths relative to the current folder), checked; ``sets`` changes training
     options as ``--set`` does (``{"group_size": 4, "adam.learning_rate": 1e-4}``), checked as the
     file's own are."""
+    _check_arguments(source=source, sets=sets)
     return with_training_options(_load_team(source), sets or {})
 
 
@@ -84,7 +85,7 @@ def run(team: TeamLike, *, episodes: int | None = None, tasks: Sequence[str | Ma
     ``fn(request) -> str``); ``adapters`` load PEFT adapter dirs under the names the roles play.
     The result holds the run dir, the summary (summary.json) and every episode's record."""
     _check_arguments(team=team, episodes=episodes, concurrency=concurrency, timeout=timeout, seed=seed, tasks=tasks,
-                     policies=policies, adapters=adapters)
+                     policies=policies, adapters=adapters, out=out)
     team = _team(team)
     if tasks is not None:
         team = dataclasses.replace(team, tasks=[_task(team, t) for t in tasks])
@@ -125,7 +126,7 @@ def evaluate(team: TeamLike, *, episodes: int | None = None, held_out: bool = Fa
     from .evaluation import CHECKPOINT_ADAPTER, bind_opponent, blind_random_roles, evaluate as rates
 
     _check_arguments(team=team, episodes=episodes, concurrency=concurrency, seed=seed, policies=policies,
-                     adapters=adapters)
+                     adapters=adapters, out=out, opponent=opponent)
     team = _team(team)
     if held_out:
         if team.eval_tasks is None:
@@ -177,7 +178,7 @@ def train(recipe: TeamLike, *, steps: int | None = None, out: str | Path | None 
     train``. ``sets`` changes training options (``{"group_size": 4}``); ``resume`` continues the
     run in ``out`` from its last checkpoint, with the model, seed and steps it was started with
     unless given."""
-    _check_arguments(recipe=recipe, steps=steps, seed=seed, sets=sets)
+    _check_arguments(recipe=recipe, steps=steps, seed=seed, sets=sets, out=out)
     team = with_training_options(_team(recipe), sets or {})
     steps = steps_given(team, sets or {}, steps)
     if resume and out is None:
@@ -318,9 +319,20 @@ def _check_arguments(**given: Any) -> None:
         elif name == "tasks":
             ok, want = isinstance(value, Sequence) and not isinstance(value, str) and len(value) > 0, \
                 "a list of one or more tasks (text as --task reads it, or mappings)"
-        elif name in ("team", "recipe"):
+        elif name in ("team", "recipe", "source"):
             ok, want = isinstance(value, (str, os.PathLike, Mapping, Team)), "a team file's path, a mapping, or a Team"
-        else:  # policies, adapters, sets
+        elif name == "out":
+            ok, want = isinstance(value, (str, os.PathLike)), "a folder's path"
+        elif name == "opponent":
+            ok, want = isinstance(value, str), "text, as --opponent reads it"
+        elif name == "policies":
+            ok, want = isinstance(value, Mapping) and all(isinstance(k, str) for k in value), \
+                "a mapping of role names to bindings"
+        elif name == "adapters":
+            ok, want = isinstance(value, Mapping) and all(
+                isinstance(k, str) and isinstance(v, (str, os.PathLike)) for k, v in value.items()), \
+                "a mapping of names to adapter dirs"
+        else:  # sets
             ok, want = isinstance(value, Mapping), "a mapping"
         if not ok:
             raise RolecastError(f"{name}={value!r}: must be {want}")
