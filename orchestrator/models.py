@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -231,6 +232,9 @@ def _tiny_model(tokenizer: PreTrainedTokenizerBase, seed: int) -> LlamaForCausal
         eos_token_id=tokenizer.eos_token_id,
         tie_word_embeddings=True,
     )
-    with torch.random.fork_rng():
+    with _TINY_INIT, torch.random.fork_rng():  # the global RNG: two loads at once (API calls in threads) mix draws
         torch.manual_seed(seed)
         return LlamaForCausalLM(config)
+
+
+_TINY_INIT = threading.Lock()

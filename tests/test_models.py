@@ -39,6 +39,16 @@ def test_a_local_dir_loads(tmp_path):
     assert torch.equal(loaded.model.lm_head.weight, tiny.model.lm_head.weight)
 
 
+def test_the_tiny_model_loaded_in_threads_at_once_has_its_seeds_weights():
+    """Its weights come from the global RNG: API calls in threads loaded it with each other's draws."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    weight = load_model("tiny", dtype="float32", seed=3).model.lm_head.weight
+    with ThreadPoolExecutor(4) as pool:
+        loaded = list(pool.map(lambda _: load_model("tiny", dtype="float32", seed=3), range(4)))
+    assert all(torch.equal(m.model.lm_head.weight, weight) for m in loaded)
+
+
 def test_a_cached_hub_id_loads_offline(hub_cache):
     cache_model(hub_cache, "someorg/tiny-llama")
     loaded = load_model("someorg/tiny-llama", dtype="float32")
