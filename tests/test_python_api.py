@@ -113,6 +113,23 @@ def test_a_call_inside_a_running_event_loop_works_as_in_a_notebook(tmp_path):
     assert asyncio.run(cell()).summary["status"] == {"ok": 2}
 
 
+def test_a_run_whose_openai_requests_failed_leaves_no_threads(tmp_path):
+    """A failed request's traceback kept the policy in a reference cycle: its threads outlived the run."""
+    import socket
+    import threading
+
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{unused.getsockname()[1]}/v1"  # nothing listens: connection refused
+    result = rolecast.run(ROOT / "recipes/guess_number.yaml", episodes=2, policies={"guesser": f"openai:base@{url}"},
+                          out=tmp_path / "run", progress=False)
+    assert result.summary["status"] == {"error": 2}
+    for thread in threading.enumerate():
+        if thread.name.startswith("openai-policy"):
+            thread.join(5)
+            assert not thread.is_alive()
+
+
 def test_evaluate_reports_rates_against_a_rebound_opponent(tmp_path):
     evaluation = rolecast.evaluate(ROOT / "recipes/tictactoe.yaml", episodes=4, opponent="minimax",
                                    policies={"x": "builtin:minimax"}, out=tmp_path / "eval", progress=False)

@@ -56,6 +56,11 @@ class OpenAIPolicy:
         # 6 of 32 episodes' requests reach the server at once, and the rest timed out in its queue.
         self.threads = ThreadPoolExecutor(max_workers=1024, thread_name_prefix="openai-policy")
 
+    def close(self) -> None:
+        """Let its threads end once idle: a failed request's traceback keeps the policy in a reference
+        cycle, and its threads waited for the garbage collector."""
+        self.threads.shutdown(wait=False)
+
     async def __call__(self, request: PolicyRequest) -> PolicyOutput:
         s = request.sampling
         body = {"model": self.model, "messages": request.messages, "temperature": s.temperature, "top_p": s.top_p,
