@@ -352,7 +352,15 @@ def _sync(work: Callable[[], Coroutine[Any, Any, T]]) -> T:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(work())
+        kept: list[T] = []
+
+        async def keep() -> None:
+            kept.append(await work())
+
+        # the main task ends with no result: asyncio.run's SIGINT restore reprs that task (signal's
+        # enum lookup of the handler), and its result in full: every episode's record, seconds a big run
+        asyncio.run(keep())
+        return kept[0]
     started: concurrent.futures.Future = concurrent.futures.Future()
 
     async def main() -> T:

@@ -105,6 +105,16 @@ def test_a_model_dir_given_as_a_path_is_recorded_as_text(tmp_path):
     assert yaml.safe_load((tmp_path / "run/config.yaml").read_text())["run"]["model"] == str(tmp_path / "model")
 
 
+def test_a_run_never_writes_out_its_result_whole(tmp_path, monkeypatch):
+    # asyncio.run's SIGINT restore reprs its main task, result and all: every record of a big run
+    written = []
+    monkeypatch.setattr(rolecast.RunResult, "__repr__", lambda self: written.append(self) or "RunResult")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # else asyncio.run installs no handler
+    rolecast.run(ROOT / "recipes/guess_number.yaml", episodes=2, policies={"guesser": binary_search},
+                 out=tmp_path / "run", progress=False)
+    assert written == []
+
+
 def test_a_call_inside_a_running_event_loop_works_as_in_a_notebook(tmp_path):
     async def cell():  # a Jupyter cell runs inside the kernel's loop: asyncio.run would refuse
         return rolecast.run(ROOT / "recipes/guess_number.yaml", episodes=2, policies={"guesser": binary_search},
