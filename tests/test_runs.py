@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from support import no_engine, write
+from orchestrator.policies.base import PolicyRequest
 from orchestrator.policies.binding import Binding
 from orchestrator.policies.python import PythonPolicy
 from orchestrator.rollout import RunOptions, build_policies, run_team
@@ -132,6 +133,39 @@ def test_a_replay_plays_an_episode_id_again_from_the_start(tmp_path):
     for name in ("a", "b"):
         result = asyncio.run(run_team(team, policies, RunOptions(episodes=2, seed=0, out_dir=tmp_path / name, progress=False)))
         assert [e.status for e in result.episodes] == ["ok", "ok"], result.episodes[0].error
+
+
+def test_a_replay_request_reads_its_own_lines_not_the_whole_file(tmp_path, monkeypatch):
+    # a file of every episode of a big run: each request scanned every line, O(episodes^2) per run
+    import orchestrator.policies.replay as replay
+
+    reads = [0]
+
+    class Line(dict):
+        def __getitem__(self, key):
+            reads[0] += 1
+            return super().__getitem__(key)
+
+        def get(self, key, default=None):
+            reads[0] += 1
+            return super().get(key, default)
+
+    loaded = replay.load_json_lines
+    monkeypatch.setattr(replay, "load_json_lines", lambda path: ((n, Line(v)) for n, v in loaded(path)))
+    episodes = 300
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps({"role": "pro", "episode": e, "text": str(e)}) + "\n" for e in range(episodes))
+                    + json.dumps({"role": "pro", "text": "any"}) + "\n")
+    policy = replay.ReplayPolicy(path)
+    reads[0] = 0
+
+    async def play():
+        return [(await policy(PolicyRequest(role="pro", episode=f"x-{e}", episode_index=e, turn=turn, attempt=0,
+                                            messages=[], context={}, sampling=None, adapter=None, seed=0))).text
+                for e in reversed(range(episodes)) for turn in range(2)]
+
+    assert asyncio.run(play()) == [text for e in reversed(range(episodes)) for text in (str(e), "any")]  # the file's order
+    assert reads[0] < 10 * episodes
 
 
 def test_episode_timeout_keeps_partial_transcript(tmp_path):

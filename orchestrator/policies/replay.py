@@ -5,7 +5,9 @@ lines with an ``"episode": N`` key are used only by the episode with that index.
 """
 from __future__ import annotations
 
+import heapq
 from pathlib import Path
+from typing import Any
 
 from ..errors import ConfigError, PolicyError
 from ..yamlfile import load_json_lines
@@ -20,15 +22,21 @@ class ReplayPolicy:
             if not isinstance(line, dict) or not isinstance(line.get("role"), str) or not isinstance(line.get("text"), str):
                 raise ConfigError(self.path, n, "(line)", 'each line needs "role" and "text" strings')
             self.lines.append(line)
+        # role -> its lines for every episode, and per episode index its own, each as (line number, line):
+        # a request reads only its own, not the whole file (a file of every episode of a big run)
+        self.by_role: dict[str, tuple[list, dict[Any, list]]] = {}
+        for n, line in enumerate(self.lines):
+            if isinstance(line.get("episode"), (list, dict)):  # equals no episode index: never played
+                continue
+            shared, own = self.by_role.setdefault(line["role"], ([], {}))
+            (own.setdefault(line["episode"], []) if "episode" in line else shared).append((n, line))
         # (episode id, role) -> (turn, attempt) of its last request, lines used
         self.cursors: dict[tuple[str, str], tuple[tuple[int, int], int]] = {}
 
     async def __call__(self, request: PolicyRequest) -> PolicyOutput:
         key = (request.episode, request.role)
-        mine = [
-            line for line in self.lines
-            if line["role"] == request.role and line.get("episode", request.episode_index) == request.episode_index
-        ]
+        shared, own = self.by_role.get(request.role, ([], {}))
+        mine = [line for _, line in heapq.merge(shared, own.get(request.episode_index, []))]  # in the file's order
         at = (request.turn, request.attempt)
         last, i = self.cursors.get(key, (at, 0))
         if at <= last:  # the episode's id played again (a training run's evaluations reuse theirs): from the start
