@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -188,6 +189,16 @@ def test_plugins_lists_third_party_and_broken_plugin(plugin_site):
     assert failed["aaa"]["error"] == "register_policies: ValueError: policy 'random' is already registered by plugin 'games'"
     table = rolecast(plugin_site, "plugins")
     assert table.returncode == 0 and "needs libfoo 2.0" in table.stdout and "always-heads" in table.stdout
+
+
+def test_plugins_table_into_a_closed_pipe_exits_141():
+    """The tables of `plugins`, `run` and `eval` are rich's: its broken-pipe handler exited 1, which
+    says the run failed, where `rolecast run ... | head -1` had done its work."""
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "plugins"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader is gone before the command writes
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 128 + signal.SIGPIPE and err == "", err
 
 
 def test_a_plugin_adds_a_command(plugin_site):

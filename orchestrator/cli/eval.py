@@ -10,7 +10,7 @@ from typing import Any
 from ..errors import RolecastError
 from .flags import (
     add_episode_flags, add_model_flags, add_policy_flag, add_ray_flags, compute_options, exit_code, parse_adapter_flags,
-    parse_policy_flags, positive_int,
+    parse_policy_flags, positive_int, stdout_console,
 )
 
 
@@ -61,7 +61,6 @@ def handle(args: argparse.Namespace) -> int:
 
 
 def print_report(report: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     title = f"{report['team']}: {report['episodes']} episodes {report['status']}"
@@ -76,7 +75,7 @@ def print_report(report: dict[str, Any]) -> None:
             f"{e['mean_reward']:.3f}" + ("" if e["reward_ci95"] is None else f" ±{e['reward_ci95']:.3f}")
         table.add_row(name, report["bindings"][name], f"{e['win']}-{e['draw']}-{e['loss']}", f"{e['win_rate']:.3f}",
                       f"{lo:.3f}-{hi:.3f}", reward)
-    console = Console()
+    console = stdout_console()
     console.print(table)
     if report["env"]:
         console.print(", ".join(f"{k} {v}" for k, v in report["env"].items()), highlight=False)

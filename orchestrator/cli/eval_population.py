@@ -14,6 +14,7 @@ from typing import Any
 
 from ..errors import RolecastError
 from ..launch import claimed, recorded_run, run_dir
+from .flags import stdout_console
 
 
 def handle(args: argparse.Namespace, team: Any) -> int:
@@ -110,7 +111,6 @@ def trained_with(run: Path, team: Any) -> dict[str, Any]:
 
 
 def print_report(report: dict[str, Any], out: Path) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     names = [e["name"] for e in report["entrants"]]
@@ -122,7 +122,7 @@ def print_report(report: dict[str, Any], out: Path) -> None:
         scores = [s for s in report["score"][name].values() if s is not None]
         ci = f"{r['ci95'][0]:.0f}-{r['ci95'][1]:.0f}" if r["ci95"] else "-"
         table.add_row(name, f"{r['elo']:.0f}", ci, f"{sum(scores) / len(scores):.3f}" if scores else "-")
-    console = Console()
+    console = stdout_console()
     console.print(table)
     nt = report["non_transitivity"]
     console.print(f"3-cycles in the win graph: {nt['cyclic_triads']} of {nt['decided_triads']} decided triads; "

@@ -115,6 +115,18 @@ def exit_code(result: Any) -> int:
     return 0
 
 
+def stdout_console() -> Any:
+    """A rich Console on stdout whose broken pipe (``| head -1``) reaches ``main`` (exit 141): rich's own
+    handler exits 1, which says the run failed."""
+    from rich.console import Console
+
+    class PipedConsole(Console):
+        def on_broken_pipe(self) -> None:
+            raise BrokenPipeError
+
+    return PipedConsole()
+
+
 def add_training_flags(p: argparse.ArgumentParser) -> None:
     """--model, --dtype, --engine, --device, --set, --seed, --no-progress and the Ray flags: how a
     command trains."""

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from ..registry import SINGULAR, default_registry
+from .flags import stdout_console
 
 
 def register(sub: Any) -> None:
@@ -15,7 +16,6 @@ def register(sub: Any) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
@@ -29,7 +29,7 @@ def handle(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"registered": rows, "failed": failures}))
         return 0
-    console = Console()
+    console = stdout_console()
     table = Table(title="rolecast plugins")
     for col in ("plugin", "kind", "name", "source"):
         table.add_column(col)

@@ -9,7 +9,7 @@ from typing import Any
 
 from .flags import (
     add_episode_flags, add_model_flags, add_policy_flag, add_ray_flags, compute_options, exit_code, parse_adapter_flags,
-    parse_policy_flags, positive_float, positive_int,
+    parse_policy_flags, positive_float, positive_int, stdout_console,
 )
 
 
@@ -43,7 +43,6 @@ def handle(args: argparse.Namespace) -> int:
 
 
 def print_summary(summary: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"{summary['team']}: {summary['episodes']} episodes  {summary['status']}")
@@ -53,7 +52,7 @@ def print_summary(summary: dict[str, Any]) -> None:
         ci = "" if r["reward_ci95"] is None else f"{r['reward_ci95']:.3f}"
         mean = "-" if r["mean_reward"] is None else f"{r['mean_reward']:.3f}"  # None: every episode failed
         table.add_row(name, mean, ci, str(r["turns"]), str(r["invalid_turns"]), str(r["retries"]))
-    console = Console()
+    console = stdout_console()
     console.print(table)
     console.print(
         f"valid turns {summary['valid_turn_rate']}, first-try valid {summary['first_try_valid_rate']}, "
