@@ -61,6 +61,7 @@ def handle(args: argparse.Namespace) -> int:
 
 
 def print_report(report: dict[str, Any]) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     title = f"{report['team']}: {report['episodes']} episodes {report['status']}"
@@ -73,13 +74,14 @@ def print_report(report: dict[str, Any]) -> None:
         lo, hi = e["win_ci95"]
         reward = "-" if e["mean_reward"] is None else \
             f"{e['mean_reward']:.3f}" + ("" if e["reward_ci95"] is None else f" ±{e['reward_ci95']:.3f}")
-        table.add_row(name, report["bindings"][name], f"{e['win']}-{e['draw']}-{e['loss']}", f"{e['win_rate']:.3f}",
-                      f"{lo:.3f}-{hi:.3f}", reward)
+        table.add_row(name, escape(report["bindings"][name]), f"{e['win']}-{e['draw']}-{e['loss']}",
+                      f"{e['win_rate']:.3f}", f"{lo:.3f}-{hi:.3f}", reward)
     console = stdout_console()
     console.print(table)
     if report["env"]:
         console.print(", ".join(f"{k} {v}" for k, v in report["env"].items()), highlight=False)
-    console.print(f"win rate = success rate in one-player games; run dir: {report['run_dir']}", highlight=False)
+    # not markup: a path (runs/exp[lr=1e-4]) lost its "[...]" or raised a MarkupError after the run
+    console.print(f"win rate = success rate in one-player games; run dir: {report['run_dir']}", highlight=False, markup=False)
     if report["illegal_baseline"]:
         console.print(f"not a baseline: builtin:random ({', '.join(report['illegal_baseline'])}) cannot see this game's "
                       "legal moves", highlight=False)

@@ -126,4 +126,4 @@ def print_report(report: dict[str, Any], out: Path) -> None:
     console.print(table)
     nt = report["non_transitivity"]
     console.print(f"3-cycles in the win graph: {nt['cyclic_triads']} of {nt['decided_triads']} decided triads; "
-                  f"written: {out / 'population.json'}", highlight=False)
+                  f"written: {out / 'population.json'}", highlight=False, markup=False)

@@ -38,6 +38,16 @@ def test_eval_prints_a_table(cli, tmp_path):
     assert (tmp_path / "ev" / "eval.json").is_file()
 
 
+def test_eval_table_prints_a_run_dir_with_brackets_as_it_is(cli, tmp_path):
+    """rich read the run dir as markup: "exp[lr=1e-4]" was printed as "exp", and "[/x]" was a
+    MarkupError traceback after every episode had been played."""
+    out_dir = tmp_path / "exp[lr=1e-4][/x]"
+    code, out, err = cli("eval", ROOT / "recipes/rps.yaml", "--episodes", "2", "--policy", "alice=builtin:random",
+                         "--policy", "bob=builtin:random", "--out", out_dir, "--no-progress")
+    assert code == 0, err
+    assert f"run dir: {out_dir}" in out.replace("\n", ""), out  # rich folds a long line at 80 columns
+
+
 def test_eval_json_success_rate(cli, tmp_path):
     code, out, err = cli("eval", ROOT / "recipes/guess_number.yaml", "--episodes", "25", "--json",
                          "--policy", "guesser=builtin:binary-search", "--out", tmp_path / "ev")
