@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 from pathlib import Path
 
@@ -61,6 +62,28 @@ def test_a_reply_cut_by_max_tokens_gets_the_templates_closing(loaded):
     prev = attempt(tok, text, tok.encode(text, add_special_tokens=False), finish="length")
     ids = continuation_ids(tok, later(text), prev)
     assert ids == chat_prompt_ids(tok, later(text))
+
+
+def test_an_empty_reply_cut_by_max_tokens_gets_the_templates_closing(loaded):
+    """The reply is looked for where the template writes it: searched for, "" was found at the end
+    of the closing, and the next user turn followed the reply without an end of turn."""
+    tok = loaded.tokenizer
+    prev = attempt(tok, "", [tok.convert_tokens_to_ids("<|endoftext|>")] * 2, finish="length")  # special: no text
+    ids = continuation_ids(tok, later(""), prev)
+    n = len(prev.prompt_ids)
+    assert ids == prev.prompt_ids + prev.token_ids + chat_prompt_ids(tok, later(""))[n:]
+
+
+def test_no_continuation_where_the_template_trims_the_reply(loaded):
+    """Llama 3's template trims a message: the reply's text is not in the chat, though the same
+    text is in an earlier message; the continuation once took that message's tail for the closing."""
+    tok = copy.deepcopy(loaded.tokenizer)
+    tok.chat_template = tok.chat_template.replace("message['content']", "message['content'] | trim")
+    messages = MESSAGES[:1] + [{"role": "user", "content": "Is it 8? Say yes or no."}]
+    prev = make_attempt(chat_prompt_ids(tok, messages), tok.encode("yes ", add_special_tokens=False), text="yes ",
+                        messages=messages, finish_reason="length")
+    later_messages = messages + [{"role": "assistant", "content": "yes "}, {"role": "user", "content": "It is not."}]
+    assert continuation_ids(tok, later_messages, prev) is None
 
 
 def test_no_continuation_for_stop_strings_or_other_shapes(loaded):

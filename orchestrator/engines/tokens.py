@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
+_PLACEHOLDER = "\ue000reply\ue000"  # private-use characters: no template changes them, no chat holds them
+
 
 def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
     """The chat rendered with the model's template, ending with the assistant's turn header."""
@@ -28,10 +30,14 @@ def continuation_ids(tokenizer: Any, messages: list[dict[str, str]], previous: A
         return None
     head = tokenizer.apply_chat_template(messages[: k + 1], add_generation_prompt=False, tokenize=False)
     full = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    at = head.rfind(previous.text)
-    if at < 0 or not full.startswith(head):
+    # Where the template writes the reply, from a placeholder in its place: searched for in the chat,
+    # an empty reply was found in the closing, one the template trims in an earlier message.
+    placeholder = {"role": "assistant", "content": _PLACEHOLDER}
+    before, found, after = tokenizer.apply_chat_template(messages[:k] + [placeholder], add_generation_prompt=False,
+                                                         tokenize=False).partition(_PLACEHOLDER)
+    if not found or head != before + previous.text + after or not full.startswith(head):
         return None
-    closing = tokenizer.encode(head[at + len(previous.text):], add_special_tokens=False)  # e.g. <|im_end|> \n
+    closing = tokenizer.encode(after, add_special_tokens=False)  # e.g. <|im_end|> \n
     if previous.finish_reason == "eos":  # the sampled end of turn is the template's closing token
         if not closing or closing[0] != previous.token_ids[-1]:
             return None
