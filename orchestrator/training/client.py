@@ -478,7 +478,11 @@ class TrainingClient:
         """Write the adapter in PEFT's format; return what was written (weights, config)."""
         state, config = self.adapter_state(), self._config()
         folder.mkdir(parents=True, exist_ok=True)
-        save_file(state, str(folder / "adapter_model.safetensors"))
+        # renamed into place: a sampler dir rewritten at each checkpoint keeps its last whole weights
+        # through a kill, and an engine or worker loading it meanwhile reads those
+        tmp = folder / ".adapter_model.safetensors.tmp"
+        save_file(state, str(tmp))
+        os.replace(tmp, folder / "adapter_model.safetensors")
         (folder / "adapter_config.json").write_text(json.dumps(config, indent=2, default=str))
         return state, config
 

@@ -89,6 +89,42 @@ def test_the_engine_takes_each_steps_weights_and_the_sampler_dir_is_written_at_c
         assert final.keys() == sampler.keys() and all(torch.equal(final[k], sampler[k]) for k in final)
 
 
+def test_a_kill_while_the_sampler_dir_is_written_leaves_its_last_weights_whole(tmp_path, monkeypatch):
+    """The sampler dir is the run's trained adapter (`--adapter pro=RUN/sampler/pro`), and what
+    engines and rollout workers load from disk: a process killed while it rewrote it at a checkpoint
+    left half a safetensors file there ("incomplete metadata") until a --resume."""
+    import orchestrator.training.client as client_module
+    from orchestrator.training.client import ServiceClient
+    from orchestrator.training.types import LoraConfig
+
+    class Killed(Exception):
+        pass
+
+    service = ServiceClient("tiny")
+    try:
+        client = service.create_lora_training_client("pro", LoraConfig(rank=2))
+        folder = tmp_path / "sampler" / "pro"
+        client.save_weights(folder).result()
+        before = load_file(str(folder / "adapter_model.safetensors"))
+        save = client_module.save_file
+
+        def killed(tensors, filename):  # half the file on disk, then the process dies
+            save(tensors, filename)
+            Path(filename).write_bytes(Path(filename).read_bytes()[:100])
+            raise Killed
+
+        monkeypatch.setattr(client_module, "save_file", killed)
+        with torch.no_grad():
+            for param in client.lora_params():
+                param.add_(1.0)
+        with pytest.raises(Killed):
+            client.save_weights(folder).result()
+        after = load_file(str(folder / "adapter_model.safetensors"))
+        assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    finally:
+        service.close()
+
+
 def test_sigkill_then_resume_continues_after_the_last_checkpoint(tmp_path):
     run = tmp_path / "run"
     path = recipe(tmp_path, 4)
