@@ -80,7 +80,12 @@ def check_start(team: Team, run_dir: Path, resume: bool) -> None:
             raise RolecastError(f"{run_dir} already holds a training run: add --resume to continue it, "
                                 "or give another --out")
         if (run_dir / "config.yaml").exists():
-            raise RolecastError(f"{run_dir} already holds a run (its config.yaml): give another --out")
+            try:  # a training run killed before its first row: --resume starts it again from step 0
+                stopped = "recipe" in (recorded_run(run_dir) or {})
+            except RolecastError:
+                stopped = False
+            raise RolecastError(f"{run_dir} already holds a run (its config.yaml): give another --out" +
+                                (", or add --resume: it stopped before its first step" if stopped else ""))
 
 
 class TrainingRun:

@@ -498,10 +498,14 @@ def test_resume_edges(cli, tmp_path):
     assert code == 2 and "holds no training run (no config.yaml)" in err, err
     assert not (tmp_path / "empty").exists()  # refused before anything made it
 
-    write(tmp_path / "played" / "config.yaml", "recipe: {}\n")  # as `rolecast run` leaves it: not overwritten
+    write(tmp_path / "played" / "config.yaml", "team: {}\n")  # as `rolecast run` leaves it: not overwritten
     code, _, err = cli("train", recipe, "--out", tmp_path / "played", "--model", "tiny")
-    assert code == 2 and "already holds a run (its config.yaml): give another --out" in err, err
-    assert (tmp_path / "played" / "config.yaml").read_text() == "recipe: {}\n"
+    assert code == 2 and err.strip().endswith("already holds a run (its config.yaml): give another --out"), err
+    assert (tmp_path / "played" / "config.yaml").read_text() == "team: {}\n"
+    # a training run killed before its first row (no metrics yet): --resume would start it again
+    write(tmp_path / "killed" / "config.yaml", "recipe: {}\nrun: {seed: 0}\n")
+    code, _, err = cli("train", recipe, "--out", tmp_path / "killed", "--model", "tiny")
+    assert code == 2 and "give another --out, or add --resume: it stopped before its first step" in err, err
     played = write(tmp_path / "ran" / "config.yaml", "team: {name: guess_number}\nrun: {episodes: 2, model: tiny}\n")
     code, _, err = cli("train", recipe, "--out", tmp_path / "ran", "--resume", "--no-progress", "--dtype", "float32",
                        *SMALL_TRAINING, "--steps", "1")  # as `rolecast run` leaves it: nothing to resume, kept
