@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from pydantic import ValidationError
+
 from .config import SEED_MAX
 from .errors import RolecastError
 from .launch import (Compute, adapter_dirs, bindings, claimed, closed_on_error, play, policies_and_workers,
@@ -212,11 +214,11 @@ def as_started(team: Team, out: Path, compute: Compute, seed: int | None,
     for flag, given in (("model", compute.model), ("seed", seed)):
         if flag in then_run and given is not None and given != then_run[flag]:
             raise RolecastError(f"--resume: {out} was started with --{flag} {then_run[flag]}; this command gives {given}")
-    then, now = _learnt_from(recipe), _learnt_from(team.resolved())
+    then, now = _learnt_from(recipe, team), _learnt_from(team.resolved(), team)
     if (loc := _first_change(then, now)) is not None:
         was, has = then, now
         for part in loc:
-            was, has = was[part], has[part]
+            was, has = [v.get(part, _UNSET) if isinstance(v, dict) else v[part] for v in (was, has)]
         shown = [text if len(text := repr(v)) < 60 else text[:57] + "..." for v in (was, has)]
         raise RolecastError(f"--resume: {out} was started with {format_loc(loc)} = {shown[0]}, this command has "
                             f"{shown[1]}: resume with the recipe and --set flags it was started with")
@@ -226,10 +228,26 @@ def as_started(team: Team, out: Path, compute: Compute, seed: int | None,
             then_run.get("seed") if seed is None else seed, steps or then_run.get("steps"))
 
 
-def _learnt_from(recipe: Mapping[str, Any]) -> dict[str, Any]:
-    """What a resumed run must share with the run it continues: the protocol, roles, tasks and training
-    options, less the steps (which may extend it) and the roles' template paths (a moved checkout)."""
+class _Unset:
+    def __repr__(self) -> str:
+        return "(not set)"
+
+
+_UNSET = _Unset()
+
+
+def _learnt_from(recipe: Mapping[str, Any], team: Team) -> dict[str, Any]:
+    """What a resumed run must share with the run it continues: the protocol (its defaults filled in:
+    a key deleted since falls back to one), roles, tasks and training options, less the steps
+    (which may extend it) and the roles' template paths (a moved checkout)."""
     out = {k: recipe[k] for k in ("protocol", "roles", "tasks", "max_turns", "training") if k in recipe}
+    protocol = out.get("protocol")
+    if isinstance(protocol, dict) and protocol.get("type") == team.config.protocol.type:
+        try:
+            options = team.env_class.Config.model_validate({k: v for k, v in protocol.items() if k != "type"})
+            out["protocol"] = {"type": protocol["type"], **options.model_dump(mode="json", by_alias=True)}
+        except ValidationError:  # options this code refuses (the run's own, from an older rolecast): as written
+            pass
     if isinstance(out.get("roles"), list):
         out["roles"] = [{k: v for k, v in r.items() if k not in ("prompt", "followup")} if isinstance(r, dict) else r
                         for r in out["roles"]]
@@ -239,9 +257,12 @@ def _learnt_from(recipe: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _first_change(then: Any, now: Any, loc: tuple = ()) -> tuple | None:
-    """Where recorded ``then`` and ``now`` first differ; a key one side lacks is an option newer than
-    the run (or gone since), with nothing to compare it with."""
+    """Where recorded ``then`` and ``now`` first differ. In the protocol, the tasks and a role's
+    params a key one side lacks is an edit; elsewhere (options the code fills in) it is an option
+    newer than the run, or gone since, with nothing to compare it with."""
     if isinstance(then, dict) and isinstance(now, dict):
+        if (loc[:1] in (("protocol",), ("tasks",)) or "params" in loc) and (odd := sorted(set(then) ^ set(now), key=str)):
+            return loc + (odd[0],)
         return next((c for k in then if k in now and (c := _first_change(then[k], now[k], loc + (k,)))), None)
     if isinstance(then, list) and isinstance(now, list) and len(then) == len(now):
         return next((c for i, pair in enumerate(zip(then, now)) if (c := _first_change(*pair, loc + (i,)))), None)

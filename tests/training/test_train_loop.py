@@ -293,7 +293,11 @@ def test_resume_refuses_a_recipe_edited_since_the_run_started(tmp_path):
     for old, new, words in (("turns: 5", "turns: 2", "protocol.turns = 5, this command has 2"),
                             ("name: guesser\n", "name: guesser\n    policy: {adapter: other}\n",
                              "roles[0].policy.adapter = 'guesser', this command has 'other'"),
-                            ("{secret: 16}]", "{secret: 16}, {secret: 3}]", "tasks = [{'secret': 1}, ")):
+                            ("{secret: 16}]", "{secret: 16}, {secret: 3}]", "tasks = [{'secret': 1}, "),
+                            # a protocol key deleted: its default (consistent) is not what the run had
+                            ("  process: halving ", "  # process: halving ", "protocol.process = 'halving', this command has 'consistent'"),
+                            # a task key deleted (the env then draws the secret): compared key by key
+                            ("{secret: 16}]", "{}]", "tasks[11].secret = 16, this command has (not set)")):
         edited = write(tmp_path / "recipes" / "guess_number.yaml", text.replace(old, new))
         with pytest.raises(RolecastError, match="was started with " + re.escape(words)):
             as_started(load_team(edited), run, Compute(), None, None)
