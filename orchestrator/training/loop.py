@@ -127,7 +127,7 @@ class TrainingRun:
         self.published: dict[str, int] = {}  # learner adapter -> the version last published to the samplers
         self._unwritten: set[str] = set()  # learners whose sampler dir lags the engine (_publish), until a checkpoint
         self._engine_seen: dict[str, float] = {}  # the engine's stats at the last metrics row (_engine_work)
-        self._frozen: set[str] = set()  # snapshots (_snapshot) in the engine and on the workers
+        self._frozen: set[str] = set()  # snapshots in the engine and on the workers that opponent_adapters listed
         self._retiring: dict[str, list[asyncio.Task]] = {}  # snapshots the trainer let go -> rollouts that may play them
         self.run_dir = options.out_dir
         self.steps = options.steps or self.cfg.steps
@@ -418,14 +418,18 @@ class TrainingRun:
         """Freeze the adapter's current weights as opponent ``name`` (kept on disk for --resume)."""
         path = self.clients[adapter].save_weights(self.run_dir / "pool" / name).result()
         self._load(name, path)
-        self._frozen.add(name)
 
     def _retire(self, pending: Iterable[asyncio.Task]) -> None:
         """Unload the snapshots the trainer no longer keeps (``opponent_adapters``), once no rollout
         that began while it kept them (``pending``: async training's) is still playing: the engine
         stacks every loaded adapter's LoRA into each decode step (lora.SlotLoRA), so a long
         self-play run slowed with every snapshot it had ever taken."""
-        for name in self._frozen - set(self.trainer.opponent_adapters()):
+        with blamed("trainer", self.cfg.trainer, "opponent_adapters"):
+            kept = set(self.trainer.opponent_adapters())
+        # only snapshots the trainer has listed: one that never lists its own (the hook's default is
+        # none) would lose them at once, its games falling back to the base model
+        self._frozen |= kept
+        for name in self._frozen - kept:
             self._frozen.discard(name)
             self._retiring[name] = [t for t in pending if not t.done()]
         for name, tasks in list(self._retiring.items()):
@@ -528,7 +532,6 @@ class TrainingRun:
             self.engine.continue_versions(adapter, version - 1)
         for name in self.trainer.opponent_adapters():  # e.g. self-play's snapshots back into the engine
             self._load(name, self.run_dir / "pool" / name)
-            self._frozen.add(name)
         await self._publish_all()
         # last: loading adapters into the engine draws from the RNG (PEFT initialises before loading)
         load_rng(folder / "rng.pt")
