@@ -33,6 +33,10 @@ def window_bucket(needed: int, columns: int) -> int:
     return min(-(-needed // step) * step, columns)
 
 
+class CaptureRefused(RuntimeError):
+    """The GPU would not capture a step as a graph: the step can still run eagerly."""
+
+
 class StepGraphs:
     """``step(*shape)`` replayed from a CUDA graph per shape; captured on first use."""
 
@@ -86,8 +90,10 @@ class StepGraphs:
         try:
             with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                 out = self.step(*shape)
-        except BaseException:
+        except BaseException as exc:
             self._pool = None  # its failed capture may have released it: a new pool for the next one
+            if isinstance(exc, RuntimeError):  # not a replay's fault (out of memory, a device assert)
+                raise CaptureRefused(str(exc)) from exc
             raise
         self.captured += 1
         return graph, out

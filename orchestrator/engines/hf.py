@@ -40,7 +40,7 @@ from ..padding import length_batches
 from .attention import use_decode_attention
 from .base import AdapterVersions, Completion, GenerationRequest
 from .decoder import FusedDecoder
-from .graphs import StepGraphs, rows_bucket, window_bucket
+from .graphs import CaptureRefused, StepGraphs, rows_bucket, window_bucket
 from .kv import BatchKV
 from .lora import NO_LORA, MultiLoRA, SlotLoRA
 from .prefix_cache import BLOCK, PrefixCache, shared_prefixes
@@ -536,7 +536,7 @@ class HFEngine(TokenizerMethods, AdapterVersions):
             if self.cuda_graphs and self._chunk_graphs is not None:
                 try:
                     logits = self._chunk_graphs(shape, (kv.generation, self._slots.generation))
-                except RuntimeError as exc:  # a capture the GPU refused: the prefill still runs, eagerly from now on
+                except CaptureRefused as exc:  # the prefill still runs, eagerly from now on
                     log.warning("engine.prefill_graphs_off", error=" ".join(str(exc).split())[:300])
                     self._chunk_graphs = None
             if logits is None:
@@ -662,10 +662,11 @@ class HFEngine(TokenizerMethods, AdapterVersions):
         if self.cuda_graphs:  # read every step: a benchmark may switch it
             try:
                 return self._graphs(shape, (kv.generation, self._slots.generation))[:rows]
-            except RuntimeError as exc:  # a capture the GPU refused: the step reruns (it writes only what its
-                # inputs determine), and every step from now on runs eagerly
+            except CaptureRefused as exc:  # the step reruns (it writes only what its inputs determine), and
+                # every step from now on runs eagerly; the graphs captured so far are let go
                 log.warning("engine.decode_graphs_off", error=" ".join(str(exc).split())[:300])
                 self.cuda_graphs = False
+                self._graphs = StepGraphs(self._static_forward, self.device)
         return self._static_forward(*shape)[:rows]
 
     def _static_forward(self, rows: int, window: int, lora: str) -> torch.Tensor:

@@ -11,7 +11,7 @@ import torch
 from transformers import DynamicCache
 
 from orchestrator.engines.base import GenerationRequest, SamplingParams
-from orchestrator.engines.graphs import count_kernels, rows_bucket, window_bucket
+from orchestrator.engines.graphs import CaptureRefused, count_kernels, rows_bucket, window_bucket
 from orchestrator.engines.slots import SlotKV
 from support import NO_ONEDNN, assert_same_draws, lora_state, randomize, tiny_engine
 
@@ -244,7 +244,7 @@ def test_a_prefill_graph_the_gpu_refuses_leaves_the_prefill_eager():
 
         def __call__(self, shape, generation):
             Refused.calls += 1
-            raise RuntimeError("operation not permitted when stream is capturing")
+            raise CaptureRefused("operation not permitted when stream is capturing")
 
     reqs = _requests(8, (None, "alpha"))
     outs = {}
@@ -271,7 +271,7 @@ def test_a_decode_graph_the_gpu_refuses_leaves_decode_eager():
 
         def __call__(self, shape, generation):
             Refused.calls += 1
-            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+            raise CaptureRefused("CUDA error: operation not permitted when stream is capturing")
 
     reqs = _requests(8, (None, "alpha"))
     outs = {}
@@ -285,6 +285,14 @@ def test_a_decode_graph_the_gpu_refuses_leaves_decode_eager():
         asyncio.run(engine.aclose())
     assert Refused.calls == 1 and engine.decode_path == "static:eager"
     assert outs[True] == outs[False]
+    # a replay's own failure (out of memory, a device assert) is no refused capture: the step fails
+    engine = tiny_engine(static=True, max_batch=6)
+    engine.cuda_graphs = True
+    engine._graphs = lambda shape, generation: (_ for _ in ()).throw(RuntimeError("CUDA out of memory"))
+    with pytest.raises(RuntimeError, match="out of memory"):
+        _generate(engine, reqs[:1])
+    assert engine.decode_path == "static:graphs"
+    asyncio.run(engine.aclose())
 
 
 def _layered_engine(layers: int, **options):
