@@ -19,6 +19,9 @@ from .edits import is_regular, read_regular
 from .running import Runner, copy_repo, subprocess_runner
 from .task import IGNORED, REPORT_FILE, IssueTask
 
+# a junit report is read whole (cut short it would not parse): many tests' failure texts, not source
+REPORT_BYTES = 64_000_000
+
 
 Status = Literal["passed", "failed", "error", "skipped"]
 
@@ -132,7 +135,7 @@ def run_tests(task: IssueTask, workdir: Path, runner: Runner, paths: list[str],
     out = runner(_pytest_argv(task, paths), workdir, task.timeout_s)
     log = (out.stdout + "\n" + out.stderr)[-4000:]
     found: dict[str, TestOutcome] | None = None
-    data = read_regular(report)  # not through a link the run planted there to a host file
+    data = read_regular(report, REPORT_BYTES)  # not through a link the run planted there to a host file
     if data is not None:
         found = _parse_junit(data.decode("utf-8", errors="replace"))
         report.unlink(missing_ok=True)

@@ -595,6 +595,23 @@ def test_whatever_a_run_left_at_the_report_path_is_not_trusted(tmp_path):
     assert g.crashed and g.passed == 0 and g.failed_ids == [hidden]
 
 
+def test_a_junit_report_over_a_megabyte_is_read_whole(tmp_path):
+    """The report was read as a source file is, cut at 1 MB: a longer one (long failure texts) did
+    not parse, and grading fell back to the -rA summary, which this run does not print."""
+    task = load_task(SLUG)
+    work = copy_repo(task, tmp_path / "repo")
+    hidden = "tests/hidden/test_hidden_slug.py::test_x"
+    report = ('<testsuite><testcase file="tests/hidden/test_hidden_slug.py" name="test_x">'
+              f'<failure message="long">{"x" * 2_000_000}</failure></testcase></testsuite>')
+
+    def runner(argv, workdir, timeout_s):
+        (workdir / REPORT_FILE).write_text(report)
+        return RunOutcome(1, "", "")
+
+    g = run_tests(task, work, runner, ["tests"], [hidden])
+    assert not g.crashed and g.failed_ids == [hidden]
+
+
 def test_a_module_turned_into_a_folder_is_graded_not_a_crash(tmp_path):
     """Sandboxed code can replace textkit/slug.py by a folder holding x.py: the fresh copy could
     not make that folder, and grading raised FileExistsError (the episode an error, ungraded)."""
