@@ -67,7 +67,7 @@ def print_report(report: dict[str, Any]) -> None:
     title = f"{report['team']}: {report['episodes']} episodes {report['status']}"
     if report["opponent"]:
         title += f", opponent {report['opponent']['role']} = {report['opponent']['policy']}"
-    table = Table(title=title)
+    table = Table(title=escape(title))  # a checkpoint:PATH opponent's "[...]" is text too
     for col in ("role", "policy", "W-D-L", "win rate", "95% CI", "mean reward"):
         table.add_column(col, justify="left" if col in ("role", "policy") else "right", no_wrap=True)
     for name, e in report["roles"].items():

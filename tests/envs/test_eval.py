@@ -48,6 +48,19 @@ def test_eval_table_prints_a_run_dir_with_brackets_as_it_is(cli, tmp_path):
     assert f"run dir: {out_dir}" in out.replace("\n", ""), out  # rich folds a long line at 80 columns
 
 
+def test_eval_table_prints_an_opponent_with_brackets_as_it_is(cli, tmp_path, capsys):
+    """The title, which names a checkpoint:PATH opponent, was markup too: "[/x]" in its path raised
+    MarkupError after every episode had been played."""
+    from orchestrator.cli.eval import print_report
+
+    code, out, err = cli("eval", ROOT / "recipes/rps.yaml", "--episodes", "2", "--policy", "alice=builtin:random",
+                         "--policy", "bob=builtin:random", "--out", tmp_path / "ev", "--json")
+    assert code == 0, err
+    report = {**json.loads(out), "opponent": {"role": "bob", "policy": "checkpoint:runs/exp[/x]/sampler/bob"}}
+    print_report(report)
+    assert "opponent bob = checkpoint:runs/exp[/x]/sampler/bob" in " ".join(capsys.readouterr().out.split())
+
+
 def test_eval_json_success_rate(cli, tmp_path):
     code, out, err = cli("eval", ROOT / "recipes/guess_number.yaml", "--episodes", "25", "--json",
                          "--policy", "guesser=builtin:binary-search", "--out", tmp_path / "ev")
