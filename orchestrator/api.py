@@ -41,13 +41,13 @@ TeamLike = Team | str | Path | Mapping[str, Any]
 Policies = Mapping[str, "str | Callable[..., Any]"]
 
 
-def load_team(source: str | Path | Mapping[str, Any], sets: Mapping[str, Any] | None = None) -> Team:
+def load_team(source: TeamLike, sets: Mapping[str, Any] | None = None) -> Team:
     """The team or recipe file at ``source``, or the mapping such a file would hold (a team
-    written in code: its paths relative to the current folder), checked; ``sets`` changes training
-    options as ``--set`` does (``{"group_size": 4, "adam.learning_rate": 1e-4}``), checked as the
-    file's own are."""
+    written in code: its paths relative to the current folder), checked, or a loaded ``Team``;
+    ``sets`` changes training options as ``--set`` does (``{"group_size": 4,
+    "adam.learning_rate": 1e-4}``), checked as the file's own are."""
     _check_arguments(source=source, sets=sets)
-    return with_training_options(_load_team(source), sets or {})
+    return with_training_options(_team(source), sets or {})
 
 
 def register_plugin(plugin: Any, name: str | None = None) -> None:

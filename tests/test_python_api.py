@@ -198,6 +198,9 @@ def test_episodes_that_fail_are_no_part_of_the_mean_reward(tmp_path):
 def test_load_team_applies_training_options():
     team = rolecast.load_team(ROOT / "recipes/guess_number.yaml", sets={"group_size": 3, "adam.learning_rate": 1e-3})
     assert team.config.training.group_size == 3 and team.config.training.adam.learning_rate == 1e-3
+    # a loaded Team, as the argument check allows (it was a TypeError from the YAML reader)
+    again = rolecast.load_team(team, sets={"group_size": 5})
+    assert again.config.training.group_size == 5 and again.config.training.adam.learning_rate == 1e-3
 
 
 @pytest.mark.parametrize("call, message", [
