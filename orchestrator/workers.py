@@ -95,6 +95,7 @@ class RolloutWorker:
             self.engine.remove_adapter(name)
             shutil.rmtree(self.folder / name, ignore_errors=True)
             del self.loaded[name]
+            self.driver_version = {k: v for k, v in self.driver_version.items() if k[0] != name}
         for name, (version, ref) in adapters.items():
             if self.loaded.get(name) == version:
                 continue
