@@ -236,16 +236,22 @@ def test_a_prefill_over_every_slot_samples_what_a_prefill_of_the_new_rows_sample
     assert_same_draws(outs[True], outs[False])
 
 
+class Failing:
+    """A StepGraphs stand-in (no CUDA here) whose every call raises ``error``: a refused capture,
+    or a replay's own fault."""
+
+    def __init__(self, error: Exception):
+        self.error, self.calls = error, 0
+
+    def __call__(self, shape, generation):
+        self.calls += 1
+        raise self.error
+
+
 def test_a_prefill_graph_the_gpu_refuses_leaves_the_prefill_eager():
     """Should capturing a prefill chunk fail, the engine logs it once and prefills eagerly from
     then on, the requests unharmed (decode graphs stand in as eager steps here: no CUDA)."""
-    class Refused:
-        calls = 0
-
-        def __call__(self, shape, generation):
-            Refused.calls += 1
-            raise CaptureRefused("operation not permitted when stream is capturing")
-
+    refused = Failing(CaptureRefused("operation not permitted when stream is capturing"))
     reqs = _requests(8, (None, "alpha"))
     outs = {}
     for graphs in (False, True):
@@ -256,23 +262,17 @@ def test_a_prefill_graph_the_gpu_refuses_leaves_the_prefill_eager():
         if graphs:
             engine.cuda_graphs = True
             engine._graphs = lambda shape, generation, engine=engine: engine._static_forward(*shape)
-            engine._chunk_graphs = Refused()
+            engine._chunk_graphs = refused
         outs[graphs] = [(o.token_ids, o.logprobs) for o in _generate(engine, reqs)]
         asyncio.run(engine.aclose())
-    assert Refused.calls == 1 and engine._chunk_graphs is None
+    assert refused.calls == 1 and engine._chunk_graphs is None
     assert outs[True] == outs[False]
 
 
 def test_a_decode_graph_the_gpu_refuses_leaves_decode_eager():
     """Should capturing a decode step fail, the engine logs it, reruns the step eagerly and stays
     eager (its decode path says so), the requests unharmed; it was an error for every request."""
-    class Refused:
-        calls = 0
-
-        def __call__(self, shape, generation):
-            Refused.calls += 1
-            raise CaptureRefused("CUDA error: operation not permitted when stream is capturing")
-
+    refused = Failing(CaptureRefused("CUDA error: operation not permitted when stream is capturing"))
     reqs = _requests(8, (None, "alpha"))
     outs = {}
     for graphs in (False, True):
@@ -280,15 +280,15 @@ def test_a_decode_graph_the_gpu_refuses_leaves_decode_eager():
         engine.add_adapter("alpha")
         randomize(engine, "alpha", 1)
         if graphs:
-            engine.cuda_graphs, engine._graphs = True, Refused()
+            engine.cuda_graphs, engine._graphs = True, refused
         outs[graphs] = [(o.token_ids, o.logprobs) for o in _generate(engine, reqs)]
         asyncio.run(engine.aclose())
-    assert Refused.calls == 1 and engine.decode_path == "static:eager"
+    assert refused.calls == 1 and engine.decode_path == "static:eager"
     assert outs[True] == outs[False]
     # a replay's own failure (out of memory, a device assert) is no refused capture: the step fails
     engine = tiny_engine(static=True, max_batch=6)
     engine.cuda_graphs = True
-    engine._graphs = lambda shape, generation: (_ for _ in ()).throw(RuntimeError("CUDA out of memory"))
+    engine._graphs = Failing(RuntimeError("CUDA out of memory"))
     with pytest.raises(RuntimeError, match="out of memory"):
         _generate(engine, reqs[:1])
     assert engine.decode_path == "static:graphs"
