@@ -148,9 +148,14 @@ def run_tests(task: IssueTask, workdir: Path, runner: Runner, paths: list[str],
         why = "timed out" if out.timed_out else f"test run crashed (exit {out.exit_code})"
         outcomes = [TestOutcome(tid, "error", why) for tid in expected]
     else:
-        missing = [tid for tid in expected if not any(k == tid or k.startswith(tid + "[") for k in found)]
+        missing = [tid for tid in expected if not any(_is_case(k, tid) for k in found)]
         outcomes = list(found.values()) + [TestOutcome(tid, "error", "not run") for tid in missing]
     return Grade(task.id, outcomes, out.exit_code, out.timed_out, crashed, log)
+
+
+def _is_case(reported: str, tid: str) -> bool:
+    """Whether pytest's id ``reported`` is static id ``tid`` or one of its parametrized cases."""
+    return reported == tid or reported.startswith(tid + "[")
 
 
 def workdir_changes(task: IssueTask, workdir: str | Path) -> list[str]:
@@ -235,10 +240,15 @@ def grade_work(task: IssueTask, workdir: str | Path, runner: Runner = subprocess
 def grade(task: IssueTask, workdir: str | Path, runner: Runner = subprocess_runner) -> Grade:
     """Install the hidden tests in ``workdir``, run them (only them) and grade each one.
 
-    A crash (collection error, timeout, internal error) counts every hidden test as failed.
+    A crash (collection error, timeout, internal error) counts every hidden test as failed; a
+    reported test that is not one of them (nor one of its parametrized cases) does not count.
     """
     workdir = Path(workdir)
     install_hidden_tests(task, workdir)
-    return run_tests(task, workdir, runner, task.hidden_test_files(), task.hidden_test_ids())
+    ids = task.hidden_test_ids()
+    result = run_tests(task, workdir, runner, task.hidden_test_files(), ids)
+    # only hidden tests count: code under test can add made-up ids to the report (each a pass)
+    result.outcomes = [o for o in result.outcomes if any(_is_case(o.id, tid) for tid in ids)]
+    return result
 
 

@@ -612,6 +612,24 @@ def test_a_junit_report_over_a_megabyte_is_read_whole(tmp_path):
     assert not g.crashed and g.failed_ids == [hidden]
 
 
+def test_made_up_tests_in_the_report_earn_nothing(tmp_path):
+    """Code under test can add made-up tests to the report (at exit, over pytest's): each counted
+    as a passed hidden test, so 200 of them scored 0.98 with every real hidden test failing."""
+    task = load_task(SLUG)
+    work = copy_repo(task, tmp_path / "repo")
+    hidden = task.hidden_test_ids()
+    case = '<testcase file="tests/hidden/test_hidden_slug.py" name="{}">{}</testcase>'
+    cases = "".join(case.format(tid.split("::")[1], '<failure message="no"/>') for tid in hidden)
+    cases += "".join(case.format(f"test_made_up_{i}", "") for i in range(200))
+
+    def runner(argv, workdir, timeout_s):
+        (workdir / REPORT_FILE).write_text(f"<testsuite>{cases}</testsuite>")
+        return RunOutcome(1, "", "")
+
+    g = grade(task, work, runner)
+    assert not g.crashed and g.passed == 0 and g.failed_ids == hidden
+
+
 def test_a_module_turned_into_a_folder_is_graded_not_a_crash(tmp_path):
     """Sandboxed code can replace textkit/slug.py by a folder holding x.py: the fresh copy could
     not make that folder, and grading raised FileExistsError (the episode an error, ungraded)."""
