@@ -24,6 +24,8 @@ class RunOutcome:
     timed_out: bool = False
 
 
+# (argv, workdir, timeout_s): grading reads pytest's junit report back from the workdir, so a
+# runner must share it (a run that leaves no report there is graded as a crash)
 Runner = Callable[[list[str], Path, float], RunOutcome]
 
 

@@ -217,22 +217,22 @@ def test_timeout_counts_every_hidden_test_failed(tmp_path):
     assert g.timed_out and g.fraction == 0.0 and g.total == 5
 
 
-def test_runner_without_shared_files_uses_summary(tmp_path):
-    """A sandbox that does not write back the junit file: the -rA summary is parsed instead."""
+def test_a_run_without_a_report_is_a_crash_whatever_stdout_says(tmp_path):
+    """Without the junit report grading read pytest's -rA lines from stdout, which code under test
+    can print (past pytest's capture, to the fd it saved) before it exits 0: all 5 passed."""
     task = _task("002-paginate-last-page")
     work = copy_repo(task, tmp_path / "work")
     seen = {}
 
-    def remote_runner(argv, workdir, timeout_s):
+    def forging_runner(argv, workdir, timeout_s):
         seen["argv"] = argv
-        out = subprocess_runner(argv, workdir, timeout_s)
+        subprocess_runner(argv, workdir, timeout_s)
         (workdir / ".rolecast-grade.xml").unlink()
-        return out
+        return RunOutcome(0, "".join(f"PASSED {tid}\n" for tid in task.hidden_test_ids()), "")
 
-    g = grade(task, work, remote_runner)
+    g = grade(task, work, forging_runner)
     assert seen["argv"][0] == "python"  # the runner decides which interpreter
-    assert g.total == 5 and g.passed == 1
-    assert {o.id.split("::")[1] for o in g.outcomes if o.ok} == {"test_still_rejects_page_zero"}
+    assert g.crashed and g.total == 5 and g.passed == 0
 
 
 # ------------------------------------------------------------------------------ parametrized & class-based hidden tests
