@@ -43,7 +43,7 @@ class Grade:
     outcomes: list[TestOutcome]
     exit_code: int
     timed_out: bool = False
-    crashed: bool = False  # collection error, internal error, timeout, no report
+    crashed: bool = False  # collection error, internal error, timeout, no report or one the exit code belies
     log: str = ""  # tail of the test run's output
     ignored: list[str] = field(default_factory=list)  # team changes grading left out (grade_work)
 
@@ -125,9 +125,11 @@ def run_tests(task: IssueTask, workdir: Path, runner: Runner, paths: list[str],
         report.unlink(missing_ok=True)
     # No report (or none that parses) is a crash, not a cue to read pytest's -rA lines on stdout:
     # code under test can print "PASSED ..." there, past pytest's capture, and exit before it.
-    # exit 0: all passed, 1: some failed; anything else (2 interrupted/collection error,
-    # 3 internal error, 4 usage error, 5 nothing collected) or a timeout means a crash.
-    crashed = out.timed_out or out.exit_code not in (0, 1) or not found
+    # exit 0: all passed, 1: some failed, as the report must say too (code under test that
+    # writes its own over pytest's at exit leaves pytest's 1); anything else (2 interrupted/
+    # collection error, 3 internal error, 4 usage error, 5 nothing collected) or a timeout: a crash.
+    failing = any(o.status in ("failed", "error") for o in found.values())
+    crashed = out.timed_out or out.exit_code != int(failing) or not found
     if crashed:
         why = "timed out" if out.timed_out else f"test run crashed (exit {out.exit_code})"
         outcomes = [TestOutcome(tid, "error", why) for tid in expected]

@@ -6,6 +6,7 @@ import json
 import shutil
 import re
 import tempfile
+import textwrap
 import threading
 from pathlib import Path
 
@@ -628,6 +629,17 @@ def test_made_up_tests_in_the_report_earn_nothing(tmp_path):
 
     g = grade(task, work, runner)
     assert not g.crashed and g.passed == 0 and g.failed_ids == hidden
+
+
+def test_a_report_written_over_pytests_at_exit_is_a_crash(tmp_path):
+    """A graded module can write an all-passed report at exit, over the one pytest wrote: it was
+    taken (1.0 for the buggy code), though pytest's exit code 1 said that tests had failed."""
+    task = load_task(SLUG)
+    work = copy_repo(task, tmp_path / "work")
+    forge = "import atexit\n\n\n@atexit.register\ndef _forge():\n" + textwrap.indent(FAKE_PYTEST, "    ")
+    (work / "textkit/slug.py").write_text((work / "textkit/slug.py").read_text() + "\n\n" + forge)
+    g = grade_work(task, work)
+    assert g.exit_code == 1 and g.crashed and g.passed == 0 and g.ignored == []
 
 
 def test_a_module_turned_into_a_folder_is_graded_not_a_crash(tmp_path):
