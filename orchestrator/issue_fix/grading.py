@@ -5,17 +5,19 @@ goes through a runner (``running.py``) so that a sandbox can be plugged in.
 from __future__ import annotations
 
 import os
+import select
 import shlex
 import shutil
+import threading
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Callable, Literal
 
 from sandboxes.pool import remove_tree, temporary_dir
 
 from .edits import is_regular, read_regular
-from .running import Runner, copy_repo, subprocess_runner
+from .running import RunOutcome, Runner, copy_repo, subprocess_runner
 from .task import IGNORED, REPORT_FILE, IssueTask
 
 # a junit report is read whole (cut short it would not parse): many tests' failure texts, not source
@@ -116,13 +118,10 @@ def run_tests(task: IssueTask, workdir: Path, runner: Runner, paths: list[str],
     """
     report = workdir / REPORT_FILE
     remove_tree(report)  # whatever a run before left there: a folder made unlink raise
-    out = runner(_pytest_argv(task, paths), workdir, task.timeout_s)
+    out, data = _reading_report(report, lambda: runner(_pytest_argv(task, paths), workdir, task.timeout_s))
+    remove_tree(report)
     log = (out.stdout + "\n" + out.stderr)[-4000:]
-    found: dict[str, TestOutcome] = {}
-    data = read_regular(report, REPORT_BYTES)  # not through a link the run planted there to a host file
-    if data is not None:
-        found = _parse_junit(data.decode("utf-8", errors="replace"))
-        report.unlink(missing_ok=True)
+    found = _parse_junit(data.decode("utf-8", errors="replace"))
     # No report (or none that parses) is a crash, not a cue to read pytest's -rA lines on stdout:
     # code under test can print "PASSED ..." there, past pytest's capture, and exit before it.
     # exit 0: all passed, 1: some failed, as the report must say too (code under test that
@@ -137,6 +136,48 @@ def run_tests(task: IssueTask, workdir: Path, runner: Runner, paths: list[str],
         missing = [tid for tid in expected if not any(_is_case(k, tid) for k in found)]
         outcomes = list(found.values()) + [TestOutcome(tid, "error", "not run") for tid in missing]
     return Grade(task.id, outcomes, out.exit_code, out.timed_out, crashed, log)
+
+
+def _reading_report(path: Path, run: Callable[[], RunOutcome]) -> tuple[RunOutcome, bytes]:
+    """``run()``, and what it wrote to ``path``: a FIFO that this process drains as it is written.
+
+    Not a file: code under test, in pytest's process, could write one over pytest's at exit.
+    What it writes to the FIFO, before or after pytest, joins pytest's report, which then does
+    not parse; unlinking or replacing the FIFO leaves no report. Either way: a crash.
+    """
+    os.mkfifo(path, 0o600)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    ours = os.open(path, os.O_WRONLY)  # held open for the run: no end of file before a writer comes
+    os.chmod(path, 0o200)  # write-only: code that reads every file it finds fails, not waits for the run's end
+    chunks: list[bytes] = []
+    done = threading.Event()
+    poll = select.poll()
+    poll.register(fd, select.POLLIN)
+
+    def drain() -> None:
+        size = 0
+        while True:
+            if not poll.poll(100):
+                if done.is_set():  # the run is over: a writer it left behind is not waited for
+                    return
+                continue
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:  # every writer closed
+                return
+            size += len(chunk)
+            if size <= REPORT_BYTES:
+                chunks.append(chunk)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        out = run()
+    finally:
+        os.close(ours)
+        done.set()
+        reader.join()
+        os.close(fd)
+    return out, b"".join(chunks)
 
 
 def _is_case(reported: str, tid: str) -> bool:

@@ -589,6 +589,7 @@ def test_whatever_a_run_left_at_the_report_path_is_not_trusted(tmp_path):
     forged = write(tmp_path / "forged.xml", '<testsuite><testcase file="tests/hidden/test_hidden_slug.py" name="test_x"/></testsuite>')
 
     def linking_runner(argv, workdir, timeout_s):  # a run that plants the link and writes no report
+        (workdir / REPORT_FILE).unlink(missing_ok=True)
         (workdir / REPORT_FILE).symlink_to(forged)
         return RunOutcome(0, "", "")
 
@@ -640,6 +641,20 @@ def test_a_report_written_over_pytests_at_exit_is_a_crash(tmp_path):
     (work / "textkit/slug.py").write_text((work / "textkit/slug.py").read_text() + "\n\n" + forge)
     g = grade_work(task, work)
     assert g.exit_code == 1 and g.crashed and g.passed == 0 and g.ignored == []
+
+
+def test_a_report_a_graded_module_writes_at_exit_is_not_taken(tmp_path):
+    """A report file that code under test rewrote at exit was taken: pytest's failures kept (so
+    that the exit code agrees) and 200 made-up cases of a hidden test that passes scored 0.98."""
+    task = load_task(SLUG)
+    work = copy_repo(task, tmp_path / "work")
+    case = '<testcase file="tests/hidden/test_hidden_slug.py" name="{}">{}</testcase>'
+    cases = "".join(case.format(tid.split("::")[1], '<failure message="no"/>') for tid in task.hidden_test_ids())
+    cases += "".join(case.format(f"test_ascii_unchanged[{i}]", "") for i in range(200))
+    forge = f"import atexit, pathlib\natexit.register(pathlib.Path({REPORT_FILE!r}).write_text, {'<testsuite>' + cases + '</testsuite>'!r})\n"
+    (work / "textkit/slug.py").write_text((work / "textkit/slug.py").read_text() + "\n" + forge)
+    g = grade_work(task, work)
+    assert g.exit_code == 1 and g.crashed and g.passed == 0
 
 
 def test_a_module_turned_into_a_folder_is_graded_not_a_crash(tmp_path):

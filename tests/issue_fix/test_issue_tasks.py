@@ -226,8 +226,6 @@ def test_a_run_without_a_report_is_a_crash_whatever_stdout_says(tmp_path):
 
     def forging_runner(argv, workdir, timeout_s):
         seen["argv"] = argv
-        subprocess_runner(argv, workdir, timeout_s)
-        (workdir / ".rolecast-grade.xml").unlink()
         return RunOutcome(0, "".join(f"PASSED {tid}\n" for tid in task.hidden_test_ids()), "")
 
     g = grade(task, work, forging_runner)
