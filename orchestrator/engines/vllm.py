@@ -61,6 +61,8 @@ from .tokens import TokenizerMethods, end_of_turn_ids
 log = structlog.get_logger()
 INSTALL_HINT = "pip install 'rolecast[vllm]' (needs a CUDA GPU)"
 MIN_VERSION = "0.10.2"
+# vLLM samples a temperature in (0, 0.01) at 0.01 (SamplingParams' _MAX_TEMP, with a warning in its log)
+MIN_TEMPERATURE = 0.01
 
 
 # The max_lora_rank values vLLM accepts; its adapter slots are preallocated at that rank, so the
@@ -196,6 +198,9 @@ class VLLMEngine(TokenizerMethods, AdapterVersions):
     def sampling_params(self, request: GenerationRequest) -> Any:
         """vLLM SamplingParams for a rolecast request (one sample, final output only)."""
         s = request.sampling
+        if 0 < s.temperature < MIN_TEMPERATURE:  # its tokens and logprobs would be another temperature's
+            raise ValueError(f"the vllm engine samples at temperature 0 (greedy) or at least {MIN_TEMPERATURE}, "
+                             f"got {s.temperature}: vLLM would sample at {MIN_TEMPERATURE}")
         if s.top_p < 1.0 and s.temperature > 0 and ("top_p", None) not in self._warned:
             self._warned.add(("top_p", None))
             log.warning("vllm.logprobs_after_top_p", top_p=s.top_p,

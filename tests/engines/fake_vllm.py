@@ -80,7 +80,9 @@ class SamplingParams:
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     structured_outputs: StructuredOutputsParams | None = None
 
-    def __post_init__(self) -> None:  # vLLM's _verify_args, for the fields above
+    def __post_init__(self) -> None:  # vLLM's __post_init__ and _verify_args, for the fields above
+        if 0 < self.temperature < 0.01:  # vLLM's _MAX_TEMP: it warns and samples at 0.01
+            self.temperature = 0.01
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if not 0.0 <= self.temperature <= 2.0:

@@ -96,6 +96,15 @@ async def test_sampling_params_mapping(vllm_engine, tokenizer):
     assert p.ignore_eos is True and not p.stop_token_ids  # no end of turn either: a fixed length
 
 
+async def test_a_temperature_vllm_would_raise_is_refused(vllm_engine):
+    """vLLM samples 0 < T < 0.01 at 0.01: the recorded logprobs would not be those the trainer replays at T."""
+    with pytest.raises(ValueError, match="temperature 0 .greedy. or at least 0.01"):
+        await vllm_engine.generate(req(temperature=0.005))
+    assert not fake(vllm_engine).calls and vllm_engine.busy == 0
+    await vllm_engine.generate(req(temperature=0.01))
+    assert fake(vllm_engine).calls[-1].params.temperature == 0.01
+
+
 def test_the_fake_refuses_what_vllm_refuses():
     """Else a backend bug that real vLLM would reject passes here."""
     with pytest.raises(ValueError, match="empty string"):
@@ -104,6 +113,7 @@ def test_the_fake_refuses_what_vllm_refuses():
         fake_vllm.SamplingParams(top_p=0.0)
     with pytest.raises(ValueError, match="max_tokens"):
         fake_vllm.SamplingParams(max_tokens=0)
+    assert fake_vllm.SamplingParams(temperature=0.005).temperature == 0.01  # raised, not refused
     with pytest.raises(ValueError, match="id must be > 0"):
         fake_vllm.LoRARequest("coder@v1", 0, "/snapshots/coder")
     with pytest.raises(AssertionError, match="lora_path"):
