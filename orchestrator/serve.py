@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger()
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop", "error": "stop"}
 MAX_BODY = 4 * 1024 * 1024
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 
 
 class HTTPError(Exception):
@@ -110,6 +111,11 @@ class ChatServer:
             stop = [stop]
         if not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
             raise HTTPError(400, f"stop must be a string or a list of strings, got {stop!r}")
+        top = given.get("top_logprobs", 0)
+        if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise HTTPError(400, f"top_logprobs must be a whole number from 0 to {MAX_TOP_LOGPROBS}, got {top!r}")
+        if top and not given.get("logprobs"):
+            raise HTTPError(400, "top_logprobs needs logprobs: true")
         prompt = self.engine.apply_chat_template(messages)
         limit = getattr(self.engine, "context_length", None)
         max_tokens = given.get("max_tokens", given.get("max_completion_tokens"))
@@ -119,7 +125,7 @@ class ChatServer:
             sampling = SamplingParams(
                 temperature=_number(given.get("temperature", 1.0)), top_p=_number(given.get("top_p", 1.0)),
                 max_tokens=_whole(max_tokens), stop=tuple(stop),
-                seed=None if given.get("seed") is None else _whole(given["seed"]),
+                seed=None if given.get("seed") is None else _whole(given["seed"]), top_logprobs=top,
             )
         except (TypeError, ValueError) as exc:
             raise HTTPError(400, f"bad sampling parameter: {exc}") from None
@@ -137,8 +143,11 @@ class ChatServer:
                                   "finish_reason": FINISH[out.finish_reason]}
         if req.get("logprobs"):
             tok = self.engine.tokenizer
-            choice["logprobs"] = {"content": [{"token": tok.decode([t]), "logprob": lp}
-                                              for t, lp in zip(out.token_ids, out.logprobs)]}
+            tops = out.top_logprobs or [[] for _ in out.token_ids]
+            choice["logprobs"] = {"content": [
+                {"token": tok.decode([t]), "logprob": lp,
+                 "top_logprobs": [{"token": tok.decode([a]), "logprob": alp} for a, alp in alternatives]}
+                for t, lp, alternatives in zip(out.token_ids, out.logprobs, tops)]}
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
             "model": model, "choices": [choice],

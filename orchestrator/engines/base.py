@@ -24,6 +24,9 @@ class SamplingParams:
     # Keep sampling past an end-of-turn token (kept as an ordinary token) until max_tokens or a
     # stop string: fixed-length generation, for benchmarks and length-controlled experiments.
     ignore_eos: bool = False
+    # Also report the N most likely tokens at each step (OpenAI's top_logprobs), from the distribution
+    # the recorded logprobs are of.
+    top_logprobs: int = 0
 
     def __post_init__(self) -> None:
         """Refuse what the engine would only fail on mid-batch, taking its neighbours' rows along."""
@@ -38,6 +41,8 @@ class SamplingParams:
             raise ValueError(f"stop must be strings, got {self.stop!r}")
         if self.seed is not None and not (isinstance(self.seed, int) and 0 <= self.seed <= SEED_MAX):
             raise ValueError(f"seed must be a whole number from 0 to 2**63 - 1, got {self.seed!r}")
+        if not (isinstance(self.top_logprobs, int) and self.top_logprobs >= 0):
+            raise ValueError(f"top_logprobs must be a whole number >= 0, got {self.top_logprobs!r}")
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,9 @@ class Completion:
     # The grammar mask was also cut to the tokenizer's own spellings of a small language
     # (grammar/spelling.py): the training replay must cut it alike. The vLLM backend does not.
     spelled: bool = False
+    # With sampling.top_logprobs = N: per token, up to N (token id, logprob) pairs, most likely first,
+    # under the distribution of ``logprobs`` (tokens a grammar bans left out; none for forced tokens).
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 @runtime_checkable

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import queue
 import threading
 import time
@@ -44,7 +45,7 @@ from .graphs import CaptureRefused, StepGraphs, rows_bucket, window_bucket
 from .kv import BatchKV
 from .lora import NO_LORA, MultiLoRA, SlotLoRA
 from .prefix_cache import BLOCK, PrefixCache, shared_prefixes
-from .sampling import counter_uniforms, sample_on_device
+from .sampling import counter_uniforms, sample_on_device, top_logprobs
 from .slots import SlotKV
 from .tokens import TokenizerMethods, end_of_turn_ids
 from ..upload import Download, upload
@@ -72,6 +73,7 @@ class _Seq:
     adapter_version: int = 0
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top: list[list[tuple[int, float]]] = field(default_factory=list)  # where sampling.top_logprobs asks
     cancelled: bool = False
     done: Completion | None = None
     grammar: ConstrainedRow | None = None  # set when the request has a json_schema
@@ -88,15 +90,14 @@ class _Flight:
 
     seqs: list[_Seq]  # its rows, in the order they had when it was launched
     tokens: torch.Tensor  # sampled ids on the device [rows]
-    host: Download  # ids and logprobs arriving on the host
+    host: Download  # ids and logprobs (and the top ones' ids and logprobs, where asked) arriving on the host
 
     @classmethod
-    def launch(cls, seqs: list[_Seq], tokens: torch.Tensor, logprobs: torch.Tensor) -> "_Flight":
-        return cls(seqs, tokens, Download([tokens, logprobs]))
+    def launch(cls, seqs: list[_Seq], tokens: torch.Tensor, *rest: torch.Tensor) -> "_Flight":
+        return cls(seqs, tokens, Download([tokens, *rest]))
 
-    def read(self) -> tuple[list[int], list[float]]:
-        tokens, logprobs = self.host.get()
-        return tokens.tolist(), logprobs.tolist()
+    def read(self) -> tuple[list, ...]:
+        return tuple(t.tolist() for t in self.host.get())
 
 
 @dataclass
@@ -678,40 +679,46 @@ class HFEngine(TokenizerMethods, AdapterVersions):
 
     def _take(self, seqs: list[_Seq], logits: torch.Tensor) -> None:
         """Sample each row's next token, append it (or its forced closing), retire the rows that are done."""
-        tokens, logprobs = self._sample(seqs, logits)
-        self._apply(seqs, tokens.tolist(), logprobs.tolist())
+        self._apply(seqs, *(t.tolist() for t in self._sample(seqs, logits)))
         self._retire()
 
-    def _sample(self, seqs: list[_Seq], logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _sample(self, seqs: list[_Seq], logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Each row's next token and its logprob, on the device (rows already done are sampled freely
-        and ignored: the static path's step runs one step ahead of what the host has read)."""
+        and ignored: the static path's step runs one step ahead of what the host has read); then,
+        where a row asks for top_logprobs, the most likely tokens' ids and logprobs [B, k]."""
         sp = [s.request.sampling for s in seqs]
         t0 = time.perf_counter()
         bitmask, masked = self._grammar_masks(seqs)
         self.stats.grammar_s += time.perf_counter() - t0
         uniforms = counter_uniforms(torch.tensor([s.seed for s in seqs]), torch.tensor([s.draws for s in seqs]))
-        return sample_on_device(logits, [p.temperature for p in sp], [p.top_p for p in sp], uniforms, bitmask, masked)
+        temperatures = [p.temperature for p in sp]
+        sampled = sample_on_device(logits, temperatures, [p.top_p for p in sp], uniforms, bitmask, masked)
+        k = max(p.top_logprobs for p in sp)
+        return sampled + top_logprobs(logits, temperatures, k, bitmask, masked) if k else sampled
 
-    def _apply(self, seqs: list[_Seq], tokens: list[int], logprobs: list[float]) -> None:
+    def _apply(self, seqs: list[_Seq], tokens: list[int], logprobs: list[float],
+               top_ids: list[list[int]] | None = None, top_lps: list[list[float]] | None = None) -> None:
         """Append each running row's sampled token (or its forced closing); mark the rows that are done.
         A row whose booking raises fails its own request and leaves the batch."""
-        for seq, token, lp in zip(seqs, tokens, logprobs):
+        for i, (seq, token, lp) in enumerate(zip(seqs, tokens, logprobs)):
             if seq.done is not None or seq.cancelled:
                 continue
             try:
-                self._book(seq, token, lp)
+                self._book(seq, token, lp, list(zip(top_ids[i], top_lps[i])) if top_ids else [])
             except Exception as exc:  # one row's fault (its grammar refused the token, say) fails it alone
                 log.error("engine.request_failed", error=f"{type(exc).__name__}: {exc}")
                 seq.cancelled = True  # leaves the batch at the next _retire
                 self._fail(seq, exc)
 
-    def _book(self, seq: _Seq, token: int, logprob: float) -> None:
+    def _book(self, seq: _Seq, token: int, logprob: float, top: list[tuple[int, float]]) -> None:
         seq.draws += 1
         if seq.grammar is not None and seq.grammar.forced:
             self._force_closing(seq)
         else:
             seq.tokens.append(token)
             seq.logprobs.append(logprob)
+            if k := seq.request.sampling.top_logprobs:  # the batch's k may be larger; banned tokens left out
+                seq.top.append([(t, lp) for t, lp in top[:k] if lp > -math.inf])
             if seq.grammar is not None:
                 seq.grammar.accept(token)
         self._check_done(seq)
@@ -774,9 +781,11 @@ class HFEngine(TokenizerMethods, AdapterVersions):
         """Close a constrained reply the length budget is running out on (not sampled: logprob 0)."""
         drop, tokens = seq.grammar.take_forced()
         if drop:
-            del seq.tokens[-drop:], seq.logprobs[-drop:]
+            del seq.tokens[-drop:], seq.logprobs[-drop:], seq.top[-drop:]
         seq.tokens += tokens
         seq.logprobs += [0.0] * len(tokens)
+        if seq.request.sampling.top_logprobs:
+            seq.top += [[] for _ in tokens]
 
     def _check_done(self, seq: _Seq) -> None:
         sp = seq.request.sampling
@@ -794,6 +803,7 @@ class HFEngine(TokenizerMethods, AdapterVersions):
             seq.done = Completion(
                 token_ids=list(seq.tokens), text=text, logprobs=list(seq.logprobs), finish_reason=reason,
                 adapter=seq.request.adapter, adapter_version=seq.adapter_version, spelled=seq.grammar is not None,
+                top_logprobs=list(seq.top) if sp.top_logprobs else None,
             )
 
     def _fail(self, seq: _Seq, exc: BaseException) -> None:

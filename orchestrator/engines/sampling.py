@@ -106,6 +106,24 @@ def sample_on_device(
     return chosen_ids, chosen
 
 
+def top_logprobs(
+    logits: torch.Tensor, temperatures: list[float], k: int,
+    bitmask: torch.Tensor | None = None, masked_rows: list[int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's ``k`` most likely tokens, ids [B, k] and logprobs [B, k], most likely first, under
+    the distribution ``sample_on_device`` records logprobs of (its temperature and grammar mask,
+    before top-p); a banned token's logprob is -inf."""
+    device = logits.device
+    x = logits.to(torch.float32, copy=True)
+    if bitmask is not None and masked_rows:
+        from xgrammar import apply_token_bitmask_inplace
+
+        apply_token_bitmask_inplace(x, upload(bitmask, device), indices=upload(masked_rows, device).int())
+    x.div_(upload([t if t > 0 else 1.0 for t in temperatures], device, torch.float32)[:, None])
+    values, ids = x.topk(min(k, x.shape[-1]), dim=-1)
+    return ids, values - x.logsumexp(dim=-1, keepdim=True)
+
+
 def _top_p(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """Per row of ``probs`` [R, V], keep the smallest set of most likely tokens whose mass reaches
     the row's ``top_p`` [R]."""

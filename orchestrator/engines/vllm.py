@@ -31,9 +31,10 @@ tokenizer's own (``grammar/spelling.py``); completions say ``spelled=False`` and
 replays their masks uncut.
 
 **Logprobs.** The engine runs with ``logprobs_mode="processed_logprobs"`` and each request asks for
-``logprobs=0``: the sampled token's logprob under the distribution it was drawn from, i.e.
-log softmax(logits / T) after top-p truncation, renormalised over the nucleus (vLLM's default,
-``raw_logprobs``, is before temperature). With ``top_p == 1`` (rolecast's default) that is exactly
+``logprobs=0`` (its ``top_logprobs``, where it asks for alternatives): the sampled token's logprob
+under the distribution it was drawn from, i.e. log softmax(logits / T) after top-p truncation,
+renormalised over the nucleus (vLLM's default, ``raw_logprobs``, is before temperature). With
+``top_p == 1`` (rolecast's default) that is exactly
 the ``Completion`` contract; with ``top_p < 1`` it is higher by -log(nucleus mass) than the
 teacher-forced value the trainer computes. Under a JSON schema the grammar mask is applied before
 the sampler, so the logprob is that of the renormalised masked distribution.
@@ -43,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import math
 import shutil
 import tempfile
 import threading
@@ -210,7 +212,7 @@ class VLLMEngine(TokenizerMethods, AdapterVersions):
             stop=[x for x in s.stop if x] or None,
             stop_token_ids=None if s.ignore_eos else sorted(self.eos_ids),  # end of turn, like the HF engine
             ignore_eos=s.ignore_eos,
-            logprobs=0,  # the sampled token's own logprob, no alternatives
+            logprobs=s.top_logprobs,  # the sampled token's own logprob, and the N most likely where asked
             skip_special_tokens=True, output_kind=self._v.RequestOutputKind.FINAL_ONLY,
         )
         if request.json_schema:
@@ -222,10 +224,12 @@ class VLLMEngine(TokenizerMethods, AdapterVersions):
 
     def _completion(self, request: GenerationRequest, out: Any, version: _Version | None) -> Completion:
         token_ids = list(out.token_ids)
+        k = request.sampling.top_logprobs
         return Completion(
             token_ids=token_ids, text=out.text, logprobs=sampled_logprobs(out.logprobs, token_ids),
             finish_reason=finish_reason(out.finish_reason, out.stop_reason),
             adapter=request.adapter, adapter_version=version.version if version else 0,
+            top_logprobs=[most_likely(step, k) for step in out.logprobs] if k else None,
         )
 
     # -- adapters ------------------------------------------------------------------------------
@@ -354,6 +358,14 @@ def sampled_logprobs(steps: list[dict[int, Any]] | None, token_ids: list[int]) -
         return [float(step[token].logprob) for step, token in zip(steps, token_ids)]
     except KeyError as exc:
         raise RuntimeError(f"vllm logprobs lack the sampled token {exc}") from None
+
+
+def most_likely(step: dict[int, Any], k: int) -> list[tuple[int, float]]:
+    """The (token id, logprob) pairs of vLLM's ranks 1 to ``k`` in one step's dict, most likely first
+    (the sampled token is in the dict whatever its rank; tokens a grammar bans have -inf)."""
+    ranked = sorted((lp.rank, token, float(lp.logprob)) for token, lp in step.items()
+                    if lp.rank is not None and lp.rank <= k and lp.logprob > -math.inf)
+    return [(token, logprob) for _, token, logprob in ranked]
 
 
 def write_peft_adapter(folder: Path, state_dict: dict[str, Any], scale: float, base_model: str = "") -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 import torch
@@ -60,6 +61,33 @@ def test_bf16_logprobs_agree_loosely(cpu):
             assert e.decode_path == "fused:onednn-fp32"
     finally:
         asyncio.run(e.aclose())
+
+
+def test_top_logprobs_are_the_sampling_distributions_most_likely_tokens(engine):
+    """serve's top_logprobs: the k most likely tokens at each step, with the logprobs a teacher-forced
+    pass at the request's temperature gives them; asking for them changes nothing sampled."""
+    reqs = [request(engine, 0, temperature=0.0, max_tokens=4, top_logprobs=3),
+            request(engine, 1, temperature=0.7, max_tokens=4, top_logprobs=2), request(engine, 1, temperature=0.7, max_tokens=4)]
+    greedy, top, plain = asyncio.run(gather(engine, reqs))
+    assert plain.top_logprobs is None and top.token_ids == plain.token_ids and top.logprobs == plain.logprobs
+    assert [alts[0] for alts in greedy.top_logprobs] == list(zip(greedy.token_ids, greedy.logprobs))
+    for r, out in ((reqs[0], greedy), (reqs[1], top)):
+        assert len(out.top_logprobs) == len(out.token_ids)
+        for i, alts in enumerate(out.top_logprobs):
+            assert len(alts) == r.sampling.top_logprobs and [lp for _, lp in alts] == sorted((lp for _, lp in alts), reverse=True)
+            for token, lp in alts:
+                ref = engine.teacher_forced_logprobs(list(r.prompt_ids) + out.token_ids[:i], [token], None, r.sampling.temperature)
+                assert abs(ref[0] - lp) < 1e-4
+
+
+def test_top_logprobs_leave_out_what_the_grammar_bans(engine):
+    schema = json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]})
+    r = request(engine, 3, max_tokens=12, top_logprobs=4)
+    out = asyncio.run(engine.generate(GenerationRequest(r.prompt_ids, r.sampling, json_schema=schema)))
+    assert json.loads(out.text) in ({"ok": True}, {"ok": False})
+    assert len(out.top_logprobs) == len(out.token_ids) and all(1 <= len(alts) <= 4 for alts in out.top_logprobs)
+    assert any(len(alts) == 1 for alts in out.top_logprobs)  # where the grammar allows one token only
+    assert all(lp > float("-inf") for alts in out.top_logprobs for _, lp in alts)
 
 
 def test_mixed_adapter_batch_equals_single_adapter_runs(engine):

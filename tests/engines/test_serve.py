@@ -70,6 +70,22 @@ def test_chat_completion_shape_and_logprobs(server):
     assert all(t["logprob"] <= 0 for t in choice["logprobs"]["content"])
 
 
+def test_top_logprobs_are_each_tokens_most_likely_alternatives(server):
+    """As OpenAI's chat completions: logprobs.content[].top_logprobs, the N most likely tokens with
+    their logprobs, most likely first (the chosen one first under greedy decoding); [] unasked."""
+    status, data = call(server, "/chat/completions", chat("judge", logprobs=True, top_logprobs=3))
+    assert status == 200, data
+    content = data["choices"][0]["logprobs"]["content"]
+    assert len(content) == data["usage"]["completion_tokens"] > 0
+    for entry in content:
+        top = entry["top_logprobs"]
+        assert len(top) == 3 and top[0] == {"token": entry["token"], "logprob": entry["logprob"]}
+        assert [t["logprob"] for t in top] == sorted((t["logprob"] for t in top), reverse=True) and top[-1]["logprob"] < 0
+    plain = call(server, "/chat/completions", chat("judge", logprobs=True))[1]["choices"][0]["logprobs"]["content"]
+    assert [(e["token"], e["logprob"]) for e in plain] == [(e["token"], e["logprob"]) for e in content]
+    assert all(e["top_logprobs"] == [] for e in plain)
+
+
 def test_each_adapter_is_a_model(server):
     base = call(server, "/chat/completions", chat("base"))[1]
     judge = call(server, "/chat/completions", chat("judge"))[1]
@@ -135,6 +151,11 @@ def test_openai_binding_is_checked():
     ({"max_tokens": 2.5}, "expected a whole number"),
     ({"stream": True}, "stream is not supported"),
     ({"max_tokens": 10**9}, "exceed the model's context of 2048 tokens"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs must be a whole number from 0 to 20"),
+    ({"logprobs": True, "top_logprobs": -1}, "top_logprobs must be a whole number from 0 to 20"),
+    ({"logprobs": True, "top_logprobs": True}, "top_logprobs must be a whole number from 0 to 20"),
+    ({"logprobs": True, "top_logprobs": 2.0}, "top_logprobs must be a whole number from 0 to 20"),
+    ({"top_logprobs": 2}, "top_logprobs needs logprobs: true"),
 ])
 def test_bad_sampling_is_a_400_for_that_request_only(server, extra, words):
     """A value the engine would fail on mid-batch is refused up front: before, a bad stop string

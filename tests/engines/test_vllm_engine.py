@@ -184,6 +184,16 @@ async def test_logprobs_are_the_sampled_tokens(vllm_engine):
     assert out.finish_reason == "length" and (out.adapter, out.adapter_version) == (None, 0)
 
 
+async def test_top_logprobs_are_vllms_ranks_one_to_n(vllm_engine):
+    """serve's top_logprobs: vLLM returns the sampled token whatever its rank, and the N best."""
+    fake(vllm_engine).reply = Reply([40, 41], [-1.5, -0.75], "ab", "length")
+    out = await vllm_engine.generate(req(top_logprobs=2))
+    assert fake(vllm_engine).calls[-1].params.logprobs == 2
+    assert out.top_logprobs == [[(40, -1.5), (41, -2.5)], [(41, -0.75), (42, -1.75)]] and out.logprobs == [-1.5, -0.75]
+    assert (await vllm_engine.generate(req(top_logprobs=1))).top_logprobs == [[(40, -1.5)], [(41, -0.75)]]
+    assert (await vllm_engine.generate(req())).top_logprobs is None and fake(vllm_engine).calls[-1].params.logprobs == 0
+
+
 @pytest.mark.parametrize("reason, stop_reason, expected", [
     ("stop", "END", "stop"),  # a stop string
     ("stop", None, "eos"),  # the model's EOS
