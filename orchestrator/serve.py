@@ -139,6 +139,8 @@ class ChatServer:
             out = await asyncio.wait_for(self.engine.generate(request), self.timeout)
         except GrammarError as exc:  # a valid schema the grammar compiler cannot take
             raise HTTPError(400, f"response_format: {exc}") from None
+        except ValueError as exc:  # a request the engine refuses: vLLM's own checks (temperature, its context)
+            raise HTTPError(400, f"the engine refused the request: {exc}") from None
         choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": out.text},
                                   "finish_reason": FINISH[out.finish_reason]}
         if req.get("logprobs"):

@@ -165,6 +165,27 @@ def test_bad_sampling_is_a_400_for_that_request_only(server, extra, words):
     assert call(server, "/chat/completions", chat("base"))[0] == 200
 
 
+def test_a_request_the_vllm_engine_refuses_is_a_400(monkeypatch):
+    """--engine vllm: what vLLM (or the backend for it) refuses raises ValueError from generate (a
+    temperature it would change or refuses, a prompt past its context): each was a 500."""
+    import fake_vllm
+    from transformers import AutoTokenizer
+
+    from orchestrator.models import checkpoint_dir
+    from orchestrator.serve import ChatServer, HTTPError
+
+    fake_vllm.install(monkeypatch)
+    from orchestrator.engines.vllm import VLLMEngine
+
+    engine = VLLMEngine("/models/base", tokenizer=AutoTokenizer.from_pretrained(checkpoint_dir(), local_files_only=True))
+    server = ChatServer(engine, "tiny")
+    with pytest.raises(HTTPError) as refused:
+        asyncio.run(server.chat(chat("base", temperature=0.005)))
+    assert refused.value.status == 400 and "or at least 0.01" in refused.value.message
+    assert asyncio.run(server.chat(chat("base", temperature=0.5)))["choices"][0]["message"]["content"] == "hi"
+    asyncio.run(engine.aclose())
+
+
 def test_a_long_prompt_without_max_tokens_gets_the_room_it_leaves(server):
     """The default of 256 was refused as "max_tokens (256) exceed the model's context" past 1792
     prompt tokens, a max_tokens the client never sent."""
