@@ -45,6 +45,13 @@ class SamplingParams:
             raise ValueError(f"top_logprobs must be a whole number >= 0, got {self.top_logprobs!r}")
 
 
+def cut_at_stop(text: str, stop: tuple[str, ...]) -> str | None:
+    """``text`` up to its earliest stop string, whatever their order (one token may complete two);
+    None where it holds none."""
+    found = [at for s in stop if s and (at := text.find(s)) != -1]
+    return text[:min(found)] if found else None
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
     prompt_ids: tuple[int, ...]

@@ -39,7 +39,7 @@ from ..grammar.book import ConstrainedRow, GrammarBook, book_for
 from ..models import LoadedModel, kv_cache_name
 from ..padding import length_batches
 from .attention import use_decode_attention
-from .base import AdapterVersions, Completion, GenerationRequest
+from .base import AdapterVersions, Completion, GenerationRequest, cut_at_stop
 from .decoder import FusedDecoder
 from .graphs import CaptureRefused, StepGraphs, rows_bucket, window_bucket
 from .kv import BatchKV
@@ -795,10 +795,8 @@ class HFEngine(TokenizerMethods, AdapterVersions):
         if reason is None and not sp.stop:
             return  # the text is only needed to look for stop strings, or once the reply is done
         text = self.decode([t for t in seq.tokens if t not in self.eos_ids])
-        # the earliest stop string in the text, whatever their order: one token may complete two
-        found = [at for stop in sp.stop if stop and (at := text.find(stop)) != -1]
-        if found:
-            text, reason = text[:min(found)], "stop"
+        if (cut := cut_at_stop(text, sp.stop)) is not None:
+            text, reason = cut, "stop"
         if reason:
             seq.done = Completion(
                 token_ids=list(seq.tokens), text=text, logprobs=list(seq.logprobs), finish_reason=reason,

@@ -56,7 +56,7 @@ from typing import Any, Coroutine
 
 import structlog
 
-from .base import AdapterVersions, Completion, FinishReason, GenerationRequest
+from .base import AdapterVersions, Completion, FinishReason, GenerationRequest, cut_at_stop
 from ..grammar.schema import grammar_after
 from .tokens import TokenizerMethods, end_of_turn_ids
 
@@ -224,9 +224,12 @@ class VLLMEngine(TokenizerMethods, AdapterVersions):
 
     def _completion(self, request: GenerationRequest, out: Any, version: _Version | None) -> Completion:
         token_ids = list(out.token_ids)
-        k = request.sampling.top_logprobs
+        text, k = out.text, request.sampling.top_logprobs
+        if isinstance(out.stop_reason, str):  # vLLM cuts at the first stop string listed that it finds, not the earliest
+            cut = cut_at_stop(self.decode(token_ids), request.sampling.stop)
+            text = text if cut is None else cut
         return Completion(
-            token_ids=token_ids, text=out.text, logprobs=sampled_logprobs(out.logprobs, token_ids),
+            token_ids=token_ids, text=text, logprobs=sampled_logprobs(out.logprobs, token_ids),
             finish_reason=finish_reason(out.finish_reason, out.stop_reason),
             adapter=request.adapter, adapter_version=version.version if version else 0,
             top_logprobs=[most_likely(step, k) for step in out.logprobs] if k else None,

@@ -194,6 +194,16 @@ async def test_top_logprobs_are_vllms_ranks_one_to_n(vllm_engine):
     assert (await vllm_engine.generate(req())).top_logprobs is None and fake(vllm_engine).calls[-1].params.logprobs == 0
 
 
+async def test_a_token_that_completes_two_stop_strings_cuts_the_text_at_the_first(vllm_engine, tokenizer):
+    """vLLM's detokenizer cuts at the first stop string listed that a step completed ("re" in " there"),
+    not at the earliest in the text ("th"): the reply kept a stop string. The HF engine cuts at "th"."""
+    ids = tokenizer.encode("Hi there", add_special_tokens=False)
+    assert len(ids) == 2  # " there" is one token: it completes both stop strings
+    fake(vllm_engine).reply = Reply(ids, [-0.5, -0.25], "Hi the", "stop", "re")  # as vLLM answers
+    out = await vllm_engine.generate(req(stop=("re", "th")))
+    assert (out.text, out.finish_reason, out.token_ids) == ("Hi ", "stop", ids)
+
+
 @pytest.mark.parametrize("reason, stop_reason, expected", [
     ("stop", "END", "stop"),  # a stop string
     ("stop", None, "eos"),  # the model's EOS
