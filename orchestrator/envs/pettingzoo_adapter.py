@@ -10,7 +10,9 @@
 Observations become text: boards (``(rows, cols, 2)`` planes: yours, the opponent's) are drawn
 with X for your pieces and O for the opponent's; other observations are listed as numbers. Legal
 moves are the action ids the action mask allows (every action when there is no mask); a role sends
-``{"move": "4"}``. Rewards are PettingZoo's, summed per agent; the results compare the totals.
+``{"move": "4"}``. Chess and Go are drawn from their own state and moved in their own notation
+(``pettingzoo_boards``): ``{"move": "e2e4"}``, ``{"move": "d4"}``. Rewards are PettingZoo's, summed
+per agent; the results compare the totals.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from pydantic import Field, model_validator
 from ..messages import Message
 from .base import StepResult
 from .game import GameConfig, GameEnv, move_of, require, results_by_score
+from .pettingzoo_boards import BOARDS, View
 
 # How each known game's actions read, and whether its board planes are stored column-major.
 HINTS = {
@@ -85,10 +88,14 @@ def module_env(module_name: str, kwargs: dict[str, Any]) -> Any:
     return module.env(**kwargs)
 
 
+def game_key(env_name: str) -> str:
+    """tictactoe_v3 for tictactoe_v3, classic/tictactoe-v3 and pettingzoo.classic.tictactoe_v3."""
+    return re.split(r"[./]", env_name)[-1].replace("-v", "_v")
+
+
 def render_observation(obs: Any, env_name: str) -> str:
     array = np.asarray(obs["observation"] if isinstance(obs, dict) else obs)
-    key = re.split(r"[./]", env_name)[-1].replace("-v", "_v")
-    hint, transpose = HINTS.get(key, ("", False))
+    hint, transpose = HINTS.get(game_key(env_name), ("", False))
     if array.ndim == 3 and array.shape[2] == 2:
         planes = array.transpose(1, 0, 2) if transpose else array
         rows = [" ".join("X" if cell[0] else "O" if cell[1] else "." for cell in row) for row in planes]
@@ -109,6 +116,7 @@ class PettingZooEnv(GameEnv):
         self.env.reset(seed=self.rng.randrange(2**31))
         self.roles_of = dict(zip(self.env.possible_agents, self.config.players))
         self.totals = {p: 0.0 for p in self.config.players}
+        self.board_view = BOARDS.get(game_key(self.config.env))
         self._advance()
 
     def _collect(self) -> dict[str, float]:
@@ -129,27 +137,32 @@ class PettingZooEnv(GameEnv):
                 paid[p] = paid.get(p, 0.0) + value
         return paid
 
-    def legal_moves(self) -> list[str]:
-        obs = self.env.observe(self.env.agent_selection)
+    def view(self) -> View:
+        """The acting agent's observation as text, and its legal moves by name."""
+        agent = self.env.agent_selection
+        obs = self.env.observe(agent)
         if isinstance(obs, dict) and "action_mask" in obs:
-            return [str(i) for i in np.flatnonzero(obs["action_mask"])]
-        return [str(i) for i in range(self.env.action_space(self.env.agent_selection).n)]
+            mask = np.asarray(obs["action_mask"])
+        else:
+            mask = np.ones(self.env.action_space(agent).n)
+        if self.board_view is not None:
+            return self.board_view(self.env.unwrapped, agent, mask)
+        return render_observation(obs, self.config.env), {str(i): int(i) for i in np.flatnonzero(mask)}
 
     def next_role(self) -> str | None:
         return None if self.done or not self.env.agents else self.roles_of[self.env.agent_selection]
 
     def observe(self, role: str) -> dict[str, Any]:
-        agent = self.env.agent_selection
-        return {"observation": render_observation(self.env.observe(agent), self.config.env),
-                "legal_moves": self.legal_moves(), "agent": agent}
+        text, moves = self.view()
+        return {"observation": text, "legal_moves": list(moves), "agent": self.env.agent_selection}
 
     async def step(self, role: str, message: Message) -> StepResult:
         if not message.valid:
             return self.forfeit(role, "invalid")
-        move = move_of(message)
-        if move not in self.legal_moves():
+        action = self.view()[1].get(move_of(message))
+        if action is None:
             return self.forfeit(role, "illegal")
-        self.env.step(int(move))
+        self.env.step(action)
         paid = self._collect()
         for p, value in self._advance().items():
             paid[p] = paid.get(p, 0.0) + value

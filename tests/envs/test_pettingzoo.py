@@ -1,6 +1,11 @@
 """The PettingZoo adapter, on classic turn-based games with random players (extra `games`)."""
 from __future__ import annotations
 
+import json
+import random
+import re
+from collections import Counter, defaultdict
+
 import pytest
 
 from play import moves, play
@@ -10,13 +15,16 @@ from orchestrator.errors import ConfigError
 from orchestrator.team import load_team
 
 
-def zoo(tmp_path, env: str, players: tuple[str, str] = ("p1", "p2")) -> object:
+def zoo(tmp_path, env: str, players: tuple[str, str] = ("p1", "p2"), env_kwargs: str = "{}",
+        max_turns: int = 64) -> object:
     pytest.importorskip("pettingzoo")
     path = write(tmp_path / "team.yaml", f"""
         name: zoo
+        max_turns: {max_turns}
         protocol:
           type: pettingzoo
           env: {env}
+          env_kwargs: {env_kwargs}
           players: [{players[0]}, {players[1]}]
         roles:
           - use: game_player
@@ -111,3 +119,86 @@ def test_an_env_module_whose_env_fails_is_one_line(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(ConfigError, match=r"team.yaml:\d+: protocol: zoo_games.failing: RuntimeError: the board needs a display$"):
         zoo(tmp_path, "zoo_games.failing")
+
+
+# Both sides castle and take en passant (PettingZoo mirrors black's action ids: every kind of move both ways).
+CHESS_OPENING = "e2e4 g8f6 g1f3 g7g6 f1c4 f8g7 e1g1 e8g8 e4e5 d7d5 e5d6 a7a5 h2h3 a5a4 b2b4 a4b3".split()
+
+
+def test_chess_is_played_in_uci_to_the_end(tmp_path):
+    """chess_v6 offered ~7,000 plane numbers and action ids 0..4671; now the board and UCI moves,
+    each played as python-chess plays it, from a set opening, then at random to the end."""
+    chess = pytest.importorskip("chess")
+    boards, promoted = defaultdict(chess.Board), Counter()  # per episode: the game python-chess plays beside the env's
+
+    def player(request):
+        board, view = boards[request.episode], request.context["observation"]
+        assert f"FEN: {board.fen()}\nYou play {'white' if board.turn else 'black'}." in view
+        assert set(request.context["legal_moves"]) == {m.uci() for m in board.legal_moves}
+        if len(board.move_stack) < len(CHESS_OPENING):
+            move = chess.Move.from_uci(CHESS_OPENING[len(board.move_stack)])
+        else:  # promotions first, then captures and pawn moves: random games that end in a few hundred plies
+            legal = sorted(board.legal_moves, key=lambda m: m.uci())
+            rush = [m for m in legal if board.is_capture(m) or board.piece_type_at(m.from_square) == chess.PAWN]
+            move = random.Random(request.seed).choice([m for m in legal if m.promotion] or rush or legal)
+        if move.promotion:
+            promoted[("white" if board.turn else "black", chess.piece_name(move.promotion))] += 1
+        board.push(move)
+        return json.dumps({"move": move.uci()})
+
+    result = play(zoo(tmp_path, "chess_v6", max_turns=1000), {"p1": player, "p2": player}, tmp_path, episodes=2)
+    for ep in result.episodes:
+        board = boards[ep.id]
+        assert ep.status == "ok" and ep.outcome["reason"] == "game_over" and len(ep.turns) == len(board.move_stack)
+        expected = {"1-0": ("win", "loss"), "0-1": ("loss", "win"), "1/2-1/2": ("draw", "draw")}
+        assert tuple(ep.outcome["results"].values()) == expected[board.result(claim_draw=True)]
+    assert {side for side, _ in promoted} == {"white", "black"} and {piece for _, piece in promoted} > {"queen"}
+
+
+def test_chess_refuses_a_move_that_is_not_legal_here(tmp_path):
+    pytest.importorskip("chess")
+    p1, p2 = moves("e2e4"), moves("e7e4")
+    (ep,) = play(zoo(tmp_path, "classic/chess-v6"), {"p1": p1, "p2": p2}, tmp_path).episodes
+    assert ep.outcome["reason"] == "illegal" and ep.rewards == {"p1": 0.0, "p2": -1.0}
+    assert "e7e5" in p2.requests[0].context["legal_moves"] and "2421" not in p2.requests[0].context["legal_moves"]
+    assert p2.requests[0].context["observation"].startswith(
+        "Board (uppercase: white, lowercase: black):\n8 r n b q k b n r\n7 p p p p p p p p\n6 . . . . . . . .\n"
+        "5 . . . . . . . .\n4 . . . . P . . .\n3 . . . . . . . .\n2 P P P P . P P P\n1 R N B Q K B N R\n"
+        "  a b c d e f g h\nFEN: rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1\nYou play black.\n"
+        "Last move: e2e4.")
+
+
+def test_go_is_played_at_points_to_the_end(tmp_path):
+    """go_v5 offered NxNx17 planes and ids 0..N*N; now the board (X yours) and points or pass."""
+    last = {}  # per episode: the previous move, which the next player must see played
+
+    def player(request):
+        view = request.context["observation"]
+        rows = re.findall(r"^ ?(\d+) ((?:[XO.] ){8}[XO.])$", view, re.M)
+        board = {f"{col}{row}": cell for row, cells in rows for col, cell in zip("abcdefghj", cells.split())}
+        assert len(board) == 81 and f"  a b c d e f g h j\nYou play {'white' if request.turn % 2 else 'black'}." in view
+        if request.turn and last[request.episode] != "pass":
+            assert board[last[request.episode]] == "O"  # the opponent's stone, where its move named
+        if request.turn:  # a pass shows only here
+            assert f"Last move: {last[request.episode]}." in view
+        legal = request.context["legal_moves"]
+        assert legal[-1] == "pass" and all(board[point] == "." for point in legal[:-1])
+        last[request.episode] = random.Random(request.seed).choice(legal)
+        return json.dumps({"move": last[request.episode]})
+
+    team = zoo(tmp_path, "go_v5", env_kwargs="{board_size: 9}", max_turns=1000)
+    result = play(team, {"p1": player, "p2": player}, tmp_path, episodes=3)
+    for ep in result.episodes:
+        assert ep.status == "ok" and ep.outcome["reason"] == "game_over" and ep.turns[-1].content == {"move": "pass"}
+        assert sorted(ep.outcome["results"].values()) == ["loss", "win"]  # komi 7.5: never a draw
+
+
+def test_go_points_read_as_drawn(tmp_path):
+    """a1 is the bottom left point, j9 (no i) the top right; black is the first agent."""
+    p1, p2 = moves("a1", "pass"), moves("j9", "pass")
+    (ep,) = play(zoo(tmp_path, "go_v5", env_kwargs="{board_size: 9}"), {"p1": p1, "p2": p2}, tmp_path).episodes
+    assert ep.outcome["reason"] == "game_over" and ep.outcome["results"] == {"p1": "loss", "p2": "win"}  # komi
+    rows = ["9 . . . . . . . . O", *(f"{r} . . . . . . . . ." for r in range(8, 1, -1)), "1 X . . . . . . . .",
+            "  a b c d e f g h j"]
+    assert p1.requests[1].context["observation"].startswith("Board (X: yours, O: your opponent's):\n" + "\n".join(rows))
+    assert p2.requests[0].context["legal_moves"][:2] == ["a9", "b9"] and "a1" not in p2.requests[0].context["legal_moves"]
