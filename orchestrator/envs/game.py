@@ -91,11 +91,12 @@ class GameEnv(Env):
         return {"results": self.results, "reason": self.reason}
 
 
-def results_by_score(scores: dict[str, float]) -> dict[str, Result]:
+def results_by_score(scores: dict[str, float], shared: bool = False) -> dict[str, Result]:
     """Highest score wins; a top score every player shares is a draw, one that only some share a
     win for each of them (TextArena's winning side of three or more players: +1 each). Alone, a
-    player wins with a positive score and loses with a negative one."""
-    if len(scores) == 1:
+    player wins with a positive score and loses with a negative one; so do the players of a
+    ``shared`` game (cooperative: every reward paid to all alike), which win or lose together."""
+    if len(scores) == 1 or shared:
         return {p: ("win" if s > 0 else "draw" if s == 0 else "loss") for p, s in scores.items()}
     best = max(scores.values())
     tied = all(s == best for s in scores.values())

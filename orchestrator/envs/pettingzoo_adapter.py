@@ -12,7 +12,8 @@ with X for your pieces and O for the opponent's; other observations are listed a
 moves are the action ids the action mask allows (every action when there is no mask); a role sends
 ``{"move": "4"}``. Chess and Go are drawn from their own state and moved in their own notation
 (``pettingzoo_boards``): ``{"move": "e2e4"}``, ``{"move": "d4"}``. Rewards are PettingZoo's, summed
-per agent; the results compare the totals.
+per agent; the results compare the totals, except in a game that paid every agent alike every
+time (cooperative, such as Hanabi): there the shared total decides, positive a win for all.
 """
 from __future__ import annotations
 
@@ -116,10 +117,12 @@ class PettingZooEnv(GameEnv):
         self.env.reset(seed=self.rng.randrange(2**31))
         self.roles_of = dict(zip(self.env.possible_agents, self.config.players))
         self.totals = {p: 0.0 for p in self.config.players}
+        self.shared = True  # every reward so far paid to all agents alike
         self.board_view = BOARDS.get(game_key(self.config.env))
         self._advance()
 
     def _collect(self) -> dict[str, float]:
+        self.shared = self.shared and len(set(self.env.rewards.values())) <= 1
         paid = {self.roles_of[a]: float(r) for a, r in self.env.rewards.items() if r}
         for p, value in paid.items():
             self.totals[p] += value
@@ -167,7 +170,7 @@ class PettingZooEnv(GameEnv):
         for p, value in self._advance().items():
             paid[p] = paid.get(p, 0.0) + value
         if not self.env.agents:
-            return self.finish(results_by_score(self.totals), paid, "game_over")
+            return self.finish(results_by_score(self.totals, self.shared), paid, "game_over")
         return StepResult(rewards=paid)
 
     def outcome(self) -> dict[str, Any]:

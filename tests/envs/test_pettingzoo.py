@@ -202,3 +202,60 @@ def test_go_points_read_as_drawn(tmp_path):
             "  a b c d e f g h j"]
     assert p1.requests[1].context["observation"].startswith("Board (X: yours, O: your opponent's):\n" + "\n".join(rows))
     assert p2.requests[0].context["legal_moves"][:2] == ["a9", "b9"] and "a1" not in p2.requests[0].context["legal_moves"]
+
+
+COOPERATIVE = """
+    from gymnasium.spaces import Discrete
+    from pettingzoo import AECEnv
+
+
+    def env(**kwargs):
+        return Together()
+
+
+    class Together(AECEnv):
+        '''Two turns, one each: a point (1), nothing (0) or a slip (2, a point lost), paid to both.'''
+        metadata = {"name": "together_v0"}
+        possible_agents = ["a", "b"]
+
+        def reset(self, seed=None, options=None):
+            self.agents, self.agent_selection, self.moves = list(self.possible_agents), "a", 0
+            self.rewards, self._cumulative_rewards = ({a: 0 for a in self.agents} for _ in range(2))
+            self.terminations, self.truncations = ({a: False for a in self.agents} for _ in range(2))
+            self.infos = {a: {} for a in self.agents}
+
+        def observe(self, agent):
+            return [self.moves]
+
+        def action_space(self, agent):
+            return Discrete(3)
+
+        def step(self, action):
+            if self.terminations[self.agent_selection]:
+                return self._was_dead_step(action)
+            self.moves += 1
+            self.rewards = {a: [0, 1, -1][action] for a in self.agents}
+            self.terminations = {a: self.moves == 2 for a in self.agents}
+            self.agent_selection = "b"
+            self._accumulate_rewards()
+    """
+
+
+@pytest.fixture(scope="module")
+def together(tmp_path_factory):
+    """The module path of the cooperative game above (one package for every case: imported once)."""
+    pytest.importorskip("pettingzoo")
+    root = tmp_path_factory.mktemp("coop")
+    write(root / "coop_games" / "__init__.py", "")
+    write(root / "coop_games" / "together.py", COOPERATIVE)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(root))
+        yield "coop_games.together"
+
+
+@pytest.mark.parametrize("a,b,result", [("1", "0", "win"), ("1", "2", "draw"), ("0", "2", "loss")])
+def test_a_cooperative_game_is_won_or_lost_together(tmp_path, together, a, b, result):
+    """Every reward paid to both alike (Hanabi's way): a shared score above 0 was read as a draw."""
+    (ep,) = play(zoo(tmp_path, together), {"p1": moves(a), "p2": moves(b)}, tmp_path).episodes
+    assert ep.outcome["reason"] == "game_over" and ep.outcome["results"] == {"p1": result, "p2": result}
+    assert ep.outcome["totals"]["p1"] == ep.outcome["totals"]["p2"] == {"win": 1, "draw": 0, "loss": -1}[result]
