@@ -121,6 +121,11 @@ class PettingZooEnv(GameEnv):
         self.board_view = BOARDS.get(game_key(self.config.env))
         self._advance()
 
+    @classmethod
+    def reads(cls, config: PettingZooConfig, role: str) -> dict[str, list[Any] | None]:
+        # a role without it (another protocol's schema) forfeited every game on its first turn
+        return {"move": None} if role in config.players else {}
+
     def _collect(self) -> dict[str, float]:
         self.shared = self.shared and len(set(self.env.rewards.values())) <= 1
         paid = {self.roles_of[a]: float(r) for a, r in self.env.rewards.items() if r}

@@ -259,3 +259,22 @@ def test_a_cooperative_game_is_won_or_lost_together(tmp_path, together, a, b, re
     (ep,) = play(zoo(tmp_path, together), {"p1": moves(a), "p2": moves(b)}, tmp_path).episodes
     assert ep.outcome["reason"] == "game_over" and ep.outcome["results"] == {"p1": result, "p2": result}
     assert ep.outcome["totals"]["p1"] == ep.outcome["totals"]["p2"] == {"win": 1, "draw": 0, "loss": -1}[result]
+
+
+def test_a_player_whose_schema_has_no_move_is_refused_at_load(tmp_path):
+    """It sent its field, the adapter read no move and called it illegal: every game lost on turn 1."""
+    pytest.importorskip("pettingzoo")
+    path = write(tmp_path / "team.yaml", """
+        name: zoo
+        protocol: {type: pettingzoo, env: chess_v6, players: [p1, p2]}
+        roles:
+          - use: game_player
+            name: p1
+            reply_prefix: ""
+            output_schema: {type: object, properties: {action: {type: string}}, required: [action]}
+          - {use: game_player, name: p2}
+        tasks: [{}]
+        """)
+    with pytest.raises(ConfigError, match=r"team.yaml:2: protocol: PettingZooEnv reads field\(s\) move of the messages of role "
+                                          r"'p1', which its output_schema does not declare \(properties: action\)"):
+        load_team(path)
