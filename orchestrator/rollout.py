@@ -172,10 +172,12 @@ def progress_console() -> Console:
 
 
 def summarize(team: Team, records: list[EpisodeRecord], wall_s: float) -> dict[str, Any]:
-    turns = [t for r in records for t in r.turns]
-    attempts = [a for t in turns for a in t.attempts]
-    per_role: dict[str, dict[str, Any]] = {}
+    """Turn counts and rates describe the episodes that ran (a failed one is counted in ``status``,
+    its turns cut short by the fault); throughput counts all the work done in ``wall_s``."""
+    played = [t for r in records for t in r.turns]
     results = [r for r in records if not r.failed]  # a failed episode's rewards are placeholders, no result
+    turns = [t for r in results for t in r.turns]
+    per_role: dict[str, dict[str, Any]] = {}
     for name in team.roles:
         mine = [t for t in turns if t.role == name]
         values = [r.rewards.get(name, 0.0) for r in results]
@@ -186,7 +188,7 @@ def summarize(team: Team, records: list[EpisodeRecord], wall_s: float) -> dict[s
             "invalid_turns": sum(not t.valid for t in mine),
             "retries": sum(t.retries for t in mine),
         }
-    generated = sum(len(a.token_ids or ()) for a in attempts)
+    generated = sum(len(a.token_ids or ()) for t in played for a in t.attempts)
     finished = [r.outcome for r in records if r.status == "ok"]
     try:
         env_metrics = team.env_class.outcome_metrics(team.env_config, finished) if finished else {}
@@ -207,7 +209,7 @@ def summarize(team: Team, records: list[EpisodeRecord], wall_s: float) -> dict[s
         "generated_tokens": generated,
         "wall_s": round(wall_s, 3),
         "generated_tok_s": round(generated / wall_s, 2) if wall_s > 0 else None,
-        "messages_per_s": round(len(turns) / wall_s, 2) if wall_s > 0 else None,
+        "messages_per_s": round(len(played) / wall_s, 2) if wall_s > 0 else None,
     }
 
 

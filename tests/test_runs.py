@@ -125,6 +125,23 @@ def test_replay_exhaustion_and_policy_crash_end_the_episode_not_the_run(tmp_path
     assert len(read_transcripts(tmp_path / "b")) == 2
 
 
+def test_the_summarys_turn_measures_leave_out_the_episodes_that_failed():
+    """A failed episode is counted in `status`; its turns, cut short by the fault, are not in the
+    turn counts and rates (a training step's row leaves them out too), only in the throughput."""
+    from orchestrator.rollout import summarize
+    from support import make_attempt, make_episode
+
+    ran = make_episode(("pro", [make_attempt(token_ids=[1, 2])]), ("con", [make_attempt(token_ids=[3])]), rewards={"pro": 1.0})
+    ran.status = "ok"
+    broke = make_episode(("pro", [make_attempt(valid=False, token_ids=[4]), make_attempt(valid=False, token_ids=[5])]))
+    broke.status = "error"
+    summary = summarize(load_team(ROOT / "recipes/debate.yaml"), [ran, broke], 1.0)
+    assert summary["status"] == {"ok": 1, "error": 1} and summary["turns"] == 2 and summary["retries"] == 0
+    assert summary["valid_turn_rate"] == 1.0 and summary["first_try_valid_rate"] == 1.0
+    assert summary["roles"]["pro"] == {"mean_reward": 1.0, "reward_ci95": None, "turns": 1, "invalid_turns": 0, "retries": 0}
+    assert summary["generated_tokens"] == 5 and summary["messages_per_s"] == 3.0  # the work done, failed or not
+
+
 def test_a_replay_plays_an_episode_id_again_from_the_start(tmp_path):
     # a training run's evaluations reuse one seed, so its episode ids, with the same policies
     team = load_team(ROOT / "recipes/debate.yaml")

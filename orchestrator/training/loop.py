@@ -201,7 +201,7 @@ class TrainingRun:
             row[f"reward/{role}"] = sum(rw[role] for _, rw in results) / len(results)
             if self.cfg.reward != "env" or role in self.cfg.repetition_penalty:  # what the env paid, beside what trained
                 row[f"env_reward/{role}"] = sum(ep.rewards.get(role, 0.0) for ep, _ in results) / len(results)
-        turns = [t for g in groups for ep in g for t in ep.turns]
+        turns = [t for ep, _ in results for t in ep.turns]  # a failed episode's are cut short by its fault, as in summary.json
         row["valid_turn_rate"] = sum(t.valid for t in turns) / max(len(turns), 1)
         for role in self.roles:  # the env's scores of the role's moves, where it scores them
             if scores := [t.score for t in turns if t.role == role and t.score is not None]:

@@ -388,7 +388,7 @@ def breaking_env():
             self.breaks = self.rng.random() < self.task.get("breaks", 0.0)
 
         async def step(self, role, message):
-            if self.breaks:
+            if self.breaks and len(self.history) >= self.task.get("after", 0):  # after that many guesses
                 raise RuntimeError("the env broke")
             return await super().step(role, message)
 
@@ -423,12 +423,19 @@ def test_episodes_that_errored_are_counted_and_not_trained_on(breaking_env, cli,
     from support import train_tiny
 
     run = tmp_path / "run"
-    train_tiny(cli, breaking_recipe(tmp_path, "[{secret: 1, breaks: 0.5}, {secret: 2, breaks: 0.5}]"), run, 1, "--set", "groups_per_step=4")
+    tasks = "[{secret: 1, breaks: 0.5, after: 1}, {secret: 2, breaks: 0.5, after: 1}]"  # a scored guess, then a fault
+    train_tiny(cli, breaking_recipe(tmp_path, tasks), run, 1, "--set", "groups_per_step=4")
     (row,) = [r for r in rows(run) if r["kind"] == "train"]
     lines = (run / "rollouts/step-000001/transcripts.jsonl").read_text().splitlines()
     errored = [json.loads(line) for line in lines if json.loads(line)["status"] == "error"]
     assert row["episodes"] == 8 and row["episodes_errored"] == len(errored) and 0 < len(errored) < 8
     assert all(ep["turns"] and ep["turns"][0]["attempts"][0]["token_ids"] for ep in errored)  # sampled, then broke
+    assert all(ep["turns"][0]["score"] is not None for ep in errored)
+    # the turn measures describe the episodes that ran, as the rollout's summary.json does
+    ran = [t for ep in map(json.loads, lines) if ep["status"] != "error" for t in ep["turns"]]
+    assert row["turn_score/guesser"] == pytest.approx(sum(t["score"] for t in ran) / len(ran))
+    summary = json.loads((run / "rollouts/step-000001/summary.json").read_text())
+    assert row["valid_turn_rate"] == pytest.approx(summary["valid_turn_rate"]) and summary["turns"] == len(ran)
     # an episode of Guess the Number is one datum (its turns continue each other): only the others'
     assert row["guesser/datums"] == 8 - len(errored)
     # nor are they in a baseline: each group's finished episodes are centred among themselves
