@@ -594,8 +594,9 @@ class _Job:
             logps, sums = sent.get()
             named = dict(zip(names, sums.tolist()))
             metrics = {"loss": named.pop("loss"), "loss:sum": named.pop("loss:sum"), "tokens": tokens}
-            for key, value in named.items():
-                metrics[key if key in MEAN_NAMED else f"{key}_mean"] = value / max(tokens, 1.0)
+            if tokens:  # no means over no action tokens: a ratio_mean of 0.0 read as a collapsed policy
+                for key, value in named.items():
+                    metrics[key if key in MEAN_NAMED else f"{key}_mean"] = value / tokens
             return {"loss_fn_outputs": [{"logprobs": lp} for lp in logps.split(lengths)], "metrics": metrics}
 
         return ForwardBackwardOutput(later=arrived)

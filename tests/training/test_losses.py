@@ -252,6 +252,16 @@ def test_on_policy_ratio_is_one(service):
     assert out.metrics["clip_fraction"] == 0.0 and out.metrics["approx_kl"] == pytest.approx(0.0, abs=1e-6)
 
 
+def test_a_call_with_no_action_tokens_leaves_the_per_token_means_out(service):
+    """Every token an observation (forced closing tokens, say): no ratio, KL or entropy was measured,
+    and a step's row leaves them out (loop._calls_summed, _mean) rather than read a ratio of 0.0."""
+    c = service.create_lora_training_client("none", LoraConfig(rank=4))
+    d = datum()
+    d.loss_fn_inputs["mask"] = [0.0] * len(d.loss_fn_inputs["mask"])
+    out = c.forward_backward([d], "ppo", {"kl_coef": 0.1, "entropy_coef": 0.1}).result()
+    assert out.metrics == {"loss": 0.0, "loss:sum": 0.0, "tokens": 0.0}
+
+
 def test_kl_to_base_is_zero_for_a_fresh_adapter(service):
     c = service.create_lora_training_client("kl", LoraConfig(rank=4))
     out = c.forward([datum()], "importance_sampling", {"kl_coef": 0.1}).result()
