@@ -174,6 +174,7 @@ async def _take_turn(
                 reply_prefix=spec.config.reply_prefix if out.json_schema else "",
                 forced_tokens=out.forced_tokens,
                 spelled=out.spelled,
+                completion_tokens=out.completion_tokens,
             )
         )
         if not errors:

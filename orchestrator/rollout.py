@@ -188,7 +188,8 @@ def summarize(team: Team, records: list[EpisodeRecord], wall_s: float) -> dict[s
             "invalid_turns": sum(not t.valid for t in mine),
             "retries": sum(t.retries for t in mine),
         }
-    generated = sum(len(a.token_ids or ()) for t in played for a in t.attempts)
+    generated = sum(len(a.token_ids) if a.token_ids is not None else a.completion_tokens or 0
+                    for t in played for a in t.attempts)
     finished = [r.outcome for r in records if r.status == "ok"]
     try:
         env_metrics = team.env_class.outcome_metrics(team.env_config, finished) if finished else {}

@@ -31,6 +31,7 @@ class Attempt:
     reply_prefix: str = ""
     forced_tokens: int = 0
     spelled: bool = False
+    completion_tokens: int | None = None  # tokens generated, where there are no token_ids (an API's usage)
 
 
 @dataclass

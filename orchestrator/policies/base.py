@@ -41,6 +41,7 @@ class PolicyOutput:
     json_schema: str | None = None
     forced_tokens: int = 0
     spelled: bool = False  # see engines/base.Completion
+    completion_tokens: int | None = None  # tokens generated where no token_ids came back (an API's usage)
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -85,7 +85,10 @@ class OpenAIPolicy:
             text = None
         if not isinstance(text, str):  # a number or an object for content is no reply either
             raise PolicyError(f"{self.base_url}: unexpected response {str(data)[:200]}")
-        return PolicyOutput(text=text, finish_reason=choice.get("finish_reason"))
+        usage = data.get("usage")
+        tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None  # for the run's throughput
+        return PolicyOutput(text=text, finish_reason=choice.get("finish_reason"),
+                            completion_tokens=tokens if type(tokens) is int and tokens >= 0 else None)
 
     async def _send(self, body: dict[str, Any]) -> dict[str, Any]:
         try:

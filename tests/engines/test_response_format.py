@@ -124,6 +124,25 @@ async def test_a_server_without_response_format_gets_plain_requests():
     assert not policy.send_response_format
 
 
+async def test_a_role_played_through_the_api_counts_the_tokens_its_server_says_it_generated(tmp_path):
+    """No token ids come back over the API: the run's generated_tokens counts the response's
+    usage.completion_tokens, not 0 (each reply here is two tokens)."""
+    from pathlib import Path
+
+    from orchestrator.policies.binding import Binding
+    from orchestrator.rollout import RunOptions, build_policies, run_team
+    from orchestrator.team import load_team
+
+    team = load_team(Path(__file__).resolve().parents[2] / "recipes/debate.yaml")
+    async with serving(RecordingEngine()) as url:
+        bindings = {"pro": Binding("builtin", "stub"), "con": Binding("builtin", "stub"), "judge": Binding("openai", f"base@{url}")}
+        result = await run_team(team, build_policies(team, bindings, lambda: None),
+                                RunOptions(episodes=2, seed=0, out_dir=tmp_path, progress=False))
+    attempts = [a for e in result.episodes for t in e.turns if t.role == "judge" for a in t.attempts]
+    assert attempts and all(a.token_ids is None and a.completion_tokens == 2 for a in attempts)
+    assert result.summary["generated_tokens"] == 2 * len(attempts)
+
+
 async def test_other_http_errors_still_fail():
     async with serving(RecordingEngine()) as url:
         with pytest.raises(PolicyError, match="HTTP 404"):
