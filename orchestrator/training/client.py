@@ -45,13 +45,10 @@ from .losses import LOSS_FNS, aggregate, k3_kl, token_logprobs
 from . import prefix_tree
 from .routing import lora_layers, routed
 from .rng import load_rng, save_rng
-from .types import AdamParams, Datum, ForwardBackwardOutput, LoraConfig, OptimStepResponse
+from .types import MEAN_NAMED, AdamParams, Datum, ForwardBackwardOutput, LoraConfig, OptimStepResponse
 
 T = TypeVar("T")
 
-
-# Per-token metrics whose names already say they are means over the action tokens.
-MEAN_NAMED = frozenset({"kl", "approx_kl", "clip_fraction", "entropy"})
 
 class APIFuture(Generic[T]):
     """The result of a submitted call: ``result()`` blocks, ``await result_async()`` does not."""

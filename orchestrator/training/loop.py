@@ -52,7 +52,7 @@ from .repetition import penalise_repetition
 from .rng import load_rng, save_rng, seed_rng
 from .trainer import build_trainer
 from .turn_credit import TurnAdvantages, combined, history_advantages, turn_advantages
-from .types import AdamParams, Datum, LoraConfig
+from .types import MEAN_NAMED, AdamParams, Datum, LoraConfig
 
 log = structlog.get_logger()
 
@@ -306,7 +306,7 @@ class TrainingRun:
                 for adapter, row in done.items():
                     results[adapter].append(row)
             for adapter, rows in results.items():
-                passes[adapter].append(_mean(rows))
+                passes[adapter].append(_pass_summed(rows))
         for adapter, items in live.items():
             metrics.update({f"{adapter}/{k}": v for k, v in _mean(passes[adapter]).items()})
             if epochs > 1:  # how far each pass strayed from the sampler
@@ -583,9 +583,28 @@ def _calls_summed(rows: list[dict[str, float]]) -> dict[str, float]:
     role's own kl or entropy is its tokens' mean, not diluted by the other roles' tokens)."""
     out = {k: sum(row[k] for row in rows) for k in ("loss", "loss:sum", "tokens")}
     for key in {k for row in rows for k in row} - set(out):
-        having = [row for row in rows if key in row]
-        out[key] = sum(row[key] * row["tokens"] for row in having) / (sum(row["tokens"] for row in having) or 1.0)
+        out[key] = _token_mean(rows, key)
     return out
+
+
+def _pass_summed(rows: list[dict[str, float]]) -> dict[str, float]:
+    """An adapter's metrics over a pass from its minibatches' (an optimizer step each): the token
+    counts and summed losses add up and the per-token means are weighted by each minibatch's
+    tokens, so they are the pass's (its tokens, its clip fraction); the rest (the loss, each
+    minibatch's own mean; grad_norm, skipped_step) are means over the optimizer steps."""
+    out = _mean(rows)
+    for key in out:
+        if key in ("tokens", "loss:sum"):
+            out[key] = sum(row[key] for row in rows if key in row)
+        elif key in MEAN_NAMED or key.endswith("_mean"):
+            out[key] = _token_mean(rows, key)
+    return out
+
+
+def _token_mean(rows: list[dict[str, float]], key: str) -> float:
+    """A per-token metric's mean over the tokens of the rows that computed it."""
+    having = [row for row in rows if key in row]
+    return sum(row[key] * row["tokens"] for row in having) / (sum(row["tokens"] for row in having) or 1.0)
 
 
 def _mean(rows: list[dict[str, float]]) -> dict[str, float]:

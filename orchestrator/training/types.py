@@ -108,6 +108,10 @@ class _Arriving:
         return f"{type(self).__name__}({', '.join(f'{k}={getattr(self, k)!r}' for k in self._names)})"
 
 
+# Per-token metrics whose names already say they are means over the action tokens (the others: NAME_mean).
+MEAN_NAMED = frozenset({"kl", "approx_kl", "clip_fraction", "entropy"})
+
+
 class ForwardBackwardOutput(_Arriving):
     """Per datum, ``{"logprobs": ...}`` of its target tokens (0 where its mask is 0); the call's metrics."""
 

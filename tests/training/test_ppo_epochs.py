@@ -82,3 +82,30 @@ def test_minibatches_that_do_not_divide_the_datums_are_still_that_many_optimizer
     run._minibatch, run._publish = minibatch, publish
     asyncio.run(run._update(1, ["pro"], [], None, None))
     assert sorted(sizes, reverse=True) == [2, 1, 1, 1]
+
+
+def test_a_steps_row_counts_all_its_minibatches_tokens():
+    """Minibatches of 30 and 10 action tokens, 10 of the first's clipped: the step trained 40 tokens
+    and clipped a quarter of them (a mean over the minibatches read 20 tokens, a sixth clipped);
+    the loss and grad_norm stay means over the optimizer steps."""
+    from types import SimpleNamespace
+
+    from orchestrator.config import TrainingConfig
+
+    run = TrainingRun.__new__(TrainingRun)
+    run.cfg, run.options = TrainingConfig(minibatches=2), SimpleNamespace(seed=0)
+    run._datums = lambda adapter, *_: ([((1.0, None), n) for n in range(4)], [], {})
+    rows = iter([{"loss": 0.4, "loss:sum": 12.0, "tokens": 30.0, "clip_fraction": 1 / 3, "grad_norm": 1.0},
+                 {"loss": 0.2, "loss:sum": 2.0, "tokens": 10.0, "clip_fraction": 0.0, "grad_norm": 3.0}])
+
+    async def minibatch(batches):
+        return {"pro": next(rows)}
+
+    async def publish(adapter):
+        return 2
+
+    run._minibatch, run._publish = minibatch, publish
+    row = asyncio.run(run._update(1, ["pro"], [], None, None))
+    assert (row["pro/tokens"], row["pro/loss:sum"]) == (40.0, 14.0)
+    assert row["pro/clip_fraction"] == pytest.approx(0.25)
+    assert row["pro/loss"] == pytest.approx(0.3) and row["pro/grad_norm"] == 2.0
