@@ -34,6 +34,7 @@ from .policies.python import PythonPolicy
 from .policies.replay import ReplayPolicy
 from .registry import Registry, default_registry
 from .team import Team
+from .training.metrics import write_atomic
 from .transcript import EpisodeRecord
 
 log = structlog.get_logger()
@@ -103,7 +104,7 @@ async def run_team(team: Team, policies: Mapping[str, Policy], options: RunOptio
     run_dir = options.out_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     config = {"team": team.resolved(), "run": {"episodes": options.episodes, "seed": options.seed, **options.extra}}
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True), encoding="utf-8")
+    write_atomic(run_dir / "config.yaml", yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
 
     semaphore = asyncio.Semaphore(options.concurrency)
     records: list[EpisodeRecord] = []

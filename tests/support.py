@@ -194,3 +194,43 @@ def _sandbox_here() -> bool:
 
 # tests that run a team's code: the sandbox needs root and bwrap or unshare
 needs_sandbox = pytest.mark.skipif(not _sandbox_here(), reason="the sandbox needs root and bwrap or unshare")
+
+
+class Killed(BaseException):
+    """The process dying, as a test plays it (no ``except Exception`` of the code under test stops it)."""
+
+
+def killed_writing(monkeypatch, name: str) -> None:
+    """A file whose name holds ``name``, opened for writing, gets the first half of what is written
+    to it, then the process dies (Killed): a kill while that file was written."""
+    import builtins
+    import io
+    import os
+
+    real = io.open
+
+    class Half:
+        def __init__(self, fh):
+            self.fh = fh
+
+        def write(self, data):
+            self.fh.write(data[: len(data) // 2])
+            self.fh.close()
+            raise Killed
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.fh.close()
+
+        def __getattr__(self, attr):
+            return getattr(self.fh, attr)
+
+    def opener(file, mode="r", *args, **kwargs):
+        fh = real(file, mode, *args, **kwargs)
+        writing = isinstance(file, (str, os.PathLike)) and any(c in mode for c in "wax")
+        return Half(fh) if writing and name in os.path.basename(file) else fh
+
+    monkeypatch.setattr(io, "open", opener)
+    monkeypatch.setattr(builtins, "open", opener)

@@ -5,7 +5,8 @@ import asyncio
 import json
 from pathlib import Path
 
-from support import no_engine, write
+import pytest
+from support import Killed, killed_writing, no_engine, write
 from orchestrator.policies.base import PolicyRequest
 from orchestrator.policies.binding import Binding
 from orchestrator.policies.python import PythonPolicy
@@ -95,6 +96,19 @@ def test_a_reply_with_a_lone_surrogate_is_written_and_read_back(tmp_path):
     result = asyncio.run(run_team(team, policies, RunOptions(episodes=1, seed=0, out_dir=tmp_path, progress=False)))
     assert result.episodes[0].status == "ok"
     assert read_transcripts(tmp_path)[0]["turns"][1]["attempts"][0]["text"] == 'file \udcff: {"argument": "x"}'
+
+
+def test_a_kill_while_config_yaml_is_written_leaves_no_half_config(tmp_path, monkeypatch):
+    # a half config.yaml made the dir a run's (--out refused it) that no command could read
+    from orchestrator.launch import recorded_run, run_dir
+
+    team = load_team(ROOT / "recipes/debate.yaml")
+    policies = build_policies(team, stub_all(team), no_engine)
+    killed_writing(monkeypatch, "config.yaml")
+    with pytest.raises(Killed):
+        asyncio.run(run_team(team, policies, RunOptions(episodes=1, seed=0, out_dir=tmp_path / "run", progress=False)))
+    monkeypatch.undo()
+    assert recorded_run(tmp_path / "run") is None and run_dir(tmp_path / "run", "debate", fresh=True)
 
 
 def stub_all(team):

@@ -42,6 +42,7 @@ from ..grammar.book import book_for
 from ..models import LoadedModel, bf16_native, load_model
 from ..upload import Download, move_together, upload
 from .losses import LOSS_FNS, aggregate, k3_kl, token_logprobs
+from .metrics import write_atomic
 from . import prefix_tree
 from .routing import lora_layers, routed
 from .rng import load_rng, save_rng
@@ -480,7 +481,7 @@ class TrainingClient:
         tmp = folder / ".adapter_model.safetensors.tmp"
         save_file(state, str(tmp))
         os.replace(tmp, folder / "adapter_model.safetensors")
-        (folder / "adapter_config.json").write_text(json.dumps(config, indent=2, default=str))
+        write_atomic(folder / "adapter_config.json", json.dumps(config, indent=2, default=str))
         return state, config
 
     # what _save_state writes and load_state reads: a checkpoint lacking one is damaged

@@ -477,7 +477,7 @@ class TrainingRun:
     def _write_config(self) -> None:
         config = {"recipe": self.team.resolved(), "run": {"seed": self.options.seed, "model": self.options.model,
                                                           "dtype": self.options.dtype, "steps": self.steps, **self.options.extra}}
-        (self.run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
+        write_atomic(self.run_dir / "config.yaml", yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
 
     def _record_steps(self) -> None:
         """A resume with more --steps makes them the run's: a later --resume (after a crash in the

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from support import metric_rows as rows
-from support import tiny_engine, train_tiny, write
+from support import Killed, killed_writing, tiny_engine, train_tiny, write
 from support import train_recipe as recipe
 
 def train(*args: str, **kwargs) -> subprocess.Popen:
@@ -97,9 +97,6 @@ def test_a_kill_while_the_sampler_dir_is_written_leaves_its_last_weights_whole(t
     from orchestrator.training.client import ServiceClient
     from orchestrator.training.types import LoraConfig
 
-    class Killed(Exception):
-        pass
-
     service = ServiceClient("tiny")
     try:
         client = service.create_lora_training_client("pro", LoraConfig(rank=2))
@@ -121,8 +118,31 @@ def test_a_kill_while_the_sampler_dir_is_written_leaves_its_last_weights_whole(t
             client.save_weights(folder).result()
         after = load_file(str(folder / "adapter_model.safetensors"))
         assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+        monkeypatch.undo()
+        config = (folder / "adapter_config.json").read_text()
+        killed_writing(monkeypatch, "adapter_config.json")  # half a JSON file: the dir no longer loads
+        with pytest.raises(Killed):
+            client.save_weights(folder).result()
+        assert (folder / "adapter_config.json").read_text() == config
     finally:
         service.close()
+
+
+def test_a_kill_while_a_training_runs_config_is_written_leaves_no_half_config(tmp_path, monkeypatch):
+    # a half config.yaml: --resume and `rolecast report` call the dir no rolecast run
+    from types import SimpleNamespace
+
+    from orchestrator.launch import recorded_run
+    from orchestrator.team import load_team
+    from orchestrator.training.loop import TrainingRun
+
+    run = SimpleNamespace(team=load_team(recipe(tmp_path, 1)), steps=1, run_dir=tmp_path,
+                          options=SimpleNamespace(seed=0, model="tiny", dtype="float32", extra={}))
+    killed_writing(monkeypatch, "config.yaml")
+    with pytest.raises(Killed):
+        TrainingRun._write_config(run)
+    monkeypatch.undo()
+    assert recorded_run(tmp_path) is None
 
 
 def test_sigkill_then_resume_continues_after_the_last_checkpoint(tmp_path):
