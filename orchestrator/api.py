@@ -85,7 +85,8 @@ def run(team: TeamLike, *, episodes: int | None = None, tasks: Sequence[str | Ma
     ``tasks`` replace the team's (each as ``--task`` reads it, or a task mapping); ``policies``
     bind roles (role -> ``replay:FILE``, ``builtin:NAME``, ``openai:MODEL@URL`` ... or a callable
     ``fn(request) -> str``); ``adapters`` load PEFT adapter dirs under the names the roles play.
-    The result holds the run dir, the summary (summary.json) and every episode's record."""
+    The result holds the run dir, the summary (summary.json) and every episode's record (read back from
+    transcripts.jsonl as each is asked for: a run of millions of episodes need not fit in memory)."""
     _check_arguments(team=team, episodes=episodes, concurrency=concurrency, timeout=timeout, seed=seed, tasks=tasks,
                      policies=policies, adapters=adapters, out=out)
     team = _team(team)
@@ -102,7 +103,7 @@ def run(team: TeamLike, *, episodes: int | None = None, tasks: Sequence[str | Ma
         with closed_on_error(workers):
             options = RunOptions(
                 episodes=episodes or cfg.episodes, seed=seed, out_dir=out_dir, concurrency=concurrency or cfg.concurrency,
-                episode_timeout_s=timeout or cfg.episode_timeout_s, progress=progress,
+                episode_timeout_s=timeout or cfg.episode_timeout_s, progress=progress, keep_episodes=False,
                 extra={**_record(compute, model, overrides, loaded), "rollout_workers": workers.workers if workers else None})
             return _sync(lambda: play(team, policies_, options, workers, overrides))
 
@@ -154,7 +155,7 @@ def evaluate(team: TeamLike, *, episodes: int | None = None, held_out: bool = Fa
         with closed_on_error(workers):
             options = RunOptions(episodes=episodes or 100, seed=seed, out_dir=out_dir,
                                  concurrency=concurrency or cfg.concurrency, episode_timeout_s=cfg.episode_timeout_s,
-                                 progress=progress,
+                                 progress=progress, keep_episodes=False,
                                  extra={"eval": True, "opponent": opponent, **_record(compute, model, overrides, loaded)})
             result = _sync(lambda: play(team, policies_, options, workers, overrides))
         report = {"team": team.name, "episodes": len(result.episodes), "status": result.summary["status"],

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,11 +46,10 @@ def episode_results(team: Team, record: EpisodeRecord) -> dict[str, str]:
             for name, r in record.rewards.items() if team.roles[name].config.policy.trainable}
 
 
-def evaluate(team: Team, records: list[EpisodeRecord], summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def evaluate(team: Team, records: Sequence[EpisodeRecord], summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Per role that has a result: counts, rates with Wilson intervals, mean reward."""
-    finished = [r for r in records if r.status == "ok"]
     counts: dict[str, Counter] = {}
-    for record in finished:
+    for record in (r for r in records if r.status == "ok"):  # one at a time: a run's may be read back from disk
         for role, result in episode_results(team, record).items():
             counts.setdefault(role, Counter())[result] += 1
     out: dict[str, dict[str, Any]] = {}

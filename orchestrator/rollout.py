@@ -12,8 +12,9 @@ import asyncio
 import json
 import math
 import time
+from array import array
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from .engines.base import Engine
+from .envs.base import Env
 from .episode import run_episode
 from .errors import RolecastError
 from .policies.base import Policy
@@ -54,20 +56,24 @@ class RunOptions:
     # where episodes are played: None = here, with the given policies; else a coroutine function
     # that plays a record elsewhere and returns it played (a rollout worker: workers.py)
     play: Callable[[EpisodeRecord], Awaitable[EpisodeRecord]] | None = None
+    # False: the result's episodes are read back from transcripts.jsonl when asked for, not held
+    keep_episodes: bool = True
 
 
 @dataclass
 class RunResult:
     run_dir: Path
     summary: dict[str, Any]
-    episodes: list[EpisodeRecord]
+    episodes: Sequence[EpisodeRecord]  # in index order
 
 
-def every_episode_failed(episodes: list[EpisodeRecord]) -> EpisodeRecord | None:
+def every_episode_failed(episodes: Sequence[EpisodeRecord]) -> EpisodeRecord | None:
     """The first episode when every one of ``episodes`` errored or timed out (their rewards are
     zeros that would read as a result), else None."""
-    failed = [e for e in episodes if e.failed]
-    return failed[0] if failed and len(failed) == len(episodes) else None
+    for episode in episodes:
+        if not episode.failed:
+            return None
+    return episodes[0] if episodes else None
 
 
 def build_policies(
@@ -106,12 +112,17 @@ async def run_team(team: Team, policies: Mapping[str, Policy], options: RunOptio
     config = {"team": team.resolved(), "run": {"episodes": options.episodes, "seed": options.seed, **options.extra}}
     write_atomic(run_dir / "config.yaml", yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
 
-    semaphore = asyncio.Semaphore(options.concurrency)
-    records: list[EpisodeRecord] = []
+    tally = Tally(team)
+    kept: list[EpisodeRecord] | None = [] if options.keep_episodes else None
+    offsets = array("q", bytes(8 * options.episodes))  # episode index -> its line's byte offset in transcripts.jsonl
     started = time.perf_counter()
-    transcripts = (run_dir / "transcripts.jsonl").open("w", encoding="utf-8")
+    path = run_dir / "transcripts.jsonl"
+    transcripts = path.open("wb")
     progress = _progress(options.progress)
     bar = progress.add_task(f"{team.name} episodes", total=options.episodes)
+    # concurrency workers draw the next episode index as each finishes one: an episode's record
+    # (and its task) exists only while it is in flight, whatever the number of episodes
+    indices = iter(range(options.episodes))
 
     async def one(index: int) -> None:
         record = EpisodeRecord(
@@ -122,35 +133,66 @@ async def run_team(team: Team, policies: Mapping[str, Policy], options: RunOptio
             seed=options.seed,
             adapters=options.adapters_for(index) if options.adapters_for else {},
         )
-        async with semaphore:
-            t0 = time.perf_counter()
-            deadline = asyncio.timeout(options.episode_timeout_s)
-            try:
-                played = options.play(record) if options.play else run_episode(team, policies, record)
-                async with deadline:
-                    record = await played
-            except Exception as exc:  # a policy or environment fault ends this episode, not the run
-                if deadline.expired():  # a TimeoutError of a policy's own (its API call's) is a fault like any other
-                    record.status, record.error = "timeout", f"episode exceeded {options.episode_timeout_s:g}s"
-                else:
-                    record.status, record.error = "error", f"{type(exc).__name__}: {exc}"
-                    log.warning("episode failed", episode=record.id, error=record.error)
-            record.duration_s = time.perf_counter() - t0
-        records.append(record)
-        transcripts.write(record.dumps() + "\n")
+        t0 = time.perf_counter()
+        deadline = asyncio.timeout(options.episode_timeout_s)
+        try:
+            played = options.play(record) if options.play else run_episode(team, policies, record)
+            async with deadline:
+                record = await played
+        except Exception as exc:  # a policy or environment fault ends this episode, not the run
+            if deadline.expired():  # a TimeoutError of a policy's own (its API call's) is a fault like any other
+                record.status, record.error = "timeout", f"episode exceeded {options.episode_timeout_s:g}s"
+            else:
+                record.status, record.error = "error", f"{type(exc).__name__}: {exc}"
+                log.warning("episode failed", episode=record.id, error=record.error)
+        record.duration_s = time.perf_counter() - t0
+        tally.add(record)
+        if kept is not None:
+            kept.append(record)
+        offsets[index] = transcripts.tell()
+        transcripts.write((record.dumps() + "\n").encode("utf-8"))
         transcripts.flush()
         progress.advance(bar)
 
+    async def worker() -> None:
+        for index in indices:
+            await one(index)
+
     try:
         with progress:
-            await asyncio.gather(*(one(i) for i in range(options.episodes)))
+            await asyncio.gather(*(worker() for _ in range(min(options.concurrency, options.episodes))))
     finally:
         transcripts.close()
-    records.sort(key=lambda r: r.index)
-    summary = summarize(team, records, time.perf_counter() - started)
+    if kept is not None:
+        kept.sort(key=lambda r: r.index)
+    summary = tally.summary(time.perf_counter() - started)
     summary["run_dir"] = str(run_dir)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
-    return RunResult(run_dir=run_dir, summary=summary, episodes=records)
+    return RunResult(run_dir=run_dir, summary=summary, episodes=Transcripts(path, offsets) if kept is None else kept)
+
+
+class Transcripts(Sequence[EpisodeRecord]):
+    """A run's episode records in index order, each read back from its transcripts.jsonl when asked
+    for: a run of millions of episodes need not hold them all."""
+
+    def __init__(self, path: Path, offsets: array):
+        self.path, self.offsets = path, offsets
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        with self.path.open("rb") as fh:
+            fh.seek(self.offsets[i])
+            return EpisodeRecord.loads(fh.readline())
+
+    def __iter__(self) -> Iterator[EpisodeRecord]:
+        with self.path.open("rb") as fh:
+            for offset in self.offsets:
+                fh.seek(offset)
+                yield EpisodeRecord.loads(fh.readline())
 
 
 def _progress(enabled: bool) -> Progress:
@@ -172,51 +214,82 @@ def progress_console() -> Console:
     return Console(stderr=True)
 
 
-def summarize(team: Team, records: list[EpisodeRecord], wall_s: float) -> dict[str, Any]:
-    """Turn counts and rates describe the episodes that ran (a failed one is counted in ``status``,
-    its turns cut short by the fault); throughput counts all the work done in ``wall_s``."""
-    played = [t for r in records for t in r.turns]
-    results = [r for r in records if not r.failed]  # a failed episode's rewards are placeholders, no result
-    turns = [t for r in results for t in r.turns]
-    per_role: dict[str, dict[str, Any]] = {}
-    for name in team.roles:
-        mine = [t for t in turns if t.role == name]
-        values = [r.rewards.get(name, 0.0) for r in results]
-        per_role[name] = {
-            "mean_reward": _mean(values),
-            "reward_ci95": _ci95(values),
-            "turns": len(mine),
-            "invalid_turns": sum(not t.valid for t in mine),
-            "retries": sum(t.retries for t in mine),
+def summarize(team: Team, records: Sequence[EpisodeRecord], wall_s: float) -> dict[str, Any]:
+    tally = Tally(team)
+    for record in records:
+        tally.add(record)
+    return tally.summary(wall_s)
+
+
+class Tally:
+    """summary.json's counts, added up one episode at a time as each finishes. Turn counts and
+    rates describe the episodes that ran (a failed one is counted in ``status``, its turns cut
+    short by the fault); throughput counts all the work done in ``wall_s``."""
+
+    def __init__(self, team: Team):
+        self.team = team
+        self.status: Counter[str] = Counter()
+        self.turns = self.valid_turns = self.first_tries = self.first_try_valid = self.retries = 0
+        self.played = self.generated = 0  # every episode's turns and tokens, failed ones' too
+        self.roles = {name: {"rewards": array("d"), "turns": 0, "invalid_turns": 0, "retries": 0} for name in team.roles}
+        # only an env that measures outcomes keeps them (for its outcome_metrics, which takes them all)
+        self.outcomes: list[dict[str, Any]] | None = (
+            [] if getattr(team.env_class.outcome_metrics, "__func__", None) is not Env.outcome_metrics.__func__ else None)
+
+    def add(self, record: EpisodeRecord) -> None:
+        self.status[record.status] += 1
+        for t in record.turns:
+            self.played += 1
+            self.generated += sum(len(a.token_ids) if a.token_ids is not None else a.completion_tokens or 0
+                                  for a in t.attempts)
+        if record.failed:  # its rewards are placeholders, no result, and its turns were cut short
+            return
+        for t in record.turns:
+            self.turns += 1
+            self.valid_turns += t.valid
+            self.retries += t.retries
+            if t.attempts:
+                self.first_tries += 1
+                self.first_try_valid += t.attempts[0].valid
+            if role := self.roles.get(t.role):
+                role["turns"] += 1
+                role["invalid_turns"] += not t.valid
+                role["retries"] += t.retries
+        for name, role in self.roles.items():
+            role["rewards"].append(record.rewards.get(name, 0.0))
+        if record.status == "ok" and self.outcomes is not None:
+            self.outcomes.append(record.outcome)
+
+    def summary(self, wall_s: float) -> dict[str, Any]:
+        team = self.team
+        per_role = {name: {"mean_reward": _mean(r["rewards"]), "reward_ci95": _ci95(r["rewards"]),
+                           "turns": r["turns"], "invalid_turns": r["invalid_turns"], "retries": r["retries"]}
+                    for name, r in self.roles.items()}
+        try:
+            env_metrics = team.env_class.outcome_metrics(team.env_config, self.outcomes) if self.outcomes else {}
+            env_metrics = {k: round(float(v), 4) for k, v in env_metrics.items()}
+        except Exception as exc:  # an env plugin's fault, found after every episode: it costs its measures, not the summary
+            log.warning("outcome_metrics failed", env=team.env_class.__name__, error=f"{type(exc).__name__}: {exc}")
+            env_metrics = {}
+        return {
+            "team": team.name,
+            "episodes": sum(self.status.values()),
+            "status": dict(self.status),
+            "turns": self.turns,
+            "valid_turn_rate": round(self.valid_turns / self.turns, 4) if self.turns else None,
+            "first_try_valid_rate": round(self.first_try_valid / self.first_tries, 4) if self.first_tries else None,
+            "retries": self.retries,
+            "roles": per_role,
+            "env": env_metrics,
+            "generated_tokens": self.generated,
+            "wall_s": round(wall_s, 3),
+            "generated_tok_s": round(self.generated / wall_s, 2) if wall_s > 0 else None,
+            "messages_per_s": round(self.played / wall_s, 2) if wall_s > 0 else None,
         }
-    generated = sum(len(a.token_ids) if a.token_ids is not None else a.completion_tokens or 0
-                    for t in played for a in t.attempts)
-    finished = [r.outcome for r in records if r.status == "ok"]
-    try:
-        env_metrics = team.env_class.outcome_metrics(team.env_config, finished) if finished else {}
-        env_metrics = {k: round(float(v), 4) for k, v in env_metrics.items()}
-    except Exception as exc:  # an env plugin's fault, found after every episode: it costs its measures, not the summary
-        log.warning("outcome_metrics failed", env=team.env_class.__name__, error=f"{type(exc).__name__}: {exc}")
-        env_metrics = {}
-    return {
-        "team": team.name,
-        "episodes": len(records),
-        "status": dict(Counter(r.status for r in records)),
-        "turns": len(turns),
-        "valid_turn_rate": _mean([float(t.valid) for t in turns]),
-        "first_try_valid_rate": _mean([float(t.attempts[0].valid) for t in turns if t.attempts]),
-        "retries": sum(t.retries for t in turns),
-        "roles": per_role,
-        "env": env_metrics,
-        "generated_tokens": generated,
-        "wall_s": round(wall_s, 3),
-        "generated_tok_s": round(generated / wall_s, 2) if wall_s > 0 else None,
-        "messages_per_s": round(len(played) / wall_s, 2) if wall_s > 0 else None,
-    }
 
 
-def _mean(values: list[float]) -> float | None:
-    return round(sum(values) / len(values), 4) if values else None
+def _mean(values: Sequence[float]) -> float | None:
+    return round(math.fsum(values) / len(values), 4) if values else None  # fsum: exact, whatever order episodes finished in
 
 
 # Student's t 97.5% quantiles for 1..30 degrees of freedom
@@ -225,13 +298,13 @@ _T975 = (12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.306, 2.2622,
          2.0518, 2.0484, 2.0452, 2.0423)
 
 
-def _ci95(values: list[float]) -> float | None:
+def _ci95(values: Sequence[float]) -> float | None:
     """Half-width of a Student's t 95% interval of the mean: 1.96 (the normal quantile) covered
     70% of means at 2 episodes, 91% at 8."""
     if len(values) < 2:
         return None
-    n, m = len(values), sum(values) / len(values)
-    var = sum((v - m) ** 2 for v in values) / (n - 1)
+    n, m = len(values), math.fsum(values) / len(values)
+    var = math.fsum((v - m) ** 2 for v in values) / (n - 1)
     z = 1.959964  # past 30 degrees of freedom, the quantile's expansion in 1/df (Cornish-Fisher), within 1e-4
     t = _T975[n - 2] if n <= 31 else z + (z**3 + z) / (4 * (n - 1)) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * (n - 1) ** 2)
     return round(t * math.sqrt(var / n), 4)

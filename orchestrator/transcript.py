@@ -77,6 +77,13 @@ class EpisodeRecord:
             return json.dumps(self, default=as_json)
         return line
 
+    @classmethod
+    def loads(cls, line: str | bytes) -> EpisodeRecord:
+        """The record ``dumps`` wrote as ``line``."""
+        data = json.loads(line)
+        data["turns"] = [Turn(**{**t, "attempts": [Attempt(**a) for a in t["attempts"]]}) for t in data["turns"]]
+        return cls(**data)
+
 
 def as_json(value: Any) -> dict[str, Any]:
     """``json.dumps``'s ``default`` for the records: an object's attributes (a dataclass's fields)."""

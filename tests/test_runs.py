@@ -111,6 +111,38 @@ def test_a_kill_while_config_yaml_is_written_leaves_no_half_config(tmp_path, mon
     assert recorded_run(tmp_path / "run") is None and run_dir(tmp_path / "run", "debate", fresh=True)
 
 
+def test_a_run_builds_only_the_episodes_in_flight_and_can_leave_them_on_disk(tmp_path):
+    # every episode's record (and task) was built before the first was played, and every played one
+    # kept: 2,000,000 episodes held 14 GB
+    team = load_team(ROOT / "recipes/debate.yaml")
+    built, seen = [], []
+
+    async def pro(request):  # it yields, as a model's does: the other episodes go on meanwhile
+        await asyncio.sleep(0)
+        seen.append(len(built))
+        return '{"argument": "x"}'
+
+    results = []
+    for keep in (True, False):
+        built.clear()
+        policies = build_policies(team, stub_all(team), no_engine)
+        policies["pro"] = PythonPolicy(pro)
+        options = RunOptions(episodes=60, seed=3, out_dir=tmp_path / str(keep), concurrency=4, progress=False,
+                             adapters_for=lambda i: built.append(i) or {}, keep_episodes=keep)
+        results.append(asyncio.run(run_team(team, policies, options)))
+        assert built == list(range(60)) and seen[0] <= 4
+    kept, read_back = results
+    assert isinstance(kept.episodes, list) and not isinstance(read_back.episodes, list)
+    assert [e.index for e in read_back.episodes] == list(range(60)) and read_back.episodes[-1].index == 59
+    assert ([strip_times(json.loads(e.dumps())) for e in read_back.episodes[10:20]]
+            == [strip_times(json.loads(e.dumps())) for e in kept.episodes[10:20]])
+    assert read_back.episodes[0].turns[0].attempts[0].text == '{"argument": "x"}'
+    assert strip_times(read_back.summary) == {**strip_times(kept.summary), "run_dir": str(tmp_path / "False"),
+                                              "wall_s": read_back.summary["wall_s"],
+                                              "messages_per_s": read_back.summary["messages_per_s"],
+                                              "generated_tok_s": read_back.summary["generated_tok_s"]}
+
+
 def stub_all(team):
     """Bind every role to the stub; a test then swaps in the policies it is about."""
     return {name: Binding("builtin", "stub") for name in team.roles}
