@@ -32,7 +32,7 @@ from .errors import RolecastError
 from .launch import (Compute, adapter_dirs, bindings, claimed, closed_on_error, play, policies_and_workers,
                      recorded_run, run_dir)
 from .rollout import RunOptions, RunResult
-from .team import Team, with_training_options
+from .team import PLUGIN_OPTIONS, Team, with_training_options
 from .team import load_team as _load_team
 from .yamlfile import format_loc
 
@@ -235,6 +235,8 @@ class _Unset:
 
 
 _UNSET = _Unset()
+# training options the recipe writes out key by key, no defaults filled in
+_WRITTEN = tuple(("training", k) for k in (*PLUGIN_OPTIONS, "role_loss_config", "repetition_penalty"))
 
 
 def _learnt_from(recipe: Mapping[str, Any], team: Team) -> dict[str, Any]:
@@ -258,11 +260,13 @@ def _learnt_from(recipe: Mapping[str, Any], team: Team) -> dict[str, Any]:
 
 
 def _first_change(then: Any, now: Any, loc: tuple = ()) -> tuple | None:
-    """Where recorded ``then`` and ``now`` first differ. In the protocol, the tasks and a role's
-    params a key one side lacks is an edit; elsewhere (options the code fills in) it is an option
-    newer than the run, or gone since, with nothing to compare it with."""
+    """Where recorded ``then`` and ``now`` first differ. In the protocol, the tasks, a role's params
+    and the training options written key by key (``_WRITTEN``: a ``--set`` left off) a key one side
+    lacks is an edit; elsewhere (options the code fills in) it is an option newer than the run, or
+    gone since, with nothing to compare it with."""
     if isinstance(then, dict) and isinstance(now, dict):
-        if (loc[:1] in (("protocol",), ("tasks",)) or "params" in loc) and (odd := sorted(set(then) ^ set(now), key=str)):
+        if (loc[:1] in (("protocol",), ("tasks",)) or loc[:2] in _WRITTEN or "params" in loc) \
+                and (odd := sorted(set(then) ^ set(now), key=str)):
             return loc + (odd[0],)
         return next((c for k in then if k in now and (c := _first_change(then[k], now[k], loc + (k,)))), None)
     if isinstance(then, list) and isinstance(now, list) and len(then) == len(now):

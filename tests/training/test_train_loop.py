@@ -327,6 +327,28 @@ def test_resume_refuses_a_recipe_edited_since_the_run_started(tmp_path):
     assert as_started(load_team(moved), run, Compute(), None, None)[1:] == (0, 1)
 
 
+def test_resume_refuses_a_plugin_option_set_then_and_left_off_now(tmp_path):
+    """A plugin's options (trainer_config, loss_config, ...) are recorded as written: a key there
+    that one side lacked was passed over, so a run started with --set loss_config.entropy_coef=0.1
+    resumed without it (or with one it never had) without a word and trained another loss."""
+    import yaml
+
+    from orchestrator.api import as_started, load_team
+    from orchestrator.errors import RolecastError
+    from orchestrator.launch import Compute
+
+    recipe = Path(__file__).resolve().parents[2] / "recipes/rps_population.yaml"
+    for then, now, words in (({"loss_config.entropy_coef": 0.1}, {}, "training.loss_config.entropy_coef = 0.1, "
+                                                                     "this command has (not set)"),
+                             ({}, {"trainer_config.elo_k": 32.0}, "training.trainer_config.elo_k = (not set), "
+                                                                  "this command has 32.0")):
+        run = write(tmp_path / "run" / "config.yaml", yaml.safe_dump(
+            {"recipe": load_team(recipe, then).resolved(), "run": {"seed": 0, "model": "tiny", "steps": 1}})).parent
+        with pytest.raises(RolecastError, match="was started with " + re.escape(words)):
+            as_started(load_team(recipe, now), run, Compute(), None, None)
+    assert as_started(load_team(recipe, then), run, Compute(), None, None)[1:] == (0, 1)
+
+
 def test_a_resumed_run_with_lora_dropout_trains_the_weights_of_one_run_straight(cli, tmp_path):
     """LoRA dropout draws from torch's generator, which a process seeds from the OS: a run seeds
     it from --seed, so two runs, and a run and its resumed twin, drop the same units."""
