@@ -4,7 +4,7 @@ same seed and budget, then put their held-out evaluation curves side by side.
 Each strategy trains in ``OUT/<strategy>/`` (a normal run dir); a strategy whose run has a
 checkpoint resumes from it (one that stopped before its first checkpoint starts over), so an
 interrupted comparison goes on where it stopped; a strategy's folder that holds other files is
-refused before anything trains. ``OUT`` gets
+refused before anything trains, as is an ``OUT`` holding a run of another recipe. ``OUT`` gets
 ``compare.json`` (per strategy and evaluation step: each role's mean environment reward and its
 95% interval) and ``compare.png``.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RolecastError
-from ..launch import LOCK_FILE, claimed, run_dir
+from ..launch import LOCK_FILE, claimed, recorded_run, run_dir
 from .flags import add_training_flags, compute_options, parse_sets, positive_int
 
 
@@ -45,6 +45,11 @@ def handle(args: argparse.Namespace) -> int:
         raise RolecastError(f"{base.path}: the recipe has no `training:` block")
     out = run_dir(args.out, f"compare-{base.name}")
     with claimed(out):  # a second comparison into it would train its strategies over ours
+        # compare.json sets every run in OUT side by side: one of another recipe would stand among ours
+        for folder in sorted(p for p in out.iterdir() if (p / "metrics.jsonl").is_file()):
+            recipe = ((recorded_run(folder) or {}).get("recipe") or {}).get("name", base.name)
+            if recipe != base.name:
+                raise RolecastError(f"{folder} is a run of recipe {recipe!r}, not {base.name!r}: give another --out")
         runs = []
         # all checked before any trains: nothing of the user's is overwritten, and a started run (its
         # config.yaml) goes on from its last checkpoint (from step 0 without one) only as it was started

@@ -6,7 +6,7 @@ import json
 import pytest
 from orchestrator.team import load_team
 from orchestrator.training.strategies import SHARED_ADAPTER, STRATEGIES, with_strategy
-from support import train_recipe
+from support import train_recipe, write
 
 
 def test_each_strategy_changes_only_how_the_team_learns(tmp_path):
@@ -114,3 +114,18 @@ def test_a_comparison_in_use_is_refused_and_a_killed_runs_lock_file_is_no_obstac
     (out / "grpo" / LOCK_FILE).write_text("12345\n")  # as a run killed before its config.yaml leaves its dir
     code, _, err = cli(*args)
     assert code == 0 and trained == ["grpo"], err
+
+
+def test_a_comparison_holding_a_run_of_another_recipe_is_refused(cli, tmp_path, monkeypatch):
+    """compare.json set every run in OUT side by side: a strategy run of another recipe there (an --out
+    reused) stood among this recipe's, its curves empty for roles it never had, without a word."""
+    import orchestrator.api
+
+    trained = []
+    monkeypatch.setattr(orchestrator.api, "train_into", lambda team, where, *args, **kwargs: trained.append(where.name))
+    out = tmp_path / "cmp"
+    write(out / "grpo" / "config.yaml", "recipe: {name: guess_number}\nrun: {steps: 1, strategy: grpo}\n")
+    write(out / "grpo" / "metrics.jsonl", json.dumps({"step": 0, "kind": "eval", "eval_reward/guesser": 0.3}) + "\n")
+    code, _, err = cli("compare", train_recipe(tmp_path, 1), "--strategy", "shared", "--out", out, "--no-progress")
+    assert code == 2 and f"{out / 'grpo'} is a run of recipe 'guess_number', not 'tiny_debate'" in err, err
+    assert trained == [] and not (out / "compare.json").exists()
