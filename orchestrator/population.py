@@ -8,7 +8,8 @@ payoff matrix, Bradley-Terry ratings with bootstrap intervals, and the 3-cycles 
 - ratings: Bradley-Terry strengths fitted to every game's points by the MM algorithm (Hunter
   2004), with one virtual draw per pair played so that an unbeaten entrant gets a finite rating,
   on the Elo scale (400 log10) with the entrants' mean at 1000; the 95% interval is the 2.5-97.5
-  percentile band of fits to games resampled with replacement.
+  percentile band of fits to games resampled with replacement; an entrant with no finished game
+  has none (``elo`` and ``ci95`` null).
 - non-transitivity: a beats b when score[a][b] > 1/2; a 3-cycle is a beats b beats c beats a. A
   population that has learnt a transitive order has none; rock-paper-scissors at its best has many.
 """
@@ -143,15 +144,18 @@ def bradley_terry(names: list[str], games: list[Game], iterations: int = 500) ->
 
 
 def ratings_with_intervals(names: list[str], games: list[Game], resamples: int = 200, seed: int = 0) -> dict[str, dict]:
-    point = bradley_terry(names, games)
+    # an entrant none of whose games finished (a baseline that cannot play this game) is not rated:
+    # it kept its start, read as a rating of about 1000 with a narrow interval, and moved the others' mean
+    rated = [n for n in names if any(n in (g.a, g.b) for g in games)]
+    point = bradley_terry(rated, games)
     rng = random.Random(seed)
-    draws: dict[str, list[float]] = {n: [] for n in names}
+    draws: dict[str, list[float]] = {n: [] for n in rated}
     for _ in range(resamples if games else 0):
-        fit = bradley_terry(names, [rng.choice(games) for _ in games], iterations=200)
+        fit = bradley_terry(rated, [rng.choice(games) for _ in games], iterations=200)
         for n, r in fit.items():
             draws[n].append(r)
-    out = {}
-    for n in names:
+    out: dict[str, dict] = {n: {"elo": None, "ci95": None} for n in names}
+    for n in rated:
         ds = sorted(draws[n])
         ci = [round(ds[int(0.025 * (len(ds) - 1))], 1), round(ds[int(0.975 * (len(ds) - 1))], 1)] if ds else None
         out[n] = {"elo": round(point[n], 1), "ci95": ci}

@@ -117,11 +117,13 @@ def print_report(report: dict[str, Any], out: Path) -> None:
     table = Table(title=f"{report['team']}: {report['games_played']} games, {report['games_per_pair']} a pair")
     for col in ("entrant", "Elo", "95% CI", "mean score"):
         table.add_column(col, justify="left" if col == "entrant" else "right", no_wrap=True)
-    for name in sorted(names, key=lambda n: -report["ratings"][n]["elo"]):
+    elo = {n: report["ratings"][n]["elo"] for n in names}
+    for name in sorted(names, key=lambda n: (elo[n] is None, -(elo[n] or 0.0))):  # no finished game: last, "-"
         r = report["ratings"][name]
         scores = [s for s in report["score"][name].values() if s is not None]
         ci = f"{r['ci95'][0]:.0f}-{r['ci95'][1]:.0f}" if r["ci95"] else "-"
-        table.add_row(name, f"{r['elo']:.0f}", ci, f"{sum(scores) / len(scores):.3f}" if scores else "-")
+        table.add_row(name, "-" if r["elo"] is None else f"{r['elo']:.0f}", ci,
+                      f"{sum(scores) / len(scores):.3f}" if scores else "-")
     console = stdout_console()
     console.print(table)
     nt = report["non_transitivity"]

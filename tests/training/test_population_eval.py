@@ -70,6 +70,22 @@ def test_bradley_terry_matches_the_two_player_closed_form():
     assert three_cycles(["a", "b"], matrices(["a", "b"], games)["score"]) == ([], 0)
 
 
+def test_an_entrant_with_no_finished_game_is_not_rated(capsys, tmp_path):
+    """A baseline that cannot play the game (minimax at Rock-Paper-Scissors: every game an error)
+    kept its start: rated about 1000 with a narrow interval, ranked among the members, and the
+    others' mean moved off 1000."""
+    from orchestrator.cli.eval_population import print_report
+
+    games = [Game("a", "b", 1, -1)] * 3 + [Game("b", "a", 1, -1)]
+    entrants = [Entrant("a", adapter="a"), Entrant("b", adapter="b"), Entrant("minimax", builtin="minimax")]
+    report = {"team": "t", "run_dir": str(tmp_path), **analyse(entrants, games, 4)}
+    assert report["ratings"]["minimax"] == {"elo": None, "ci95": None}
+    assert report["ratings"]["a"]["elo"] + report["ratings"]["b"]["elo"] == pytest.approx(2000.0, abs=0.2)
+    print_report(report, tmp_path)
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("│")]
+    assert [row.split()[1] for row in rows] == ["a", "b", "minimax"] and rows[-1].split()[3] == "-"
+
+
 async def test_a_round_robin_where_no_game_finished_is_an_error(tmp_path):
     """Every game failed or was cut short: the report rated every entrant 1000, exit 0, and its
     population.json refused the rerun ("already holds a round robin")."""
