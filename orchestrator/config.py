@@ -5,9 +5,10 @@ module only says what a valid file looks like.
 """
 from __future__ import annotations
 
+import typing
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from sandboxes import ISOLATING
 
@@ -25,7 +26,40 @@ def set_by_train(model: type[BaseModel]) -> dict[str, str]:
             if isinstance(f.json_schema_extra, dict) and SET_BY_TRAIN in f.json_schema_extra}
 
 
-class Strict(BaseModel):
+def _holds_bool(value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return any(map(_holds_bool, value))
+    return isinstance(value, bool) or isinstance(value, dict) and any(map(_holds_bool, value.values()))
+
+
+def _leaves(annotation: Any) -> list[Any]:
+    """The scalar types and models a field of this type holds (``dict[str, float]``: str, float)."""
+    args = typing.get_args(annotation)
+    if not args or typing.get_origin(annotation) is Literal:
+        return [annotation]
+    return [leaf for arg in args for leaf in _leaves(arg)]
+
+
+def _numbers_only(annotation: Any) -> bool:
+    """Whether a field's scalars are numbers: no bool, no Any, no model (a model checks its own fields)."""
+    leaves = _leaves(annotation)
+    return any(t in (int, float) for t in leaves) and not any(
+        t in (bool, Any) or isinstance(t, type) and issubclass(t, BaseModel) for t in leaves)
+
+
+class NoBoolNumbers(BaseModel):
+    """Config models whose numbers are not booleans: lax pydantic read ``steps: yes`` as 1 and
+    ``temperature: true`` as 1.0 (strict mode would refuse ``1e-4``, which YAML reads as a string)."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _not_a_bool(cls, value: Any, info: ValidationInfo) -> Any:
+        if _holds_bool(value) and _numbers_only(cls.model_fields[info.field_name].annotation):
+            raise ValueError("must be a number, not a boolean")
+        return value
+
+
+class Strict(NoBoolNumbers):
     # Numbers finite: an inf learning rate or LoRA alpha ('1e400' reads as inf) made the weights NaN
     # after one step, and an inf penalty every mean -inf, where the file could have said so.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)

@@ -38,6 +38,17 @@ CASES = [
      "echo.yaml", 13, "invalid_penalty", "finite number"),
     ("training-advantage-not-finite", lambda w: replace_in(w / "team.yaml", "tasks:", "training:\n  invalid_advantage: .nan\ntasks:"),
      "team.yaml", 9, "training.invalid_advantage", "finite number"),
+    # lax pydantic read `steps: yes` as 1 and `temperature: true` as 1.0
+    ("training-steps-boolean", lambda w: replace_in(w / "team.yaml", "tasks:", "training:\n  steps: yes\ntasks:"),
+     "team.yaml", 9, "training.steps", "must be a number, not a boolean (got True)"),
+    ("role-temperature-boolean", lambda w: replace_in(w / "echo.yaml", "temperature: 0.0", "temperature: true"),
+     "echo.yaml", 11, "policy.sampling.temperature", "must be a number, not a boolean"),
+    ("repetition-penalty-boolean", lambda w: replace_in(w / "team.yaml", "tasks:", "training:\n  repetition_penalty: {echo: on}\ntasks:"),
+     "team.yaml", 9, "training.repetition_penalty", "must be a number, not a boolean"),
+    ("protocol-option-boolean", lambda w: replace_in(w / "team.yaml", "order: [echo, reviewer]", "order: [echo, reviewer]\n  max_rounds: true"),
+     "team.yaml", 5, "protocol.max_rounds", "must be a number, not a boolean"),
+    ("plugin-option-boolean", lambda w: replace_in(w / "team.yaml", "tasks:", "training:\n  reward: hybrid\n  reward_config: {alpha: false}\ntasks:"),
+     "team.yaml", 10, "training.reward_config.alpha", "must be a number, not a boolean"),
     ("training-learning-rate-not-finite", lambda w: replace_in(w / "team.yaml", "tasks:", "training:\n  adam: {learning_rate: 1e400}\ntasks:"),
      "team.yaml", 9, "training.adam.learning_rate", "finite number"),
     ("schema-bad-type", lambda w: replace_in(w / "echo.yaml", "  type: object", "  type: objekt"),
@@ -251,6 +262,15 @@ def test_debug_shows_traceback(workspace):
 def test_bad_policy_flag(workspace, cli):
     code, _, err = cli("run", workspace / "team.yaml", "--policy", "echo=python:no_such_module_xyz:fn")
     assert code == 2 and "cannot import 'no_such_module_xyz'" in err
+
+
+def test_bool_options_stay_bool_and_1e_4_reads_as_a_number(workspace, cli):
+    """Refusing booleans for numbers keeps bool fields, and a YAML '1e-4' (a string) still reads as a float."""
+    replace_in(workspace / "team.yaml", "tasks:", "training:\n  joint_passes: true\n  adam: {learning_rate: 1e-4}\n"
+                                                  "  trainer_config: {scale_std: false}\ntasks:")
+    replace_in(workspace / "echo.yaml", "adapter: null", "adapter: null\n  trainable: no")
+    code, _, err = cli("validate", workspace / "team.yaml")
+    assert code == 0, err
 
 
 def test_every_shipped_yaml_validates(cli):

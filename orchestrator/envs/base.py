@@ -14,17 +14,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo
+from pydantic import ConfigDict, ValidationError, ValidationInfo
 
+from ..config import NoBoolNumbers
 from ..config_errors import first_error
 from ..messages import Message
 from ..role import RoleSpec
 from ..yamlfile import Loc, format_loc
 
 
-class Options(BaseModel):
-    """A block of protocol options: no unknown key, numbers finite (a reward of ``.inf`` would
-    fail every episode on its first payment instead of the file at load)."""
+class Options(NoBoolNumbers):
+    """A block of protocol options: no unknown key, numbers finite and not booleans (a reward of
+    ``.inf`` would fail every episode on its first payment instead of the file at load)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
@@ -45,7 +46,7 @@ class EnvConfig(Options):
         return None
 
 
-class TaskConfig(BaseModel):
+class TaskConfig(NoBoolNumbers):
     """One entry of a team file's ``tasks``: the keys its environment reads, checked when the team
     loads (a subclass per environment). Other keys are kept: prompts (``{{ task.text }}``) and
     reward plugins (``episode.task``) may read them. Validators that need the protocol's options

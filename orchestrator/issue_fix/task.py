@@ -15,8 +15,9 @@ import shlex
 import shutil
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
+from ..config import NoBoolNumbers
 from ..errors import ConfigError
 from ..config_errors import validate_model
 from ..yamlfile import load_yaml
@@ -32,7 +33,7 @@ class TaskFileError(ConfigError, ValueError):
     """A bad task folder: one line ``FILE:LINE: KEY: problem``; a ValueError too, for older callers."""
 
 
-class IssueTask(BaseModel):
+class IssueTask(NoBoolNumbers):
     # timeout_s finite: `.inf` loaded, then each test run raised ValueError from sandboxes.Limits
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 

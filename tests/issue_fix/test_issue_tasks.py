@@ -82,6 +82,7 @@ def test_load_good(tmp_path):
         (GOOD.replace("title: t", "title: [1, 2]"), 2, "title", "valid string"),
         (GOOD + "path: /x\n", 7, "path", "unknown key"),
         (GOOD + "timeout_s: .inf\n", 7, "timeout_s", "finite number"),
+        (GOOD + "timeout_s: yes\n", 7, "timeout_s", "must be a number, not a boolean"),
         ("id: [unclosed\n", 2, "(yaml)", "invalid YAML"),
     ],
 )
