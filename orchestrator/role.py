@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
@@ -15,6 +15,7 @@ import roles as _library
 
 from .config import RoleConfig
 from .errors import ConfigError
+from .grammar.enforceable import check_enforceable
 from .grammar.schema import GrammarError, check_reply_prefix
 from .messages import check_schema, compile_validator, schema_json
 from .policies.binding import Binding, parse_binding
@@ -42,6 +43,7 @@ class RoleSpec:
     variables: dict[str, Site]  # top-level names the templates read, each where it is first read
     binding: Binding | None = None  # policy.bind, parsed and checked; None = the model engine
     followup_template: jinja2.Template | None = None  # later turns' message (a conversation role)
+    grammar_sites: dict[str, Site] = field(default_factory=dict)  # where check_grammar's errors point
 
     @property
     def name(self) -> str:
@@ -55,6 +57,17 @@ class RoleSpec:
     def json_schema(self) -> str | None:
         """The schema model replies are constrained to (canonical text); None for free decoding."""
         return schema_json(self.schema) if self.config.decoding == "constrained" else None
+
+    def check_grammar(self) -> None:
+        """Raise ConfigError unless xgrammar compiles the constrained schema and the reply prefix
+        starts a message it allows. Not at load: importing xgrammar imports torch and transformers
+        (seconds) for runs with no model; `rolecast validate` and binding the role to the model do."""
+        if self.json_schema is None:
+            return
+        try:
+            check_reply_prefix(self.json_schema, self.config.reply_prefix)
+        except GrammarError as exc:
+            raise ConfigError(*self.grammar_sites[exc.key], f"{exc} (or set decoding: free)") from None
 
     @cached_property
     def schema_text(self) -> str:
@@ -279,12 +292,16 @@ def load_role(
 
     d, loc = where(("output_schema",))
     schema = _load_schema(config.output_schema, d, loc)
+    grammar_sites: dict[str, Site] = {}
     if config.decoding == "constrained":
         try:
-            check_reply_prefix(schema_json(schema), config.reply_prefix)
+            check_enforceable(schema)
         except GrammarError as exc:
-            d, loc = where((exc.key,))
             raise d.error(loc, f"{exc} (or set decoding: free)") from None
+        for key in ("output_schema", "reply_prefix"):
+            key_doc, key_loc = where((key,))
+            at = key_doc.error(key_loc, "")
+            grammar_sites[key] = (at.file, at.line, at.key)
     d, loc = where(("prompt",))
     template_path = (d.path.parent / config.prompt).resolve()
     template, variables = _compile_template(template_path, (d, loc))
@@ -321,4 +338,5 @@ def load_role(
         schema=schema,
         variables=variables,
         followup_template=followup_template,
+        grammar_sites=grammar_sites,
     )

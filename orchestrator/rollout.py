@@ -93,6 +93,7 @@ def build_policies(
     for name, spec in team.roles.items():
         binding = overrides.get(name) or spec.binding or Binding("model")
         if binding.kind == "model":
+            spec.check_grammar()  # before the model loads
             engine_policy = engine_policy or EnginePolicy(engine_factory())
             policies[name] = engine_policy
         elif binding.kind == "replay":

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from support import ERROR_LINE, write
+from support import ERROR_LINE, ROOT, no_engine, write
 
 
 def replace_in(path: Path, old: str, new: str) -> None:
@@ -271,6 +271,26 @@ def test_bool_options_stay_bool_and_1e_4_reads_as_a_number(workspace, cli):
     replace_in(workspace / "echo.yaml", "adapter: null", "adapter: null\n  trainable: no")
     code, _, err = cli("validate", workspace / "team.yaml")
     assert code == 0, err
+
+
+def test_loading_a_team_compiles_no_grammar(workspace, monkeypatch):
+    """xgrammar imports torch and transformers (seconds), which a run with no model never needs:
+    what it checks (a reply prefix the schema allows) waits for validate or a model binding."""
+    import orchestrator.grammar.schema
+    from orchestrator.errors import ConfigError
+    from orchestrator.policies.binding import parse_binding
+    from orchestrator.rollout import build_policies
+    from orchestrator.team import load_team
+
+    monkeypatch.setattr(orchestrator.grammar.schema, "xgrammar", lambda: pytest.fail("xgrammar imported"))
+    for recipe in ("debate", "issue_fix", "guess_number"):
+        load_team(ROOT / "recipes" / f"{recipe}.yaml")
+    replace_in(workspace / "echo.yaml", "max_retries: 2", "max_retries: 2\nreply_prefix: '{\"shout\": '")
+    team = load_team(workspace / "team.yaml")
+    monkeypatch.undo()
+    build_policies(team, {"echo": parse_binding("builtin:stub"), "reviewer": parse_binding("builtin:stub")}, no_engine)
+    with pytest.raises(ConfigError, match=r"echo.yaml:13: reply_prefix: reply_prefix '\{\"shout\": ' does not start"):
+        build_policies(team, {}, no_engine)  # before the model loads
 
 
 def test_every_shipped_yaml_validates(cli):

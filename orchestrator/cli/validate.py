@@ -40,9 +40,12 @@ def handle(args: argparse.Namespace) -> int:
             # keys only a team has: with `protocol` misspelt, a team is still checked as one
             if isinstance(data, dict) and {"protocol", "roles", "tasks"} & set(data):
                 team = load_team(path)
+                for spec in team.roles.values():
+                    spec.check_grammar()
                 print(f"ok  {path}  (team {team.name}: {len(team.roles)} roles, protocol {team.config.protocol.type})")
             else:
                 role = load_role(path)
+                role.check_grammar()
                 print(f"ok  {path}  (role {role.name})")
         except ConfigError as exc:
             if args.debug:
