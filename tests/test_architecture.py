@@ -110,3 +110,18 @@ def test_lower_packages_do_not_import_upper_ones():
         for name, path in modules(package).items():
             bad = sorted(t for t in imports(name, path) if t.split(".")[0] in banned)
             assert not bad, f"{name} imports {bad}"
+
+
+def test_commands_without_a_model_import_no_heavy_library():
+    """Listing plugins or loading a team needs neither a model nor arrays: numpy (via the PettingZoo
+    adapter every command registers) cost each command ~0.2 s, xgrammar (with torch and
+    transformers, at load) ~4 s."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from orchestrator.cli import main; from orchestrator.team import load_team; main(['plugins']); "
+            f"load_team({str(ROOT / 'recipes/debate.yaml')!r}); "
+            "print(*sorted({'numpy', 'torch', 'transformers', 'xgrammar'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == "", out.stdout.splitlines()[-1]

@@ -21,7 +21,6 @@ import importlib
 import re
 from typing import Any, Literal
 
-import numpy as np
 from pydantic import Field, model_validator
 
 from ..messages import Message
@@ -95,6 +94,8 @@ def game_key(env_name: str) -> str:
 
 
 def render_observation(obs: Any, env_name: str) -> str:
+    import numpy as np  # here, not at the top: every command imports this module, few play PettingZoo
+
     array = np.asarray(obs["observation"] if isinstance(obs, dict) else obs)
     hint, transpose = HINTS.get(game_key(env_name), ("", False))
     if array.ndim == 3 and array.shape[2] == 2:
@@ -150,12 +151,12 @@ class PettingZooEnv(GameEnv):
         agent = self.env.agent_selection
         obs = self.env.observe(agent)
         if isinstance(obs, dict) and "action_mask" in obs:
-            mask = np.asarray(obs["action_mask"])
+            legal = [i for i, allowed in enumerate(obs["action_mask"]) if allowed]
         else:
-            mask = np.ones(self.env.action_space(agent).n)
+            legal = list(range(self.env.action_space(agent).n))
         if self.board_view is not None:
-            return self.board_view(self.env.unwrapped, agent, mask)
-        return render_observation(obs, self.config.env), {str(i): int(i) for i in np.flatnonzero(mask)}
+            return self.board_view(self.env.unwrapped, agent, legal)
+        return render_observation(obs, self.config.env), {str(i): i for i in legal}
 
     def next_role(self) -> str | None:
         return None if self.done or not self.env.agents else self.roles_of[self.env.agent_selection]

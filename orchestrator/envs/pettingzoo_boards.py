@@ -8,10 +8,7 @@ for chess (``e2e4``, ``e7e8q``), a point or ``pass`` for Go (``d4``). Names are 
 """
 from __future__ import annotations
 
-from math import isqrt
 from typing import Any
-
-import numpy as np
 
 View = tuple[str, dict[str, int]]  # the text a player reads, and its legal moves: name -> action id
 
@@ -21,14 +18,14 @@ GO_COLUMNS = "abcdefghjklmnopqrstuvwxyz"  # Go skips i
 GO_HINT = "A move is a point, column letter then row number (d4), or pass; two passes in a row end the game."
 
 
-def chess_view(game: Any, agent: str, mask: np.ndarray) -> View:
+def chess_view(game: Any, agent: str, legal: list[int]) -> View:
     import chess
     from pettingzoo.classic.chess.chess_utils import action_to_move
 
     board: chess.Board = game.board
     player = 0 if board.turn == chess.WHITE else 1
     # Named by the move env.step would play for each id: the same decoding, black's mirroring included.
-    moves = {action_to_move(board, int(a), player).uci(): int(a) for a in np.flatnonzero(mask)}
+    moves = {action_to_move(board, a, player).uci(): a for a in legal}
     rows = [f"{8 - i} {row}" for i, row in enumerate(str(board).splitlines())]
     lines = ["Board (uppercase: white, lowercase: black):", *rows, "  a b c d e f g h", f"FEN: {board.fen()}",
              f"You play {'white' if player == 0 else 'black'}."]
@@ -37,10 +34,10 @@ def chess_view(game: Any, agent: str, mask: np.ndarray) -> View:
     return "\n".join([*lines, CHESS_HINT]), dict(sorted(moves.items()))
 
 
-def go_view(game: Any, agent: str, mask: np.ndarray) -> View:
-    size = isqrt(len(mask) - 1)  # N*N points, then pass
+def go_view(game: Any, agent: str, legal: list[int]) -> View:
+    size = len(game._go.board)
     points = [f"{GO_COLUMNS[col]}{size - row}" for row in range(size) for col in range(size)]  # id row*N + col
-    moves = {(points[a] if a < size * size else "pass"): int(a) for a in np.flatnonzero(mask)}
+    moves = {(points[a] if a < size * size else "pass"): a for a in legal}
     # The stone planes name the players the other way round (plane 0 holds the last mover's
     # stones): drawn from the position itself, where black (the first agent) is 1.
     position, mine = game._go, 1 if agent == game.possible_agents[0] else -1
