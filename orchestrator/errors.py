@@ -19,6 +19,11 @@ class RunFailed(RolecastError):
     exit_code = 1
 
 
+class WorkersLost(RunFailed):
+    """The rollout workers' Ray node died: no episode can play there, so the run stops (a fault of
+    no episode's own, unlike the errors run_team records as an episode's result)."""
+
+
 class ConfigError(RolecastError):
     def __init__(self, file: str | Path | None, line: int | None, key: str, problem: str):
         self.file = str(file) if file is not None else "<config>"

@@ -27,7 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from .engines.base import Engine
 from .envs.base import Env
 from .episode import run_episode
-from .errors import RolecastError
+from .errors import RolecastError, WorkersLost
 from .policies.base import Policy
 from .policies.binding import Binding, load_callable
 from .policies.engine import EnginePolicy
@@ -121,7 +121,7 @@ async def run_team(team: Team, policies: Mapping[str, Policy], options: RunOptio
     transcripts = path.open("wb")
     progress = _progress(options.progress)
     bar = progress.add_task(f"{team.name} episodes", total=options.episodes)
-    # concurrency workers draw the next episode index as each finishes one: an episode's record
+    # concurrency lanes draw the next episode index as each finishes one: an episode's record
     # (and its task) exists only while it is in flight, whatever the number of episodes
     indices = iter(range(options.episodes))
 
@@ -140,6 +140,8 @@ async def run_team(team: Team, policies: Mapping[str, Policy], options: RunOptio
             played = options.play(record) if options.play else run_episode(team, policies, record)
             async with deadline:
                 record = await played
+        except WorkersLost:
+            raise
         except Exception as exc:  # a policy or environment fault ends this episode, not the run
             if deadline.expired():  # a TimeoutError of a policy's own (its API call's) is a fault like any other
                 record.status, record.error = "timeout", f"episode exceeded {options.episode_timeout_s:g}s"
@@ -155,14 +157,18 @@ async def run_team(team: Team, policies: Mapping[str, Policy], options: RunOptio
         transcripts.flush()
         progress.advance(bar)
 
-    async def worker() -> None:
+    async def lane() -> None:
         for index in indices:
             await one(index)
 
+    lanes = [asyncio.ensure_future(lane()) for _ in range(min(options.concurrency, options.episodes))]
     try:
         with progress:
-            await asyncio.gather(*(worker() for _ in range(min(options.concurrency, options.episodes))))
-    finally:
+            await asyncio.gather(*lanes)
+    finally:  # a run that stops (WorkersLost) stops its other episodes before the file closes under them
+        for task in lanes:
+            task.cancel()
+        await asyncio.gather(*lanes, return_exceptions=True)
         transcripts.close()
     if kept is not None:
         kept.sort(key=lambda r: r.index)

@@ -38,7 +38,7 @@ from typing import Any
 
 import structlog
 
-from .errors import RolecastError
+from .errors import RolecastError, WorkersLost
 from .transcript import EpisodeRecord
 
 log = structlog.get_logger()
@@ -349,6 +349,7 @@ class RayRollouts:
         """A new actor in ``slot`` (its lock held), with the teams bound; it loads the adapters before
         its first episode. The old one is killed: Ray also reports a live actor it cannot reach for
         a while as lost, and that one would go on holding its CPU or GPU."""
+        self._check_nodes()
         self.restarts += 1
         self.ray.kill(self.actors[slot], no_restart=True)
         actor = self._actor_class.remote(*self._args)
@@ -359,6 +360,17 @@ class RayRollouts:
             self.ray.kill(actor, no_restart=True)  # actor, whose next episode replaces it again
             raise
         self.actors[slot], self.generation[slot], self.seen[slot] = actor, self.generation[slot] + 1, -1
+
+    def _check_nodes(self) -> None:
+        """A worker dies with its node (the raylet killed, the machine gone), and a new one would wait
+        for a node for ever, without a word: with this machine's Ray node dead, or no node alive in
+        the cluster, the run stops (a cluster's autoscaler may replace a node among others)."""
+        nodes = self.ray.nodes()
+        dead = [node for node in nodes if not node["Alive"]]
+        if dead and (self.options.address == "local" or not any(node["Alive"] for node in nodes)):
+            reason = (dead[-1].get("DeathReasonMessage") or "no reason given").splitlines()[0]
+            raise WorkersLost(f"the rollout workers' Ray node {dead[-1]['NodeManagerAddress']} died ({reason}); "
+                              "a training run continues from its last checkpoint with --resume")
 
     def _slot(self, slot: int) -> tuple[asyncio.Lock, _Sharing]:
         """The slot's lock (for syncing and replacing its actor) and its sharing, in the running event

@@ -113,6 +113,55 @@ def test_a_worker_killed_mid_rollout_is_replaced_and_nothing_is_lost(ray_local, 
     assert tokens == [[a.token_ids for t in r.turns for a in t.attempts] for r in expected.episodes]
 
 
+def test_workers_whose_node_died_stop_the_run_in_one_line(ray_local, tmp_path, monkeypatch):
+    """A killed raylet takes the node's workers with it, and a replacement would wait for ever for a
+    node to start on, the run hanging without a word: the run stops, naming the node and why."""
+    from orchestrator.errors import WorkersLost
+    from orchestrator.rollout import RunOptions, run_team
+    from orchestrator.workers import RayOptions, RayRollouts
+
+    team = load_team(ROOT / "recipes/code_pair.yaml")
+    pool = RayRollouts(RayOptions(workers=1), model="tiny", dtype="float32")
+    try:
+        play = pool.bind(team, {})
+        # as the GCS reports the node once its health checks fail (the test's Ray lives on for the others)
+        monkeypatch.setattr(ray_local, "nodes", lambda: [{"Alive": False, "NodeManagerAddress": "192.0.2.9",
+                                                          "DeathReasonMessage": "health check failed due to missing too many heartbeats"}])
+        ray_local.kill(pool.actors[0])
+        with pytest.raises(WorkersLost, match=r"^the rollout workers' Ray node 192.0.2.9 died \(health check failed "
+                                              r"due to missing too many heartbeats\); .* --resume$"):
+            asyncio.run(run_team(team, {}, RunOptions(out_dir=tmp_path / "run", play=play, episodes=2, seed=3,
+                                                      progress=False)))
+        assert pool.restarts == 0  # no replacement waiting for a node
+    finally:
+        pool.close()
+
+
+def test_a_run_that_stops_stops_its_other_episodes(tmp_path):
+    """Its other episodes went on playing after the run stopped (the workers closed under them),
+    each failing and writing to the closed transcripts file."""
+    from orchestrator.errors import WorkersLost
+    from orchestrator.rollout import RunOptions, run_team
+
+    team, finished = load_team(ROOT / "recipes/code_pair.yaml"), []
+
+    async def play(record):
+        if record.index == 0:
+            raise WorkersLost("the node died")
+        await asyncio.sleep(0.1)
+        finished.append(record.index)
+        return record
+
+    async def main():
+        with pytest.raises(WorkersLost):
+            await run_team(team, {}, RunOptions(out_dir=tmp_path / "run", play=play, episodes=3, seed=0,
+                                                progress=False))
+        await asyncio.sleep(0.3)  # the run's clean-up
+
+    asyncio.run(main())
+    assert finished == []
+
+
 def _worker_folders(pids: list[int]) -> list[Path]:
     return [f for pid in pids for f in Path(tempfile.gettempdir()).glob(f"rolecast-worker-{pid}-*")]
 
