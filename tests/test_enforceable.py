@@ -25,6 +25,8 @@ def obj(**properties) -> dict:
     (obj(xs={"type": "array", "contains": {"const": 1}}), "'contains'"),
     (obj(a={"allOf": [{"type": "integer"}, {"minimum": 2}]}), "allOf with one branch only"),
     (obj(a={"type": "number", "multipleOf": 0.5}), "multipleOf only as a whole number on an integer"),
+    (obj(a={"type": "integer", "multipleOf": 3, "minimum": 2}), "properties.a: constrained decoding drops multipleOf beside minimum"),
+    (obj(a={"type": "integer", "exclusiveMaximum": 50, "multipleOf": 5}), "drops multipleOf beside exclusiveMaximum"),
     (obj(a={"type": "string", "pattern": "^[a-z]+$", "maxLength": 9}), "drops maxLength beside pattern"),
     (obj(a={"type": "string", "format": "date", "minLength": 3}), "drops minLength beside format"),
     (obj(a={"type": "string", "pattern": '^say "[a-z]+"$'}), "literal quote or backslash"),
@@ -57,7 +59,7 @@ def test_what_decoding_would_not_enforce_is_refused_where_it_is(schema, words):
 
 @pytest.mark.parametrize("schema", [
     obj(xs={"type": "array", "items": {"type": "integer"}, "uniqueItems": False}),
-    obj(n={"type": "integer", "multipleOf": 3, "minimum": -2**63, "maximum": 2.0**62}),
+    obj(n={"type": "integer", "minimum": -2**63, "maximum": 2.0**62}, m={"type": "integer", "multipleOf": 3}),
     obj(a={"type": "string", "pattern": r"^tests/.+\.py$"}, b={"type": "string", "pattern": "^f\\([^{}]{1,58}$"}),
     obj(a={"type": "string", "minLength": 1, "maxLength": 1200}, b={"type": "string", "minLength": 100}),
     {**obj(a={"$ref": "#/$defs/n", "description": "a count"}), "$defs": {"n": {"type": "integer"}}},

@@ -37,6 +37,7 @@ BROKEN_FORMATS = ("email", "json-pointer", "relative-json-pointer")
 MAX_REPEAT = 128  # xgrammar's compiler fails on a regex repetition bound above this (per_rule_fsm_hashes)
 MAX_MIN_LENGTH = 100  # a minLength alone is spelled a character at a time: 200 took 7 s to compile, 2000 65 s
 _BOUNDS = re.compile(r"(?<!\\)\{(\d+)(?:,(\d*))?\}")
+_RANGE = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 _LOOKAHEAD = re.compile(r"(?<!\\)\(\?[=!]")  # xgrammar drops these (a warning on stderr), matching as if absent
 
 
@@ -76,8 +77,10 @@ def check_enforceable(schema: Any, at: str = "") -> None:
     step = schema.get("multipleOf")
     if isinstance(step, (int, float)) and (schema.get("type") != "integer" or not float(step).is_integer()):
         raise GrammarError(f"{where}: constrained decoding enforces multipleOf only as a whole number on an integer")
+    if "multipleOf" in schema and (bounds := [k for k in _RANGE if k in schema]):  # xgrammar spells the range alone
+        raise GrammarError(f"{where}: constrained decoding drops multipleOf beside {bounds[0]}: list the values in an enum")
     if "integer" in (schema.get("type") if isinstance(schema.get("type"), list) else [schema.get("type")]):
-        for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):  # else xgrammar's "Check failed"
+        for key in _RANGE:  # else xgrammar's "Check failed"
             bound = schema.get(key)
             if isinstance(bound, (int, float)) and not ((isinstance(bound, int) or bound.is_integer())
                                                          and -2**63 <= bound < 2**63):
