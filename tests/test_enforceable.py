@@ -116,3 +116,20 @@ def test_strings_hold_no_utf8_encoded_surrogates(schema):
         assert matcher.accept_string(text.encode())  # the grammar of the rest (vLLM's) excludes them too
         assert not matcher.accept_string(b"\xed\xa0\x80")
         assert matcher.accept_string('é"'.encode()) and matcher.is_terminated()
+
+
+@pytest.mark.parametrize("schema", [{"type": "number"}, {"type": "array", "items": {}},
+                                    {"type": "array", "items": {"$ref": "#/$defs/n"}, "$defs": {"n": {"type": "number"}}}])
+def test_numbers_stay_finite_floats(schema):
+    """``1e999`` (or 400 digits and a fraction) is a JSON number Python reads as inf, which the
+    validator took for null: a constrained reply "not of type number" (random walks wrote 3e01582260254946)."""
+    import xgrammar
+
+    from orchestrator.grammar.schema import tight_grammar
+
+    compiler = xgrammar.GrammarCompiler(xgrammar.TokenizerInfo([]), max_threads=1)
+    grammar = compiler.compile_grammar(tight_grammar(json.dumps(schema)))
+    start = "[" if schema["type"] == "array" else ""
+    for text, ok in [("1e999", False), ("-1E+100", False), ("1" * 201, False), ("-2.5e-07", True), ("9" * 200 + ".5E99", True)]:
+        matcher = xgrammar.GrammarMatcher(grammar, terminate_without_stop_token=True)
+        assert matcher.accept_string(start + text) == ok, text

@@ -30,6 +30,11 @@ def xgrammar():
 _LENGTH_CHARS = re.compile(r'^(\w+_characters) ::= \(\(\[\^\\"\\\\\\r\\n\]\)\)$', re.M)
 _MIN_ONLY = re.compile(r'^(\w+) ::= \(\("\\"" \w+_characters\{(\d+), -1\} "\\""\)\)$', re.M)
 _JSON_CHAR = r'([^\0-\x1f\"\\] | ("\\" basic_escape))'
+# A number Python reads as a float (a fraction or an exponent) past 1.8e308 is inf ("1e999"), which
+# jsonschema-rs takes for null: "not of type number". An unbounded number keeps at most 200 integer
+# digits and a 2-digit exponent, below 1e300 (basic_number, or a number's own rules under a $ref).
+_NUMBER_INT = re.compile(r'^(\w+) ::= \(\("0"\) \| \(\[1-9\] \[0-9\]\*\)\)$', re.M)
+_NUMBER_EXP = re.compile(r'^(\w+ ::= \("" \| \(\[eE\] \w+ \w+_digits)\{1, -1\}\)\)$', re.M)
 
 
 def _min_length_string(match: re.Match) -> str:
@@ -47,6 +52,8 @@ def tight_grammar(json_schema: str) -> Any:
     text = str(grammar)
     if "basic_string_sub ::=" in text and "basic_escape ::=" in text:
         text = _MIN_ONLY.sub(_min_length_string, text)
+    text = _NUMBER_INT.sub(r'\1 ::= (("0") | ([1-9] [0-9]{0, 199}))', text)
+    text = _NUMBER_EXP.sub(r'\1{1, 2}))', text)
     text = _LENGTH_CHARS.sub(r'\1 ::= (([^\\0-\\x1f\\"\\\\]))', text)
     # UTF-8-encoded surrogates (\xed\xa0-\xbf..) pass xgrammar's string classes: not UTF-8, they
     # decode as 3 replacement characters each, past a maxLength.
