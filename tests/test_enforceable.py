@@ -49,6 +49,8 @@ def obj(**properties) -> dict:
     (obj(a={"type": "object", "required": ["k"]}), "properties.a: required 'k' is not in properties"),
     (obj(a={"type": "integer", "anyOf": [{"minimum": 5}, {"maximum": -5}]}), "properties.a: constrained decoding ignores type beside anyOf"),
     ({**obj(k={"type": "integer"}), "oneOf": [obj(k={"const": 1}), obj(k={"const": 2})]}, "the schema: constrained decoding ignores properties, required, type beside oneOf"),
+    ({**obj(a={"$ref": "#/$defs/d"}), "$defs": {"d": {"$ref": "#/$defs/d"}}}, "the schema allows no message: a $ref cycle"),
+    ({**obj(a={"$ref": "#/$defs/n"}), "$defs": {"n": obj(v={"type": "integer"}, next={"$ref": "#/$defs/n"})}}, "make the recursion optional"),
 ])
 def test_what_decoding_would_not_enforce_is_refused_where_it_is(schema, words):
     assert check_schema(schema) is None  # valid JSON Schema all: only the decoding cannot hold them

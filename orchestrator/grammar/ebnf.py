@@ -427,6 +427,11 @@ def _refs(e: Expr) -> list[str]:
     return [name for x in e[1] for name in _refs(x)]
 
 
+def derives_nothing(text: str) -> bool:
+    """Whether ``text``'s grammar allows no string at all (its root only ever refers back to itself)."""
+    return "root" not in _Quotient(parse(text)).productive()
+
+
 def quotient(text: str, prefix: str) -> str:
     """The EBNF (xgrammar's dialect) of the strings ``s`` that ``text``'s grammar allows after ``prefix``."""
     q = _Quotient(parse(text))

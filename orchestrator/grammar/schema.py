@@ -9,7 +9,7 @@ import re
 from functools import lru_cache
 from typing import Any
 
-from .ebnf import EbnfError, quotient
+from .ebnf import EbnfError, derives_nothing, quotient
 from .enforceable import check_enforceable
 from .errors import GrammarError
 
@@ -58,6 +58,13 @@ def tight_grammar(json_schema: str) -> Any:
     # UTF-8-encoded surrogates (\xed\xa0-\xbf..) pass xgrammar's string classes: not UTF-8, they
     # decode as 3 replacement characters each, past a maxLength.
     text = text.replace("[^\\0-\\x1f", "[^\\0-\\x1f\\uD800-\\uDFFF")
+    try:  # else no reply ends: the mask is empty at the value (the sampled token fails the request), or it nests on
+        empty = derives_nothing(text)
+    except EbnfError:  # a grammar the quotient does not parse (only vLLM needs it to): not judged here
+        empty = False
+    if empty:
+        raise GrammarError("the schema allows no message: a $ref cycle has no way out (a $ref to itself, or a "
+                           "required property of its own object's type): make the recursion optional")
     return xgr.Grammar.from_ebnf(text) if text != str(grammar) else grammar
 
 
