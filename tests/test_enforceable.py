@@ -41,6 +41,8 @@ def obj(**properties) -> dict:
     (obj(a={"anyOf": [{"type": "null"}, {"type": "array", "uniqueItems": True}]}), "properties.a.anyOf[1]"),
     (obj(a={"type": "integer", "enum": [1, 2, "x"]}), "properties.a: constrained decoding writes every enum value, and 'x' breaks"),
     (obj(a={"const": "abc", "maxLength": 2}), "writes every const value, and 'abc' breaks the keywords beside it"),
+    (obj(a={"enum": ["x", {"n": [10**30]}]}), "properties.a: constrained decoding writes the integer " + str(10**30) + " as 1e+30"),
+    (obj(a={"const": 2**63 + 1}), "keep enum and const integers within 64 bits"),
     (obj(a={"type": "integer", "minimum": 1.5}), "properties.a: constrained decoding takes an integer's minimum only as a whole number"),
     (obj(a={"type": ["integer", "null"], "maximum": 2**63}), "integer's maximum only as a whole number within 64 bits, not 9223372036854775808"),
     (obj(a={"type": "string", "format": "email"}), "properties.a: constrained decoding writes format 'email' as invalid JSON"),
@@ -66,6 +68,7 @@ def test_what_decoding_would_not_enforce_is_refused_where_it_is(schema, words):
     obj(a={"type": "string", "minLength": 1, "maxLength": 1200}, b={"type": "string", "minLength": 100}),
     {**obj(a={"$ref": "#/$defs/n", "description": "a count"}), "$defs": {"n": {"type": "integer"}}},
     obj(a={"allOf": [{"type": "integer"}]}),
+    obj(a={"enum": [2**64, -2**63, 9007199254740993]}),  # written exactly (a double, an int64)
     {**obj(a={"type": "string", "enum": ["ab", "cd"], "maxLength": 2}, b={"const": [1], "type": "array", "items": {"$ref": "#/$defs/n"}}),
      "$defs": {"n": {"type": "integer"}}},
     # a root $ref beside its $defs: pydantic's schema of a recursive model

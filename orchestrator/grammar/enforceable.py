@@ -74,6 +74,10 @@ def check_enforceable(schema: Any, at: str = "") -> None:
         if broken:
             raise GrammarError(f"{where}: constrained decoding writes every {'enum' if 'enum' in schema else 'const'} "
                                f"value, and {broken[0]!r} breaks the keywords beside it: drop it")
+    # xgrammar writes an integer past 64 bits as a double: 10**30 becomes 1e+30, another number to the validator
+    if (big := next((n for n in _integers(values) if not -2**63 <= n < 2**63 and float(n) != n), None)) is not None:
+        raise GrammarError(f"{where}: constrained decoding writes the integer {big} as {float(big)!r}, which is not "
+                           "equal to it: keep enum and const integers within 64 bits")
     step = schema.get("multipleOf")
     if isinstance(step, (int, float)) and (schema.get("type") != "integer" or not float(step).is_integer()):
         raise GrammarError(f"{where}: constrained decoding enforces multipleOf only as a whole number on an integer")
@@ -114,6 +118,15 @@ def _check_pattern(pattern: str, where: str) -> None:
         if max(int(bound[1]), int(bound[2] or 0)) > MAX_REPEAT:
             raise GrammarError(f"{where}: pattern {pattern!r} repeats more than {MAX_REPEAT} times, which xgrammar "
                                f"cannot compile: bound it at {MAX_REPEAT} or less")
+
+
+def _integers(value: Any) -> list[int]:
+    """The integers anywhere in a JSON value."""
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, list):
+        return [n for v in value for n in _integers(v)]
+    return [value] if isinstance(value, int) and not isinstance(value, bool) else []
 
 
 def _subschemas(schema: dict) -> list[tuple[str, Any]]:
