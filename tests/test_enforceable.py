@@ -138,3 +138,26 @@ def test_numbers_stay_finite_floats(schema):
     for text, ok in [("1e999", False), ("-1E+100", False), ("1" * 201, False), ("-2.5e-07", True), ("9" * 200 + ".5E99", True)]:
         matcher = xgrammar.GrammarMatcher(grammar, terminate_without_stop_token=True)
         assert matcher.accept_string(start + text) == ok, text
+
+
+@pytest.mark.parametrize("schema, texts", [
+    ({"type": "string"}, [r'"\udc00"', r'"\ud83d\ude00"', r'"\ud83dx"', r'"\uD7FF\uE000"']),
+    ({"type": "string", "minLength": 2}, [r'"\ud83d\ude00"', r'"\ud83d\ude00x"', r'"\u00e9\u00e9"']),
+    ({"type": "object", "additionalProperties": {"type": "integer"}}, [r'{"\udfff": 1}', r'{"\uDBFF\uDFFF": 1}']),
+])
+def test_unicode_escapes_are_whole_characters(schema, texts):
+    """The grammar took a lone surrogate escape (``\\udc00``), which parse_message refuses, and a pair
+    (``\\ud83d\\ude00``, one character) as two characters of a minLength: replies it refused."""
+    import xgrammar
+
+    from orchestrator.grammar.schema import grammar_after, tight_grammar
+    from orchestrator.messages import compile_validator, parse_message
+
+    compiler = xgrammar.GrammarCompiler(xgrammar.TokenizerInfo([]), max_threads=1)
+    whole = obj(a=schema)
+    grammars = [(tight_grammar(json.dumps(whole)), '{"a": '), (xgrammar.Grammar.from_ebnf(grammar_after(json.dumps(whole), '{"a')), '": ')]
+    for text in texts:
+        valid = parse_message('{"a": ' + text + "}", compile_validator(whole))[1] == []
+        for grammar, start in grammars:  # the vLLM grammar of the rest too
+            matcher = xgrammar.GrammarMatcher(compiler.compile_grammar(grammar), terminate_without_stop_token=True)
+            assert (matcher.accept_string(start + text + "}") and matcher.is_terminated()) == valid, text

@@ -30,6 +30,10 @@ def xgrammar():
 _LENGTH_CHARS = re.compile(r'^(\w+_characters) ::= \(\(\[\^\\"\\\\\\r\\n\]\)\)$', re.M)
 _MIN_ONLY = re.compile(r'^(\w+) ::= \(\("\\"" \w+_characters\{(\d+), -1\} "\\""\)\)$', re.M)
 _JSON_CHAR = r'([^\0-\x1f\"\\] | ("\\" basic_escape))'
+_HEX = "[A-Fa-f0-9]"
+_HEX_ESCAPE = f'("u" {_HEX} {_HEX} {_HEX} {_HEX})'
+_UNICODE_ESCAPE = (f'("u" [0-9A-CEFa-cef] {_HEX} {_HEX} {_HEX}) | ("u" [Dd] [0-7] {_HEX} {_HEX}) | '
+                   f'("u" [Dd] [89ABab] {_HEX} {_HEX} "\\\\u" [Dd] [C-Fc-f] {_HEX} {_HEX})')
 # A number Python reads as a float (a fraction or an exponent) past 1.8e308 is inf ("1e999"), which
 # jsonschema-rs takes for null: "not of type number". An unbounded number keeps at most 200 integer
 # digits and a 2-digit exponent, below 1e300 (basic_number, or a number's own rules under a $ref).
@@ -58,6 +62,9 @@ def tight_grammar(json_schema: str) -> Any:
     # UTF-8-encoded surrogates (\xed\xa0-\xbf..) pass xgrammar's string classes: not UTF-8, they
     # decode as 3 replacement characters each, past a maxLength.
     text = text.replace("[^\\0-\\x1f", "[^\\0-\\x1f\\uD800-\\uDFFF")
+    # ... and so do their escapes: parse_message refuses a lone one (\udc00), and a pair (\ud83d\ude00)
+    # is one character, not the two a minLength counted.
+    text = text.replace(_HEX_ESCAPE, _UNICODE_ESCAPE)
     try:  # else no reply ends: the mask is empty at the value (the sampled token fails the request), or it nests on
         empty = derives_nothing(text)
     except EbnfError:  # a grammar the quotient does not parse (only vLLM needs it to): not judged here
