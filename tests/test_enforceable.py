@@ -161,3 +161,38 @@ def test_unicode_escapes_are_whole_characters(schema, texts):
         for grammar, start in grammars:  # the vLLM grammar of the rest too
             matcher = xgrammar.GrammarMatcher(compiler.compile_grammar(grammar), terminate_without_stop_token=True)
             assert (matcher.accept_string(start + text + "}") and matcher.is_terminated()) == valid, text
+
+
+def _patterned(pattern: str) -> dict:
+    return {"type": "string", "pattern": pattern}
+
+
+@pytest.mark.parametrize("schema, values", [
+    (_patterned(r"^\S+$"), ["a\u00a0b", "a\u3000b", "a\ufeffb", "a\u2028b", "a\u2003b", "ab"]),
+    (_patterned(r"^[^\s]+$"), ["a\u1680b", "a\u2029b", "a\u202fb", "ab"]),
+    (_patterned(r"^[\S,]+$"), ["a\u205f", "a,b"]),
+    (_patterned(r"^a.b$"), ["a\u2028b", "a\u2029b", "a\u00a0b", "axb"]),
+    (_patterned(r"^\.[.]$"), ["..", "x.", ".x"]),  # an escaped dot, and one in a class, stay dots
+    ({"type": "object", "patternProperties": {r"^\S+$": {"type": "integer"}}, "additionalProperties": False},
+     [{"a\u00a0b": 1}, {"ab": 1}]),
+    ({"type": "object", "propertyNames": {"pattern": r"^\S+$"}}, [{"a\u3000b": 1}, {"ab": 1}]),
+])
+def test_patterns_allow_no_more_than_the_validator(schema, values):
+    """The validator reads patterns as ECMA-262: its \\s holds Unicode spaces (\\u00a0, \\u3000,
+    \\ufeff...) and its . stops at \\u2028 and \\u2029; xgrammar's \\S, [^\\s] and . took them, so the
+    grammar let replies write what the validator refused (found by fuzzing)."""
+    import xgrammar
+
+    from orchestrator.grammar.schema import grammar_after, tight_grammar
+    from orchestrator.messages import compile_validator, parse_message
+
+    compiler = xgrammar.GrammarCompiler(xgrammar.TokenizerInfo([]), max_threads=1)
+    whole = obj(a=schema)
+    grammars = [(tight_grammar(json.dumps(whole)), '{"a": '), (xgrammar.Grammar.from_ebnf(grammar_after(json.dumps(whole), '{"a')), '": ')]
+    for value in values:
+        for text in (json.dumps(value, ensure_ascii=False), json.dumps(value)):  # raw, and as \u escapes
+            valid = parse_message('{"a": ' + text + "}", compile_validator(whole))[1] == []
+            for grammar, start in grammars:  # the vLLM grammar of the rest too
+                matcher = xgrammar.GrammarMatcher(compiler.compile_grammar(grammar), terminate_without_stop_token=True)
+                taken = matcher.accept_string((start + text + "}").encode()) and matcher.is_terminated()
+                assert taken == valid if "\\u" not in text else taken <= valid, text  # a pattern's escapes: stricter

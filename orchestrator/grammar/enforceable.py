@@ -138,7 +138,7 @@ def _subschemas(schema: dict) -> list[tuple[str, Any]]:
     for key in ("anyOf", "oneOf", "allOf", "prefixItems"):
         if isinstance(schema.get(key), list):
             out += [(f"{key}[{i}]", sub) for i, sub in enumerate(schema[key])]
-    for key in ("items", "additionalProperties", "additionalItems"):
+    for key in ("items", "additionalProperties", "additionalItems", "propertyNames"):
         if isinstance(schema.get(key), dict):
             out.append((key, schema[key]))
     return out

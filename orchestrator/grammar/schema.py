@@ -10,7 +10,7 @@ from functools import lru_cache
 from typing import Any
 
 from .ebnf import EbnfError, derives_nothing, quotient
-from .enforceable import check_enforceable
+from .enforceable import _subschemas, check_enforceable
 from .errors import GrammarError
 
 
@@ -41,16 +41,60 @@ _NUMBER_INT = re.compile(r'^(\w+) ::= \(\("0"\) \| \(\[1-9\] \[0-9\]\*\)\)$', re
 _NUMBER_EXP = re.compile(r'^(\w+ ::= \("" \| \(\[eE\] \w+ \w+_digits)\{1, -1\}\)\)$', re.M)
 
 
+# The validator reads a pattern as ECMA-262, whose \s also holds these spaces and whose . stops at
+# these line ends; xgrammar's \S, [^\s] and . took them (a reply the grammar allowed and the validator refused).
+_ECMA_SPACES = r"\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+_NOT_SPACE = rf"[^\s{_ECMA_SPACES}]"
+_ECMA_DOT = r"[^\n\r\u2028\u2029]"
+
+
+def _ecma_pattern(pattern: str) -> str:
+    r"""``pattern`` as xgrammar must read it to allow no more than the validator: \S, [^\s] and . spelled out."""
+    out, i, cls = [], 0, None  # cls: (negated, tokens) of the class being read
+    while i < len(pattern):
+        token = pattern[i:i + 2] if pattern[i] == "\\" else pattern[i]
+        i += len(token)
+        if cls is None and token == "[":
+            negated = pattern.startswith("^", i)
+            cls, i = (negated, []), i + negated
+        elif cls is None:
+            out.append(_NOT_SPACE if token == "\\S" else _ECMA_DOT if token == "." else token)
+        elif token != "]":
+            cls[1].append(token + _ECMA_SPACES if cls[0] and token == "\\s" else token)
+        else:
+            (negated, tokens), cls = cls, None
+            if negated or "\\S" not in tokens:
+                out.append(f"[{'^' * negated}{''.join(tokens)}]")
+            else:  # a class holds no [^...]: \S becomes an alternative beside the rest
+                rest = "".join(t for t in tokens if t != "\\S")
+                out.append(f"(?:{_NOT_SPACE}|[{rest}])" if rest else _NOT_SPACE)
+    return "".join(out) if cls is None else pattern  # an unclosed class: xgrammar refuses it as it is
+
+
+def _ecma_patterns(schema: Any) -> None:
+    """Rewrite (in place) the patterns xgrammar compiles in a parsed schema with _ecma_pattern."""
+    if not isinstance(schema, dict):
+        return
+    if isinstance(schema.get("pattern"), str):
+        schema["pattern"] = _ecma_pattern(schema["pattern"])
+    if isinstance(schema.get("patternProperties"), dict):
+        schema["patternProperties"] = {_ecma_pattern(k): v for k, v in schema["patternProperties"].items()}
+    for _, sub in _subschemas(schema):
+        _ecma_patterns(sub)
+
+
 def _min_length_string(match: re.Match) -> str:
     return f'{match[1]} ::= (("\\"" {" ".join([_JSON_CHAR] * int(match[2]))} basic_string_sub))'
 
 
 def tight_grammar(json_schema: str) -> Any:
     """The xgrammar Grammar of a schema's messages, tight whitespace, properties in declared order."""
-    check_enforceable(json.loads(json_schema))
+    schema = json.loads(json_schema)
+    check_enforceable(schema)
+    _ecma_patterns(schema)
     xgr = xgrammar()
     try:
-        grammar = xgr.Grammar.from_json_schema(json_schema, any_whitespace=False, separators=(", ", ": "))
+        grammar = xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False, separators=(", ", ": "))
     except RuntimeError as exc:  # xgrammar reports conversion errors as RuntimeError with a C++ prefix
         raise GrammarError(f"xgrammar cannot compile this schema: {str(exc).split('] ')[-1]}") from None
     text = str(grammar)
