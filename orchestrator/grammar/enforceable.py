@@ -103,7 +103,7 @@ def check_enforceable(schema: Any, at: str = "") -> None:
                            "(raw backslashes, quotes or control characters): use a pattern")
     if isinstance(pattern := schema.get("pattern"), str):
         _check_pattern(pattern, where)
-    for key, sub in _subschemas(schema):
+    for key, sub in subschemas(schema):
         check_enforceable(sub, f"{at}.{key}" if at else key)
 
 
@@ -129,7 +129,7 @@ def _integers(value: Any) -> list[int]:
     return [value] if isinstance(value, int) and not isinstance(value, bool) else []
 
 
-def _subschemas(schema: dict) -> list[tuple[str, Any]]:
+def subschemas(schema: dict) -> list[tuple[str, Any]]:
     """(path, subschema) of the places a schema holds schemas."""
     out: list[tuple[str, Any]] = []
     for key in ("properties", "$defs", "definitions", "patternProperties"):

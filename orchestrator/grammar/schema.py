@@ -10,7 +10,7 @@ from functools import lru_cache
 from typing import Any
 
 from .ebnf import EbnfError, derives_nothing, quotient
-from .enforceable import _subschemas, check_enforceable
+from .enforceable import subschemas, check_enforceable
 from .errors import GrammarError
 
 
@@ -79,7 +79,7 @@ def _ecma_patterns(schema: Any) -> None:
         schema["pattern"] = _ecma_pattern(schema["pattern"])
     if isinstance(schema.get("patternProperties"), dict):
         schema["patternProperties"] = {_ecma_pattern(k): v for k, v in schema["patternProperties"].items()}
-    for _, sub in _subschemas(schema):
+    for _, sub in subschemas(schema):
         _ecma_patterns(sub)
 
 
