@@ -154,19 +154,29 @@ def _reading_report(path: Path, run: Callable[[], RunOutcome]) -> tuple[RunOutco
     poll = select.poll()
     poll.register(fd, select.POLLIN)
 
+    size = 0
+
+    def take() -> bool:
+        """Keep what the FIFO holds now (up to REPORT_BYTES in all); False once every writer closed."""
+        nonlocal size
+        chunk = os.read(fd, 1 << 16)
+        size += len(chunk)
+        if size <= REPORT_BYTES:
+            chunks.append(chunk)
+        return bool(chunk)
+
     def drain() -> None:
-        size = 0
-        while True:
-            if not poll.poll(100):
-                if done.is_set():  # the run is over: a writer it left behind is not waited for
-                    return
-                continue
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:  # every writer closed
+        while not done.is_set():
+            if poll.poll(100) and not take():
                 return
-            size += len(chunk)
-            if size <= REPORT_BYTES:
-                chunks.append(chunk)
+        # The run is over, so pytest's report is read but for what the pipe still holds; that much
+        # and no more: a writer the run left behind (a detached process) may write for ever.
+        try:
+            for _ in range(16):  # 1 MiB: a pipe holds 64 KiB unless its writer enlarged it
+                if not take():
+                    return
+        except BlockingIOError:  # all of it read
+            return
 
     reader = threading.Thread(target=drain, daemon=True)
     reader.start()

@@ -5,6 +5,7 @@ import asyncio
 import json
 import shutil
 import re
+import subprocess
 import tempfile
 import textwrap
 import threading
@@ -655,6 +656,34 @@ def test_a_report_a_graded_module_writes_at_exit_is_not_taken(tmp_path):
     (work / "textkit/slug.py").write_text((work / "textkit/slug.py").read_text() + "\n" + forge)
     g = grade_work(task, work)
     assert g.exit_code == 1 and g.crashed and g.passed == 0
+
+
+def test_a_writer_the_run_left_behind_does_not_hold_up_grading(tmp_path):
+    """A detached process that the run left writing to the report for ever (the unsandboxed
+    runners kill only the run's process group) kept grading reading it for ever."""
+    import threading
+
+    task = load_task(SLUG)
+    work = copy_repo(task, tmp_path / "repo")
+    hidden = "tests/hidden/test_hidden_slug.py::test_x"
+    writers = []
+
+    def leaving_runner(argv, workdir, timeout_s):
+        writers.append(subprocess.Popen(["sh", "-c", f"while :; do echo junk; done > {REPORT_FILE}"],
+                                        cwd=workdir, start_new_session=True))
+        return RunOutcome(1, "", "")
+
+    graded = []
+    grader = threading.Thread(target=lambda: graded.append(run_tests(task, work, leaving_runner, ["tests"], [hidden])),
+                              daemon=True)
+    try:
+        grader.start()
+        grader.join(60)  # a hang, not a speed: it returns at once
+    finally:
+        for writer in writers:
+            writer.kill()
+            writer.wait()
+    assert graded and graded[0].crashed and graded[0].failed_ids == [hidden]
 
 
 def test_a_module_turned_into_a_folder_is_graded_not_a_crash(tmp_path):
