@@ -87,13 +87,13 @@ def build_policies(
     unknown = sorted(set(overrides) - set(team.roles))
     if unknown:
         raise RolecastError(f"--policy names unknown role(s) {', '.join(unknown)} (team roles: {', '.join(team.roles)})")
+    check_grammars(team, overrides)
     policies: dict[str, Policy] = {}
     replays: dict[str, ReplayPolicy] = {}
     engine_policy: EnginePolicy | None = None
     for name, spec in team.roles.items():
         binding = overrides.get(name) or spec.binding or Binding("model")
         if binding.kind == "model":
-            spec.check_grammar()  # before the model loads
             engine_policy = engine_policy or EnginePolicy(engine_factory())
             policies[name] = engine_policy
         elif binding.kind == "replay":
@@ -105,6 +105,15 @@ def build_policies(
         else:
             policies[name] = registry.get("policies", binding.target)(spec)
     return policies
+
+
+def check_grammars(team: Team, overrides: Mapping[str, Binding]) -> None:
+    """Compile the grammar of every role the model plays, before any model loads: a schema xgrammar
+    refuses is the role file's error (not checked at team load: xgrammar imports torch, seconds that
+    runs with no model need not pay)."""
+    for name, spec in team.roles.items():
+        if (overrides.get(name) or spec.binding or Binding("model")).kind == "model":
+            spec.check_grammar()
 
 
 async def run_team(team: Team, policies: Mapping[str, Policy], options: RunOptions) -> RunResult:

@@ -293,6 +293,25 @@ def test_loading_a_team_compiles_no_grammar(workspace, monkeypatch):
         build_policies(team, {}, no_engine)  # before the model loads
 
 
+def test_every_role_the_model_plays_is_compiled_before_a_model_loads(workspace):
+    """Only the roles before the first one bound to the model were compiled before it loaded, and
+    a training run (or a population's round robin) loads its model before it binds a role."""
+    from orchestrator.errors import ConfigError
+    from orchestrator.rollout import build_policies
+    from orchestrator.team import load_team
+    from orchestrator.training.loop import check_start
+
+    replace_in(workspace / "echo.yaml", "max_retries: 2", "max_retries: 2\nreply_prefix: '{\"shout\": '")
+    replace_in(workspace / "team.yaml", "  - use: ./echo.yaml\n  - use: reviewer", "  - use: reviewer\n  - use: ./echo.yaml")
+    team = load_team(workspace / "team.yaml")
+    assert list(team.roles)[0] == "reviewer"
+    with pytest.raises(ConfigError, match="echo.yaml:13: reply_prefix"):
+        build_policies(team, {}, no_engine)
+    (workspace / "team.yaml").write_text((workspace / "team.yaml").read_text() + "training:\n  steps: 1\n")
+    with pytest.raises(ConfigError, match="echo.yaml:13: reply_prefix"):
+        check_start(load_team(workspace / "team.yaml"), workspace / "run", resume=False)
+
+
 def test_every_shipped_yaml_validates(cli):
     root = Path(__file__).resolve().parent.parent
     code, out, err = cli("validate", root / "roles", root / "recipes")

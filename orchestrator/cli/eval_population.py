@@ -21,6 +21,7 @@ def handle(args: argparse.Namespace, team: Any) -> int:
     from ..engines.load import load_engine
     from ..population import Entrant, analyse, play_round_robin
     from ..registry import default_registry
+    from ..rollout import check_grammars
     from ..team import trainable_roles
     from ..training.trainer import build_trainer
 
@@ -60,6 +61,7 @@ def handle(args: argparse.Namespace, team: Any) -> int:
     then = (recorded_run(run) or {}).get("run") or {}
     model = args.model or then.get("model") or team.config.model
     dtype = then.get("dtype", "auto") if args.dtype == "auto" and not args.model else args.dtype
+    check_grammars(team, {})
     with claimed(out):  # a second round robin into it would mix its games with these
         engine = load_engine(model, dtype, seed, args.engine, adapters, args.device)
 

@@ -42,7 +42,7 @@ from ..evaluation import CHECKPOINT_ADAPTER, bind_opponent
 from ..evaluation import evaluate as evaluate_results
 from ..launch import recorded_run
 from ..registry import Registry, config_model, default_registry
-from ..rollout import RunOptions, build_policies, every_episode_failed, progress_console, run_team
+from ..rollout import RunOptions, build_policies, check_grammars, every_episode_failed, progress_console, run_team
 from ..team import Team, trainable_roles
 from ..transcript import EpisodeRecord
 from .datums import DatumBuildOptions, role_datums
@@ -75,6 +75,7 @@ def check_start(team: Team, run_dir: Path, resume: bool) -> None:
     config be lost)."""
     if team.config.training is None:
         raise RolecastError(f"{team.path}: the recipe has no `training:` block")
+    check_grammars(team, {})
     if not resume:
         if (run_dir / "metrics.jsonl").exists():
             raise RolecastError(f"{run_dir} already holds a training run: add --resume to continue it, "
