@@ -265,6 +265,9 @@ class TrainingRun:
         chosen = [rng.choice(self.team.tasks) for _ in range(self.cfg.groups_per_step)]
         size = self.cfg.group_size
         team = replace(self.team, tasks=[t for t in chosen for _ in range(size)])
+        # chosen now: with max_staleness, the last step's after_step (new snapshots, ratings) runs while
+        # these play, and would otherwise pick the opponents by timing
+        adapters = [self.trainer.adapters_for(step, i) for i in range(len(team.tasks))]
         result = await run_team(team, self.policies, RunOptions(
             episodes=len(team.tasks),
             seed=derive_seed(self.options.seed, step),
@@ -272,7 +275,7 @@ class TrainingRun:
             concurrency=self.concurrency,
             episode_timeout_s=self.team.config.episode_timeout_s,
             progress=False,
-            adapters_for=lambda i: self.trainer.adapters_for(step, i),
+            adapters_for=adapters.__getitem__,
             play=self.play,
         ))
         return [result.episodes[g * size:(g + 1) * size] for g in range(len(chosen))]
@@ -382,10 +385,12 @@ class TrainingRun:
         tasks = self.team.eval_tasks or self.team.tasks
         n = self.cfg.eval_episodes
         team = replace(self.eval_team, tasks=tasks)
+        adapters = [{r: a for r, a in self.trainer.eval_adapters_for(i).items() if r != self.eval_opponent_role}
+                    for i in range(n)]  # chosen now, as a rollout's are
         result = await run_team(team, self.eval_policies, RunOptions(
             episodes=n, seed=derive_seed(self.options.seed, 999_999), out_dir=self.run_dir / "evals" / f"step-{step:06d}",
             concurrency=self.concurrency, episode_timeout_s=self.team.config.episode_timeout_s, progress=False,
-            adapters_for=lambda i: {r: a for r, a in self.trainer.eval_adapters_for(i).items() if r != self.eval_opponent_role},
+            adapters_for=adapters.__getitem__,
             play=self.play_eval,
         ))
         if first := every_episode_failed(result.episodes):

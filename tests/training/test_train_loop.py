@@ -524,6 +524,32 @@ def test_an_evaluations_trained_reward_leaves_out_the_episodes_that_failed(tmp_p
     assert row["eval_trained_reward/guesser"] == pytest.approx((0.6 + 0.4 * 0.5 + 0.4 * 0.25) / 2)
 
 
+def test_a_rollouts_opponents_are_chosen_as_it_starts(tmp_path, monkeypatch):
+    """Episodes took their adapters as each started: with max_staleness, the last step's after_step
+    (a new snapshot, new ratings) lands while the next step plays, and picked opponents by timing."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from orchestrator.rollout import RunResult
+    from orchestrator.team import load_team
+    from orchestrator.training import loop
+
+    team = load_team(Path(__file__).resolve().parents[2] / "recipes/guess_number.yaml")
+    pool = ["live"]
+    trainer = SimpleNamespace(adapters_for=lambda step, i: {"guesser": pool[-1]})
+
+    async def played(team, policies, options):
+        pool.append("snapshot@1")  # after_step of the step before, while this one plays
+        return RunResult(tmp_path, {}, [options.adapters_for(i) for i in range(options.episodes)])
+
+    monkeypatch.setattr(loop, "run_team", played)
+    run = loop.TrainingRun.__new__(loop.TrainingRun)
+    run.team, run.cfg, run.options, run.run_dir = team, team.config.training, SimpleNamespace(seed=0), tmp_path
+    run.policies, run.concurrency, run.play, run.trainer = {}, 1, None, trainer
+    groups = asyncio.run(run.rollout(2))
+    assert [a for g in groups for a in g] == [{"guesser": "live"}] * (run.cfg.groups_per_step * run.cfg.group_size)
+
+
 def test_resume_edges(cli, tmp_path):
     """A finished run resumes to its final row, adding none; one stopped before its first
     checkpoint starts again from step 0; --steps below the checkpoint's step, a folder that
