@@ -147,6 +147,8 @@ def ratings_with_intervals(names: list[str], games: list[Game], resamples: int =
     # an entrant none of whose games finished (a baseline that cannot play this game) is not rated:
     # it kept its start, read as a rating of about 1000 with a narrow interval, and moved the others' mean
     rated = [n for n in names if any(n in (g.a, g.b) for g in games)]
+    if not rated:
+        return {n: {"elo": None, "ci95": None} for n in names}
     point = bradley_terry(rated, games)
     rng = random.Random(seed)
     draws: dict[str, list[float]] = {n: [] for n in rated}

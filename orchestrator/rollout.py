@@ -51,7 +51,9 @@ class RunOptions:
     episode_timeout_s: float = 900.0
     progress: bool = True
     extra: dict[str, Any] = field(default_factory=dict)  # recorded in config.yaml (CLI choices)
-    # episode index -> {role: adapter} for this episode only (e.g. a self-play opponent snapshot)
+    # episode index -> {role: adapter} for this episode only (e.g. a self-play opponent snapshot),
+    # called as the episode starts: a choice that reads state moving meanwhile (a training run's
+    # next step plays during this one's after_step) is made up front and passed as a list's __getitem__
     adapters_for: Callable[[int], dict[str, str]] | None = None
     # where episodes are played: None = here, with the given policies; else a coroutine function
     # that plays a record elsewhere and returns it played (a rollout worker: workers.py)
@@ -64,7 +66,9 @@ class RunOptions:
 class RunResult:
     run_dir: Path
     summary: dict[str, Any]
-    episodes: Sequence[EpisodeRecord]  # in index order
+    # in index order; without keep_episodes a view of transcripts.jsonl: each access reads a fresh
+    # record from the file (edits to it are not kept), as long as the run dir stays where it is
+    episodes: Sequence[EpisodeRecord]
 
 
 def every_episode_failed(episodes: Sequence[EpisodeRecord]) -> EpisodeRecord | None:
@@ -126,7 +130,7 @@ async def run_team(team: Team, policies: Mapping[str, Policy], options: RunOptio
     kept: list[EpisodeRecord] | None = [] if options.keep_episodes else None
     offsets = array("q", bytes(8 * options.episodes))  # episode index -> its line's byte offset in transcripts.jsonl
     started = time.perf_counter()
-    path = run_dir / "transcripts.jsonl"
+    path = (run_dir / "transcripts.jsonl").resolve()  # the result's episodes read it back, wherever the cwd is then
     transcripts = path.open("wb")
     progress = _progress(options.progress)
     bar = progress.add_task(f"{team.name} episodes", total=options.episodes)
@@ -248,8 +252,9 @@ class Tally:
         self.turns = self.valid_turns = self.first_tries = self.first_try_valid = self.retries = 0
         self.played = self.generated = 0  # every episode's turns and tokens, failed ones' too
         self.roles = {name: {"rewards": array("d"), "turns": 0, "invalid_turns": 0, "retries": 0} for name in team.roles}
-        # only an env that measures outcomes keeps them (for its outcome_metrics, which takes them all)
-        self.outcomes: list[dict[str, Any]] | None = (
+        # only an env that measures outcomes keeps them (its outcome_metrics takes them all, so these
+        # grow with the run), by index: summed in episode order, whatever order they finished in
+        self.outcomes: list[tuple[int, dict[str, Any]]] | None = (
             [] if getattr(team.env_class.outcome_metrics, "__func__", None) is not Env.outcome_metrics.__func__ else None)
 
     def add(self, record: EpisodeRecord) -> None:
@@ -274,7 +279,7 @@ class Tally:
         for name, role in self.roles.items():
             role["rewards"].append(record.rewards.get(name, 0.0))
         if record.status == "ok" and self.outcomes is not None:
-            self.outcomes.append(record.outcome)
+            self.outcomes.append((record.index, record.outcome))
 
     def summary(self, wall_s: float) -> dict[str, Any]:
         team = self.team
@@ -282,7 +287,8 @@ class Tally:
                            "turns": r["turns"], "invalid_turns": r["invalid_turns"], "retries": r["retries"]}
                     for name, r in self.roles.items()}
         try:
-            env_metrics = team.env_class.outcome_metrics(team.env_config, self.outcomes) if self.outcomes else {}
+            outcomes = [outcome for _, outcome in sorted(self.outcomes, key=lambda o: o[0])] if self.outcomes else []
+            env_metrics = team.env_class.outcome_metrics(team.env_config, outcomes) if outcomes else {}
             env_metrics = {k: round(float(v), 4) for k, v in env_metrics.items()}
         except Exception as exc:  # an env plugin's fault, found after every episode: it costs its measures, not the summary
             log.warning("outcome_metrics failed", env=team.env_class.__name__, error=f"{type(exc).__name__}: {exc}")

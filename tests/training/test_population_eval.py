@@ -158,3 +158,10 @@ def test_eval_population_flags_that_do_not_apply_are_refused(cli, tmp_path):
     ):
         code, _, err = cli("eval", recipe, "--model", "tiny", *args)
         assert code == 2 and words in err and "Traceback" not in err, (args, err)
+
+
+def test_a_round_robin_with_no_finished_game_rates_nobody():
+    # every entrant unrated left bradley_terry no one to fit: ZeroDivisionError
+    from orchestrator.population import ratings_with_intervals
+
+    assert ratings_with_intervals(["a", "b"], []) == {"a": {"elo": None, "ci95": None}, "b": {"elo": None, "ci95": None}}
