@@ -47,7 +47,7 @@ from ..team import Team, trainable_roles
 from ..transcript import EpisodeRecord
 from .datums import DatumBuildOptions, role_datums
 from .metrics import MetricsWriter, read_metrics, write_atomic
-from .plugin_faults import blamed, checked
+from .plugin_faults import blamed, checked, measured
 from .repetition import penalise_repetition
 from .rng import load_rng, save_rng, seed_rng
 from .trainer import build_trainer
@@ -215,7 +215,8 @@ class TrainingRun:
         self._write_credit(step, groups, rewards, advantages, extra, trained)
         row.update(await self._update(step, trained, groups, advantages, extra))
         with blamed("trainer", self.cfg.trainer, "after_step"):
-            row.update(self.trainer.after_step(step, [ep for ep, _ in results], [rw for _, rw in results], self._snapshot))
+            row.update(measured(self.trainer.after_step(step, [ep for ep, _ in results], [rw for _, rw in results],
+                                                        self._snapshot), "trainer", self.cfg.trainer, "after_step"))
         row["rollout_s"] = round(t_roll, 3)
         row["step_s"] = round(time.perf_counter() - t0, 3)
         row.update(self._engine_work())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -47,3 +48,16 @@ def checked(values: list[list[Any]], roles: Iterable[str] | None, kind: str, nam
                     raise RunFailed(f"{kind} plugin {name!r}: {hook} gave role {role!r} {value!r} in episode {e} of "
                                     f"group {g}, where a finite number is needed; {FIX}")
     return values
+
+
+def measured(metrics: Mapping[str, Any], kind: str, name: str, hook: str) -> dict[str, float]:
+    """A hook's extra metrics for the step's row as floats: a number of any kind (Python, numpy, a
+    0-d tensor) is one; anything else would fail the row's JSON (a tensor) after the weights moved."""
+    out = {}
+    for key, value in metrics.items():
+        if not (isinstance(key, str) and (isinstance(value, numbers.Real) or
+                                          getattr(value, "shape", None) == () and isinstance(value.item(), numbers.Real))):
+            raise RunFailed(f"{kind} plugin {name!r}: {hook} gave {key!r} a {type(value).__name__}, where a number "
+                            f"is needed; {FIX}")
+        out[key] = float(value)
+    return out

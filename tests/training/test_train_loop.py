@@ -718,7 +718,7 @@ def test_report_of_a_stopped_compare_strategy_names_compare(cli, tmp_path, monke
 
 @pytest.fixture
 def faulty_plugins():
-    """A reward plugin that pays NaN and a trainer whose advantages raise, in the CLI's registry."""
+    """A reward plugin that pays NaN and trainers that fail a step, in the CLI's registry."""
     from orchestrator.registry import default_registry
     from plugins.trainers.grpo import GRPO
     from support import plugin
@@ -738,10 +738,17 @@ def faulty_plugins():
         def advantages(self, rewards):
             return [[{} for _ in group] for group in rewards]
 
+    class TextMetrics(GRPO):
+        def after_step(self, step, episodes, rewards, snapshot):
+            import numpy as np
+
+            return {"tensor": torch.tensor(0.5), "numpy": np.float32(0.25), "note": "hello"}
+
     def trainers(register):
         register("raising", Raising)
         register("no-groups", NoGroups)
         register("no-roles", NoRoles)
+        register("text-metrics", TextMetrics)
 
     default_registry.cache_clear()
     default_registry().add_module(plugin(register_rewards=lambda register: register("nan", nan_reward),
@@ -773,3 +780,32 @@ def test_a_plugins_fault_in_a_step_is_one_line_and_moves_no_weight(faulty_plugin
     # step 1 trained nothing (a reward plugin's NaN stops even the evaluation before it)
     assert [r["kind"] for r in rows(run)] in ([], ["eval"]) if (run / "metrics.jsonl").exists() else True
     assert not (run / "checkpoints").exists()
+
+
+def test_a_trainers_metric_that_is_no_number_is_one_line_before_the_row(faulty_plugins, cli, tmp_path):
+    """after_step's metrics went into the row as they were: a tensor failed its JSON (a TypeError
+    traceback, the row lost after the weights moved) and a string reached the report."""
+    from support import SMALL_TRAINING
+
+    text = (Path(__file__).resolve().parents[2] / "recipes/guess_number.yaml").read_text()
+    recipe = write(tmp_path / "guess.yaml", text.replace("trainer: grpo", "trainer: text-metrics"))
+    run = tmp_path / "run"
+    code, _, err = cli("train", recipe, "--model", "tiny", "--steps", "1", "--out", run, "--no-progress",
+                       "--dtype", "float32", *SMALL_TRAINING)
+    # the tensor and the numpy float passed as numbers: the string is named
+    assert code == 1 and "trainer plugin 'text-metrics': after_step gave 'note' a str, where a number is needed; " \
+                         "fix it" in err and "Traceback" not in err, err
+    assert [r["kind"] for r in rows(run)] == ["eval"]
+
+
+def test_a_hooks_metrics_are_floats():
+    import numpy as np
+
+    from orchestrator.errors import RunFailed
+    from orchestrator.training.plugin_faults import measured
+
+    got = measured({"t": torch.tensor(2), "n": np.float32(0.5), "i": 3, "f": 0.25}, "trainer", "t", "after_step")
+    assert got == {"t": 2.0, "n": 0.5, "i": 3.0, "f": 0.25} and all(type(v) is float for v in got.values())
+    assert json.dumps(got)
+    with pytest.raises(RunFailed, match="after_step gave 'v' a Tensor, where a number is needed"):
+        measured({"v": torch.zeros(2)}, "trainer", "t", "after_step")
