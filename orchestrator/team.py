@@ -307,9 +307,11 @@ def _load_tasks(tasks: list[dict[str, Any]] | str, doc: YamlDoc, loc: tuple, env
             if exc.key != "(file)":
                 raise  # a problem inside the tasks file, named at its own line
             raise doc.error(loc, f"cannot read tasks file {path}: {exc.problem}") from None
-        if not isinstance(items, list) or not items or not all(isinstance(t, dict) for t in items):
+        if not isinstance(items, list) or not items:
             raise doc.error(loc, f"tasks file {path} must hold a non-empty list of mappings")
     for i, task in enumerate(items):
+        if not isinstance(task, dict):  # in a file (inline ones the config checked): named at its own line
+            raise where(i, (), f"a task must be a mapping, not {type(task).__name__}")
         if problem := env_class.task_problem(env_config, task):
             raise where(i, *problem)
     return items

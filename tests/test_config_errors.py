@@ -125,6 +125,13 @@ CASES = [
     ("role-not-mapping", lambda w: write(w / "echo.yaml", "- name: echo\n"), "echo.yaml", 1, "(root)", "mapping"),
     ("tasks-file-missing", lambda w: replace_in(w / "team.yaml", 'tasks:\n  - {text: "the sea"}\n  - {text: "the sky"}', "tasks: tasks.jsonl"),
      "team.yaml", 8, "tasks", "cannot read tasks file"),
+    # an entry of a tasks file that is no mapping: was named at the team's `tasks` key, not its own line
+    ("tasks-yaml-entry-not-mapping", lambda w: (replace_in(w / "team.yaml", 'tasks:\n  - {text: "the sea"}\n  - {text: "the sky"}', "tasks: tasks.yaml"),
+                                                write(w / "tasks.yaml", "- {text: the sea}\n- the sky\n")),
+     "tasks.yaml", 2, "[1]", "a task must be a mapping, not str"),
+    ("tasks-jsonl-entry-not-mapping", lambda w: (replace_in(w / "team.yaml", 'tasks:\n  - {text: "the sea"}\n  - {text: "the sky"}', "tasks: tasks.jsonl"),
+                                                 write(w / "tasks.jsonl", '{"text": "the sea"}\n\n["the sky"]\n')),
+     "tasks.jsonl", 3, "(task)", "a task must be a mapping, not list"),
     ("loop-back-forward", lambda w: replace_in(w / "team.yaml", "order: [echo, reviewer]",
                                                "order: [echo, reviewer]\n  loop_back: {from: echo, to: reviewer, field: verdict, values: [x]}"),
      "team.yaml", 2, "protocol", "must come before"),
