@@ -264,6 +264,9 @@ class TrainingConfig(Strict):
     keep_checkpoints: int = Field(3, ge=1)
 
 
+TEAM_KEYS = frozenset({"protocol", "roles", "tasks"})  # keys only a team file has
+
+
 class TeamConfig(Strict):
     name: str = Field(pattern=NAME_PATTERN)
     description: str = ""

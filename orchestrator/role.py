@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 import roles as _library
 
-from .config import RoleConfig
+from .config import TEAM_KEYS, RoleConfig
 from .errors import ConfigError
 from .grammar.enforceable import check_enforceable
 from .grammar.schema import GrammarError, check_reply_prefix
@@ -266,6 +266,10 @@ def load_role(
     doc = load_yaml(path)
     if not isinstance(doc.data, dict):
         raise doc.error((), "a role file must be a mapping of keys")
+    if TEAM_KEYS & set(doc.data):  # not a role missing its description: the `use:` naming it is wrong
+        site, loc = (override_doc, override_loc + ("use",)) if override_doc is not None else (doc, ())
+        raise site.error(loc, f"{doc.path} is a team file ({', '.join(sorted(TEAM_KEYS & set(doc.data)))}), "
+                              f"not a role file")
     overrides = overrides or {}
     merged = deep_merge(doc.data, overrides)
 

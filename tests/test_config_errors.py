@@ -122,6 +122,9 @@ CASES = [
     ("team-protocol-misspelt", lambda w: replace_in(w / "team.yaml", "protocol:", "protocl:"),
      "team.yaml", 1, "protocol", "required key is missing"),
     ("empty-file", lambda w: write(w / "team.yaml", "\n"), "team.yaml", 1, "(file)", "empty"),
+    # was "team.yaml:1: description: required key is missing", as if it were a role lacking one
+    ("role-use-names-a-team", lambda w: replace_in(w / "team.yaml", "use: ./echo.yaml", "use: ./team.yaml"),
+     "team.yaml", 6, "roles[0].use", "team.yaml is a team file (protocol, roles, tasks), not a role file"),
     ("role-not-mapping", lambda w: write(w / "echo.yaml", "- name: echo\n"), "echo.yaml", 1, "(root)", "mapping"),
     ("tasks-file-missing", lambda w: replace_in(w / "team.yaml", 'tasks:\n  - {text: "the sea"}\n  - {text: "the sky"}', "tasks: tasks.jsonl"),
      "team.yaml", 8, "tasks", "cannot read tasks file"),

@@ -26,6 +26,7 @@ def yaml_files(paths: list[Path]) -> list[Path]:
 
 
 def handle(args: argparse.Namespace) -> int:
+    from ..config import TEAM_KEYS
     from ..role import load_role
     from ..team import load_team
     from ..yamlfile import load_yaml
@@ -38,7 +39,7 @@ def handle(args: argparse.Namespace) -> int:
         try:
             data = load_yaml(path).data
             # keys only a team has: with `protocol` misspelt, a team is still checked as one
-            if isinstance(data, dict) and {"protocol", "roles", "tasks"} & set(data):
+            if isinstance(data, dict) and TEAM_KEYS & set(data):
                 team = load_team(path)
                 for spec in team.roles.values():
                     spec.check_grammar()
