@@ -9,6 +9,7 @@ import typing
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError, ValidationError
 
 from sandboxes import ISOLATING
 
@@ -26,10 +27,15 @@ def set_by_train(model: type[BaseModel]) -> dict[str, str]:
             if isinstance(f.json_schema_extra, dict) and SET_BY_TRAIN in f.json_schema_extra}
 
 
-def _holds_bool(value: Any) -> bool:
-    if isinstance(value, (list, tuple)):
-        return any(map(_holds_bool, value))
-    return isinstance(value, bool) or isinstance(value, dict) and any(map(_holds_bool, value.values()))
+def _bool_at(value: Any) -> tuple[tuple, bool] | None:
+    """Where in ``value`` a boolean is (its keys and indexes; () for ``value`` itself) and which, or None."""
+    if isinstance(value, bool):
+        return (), value
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for key, item in items:
+        if found := _bool_at(item):
+            return (key, *found[0]), found[1]
+    return None
 
 
 def _leaves(annotation: Any) -> list[Any]:
@@ -54,8 +60,11 @@ class NoBoolNumbers(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _not_a_bool(cls, value: Any, info: ValidationInfo) -> Any:
-        if _holds_bool(value) and _numbers_only(cls.model_fields[info.field_name].annotation):
-            raise ValueError("must be a number, not a boolean")
+        if (found := _bool_at(value)) and _numbers_only(cls.model_fields[info.field_name].annotation):
+            # an error at the boolean's own key (`echo` in `repetition_penalty: {echo: on}`), not only the field's
+            raise ValidationError.from_exception_data(cls.__name__, [{
+                "type": PydanticCustomError("bool_number", "must be a number, not a boolean"), "loc": found[0],
+                "input": found[1]}])
         return value
 
 
