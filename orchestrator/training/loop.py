@@ -208,8 +208,7 @@ class TrainingRun:
             if scores := [t.score for t in turns if t.role == role and t.score is not None]:
                 row[f"turn_score/{role}"] = sum(scores) / len(scores)
         row["episodes"] = len(episodes)
-        row["episodes_errored"] = sum(ep.status == "error" for ep in episodes)  # not trained on: a fault, not a result
-        row["episodes_timed_out"] = sum(ep.status == "timeout" for ep in episodes)  # nor these
+        row.update(_failures(episodes))  # not trained on
         row.update(repeated)
         trained = self.trainer.adapters_to_train(step)
         self._write_credit(step, groups, rewards, advantages, extra, trained)
@@ -398,7 +397,7 @@ class TrainingRun:
             raise RunFailed(f"evaluation at step {step}: every episode failed; the first: {first.error} "
                             f"(transcripts in {result.run_dir})")
         # Evaluations report the environment's own rewards, whatever reward training optimises.
-        row: dict[str, Any] = {"step": step, "kind": "eval", "episodes": n}
+        row: dict[str, Any] = {"step": step, "kind": "eval", "episodes": n, **_failures(result.episodes)}
         if self.cfg.reward != "env":  # over the finished episodes, as eval_reward: a failed one's rewards are placeholders
             finished = [ep for ep in result.episodes if not ep.failed]
             (shaped,) = checked(self._rewards([finished]), self.team.roles, "reward", self.cfg.reward, "its reward")
@@ -581,6 +580,12 @@ def last_checkpoint(run_dir: Path, flag: str, needs: Sequence[str] = ()) -> tupl
     if folders:
         raise RolecastError(f"{flag}: no whole checkpoint in {run_dir / 'checkpoints'} ({'; '.join(problems)})")
     return None
+
+
+def _failures(episodes: list[EpisodeRecord]) -> dict[str, int]:
+    """How many of ``episodes`` errored or timed out: faults, not results, in no reward mean."""
+    return {"episodes_errored": sum(ep.status == "error" for ep in episodes),
+            "episodes_timed_out": sum(ep.status == "timeout" for ep in episodes)}
 
 
 def _calls_summed(rows: list[dict[str, float]]) -> dict[str, float]:

@@ -90,6 +90,11 @@ def write_report(run_dir: Path) -> dict[str, Any]:
     for role, e in summary.get("eval", {}).items():
         lines.append(f"| {role} | {_shown(e['first'], e['first_ci95'])} (step {e['first_step']}) | "
                      f"{_shown(e['last'], e['last_ci95'])} (step {e['last_step']}) |")
+    # the table's rewards are over the finished episodes: say where some errored or timed out
+    failed = {r["step"]: (sum(r[k] for k in ("episodes_errored", "episodes_timed_out") if _number(r.get(k))), r.get("episodes"))
+              for r in evals[:1] + evals[-1:]}
+    if said := [f"{n} of {of} at step {step}" for step, (n, of) in failed.items() if n]:
+        lines.append(f"\nEvaluation episodes that errored or timed out, in no eval reward: {', '.join(said)}.")
     planned = summary["steps_planned"]
     if planned and not any(r["step"] == planned for r in evals):  # the final evaluation is the last row written
         # a strategy of `rolecast compare` trained a changed recipe (trainer, adapters): compare resumes it

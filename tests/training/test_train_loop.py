@@ -466,7 +466,18 @@ def test_episodes_that_errored_are_counted_and_not_trained_on(breaking_env, cli,
 
     run = tmp_path / "run"
     tasks = "[{secret: 1, breaks: 0.5, after: 1}, {secret: 2, breaks: 0.5, after: 1}]"  # a scored guess, then a fault
-    train_tiny(cli, breaking_recipe(tmp_path, tasks), run, 1, "--set", "groups_per_step=4")
+    recipe = breaking_recipe(tmp_path, tasks)
+    recipe.write_text(recipe.read_text().replace("eval_tasks: [{secret: 3}", "eval_tasks: [{secret: 3, breaks: 1.0}"))
+    train_tiny(cli, recipe, run, 1, "--set", "groups_per_step=4", "--set", "eval_episodes=8")
+    # evaluations count theirs as steps do (they said `episodes: 8` whatever failed)
+    for e in [r for r in rows(run) if r["kind"] == "eval"]:
+        statuses = [json.loads(line)["status"] for line in
+                    (run / f"evals/step-{e['step']:06d}/transcripts.jsonl").read_text().splitlines()]
+        assert (e["episodes"], e["episodes_errored"], e["episodes_timed_out"]) == (8, statuses.count("error"), 0)
+        assert statuses.count("error")
+    code, out, err = cli("report", run)
+    assert code == 0 and "Evaluation episodes that errored or timed out, in no eval reward: 2 of 8 at step 0, " \
+                         "2 of 8 at step 1." in out, (out, err)
     (row,) = [r for r in rows(run) if r["kind"] == "train"]
     lines = (run / "rollouts/step-000001/transcripts.jsonl").read_text().splitlines()
     errored = [json.loads(line) for line in lines if json.loads(line)["status"] == "error"]
@@ -690,7 +701,7 @@ def test_report_of_a_one_episode_evaluation_and_of_a_stopped_run(cli, tmp_path):
         {"step": 0, "kind": "eval", "eval_reward/reward_model": 0.1, "eval_ci95/reward_model": 0.05},
         {"step": 2, "kind": "train", "reward/reward_model": 0.2})))
     code, out, err = cli("report", stopped)
-    assert code == 0 and "| reward_model | 0.100 ± 0.050 (step 0) |" in out, (out, err)
+    assert code == 0 and "| reward_model | 0.100 ± 0.050 (step 0) |" in out and "errored" not in out, (out, err)
     assert f"at step 2 of 5, still training or stopped; if it stopped, `rolecast train RECIPE --out {stopped} --resume`" in out
 
     (tmp_path / "early" / "evals").mkdir(parents=True)
