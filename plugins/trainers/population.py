@@ -16,10 +16,10 @@ one opponent drawn by ``matchmaking`` from the other members and the snapshot po
   ``even`` weights p (1 - p), opponents it beats about half the time, ``hard`` weights (1 - p)^2,
   the ones that beat it.
 
-A game is drawn as it starts, from a generator seeded by (``seed``, step, episode), with the
-ratings, records and pool as they stand then: trained synchronously, as at the start of the step,
-so a resumed run draws the same matches; with ``max_staleness: K``, as K steps before (the first K
-steps after a resume: as at the checkpoint, so they can differ). Every seat played by a
+A step's games are drawn as its rollout starts, from a generator seeded by (``seed``, step,
+episode), with the ratings, records and pool as they stand then: trained synchronously, as at the
+start of the step, so a resumed run draws the same matches; with ``max_staleness: K``, as K steps
+before (the first K steps after a resume: as at the checkpoint, so they can differ). Every seat played by a
 member trains that member; seats played by a snapshot train nothing. A member's advantage is its
 reward minus the mean of its own rewards in the same group (GRPO's baseline, per member), divided
 by their std with ``scale_std``. With many members a member may play once in a group and get a
