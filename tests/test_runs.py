@@ -143,6 +143,17 @@ def test_a_run_builds_only_the_episodes_in_flight_and_can_leave_them_on_disk(tmp
                                               "generated_tok_s": read_back.summary["generated_tok_s"]}
 
 
+def test_a_runs_episodes_read_back_after_a_change_of_directory(tmp_path, monkeypatch):
+    # the view kept the run dir's relative path: a notebook's %cd after api.run broke every access
+    team = load_team(ROOT / "recipes/debate.yaml")
+    monkeypatch.chdir(tmp_path)
+    options = RunOptions(episodes=2, seed=0, out_dir=Path("rel"), concurrency=1, progress=False, keep_episodes=False)
+    result = asyncio.run(run_team(team, build_policies(team, stub_all(team), no_engine), options))
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert [e.index for e in result.episodes] == [0, 1] and result.episodes[1].index == 1
+
+
 def stub_all(team):
     """Bind every role to the stub; a test then swaps in the policies it is about."""
     return {name: Binding("builtin", "stub") for name in team.roles}
