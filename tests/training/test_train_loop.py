@@ -527,6 +527,7 @@ def test_an_evaluations_trained_reward_leaves_out_the_episodes_that_failed(tmp_p
     run.team = run.eval_team = team
     run.cfg, run.options, run.run_dir, run.metrics = team.config.training, SimpleNamespace(seed=0), tmp_path, MetricsWriter(tmp_path)
     run.eval_policies, run.eval_opponent_role, run.play_eval, run.concurrency, run.engine, run.rollouts = {}, None, None, 1, None, None
+    run.trainer = SimpleNamespace(eval_adapters_for=lambda i: {})
     run.reward_fn = default_registry().get("rewards", "hybrid")
     run.reward_config = config_model(run.reward_fn).model_validate(run.cfg.reward_config)
     row = asyncio.run(run.evaluate(0))
