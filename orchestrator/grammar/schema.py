@@ -132,6 +132,7 @@ def grammar_after(json_schema: str, prefix: str = "") -> str:
 _NO_VOCAB: Any = None
 
 
+@lru_cache(maxsize=256)  # a training run checks each role before its model loads and again as it binds it
 def check_reply_prefix(json_schema: str, prefix: str) -> None:
     """Raise GrammarError unless the schema compiles and ``prefix`` starts a message it allows.
 
