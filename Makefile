@@ -31,11 +31,13 @@ WORKERS := -n auto --dist loadfile
 # Fast tests; the engine's and the trainer's again as on an AVX2-only CPU (no bf16 kernels:
 # orchestrator/cpu.py) where this CPU has them (on one without, the first run took those paths
 # already); then the small selection of real-model tests that CI runs (marked `slow` and `ci`).
+# The AVX2 run caps torch's and oneDNN's own kernels too, so their AVX2 numerics are tested.
+AVX2_ONLY := ROLECAST_CPU_FLAGS="avx2 fma" ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(WORKERS)
 	@if $(BIN)/python -c "from orchestrator.cpu import host; h = host(); raise SystemExit(not (h.native_bf16 or h.onednn_bf16))"; then \
-	  echo 'ROLECAST_CPU_FLAGS="avx2 fma" pytest: the AVX2-only fallbacks'; \
-	  ROLECAST_CPU_FLAGS="avx2 fma" $(BIN)/python -m pytest -q $(WORKERS) tests/engines tests/training tests/test_cpu.py tests/test_models.py; \
+	  echo '$(AVX2_ONLY) pytest: the AVX2-only fallbacks'; \
+	  $(AVX2_ONLY) $(BIN)/python -m pytest -q $(WORKERS) tests/engines tests/training tests/test_cpu.py tests/test_models.py; \
 	else echo "this CPU has no bf16 kernels: the run above took the AVX2-only paths"; fi
 	$(BIN)/python -m pytest -q -m "slow and ci"
 
