@@ -99,7 +99,10 @@ def write_comparison(out: Path, roles: list[str]) -> dict[str, Any]:
         ax.set_title(f"{role}: held-out reward (95% interval)")
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.lines:
+            ax.legend(fontsize=8)
+        else:  # say why the panel is empty, where matplotlib would only warn of a legend with nothing in it
+            ax.text(0.5, 0.5, "no held-out evaluations", ha="center", va="center", transform=ax.transAxes)
     fig.tight_layout()
     fig.savefig(out / "compare.png", dpi=110)
     plt.close(fig)

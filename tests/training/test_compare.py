@@ -78,6 +78,7 @@ def test_compare_keeps_a_folder_that_holds_no_run(cli, tmp_path):
     assert code == 2 and f"{out / 'm-grpo'} is a file, where its run dir goes" in err, err
 
 
+@pytest.mark.filterwarnings("error")  # runs with no eval rows: matplotlib had warned of an empty legend
 def test_a_strategy_named_twice_trains_once(cli, tmp_path, monkeypatch):
     """``--strategy grpo --strategy grpo`` trained grpo, then stopped on its own run ("already holds a
     training run") before compare.json was written."""
