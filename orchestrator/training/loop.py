@@ -191,7 +191,7 @@ class TrainingRun:
         finished = [[not ep.failed for ep in g] for g in groups]
         with blamed("trainer", self.cfg.trainer, "advantages"):
             advantages = self.trainer.step_advantages([[{r: rw[r] for r in self.roles} for rw in g] for g in rewards], finished)
-        checked(advantages, self.roles, "trainer", self.cfg.trainer, "advantages", like=groups)
+        advantages = checked(advantages, self.roles, "trainer", self.cfg.trainer, "advantages", like=groups)
         extra = combined(
             turn_advantages(groups, list(self.roles), self.cfg.turn_credit) if self.cfg.turn_credit else None,
             history_advantages(groups, rewards, list(self.roles), self.cfg.history_credit) if self.cfg.history_credit else None)

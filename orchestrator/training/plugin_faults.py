@@ -34,20 +34,28 @@ def checked(values: list[list[Any]], roles: Iterable[str] | None, kind: str, nam
             like: list[list[Any]] | None = None) -> list[list[Any]]:
     """``values`` (per group, per episode, a mapping of role to number) with a finite number for
     each of ``roles`` (None: for whatever roles a mapping holds), and as many groups and episodes
-    as ``like`` where given (else the step indexed past their end: an IndexError traceback)."""
+    as ``like`` where given (else the step indexed past their end: an IndexError traceback); the
+    same values with those numbers as floats."""
     if like is not None and (shape := [len(g) for g in values]) != (wanted := [len(g) for g in like]):
         raise RunFailed(f"{kind} plugin {name!r}: {hook} gave {shape} episodes per group for the step's {wanted}; {FIX}")
+    out = []
     for g, group in enumerate(values):
+        out.append([])
         for e, row in enumerate(group):
             if not isinstance(row, Mapping):
                 raise RunFailed(f"{kind} plugin {name!r}: {hook} gave {row!r} for episode {e} of group {g}, not a "
                                 f"mapping of role to number; {FIX}")
-            for role in row if roles is None else roles:
+            row = dict(row)
+            for role in list(row) if roles is None else roles:
                 value = row.get(role)
-                if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)):
+                # a numpy scalar (np.mean of float32s) is a number, as an env's reward may be; as a float it
+                # goes into credit.jsonl, whose JSON a numpy float32 fails
+                if not (isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)):
                     raise RunFailed(f"{kind} plugin {name!r}: {hook} gave role {role!r} {value!r} in episode {e} of "
                                     f"group {g}, where a finite number is needed; {FIX}")
-    return values
+                row[role] = float(value)
+            out[-1].append(row)
+    return out
 
 
 def measured(metrics: Mapping[str, Any], kind: str, name: str, hook: str) -> dict[str, float]:

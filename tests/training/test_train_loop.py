@@ -821,3 +821,20 @@ def test_a_hooks_metrics_are_floats():
     assert json.dumps(got)
     with pytest.raises(RunFailed, match="after_step gave 'v' a Tensor, where a number is needed"):
         measured({"v": torch.zeros(2)}, "trainer", "t", "after_step")
+
+
+def test_a_plugins_numpy_rewards_and_advantages_are_floats():
+    """A reward or trainer computing with numpy (np.float32, np.int64) was refused as 'where a finite
+    number is needed' (an env's numpy reward is taken); let through, a float32 would fail credit.jsonl."""
+    import numpy as np
+
+    from orchestrator.errors import RunFailed
+    from orchestrator.training.plugin_faults import checked
+
+    got = checked([[{"a": np.float32(0.5), "b": np.int64(2)}], [{"a": 1, "b": -0.25}]], ["a", "b"], "reward", "r", "its reward")
+    assert got == [[{"a": 0.5, "b": 2.0}], [{"a": 1.0, "b": -0.25}]]
+    assert all(type(v) is float for g in got for row in g for v in row.values()) and json.dumps(got)
+    with pytest.raises(RunFailed, match="gave role 'a' True in episode 0 of group 0, where a finite number is needed"):
+        checked([[{"a": True}]], None, "reward", "r", "its reward")
+    with pytest.raises(RunFailed, match="gave role 'a' np.float32\\(nan\\)"):
+        checked([[{"a": np.float32("nan")}]], ["a"], "reward", "r", "its reward")
