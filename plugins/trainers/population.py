@@ -199,6 +199,7 @@ class Population(Trainer):
             if len(self.pool) > self.config.pool_size:
                 gone = self.pool.pop(0)
                 self.rating.pop(gone)
+                self.record.pop(gone, None)  # its own results too: else every checkpoint keeps every snapshot ever taken
                 for row in self.record.values():
                     row.pop(gone, None)
         metrics.update({f"elo/{name}": r for name, r in self.rating.items()})

@@ -204,6 +204,15 @@ def test_snapshots_join_a_bounded_pool_in_turn_and_state_round_trips():
         make(members=2).load_state_dict(t.state_dict())
 
 
+def test_a_snapshot_that_leaves_the_pool_leaves_the_records():
+    """Its own row of results stayed: a checkpoint's records grew by a row each snapshot, for ever."""
+    t = make(members=2, snapshot_every=1, pool_size=1, matchmaking="pfsp")
+    t.after_step(1, [], [], lambda adapter, name: None)
+    scripted_step(t, 2, lambda seats: sorted(seats.values())[0])  # games against player-0@1, which then leaves
+    assert t.pool == ["player-1@2"]
+    assert set(t.record) <= {"player-0", "player-1"} and not any("player-0@1" in row for row in t.record.values())
+
+
 def test_evaluations_seat_each_member_in_turn():
     t = make(members=3)
     assert [t.eval_adapters_for(i)["x"] for i in range(6)] == ["player-0", "player-1", "player-2"] * 2
