@@ -113,9 +113,11 @@ class SelfPlay(GRPO):
             self.record[name] = [0, 0]
             self.elo[name] = self.elo["latest"]
             if len(self.pool) > self.config.pool_size:
-                self.record.pop(self.pool.pop(0))
+                gone = self.pool.pop(0)
+                self.record.pop(gone)
+                self.elo.pop(gone)  # else every checkpoint keeps a rating for every snapshot ever taken
         out = {f"win_rate/vs_{k}": v[0] / v[1] for k, v in wins.items() if v[1]}
-        out.update({f"elo/{k}": v for k, v in self.elo.items() if k == "latest" or k in self.pool})
+        out.update({f"elo/{k}": v for k, v in self.elo.items()})
         return out
 
     def _update_elo(self, snapshot: str, score: float) -> None:

@@ -86,6 +86,7 @@ def test_after_step_snapshots_bounded_pool_and_elo():
         metrics = t.after_step(step, episodes, rewards, snapshot)
     assert saved == [("player", "player@2"), ("player", "player@4"), ("player", "player@6")]
     assert t.pool == ["player@4", "player@6"] and set(t.record) == {"player@4", "player@6"}
+    assert set(t.elo) == {"latest", "player@4", "player@6"}  # player@2's rating left with it
     assert t.opponent_adapters() == t.pool  # what --resume loads back into the engine
     assert metrics["win_rate/vs_pool"] == 1.0
     assert t.elo["latest"] > t.elo["player@4"]  # it kept beating the snapshot it was rated equal to
