@@ -71,11 +71,12 @@ class ZeroSumConfig(PluginConfig):
 
 
 def zero_sum_reward(episode: EpisodeRecord, roles: list[str], config: ZeroSumConfig) -> dict[str, float]:
-    """r_i = e_i - mean_j e_j over the players: what one gains the others lose."""
+    """r_i = e_i - mean_j e_j over the players: what one gains the others lose; a role outside the
+    game gets its own invalid-turn penalties."""
     players = list(config.players or roles)
     values = {p: episode.rewards.get(p, 0.0) for p in players}
     mean = sum(values.values()) / len(values) if values else 0.0
-    return {role: values[role] - mean if role in values else 0.0 for role in roles}
+    return {role: values[role] - mean if role in values else penalties(episode, role) for role in roles}
 
 
 zero_sum_reward.Config = ZeroSumConfig

@@ -142,3 +142,7 @@ def test_rewards_that_read_no_env_reward_keep_each_roles_invalid_penalty():
     assert reward("judge", judged, ["pro", "con", "judge"], stances=stances) == {"pro": -2.5, "con": 1.0, "judge": 0.0}
     judged.turns[0].content = {"winner": "nobody"}
     assert reward("judge", judged, ["pro", "con", "judge"], stances=stances) == {"pro": -2.0, "con": 0.0, "judge": 0.0}
+    # a role outside a zero-sum game's players: its penalties were dropped, a reward of 0 whatever it sent
+    duel = episode({"pro": 1.0, "con": -0.5, "judge": -1.0})
+    duel.turns = [Turn(turn=0, role="judge", message_id="e:0", content=None, valid=False, retries=2, penalty=-1.0)]
+    assert reward("zero-sum", duel, ["pro", "con", "judge"], players=["pro", "con"]) == {"pro": 0.75, "con": -0.75, "judge": -1.0}
