@@ -42,7 +42,7 @@ from ..grammar.book import book_for
 from ..models import LoadedModel, bf16_native, load_model
 from ..upload import Download, move_together, upload
 from .losses import LOSS_FNS, aggregate, k3_kl, token_logprobs
-from .metrics import write_atomic
+from .metrics import read_saved, write_atomic
 from . import prefix_tree
 from .routing import lora_layers, routed
 from .rng import load_rng, save_rng
@@ -506,15 +506,17 @@ class TrainingClient:
         return path
 
     def _load_state(self, path: Path) -> int:
-        meta = json.loads((path / "state.json").read_text())
-        set_peft_model_state_dict(self.service.peft, load_file(str(path / "adapter_model.safetensors")), adapter_name=self.name)
+        # a file damaged since it was saved is a ValueError naming it: --resume passes the checkpoint over
+        meta = read_saved(path / "state.json", lambda p: json.loads(p.read_text()))
+        weights = read_saved(path / "adapter_model.safetensors", lambda p: load_file(str(p)))
+        set_peft_model_state_dict(self.service.peft, weights, adapter_name=self.name)
         # on the CPU first: a GPU run's moments would not load where there is no GPU; load_state_dict
         # moves them to the parameters' device
-        saved = torch.load(path / "optimizer.pt", weights_only=False, map_location="cpu")
+        saved = read_saved(path / "optimizer.pt", lambda p: torch.load(p, weights_only=False, map_location="cpu"))
         for group in saved["param_groups"]:
             group["fused"] = True  # a checkpoint from before the optimizer was fused
         self.optimizer.load_state_dict(saved)
-        load_rng(path / "rng.pt")
+        read_saved(path / "rng.pt", load_rng)
         self.step = int(meta["step"])
         return self.step
 

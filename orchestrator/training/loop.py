@@ -26,7 +26,7 @@ import shutil
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Awaitable
@@ -46,10 +46,10 @@ from ..rollout import RunOptions, build_policies, check_grammars, every_episode_
 from ..team import Team, trainable_roles
 from ..transcript import EpisodeRecord
 from .datums import DatumBuildOptions, role_datums
-from .metrics import MetricsWriter, read_metrics, write_atomic
+from .metrics import MetricsWriter, read_metrics, read_saved, write_atomic
 from .plugin_faults import blamed, checked, measured
 from .repetition import penalise_repetition
-from .rng import load_rng, save_rng, seed_rng
+from .rng import read_rng, save_rng, seed_rng, set_rng
 from .trainer import build_trainer
 from .turn_credit import TurnAdvantages, combined, history_advantages, turn_advantages
 from .types import MEAN_NAMED, AdamParams, Datum, LoraConfig
@@ -522,16 +522,21 @@ class TrainingRun:
     async def _resume(self) -> int:
         """Load the last checkpoint; the first step still to run. A run stopped before its first
         checkpoint starts again from step 0 in the same dir (its rows are dropped)."""
-        found = self._last_checkpoint()
+        rng: list[dict] = []
+
+        def load(folder: Path, state: dict[str, Any]) -> None:  # a file that does not read passes the checkpoint over
+            if state["step"] > self.steps:
+                raise RolecastError(f"--resume: {self.run_dir} is at step {state['step']}, past --steps {self.steps}")
+            for adapter, client in self.clients.items():
+                client.load_state(folder / "adapters" / adapter).result()
+            rng[:] = [read_saved(folder / "rng.pt", read_rng)]  # set last
+
+        found = self._last_checkpoint(load)
         if found is None:
             log.warning("no checkpoint yet: starting again from step 0", run_dir=str(self.run_dir))
             self.metrics.truncate_after(-1)
             return 0
         folder, state = found
-        if state["step"] > self.steps:
-            raise RolecastError(f"--resume: {self.run_dir} is at step {state['step']}, past --steps {self.steps}")
-        for adapter, client in self.clients.items():
-            client.load_state(folder / "adapters" / adapter).result()
         with blamed("trainer", self.cfg.trainer, f"load_state_dict of {folder.name}/trainer.json"):
             self.trainer.load_state_dict(state["trainer"])
         for adapter, version in state.get("published", {}).items():  # the weights go back under their number
@@ -540,17 +545,17 @@ class TrainingRun:
             self._load(name, self.run_dir / "pool" / name)
         await self._publish_all()
         # last: loading adapters into the engine draws from the RNG (PEFT initialises before loading)
-        load_rng(folder / "rng.pt")
+        set_rng(rng[0])
         self.metrics.truncate_after(state["step"])
         self._record_steps()
         log.info("resumed", step=state["step"], checkpoint=str(folder))
         return int(state["step"]) + 1
 
-    def _last_checkpoint(self) -> tuple[Path, dict[str, Any]] | None:
+    def _last_checkpoint(self, load: Callable[[Path, dict[str, Any]], None]) -> tuple[Path, dict[str, Any]] | None:
         # every file an adapter's state load reads: one deleted by hand passes the checkpoint over, not a
         # traceback halfway through loading it
         files = [f"adapters/{a}/{f}" for a, client in self.clients.items() for f in client.STATE_FILES]
-        return last_checkpoint(self.run_dir, "--resume", ["rng.pt", *files])
+        return last_checkpoint(self.run_dir, "--resume", ["rng.pt", *files], load)
 
     async def _finished(self) -> dict[str, Any]:
         """A resumed run that had trained all its steps: its final evaluation row, made now only if
@@ -560,9 +565,11 @@ class TrainingRun:
         return final[-1] if final else await self.evaluate(self.steps)
 
 
-def last_checkpoint(run_dir: Path, flag: str, needs: Sequence[str] = ()) -> tuple[Path, dict[str, Any]] | None:
-    """The newest checkpoint of ``run_dir`` that is whole (its trainer.json reads, and the files
-    ``needs`` names are there), and its state; None where there is none. A checkpoint is written
+def last_checkpoint(run_dir: Path, flag: str, needs: Sequence[str] = (),
+                    load: Callable[[Path, dict[str, Any]], None] | None = None) -> tuple[Path, dict[str, Any]] | None:
+    """The newest checkpoint of ``run_dir`` that is whole (its trainer.json reads, the files
+    ``needs`` names are there, and ``load`` of it raises no OSError or ValueError: a file that does
+    not read; loading the one before overwrites what it loaded), and its state; None where there is none. A checkpoint is written
     whole or not at all (``TrainingRun.checkpoint``), so a damaged one was damaged afterwards: it
     is passed over for the one before, with a warning; where every one is damaged, ``flag``'s
     command stops in one line (a resume would start again and drop the run's rows)."""
@@ -573,6 +580,8 @@ def last_checkpoint(run_dir: Path, flag: str, needs: Sequence[str] = ()) -> tupl
             state = json.loads((folder / "trainer.json").read_text())
             if missing := [need for need in needs if not (folder / need).exists()]:
                 raise FileNotFoundError(f"no {missing[0]}")
+            if load is not None:
+                load(folder, state)
             return folder, state
         except (OSError, ValueError) as exc:
             problems.append(f"{folder.name}: {exc.strerror if isinstance(exc, OSError) and exc.strerror else exc}")

@@ -4,13 +4,14 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import structlog
 
 from ..errors import RolecastError
 
 log = structlog.get_logger()
+T = TypeVar("T")
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -21,6 +22,17 @@ def write_atomic(path: Path, text: str) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+
+
+def read_saved(path: Path, read: Callable[[Path], T]) -> T:
+    """``read(path)``, where a file cut short or overwritten since it was saved (pickle's,
+    safetensors', JSON's or torch's zip reader's error) is a ValueError naming it."""
+    try:
+        return read(path)
+    except OSError:
+        raise
+    except Exception as exc:
+        raise ValueError(f"{path} is damaged ({type(exc).__name__}: {exc})") from None
 
 
 def parse_rows(path: Path) -> list[dict[str, Any]]:

@@ -21,9 +21,16 @@ def save_rng(path: Path) -> None:
     torch.save(state, path)
 
 
-def load_rng(path: Path) -> None:
-    state = torch.load(path, weights_only=False)
+def read_rng(path: Path) -> dict:
+    return torch.load(path, weights_only=False)
+
+
+def set_rng(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def load_rng(path: Path) -> None:
+    set_rng(read_rng(path))

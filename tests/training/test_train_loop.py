@@ -629,13 +629,16 @@ def test_resume_passes_over_a_damaged_checkpoint_for_the_one_before(cli, tmp_pat
     assert [(r["step"], r["kind"]) for r in rows(run)] == [(0, "eval"), (1, "train"), (2, "train"), (3, "train"), (3, "eval")]
     assert not list((run / "checkpoints").glob(".step-*"))  # its temp dir went with the next checkpoint
 
-    # a file of an adapter's state, too (it was a FileNotFoundError traceback once its weights had loaded)
+    # a file of an adapter's state, too (it was a FileNotFoundError traceback once its weights had loaded),
+    # and files cut short or overwritten since (an UnpicklingError or EOFError traceback, as its weights loaded)
     (run / "checkpoints" / "step-000003" / "adapters" / "guesser" / "optimizer.pt").unlink()
-    for folder in (run / "checkpoints").glob("step-00000[12]"):
-        (folder / "rng.pt").unlink()
+    cut, overwritten = run / "checkpoints/step-000002/adapters/guesser/optimizer.pt", run / "checkpoints/step-000001/rng.pt"
+    cut.write_bytes(b"")
+    overwritten.write_text("not a pickle")
     code, _, err = cli("train", recipe, *again, "--steps", "4")
     assert code == 2 and "--resume: no whole checkpoint in" in err, err
-    assert "step-000003: no adapters/guesser/optimizer.pt" in err and "step-000002: no rng.pt" in err, err
+    assert "step-000003: no adapters/guesser/optimizer.pt" in err, err
+    assert f"step-000002: {cut} is damaged (EOFError" in err and f"step-000001: {overwritten} is damaged (Unpickling" in err, err
     assert "Traceback" not in err and rows(run)[-1]["step"] == 3  # nothing dropped
 
 
