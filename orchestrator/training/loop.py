@@ -542,7 +542,11 @@ class TrainingRun:
         for adapter, version in state.get("published", {}).items():  # the weights go back under their number
             self.engine.continue_versions(adapter, version - 1)
         for name in self.trainer.opponent_adapters():  # e.g. self-play's snapshots back into the engine
-            self._load(name, self.run_dir / "pool" / name)
+            try:
+                self._load(name, self.run_dir / "pool" / name)
+            except (OSError, ValueError) as exc:  # deleted or damaged by hand: nothing to play it with
+                raise RolecastError(f"--resume: opponent {name!r} of {folder.name} does not load from "
+                                    f"{self.run_dir / 'pool' / name}: {exc}") from None
         await self._publish_all()
         # last: loading adapters into the engine draws from the RNG (PEFT initialises before loading)
         set_rng(rng[0])

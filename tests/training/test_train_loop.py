@@ -656,6 +656,26 @@ def test_trainer_state_the_trainer_cannot_load_is_one_line(cli, tmp_path):
     assert "trainer plugin 'self-play': load_state_dict of step-000001/trainer.json raised KeyError: 'pool'" in err
 
 
+def test_an_opponent_snapshot_deleted_or_damaged_since_is_one_line(cli, tmp_path):
+    """The checkpoint's pool names snapshots kept in pool/: one deleted or cut short by hand was a
+    FileNotFoundError or ValueError traceback as --resume loaded it into the engine."""
+    from support import SMALL_TRAINING, train_tiny
+
+    recipe, run = Path(__file__).resolve().parents[2] / "recipes/rps.yaml", tmp_path / "run"
+    train_tiny(cli, recipe, run, 1, "--set", "trainer_config.snapshot_every=1")
+    snapshot = run / "pool" / "player@1"
+    again = ["--out", run, "--resume", "--steps", "2", "--no-progress", "--dtype", "float32", *SMALL_TRAINING,
+             "--set", "trainer_config.snapshot_every=1"]
+    (snapshot / "adapter_model.safetensors").write_bytes(b"")
+    code, _, err = cli("train", recipe, *again)
+    assert code == 2 and "Traceback" not in err, err
+    assert f"--resume: opponent 'player@1' of step-000001 does not load from {snapshot}: cannot read" in err, err
+    shutil.rmtree(snapshot)
+    code, _, err = cli("train", recipe, *again)
+    assert code == 2 and "Traceback" not in err and "No such file or directory" in err, err
+    assert rows(run)[-1]["step"] == 1  # nothing dropped
+
+
 def test_report_names_what_is_wrong_with_a_run_dir_in_one_line(cli, tmp_path):
     good = [{"step": 0, "kind": "eval", "eval_reward/pro": 0.5, "eval_ci95/pro": 0.1},
             {"step": 1, "kind": "train", "reward/pro": 0.25, "note": "text is not plotted"},
