@@ -576,7 +576,8 @@ def last_checkpoint(run_dir: Path, flag: str, needs: Sequence[str] = (),
     not read; loading the one before overwrites what it loaded), and its state; None where there is none. A checkpoint is written
     whole or not at all (``TrainingRun.checkpoint``), so a damaged one was damaged afterwards: it
     is passed over for the one before, with a warning; where every one is damaged, ``flag``'s
-    command stops in one line (a resume would start again and drop the run's rows)."""
+    command stops in one line (a resume would start again and drop the run's rows), as where
+    ``latest`` names one and none is left."""
     folders = sorted((run_dir / "checkpoints").glob("step-*"), reverse=True)  # zero-padded: newest first
     problems = []
     for folder in folders:
@@ -592,6 +593,10 @@ def last_checkpoint(run_dir: Path, flag: str, needs: Sequence[str] = (),
             log.warning("checkpoint damaged: trying the one before", checkpoint=str(folder), problem=problems[-1])
     if folders:
         raise RolecastError(f"{flag}: no whole checkpoint in {run_dir / 'checkpoints'} ({'; '.join(problems)})")
+    latest = run_dir / "checkpoints" / "latest"
+    if latest.is_file():  # written after a checkpoint is whole: every one was deleted since, not never made
+        raise RolecastError(f"{flag}: {latest} names {latest.read_text().strip()}, which is not there: "
+                            "the run's checkpoints were deleted")
     return None
 
 

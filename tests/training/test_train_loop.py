@@ -641,6 +641,13 @@ def test_resume_passes_over_a_damaged_checkpoint_for_the_one_before(cli, tmp_pat
     assert f"step-000002: {cut} is damaged (EOFError" in err and f"step-000001: {overwritten} is damaged (Unpickling" in err, err
     assert "Traceback" not in err and rows(run)[-1]["step"] == 3  # nothing dropped
 
+    # every checkpoint deleted since (`latest` says there was one): not a restart from step 0 that drops the rows
+    for folder in (run / "checkpoints").glob("step-*"):
+        shutil.rmtree(folder)
+    code, _, err = cli("train", recipe, *again, "--steps", "4")
+    assert code == 2 and f"{run / 'checkpoints' / 'latest'} names step-000003, which is not there" in err, err
+    assert rows(run)[-1]["step"] == 3
+
 
 def test_trainer_state_the_trainer_cannot_load_is_one_line(cli, tmp_path):
     """A trainer.json edited by hand (self-play's pool left out) was a KeyError traceback."""
