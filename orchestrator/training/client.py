@@ -507,7 +507,7 @@ class TrainingClient:
 
     def _load_state(self, path: Path) -> int:
         # a file damaged since it was saved is a ValueError naming it: --resume passes the checkpoint over
-        meta = read_saved(path / "state.json", lambda p: json.loads(p.read_text()))
+        step = read_saved(path / "state.json", lambda p: int(json.loads(p.read_text())["step"]))
         weights = read_saved(path / "adapter_model.safetensors", lambda p: load_file(str(p)))
         set_peft_model_state_dict(self.service.peft, weights, adapter_name=self.name)
         # on the CPU first: a GPU run's moments would not load where there is no GPU; load_state_dict
@@ -517,7 +517,7 @@ class TrainingClient:
             group["fused"] = True  # a checkpoint from before the optimizer was fused
         self.optimizer.load_state_dict(saved)
         read_saved(path / "rng.pt", load_rng)
-        self.step = int(meta["step"])
+        self.step = step
         return self.step
 
     def _save_for_sampler(self, path: Path) -> int | None:

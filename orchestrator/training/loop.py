@@ -583,6 +583,8 @@ def last_checkpoint(run_dir: Path, flag: str, needs: Sequence[str] = (),
     for folder in folders:
         try:
             state = json.loads((folder / "trainer.json").read_text())
+            if not (isinstance(state, dict) and type(state.get("step")) is int):  # JSON, but overwritten since
+                raise ValueError("trainer.json holds no step")
             if missing := [need for need in needs if not (folder / need).exists()]:
                 raise FileNotFoundError(f"no {missing[0]}")
             if load is not None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 
 import pytest
 import torch
@@ -582,6 +583,17 @@ def test_get_tokenizer_is_the_base_models_as_in_tinker(service):
     ids = tokenizer.encode("rock paper scissors", add_special_tokens=False)
     assert tokenizer.decode(ids) == "rock paper scissors"
     assert c.forward([Datum(ModelInput.from_ints(ids[:-1]), {"target_tokens": ids[1:]})], "cross_entropy").result().metrics["tokens"] == len(ids) - 1
+
+
+def test_a_saved_state_file_damaged_since_is_a_value_error_naming_it(service, tmp_path):
+    """--resume passes over a checkpoint whose state does not load (a ValueError); a state.json
+    overwritten with other JSON was a KeyError, a file cut short pickle's or safetensors' error."""
+    c = service.create_lora_training_client("damaged", LoraConfig(rank=4))
+    for name, damage in (("state.json", b"{}"), ("optimizer.pt", b""), ("adapter_model.safetensors", b"\0" * 8)):
+        c.save_state(tmp_path / name).result()
+        (tmp_path / name / name).write_bytes(damage)
+        with pytest.raises(ValueError, match=re.escape(f"{tmp_path / name / name} is damaged")):
+            c.load_state(tmp_path / name).result()
 
 
 def test_a_checkpoint_of_the_unfused_optimizer_resumes(service, tmp_path):

@@ -649,6 +649,20 @@ def test_resume_passes_over_a_damaged_checkpoint_for_the_one_before(cli, tmp_pat
     assert rows(run)[-1]["step"] == 3
 
 
+def test_a_trainer_json_overwritten_with_other_json_is_passed_over(tmp_path):
+    """A trainer.json that reads but holds no step (`{}`, a list) was a KeyError or TypeError traceback."""
+    from orchestrator.errors import RolecastError
+    from orchestrator.training.loop import last_checkpoint
+
+    write(tmp_path / "checkpoints" / "step-000001" / "trainer.json", '{"step": 1, "trainer": {}}')
+    write(tmp_path / "checkpoints" / "step-000002" / "trainer.json", "[2]")
+    write(tmp_path / "checkpoints" / "step-000003" / "trainer.json", "{}")
+    assert last_checkpoint(tmp_path, "--resume")[0].name == "step-000001"
+    (tmp_path / "checkpoints" / "step-000001" / "trainer.json").write_text("{}")
+    with pytest.raises(RolecastError, match="step-000003: trainer.json holds no step; step-000002: trainer.json holds no"):
+        last_checkpoint(tmp_path, "--resume")
+
+
 def test_trainer_state_the_trainer_cannot_load_is_one_line(cli, tmp_path):
     """A trainer.json edited by hand (self-play's pool left out) was a KeyError traceback."""
     from support import SMALL_TRAINING, train_tiny
