@@ -21,8 +21,8 @@ process rewards beside it (``outcome()["process"]``): the Tester's is 1 for a co
 from __future__ import annotations
 
 import ast
+import asyncio
 import json
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -31,6 +31,7 @@ from typing import Any
 from pydantic import Field, StrictStr, field_validator, model_validator
 
 from sandboxes import Limits, shared_pool
+from sandboxes.pool import remove_tree
 
 from ..config import SandboxOptions
 from ..messages import Message
@@ -154,7 +155,9 @@ class CodePairEnv(Env):
             limits = Limits(wall_time_s=box.timeout_s or 10.0, memory_mb=box.memory_mb)
             res = await shared_pool(box.backend, box.max_concurrent).run([sys.executable, "check.py"], workdir, limits)
         finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+            # rm, not rmtree: a function nesting folders ~1000 deep made rmtree raise RecursionError,
+            # an errored episode instead of a score, and the folder stayed behind
+            await asyncio.to_thread(remove_tree, workdir)
         marked = [line for line in res.stdout.splitlines() if line.startswith(MARK)]
         try:
             out = json.loads(marked[-1][len(MARK):])

@@ -92,6 +92,18 @@ def test_a_forged_report_does_not_pass(tmp_path):
     assert ep.outcome["passed"] == 0 and ep.rewards["coder"] == 0.0  # ...and it passed nothing
 
 
+@needs_sandbox
+def test_a_function_that_nests_folders_deep_is_scored_and_cleaned_up(tmp_path, monkeypatch):
+    """The function may nest folders thousands deep in its workdir: rmtree's recursion raised,
+    the episode was an error instead of a score, and the workdir stayed behind."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # where the episode's workdir is made
+    monkeypatch.setattr("tempfile.tempdir", None)
+    deep = "[(o.mkdir('d'),o.chdir('d'))for o in[__import__('os')]*3000]"
+    ep = episode(tmp_path, {**PLUS3, "tests": PLUS3["tests"][:1]}, {"example": "f(1) == 4"}, code(deep))
+    assert ep.outcome["passed"] == 0 and ep.rewards["coder"] == 0.0
+    assert not list(tmp_path.glob("rolecast-code-pair-*"))
+
+
 def test_tasks_need_a_spec_a_reference_and_tests(tmp_path):
     t = team("code_pair", tasks=[{"spec": "Return x."}])
     (ep,) = play(t, {"tester": Script({"example": "f(1) == 1"}), "coder": Script(code("x"))}, tmp_path).episodes
