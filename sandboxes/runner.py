@@ -215,5 +215,11 @@ async def ended_first(job: asyncio.Future[T]) -> T:
     try:
         return await asyncio.shield(job)
     except asyncio.CancelledError:
-        await asyncio.wait([job])
+        # A second cancel waits too: run_team cancels its lanes again as it stops (gather had
+        # cancelled them already), which removed code_pair's workdirs under runs still going.
+        while not job.done():
+            try:
+                await asyncio.wait([job])
+            except asyncio.CancelledError:
+                pass
         raise

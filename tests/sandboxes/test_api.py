@@ -152,6 +152,19 @@ async def test_a_cancelled_arun_returns_once_the_run_has_ended(workdir):
     assert (workdir / "late.txt").read_text() == "late\n"
 
 
+async def test_an_arun_cancelled_twice_still_returns_once_the_run_has_ended(workdir):
+    """run_team cancels its lanes a second time as it stops (a Ctrl-C): the second cancel ended the
+    wait, and code_pair removed its workdir under the run."""
+    task = asyncio.create_task(arun(["sh", "-c", "sleep 0.5; echo late > late.txt"], workdir))
+    await asyncio.sleep(0.2)
+    task.cancel()
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert (workdir / "late.txt").read_text() == "late\n"
+
+
 async def test_pool_bounds_concurrency_and_isolates_episodes(tmp_path):
     repo = tmp_path / "repo"
     repo.mkdir()
