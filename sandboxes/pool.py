@@ -92,7 +92,8 @@ class SandboxPool:
         self.scratch_dir.mkdir(parents=True, exist_ok=True)
         dest = Path(tempfile.mkdtemp(prefix="episode-", dir=self.scratch_dir))
         try:
-            await asyncio.to_thread(copy_private, repo, dest / "repo")
+            # cancelled mid-copy, the removal below raced the copy's thread and left the copy behind
+            await ended_first(asyncio.get_running_loop().run_in_executor(None, copy_private, repo, dest / "repo"))
             yield dest / "repo"
         finally:
             await asyncio.to_thread(remove_tree, dest)

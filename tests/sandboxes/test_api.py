@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from sandboxes import (
     select_backend,
 )
 from orchestrator.cli.sandbox import register as register_cli
-from sandboxes import cgroup, runner
+from sandboxes import cgroup, pool as pool_module, runner
 
 
 def test_auto_picks_an_isolating_backend(workdir):
@@ -198,6 +199,37 @@ async def test_an_episode_deletes_a_deep_tree(tmp_path):
             leftover = list((tmp_path / "scratch").iterdir())
             subprocess.run(["rm", "-rf", "--", str(tmp_path / "scratch")], check=True)
     assert leftover == []
+
+
+async def test_an_episode_cancelled_while_copying_leaves_no_copy(tmp_path, monkeypatch):
+    """The removal raced the copy's thread, still going after the cancel: the copy stayed behind."""
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "repo" / "a.txt").write_text("a\n")
+    started, ended = threading.Event(), threading.Event()
+    copy = pool_module.copy_private
+
+    def slow_copy(src, dest, ignore=None):
+        started.set()
+        time.sleep(0.3)
+        try:
+            return copy(src, dest, ignore)
+        finally:
+            ended.set()
+
+    monkeypatch.setattr(pool_module, "copy_private", slow_copy)
+    async with SandboxPool(1, scratch_dir=tmp_path / "scratch") as pool:
+
+        async def episode() -> None:
+            async with pool.episode(tmp_path / "repo"):
+                await asyncio.sleep(10)
+
+        task = asyncio.create_task(episode())
+        await asyncio.to_thread(started.wait, 5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert await asyncio.to_thread(ended.wait, 5)
+    assert list((tmp_path / "scratch").iterdir()) == []
 
 
 def test_one_pool_serves_successive_event_loops(tmp_path):
