@@ -164,7 +164,8 @@ class CodePairEnv(Env):
             results = out["results"][:len(tests)]
             passed = sum(ok and same(json.loads(value), expected) for (ok, value), (_, expected) in zip(results, tests))
             return passed, out.get("error")
-        except (ValueError, IndexError, KeyError, TypeError):  # a timeout, a crash, output that is not ours
+        # a timeout, a crash, output that is not ours (a forged line nested past json's recursion limit too)
+        except (ValueError, IndexError, KeyError, TypeError, RecursionError):
             return 0, "timed out" if res.timed_out else f"the check failed (exit {res.exit_code})"
 
 

@@ -93,6 +93,14 @@ def test_a_forged_report_does_not_pass(tmp_path):
 
 
 @needs_sandbox
+def test_a_forged_report_nested_too_deep_scores_zero(tmp_path):
+    """json.loads raised RecursionError on a forged line of 99999 '[': the episode was an error."""
+    forge = "print('\\n@@rolecast-check '+'['*99999)or exit()"
+    ep = episode(tmp_path, {**PLUS3, "tests": PLUS3["tests"][:1]}, {"example": "f(1) == 4"}, code(forge))
+    assert ep.outcome["passed"] == 0 and ep.rewards["coder"] == 0.0 and "the check failed" in ep.outcome["error"]
+
+
+@needs_sandbox
 def test_a_function_that_nests_folders_deep_is_scored_and_cleaned_up(tmp_path, monkeypatch):
     """The function may nest folders thousands deep in its workdir: rmtree's recursion raised,
     the episode was an error instead of a score, and the workdir stayed behind."""
