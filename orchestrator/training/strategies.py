@@ -40,6 +40,11 @@ def with_strategy(team: Team, name: str, every: int = 5) -> Team:
     team = dataclasses.replace(team, config=team.config.model_copy(update={"training": training}))
     if name == "shared":  # the roles that learn; one bound elsewhere (builtin:, replay:) stays bound
         learners = trainable_roles(team.roles)
-        roles = {n: with_adapter(s, SHARED_ADAPTER) if n in learners else s for n, s in team.roles.items()}
+        # a frozen role sampling a learner's adapter (teacher_student's student_alone, the student's
+        # no-example baseline) follows it: left on the old name it played an adapter nothing trains
+        adapters = set(learners.values())
+        roles = {n: with_adapter(s, SHARED_ADAPTER)
+                 if n in learners or (s.binding is None and s.config.policy.adapter in adapters) else s
+                 for n, s in team.roles.items()}
         team = dataclasses.replace(team, roles=roles)
     return team

@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from orchestrator.team import load_team
 from orchestrator.training.strategies import SHARED_ADAPTER, STRATEGIES, with_strategy
 from support import train_recipe, write
+
+ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 def test_each_strategy_changes_only_how_the_team_learns(tmp_path):
@@ -34,6 +37,17 @@ def test_shared_leaves_a_role_bound_elsewhere_as_it_is(tmp_path):
     shared = with_strategy(team, "shared")
     assert shared.roles["con"] is team.roles["con"] and str(shared.roles["con"].binding) == "builtin:stub"
     assert shared.roles["pro"].config.policy.adapter == SHARED_ADAPTER
+
+
+def test_shared_moves_a_frozen_role_on_a_learners_adapter_with_it():
+    """teacher_student's student_alone samples the student's adapter, never trained, as the
+    no-example baseline; ``shared`` moved the student to the shared adapter and left student_alone
+    on ``student``, which nothing trains: the teachers were paid the student's training."""
+    team = load_team(ROOT / "recipes/teacher_student.yaml")
+    shared = with_strategy(team, "shared")
+    assert shared.roles["student_alone"].config.policy.adapter == SHARED_ADAPTER
+    assert not shared.roles["student_alone"].config.policy.trainable
+    assert shared.roles["student_alone"].config.policy.sampling == team.roles["student_alone"].config.policy.sampling
 
 
 def test_compare_trains_each_strategy_and_plots_them(cli, tmp_path):
