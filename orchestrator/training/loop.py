@@ -214,11 +214,11 @@ class TrainingRun:
         self._write_credit(step, groups, rewards, advantages, extra, trained)
         row.update(await self._update(step, trained, groups, advantages, extra))
         with blamed("trainer", self.cfg.trainer, "after_step"):
-            row.update(measured(self.trainer.after_step(step, [ep for ep, _ in results], [rw for _, rw in results],
-                                                        self._snapshot), "trainer", self.cfg.trainer, "after_step"))
+            said = self.trainer.after_step(step, [ep for ep, _ in results], [rw for _, rw in results], self._snapshot)
         row["rollout_s"] = round(t_roll, 3)
         row["step_s"] = round(time.perf_counter() - t0, 3)
         row.update(self._engine_work())
+        row.update(measured(said, "trainer", self.cfg.trainer, "after_step", taken=row))
         self.metrics.write(row)
         return row
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import math
 import numbers
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any
 
 from ..errors import RolecastError, RunFailed
@@ -58,9 +58,13 @@ def checked(values: list[list[Any]], roles: Iterable[str] | None, kind: str, nam
     return out
 
 
-def measured(metrics: Mapping[str, Any], kind: str, name: str, hook: str) -> dict[str, float]:
+def measured(metrics: Mapping[str, Any], kind: str, name: str, hook: str, taken: Collection[str] = ()) -> dict[str, float]:
     """A hook's extra metrics for the step's row as floats: a number of any kind (Python, numpy, a
-    0-d tensor) is one; anything else would fail the row's JSON (a tensor) after the weights moved."""
+    0-d tensor) is one; anything else would fail the row's JSON (a tensor) after the weights moved.
+    A key in ``taken`` (the row's own: loss, step) would overwrite the loop's figure."""
+    if clash := sorted(set(metrics) & set(taken), key=str):
+        raise RunFailed(f"{kind} plugin {name!r}: {hook} gave {clash[0]!r}, a key the step's row has already "
+                        f"(the loop's own metric); name it otherwise, e.g. '{name}/{clash[0]}'; {FIX}")
     out = {}
     for key, value in metrics.items():
         if not (isinstance(key, str) and (isinstance(value, numbers.Real) or

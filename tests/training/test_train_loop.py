@@ -800,11 +800,16 @@ def faulty_plugins():
 
             return {"tensor": torch.tensor(0.5), "numpy": np.float32(0.25), "note": "hello"}
 
+    class OwnKey(GRPO):
+        def after_step(self, step, episodes, rewards, snapshot):
+            return {"step_s": 0.0}  # the loop's own, and written into the row after after_step ran
+
     def trainers(register):
         register("raising", Raising)
         register("no-groups", NoGroups)
         register("no-roles", NoRoles)
         register("text-metrics", TextMetrics)
+        register("own-key", OwnKey)
 
     default_registry.cache_clear()
     default_registry().add_module(plugin(register_rewards=lambda register: register("nan", nan_reward),
@@ -838,19 +843,25 @@ def test_a_plugins_fault_in_a_step_is_one_line_and_moves_no_weight(faulty_plugin
     assert not (run / "checkpoints").exists()
 
 
-def test_a_trainers_metric_that_is_no_number_is_one_line_before_the_row(faulty_plugins, cli, tmp_path):
+@pytest.mark.parametrize("trainer,words", [
+    # the tensor and the numpy float passed as numbers: the string is named
+    ("text-metrics", "trainer plugin 'text-metrics': after_step gave 'note' a str, where a number is needed; fix it"),
+    # one of the loop's own keys had silently overwritten the loop's figure
+    ("own-key", "trainer plugin 'own-key': after_step gave 'step_s', a key the step's row has already"),
+])
+def test_a_trainers_metric_that_is_no_number_or_the_loops_own_is_one_line_before_the_row(
+        faulty_plugins, cli, tmp_path, trainer, words):
     """after_step's metrics went into the row as they were: a tensor failed its JSON (a TypeError
-    traceback, the row lost after the weights moved) and a string reached the report."""
+    traceback, the row lost after the weights moved), a string reached the report, and a key the
+    row has replaced the loop's own figure."""
     from support import SMALL_TRAINING
 
     text = (Path(__file__).resolve().parents[2] / "recipes/guess_number.yaml").read_text()
-    recipe = write(tmp_path / "guess.yaml", text.replace("trainer: grpo", "trainer: text-metrics"))
+    recipe = write(tmp_path / "guess.yaml", text.replace("trainer: grpo", f"trainer: {trainer}"))
     run = tmp_path / "run"
     code, _, err = cli("train", recipe, "--model", "tiny", "--steps", "1", "--out", run, "--no-progress",
                        "--dtype", "float32", *SMALL_TRAINING)
-    # the tensor and the numpy float passed as numbers: the string is named
-    assert code == 1 and "trainer plugin 'text-metrics': after_step gave 'note' a str, where a number is needed; " \
-                         "fix it" in err and "Traceback" not in err, err
+    assert code == 1 and words in err and "Traceback" not in err, err
     assert [r["kind"] for r in rows(run)] == ["eval"]
 
 
