@@ -1,5 +1,5 @@
 """A population's round robin: every pair of entrants (trained members, their frozen snapshots,
-builtin baselines) plays the same number of games, half in each seat; from the games come the
+builtin baselines) plays the same number of games, half in each seat (``schedule``); from the games come the
 payoff matrix, Bradley-Terry ratings with bootstrap intervals, and the 3-cycles of the win graph
 (``rolecast eval RECIPE --population RUN_DIR``; ``rolecast report`` draws the heatmap).
 
@@ -54,12 +54,14 @@ class Game:
 
 
 def schedule(entrants: list[Entrant], seats: list[str], games: int) -> list[dict[str, Entrant]]:
-    """seat -> entrant for every game: each pair ``games`` times, alternating who sits first."""
+    """seat -> entrant for every game: each pair ``games`` times, alternating who sits first. With
+    an odd number the odd game's first seat alternates from pair to pair: the earlier entrant of
+    every pair had always had it, a first-move edge for whoever is listed first."""
     first, second = seats[0], seats[1]
     out = []
-    for a, b in itertools.combinations(entrants, 2):
+    for p, (a, b) in enumerate(itertools.combinations(entrants, 2)):
         for k in range(games):
-            out.append({first: a, second: b} if k % 2 == 0 else {first: b, second: a})
+            out.append({first: a, second: b} if (k + p) % 2 == 0 else {first: b, second: a})
     return out
 
 

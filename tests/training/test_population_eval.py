@@ -23,6 +23,14 @@ def test_schedule_plays_each_pair_equally_in_both_seats():
                 assert sum(g["x"].name == first and g["o"].name == second for g in games) == 2
 
 
+def test_an_odd_games_per_pair_gives_the_odd_first_seat_to_each_entrant_in_turn():
+    """The earlier entrant of every pair had always sat first in the odd game: with 1 game a pair,
+    the first entrant moved first in all its games and the last in none."""
+    entrants = [Entrant(name, adapter=name) for name in "abc"]
+    firsts = [g["x"].name for g in schedule(entrants, ["x", "o"], 1)]
+    assert sorted(firsts) == ["a", "b", "c"]  # each entrant moves first in one of its two games
+
+
 def rps_games() -> list[Game]:
     """rock beats scissors beats paper beats rock, each pair 3 games: 2 wins and a draw."""
     out = []
