@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from .engines.base import GenerationRequest, SamplingParams
+from .engines.base import GenerationRequest, RequestRefused, SamplingParams
 from .engines.hf import HFEngine
 from .grammar.schema import GrammarError
 from .messages import check_schema, schema_json
@@ -139,7 +139,7 @@ class ChatServer:
             out = await asyncio.wait_for(self.engine.generate(request), self.timeout)
         except GrammarError as exc:  # a valid schema the grammar compiler cannot take
             raise HTTPError(400, f"response_format: {exc}") from None
-        except ValueError as exc:  # a request the engine refuses: vLLM's own checks (temperature, its context)
+        except RequestRefused as exc:  # vLLM's own checks (temperature, its context); any other error is a 500
             raise HTTPError(400, f"the engine refused the request: {exc}") from None
         choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": out.text},
                                   "finish_reason": FINISH[out.finish_reason]}

@@ -14,6 +14,11 @@ from ..config import MIN_TEMPERATURE, MIN_TOP_P, SEED_MAX
 FinishReason = Literal["stop", "length", "eos", "cancelled", "error"]
 
 
+class RequestRefused(ValueError):
+    """A request the engine will not take, for what the request asks (its prompt, its sampling):
+    the caller's to fix (serve's 400), where any other error inside the engine is the engine's."""
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     temperature: float = 1.0

@@ -39,7 +39,7 @@ from ..grammar.book import ConstrainedRow, GrammarBook, book_for
 from ..models import LoadedModel, kv_cache_name
 from ..padding import length_batches
 from .attention import use_decode_attention
-from .base import AdapterVersions, Completion, GenerationRequest, cut_at_stop
+from .base import AdapterVersions, Completion, GenerationRequest, RequestRefused, cut_at_stop
 from .decoder import FusedDecoder
 from .graphs import CaptureRefused, StepGraphs, rows_bucket, window_bucket
 from .kv import BatchKV
@@ -208,14 +208,14 @@ class HFEngine(TokenizerMethods, AdapterVersions):
         or that fills its context; a reply that would run past the context ends there (``length``)."""
         ids = request.prompt_ids
         if not ids:
-            raise ValueError("the prompt is empty: a request needs at least one prompt token")
+            raise RequestRefused("the prompt is empty: a request needs at least one prompt token")
         vocab = self.model.get_input_embeddings().num_embeddings
         if min(ids) < 0 or max(ids) >= vocab:
             bad = next(t for t in ids if not 0 <= t < vocab)
-            raise ValueError(f"prompt token id {bad} is outside the model's vocabulary (0 to {vocab - 1})")
+            raise RequestRefused(f"prompt token id {bad} is outside the model's vocabulary (0 to {vocab - 1})")
         limit = self.context_length  # positions past it are ones the model never learnt: replies there are noise
         if limit is not None and len(ids) >= limit:
-            raise ValueError(f"the prompt ({len(ids)} tokens) leaves no room for a reply in the model's context "
+            raise RequestRefused(f"the prompt ({len(ids)} tokens) leaves no room for a reply in the model's context "
                              f"of {limit} tokens")
         if limit is not None and len(ids) + request.sampling.max_tokens > limit:
             request = replace(request, sampling=replace(request.sampling, max_tokens=limit - len(ids)))

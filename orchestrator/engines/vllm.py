@@ -56,7 +56,7 @@ from typing import Any, Coroutine
 
 import structlog
 
-from .base import AdapterVersions, Completion, FinishReason, GenerationRequest, cut_at_stop
+from .base import AdapterVersions, Completion, FinishReason, GenerationRequest, RequestRefused, cut_at_stop
 from ..grammar.schema import grammar_after
 from .tokens import TokenizerMethods, end_of_turn_ids
 
@@ -167,6 +167,8 @@ class VLLMEngine(TokenizerMethods, AdapterVersions):
         try:
             async for output in stream:
                 final = output
+        except ValueError as exc:  # vLLM's checks of the request as it is added (a prompt past its context)
+            raise RequestRefused(str(exc)) from None
         except asyncio.CancelledError:
             # A cancelled caller (or an asyncio.wait_for timeout) must not leave the sequence running.
             try:
@@ -201,7 +203,7 @@ class VLLMEngine(TokenizerMethods, AdapterVersions):
         """vLLM SamplingParams for a rolecast request (one sample, final output only)."""
         s = request.sampling
         if 0 < s.temperature < MIN_TEMPERATURE:  # its tokens and logprobs would be another temperature's
-            raise ValueError(f"the vllm engine samples at temperature 0 (greedy) or at least {MIN_TEMPERATURE}, "
+            raise RequestRefused(f"the vllm engine samples at temperature 0 (greedy) or at least {MIN_TEMPERATURE}, "
                              f"got {s.temperature}: vLLM would sample at {MIN_TEMPERATURE}")
         if s.top_p < 1.0 and s.temperature > 0 and ("top_p", None) not in self._warned:
             self._warned.add(("top_p", None))

@@ -171,6 +171,9 @@ class AsyncLLMEngine:
                        lora_request: LoRARequest | None = None):
         call = Call(prompt, sampling_params, request_id, lora_request)
         self.calls.append(call)
+        if self.args.max_model_len is not None and len(prompt["prompt_token_ids"]) > self.args.max_model_len:
+            raise ValueError(f"The decoder prompt (length {len(prompt['prompt_token_ids'])}) is longer than the "
+                             f"maximum model length of {self.args.max_model_len}.")  # as vLLM's input processor
         while self.hang:
             await asyncio.sleep(0.01)
         reply = self.reply(call) if callable(self.reply) else self.reply

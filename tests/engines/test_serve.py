@@ -182,7 +182,19 @@ def test_a_request_the_vllm_engine_refuses_is_a_400(monkeypatch):
     with pytest.raises(HTTPError) as refused:
         asyncio.run(server.chat(chat("base", temperature=0.005)))
     assert refused.value.status == 400 and "or at least 0.01" in refused.value.message
+    engine._llm.args.max_model_len = 8
+    with pytest.raises(HTTPError) as refused:  # vLLM's own check, as the request is added
+        asyncio.run(server.chat(chat("base")))
+    assert refused.value.status == 400 and "longer than the maximum model length of 8" in refused.value.message
+    engine._llm.args.max_model_len = None
     assert asyncio.run(server.chat(chat("base", temperature=0.5)))["choices"][0]["message"]["content"] == "hi"
+
+    async def broken(request):  # a bug inside the engine that happens to be a ValueError
+        raise ValueError("an engine bug")
+
+    monkeypatch.setattr(engine, "generate", broken)
+    with pytest.raises(ValueError, match="an engine bug"):  # not a 400: the server's own handler makes it a 500
+        asyncio.run(server.chat(chat("base")))
     asyncio.run(engine.aclose())
 
 
