@@ -240,6 +240,10 @@ def test_a_replay_request_reads_its_own_lines_not_the_whole_file(tmp_path, monke
 
     assert asyncio.run(play()) == [text for e in reversed(range(episodes)) for text in (str(e), "any")]  # the file's order
     assert reads[0] < 10 * episodes
+    # a cursor per episode and role, the least recently used dropped past the bound: they had grown with the run
+    monkeypatch.setattr(replay.ReplayPolicy, "MAX_CURSORS", 100)
+    asyncio.run(play())
+    assert len(policy.cursors) == 100
 
 
 def test_episode_timeout_keeps_partial_transcript(tmp_path):

@@ -6,6 +6,7 @@ lines with an ``"episode": N`` key are used only by the episode with that index.
 from __future__ import annotations
 
 import heapq
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,8 @@ from .base import PolicyOutput, PolicyRequest
 
 
 class ReplayPolicy:
+    MAX_CURSORS = 65536
+
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.lines: list[dict] = []
@@ -30,8 +33,9 @@ class ReplayPolicy:
                 continue
             shared, own = self.by_role.setdefault(line["role"], ([], {}))
             (own.setdefault(line["episode"], []) if "episode" in line else shared).append((n, line))
-        # (episode id, role) -> (turn, attempt) of its last request, lines used
-        self.cursors: dict[tuple[str, str], tuple[tuple[int, int], int]] = {}
+        # (episode id, role) -> (turn, attempt) of its last request, lines used; the least recently
+        # used go past MAX_CURSORS (far more than episodes in flight), else a long run's grow unbounded
+        self.cursors: OrderedDict[tuple[str, str], tuple[tuple[int, int], int]] = OrderedDict()
 
     async def __call__(self, request: PolicyRequest) -> PolicyOutput:
         key = (request.episode, request.role)
@@ -44,4 +48,7 @@ class ReplayPolicy:
         if i >= len(mine):
             raise PolicyError(f"replay file {self.path} has no more lines for role {request.role!r} ({len(mine)} used)")
         self.cursors[key] = (at, i + 1)
+        self.cursors.move_to_end(key)
+        if len(self.cursors) > self.MAX_CURSORS:
+            self.cursors.popitem(last=False)
         return PolicyOutput(text=mine[i]["text"])
