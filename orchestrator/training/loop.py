@@ -573,11 +573,11 @@ def last_checkpoint(run_dir: Path, flag: str, needs: Sequence[str] = (),
                     load: Callable[[Path, dict[str, Any]], None] | None = None) -> tuple[Path, dict[str, Any]] | None:
     """The newest checkpoint of ``run_dir`` that is whole (its trainer.json reads, the files
     ``needs`` names are there, and ``load`` of it raises no OSError or ValueError: a file that does
-    not read; loading the one before overwrites what it loaded), and its state; None where there is none. A checkpoint is written
-    whole or not at all (``TrainingRun.checkpoint``), so a damaged one was damaged afterwards: it
-    is passed over for the one before, with a warning; where every one is damaged, ``flag``'s
-    command stops in one line (a resume would start again and drop the run's rows), as where
-    ``latest`` names one and none is left."""
+    not read; loading the one before overwrites what it loaded), and its state; None where there
+    is none. A checkpoint is written whole or not at all (``TrainingRun.checkpoint``), so a damaged
+    one was damaged afterwards: it is passed over for the one before, with a warning; where every
+    one is damaged, ``flag``'s command stops in one line (a resume would start again and drop the
+    run's rows), as where ``latest`` names one and none is left."""
     folders = sorted((run_dir / "checkpoints").glob("step-*"), reverse=True)  # zero-padded: newest first
     problems = []
     for folder in folders:
