@@ -228,7 +228,9 @@ class RayRollouts:
             ours = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
             try:
                 ray.init(**kwargs)
-            except (ConnectionError, ValueError) as exc:  # ValueError: an address Ray cannot parse ("host:abc")
+            # ValueError: an address Ray cannot parse ("host:abc"); RuntimeError: a scheme it has no client
+            # for ("tcp://head")
+            except (ConnectionError, ValueError, RuntimeError) as exc:
                 raise RolecastError(f"--ray {options.address}: {exc}") from None
             if ours is not None:  # Ray's own handler exits at once (code 15): the run's clean-up would not run
                 signal.signal(signal.SIGTERM, ours)

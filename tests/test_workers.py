@@ -338,7 +338,8 @@ def test_an_address_ray_cannot_parse_is_one_line(ray_local, monkeypatch):
     from orchestrator.workers import RayOptions, RayRollouts
 
     monkeypatch.setattr(ray_local, "is_initialized", lambda: False)  # as in a run that starts or joins Ray itself
-    for address, said in (("nonsense", "Invalid address format"), (":6379", "Malformed host")):
+    for address, said in (("nonsense", "Invalid address format"), (":6379", "Malformed host"),
+                          ("tcp://head", "Module: tcp does not exist")):
         with pytest.raises(RolecastError, match=rf"--ray {address}: {said}"):
             RayRollouts(RayOptions(address=address, workers=1), model="tiny")
 
