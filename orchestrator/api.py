@@ -343,7 +343,9 @@ def _check_arguments(**given: Any) -> None:
         elif name == "seed":
             ok, want = number(value, int) and 0 <= value <= SEED_MAX, "a whole number from 0 to 2**63 - 1"
         elif name == "tasks":
-            ok, want = isinstance(value, Sequence) and not isinstance(value, str) and len(value) > 0, \
+            # each checked too: a protocol's --task reader takes text (int(None) was a TypeError, int(3.5) a 3)
+            ok, want = isinstance(value, Sequence) and not isinstance(value, str) and len(value) > 0 \
+                and all(isinstance(t, (str, Mapping)) for t in value), \
                 "a list of one or more tasks (text as --task reads it, or mappings)"
         elif name in ("team", "recipe", "source"):
             ok, want = isinstance(value, (str, os.PathLike, Mapping, Team)), "a team file's path, a mapping, or a Team"

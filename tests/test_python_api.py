@@ -211,6 +211,10 @@ def test_load_team_applies_training_options():
     (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", tasks="13", out=out),
      "tasks='13': must be a list of one or more tasks"),
     (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", tasks=[], out=out), "tasks=[]: must be a list"),
+    (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", tasks=["3", None], out=out),
+     "tasks=['3', None]: must be a list of one or more tasks (text"),  # a TypeError from int()
+    (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", tasks=[3.5], out=out),
+     "tasks=[3.5]: must be a list"),  # it played secret 3
     (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", seed=2**70, out=out),
      "must be a whole number from 0 to 2**63 - 1"),
     (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", policies=["guesser"], out=out),
