@@ -349,8 +349,8 @@ def _check_arguments(**given: Any) -> None:
                 "a list of one or more tasks (text as --task reads it, or mappings)"
         elif name in ("team", "recipe", "source"):
             ok, want = isinstance(value, (str, os.PathLike, Mapping, Team)), "a team file's path, a mapping, or a Team"
-        elif name == "out":
-            ok, want = isinstance(value, (str, os.PathLike)), "a folder's path"
+        elif name == "out":  # "" is no folder: Path("") would be the current one
+            ok, want = isinstance(value, (str, os.PathLike)) and value != "", "a folder's path"
         elif name == "opponent":
             ok, want = isinstance(value, str), "text, as --opponent reads it"
         elif name == "policies":

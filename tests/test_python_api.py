@@ -222,6 +222,7 @@ def test_load_team_applies_training_options():
     (lambda out: rolecast.run(42, out=out), "team=42: must be a team file's path, a mapping, or a Team"),
     # each of these was a TypeError or AttributeError from deep inside
     (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", out=5), "out=5: must be a folder's path"),
+    (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", out=""), "out='': must be a folder's path"),
     (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", policies={1: "builtin:stub"}, out=out),
      "policies={1: 'builtin:stub'}: must be a mapping of role names to bindings"),
     (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", adapters={"guesser": 5}, out=out),

@@ -368,6 +368,16 @@ def test_a_run_where_every_episode_fails_exits_1_with_the_error(cli, tmp_path):
     assert (tmp_path / "run" / "transcripts.jsonl").read_bytes() == before
 
 
+def test_an_empty_out_is_refused_not_the_current_folder(cli, capsys, tmp_path, monkeypatch):
+    """``--out "$RUN"`` with RUN unset: Path("") is ".", and the run's files went among the user's."""
+    monkeypatch.chdir(tmp_path)
+    for command in ("run", "eval", "train", "compare"):
+        with pytest.raises(SystemExit) as stopped:
+            cli(command, ROOT / "recipes/guess_number.yaml", "--out", "")
+        assert stopped.value.code == 2 and "argument --out: empty: give a folder" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_task_the_environment_cannot_take_is_one_line(cli, tmp_path):
     code, _, err = cli("run", ROOT / "recipes/guess_number.yaml", "--task", "abc", "--out", tmp_path / "run")
     assert code == 2 and "--task abc: the secret is a whole number, got 'abc'" in err and "Traceback" not in err

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..errors import RolecastError
 from ..launch import LOCK_FILE, claimed, recorded_run, run_dir
-from .flags import add_training_flags, compute_options, parse_sets, positive_int
+from .flags import add_training_flags, compute_options, out_dir, parse_sets, positive_int
 
 
 def register(sub: Any) -> None:
@@ -29,7 +29,7 @@ def register(sub: Any) -> None:
                    help=f"repeatable; default: all of {', '.join(STRATEGIES)}")
     p.add_argument("--steps", type=positive_int, help="training steps per strategy (default: the recipe's)")
     p.add_argument("--every", type=positive_int, default=5, help="freeze-rotate: steps per phase (default 5)")
-    p.add_argument("--out", type=Path, help="where the runs go (default: runs/compare-<recipe>-<time>)")
+    p.add_argument("--out", type=out_dir, help="where the runs go (default: runs/compare-<recipe>-<time>)")
     add_training_flags(p)
     p.set_defaults(func=handle)
 

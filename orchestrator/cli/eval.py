@@ -10,7 +10,7 @@ from typing import Any
 from ..errors import RolecastError
 from .flags import (
     add_episode_flags, add_model_flags, add_policy_flag, add_ray_flags, compute_options, exit_code, parse_adapter_flags,
-    parse_policy_flags, positive_int, stdout_console,
+    out_dir, parse_policy_flags, positive_int, stdout_console,
 )
 
 
@@ -29,7 +29,7 @@ def register(sub: Any) -> None:
     p.add_argument("--baseline", action="append", default=[], metavar="NAME",
                    help="--population: a builtin policy that joins the round robin (repeatable; default: random)")
     p.add_argument("--games-per-pair", type=positive_int, help="--population: games each pair plays (default 20)")
-    p.add_argument("--out", type=Path, help="run dir (default: runs/eval-<team>-<time>; --population: RUN_DIR/population)")
+    p.add_argument("--out", type=out_dir, help="run dir (default: runs/eval-<team>-<time>; --population: RUN_DIR/population)")
     add_episode_flags(p, json_help="print the report as JSON")
     add_ray_flags(p)
     p.set_defaults(func=handle)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 from ..config import SEED_MAX
@@ -51,6 +52,14 @@ def positive_float(text: str) -> float:
     if not (value := _number(text, float, "a number")) > 0:
         raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
     return value
+
+
+def out_dir(text: str) -> Path:
+    """argparse type: --out's folder; an empty one (``--out "$RUN"`` with RUN unset) would be the
+    current folder, the run's files strewn among the user's."""
+    if not text:
+        raise argparse.ArgumentTypeError("empty: give a folder (. for the current one)")
+    return Path(text)
 
 
 def add_model_flags(p: argparse.ArgumentParser, *, model_default: str | None = None,

@@ -9,7 +9,7 @@ from typing import Any
 
 from .flags import (
     add_episode_flags, add_model_flags, add_policy_flag, add_ray_flags, compute_options, exit_code, parse_adapter_flags,
-    parse_policy_flags, positive_float, positive_int, stdout_console,
+    out_dir, parse_policy_flags, positive_float, positive_int, stdout_console,
 )
 
 
@@ -19,7 +19,7 @@ def register(sub: Any) -> None:
     p.add_argument("--episodes", type=positive_int, help="number of episodes (default: the team's `episodes`)")
     p.add_argument("--task", action="append", default=[], metavar="TASK",
                    help="run these tasks instead of the team's (repeatable; the protocol says what TASK means)")
-    p.add_argument("--out", type=Path, help="run dir (default: runs/<team>-<time>)")
+    p.add_argument("--out", type=out_dir, help="run dir (default: runs/<team>-<time>)")
     add_policy_flag(p)
     add_model_flags(p)
     p.add_argument("--timeout", type=positive_float, help="per-episode timeout in seconds (default: the team's `episode_timeout_s`)")

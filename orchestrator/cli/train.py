@@ -7,14 +7,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .flags import add_training_flags, compute_options, parse_sets, positive_int
+from .flags import add_training_flags, compute_options, out_dir, parse_sets, positive_int
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("train", help="train the recipe's trainable roles (each its own LoRA adapter)")
     p.add_argument("recipe", type=Path, help="team YAML with a `training:` block")
     p.add_argument("--steps", type=positive_int, help="training steps (default: the recipe's)")
-    p.add_argument("--out", type=Path, help="run dir (default: runs/train-<recipe>-<time>)")
+    p.add_argument("--out", type=out_dir, help="run dir (default: runs/train-<recipe>-<time>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     add_training_flags(p)
     p.set_defaults(func=handle)
