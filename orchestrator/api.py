@@ -138,7 +138,7 @@ def evaluate(team: TeamLike, *, episodes: int | None = None, held_out: bool = Fa
     compute = Compute(model, dtype, engine, device, ray, rollout_workers)
     overrides, loaded = bindings(policies), adapter_dirs(adapters)
     opponent_role, checkpoint = None, None
-    if opponent:
+    if opponent is not None:  # "" too (an unset variable): else played as the recipe binds it, said nowhere
         team, opponent_role, checkpoint = bind_opponent(team, opponent, overrides)
     cfg = team.config
     model = compute.model or cfg.model

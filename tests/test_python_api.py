@@ -228,6 +228,8 @@ def test_load_team_applies_training_options():
     (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", adapters={"guesser": 5}, out=out),
      "adapters={'guesser': 5}: must be a mapping of names to adapter dirs"),
     (lambda out: rolecast.evaluate(ROOT / "recipes/tictactoe.yaml", opponent=5, out=out), "opponent=5: must be text"),
+    (lambda out: rolecast.evaluate(ROOT / "recipes/tictactoe.yaml", opponent="", out=out),
+     "--opponent : tictactoe: unknown opponent ''"),  # it played the recipe's own binding, the report naming none
     (lambda out: rolecast.load_team(42), "source=42: must be a team file's path"),
     (lambda out: rolecast.load_team(ROOT / "recipes/guess_number.yaml", sets=["group_size=4"]),
      "sets=['group_size=4']: must be a mapping"),
