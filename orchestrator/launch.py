@@ -38,7 +38,8 @@ class Compute:
     def __post_init__(self) -> None:
         if isinstance(self.model, os.PathLike):  # a local model dir as a Path: config.yaml records text
             object.__setattr__(self, "model", os.fspath(self.model))
-        if self.model is not None and not isinstance(self.model, str):
+        # "" too (--model "$MODEL" unset): it fell back to the team's model, said nowhere
+        if self.model is not None and (not isinstance(self.model, str) or not self.model):
             raise RolecastError(f"--model {self.model!r}: give a model name, a local model dir or a hub id")
         if self.dtype not in DTYPES:
             raise RolecastError(f"--dtype {self.dtype}: use one of {', '.join(DTYPES)}")

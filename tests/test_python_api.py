@@ -234,6 +234,7 @@ def test_load_team_applies_training_options():
     (lambda out: rolecast.load_team(ROOT / "recipes/guess_number.yaml", sets=["group_size=4"]),
      "sets=['group_size=4']: must be a mapping"),
     (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", model=5, out=out), "--model 5: give a model name"),
+    (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", model="", out=out), "--model '': give a model name"),
     (lambda out: rolecast.train(ROOT / "recipes/guess_number.yaml", steps="2", out=out),
      "steps='2': must be a whole number above 0"),
     (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", out=Path("/proc/rolecast-run")),
