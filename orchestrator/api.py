@@ -195,8 +195,13 @@ def train(recipe: TeamLike, *, steps: int | None = None, out: str | Path | None 
 
 def steps_given(team: Team, sets: Mapping[str, Any], steps: int | None) -> int | None:
     """``--steps``, else ``--set steps=N``, the same thing: a resumed run's steps default to what
-    its config.yaml recorded, which would pass over the set ones."""
-    return team.config.training.steps if steps is None and "steps" in sets else steps
+    its config.yaml recorded, which would pass over the set ones. Both, and different: one line (the
+    --steps had won, while config.yaml recorded the set ones as the recipe's)."""
+    if "steps" not in sets:
+        return steps
+    if steps is not None and steps != team.config.training.steps:
+        raise RolecastError(f"--steps {steps} and --set steps={team.config.training.steps} disagree: give one")
+    return team.config.training.steps
 
 
 def as_started(team: Team, out: Path, compute: Compute, seed: int | None,

@@ -253,6 +253,8 @@ def test_load_team_applies_training_options():
      "--set trainer: not a settable option"),
     (lambda out: rolecast.train(ROOT / "recipes/guess_number.yaml", sets={16: 2}, out=out),
      "--set 16: not a settable option"),
+    (lambda out: rolecast.train(ROOT / "recipes/guess_number.yaml", steps=1, sets={"steps": 3}, out=out),
+     "--steps 1 and --set steps=3 disagree: give one"),  # it trained 1 step, config.yaml's recipe saying 3
     (lambda out: rolecast.train(ROOT / "recipes/guess_number.yaml", resume=True), "--resume needs --out"),
     (lambda out: rolecast.train(ROOT / "recipes/code_review.yaml", out=out), "has no `training:` block"),
     (lambda out: rolecast.train(ROOT / "recipes/guess_number.yaml", out=_holding_a_run(out.parent / "done")),
