@@ -33,11 +33,13 @@ from typing import Any, Callable, Generic, TypeVar
 import torch
 from peft import LoraConfig as PeftLoraConfig
 from peft import get_peft_model, set_peft_model_state_dict
+from peft.utils.error import NoMatchingPeftModuleError
 from safetensors.torch import load_file, save_file
 
 from ..compute_thread import compute_thread
 from ..engines.lora import lora_scale
 from ..config import LOSS_CONFIGS
+from ..errors import RolecastError
 from ..grammar.book import book_for
 from ..models import LoadedModel, bf16_native, load_model
 from ..upload import Download, move_together, upload
@@ -146,10 +148,13 @@ class ServiceClient:
         )
         with warnings.catch_warnings():  # PEFT reads a transformers attribute deprecated in v5
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-            if self.peft is None:
-                self.peft = get_peft_model(self.loaded.model, peft_config, adapter_name=name)
-            else:
-                self.peft.add_adapter(name, peft_config)
+            try:
+                if self.peft is None:
+                    self.peft = get_peft_model(self.loaded.model, peft_config, adapter_name=name)
+                else:
+                    self.peft.add_adapter(name, peft_config)
+            except NoMatchingPeftModuleError as exc:  # which names there are, only the loaded model says
+                raise RolecastError(f"lora.target_modules {list(lora.target_modules)}: {exc}") from None
             self.peft.base_model.disable_adapter_layers()  # the passes add the deltas (routing.py)
         self._lora_layers = lora_layers(self.peft)  # a new adapter may wrap modules the others left alone
         client = TrainingClient(self, name, lora)

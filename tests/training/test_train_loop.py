@@ -128,6 +128,22 @@ def test_a_kill_while_the_sampler_dir_is_written_leaves_its_last_weights_whole(t
         service.close()
 
 
+def test_lora_target_modules_the_model_lacks_are_one_line():
+    """``--set lora.target_modules=[q_prj]`` (or []): which names a model has, only it says; PEFT's
+    NoMatchingPeftModuleError had been a traceback."""
+    from orchestrator.errors import RolecastError
+    from orchestrator.training.client import ServiceClient
+    from orchestrator.training.types import LoraConfig
+
+    service = ServiceClient("tiny")
+    try:
+        for modules, said in ((("q_prj",), "Target modules {'q_prj'} not found"), ((), "No `target_modules`")):
+            with pytest.raises(RolecastError, match=rf"lora.target_modules \[.*\]: {re.escape(said)}"):
+                service.create_lora_training_client("pro", LoraConfig(rank=2, target_modules=modules))
+    finally:
+        service.close()
+
+
 def test_a_kill_while_a_training_runs_config_is_written_leaves_no_half_config(tmp_path, monkeypatch):
     # a half config.yaml: --resume and `rolecast report` call the dir no rolecast run
     from types import SimpleNamespace
