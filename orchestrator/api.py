@@ -327,8 +327,8 @@ def _task(team: Team, value: str | Mapping[str, Any]) -> dict[str, Any]:
         task = dict(value) if isinstance(value, Mapping) else team.env_class.task_from_cli(value)
     except ValueError as exc:
         raise RolecastError(f"--task {value}: {exc}") from None
-    if problem := team.env_class.task_problem(team.env_config, task):
-        raise RolecastError(f"--task {value}: {problem[1]}")
+    if problem := team.env_class.task_problem(team.env_config, task):  # with its key: "required key is missing"
+        raise RolecastError(f"--task {value}: {format_loc(problem[0]) + ': ' if problem[0] else ''}{problem[1]}")
     return task
 
 

@@ -249,6 +249,8 @@ def test_load_team_applies_training_options():
      "--policy guesser=replay:nope.jsonl: replay file not found"),
     (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", tasks=["abc"], out=out),
      "--task abc: the secret is a whole number"),
+    (lambda out: rolecast.run(ROOT / "recipes/code_pair.yaml", tasks=[{"spec": "double x"}], out=out),
+     "--task {'spec': 'double x'}: reference: required key is missing"),  # which key, it had not said
     (lambda out: rolecast.train(ROOT / "recipes/guess_number.yaml", sets={"trainer": "population"}, out=out),
      "--set trainer: not a settable option"),
     (lambda out: rolecast.train(ROOT / "recipes/guess_number.yaml", sets={16: 2}, out=out),

@@ -116,5 +116,5 @@ def test_a_task_given_as_text_is_its_domain(tmp_path):
     policies = {role: "builtin:random" for role in ("teacher_largest", "teacher_smallest", "student", "student_alone")}
     result = rolecast.run(recipe, tasks=["smallest"], episodes=6, policies=policies, out=tmp_path / "run", progress=False)
     assert [ep.outcome["domain"] for ep in result.episodes] == ["smallest"] * 6
-    with pytest.raises(rolecast.RolecastError, match="--task cubes: domain 'cubes' has no teacher"):
+    with pytest.raises(rolecast.RolecastError, match="--task cubes: domain: domain 'cubes' has no teacher"):
         rolecast.run(recipe, tasks=["cubes"], policies=policies, out=tmp_path / "run2", progress=False)
