@@ -235,6 +235,7 @@ class RayRollouts:
             if ours is not None:  # Ray's own handler exits at once (code 15): the run's clean-up would not run
                 signal.signal(signal.SIGTERM, ours)
         self._check_resources()
+        self.node = ray.get_runtime_context().get_node_id()  # this machine's Ray node, whose death _check_nodes reports
         threads = max(1, int(options.cpus_per_worker)) if device == "cpu" else 0
         self._actor_class = ray.remote(num_cpus=options.cpus_per_worker, num_gpus=options.gpus_per_worker,
                                        max_restarts=0)(self.worker)
@@ -351,7 +352,7 @@ class RayRollouts:
         """A new actor in ``slot`` (its lock held), with the teams bound; it loads the adapters before
         its first episode. The old one is killed: Ray also reports a live actor it cannot reach for
         a while as lost, and that one would go on holding its CPU or GPU."""
-        self._check_nodes()
+        await asyncio.to_thread(self._check_nodes)  # a call to the GCS: off the event loop
         self.restarts += 1
         self.ray.kill(self.actors[slot], no_restart=True)
         actor = self._actor_class.remote(*self._args)
@@ -369,6 +370,8 @@ class RayRollouts:
         the cluster, the run stops (a cluster's autoscaler may replace a node among others)."""
         nodes = self.ray.nodes()
         dead = [node for node in nodes if not node["Alive"]]
+        if self.options.address == "local":  # others' nodes, dead long ago or joined since, are not this run's
+            dead = [node for node in dead if node["NodeID"] == self.node]
         if dead and (self.options.address == "local" or not any(node["Alive"] for node in nodes)):
             reason = (dead[-1].get("DeathReasonMessage") or "no reason given").splitlines()[0]
             raise WorkersLost(f"the rollout workers' Ray node {dead[-1]['NodeManagerAddress']} died ({reason}); "

@@ -125,7 +125,7 @@ def test_workers_whose_node_died_stop_the_run_in_one_line(ray_local, tmp_path, m
     try:
         play = pool.bind(team, {})
         # as the GCS reports the node once its health checks fail (the test's Ray lives on for the others)
-        monkeypatch.setattr(ray_local, "nodes", lambda: [{"Alive": False, "NodeManagerAddress": "192.0.2.9",
+        monkeypatch.setattr(ray_local, "nodes", lambda: [{"NodeID": pool.node, "Alive": False, "NodeManagerAddress": "192.0.2.9",
                                                           "DeathReasonMessage": "health check failed due to missing too many heartbeats"}])
         ray_local.kill(pool.actors[0])
         with pytest.raises(WorkersLost, match=r"^the rollout workers' Ray node 192.0.2.9 died \(health check failed "
@@ -133,6 +133,32 @@ def test_workers_whose_node_died_stop_the_run_in_one_line(ray_local, tmp_path, m
             asyncio.run(run_team(team, {}, RunOptions(out_dir=tmp_path / "run", play=play, episodes=2, seed=3,
                                                       progress=False)))
         assert pool.restarts == 0  # no replacement waiting for a node
+    finally:
+        pool.close()
+
+
+def test_a_node_of_others_dead_in_this_ray_does_not_stop_the_run(ray_local, tmp_path, monkeypatch):
+    """Ray lists dead nodes for a while, and a Ray the run joined has others' nodes: only this
+    machine's node dead stops the run, and the GCS is asked off the event loop."""
+    from orchestrator.rollout import RunOptions, run_team
+    from orchestrator.workers import RayOptions, RayRollouts
+
+    team = load_team(ROOT / "recipes/code_pair.yaml")
+    pool = RayRollouts(RayOptions(workers=1), model="tiny", dtype="float32")
+    nodes, asked_on = ray_local.nodes(), []
+
+    def listed():
+        asked_on.append(threading.current_thread())
+        return nodes + [{"NodeID": "f" * 56, "Alive": False, "NodeManagerAddress": "192.0.2.9", "DeathReasonMessage": ""}]
+
+    try:
+        play = pool.bind(team, {})
+        monkeypatch.setattr(ray_local, "nodes", listed)
+        ray_local.kill(pool.actors[0])
+        result = asyncio.run(run_team(team, {}, RunOptions(out_dir=tmp_path / "run", play=play, episodes=2, seed=3,
+                                                           progress=False)))
+        assert len(result.episodes) == 2 and pool.restarts == 1
+        assert asked_on and threading.main_thread() not in asked_on
     finally:
         pool.close()
 
