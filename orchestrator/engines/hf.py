@@ -175,6 +175,14 @@ class HFEngine(TokenizerMethods, AdapterVersions):
             self._chunk_graphs = StepGraphs(self._chunk_forward, self.device) if gpu else None
         self._warned: set[str] = set()
         self.stats = EngineStats()
+        # transformers masks a sliding window by cache column, and a prefix hit's row is padded
+        # between its cached prefix and the rest of its prompt: its keys lie further apart than its
+        # tokens, and the window would hide some it must read. Without the prefix cache, and within
+        # the window (context_length), the window hides nothing.
+        self.sliding_window = getattr(self.model.config, "sliding_window", None)
+        if self.sliding_window is not None and prefix_cache_tokens > 0:
+            log.info("engine.prefix_cache_off", sliding_window=self.sliding_window)
+            prefix_cache_tokens = 0
         # KV of finished sequences, reused by prompts that start the same way (0 turns it off)
         self._prefix = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens > 0 else None
         self.share_prefixes = share_prefixes
@@ -257,8 +265,10 @@ class HFEngine(TokenizerMethods, AdapterVersions):
 
     @property
     def context_length(self) -> int | None:
-        """Positions the model was trained for (prompt and reply together), if its config says."""
-        return getattr(self.model.config, "max_position_embeddings", None)
+        """Positions the model was trained for (prompt and reply together), if its config says; for
+        a model with a sliding window, no more than the window (the engine does not slide it)."""
+        limits = [n for n in (getattr(self.model.config, "max_position_embeddings", None), self.sliding_window) if n]
+        return min(limits, default=None)
 
     @property
     def busy(self) -> int:

@@ -235,6 +235,36 @@ def test_a_prompt_that_fills_the_context_is_refused_and_a_reply_stops_where_it_e
         asyncio.run(engine.generate(r))
 
 
+
+def test_a_sliding_window_model_is_served_within_its_window():
+    """A model with a sliding window (Mistral v0.1, Gemma 2, Phi-3): a prompt past the window failed
+    every request of its batch with a shape traceback, and a reply that crossed it, or a turn
+    whose prefix came from the prefix cache, sampled with keys the model does not attend to."""
+    from orchestrator.engines.hf import HFEngine
+    from orchestrator.models import LoadedModel, load_model
+    from transformers import MistralConfig, MistralForCausalLM
+
+    tiny = load_model("tiny", dtype="float32")
+    config = MistralConfig(**{**tiny.model.config.to_dict(), "model_type": "mistral", "sliding_window": 48})
+    torch.manual_seed(0)
+    engine = HFEngine(LoadedModel(MistralForCausalLM(config).eval(), tiny.tokenizer, "mistral", torch.float32), max_prefill=2)
+    try:
+        assert engine.context_length == 48
+        first = request(engine, 0, max_tokens=6, ignore_eos=True)  # 34 prompt tokens
+        out = asyncio.run(engine.generate(first))
+        # the next turn (a prefix hit, were the cache on) beside a longer prompt; replies end at the window
+        turn = GenerationRequest(first.prompt_ids + tuple(out.token_ids) + tuple(engine.encode(" ok")),
+                                 SamplingParams(max_tokens=40, seed=7, ignore_eos=True))
+        reqs = [turn, request(engine, 3, max_tokens=40, ignore_eos=True)]
+        for r, o in zip(reqs, asyncio.run(gather(engine, reqs))):
+            assert len(r.prompt_ids) + len(o.token_ids) <= 48 and o.finish_reason == "length"
+            ref = engine.teacher_forced_logprobs(list(r.prompt_ids), o.token_ids, None, 1.0)
+            assert max(abs(a - b) for a, b in zip(ref, o.logprobs)) < 1e-4
+        with pytest.raises(ValueError, match="context of 48 tokens"):
+            asyncio.run(engine.generate(GenerationRequest(tuple(range(1, 60)))))
+    finally:
+        asyncio.run(engine.aclose())
+
 def test_a_request_whose_event_loop_has_closed_is_dropped_quietly(engine):
     """A caller's ``asyncio.run`` may return while the engine still settles its request (a batch
     failed as the caller gave up): settling it must not raise on the compute thread, which every
