@@ -266,9 +266,17 @@ class HFEngine(TokenizerMethods, AdapterVersions):
     @property
     def context_length(self) -> int | None:
         """Positions the model was trained for (prompt and reply together), if its config says; for
-        a model with a sliding window, no more than the window (the engine does not slide it)."""
-        limits = [n for n in (getattr(self.model.config, "max_position_embeddings", None), self.sliding_window) if n]
-        return min(limits, default=None)
+        a model with a sliding window, no more than the window (the engine does not slide it). A
+        longrope model (Phi-3 128k) gets its original window: past it transformers switches every
+        position's rotary to the long factors, which keys already cached, and the batch's shorter
+        rows, cannot follow (their logprobs were off teacher forcing's)."""
+        config = self.model.config
+        rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+        if rope.get("rope_type", rope.get("type")) == "longrope":
+            trained = rope.get("original_max_position_embeddings") or getattr(config, "original_max_position_embeddings", None)
+        else:
+            trained = getattr(config, "max_position_embeddings", None)
+        return min([n for n in (trained, self.sliding_window) if n], default=None)
 
     @property
     def busy(self) -> int:

@@ -235,7 +235,6 @@ def test_a_prompt_that_fills_the_context_is_refused_and_a_reply_stops_where_it_e
         asyncio.run(engine.generate(r))
 
 
-
 def test_a_sliding_window_model_is_served_within_its_window():
     """A model with a sliding window (Mistral v0.1, Gemma 2, Phi-3): a prompt past the window failed
     every request of its batch with a shape traceback, and a reply that crossed it, or a turn
@@ -264,6 +263,33 @@ def test_a_sliding_window_model_is_served_within_its_window():
             asyncio.run(engine.generate(GenerationRequest(tuple(range(1, 60)))))
     finally:
         asyncio.run(engine.aclose())
+
+
+def test_a_longrope_model_is_served_within_its_original_window():
+    """Past original_max_position_embeddings transformers gives every position longrope's long
+    factors (Phi-3 128k), which cached keys and shorter batch-mates cannot follow: a reply
+    crossing it sampled logprobs 0.005 off teacher forcing; it now ends there."""
+    from orchestrator.engines.hf import HFEngine
+    from orchestrator.models import LoadedModel, load_model
+    from transformers import AutoModelForCausalLM, Phi3Config
+
+    tokenizer = load_model("tiny").tokenizer
+    config = Phi3Config(vocab_size=len(tokenizer), pad_token_id=0, hidden_size=64, intermediate_size=128,
+                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                        original_max_position_embeddings=32,
+                        rope_scaling={"type": "longrope", "short_factor": [1.0] * 8, "long_factor": [8.0] * 8})
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+    e = HFEngine(LoadedModel(model=model, tokenizer=tokenizer, name="phi3", dtype=torch.float32))
+    try:
+        r = GenerationRequest(tuple(range(5, 30)), SamplingParams(max_tokens=8, seed=1, ignore_eos=True))
+        out = asyncio.run(e.generate(r))
+        assert e.context_length == 32 and len(out.token_ids) == 7 and out.finish_reason == "length"
+        ref = e.teacher_forced_logprobs(list(r.prompt_ids), out.token_ids)
+        assert max(abs(a - b) for a, b in zip(ref, out.logprobs)) < 1e-4
+    finally:
+        asyncio.run(e.aclose())
+
 
 def test_a_request_whose_event_loop_has_closed_is_dropped_quietly(engine):
     """A caller's ``asyncio.run`` may return while the engine still settles its request (a batch
