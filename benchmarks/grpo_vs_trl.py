@@ -178,7 +178,6 @@ def rolecast_worker(args: argparse.Namespace) -> dict:
 
 # -- TRL --------------------------------------------------------------------------------------------
 def trl_worker(args: argparse.Namespace) -> dict:
-    import torch
     import trl
     from datasets import Dataset
     from peft import LoraConfig as PeftLoraConfig
