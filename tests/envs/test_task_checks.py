@@ -84,7 +84,7 @@ def test_keys_the_protocol_does_not_read_are_kept(tmp_path, cli):
 
 def test_run_task_flag_is_checked_like_a_task(tmp_path, cli):
     code, _, err = cli("run", RECIPES / "guess_number.yaml", "--task", "17", "--out", tmp_path / "run")
-    assert code == 2 and err.strip() == "rolecast: --task 17: outside the protocol's range [1, 16] (got 17)"
+    assert code == 2 and err.strip() == "rolecast: --task 17: secret: outside the protocol's range [1, 16] (got 17)"
     assert not (tmp_path / "run").exists()
 
 

@@ -320,7 +320,7 @@ def test_unknown_role_and_bad_task_are_errors(tmp_path):
 def test_bad_task_dir_is_one_error_before_any_episode(tmp_path, cli):
     code, out, err = cli("run", RECIPE, "--task", tmp_path / "nope", "--out", tmp_path / "out")
     assert code == 2 and not (tmp_path / "out").exists()
-    assert err.strip().startswith(f"rolecast: --task {tmp_path}/nope: {tmp_path}/nope/task.yaml: (file): file not found (got ")
+    assert err.strip().startswith(f"rolecast: --task {tmp_path}/nope: dir: {tmp_path}/nope/task.yaml: (file): file not found (got ")
 
 
 # ------------------------------------------------------------------------------ parts
