@@ -58,6 +58,7 @@ async def _play(team: Team, env: Env, policies: Mapping[str, Policy], record: Ep
     rewards = record.rewards
     for name in team.roles:
         rewards.setdefault(name, 0.0)
+    took_part = record.took_part = []
     turn = 0
     last: dict[str, Attempt] = {}  # conversation roles: each one's latest attempt
     while (role := env.next_role()) is not None:
@@ -83,12 +84,16 @@ async def _play(team: Team, env: Env, policies: Mapping[str, Policy], record: Ep
             errors=entry.attempts[-1].errors,
         )
         record.turns.append(entry)
+        if role not in took_part:
+            took_part.append(role)
         if not entry.valid:
             rewards[role] += entry.penalty
         result = await env.step(role, message)
         paid = _paid(team, env, result)
         for name, value in paid.items():
             rewards[name] += value
+            if name not in took_part:
+                took_part.append(name)
         entry.reward = paid.get(role, 0.0)
         entry.score = None if result.score is None else _number(env, "a score", role, result.score)
         turn += 1

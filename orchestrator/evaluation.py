@@ -42,8 +42,8 @@ def episode_results(team: Team, record: EpisodeRecord) -> dict[str, str]:
     results = record.outcome.get("results")
     if isinstance(results, dict):
         return results
-    return {name: ("win" if r > 0 else "draw" if r == 0 else "loss")
-            for name, r in record.rewards.items() if team.roles[name].config.policy.trainable}
+    return {name: ("win" if r > 0 else "draw" if r == 0 else "loss") for name, r in record.rewards.items()
+            if team.roles[name].config.policy.trainable and record.in_episode(name)}
 
 
 def evaluate(team: Team, records: Sequence[EpisodeRecord], summary: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -277,7 +277,8 @@ class Tally:
                 role["invalid_turns"] += not t.valid
                 role["retries"] += t.retries
         for name, role in self.roles.items():
-            role["rewards"].append(record.rewards.get(name, 0.0))
+            if record.in_episode(name):
+                role["rewards"].append(record.rewards.get(name, 0.0))
         if record.status == "ok" and self.outcomes is not None:
             self.outcomes.append((record.index, record.outcome))
 

@@ -60,8 +60,15 @@ class EpisodeRecord:
     error: str | None = None
     turns: list[Turn] = field(default_factory=list)
     rewards: dict[str, float] = field(default_factory=dict)  # per role: env rewards + penalties
+    # the roles that took a turn or that the env paid, in that order; None (an older transcript): all
+    took_part: list[str] | None = None
     outcome: dict[str, Any] = field(default_factory=dict)
     duration_s: float = 0.0
+
+    def in_episode(self, role: str) -> bool:
+        """Whether ``role`` took part: one that sat the episode out (the other domain's teacher)
+        holds a 0 in ``rewards``, which is no result, and would halve its mean reward."""
+        return self.took_part is None or role in self.took_part
 
     @property
     def failed(self) -> bool:

@@ -84,7 +84,7 @@ def write_comparison(out: Path, roles: list[str]) -> dict[str, Any]:
     for folder in sorted(p for p in out.iterdir() if (p / "metrics.jsonl").exists()):
         evals = [r for r in read_metrics(folder) if r.get("kind") == "eval"]
         curves = {role: [{"step": r["step"], "reward": r[f"eval_reward/{role}"], "ci95": r.get(f"eval_ci95/{role}")}
-                         for r in evals if f"eval_reward/{role}" in r] for role in roles}
+                         for r in evals if r.get(f"eval_reward/{role}") is not None] for role in roles}
         result["strategies"][folder.name] = curves
         for ax, role in zip(axes[0], roles):
             points = curves[role]

@@ -50,7 +50,7 @@ def print_summary(summary: dict[str, Any]) -> None:
         table.add_column(col, justify="left" if col == "role" else "right")
     for name, r in summary["roles"].items():
         ci = "" if r["reward_ci95"] is None else f"{r['reward_ci95']:.3f}"
-        mean = "-" if r["mean_reward"] is None else f"{r['mean_reward']:.3f}"  # None: every episode failed
+        mean = "-" if r["mean_reward"] is None else f"{r['mean_reward']:.3f}"  # None: it took part in no finished episode
         table.add_row(name, mean, ci, str(r["turns"]), str(r["invalid_turns"]), str(r["retries"]))
     console = stdout_console()
     console.print(table)

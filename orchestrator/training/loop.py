@@ -198,10 +198,12 @@ class TrainingRun:
         t_roll = time.perf_counter() - t0
         row: dict[str, Any] = {"step": step, "kind": "train"}
         results = [(ep, rw) for g, rws in zip(groups, rewards) for ep, rw in zip(g, rws) if not ep.failed]
-        for role in self.team.roles:
-            row[f"reward/{role}"] = sum(rw[role] for _, rw in results) / len(results)
+        for role in self.team.roles:  # over the episodes it took part in, as summary.json's means: none, no figure
+            if not (taking := [(ep, rw) for ep, rw in results if ep.in_episode(role)]):
+                continue
+            row[f"reward/{role}"] = sum(rw[role] for _, rw in taking) / len(taking)
             if self.cfg.reward != "env" or role in self.cfg.repetition_penalty:  # what the env paid, beside what trained
-                row[f"env_reward/{role}"] = sum(ep.rewards.get(role, 0.0) for ep, _ in results) / len(results)
+                row[f"env_reward/{role}"] = sum(ep.rewards.get(role, 0.0) for ep, _ in taking) / len(taking)
         turns = [t for ep, _ in results for t in ep.turns]  # a failed episode's are cut short by its fault, as in summary.json
         row["valid_turn_rate"] = sum(t.valid for t in turns) / max(len(turns), 1)
         for role in self.roles:  # the env's scores of the role's moves, where it scores them
@@ -405,8 +407,8 @@ class TrainingRun:
             stats = result.summary["roles"][role]  # the run's own mean and interval of env rewards
             row[f"eval_reward/{role}"] = stats["mean_reward"]
             row[f"eval_ci95/{role}"] = stats["reward_ci95"]  # None: one episode gives no interval
-            if self.cfg.reward != "env":
-                row[f"eval_trained_reward/{role}"] = sum(rw[role] for rw in shaped) / len(shaped)
+            if self.cfg.reward != "env" and (taking := [rw[role] for ep, rw in zip(finished, shaped) if ep.in_episode(role)]):
+                row[f"eval_trained_reward/{role}"] = sum(taking) / len(taking)
         for role, e in evaluate_results(team, result.episodes, result.summary).items():
             row[f"eval_win_rate/{role}"] = e["win_rate"]
         row.update({f"eval_env/{k}": v for k, v in result.summary["env"].items()})

@@ -18,10 +18,11 @@ def student(skill: str):
     (an ``=``), ``misled`` is right only without one, ``never`` is never right."""
     def answer(request) -> str:
         prompt = request.messages[-1]["content"]
-        numbers = map(int, re.search(r"Now solve: Which is the largest: ([\d, ]+)\?", prompt)[1].split(","))
+        word, numbers = re.search(r"Now solve: Which is the (largest|smallest): ([\d, ]+)\?", prompt).groups()
         shown = "=" in prompt.split("Now solve:")[0]
         right = {"uses-examples": shown, "misled": "worked example" not in prompt, "never": False}[skill]
-        return json.dumps({"answer": max(numbers) if right else -1})
+        pick = max if word == "largest" else min
+        return json.dumps({"answer": pick(map(int, numbers.split(","))) if right else -1})
     return answer
 
 
@@ -62,6 +63,25 @@ def test_problems_go_to_their_domains_teacher_and_only_the_student_sees_the_exam
     assert len(seen["student"]) == 4 and all("EXAMPLE" in s for s in seen["student"])
     assert len(seen["student_alone"]) == 4 and not any("EXAMPLE" in s for s in seen["student_alone"])
     assert all("smallest" in ep.outcome["problem"]["text"] for ep in episodes[1::2])
+
+
+def test_a_teacher_is_measured_on_its_own_domains_episodes_alone(tmp_path):
+    """The other domain's teacher sits an episode out, its 0 in the rewards no result: the summary's
+    mean reward and eval's W-D-L had counted it (half the teacher's effect, and a draw each)."""
+    from orchestrator.evaluation import evaluate
+
+    t = team("teacher_student", tasks=[{"domain": "largest"}, {"domain": "smallest"}])
+    teacher = Script(*[{"example": "largest of 2, 7, 3 = 7"}] * 2)
+    result = play(t, {"teacher_largest": teacher, "teacher_smallest": Script(*[{"example": "x"}] * 2),
+                      "student": student("uses-examples"), "student_alone": student("uses-examples")},
+                  tmp_path, episodes=4)
+    assert [ep.took_part for ep in result.episodes[:2]] == [
+        ["teacher_largest", "student", "student_alone"], ["teacher_smallest", "student", "student_alone"]]
+    roles = result.summary["roles"]
+    assert roles["teacher_largest"]["mean_reward"] == 1.0 and roles["student"]["mean_reward"] == 0.5
+    report = evaluate(t, result.episodes, result.summary)
+    assert (report["teacher_largest"]["games"], report["teacher_largest"]["win"]) == (2, 2)
+    assert (report["student"]["games"], report["student"]["win"]) == (4, 2)
 
 
 @pytest.mark.parametrize("domain", sorted(GENERATORS))

@@ -175,6 +175,11 @@ def test_teacher_student_trains_teachers_and_student_but_not_the_baseline(cli, t
             assert [t["role"] for t in record["turns"]][0] == teacher
             assert line["rewards"][teacher] == pytest.approx(
                 line["rewards"]["student"] - record["rewards"]["student_alone"])
+        # a teacher's figure is over its own domain's episodes: the other's had added their zeros
+        row = next(r for r in metric_rows(run) if (r["step"], r["kind"]) == (step, "train"))
+        for teacher in ("teacher_largest", "teacher_smallest"):
+            own = [line["rewards"][teacher] for line in lines if teacher in records[line["episode"]]["took_part"]]
+            assert row.get(f"reward/{teacher}") == (pytest.approx(sum(own) / len(own)) if own else None)
 
 
 def test_role_loss_config_reaches_only_that_roles_tokens(cli, tmp_path):
