@@ -88,7 +88,7 @@ def run(team: TeamLike, *, episodes: int | None = None, tasks: Sequence[str | Ma
     The result holds the run dir, the summary (summary.json) and every episode's record (read back from
     transcripts.jsonl as each is asked for: a run of millions of episodes need not fit in memory)."""
     _check_arguments(team=team, episodes=episodes, concurrency=concurrency, timeout=timeout, seed=seed, tasks=tasks,
-                     policies=policies, adapters=adapters, out=out)
+                     policies=policies, adapters=adapters, out=out, progress=progress)
     team = _team(team)
     if tasks is not None:
         team = dataclasses.replace(team, tasks=[_task(team, t) for t in tasks])
@@ -129,7 +129,7 @@ def evaluate(team: TeamLike, *, episodes: int | None = None, held_out: bool = Fa
     from .evaluation import CHECKPOINT_ADAPTER, bind_opponent, blind_random_roles, evaluate as rates
 
     _check_arguments(team=team, episodes=episodes, concurrency=concurrency, seed=seed, policies=policies,
-                     adapters=adapters, out=out, opponent=opponent)
+                     adapters=adapters, out=out, opponent=opponent, held_out=held_out, progress=progress)
     team = _team(team)
     if held_out:
         if team.eval_tasks is None:
@@ -181,7 +181,7 @@ def train(recipe: TeamLike, *, steps: int | None = None, out: str | Path | None 
     train``. ``sets`` changes training options (``{"group_size": 4}``); ``resume`` continues the
     run in ``out`` from its last checkpoint, with the model, seed and steps it was started with
     unless given."""
-    _check_arguments(recipe=recipe, steps=steps, seed=seed, sets=sets, out=out)
+    _check_arguments(recipe=recipe, steps=steps, seed=seed, sets=sets, out=out, resume=resume, progress=progress)
     team = with_training_options(_team(recipe), sets or {})
     steps = steps_given(team, sets or {}, steps)
     if resume and out is None:
@@ -356,6 +356,8 @@ def _check_arguments(**given: Any) -> None:
             ok, want = isinstance(value, (str, os.PathLike, Mapping, Team)), "a team file's path, a mapping, or a Team"
         elif name == "out":  # "" is no folder: Path("") would be the current one
             ok, want = isinstance(value, (str, os.PathLike)) and value != "", "a folder's path"
+        elif name in ("held_out", "resume", "progress"):  # "no" is truthy: it would resume, or play the eval tasks
+            ok, want = isinstance(value, bool), "True or False"
         elif name == "opponent":
             ok, want = isinstance(value, str), "text, as --opponent reads it"
         elif name == "policies":

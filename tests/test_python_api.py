@@ -230,6 +230,11 @@ def test_load_team_applies_training_options():
     (lambda out: rolecast.evaluate(ROOT / "recipes/tictactoe.yaml", opponent=5, out=out), "opponent=5: must be text"),
     (lambda out: rolecast.evaluate(ROOT / "recipes/tictactoe.yaml", opponent="", out=out),
      "--opponent : tictactoe: unknown opponent ''"),  # it played the recipe's own binding, the report naming none
+    (lambda out: rolecast.evaluate(ROOT / "recipes/tictactoe.yaml", held_out="no", out=out),
+     "held_out='no': must be True or False"),  # truthy: it played the eval tasks
+    (lambda out: rolecast.train(ROOT / "recipes/guess_number.yaml", resume="false", out=out),
+     "resume='false': must be True or False"),
+    (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", progress=0, out=out), "progress=0: must be True or False"),
     (lambda out: rolecast.load_team(42), "source=42: must be a team file's path"),
     (lambda out: rolecast.load_team(ROOT / "recipes/guess_number.yaml", sets=["group_size=4"]),
      "sets=['group_size=4']: must be a mapping"),
