@@ -28,6 +28,7 @@ import warnings
 import zlib
 from dataclasses import asdict
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, Callable, Generic, TypeVar
 
 import torch
@@ -74,6 +75,20 @@ class APIFuture(Generic[T]):
 def logprob_chunk(device: torch.device) -> int:
     """Positions per block of LM-head logits in the client's passes (``losses.token_logprobs``)."""
     return 4096 if device.type == "cuda" else 512
+
+
+def unmatched_targets(model: torch.nn.Module, targets: Sequence[str]) -> list[str]:
+    """The ``target_modules`` entries that match no module of ``model``, as PEFT matches them (the
+    whole name, or its last dotted parts)."""
+    names = [name for name, _ in model.named_modules()]
+    return [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
+
+
+def linear_names(model: torch.nn.Module) -> list[str]:
+    """The last names of ``model``'s inner linear layers (q_proj, ...), in order: what a LoRA may target."""
+    found = (name.removesuffix(".base_layer").rsplit(".", 1)[-1] for name, module in model.named_modules()
+             if isinstance(module, torch.nn.Linear) and ".lora_" not in name)  # not another adapter's own layers
+    return list(dict.fromkeys(n for n in found if n != "lm_head"))
 
 
 class ServiceClient:
@@ -142,6 +157,9 @@ class ServiceClient:
         if name in self.clients:
             raise ValueError(f"adapter {name!r} already has a training client")
         lora = lora or LoraConfig()
+        if missing := unmatched_targets(self.loaded.model, lora.target_modules):  # PEFT wraps the others, silently
+            raise RolecastError(f"lora.target_modules: {', '.join(missing)} names no module of {self.loaded.name} "
+                                f"(its linear layers: {', '.join(linear_names(self.loaded.model))})")
         peft_config = PeftLoraConfig(
             r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
             target_modules=list(lora.target_modules), task_type="CAUSAL_LM",
@@ -153,7 +171,7 @@ class ServiceClient:
                     self.peft = get_peft_model(self.loaded.model, peft_config, adapter_name=name)
                 else:
                     self.peft.add_adapter(name, peft_config)
-            except NoMatchingPeftModuleError as exc:  # which names there are, only the loaded model says
+            except NoMatchingPeftModuleError as exc:  # none given
                 raise RolecastError(f"lora.target_modules {list(lora.target_modules)}: {exc}") from None
             self.peft.base_model.disable_adapter_layers()  # the passes add the deltas (routing.py)
         self._lora_layers = lora_layers(self.peft)  # a new adapter may wrap modules the others left alone
