@@ -11,14 +11,20 @@ from ..errors import RolecastError
 
 def register(sub: Any) -> None:
     p = sub.add_parser("report", help="plot a training run's curves (PNG) and print its summary")
-    p.add_argument("run_dir", type=Path, help="a `rolecast train` run dir (it holds metrics.jsonl)")
+    p.add_argument("run_dir", type=Path, help="a `rolecast train` run dir (it holds metrics.jsonl), or a round robin's "
+                   "folder (population.json: its payoff heatmap)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
     p.set_defaults(func=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
-    from ..training.report import write_report
+    from ..training.report import heatmap_of, write_report
 
+    if not (args.run_dir / "metrics.jsonl").is_file() and (args.run_dir / "population.json").is_file():
+        # a round robin's own folder (eval --population --out elsewhere): its heatmap beside it
+        plot = str(heatmap_of(args.run_dir / "population.json", args.run_dir))
+        print(json.dumps({"run_dir": str(args.run_dir), "plots": [plot]}) if args.json else f"plot: {plot}")
+        return 0
     if not (args.run_dir / "metrics.jsonl").is_file():
         if (args.run_dir / "compare.json").is_file():
             hint = "a comparison: report one of its strategy folders, or see its compare.png"

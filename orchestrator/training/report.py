@@ -67,11 +67,7 @@ def write_report(run_dir: Path) -> dict[str, Any]:
         written.append(str(out_dir / filename))
     population = run_dir / "population" / "population.json"
     if population.is_file():
-        try:
-            written.append(str(payoff_heatmap(json.loads(population.read_text()), out_dir / "payoff.png")))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise RolecastError(f"{population}: not a round robin's report ({type(exc).__name__}: {exc}); "
-                                "`rolecast eval --population` writes it again") from None
+        written.append(str(heatmap_of(population, out_dir)))
     evals = [r for r in rows if r.get("kind") == "eval"]
     then = _run_options(run_dir)
     summary = {"run_dir": str(run_dir), "steps": max((r["step"] for r in rows), default=0),
@@ -131,6 +127,15 @@ def _shown(mean: Any, ci: Any) -> str:
     if not _number(mean):
         return "n/a"
     return f"{mean:.3f} ± {ci:.3f}" if _number(ci) else f"{mean:.3f}"
+
+
+def heatmap_of(population: Path, out_dir: Path) -> Path:
+    """``out_dir/payoff.png``, the heatmap of the round robin in ``population`` (a population.json)."""
+    try:
+        return payoff_heatmap(json.loads(population.read_text()), out_dir / "payoff.png")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RolecastError(f"{population}: not a round robin's report ({type(exc).__name__}: {exc}); "
+                            "`rolecast eval --population` writes it again") from None
 
 
 def payoff_heatmap(report: dict[str, Any], path: Path) -> Path:

@@ -135,6 +135,13 @@ def test_eval_population_end_to_end(cli, tmp_path):
     assert code == 0, err
     assert (run / "report" / "payoff.png").stat().st_size > 0
     assert (run / "report" / "elo.png").stat().st_size > 0  # the members' ratings over the steps
+    # a round robin written elsewhere (eval --population --out DIR): report DIR draws its heatmap
+    elsewhere = tmp_path / "round-robin"
+    elsewhere.mkdir()
+    (elsewhere / "population.json").write_text((run / "population" / "population.json").read_text())
+    code, out, err = cli("report", elsewhere, "--json")
+    assert code == 0 and json.loads(out)["plots"] == [str(elsewhere / "payoff.png")], err
+    assert (elsewhere / "payoff.png").stat().st_size > 0
     before = (run / "population" / "population.json").read_text()
     code, _, err = cli("eval", recipe, "--population", run, "--model", "tiny", "--games-per-pair", "2")
     assert code == 2 and "already holds a round robin" in err and (run / "population" / "population.json").read_text() == before
