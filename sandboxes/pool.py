@@ -70,8 +70,8 @@ class SandboxPool:
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)``, a blocking function that runs sandboxes one after another, on the pool's
         threads: however many episodes call at once, at most ``max_concurrent`` run. Cancelled, it
-        raises only once ``fn`` has ended (``ended_first``)."""
-        return await ended_first(asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(fn, *args)))
+        raises only once ``fn`` has ended, or at once if it had not started (``ended_first``)."""
+        return await ended_first(self._executor.submit(fn, *args))
 
     async def run(
         self,

@@ -8,7 +8,7 @@ import signal
 import sys
 import threading
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from contextlib import nullcontext
 from pathlib import Path
 from typing import TypeVar
@@ -203,18 +203,26 @@ async def arun(
     **options: object,
 ) -> SandboxResult:
     """``run`` in a worker thread (the event loop keeps going); same arguments. Cancelled, it
-    raises only once the run has ended (``ended_first``)."""
-    loop = asyncio.get_running_loop()
-    return await ended_first(loop.run_in_executor(executor, functools.partial(run, command, workdir, limits, **options)))  # type: ignore[arg-type]
+    raises only once the run has ended (``ended_first``), or at once if it had not started."""
+    call = functools.partial(run, command, workdir, limits, **options)
+    return await ended_first(executor.submit(call) if executor is not None
+                             else asyncio.get_running_loop().run_in_executor(None, call))  # type: ignore[arg-type]
 
 
-async def ended_first(job: asyncio.Future[T]) -> T:
+async def ended_first(job: asyncio.Future[T] | Future[T]) -> T:
     """``job``'s result. Cancelled, CancelledError only once ``job`` has ended, within its runs'
     wall times: a sandbox's thread cannot be stopped, and a caller's clean-up that removed the
-    workdir under a run still writing there left the run's later files behind."""
+    workdir under a run still writing there left the run's later files behind. A job given as
+    its executor's future, still queued, is dropped instead: a Ctrl-C with the pool full had
+    waited for every queued run to start and end."""
+    queued = job if isinstance(job, Future) else None
+    if queued is not None:
+        job = asyncio.wrap_future(queued)
     try:
         return await asyncio.shield(job)
     except asyncio.CancelledError:
+        if queued is not None and queued.cancel():  # never started: nothing runs to wait for
+            raise
         # A second cancel waits too: run_team cancels its lanes again as it stops (gather had
         # cancelled them already), which removed code_pair's workdirs under runs still going.
         while not job.done():

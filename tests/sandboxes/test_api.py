@@ -166,6 +166,22 @@ async def test_an_arun_cancelled_twice_still_returns_once_the_run_has_ended(work
     assert (workdir / "late.txt").read_text() == "late\n"
 
 
+async def test_a_cancelled_pool_run_still_queued_is_dropped_and_a_running_one_awaited(workdir):
+    """A Ctrl-C with the pool full had waited for each queued run to start and end, one wall time
+    after another; the running one must still end before its caller cleans up."""
+    async with SandboxPool(max_concurrent=1, limits=Limits(wall_time_s=5)) as pool:
+        tasks = [asyncio.create_task(pool.run(f"sleep 0.5; echo {name} > {name}.txt", workdir))
+                 for name in ("first", "second")]
+        tasks.append(asyncio.create_task(pool.call(time.sleep, 0.5)))
+        await asyncio.sleep(0.2)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        assert (workdir / "first.txt").read_text() == "first\n" and not (workdir / "second.txt").exists()
+
+
 async def test_pool_bounds_concurrency_and_isolates_episodes(tmp_path):
     repo = tmp_path / "repo"
     repo.mkdir()
