@@ -45,7 +45,7 @@ from ..grammar.book import book_for
 from ..models import LoadedModel, bf16_native, load_model
 from ..upload import Download, move_together, upload
 from .losses import LOSS_FNS, aggregate, k3_kl, token_logprobs
-from .metrics import read_saved, write_atomic
+from .metrics import fsync_dir, read_saved, write_atomic
 from . import prefix_tree
 from .routing import lora_layers, routed
 from .rng import load_rng, save_rng
@@ -519,11 +519,11 @@ class TrainingClient:
             torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
             save_rng(tmp / "rng.pt")
             (tmp / "state.json").write_text(json.dumps({"adapter": self.name, "step": self.step, "lora": asdict(self.lora)}))
-            _fsync_dir(tmp)
+            fsync_dir(tmp)
             if path.exists():
                 shutil.rmtree(path)
             os.replace(tmp, path)
-            _fsync_dir(path.parent)
+            fsync_dir(path.parent)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return path
@@ -630,15 +630,3 @@ def _in_vocab(what: str, ids: list[torch.Tensor], vocab: int) -> None:
         if t.numel() and not (0 <= int(t.min()) and int(t.max()) < vocab):
             bad = next(v for v in t.tolist() if not 0 <= v < vocab)
             raise ValueError(f"datum {i}: {what} holds token id {bad}, outside the model's vocabulary (0 to {vocab - 1})")
-
-
-def _fsync_dir(path: Path) -> None:
-    for f in path.iterdir():
-        if f.is_file():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -46,7 +46,7 @@ from ..rollout import RunOptions, build_policies, check_grammars, every_episode_
 from ..team import Team, trainable_roles
 from ..transcript import EpisodeRecord
 from .datums import DatumBuildOptions, role_datums
-from .metrics import MetricsWriter, read_metrics, read_saved, write_atomic
+from .metrics import MetricsWriter, fsync_dir, read_metrics, read_saved, write_atomic
 from .plugin_faults import blamed, checked, measured
 from .repetition import penalise_repetition
 from .rng import read_rng, save_rng, seed_rng, set_rng
@@ -508,10 +508,12 @@ class TrainingRun:
                 (tmp / "trainer.json").write_text(json.dumps({"step": step, "trainer": self.trainer.state_dict(),
                                                               "published": self.published}))
             save_rng(tmp / "rng.pt")
+            fsync_dir(tmp)  # the adapters' dirs fsync themselves (TrainingClient.save_state)
             final = root / name
             if final.exists():
                 shutil.rmtree(final)
             os.replace(tmp, final)
+            fsync_dir(root)  # the rename: before the older checkpoints are pruned
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         write_atomic(root / "latest", name)

@@ -24,6 +24,20 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def fsync_dir(path: Path) -> None:
+    """The files directly in ``path``, and its entries, on disk: a dir renamed into place after a
+    crash holds whole files, and the rename itself survives."""
+    for f in path.iterdir():
+        if f.is_file():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def read_saved(path: Path, read: Callable[[Path], T]) -> T:
     """``read(path)``, where a file cut short or overwritten since it was saved (pickle's,
     safetensors', JSON's or torch's zip reader's error) is a ValueError naming it."""

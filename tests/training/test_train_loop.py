@@ -168,6 +168,31 @@ def test_a_kill_while_a_training_runs_config_is_written_leaves_no_half_config(tm
     assert recorded_run(tmp_path) is None
 
 
+def test_a_checkpoint_is_on_disk_before_it_counts(tmp_path, monkeypatch):
+    """trainer.json, rng.pt, the checkpoint's dir and its rename into place were left to the page
+    cache: a power loss after the older checkpoints were pruned could leave none whole."""
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    from orchestrator.training.loop import TrainingRun
+
+    def save_state(path):
+        write(path / "state.json", "{}")
+        done = Future()
+        done.set_result(path)
+        return done
+
+    run = SimpleNamespace(_write_samplers=lambda: None, run_dir=tmp_path, clients={"pro": SimpleNamespace(save_state=save_state)},
+                          cfg=SimpleNamespace(trainer="grpo", keep_checkpoints=2), published={},
+                          trainer=SimpleNamespace(state_dict=lambda: {}))
+    synced, fsync = [], os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), fsync(fd))[1])
+    final = TrainingRun.checkpoint(run, 1)
+    tmp = next(Path(p) for p in synced if Path(p).name.startswith(".step-000001.tmp-"))  # renamed since
+    assert {str(tmp / "trainer.json"), str(tmp / "rng.pt"), str(tmp), str(final.parent)} <= set(synced), synced
+    assert synced.index(str(final.parent)) > synced.index(str(tmp))  # after the rename
+
+
 def test_sigkill_then_resume_continues_after_the_last_checkpoint(tmp_path):
     run = tmp_path / "run"
     path = recipe(tmp_path, 4)
