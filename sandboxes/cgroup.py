@@ -7,6 +7,7 @@ moves back; the child inherits the group at fork.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import threading
@@ -56,7 +57,12 @@ class MemoryGroup:
         path = parent / "rolecast-sandbox" / name
         if path.exists():  # left by a crashed run: its counters would be stale
             cls(path, parent).destroy()
-        path.mkdir()
+        for n in itertools.count(1):  # one that would not empty or go (destroy warned): a name of our own
+            try:
+                path.mkdir()
+                break
+            except FileExistsError:
+                path = path.with_name(f"{name}.{n}")
         group = cls(path, parent)
         group._write("memory.limit_in_bytes", limit_bytes)
         if (path / "memory.memsw.limit_in_bytes").exists():

@@ -355,3 +355,14 @@ def test_a_signal_inside_the_cgroup_join_does_not_kill_the_caller():
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout) == (0, "alive False\n"), done.stderr
+
+
+def test_a_group_left_that_will_not_go_does_not_fail_the_next_run_of_its_name(tmp_path, monkeypatch):
+    """A group of the same name left by an earlier run (a process stuck in the kernel keeps it):
+    each later run leasing that uid was a FileExistsError traceback; it takes a name of its own."""
+    (tmp_path / "rolecast-sandbox" / "uid-5").mkdir(parents=True)
+    monkeypatch.setattr(cgroup, "_own_group", lambda: tmp_path)
+    monkeypatch.setattr(cgroup.MemoryGroup, "kill_all", lambda self, timeout_s=5.0: False)
+    group = cgroup.MemoryGroup.create("uid-5", 1 << 20)
+    assert group.path == tmp_path / "rolecast-sandbox" / "uid-5.1"
+    assert (group.path / "memory.limit_in_bytes").read_text() == str(1 << 20)
