@@ -166,7 +166,11 @@ class CodePairEnv(Env):
             return passed, out.get("error")
         # a timeout, a crash, output that is not ours (a forged line nested past json's recursion limit too)
         except (ValueError, IndexError, KeyError, TypeError, RecursionError):
-            return 0, "timed out" if res.timed_out else f"the check failed (exit {res.exit_code})"
+            if res.timed_out:
+                return 0, "timed out"
+            if res.truncated:  # the report comes last: cut off with the rest
+                return 0, f"the function printed more than the sandbox keeps ({limits.max_output_bytes} bytes)"
+            return 0, f"the check failed (exit {res.exit_code})"
 
 
 def same(a: Any, b: Any) -> bool:

@@ -101,6 +101,14 @@ def test_a_forged_report_nested_too_deep_scores_zero(tmp_path):
 
 
 @needs_sandbox
+def test_a_function_that_prints_past_the_output_limit_is_told_so(tmp_path):
+    """The checker's report comes after what the function printed, and the sandbox keeps the first
+    1 MB: a right function that printed more scored 0 with "the check failed (exit 0)"."""
+    ep = episode(tmp_path, {**PLUS3, "tests": PLUS3["tests"][:1]}, {"example": "f(1) == 4"}, code("print('a'*1500000)or x + 3"))
+    assert ep.outcome["passed"] == 0 and "printed more than the sandbox keeps (1000000 bytes)" in ep.outcome["error"]
+
+
+@needs_sandbox
 def test_a_function_that_nests_folders_deep_is_scored_and_cleaned_up(tmp_path, monkeypatch):
     """The function may nest folders thousands deep in its workdir: rmtree's recursion raised,
     the episode was an error instead of a score, and the workdir stayed behind."""
