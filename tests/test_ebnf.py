@@ -104,3 +104,19 @@ def test_recursive_rules_and_repetitions():
     rest = xgr.Grammar.from_ebnf(quotient(grammar, "((a"))
     for text, expected in [("b))", (True, True)), ("bcxx))", (True, True)), ("bcdx", (False, False)), ("))", (False, False))]:
         assert verdict(rest, text) == expected == verdict(xgr.Grammar.from_ebnf(grammar), "((a" + text), text
+
+
+def test_a_book_keeps_the_grammars_of_the_schemas_last_used(book, monkeypatch):
+    """`rolecast serve` compiles each schema a client sends: the book (and xgrammar's own cache
+    beside it) kept every one for the process's life."""
+    import orchestrator.grammar.book as book_module
+
+    monkeypatch.setattr(book_module, "MAX_SCHEMAS", 2)
+    small = book_module.GrammarBook(book.tokenizer, book.vocab_size)
+    a, b, c = (f'{{"type": "object", "properties": {{"{k}": {{"enum": [1, 2]}}}}, "required": ["{k}"]}}' for k in "abc")
+    first = small.compiled(a)
+    small.compiled(b), small.compiled(a), small.compiled(c)  # b is the least recently used
+    assert small.compiled(a) is first and len(small._compiled) == 2 and small._compiler.get_cache_size_bytes() == 0
+    for schema in (a, b, c):
+        assert small.spellings(schema) is not None
+    assert len(small._spellings) == 2

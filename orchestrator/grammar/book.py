@@ -4,8 +4,9 @@ bitmask helpers the engine and the training client share."""
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Generic, Sequence, TypeVar
 
 import numpy as np
 import structlog
@@ -22,6 +23,7 @@ CHECK_EVERY = 16  # ... and at least this often before that: a closing can grow 
 MAX_CLOSING_BYTES = 512
 SEARCH_NODES = 4096  # breadth-first fallback for closings the greedy walk misses (patterns)
 MAX_SAME_MASK = 8  # bytes in a row under one mask before the greedy walk takes itself to be looping
+MAX_SCHEMAS = 256  # compiled grammars (and spellings) kept: `rolecast serve` takes any schema a client sends
 
 
 class GrammarBook:
@@ -39,9 +41,10 @@ class GrammarBook:
         self.info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stops)
         self.eos = tokenizer.eos_token_id if tokenizer.eos_token_id in stops else stops[0]
         self.width = (vocab_size + 31) // 32  # int32 words per bitmask row
-        self._compiler = xgr.GrammarCompiler(self.info, max_threads=2)
-        self._compiled: dict[str, Any] = {}
-        self._spellings: dict[tuple[str, str], Spellings | None] = {}
+        # no cache of its own: it would keep every schema's grammar that ours let go
+        self._compiler = xgr.GrammarCompiler(self.info, max_threads=2, cache_enabled=False)
+        self._compiled: _Recent[str, Any] = _Recent(MAX_SCHEMAS)
+        self._spellings: _Recent[tuple[str, str], Spellings | None] = _Recent(MAX_SCHEMAS)
         self._lock = threading.Lock()
         self._batch = xgr.BatchGrammarMatcher(max_threads=2)
         # The token spelling each single byte (byte-level vocabularies have all 256): closings are
@@ -82,7 +85,8 @@ class GrammarBook:
         """The tokenizer's spellings of every text the schema allows after ``prefix``, when those
         are few (``spelling.py``); None for larger languages (free text, numbers)."""
         key = (json_schema, prefix)
-        if key not in self._spellings:
+        found = self._spellings.get(key, self)  # None is an answer: not a small language
+        if found is self:
             found = None
             texts = self._finite_texts(self.matcher(json_schema, prefix))
             if texts is not None:
@@ -94,9 +98,8 @@ class GrammarBook:
                         found = None  # the tokenizer's spelling is not one the grammar takes: leave it be
                         break
                     found.append(ids)
-            with self._lock:
-                self._spellings[key] = found and Spellings(found, self.width, self.stops)
-        return self._spellings[key]
+            found = self._spellings[key] = found and Spellings(found, self.width, self.stops)
+        return found
 
     def _finite_texts(self, matcher: Any) -> list[bytes] | None:
         """Every complete text from ``matcher``'s state, byte by byte; None past the limits."""
@@ -339,6 +342,36 @@ class ConstrainedRow:
             self.accept(token)
         self.forced_count = len(self.forced)
         return drop, self.forced
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class _Recent(Generic[K, V]):
+    """A dict that keeps only its ``size`` last used keys; thread-safe."""
+
+    def __init__(self, size: int):
+        self._items: OrderedDict[K, V] = OrderedDict()
+        self._size = size
+        self._lock = threading.Lock()
+
+    def get(self, key: K, default: Any = None) -> Any:
+        with self._lock:
+            if key not in self._items:
+                return default
+            self._items.move_to_end(key)
+            return self._items[key]
+
+    def __setitem__(self, key: K, value: V) -> None:
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            if len(self._items) > self._size:
+                self._items.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._items)
 
 
 _BOOKS: dict[tuple, GrammarBook] = {}
