@@ -261,6 +261,9 @@ def _learnt_from(recipe: Mapping[str, Any], team: Team) -> dict[str, Any]:
                         for r in out["roles"]]
     if isinstance(out.get("training"), dict):
         out["training"] = {k: v for k, v in out["training"].items() if k != "steps"}
+        then = out["training"].get("eval_tasks")  # a file's path, as an older rolecast recorded it: its tasks unknown
+        if isinstance(then, str) and then == team.config.training.eval_tasks:
+            out["training"]["eval_tasks"] = team.eval_tasks
     return out
 
 

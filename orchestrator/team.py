@@ -48,8 +48,11 @@ class Team:
 
     def resolved(self) -> dict[str, Any]:
         """The config as it will run, for the run dir: roles after overrides, schemas inlined."""
+        config = self.config.model_dump(mode="json", exclude={"roles", "tasks"})
+        if self.eval_tasks is not None:  # as the tasks: what a file held, so a --resume sees it edited
+            config["training"]["eval_tasks"] = self.eval_tasks
         return {
-            **self.config.model_dump(mode="json", exclude={"roles", "tasks"}),
+            **config,
             "roles": [
                 {**spec.config.model_dump(mode="json"), "output_schema": spec.schema, "prompt": str(spec.template_path),
                  # as the prompt: the file read, not a path relative to a YAML file the run dir lacks

@@ -375,6 +375,30 @@ def test_resume_refuses_a_recipe_edited_since_the_run_started(tmp_path):
     assert as_started(load_team(moved), run, Compute(), None, None)[1:] == (0, 1)
 
 
+def test_resume_refuses_an_eval_tasks_file_edited_since_the_run_started(tmp_path):
+    """config.yaml recorded training.eval_tasks as the file's path: a file edited since resumed
+    without a word, the run's later evaluations on other tasks than its first."""
+    import yaml
+
+    from orchestrator.api import as_started, load_team
+    from orchestrator.errors import RolecastError
+    from orchestrator.launch import Compute
+
+    root = Path(__file__).resolve().parents[2]
+    text = (root / "recipes/guess_number.yaml").read_text().replace("use: number_guesser", f"use: {root}/roles/number_guesser.yaml")
+    recipe = write(tmp_path / "recipes" / "guess_number.yaml", re.sub(r"eval_tasks: \[.*\]", "eval_tasks: held.yaml", text))
+    held = write(tmp_path / "recipes" / "held.yaml", "[{secret: 3}, {secret: 6}]\n")
+    started = load_team(recipe).resolved()
+    run = write(tmp_path / "run" / "config.yaml", yaml.safe_dump({"recipe": started, "run": {"seed": 0, "model": "tiny", "steps": 1}})).parent
+    held.write_text("[{secret: 3}, {secret: 9}]\n")
+    with pytest.raises(RolecastError, match=re.escape("training.eval_tasks[1].secret = 6, this command has 9")):
+        as_started(load_team(recipe), run, Compute(), None, None)
+    # a run an older rolecast started recorded the path only: what the file held then is not known
+    write(run / "config.yaml", yaml.safe_dump({"recipe": {**started, "training": {**started["training"], "eval_tasks": "held.yaml"}},
+                                               "run": {"seed": 0, "model": "tiny", "steps": 1}}))
+    assert as_started(load_team(recipe), run, Compute(), None, None)[1:] == (0, 1)
+
+
 def test_resume_refuses_a_plugin_option_set_then_and_left_off_now(tmp_path):
     """A plugin's options (trainer_config, loss_config, ...) are recorded as written: a key there
     that one side lacked was passed over, so a run started with --set loss_config.entropy_coef=0.1
