@@ -26,6 +26,7 @@ from pydantic import Field, StrictStr, field_validator, model_validator
 
 from sandboxes import shared_pool
 from sandboxes.pool import remove_tree
+from sandboxes.runner import ended_first
 
 from ..config import SandboxOptions
 from ..envs.base import Env, EnvConfig, StepResult, TaskConfig, verdict_rates
@@ -217,11 +218,16 @@ class IssueFixEnv(Env):
 
     async def _finish(self) -> StepResult:
         self.done = True
-        graded, repro = await asyncio.gather(
+        # both run to their end, whichever raises and however cancelled: gather returned at the first
+        # to raise (a cancel too, once its job ended), and close() removed the copy under the grading
+        graded, repro = results = await ended_first(asyncio.gather(
             self.pool.call(grade_work, self.issue, self.workdir, self.runner),
             self.pool.call(tester_reward, self.issue, self.test["path"], self.test["code"], self.runner)
             if self.test else _nothing((0.0, "no test file was written")),
-        )
+            return_exceptions=True,
+        ))
+        if error := next((r for r in results if isinstance(r, BaseException)), None):
+            raise error
         c = self.config
         outcome = graded.fraction
         verdict = self.review.get("verdict") if self.review else None

@@ -9,6 +9,7 @@ import subprocess
 import tempfile
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -714,3 +715,46 @@ def test_rounds_past_max_turns_are_refused_at_load(tmp_path, monkeypatch):
     path.write_text(recipe.replace("max_rounds: 3", "max_rounds: 22"))
     with pytest.raises(ConfigError, match="a whole game can take 67 turns and max_turns is 64"):
         load_team(path)
+
+
+@needs_sandbox
+@pytest.mark.parametrize("end", ["tester_reward raises", "cancelled"])
+def test_the_episode_ends_only_once_grading_has(tmp_path, monkeypatch, end):
+    """Grading and the Tester's reward run side by side: the tester's raising, or a cancel (an
+    episode's timeout) once it had ended, ended the episode, whose copy was removed under the
+    grading still running in it."""
+    import random
+
+    import orchestrator.issue_fix.env as env_module
+
+    scratch(monkeypatch, tmp_path)
+    team = team_for(tmp_path, max_rounds=1)
+    env = team.make_env({"dir": str(SLUG)}, random.Random(0))
+    env.test, started, graded = REPRO, threading.Event(), threading.Event()
+
+    def grading(issue, workdir, runner):  # a run the episode cannot stop
+        started.set()
+        time.sleep(0.3)
+        graded.set()
+        return grade_work(issue, workdir, subprocess_runner)
+
+    def reward(*args):
+        if end == "tester_reward raises":
+            raise RuntimeError("tester down")
+        return 0.0, ""
+
+    monkeypatch.setattr(env_module, "grade_work", grading)
+    monkeypatch.setattr(env_module, "tester_reward", reward)
+
+    async def episode():
+        finish = asyncio.ensure_future(env._finish())
+        await asyncio.to_thread(started.wait)
+        if end == "cancelled":
+            finish.cancel()
+        with pytest.raises((RuntimeError, asyncio.CancelledError)):
+            await finish
+        assert graded.is_set()  # the episode ended with its grading, not before
+        await env.close()
+
+    asyncio.run(episode())
+    assert not env._tmp.exists()
