@@ -106,7 +106,10 @@ class OpenAIPolicy:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                 return json.loads(resp.read())
         except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")[:300]
+            try:
+                detail = exc.read().decode(errors="replace")[:300]
+            except (OSError, http.client.HTTPException) as cut:  # the error's body cut short: its status still tells
+                detail = f"(its body cut short: {cut})"
             raise HTTPStatusError(f"{self.base_url}: HTTP {exc.code}: {detail}", exc.code, detail) from None
         # OSError: URLError, timeouts, and a connection dropped while the response is read (urlopen
         # wraps only the request's faults in URLError); RecursionError: a response nested too deeply

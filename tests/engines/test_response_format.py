@@ -185,7 +185,8 @@ async def answering(raw: bytes):
     b"",
     b'HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{"choices": [',
     b'HTTP/1.1 200 OK\r\nContent-Length: 43\r\n\r\n{"choices": [{"message": {"content": 12}}]}',
-], ids=["hung-up", "cut-short", "number-content"])
+    b'HTTP/1.1 500 Error\r\nContent-Length: 100\r\n\r\n{"error": ',
+], ids=["hung-up", "cut-short", "number-content", "error-cut-short"])
 async def test_a_broken_response_is_a_policy_error_naming_the_server(raw):
     async with answering(raw) as url:
         with pytest.raises(PolicyError, match=re.escape(url)):
