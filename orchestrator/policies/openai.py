@@ -28,6 +28,17 @@ log = structlog.get_logger()
 GRACE_S = 5.0
 
 
+class NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is the policy's error: urllib would resend the API key to wherever it points
+    (another host too) and the POST as a GET without its body."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+OPENER = urllib.request.build_opener(NoRedirect)
+
+
 class HTTPStatusError(PolicyError):
     def __init__(self, message: str, status: int, detail: str):
         super().__init__(message)
@@ -103,13 +114,15 @@ class OpenAIPolicy:
             headers["Authorization"] = f"Bearer {os.environ['OPENAI_API_KEY']}"
         req = urllib.request.Request(f"{self.base_url}/chat/completions", json.dumps(body).encode(), headers)
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            with OPENER.open(req, timeout=self.timeout) as resp:
                 return json.loads(resp.read())
         except urllib.error.HTTPError as exc:
             try:
                 detail = exc.read().decode(errors="replace")[:300]
             except (OSError, http.client.HTTPException) as cut:  # the error's body cut short: its status still tells
                 detail = f"(its body cut short: {cut})"
+            if 300 <= exc.code < 400:  # not followed (NoRedirect)
+                detail = f"redirected to {exc.headers.get('Location')}: bind the base URL it points to"
             raise HTTPStatusError(f"{self.base_url}: HTTP {exc.code}: {detail}", exc.code, detail) from None
         # OSError: URLError, timeouts, and a connection dropped while the response is read (urlopen
         # wraps only the request's faults in URLError); RecursionError: a response nested too deeply

@@ -193,6 +193,24 @@ async def test_a_broken_response_is_a_policy_error_naming_the_server(raw):
             await OpenAIPolicy(f"base@{url}")(policy_request())
 
 
+@pytest.mark.parametrize("code", [301, 302, 307])
+async def test_a_redirect_is_an_error_and_the_api_key_stays_home(monkeypatch, code):
+    # followed, a 301/302 sent the key to the other host, and the chat as a GET without its body
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
+    reached = []
+    elsewhere = await asyncio.start_server(lambda reader, writer: reached.append(writer.close()), "127.0.0.1", 0)
+    target = f"http://localhost:{elsewhere.sockets[0].getsockname()[1]}/v1/chat/completions"
+    try:
+        raw = b"HTTP/1.1 %d Moved\r\nLocation: %s\r\nContent-Length: 0\r\n\r\n" % (code, target.encode())
+        async with answering(raw) as url:
+            with pytest.raises(PolicyError, match=f"HTTP {code}: redirected to {re.escape(target)}"):
+                await OpenAIPolicy(f"base@{url}")(policy_request())
+    finally:
+        elsewhere.close()
+        await elsewhere.wait_closed()
+    assert reached == []
+
+
 async def test_requests_reach_the_server_all_at_once(monkeypatch):
     # more than asyncio's default thread pool holds anywhere (32 at most): each reply waits for all
     n, arrived, everyone = 33, [], asyncio.Event()
