@@ -268,11 +268,9 @@ def closed_on_error(workers: Any) -> Iterator[None]:
 async def play(team: Any, policies: dict[str, Any], options: Any, workers: Any = None,
                overrides: dict[str, Binding] | None = None) -> Any:
     """``run_team`` to the end (on ``workers``, when given, with ``options.concurrency`` episodes in
-    flight on each), then close each engine the policies use, once, the OpenAI policies' threads and
-    the workers."""
+    flight on each), then close each engine the policies use, once, and the workers."""
     import dataclasses
 
-    from .policies.openai import OpenAIPolicy
     from .rollout import run_team
 
     try:
@@ -284,8 +282,5 @@ async def play(team: Any, policies: dict[str, Any], options: Any, workers: Any =
         engines = {id(p.engine): p.engine for p in policies.values() if getattr(p, "engine", None) is not None}
         for engine in engines.values():
             await engine.aclose()
-        for policy in policies.values():
-            if isinstance(policy, OpenAIPolicy):
-                policy.close()
         if workers is not None:
             workers.close()

@@ -13,9 +13,10 @@ import http.client
 import json
 import os
 import re
+import threading
 import urllib.error
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 import structlog
@@ -63,14 +64,6 @@ class OpenAIPolicy:
         self.model, self.base_url = parse_target(target)
         self.timeout = timeout_s
         self.send_response_format = True  # until the server rejects it
-        # Threads of its own, started as requests need them: asyncio's default pool (cores + 4) let
-        # 6 of 32 episodes' requests reach the server at once, and the rest timed out in its queue.
-        self.threads = ThreadPoolExecutor(max_workers=1024, thread_name_prefix="openai-policy")
-
-    def close(self) -> None:
-        """Let its threads end once idle: a failed request's traceback keeps the policy in a reference
-        cycle, and its threads waited for the garbage collector."""
-        self.threads.shutdown(wait=False)
 
     async def __call__(self, request: PolicyRequest) -> PolicyOutput:
         s = request.sampling
@@ -103,10 +96,26 @@ class OpenAIPolicy:
 
     async def _send(self, body: dict[str, Any]) -> dict[str, Any]:
         try:
-            posted = asyncio.get_running_loop().run_in_executor(self.threads, self._post, body)
-            return await asyncio.wait_for(posted, self.timeout + GRACE_S)
+            return await asyncio.wait_for(asyncio.wrap_future(self._posted(body)), self.timeout + GRACE_S)
         except TimeoutError:  # bare, it would name neither the server nor the time it had
             raise PolicyError(f"{self.base_url}: no reply within {self.timeout + GRACE_S:g}s") from None
+
+    def _posted(self, body: dict[str, Any]) -> Future:
+        """``_post(body)`` in a daemon thread of its own: a pool (asyncio's holds cores + 4) let 6 of 32
+        episodes' requests reach the server at once, and the rest timed out in its queue; and the
+        interpreter waits at exit for a pool's threads, a request given up on (Ctrl-C, an episode's
+        timeout) until its socket timed out, or forever for a server that trickles."""
+        posted: Future = Future()
+
+        def post() -> None:
+            if posted.set_running_or_notify_cancel():  # False: given up on before it started
+                try:
+                    posted.set_result(self._post(body))
+                except BaseException as exc:
+                    posted.set_exception(exc)
+
+        threading.Thread(target=post, name="openai-policy", daemon=True).start()
+        return posted
 
     def _post(self, body: dict[str, Any]) -> dict[str, Any]:
         headers = {"Content-Type": "application/json"}

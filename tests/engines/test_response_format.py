@@ -211,6 +211,31 @@ async def test_a_redirect_is_an_error_and_the_api_key_stays_home(monkeypatch, co
     assert reached == []
 
 
+def test_a_request_left_hanging_does_not_hold_the_process_at_exit():
+    """Its thread blocked on the socket until the policy's timeout (120s by default; forever for a
+    server that trickles): Ctrl-C or an episode's timeout left the process waiting that long to exit."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = """
+import asyncio, socket
+from orchestrator.config import SamplingConfig
+from orchestrator.policies.base import PolicyRequest
+from orchestrator.policies.openai import OpenAIPolicy
+server = socket.create_server(("127.0.0.1", 0))  # connects, never answers
+policy = OpenAIPolicy(f"base@http://127.0.0.1:{server.getsockname()[1]}/v1", timeout_s=60)
+request = PolicyRequest("r", "e0", 0, 0, 0, [{"role": "user", "content": "hi"}], {}, SamplingConfig(), None, 0)
+try:
+    asyncio.run(asyncio.wait_for(policy(request), 0.5))
+except TimeoutError:
+    print("gave up")
+"""
+    out = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[2], capture_output=True,
+                         text=True, timeout=30)
+    assert out.stdout == "gave up\n", out.stderr
+
+
 async def test_requests_reach_the_server_all_at_once(monkeypatch):
     # more than asyncio's default thread pool holds anywhere (32 at most): each reply waits for all
     n, arrived, everyone = 33, [], asyncio.Event()
