@@ -249,6 +249,10 @@ def _json(body: bytes) -> dict[str, Any]:
         raise HTTPError(400, "body is nested too deeply") from None
     if not isinstance(data, dict):
         raise HTTPError(400, "body must be a JSON object")
+    try:  # JSON may escape half a surrogate pair, which no tokenizer takes
+        json.dumps(data, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        raise HTTPError(400, "body holds half a UTF-16 surrogate pair (\\ud800-\\udfff alone): not text") from None
     return data
 
 

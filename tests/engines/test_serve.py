@@ -100,6 +100,9 @@ def test_errors_are_json(server):
     assert status == 400 and "messages" in data["error"]["message"]
     status, data = call(server, "/nowhere", {})
     assert status == 404
+    # half a surrogate pair (a string cut between UTF-16 units) is no text: the tokenizer's TypeError was a 500
+    status, data = call(server, "/chat/completions", chat("base", messages=[{"role": "user", "content": "cut \ud83d"}]))
+    assert status == 400 and "surrogate" in data["error"]["message"], data
 
 
 def test_response_format_json_schema_is_accepted_and_checked(server):
