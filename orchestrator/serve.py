@@ -65,7 +65,7 @@ class ChatServer:
         try:
             method, path, body = await asyncio.wait_for(_read_request(reader), 30)
             status, payload = 200, await _unless_gone(reader, self.route(method, path, body))
-        except ClientGone:
+        except (ClientGone, ConnectionError):  # a reset too (a TCP health check, a killed client)
             log.info("serve.client_gone", note="generation cancelled: the client closed the connection")
             writer.close()
             return
@@ -81,6 +81,8 @@ class ChatServer:
         writer.write(head.encode() + f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
         try:
             await writer.drain()
+        except ConnectionError:  # reset before its reply was out: nobody left to tell
+            pass
         finally:
             writer.close()
 

@@ -325,6 +325,40 @@ def test_a_client_that_hangs_up_cancels_its_generation():
     asyncio.run(go())
 
 
+@pytest.mark.parametrize("sent", [b"", b"GET /v1/models HTTP/1.1\r\n\r\n"], ids=["before-its-request", "after-it"])
+def test_a_client_that_resets_the_connection_is_gone_quietly(sent):
+    """A reset (a TCP health check, a killed client) was a serve.error and, at the reply's drain, an
+    "Unhandled exception in client_connected_cb" traceback in the server's output."""
+    import socket
+    import struct
+
+    from structlog.testing import capture_logs
+
+    from orchestrator.serve import ChatServer
+
+    class NoEngine:
+        versions: dict = {}
+
+    errors = []
+
+    async def go():
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: errors.append(context))
+        chat = ChatServer(NoEngine(), "tiny")
+        server = await asyncio.start_server(chat.handle, "127.0.0.1", 0)
+        async with server:
+            with socket.create_connection(("127.0.0.1", server.sockets[0].getsockname()[1])) as conn:
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a RST
+                conn.sendall(sent)
+            for _ in range(500):
+                await asyncio.sleep(0.01)
+                if not chat.handlers:
+                    break
+
+    with capture_logs() as logs:
+        asyncio.run(go())
+    assert not errors and not [e for e in logs if e["log_level"] == "error"], (errors, logs)
+
+
 def test_shutdown_with_a_request_in_flight_closes_the_engine_quietly():
     """Cancelling serve (Ctrl-C, SIGTERM) closes its engine: before, the scheduler went on decoding
     for nobody while the process exited, and its step aborted the interpreter (SIGABRT). Its
