@@ -26,6 +26,13 @@ SCHEMAS = [
      "properties": {"mood": {"$ref": "#/$defs/mood"}, "notes": {"type": "array", "items": {"$ref": "#/$defs/note"},
                                                                 "minItems": 1}},
      "required": ["mood", "notes"]},  # local $refs, which roles allow: {} for each, before
+    # one bound, exclusive bounds, a fractional bound of an integer: random's randint(0..100) had an
+    # empty range past one bound (a ValueError each turn), the stub gave 0 or the bound itself
+    {"type": "object", "properties": {"year": {"type": "integer", "minimum": 1900}, "debt": {"type": "integer", "maximum": -1},
+                                      "n": {"type": "integer", "exclusiveMinimum": 0, "exclusiveMaximum": 4},
+                                      "k": {"type": "integer", "minimum": 0.5}, "p": {"type": "number", "exclusiveMinimum": 2.5},
+                                      "q": {"type": "number", "minimum": 0.1, "maximum": 0.9}},
+     "required": ["year", "debt", "n", "k", "p", "q"]},
 ]
 
 

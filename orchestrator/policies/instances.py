@@ -3,6 +3,7 @@
 the same schemas and honour the same constraints."""
 from __future__ import annotations
 
+import math
 import random
 import re
 import string
@@ -107,13 +108,30 @@ def fit_length(text: str, schema: dict[str, Any]) -> str:
     return text[:schema.get("maxLength", len(text))]
 
 
+def whole_range(schema: dict[str, Any], low: int = 0, high: int = 100) -> tuple[float, float]:
+    """The whole numbers a number schema allows from its bounds (``exclusiveMinimum`` and
+    ``exclusiveMaximum`` too); where it sets one side only, ``low``..``high`` moved to meet it.
+    Bounds with no whole number between them (a number's 0.1..0.9) give their middle, a float."""
+    bottom = {k: schema[k] for k in ("minimum", "exclusiveMinimum") if k in schema}
+    top = {k: schema[k] for k in ("maximum", "exclusiveMaximum") if k in schema}
+    lo = max((math.ceil(v) if k == "minimum" else math.floor(v) + 1 for k, v in bottom.items()), default=None)
+    hi = min((math.floor(v) if k == "maximum" else math.ceil(v) - 1 for k, v in top.items()), default=None)
+    if lo is None:
+        lo = low if hi is None or low <= hi else hi - (high - low)
+    if hi is None:
+        hi = high if high >= lo else lo + (high - low)
+    if lo > hi:
+        lo = hi = (max(bottom.values()) + min(top.values())) / 2
+    return lo, hi
+
+
 def minimal_instance(schema: dict[str, Any]) -> Any:
     """The first choice everywhere, the shortest string, the minimum number, false."""
 
     def scalar(kind: str, s: dict[str, Any]) -> Any:
         if kind == "string":
             return fit_length("x", s)
-        return False if kind == "boolean" else s.get("minimum", 0)
+        return False if kind == "boolean" else whole_range(s)[0]
 
     return schema_instance(schema, lambda options: options[0], scalar)
 
@@ -127,6 +145,9 @@ def random_instance(schema: dict[str, Any], context: dict[str, Any], rng: random
             return fit_length(rng.choice(WORDS), s)
         if kind == "boolean":
             return rng.random() < 0.5
-        return rng.randint(int(context.get("low", s.get("minimum", 0))), int(context.get("high", s.get("maximum", 100))))
+        low, high = whole_range(s)
+        if isinstance(low, float):  # the middle of a range without whole numbers
+            return low
+        return rng.randint(int(context.get("low", low)), int(context.get("high", high)))
 
     return schema_instance(schema, rng.choice, scalar)
