@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import jinja2
 import structlog
 
 from .engines.base import GenerationRequest, RequestRefused, SamplingParams
@@ -118,7 +119,10 @@ class ChatServer:
             raise HTTPError(400, f"top_logprobs must be a whole number from 0 to {MAX_TOP_LOGPROBS}, got {top!r}")
         if top and not given.get("logprobs"):
             raise HTTPError(400, "top_logprobs needs logprobs: true")
-        prompt = self.engine.apply_chat_template(messages)
+        try:
+            prompt = self.engine.apply_chat_template(messages)
+        except jinja2.TemplateError as exc:  # the template's own raise_exception: no system role, roles that must alternate
+            raise HTTPError(400, f"the model's chat template refuses these messages: {exc}") from None
         limit = getattr(self.engine, "context_length", None)
         max_tokens = given.get("max_tokens", given.get("max_completion_tokens"))
         if max_tokens is None:  # unasked: 256, or the room the prompt leaves (a 400 about a max_tokens never sent)

@@ -359,6 +359,20 @@ def test_a_client_that_resets_the_connection_is_gone_quietly(sent):
     assert not errors and not [e for e in logs if e["log_level"] == "error"], (errors, logs)
 
 
+def test_a_chat_the_models_template_refuses_is_a_400():
+    """Templates that raise (Gemma's "System role not supported", Mistral's roles that must alternate)
+    made a 500 server_error of the client's messages, which OpenAI clients retry."""
+    from support import tiny_engine
+
+    from orchestrator.serve import ChatServer, HTTPError
+
+    engine = tiny_engine()
+    engine.tokenizer.chat_template = "{{ raise_exception('System role not supported') }}"
+    with pytest.raises(HTTPError, match="System role not supported") as caught:
+        asyncio.run(ChatServer(engine, "tiny").chat(chat("base")))
+    assert caught.value.status == 400
+
+
 def test_shutdown_with_a_request_in_flight_closes_the_engine_quietly():
     """Cancelling serve (Ctrl-C, SIGTERM) closes its engine: before, the scheduler went on decoding
     for nobody while the process exited, and its step aborted the interpreter (SIGABRT). Its
