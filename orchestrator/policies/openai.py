@@ -15,6 +15,7 @@ import os
 import re
 import threading
 import urllib.error
+import urllib.parse
 import urllib.request
 from concurrent.futures import Future
 from typing import Any
@@ -54,8 +55,14 @@ def response_format(name: str, schema_text: str) -> dict[str, Any]:
 
 def parse_target(target: str) -> tuple[str, str]:
     model, sep, url = target.rpartition("@")
-    if not sep or not model or not url.startswith(("http://", "https://")):
+    parts = urllib.parse.urlsplit(url)
+    # a URL with no host (http://, http:///v1) had passed here, and failed every episode
+    if not sep or not model or parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"openai policy {target!r} must look like MODEL@http://host:port/v1")
+    try:
+        parts.port  # a port that is no number (host:80a) is a ValueError here, not at every request
+    except ValueError:
+        raise ValueError(f"openai policy {target!r}: its port is no number") from None
     return model, url.rstrip("/")
 
 

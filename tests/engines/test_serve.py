@@ -130,8 +130,12 @@ def test_openai_binding_is_checked():
     from orchestrator.policies.binding import parse_binding
     from orchestrator.registry import default_registry
 
-    with pytest.raises(ValueError, match="MODEL@http"):
-        parse_binding("openai:judge").check(default_registry())
+    for target in ("judge", "judge@http://", "judge@http:///v1"):  # no host: it had failed every episode
+        with pytest.raises(ValueError, match="MODEL@http"):
+            parse_binding(f"openai:{target}").check(default_registry())
+    with pytest.raises(ValueError, match="its port is no number"):
+        parse_binding("openai:judge@http://host:80a/v1").check(default_registry())
+    parse_binding("openai:judge@http://[::1]:8000/v1").check(default_registry())
 
 
 @pytest.mark.parametrize("extra, words", [
