@@ -252,7 +252,7 @@ def test_a_bad_request_head_is_a_400(head, words):
         reader = asyncio.StreamReader()
         reader.feed_data(head)
         reader.feed_eof()
-        return await _read_request(reader)
+        return await _read_request(reader, None)  # no Expect: nothing written
 
     with pytest.raises(HTTPError, match=words) as caught:
         asyncio.run(read())
@@ -270,6 +270,23 @@ def test_a_bad_content_length_is_a_400(server):
     conn.endheaders()
     response = conn.getresponse()
     assert response.status == 400 and "bad Content-Length" in json.loads(response.read())["error"]["message"]
+
+
+def test_a_client_that_expects_100_continue_is_told_to_go_on(server):
+    """curl asks before a large body and, unanswered, waited a second before sending it."""
+    import socket
+    from urllib.parse import urlparse
+
+    url, body = urlparse(server), json.dumps(chat("base")).encode()
+    with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Type: application/json\r\n"
+                     b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(body))
+        assert sock.recv(25) == b"HTTP/1.1 100 Continue\r\n\r\n"  # before the body is sent
+        sock.sendall(body)
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 200") and b'"chat.completion"' in reply
 
 
 def test_the_url_shown_for_an_ipv6_host_is_a_url():
