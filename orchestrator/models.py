@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 import tempfile
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -232,9 +231,14 @@ def _tiny_model(tokenizer: PreTrainedTokenizerBase, seed: int) -> LlamaForCausal
         eos_token_id=tokenizer.eos_token_id,
         tie_word_embeddings=True,
     )
-    with _TINY_INIT, torch.random.fork_rng():  # the global RNG: two loads at once (API calls in threads) mix draws
-        torch.manual_seed(seed)
-        return LlamaForCausalLM(config)
-
-
-_TINY_INIT = threading.Lock()
+    model = LlamaForCausalLM(config)
+    # Its weights (normal, as transformers initialises them; the norms stay ones) from a generator of
+    # its own: other threads draw from torch's global one meanwhile (another run's seeding, PEFT's
+    # init, LoRA dropout), which gave the engine's and the trainer's copies of one seed different
+    # weights, and forking it put back the others' state over their draws.
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, config.initializer_range, generator=generator)
+    return model

@@ -49,6 +49,28 @@ def test_the_tiny_model_loaded_in_threads_at_once_has_its_seeds_weights():
     assert all(torch.equal(m.model.lm_head.weight, weight) for m in loaded)
 
 
+def test_the_tiny_model_has_its_seeds_weights_while_another_thread_draws_from_torchs_rng():
+    """Another run in a thread seeds and draws from torch's global RNG (LoRA dropout, PEFT's init):
+    a load meanwhile took those draws, so the engine's and the trainer's copies of one seed parted."""
+    import threading
+
+    weight = load_model("tiny", dtype="float32", seed=3).model.lm_head.weight
+    stop = threading.Event()
+
+    def draw() -> None:
+        while not stop.is_set():
+            torch.rand(1000)
+
+    other = threading.Thread(target=draw)
+    other.start()
+    try:
+        loaded = [load_model("tiny", dtype="float32", seed=3) for _ in range(2)]
+    finally:
+        stop.set()
+        other.join()
+    assert all(torch.equal(m.model.lm_head.weight, weight) for m in loaded)
+
+
 def test_a_cached_hub_id_loads_offline(hub_cache):
     cache_model(hub_cache, "someorg/tiny-llama")
     loaded = load_model("someorg/tiny-llama", dtype="float32")
