@@ -552,7 +552,7 @@ class TrainingRun:
                 raise RolecastError(f"--resume: opponent {name!r} of {folder.name} does not load from "
                                     f"{self.run_dir / 'pool' / name}: {exc}") from None
         await self._publish_all()
-        # last: loading adapters into the engine draws from the RNG (PEFT initialises before loading)
+        # last: nothing the resume does may draw from the RNG between the checkpoint's state and the next step
         set_rng(rng[0])
         self.metrics.truncate_after(state["step"])
         self._record_steps()
