@@ -82,7 +82,8 @@ def test_top_logprobs_are_each_tokens_most_likely_alternatives(server):
         assert len(top) == 3 and top[0] == {"token": entry["token"], "logprob": entry["logprob"]}
         assert [t["logprob"] for t in top] == sorted((t["logprob"] for t in top), reverse=True) and top[-1]["logprob"] < 0
     plain = call(server, "/chat/completions", chat("judge", logprobs=True))[1]["choices"][0]["logprobs"]["content"]
-    assert [(e["token"], e["logprob"]) for e in plain] == [(e["token"], e["logprob"]) for e in content]
+    assert [e["token"] for e in plain] == [e["token"] for e in content]  # the logprobs within batching's rounding
+    assert [e["logprob"] for e in plain] == pytest.approx([e["logprob"] for e in content], abs=1e-4)
     assert all(e["top_logprobs"] == [] for e in plain)
 
 
