@@ -14,6 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 _FENCE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.DOTALL)
 _DECODER = json.JSONDecoder()
+# Characters kept of one validation error: it quotes the value, and a 1 MB string would go back whole
+# in the retry prompt (and into the transcript beside the reply that holds it).
+MAX_ERROR_CHARS = 400
 
 
 class Message(BaseModel):
@@ -130,7 +133,15 @@ def validation_errors(validator: jsonschema_rs.Validator, content: Any, limit: i
         errors = sorted(validator.iter_errors(content), key=lambda e: [str(p) for p in e.instance_path])[:limit]
     except ValueError:  # jsonschema-rs reads an instance 255 levels deep at most: "Recursion limit reached"
         return ["the reply's JSON is nested too deeply"]
-    return [f"at {_json_path(e.instance_path)}: {e.message}" for e in errors]
+    return [_shorten(f"at {_json_path(e.instance_path)}: {e.message}") for e in errors]
+
+
+def _shorten(error: str) -> str:
+    """``error`` cut in the middle past MAX_ERROR_CHARS: its place and what was wrong stay."""
+    if len(error) <= MAX_ERROR_CHARS:
+        return error
+    half = MAX_ERROR_CHARS // 2
+    return f"{error[:half]}... ({len(error) - 2 * half} characters left out) ...{error[-half:]}"
 
 
 def _json_path(parts: Any) -> str:

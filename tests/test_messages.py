@@ -83,3 +83,12 @@ def test_message_envelope_is_strict():
     assert m.errors == [] and m.created > 0
     with pytest.raises(Exception):
         Message(id="e:0", episode="e", turn=0, sender="a", recipients=[], content={}, raw="", valid=True, extra=1)
+
+
+def test_an_error_quoting_a_huge_value_is_cut_in_the_middle():
+    # the retry prompt echoed a 1 MB reply's string whole (and the transcript kept it twice)
+    v = compile_validator(SCHEMA)
+    _, errors = parse_message('{"verdict": "' + "a" * 1_000_000 + '"}', v)
+    assert len(errors) == 1 and len(errors[0]) < 500
+    assert errors[0].startswith('at $.verdict: "aaa') and "(999" in errors[0]
+    assert errors[0].endswith('aaa" is not one of "approve" or "request_changes"')
