@@ -51,6 +51,10 @@ def obj(**properties) -> dict:
     (obj(a={"type": "object", "required": ["k"]}), "properties.a: required 'k' is not in properties"),
     (obj(a={"type": "integer", "anyOf": [{"minimum": 5}, {"maximum": -5}]}), "properties.a: constrained decoding ignores type beside anyOf"),
     ({**obj(k={"type": "integer"}), "oneOf": [obj(k={"const": 1}), obj(k={"const": 2})]}, "the schema: constrained decoding ignores properties, required, type beside oneOf"),
+    # xgrammar wrote these as anyOf: 1, or {"a": 1}, matched both branches, and oneOf refused every such reply
+    (obj(v={"oneOf": [{"type": "integer"}, {"type": "number"}]}), "properties.v: constrained decoding enforces oneOf as anyOf, and oneOf[0] and oneOf[1] may both match"),
+    (obj(v={"oneOf": [{"type": "string"}, obj(a={"type": "integer"}), {"type": "object", "properties": {"b": {"type": "integer"}}}]}), "oneOf[1] and oneOf[2] may both match"),
+    (obj(v={"oneOf": [{"enum": ["a", 1]}, {"const": 1.0}]}), "oneOf[0] and oneOf[1] may both match"),
     ({**obj(a={"$ref": "#/$defs/d"}), "$defs": {"d": {"$ref": "#/$defs/d"}}}, "the schema allows no message: a $ref cycle"),
     ({**obj(a={"$ref": "#/$defs/n"}), "$defs": {"n": obj(v={"type": "integer"}, next={"$ref": "#/$defs/n"})}}, "make the recursion optional"),
 ])
@@ -71,6 +75,8 @@ def test_what_decoding_would_not_enforce_is_refused_where_it_is(schema, words):
     obj(a={"enum": [2**64, -2**63, 9007199254740993]}),  # written exactly (a double, an int64)
     {**obj(a={"type": "string", "enum": ["ab", "cd"], "maxLength": 2}, b={"const": [1], "type": "array", "items": {"$ref": "#/$defs/n"}}),
      "$defs": {"n": {"type": "integer"}}},
+    obj(v={"oneOf": [{"type": ["string", "null"]}, {"type": "integer", "maximum": 3}, {"enum": [True, [1]]}]}),
+    obj(v={"oneOf": [obj(kind={"const": "a"}, n={"type": "integer"}), obj(kind={"enum": ["b", "c"]}, n={"type": "number"})]}),
     # a root $ref beside its $defs: pydantic's schema of a recursive model
     {"$ref": "#/$defs/node", "$defs": {"node": obj(v={"type": "integer"}, next={"anyOf": [{"$ref": "#/$defs/node"}, {"type": "null"}]})}},
     # ... and a tagged union beside its (OpenAPI) discriminator

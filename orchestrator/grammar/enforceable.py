@@ -41,11 +41,12 @@ _RANGE = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 _LOOKAHEAD = re.compile(r"(?<!\\)\(\?[=!]")  # xgrammar drops these (a warning on stderr), matching as if absent
 
 
-def check_enforceable(schema: Any, at: str = "") -> None:
+def check_enforceable(schema: Any, at: str = "", root: Any = None) -> None:
     """Raise GrammarError at the first keyword of ``schema`` (a parsed JSON Schema) that
-    constrained decoding would not enforce; ``at`` is where the schema sits in the whole."""
+    constrained decoding would not enforce; ``at`` is where the schema sits in ``root``, the whole."""
     if not isinstance(schema, dict):
         return
+    root = schema if root is None else root
     where = at or "the schema"
     for key, lost in IGNORED.items():
         if key in schema and not (key == "uniqueItems" and schema[key] is False):
@@ -58,6 +59,13 @@ def check_enforceable(schema: Any, at: str = "") -> None:
         if key in schema and (extra := sorted(set(schema) - _NOT_CONSTRAINTS - {key})):
             raise GrammarError(f"{where}: constrained decoding ignores {', '.join(extra)} beside {key}: "
                                "move them into each branch")
+    # xgrammar writes a oneOf it cannot prove exclusive as an anyOf: a reply matching two branches was allowed and refused
+    branches = schema["oneOf"] if isinstance(schema.get("oneOf"), list) else []
+    if pair := next(((i, j) for j in range(len(branches)) for i in range(j)
+                     if not _disjoint(branches[i], branches[j], root)), None):
+        raise GrammarError(f"{where}: constrained decoding enforces oneOf as anyOf, and oneOf[{pair[0]}] and "
+                           f"oneOf[{pair[1]}] may both match a value (which oneOf refuses): give them different "
+                           "types, or each a required property with its own const, or use anyOf")
     if isinstance(schema.get("allOf"), list) and len(schema["allOf"]) > 1:
         raise GrammarError(f"{where}: constrained decoding enforces allOf with one branch only: merge the branches")
     declared = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
@@ -104,7 +112,76 @@ def check_enforceable(schema: Any, at: str = "") -> None:
     if isinstance(pattern := schema.get("pattern"), str):
         _check_pattern(pattern, where)
     for key, sub in subschemas(schema):
-        check_enforceable(sub, f"{at}.{key}" if at else key)
+        check_enforceable(sub, f"{at}.{key}" if at else key, root)
+
+
+def _disjoint(a: Any, b: Any, root: Any) -> bool:
+    """Whether no value can match both schemas, as far as types, const/enum values and a
+    required property of both (a tagged union's tag) show; False where they do not."""
+    a, b = _resolved(a, root), _resolved(b, root)
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return False
+    ta, tb = _types(a), _types(b)
+    if ta is not None and tb is not None and not any(x == y or {x, y} <= {"integer", "number"} for x in ta for y in tb):
+        return True
+    va, vb = _values(a), _values(b)
+    if va is not None and vb is not None and not any(_same(x, y) for x in va for y in vb):
+        return True
+    pa, pb = a.get("properties"), b.get("properties")
+    if not (isinstance(pa, dict) and isinstance(pb, dict) and isinstance(a.get("required"), list)
+            and isinstance(b.get("required"), list)):
+        return False
+    return any(k in pa and k in pb and _disjoint(pa[k], pb[k], root) for k in set(a["required"]) & set(b["required"]))
+
+
+def _resolved(schema: Any, root: Any) -> Any:
+    """``schema`` with its local ``$ref``s followed (None where one does not resolve)."""
+    for _ in range(32):  # a cycle of $refs resolves to nothing
+        ref = schema.get("$ref") if isinstance(schema, dict) else None
+        if not isinstance(ref, str):
+            return schema
+        if not ref.startswith("#"):
+            return None
+        schema = root
+        for part in filter(None, ref[1:].split("/")):
+            part = part.replace("~1", "/").replace("~0", "~")
+            schema = schema.get(part) if isinstance(schema, dict) else None
+    return None
+
+
+def _values(schema: dict) -> list | None:
+    if "const" in schema:
+        return [schema["const"]]
+    return schema["enum"] if isinstance(schema.get("enum"), list) else None
+
+
+def _types(schema: dict) -> set[str] | None:
+    """The JSON types of the values ``schema`` allows; None where it does not say."""
+    values = _values(schema)
+    if values is not None:
+        return {_type_of(v) for v in values}
+    kind = schema.get("type")
+    kinds = [kind] if isinstance(kind, str) else kind
+    return set(kinds) if isinstance(kinds, list) and all(isinstance(k, str) for k in kinds) else None
+
+
+def _type_of(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "integer" if float(value).is_integer() else "number"
+    return {str: "string", list: "array", dict: "object"}.get(type(value), "null")
+
+
+def _same(x: Any, y: Any) -> bool:
+    """JSON equality: 1 is 1.0, but not true."""
+    if isinstance(x, bool) or isinstance(y, bool):
+        return type(x) is type(y) and x == y
+    if isinstance(x, dict) and isinstance(y, dict):
+        return x.keys() == y.keys() and all(_same(x[k], y[k]) for k in x)
+    if isinstance(x, list) and isinstance(y, list):
+        return len(x) == len(y) and all(map(_same, x, y))
+    return x == y
 
 
 def _check_pattern(pattern: str, where: str) -> None:
