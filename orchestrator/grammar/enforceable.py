@@ -34,6 +34,9 @@ _NOT_CONSTRAINTS = _ANNOTATIONS | {"$defs", "definitions", "$schema", "$id", "di
 # Formats xgrammar spells with invalid JSON: email's quoted local part takes a raw backslash pair
 # (the JSON text "\"a\q\"@b" holds the escape \q), json-pointer's characters raw quotes and control characters.
 BROKEN_FORMATS = ("email", "json-pointer", "relative-json-pointer")
+# Drafts 4 to 7 have the validator (jsonschema-rs) check a format, by rules looser in xgrammar's
+# patterns: 2024-02-30 is written as a date and refused; 2019-09 and later take format as a note.
+_FORMAT_CHECKED = re.compile(r"json-schema\.org/draft-0[4-7]/schema")
 MAX_REPEAT = 128  # xgrammar's compiler fails on a regex repetition bound above this (per_rule_fsm_hashes)
 MAX_MIN_LENGTH = 100  # a minLength alone is spelled a character at a time: 200 took 7 s to compile, 2000 65 s
 _BOUNDS = re.compile(r"(?<!\\)\{(\d+)(?:,(\d*))?\}")
@@ -109,6 +112,10 @@ def check_enforceable(schema: Any, at: str = "", root: Any = None) -> None:
     if schema.get("format") in BROKEN_FORMATS:
         raise GrammarError(f"{where}: constrained decoding writes format {schema['format']!r} as invalid JSON "
                            "(raw backslashes, quotes or control characters): use a pattern")
+    if "format" in schema and _FORMAT_CHECKED.search(str(root.get("$schema", ""))):
+        raise GrammarError(f"{where}: constrained decoding writes format {schema['format']!r} by looser rules than "
+                           f"the validator of {root['$schema']} checks (a date 2024-02-30, an ipv4 01.1.1.1): "
+                           "use a pattern, or a $schema of draft 2019-09 or later (format a note)")
     if isinstance(pattern := schema.get("pattern"), str):
         _check_pattern(pattern, where)
     for key, sub in subschemas(schema):
