@@ -186,11 +186,19 @@ def _patterned(pattern: str) -> dict:
     ({"type": "object", "patternProperties": {r"^\S+$": {"type": "integer"}}, "additionalProperties": False},
      [{"a\u00a0b": 1}, {"ab": 1}]),
     ({"type": "object", "propertyNames": {"pattern": r"^\S+$"}}, [{"a\u3000b": 1}, {"ab": 1}]),
+    # the validator searches: an unanchored side takes any text (xgrammar matched "^tests/" only as "tests/")
+    (_patterned("^tests/"), ["tests/a.py", "tests/", "src/tests/"]),
+    (_patterned("[0-9]"), ["a1b", "7", "ab"]),
+    (_patterned("^a|b$"), ["ax", "xb", "xa", "bx"]),
+    (_patterned("(^a|b)"), ["a", "b", "za"]),  # an anchor in a group: matched whole, as before (never more than the validator)
+    ({"type": "object", "patternProperties": {"^x": {"type": "integer"}}, "additionalProperties": False},
+     [{"x1": 1}, {"yx": 1}]),
 ])
 def test_patterns_allow_no_more_than_the_validator(schema, values):
     """The validator reads patterns as ECMA-262: its \\s holds Unicode spaces (\\u00a0, \\u3000,
     \\ufeff...) and its . stops at \\u2028 and \\u2029; xgrammar's \\S, [^\\s] and . took them, so the
-    grammar let replies write what the validator refused (found by fuzzing)."""
+    grammar let replies write what the validator refused (found by fuzzing). And it searches, where
+    xgrammar matched a pattern whole: the grammar allowed less than the validator."""
     import xgrammar
 
     from orchestrator.grammar.schema import grammar_after, tight_grammar

@@ -71,14 +71,43 @@ def _ecma_pattern(pattern: str) -> str:
     return "".join(out) if cls is None else pattern  # an unclosed class: xgrammar refuses it as it is
 
 
+def _searched(pattern: str) -> str:
+    r"""``pattern`` as xgrammar, which matches a pattern whole, must read it to match what the validator's
+    search finds: an alternative not anchored at a side (``^tests/``, ``[a-z]``) takes any text there."""
+    alternatives, tokens, depth, i = [], [], 0, 0
+    while i < len(pattern):
+        token = pattern[i:i + 2] if pattern[i] == "\\" else pattern[i]
+        if token == "[":  # a class, whole: its | ( ) are characters
+            end = i + 1
+            while end < len(pattern) and pattern[end] != "]":
+                end += 2 if pattern[end] == "\\" else 1
+            token = pattern[i:end + 1]
+        i += len(token)
+        depth += (token == "(") - (token == ")")
+        if token == "|" and depth == 0:
+            alternatives.append(tokens)
+            tokens = []
+        else:
+            tokens.append(token)
+    alternatives.append(tokens)
+    if len(alternatives) == 1 and tokens[:1] == ["^"] and tokens[-1:] == ["$"]:
+        return pattern
+    if any("^" in t[1:] or "$" in t[:-1] for t in alternatives):  # an anchor in a group ("(^a|^b)"): as it was, stricter
+        return pattern
+    anything = r"[\s\S]*"
+    spelled = [("" if t[:1] == ["^"] else anything) + "".join(t[t[:1] == ["^"]:len(t) - (t[-1:] == ["$"])])
+               + ("" if t[-1:] == ["$"] else anything) for t in alternatives]
+    return spelled[0] if len(spelled) == 1 else f"(?:{'|'.join(spelled)})"
+
+
 def _ecma_patterns(schema: Any) -> None:
-    """Rewrite (in place) the patterns xgrammar compiles in a parsed schema with _ecma_pattern."""
+    """Rewrite (in place) the patterns xgrammar compiles in a parsed schema with _ecma_pattern and _searched."""
     if not isinstance(schema, dict):
         return
     if isinstance(schema.get("pattern"), str):
-        schema["pattern"] = _ecma_pattern(schema["pattern"])
+        schema["pattern"] = _searched(_ecma_pattern(schema["pattern"]))
     if isinstance(schema.get("patternProperties"), dict):
-        schema["patternProperties"] = {_ecma_pattern(k): v for k, v in schema["patternProperties"].items()}
+        schema["patternProperties"] = {_searched(_ecma_pattern(k)): v for k, v in schema["patternProperties"].items()}
     for _, sub in subschemas(schema):
         _ecma_patterns(sub)
 
