@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from collections.abc import Iterator
@@ -13,7 +14,25 @@ import jsonschema_rs
 from pydantic import BaseModel, ConfigDict, Field
 
 _FENCE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.DOTALL)
-_DECODER = json.JSONDecoder()
+
+
+class _NotJsonNumber(ValueError):
+    """NaN, Infinity (not JSON) or a number past 1.8e308, which Python's json reads as nan or inf."""
+
+
+def _no_constant(text: str) -> float:
+    raise _NotJsonNumber(text)
+
+
+def _finite(text: str) -> float:
+    if math.isinf(value := float(text)):
+        raise _NotJsonNumber(text)
+    return value
+
+
+# The validator reads nan and inf as null: it refused them as "null is not of type "number"" and
+# took them where a value was free, into the environment and the transcript.
+_DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite)
 # Characters kept of one validation error: it quotes the value, and a 1 MB string would go back whole
 # in the retry prompt (and into the transcript beside the reply that holds it).
 MAX_ERROR_CHARS = 400
@@ -41,13 +60,15 @@ def extract_json(text: str) -> tuple[dict[str, Any] | None, str | None]:
     Returns ``(object, None)`` or ``(None, reason)``.
     """
     candidates = [m.group(1) for m in _FENCE.finditer(text)] + [text]
-    saw_non_object = False
+    saw_non_object, not_a_number = False, None
     for chunk in candidates:
         start = chunk.find("{")
         while start != -1:
             try:
                 value, _ = _DECODER.raw_decode(chunk, start)
-            except ValueError:  # malformed, or an integer past Python's 4300-digit limit (not a JSONDecodeError)
+            except ValueError as exc:  # malformed, or an integer past Python's 4300-digit limit (not a JSONDecodeError)
+                if isinstance(exc, _NotJsonNumber):
+                    not_a_number = not_a_number or str(exc)
                 start = chunk.find("{", start + 1)
                 continue
             except RecursionError:  # a degenerate reply ('{"a": [[[[...') a thousand levels deep
@@ -56,6 +77,8 @@ def extract_json(text: str) -> tuple[dict[str, Any] | None, str | None]:
                 return value, None
             saw_non_object = True
             start = chunk.find("{", start + 1)
+    if not_a_number:
+        return None, f"the reply's JSON holds {not_a_number[:20]}, which is not a finite number"
     if saw_non_object:
         return None, "the reply contains JSON but no JSON object"
     if "{" in text:

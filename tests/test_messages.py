@@ -41,6 +41,17 @@ def test_extract_json_failures_say_why(text, reason):
     assert content is None and reason in why
 
 
+@pytest.mark.parametrize("number", ["NaN", "-Infinity", "1e999"])
+def test_nan_and_infinity_are_invalid_and_say_so(number):
+    # Python's json reads them: the validator, seeing null, answered "null is not of type ..." where
+    # a type was set, and passed them on (non-JSON into env and transcript) where none was
+    free = compile_validator({"type": "object", "properties": {"score": {}}, "required": ["score"]})
+    for v in (free, compile_validator(SCHEMA)):
+        assert parse_message('{"verdict": "approve", "n": ' + number + ', "score": 1}', v) == \
+            (None, [f"the reply's JSON holds {number}, which is not a finite number"])
+    assert parse_message('{"score": 1e308}', free) == ({"score": 1e308}, [])
+
+
 def test_validation_errors_name_the_path():
     v = compile_validator(SCHEMA)
     content, errors = parse_message('{"verdict": "maybe", "n": "3"}', v)
