@@ -24,15 +24,17 @@ def _no_constant(text: str) -> float:
     raise _NotJsonNumber(text)
 
 
-def _finite(text: str) -> float:
+def _number(text: str) -> float | int:
+    """A JSON number with a fraction or an exponent; an int where it is whole (the validator takes
+    444.0 for an "integer", which the environments' isinstance(value, int) then called no answer)."""
     if math.isinf(value := float(text)):
         raise _NotJsonNumber(text)
-    return value
+    return int(value) if value.is_integer() and abs(value) < 2**53 else value
 
 
 # The validator reads nan and inf as null: it refused them as "null is not of type "number"" and
 # took them where a value was free, into the environment and the transcript.
-_DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite)
+_DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_number)
 # Characters kept of one validation error: it quotes the value, and a 1 MB string would go back whole
 # in the retry prompt (and into the transcript beside the reply that holds it).
 MAX_ERROR_CHARS = 400

@@ -52,6 +52,20 @@ def test_nan_and_infinity_are_invalid_and_say_so(number):
     assert parse_message('{"score": 1e308}', free) == ({"score": 1e308}, [])
 
 
+def test_a_whole_float_is_an_int():
+    # valid for "type": "integer", yet 444.0 failed the environments' isinstance(value, int): a valid
+    # answer scored as none (whole_number), a valid guess called illegal (guess_number)
+    from orchestrator.envs.base import whole_number
+
+    v = compile_validator({"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]})
+    content, errors = parse_message('{"answer": 444.0}', v)
+    assert errors == [] and content == {"answer": 444} and type(content["answer"]) is int
+    message = Message(id="e:0", episode="e", turn=0, sender="a", recipients=[], content=content, raw="", valid=True)
+    assert whole_number(message) == 444
+    assert parse_message('{"answer": 4.5, "big": 1e300, "n": -2E2}', compile_validator({})) == \
+        ({"answer": 4.5, "big": 1e300, "n": -200}, [])
+
+
 def test_validation_errors_name_the_path():
     v = compile_validator(SCHEMA)
     content, errors = parse_message('{"verdict": "maybe", "n": "3"}', v)
