@@ -156,7 +156,8 @@ def _check_training(training: TrainingConfig, roles: dict[str, RoleSpec], env_cl
             plugin = registry.get(kind, getattr(training, key))
         except KeyError as exc:
             raise doc.error(("training", key), exc.args[0]) from None
-        options = validate_model(config_model(plugin), getattr(training, f"{key}_config"), doc, ("training", f"{key}_config"))
+        with _plugin_code(doc, ("training", key), f"{key} plugin {getattr(training, key)!r}: its Config"):
+            options = validate_model(config_model(plugin), getattr(training, f"{key}_config"), doc, ("training", f"{key}_config"))
         with _plugin_code(doc, ("training", key), f"{key} plugin {getattr(training, key)!r}: check_roles"):
             try:
                 if callable(check := getattr(options, "check_roles", None)):  # a Config not derived from PluginConfig has none

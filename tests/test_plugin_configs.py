@@ -206,3 +206,42 @@ def test_a_plugin_that_raises_while_the_team_loads_is_one_line_naming_it(tmp_pat
         with pytest.raises(RolecastError) as caught:
             load_team(path, registry)
         assert str(caught.value) == f"{path}:{line}: {key}: {problem}"
+
+
+def test_a_trainer_or_reward_config_whose_validator_raises_is_one_line_naming_it(tmp_path):
+    """A Config validator raising other than ValueError (pydantic passes such errors through) was a
+    traceback at `rolecast validate`, where an env's Config raising it was already one line."""
+    from pydantic import field_validator
+
+    from orchestrator.training.trainer import Trainer
+
+    class Touchy(PluginConfig):
+        gain: float = 1.0
+
+        @field_validator("gain")
+        @classmethod
+        def _gain(cls, value):
+            raise KeyError("gain")
+
+    class Scaled(Trainer):
+        Config = Touchy
+
+        def advantages(self, rewards):
+            return rewards
+
+    def touchy(episode, roles, config):
+        return {}
+
+    touchy.Config = Touchy
+    registry = discover()
+    registry.add_module(plugin(register_trainers=lambda register: register("scaled", Scaled),
+                               register_rewards=lambda register: register("touchy", touchy)), "mine", "test")
+    for edits, line, key, name in [
+            ([("trainer: grpo", "trainer: scaled\n  trainer_config: {gain: 2}")], 34, "trainer", "scaled"),
+            ([("reward: hybrid", "reward: touchy"), ("{alpha: 0.6}", "{gain: 2}")], 35, "reward", "touchy")]:
+        path = recipe(tmp_path, "guess_number.yaml")
+        for old, new in edits:
+            path.write_text(path.read_text().replace(old, new))
+        with pytest.raises(RolecastError) as caught:
+            load_team(path, registry)
+        assert str(caught.value) == f"{path}:{line}: training.{key}: {key} plugin {name!r}: its Config raised KeyError: 'gain'"
