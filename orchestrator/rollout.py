@@ -37,6 +37,7 @@ from .policies.replay import ReplayPolicy
 from .registry import Registry, default_registry
 from .team import Team
 from .training.metrics import write_atomic
+from .training.plugin_faults import said_as
 from .transcript import EpisodeRecord
 
 log = structlog.get_logger()
@@ -107,7 +108,8 @@ def build_policies(
         elif binding.kind == "openai":
             policies[name] = OpenAIPolicy(binding.target)
         else:
-            policies[name] = registry.get("policies", binding.target)(spec)
+            with said_as(RolecastError, f"policy plugin {binding.target!r} for role {name!r}"):  # its own bug: one line
+                policies[name] = registry.get("policies", binding.target)(spec)
     return policies
 
 

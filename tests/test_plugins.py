@@ -436,3 +436,22 @@ def test_plugins_table_prints_brackets_as_written(monkeypatch, capsys):
     assert plugins.handle(argparse.Namespace(json=False)) == 0
     out = capsys.readouterr().out
     assert "(coin [x])" in out and "pip install 'g[cuda]'" in out and "OSError: [/etc/b]" in out
+
+
+def test_a_policy_plugin_whose_factory_raises_is_one_line_naming_it():
+    """`--policy coder=builtin:NAME` whose factory raised (a GPU it lacks, say) was a traceback."""
+    from orchestrator.errors import RolecastError
+    from orchestrator.policies.binding import Binding
+    from orchestrator.rollout import build_policies
+    from orchestrator.team import load_team
+    from support import ROOT
+
+    def needs_gpu(spec):
+        raise RuntimeError("no GPU here")
+
+    registry = discover()
+    registry.add_module(plugin(register_policies=lambda register: register("needs-gpu", needs_gpu)), "mine", "test")
+    team = load_team(ROOT / "recipes" / "guess_number.yaml", registry)
+    with pytest.raises(RolecastError) as caught:
+        build_policies(team, {"guesser": Binding("builtin", "needs-gpu")}, lambda: None, registry)
+    assert str(caught.value) == "policy plugin 'needs-gpu' for role 'guesser' raised RuntimeError: no GPU here"
