@@ -163,7 +163,7 @@ def _reads(env: jinja2.Environment, ast: jinja2.nodes.Template, file: str, key: 
            seen: frozenset[str] = frozenset()) -> dict[str, Site]:
     """The top-level names template ``ast`` reads, each at its first use (or at ``line``: a
     template written in a YAML key), with those of the templates it includes; TemplateAssertionError
-    for an unknown filter or test."""
+    for an unknown filter or test, or a template imported without context that reads variables."""
     first: dict[str, int] = {}
     assigned = set()
     for node in ast.find_all(jinja2.nodes.Name):
@@ -187,6 +187,11 @@ def _reads(env: jinja2.Environment, ast: jinja2.nodes.Template, file: str, key: 
             continue
         name, source, filename = found
         included = _reads(env, env.parse(source, name, filename), filename, key, seen=seen | {name})
+        if not getattr(node, "with_context", True) and (blind := sorted(set(included) - set(env.globals))):
+            # an import (by default) or `include ... without context` sees only the globals: a render would fail
+            tag, done = ("include", "included") if isinstance(node, jinja2.nodes.Include) else ("import", "imported")
+            raise jinja2.TemplateAssertionError(f"{name!r}, {done} without context, cannot read {', '.join(blind)}: "
+                                                f"add `with context` to the {tag}", node.lineno, filename=file)
         # an included template also sees the includer's own variables ({% set %}, loop variables)
         reads = {**{n: site for n, site in included.items() if n not in assigned}, **reads}
     return reads

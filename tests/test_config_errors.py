@@ -98,6 +98,10 @@ CASES = [
      "ctx.md.j2", 2, "prompt", "No filter named 'tojosn'"),
     ("included-template-missing", lambda w: write(w / "prompts" / "echo.md.j2", '{% include "ctx.md.j2" %}\n'),
      "echo.md.j2", None, "prompt", "included template not found: ctx.md.j2"),
+    # an import sees no context by default: validate passed, then every render failed ('task' is undefined)
+    ("imported-template-reads-context", lambda w: (write(w / "prompts" / "echo.md.j2", 'Hi\n{% import "m.md.j2" as m %}{{ m.show() }}\n'),
+                                                   write(w / "prompts" / "m.md.j2", "{% macro show() %}{{ task.text }}{% endmacro %}\n")),
+     "echo.md.j2", 2, "prompt", "'m.md.j2', imported without context, cannot read task: add `with context` to the import"),
     ("unknown-role", lambda w: replace_in(w / "team.yaml", "use: reviewer", "use: chef"),
      "team.yaml", 7, "roles[1].use", "unknown role 'chef'"),
     ("routes-to-unknown-role", lambda w: replace_in(w / "team.yaml", "order: [echo, reviewer]", "order: [echo, critic]"),
