@@ -21,7 +21,7 @@ from .messages import check_schema, compile_validator, schema_json
 from .policies.binding import Binding, parse_binding
 from .registry import Registry, default_registry
 from .config_errors import first_error
-from .yamlfile import MAX_YAML_BYTES, Loc, YamlDoc, load_yaml, read_text
+from .yamlfile import MAX_YAML_BYTES, Loc, YamlDoc, json_object, load_yaml, read_text
 
 LIBRARY_DIR = Path(_library.__file__).resolve().parent
 # Variables every prompt template may use; environments add their own observation keys.
@@ -237,7 +237,7 @@ def _load_schema(value: dict[str, Any] | str, doc: YamlDoc, loc: Loc) -> dict[st
     if isinstance(value, str):
         path = (doc.path.parent / value).resolve()
         try:
-            schema = json.loads(read_text(path, MAX_YAML_BYTES))
+            schema = json.loads(read_text(path, MAX_YAML_BYTES), object_pairs_hook=json_object)
         except ConfigError as exc:  # missing, unreadable or too large
             missing = exc.problem == "file not found"
             raise doc.error(loc, f"schema file not found: {path}" if missing else f"cannot read schema file {path}: {exc.problem}") from None

@@ -173,9 +173,19 @@ def load_json_lines(path: str | Path) -> list[tuple[int, Any]]:
     return [(n, _parse_json(raw, path, n)) for n, raw in enumerate(text.split("\n"), 1) if raw.strip()]
 
 
+def json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``' ``object_pairs_hook``: a key given twice is a ValueError, as in YAML (json
+    keeps the last one without a word)."""
+    out = dict(pairs)
+    if len(out) < len(pairs):
+        keys = [key for key, _ in pairs]
+        raise ValueError(f"duplicate key {next(key for i, key in enumerate(keys) if key in keys[:i])!r}")
+    return out
+
+
 def _parse_json(raw: str, path: Path, line: int) -> Any:
     try:
-        value = json.loads(raw)
+        value = json.loads(raw, object_pairs_hook=json_object)
         deep = _too_deep(value)
     except RecursionError:  # json's C decoder gives up near 1000 levels
         deep = True

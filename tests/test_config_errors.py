@@ -65,6 +65,9 @@ CASES = [
      "echo.yaml", 4, "output_schema", "schema file not found"),
     ("schema-file-broken", lambda w: _schema_file(w, "{not json"),
      "echo.yaml", 4, "output_schema", "cannot read schema file"),
+    # json keeps the last of a key given twice: the schema ran as an array's
+    ("schema-file-duplicate-key", lambda w: _schema_file(w, '{"type": "object", "properties": {"say": {}}, "type": "array"}'),
+     "echo.yaml", 4, "output_schema", "echo.json: duplicate key 'type'"),
     ("template-missing", lambda w: (w / "prompts" / "echo.md.j2").unlink(),
      "echo.yaml", 3, "prompt", "not found"),
     ("template-syntax", lambda w: write(w / "prompts" / "echo.md.j2", "line one\n{% if task %}\nno end\n"),
@@ -137,6 +140,10 @@ CASES = [
     ("tasks-yaml-entry-not-mapping", lambda w: (replace_in(w / "team.yaml", 'tasks:\n  - {text: "the sea"}\n  - {text: "the sky"}', "tasks: tasks.yaml"),
                                                 write(w / "tasks.yaml", "- {text: the sea}\n- the sky\n")),
      "tasks.yaml", 2, "[1]", "a task must be a mapping, not str"),
+    # was the last of the two texts, without a word
+    ("tasks-jsonl-duplicate-key", lambda w: (replace_in(w / "team.yaml", 'tasks:\n  - {text: "the sea"}\n  - {text: "the sky"}', "tasks: tasks.jsonl"),
+                                             write(w / "tasks.jsonl", '{"text": "the sea"}\n{"text": "the sky", "text": "the sun"}\n')),
+     "tasks.jsonl", 2, "(json)", "not valid JSON: duplicate key 'text'"),
     ("tasks-jsonl-entry-not-mapping", lambda w: (replace_in(w / "team.yaml", 'tasks:\n  - {text: "the sea"}\n  - {text: "the sky"}', "tasks: tasks.jsonl"),
                                                  write(w / "tasks.jsonl", '{"text": "the sea"}\n\n["the sky"]\n')),
      "tasks.jsonl", 3, "(task)", "a task must be a mapping, not list"),
