@@ -26,6 +26,7 @@ MAX_YAML_BYTES = 1 << 20
 MAX_JSONL_BYTES = 32 << 20  # json is C: replay and task lists may be long
 MAX_DEPTH = 64  # nested nodes; real files stay under 20
 MAX_ALIAS_NODES = 100_000  # nodes that aliases add, counted as if expanded
+MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
 @dataclass
@@ -151,19 +152,33 @@ def _children(node: yaml.Node) -> list[yaml.Node]:
 
 def _index(node: yaml.Node, loc: Loc, doc: YamlDoc) -> None:
     if isinstance(node, yaml.MappingNode):
-        seen: set[str] = set()
-        for key_node, value_node in node.value:
-            key = str(key_node.value)
-            sub = loc + (key,)
-            if key in seen:
-                raise ConfigError(doc.path, key_node.start_mark.line + 1, format_loc(sub), "duplicate key")
-            seen.add(key)
-            doc.lines[sub] = key_node.start_mark.line + 1
-            _index(value_node, sub, doc)
+        for key, (key_node, value_node) in _pairs(node, loc, doc).items():
+            doc.lines[loc + (key,)] = key_node.start_mark.line + 1
+            _index(value_node, loc + (key,), doc)
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
             doc.lines[loc + (i,)] = item.start_mark.line + 1
             _index(item, loc + (i,), doc)
+
+
+def _pairs(node: yaml.MappingNode, loc: Loc, doc: YamlDoc) -> dict[str, tuple[yaml.Node, yaml.Node]]:
+    """The keys of a mapping, with those a merge key (``<<: *defaults``) brings in where it gives
+    no key of its own: a merged key is named at its line in the anchor, not at the file's line 1."""
+    pairs: dict[str, tuple[yaml.Node, yaml.Node]] = {}
+    merged: list[yaml.Node] = []
+    for key_node, value_node in node.value:
+        key = str(key_node.value)
+        if key in pairs or key_node.tag == MERGE_TAG and merged:
+            raise ConfigError(doc.path, key_node.start_mark.line + 1, format_loc(loc + (key,)), "duplicate key")
+        if key_node.tag == MERGE_TAG:  # a mapping or a list of them, the first one's keys winning
+            merged = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+        else:
+            pairs[key] = (key_node, value_node)
+    for source in merged:
+        if isinstance(source, yaml.MappingNode):  # anything else the constructor refuses
+            for key, pair in _pairs(source, loc, doc).items():
+                pairs.setdefault(key, pair)
+    return pairs
 
 
 def load_json_lines(path: str | Path) -> list[tuple[int, Any]]:

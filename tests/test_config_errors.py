@@ -30,6 +30,9 @@ CASES = [
      "team.yaml", 8, "episodes", "integer"),
     ("role-wrong-type", lambda w: replace_in(w / "echo.yaml", "max_retries: 2", "max_retries: two"),
      "echo.yaml", 12, "max_retries", "integer"),
+    # a key a merge key brings in is named at its line in the anchor: it was line 1
+    ("role-merged-wrong-type", lambda w: replace_in(w / "echo.yaml", "max_retries: 2", "params: &defaults\n  max_retries: two\n<<: *defaults"),
+     "echo.yaml", 13, "max_retries", "integer"),
     ("role-out-of-range", lambda w: replace_in(w / "echo.yaml", "max_retries: 2", "max_retries: -1"),
      "echo.yaml", 12, "max_retries", "greater than or equal"),
     ("role-missing-key", lambda w: replace_in(w / "echo.yaml", "description: Repeats the task.\n", ""),
