@@ -5,8 +5,8 @@ with its error and skipped whole (none of its names or commands is kept, even th
 before the failure): one broken plugin never takes the CLI down, nor half-loads. So is one that
 registers what breaks the contract: an env that is not an ``Env`` subclass, a policy that cannot
 be called, a reward that does not take ``(episode, roles, config)``, a trainer that is not a
-``Trainer`` subclass or leaves a hook abstract, a trainer or reward whose ``Config`` lets unknown
-keys through.
+``Trainer`` subclass or leaves a hook abstract, an env, trainer or reward whose ``Config`` lets
+unknown keys through.
 """
 from __future__ import annotations
 
@@ -142,11 +142,11 @@ def _check_plugin(kind: str, obj: Any) -> None:
         raise TypeError(f"{what} is not a subclass of orchestrator.training.trainer.Trainer")
     if kind in ("envs", "trainers") and inspect.isabstract(obj):
         raise TypeError(f"{what} does not implement {', '.join(sorted(obj.__abstractmethods__))}")
-    if kind in ("trainers", "rewards"):
+    if kind in ("envs", "trainers", "rewards"):  # else a misspelt protocol key or option is dropped without a word
         config = config_model(obj)
         if not (isinstance(config, type) and issubclass(config, BaseModel)) or config.model_config.get("extra") != "forbid":
-            raise TypeError(f"{what}.Config must be a pydantic model that forbids unknown keys "
-                            "(subclass orchestrator.config.PluginConfig)")
+            base = "orchestrator.envs.EnvConfig" if kind == "envs" else "orchestrator.config.PluginConfig"
+            raise TypeError(f"{what}.Config must be a pydantic model that forbids unknown keys (subclass {base})")
 
 
 def _takes(fn: Any, n: int) -> bool:

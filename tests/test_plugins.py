@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 
 from support import ERROR_LINE, plugin, write
 from orchestrator.envs.guess_number import GuessNumberEnv
@@ -353,12 +354,18 @@ class _Abstract(Trainer):
     pass
 
 
+class _LooseEnv(GuessNumberEnv):
+    class Config(BaseModel):  # extra="ignore": a misspelt protocol key was dropped without a word
+        player: str
+
+
 @pytest.mark.parametrize("kind, obj, words", [
     ("envs", 42, "42 is not an env (a subclass of orchestrator.envs.base.Env)"),
     ("policies", 42, "42 cannot be called"),
     ("rewards", "notafunction", "must be a function of (episode, roles, config)"),
     ("rewards", lambda episode, roles: {}, "must be a function of (episode, roles, config)"),
     ("trainers", _Abstract, "_Abstract does not implement advantages"),
+    ("envs", _LooseEnv, "_LooseEnv.Config must be a pydantic model that forbids unknown keys (subclass orchestrator.envs.EnvConfig)"),
 ])
 def test_what_breaks_a_kinds_contract_is_refused_at_registration(kind, obj, words):
     """Else it passed, and failed later in a run with a traceback (an int has no Config)."""
