@@ -152,7 +152,7 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
 @lru_cache(maxsize=64)
 def _jinja_env(directory: str) -> jinja2.Environment:
     return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(directory),
+        loader=jinja2.FileSystemLoader(directory, encoding="utf-8-sig"),  # a BOM (Windows editors) is not prompt text
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
@@ -221,7 +221,7 @@ def _compile_template(path: Path, where: tuple[YamlDoc, Loc]) -> tuple[jinja2.Te
         raise doc.error(loc, f"prompt template not found: {path}")
     env = _jinja_env(str(path.parent))
     try:
-        source = path.read_text(encoding="utf-8")
+        source = path.read_text(encoding="utf-8-sig")
         variables = _reads(env, env.parse(source, path.name, str(path)), str(path), key)
         template = env.get_template(path.name)
     except jinja2.TemplateSyntaxError as exc:

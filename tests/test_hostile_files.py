@@ -125,3 +125,14 @@ def test_jsonl_lines_split_on_newlines_only(tmp_path):
     path = tmp_path / "lines.jsonl"
     path.write_text(json.dumps({"text": "a\u2028b"}, ensure_ascii=False) + "\r\n\n{}\n", encoding="utf-8")
     assert load_json_lines(path) == [(1, {"text": "a\u2028b"}), (3, {})]
+
+
+def test_a_byte_order_mark_is_not_prompt_text(workspace):
+    """A prompt saved with a BOM (as Windows editors do) began every rendered prompt with U+FEFF,
+    where the YAML beside it reads the same with or without one."""
+    bom = "\ufeff".encode()
+    (workspace / "prompts" / "ctx.md.j2").write_bytes(bom + b"Context.\n")
+    (workspace / "prompts" / "echo.md.j2").write_bytes(bom + b'Say {{ task.text }}.\n{% include "ctx.md.j2" %}')
+    spec = load_role(workspace / "echo.yaml")
+    prompt = spec.render(spec.context({"text": "hi"}, {}))[1]["content"]
+    assert prompt == "Say hi.\nContext."
