@@ -182,7 +182,12 @@ def _reads(env: jinja2.Environment, ast: jinja2.nodes.Template, file: str, key: 
         raise
     reads = {name: (file, line or first.get(name), key) for name in undeclared}
     for node in ast.find_all((jinja2.nodes.Include, jinja2.nodes.Import, jinja2.nodes.FromImport, jinja2.nodes.Extends)):
-        found = _referenced(env, node)
+        try:
+            found = _referenced(env, node)
+        except jinja2.TemplateNotFound:  # an OSError too: worded by the caller
+            raise
+        except (OSError, UnicodeDecodeError) as exc:  # there, but unreadable or not UTF-8: named at the include
+            raise ConfigError(file, line or node.lineno, key, f"cannot read the template it includes: {exc}") from None
         if found is None or found[0] in seen:  # nothing to follow, or a template already followed
             continue
         name, source, filename = found

@@ -102,6 +102,13 @@ CASES = [
     ("included-template-unknown-filter", lambda w: (write(w / "prompts" / "echo.md.j2", '{% include "ctx.md.j2" %}\n'),
                                                     write(w / "prompts" / "ctx.md.j2", "Hi\n{{ task | tojosn }}\n")),
      "ctx.md.j2", 2, "prompt", "No filter named 'tojosn'"),
+    # a template it includes that is not UTF-8: a traceback from `system`, the includer named as unreadable from `prompt`
+    ("system-included-template-not-utf8", lambda w: (replace_in(w / "echo.yaml", "max_retries: 2", "max_retries: 2\nsystem: '{% include \"ctx.md.j2\" %}'"),
+                                                     (w / "prompts" / "ctx.md.j2").write_bytes(b"caf\xe9\n")),
+     "echo.yaml", 13, "system", "cannot read the template it includes: 'utf-8' codec can't decode byte 0xe9"),
+    ("included-template-not-utf8", lambda w: (write(w / "prompts" / "echo.md.j2", 'Hi\n{% include "ctx.md.j2" %}\n'),
+                                              (w / "prompts" / "ctx.md.j2").write_bytes(b"caf\xe9\n")),
+     "echo.md.j2", 2, "prompt", "cannot read the template it includes: 'utf-8' codec can't decode byte 0xe9"),
     ("included-template-missing", lambda w: write(w / "prompts" / "echo.md.j2", '{% include "ctx.md.j2" %}\n'),
      "echo.md.j2", None, "prompt", "included template not found: ctx.md.j2"),
     # an import sees no context by default: validate passed, then every render failed ('task' is undefined)
