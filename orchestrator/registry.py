@@ -1,6 +1,6 @@
 """Discovers plugins through the ``rolecast.plugins`` entry points and keeps what they register.
 
-A plugin that fails to import, or whose hook raises (its commands' hook included), is recorded
+A plugin that fails to import, leaves a hook unmarked, or whose hook raises (its commands' hook included), is recorded
 with its error and skipped whole (none of its names or commands is kept, even those registered
 before the failure): one broken plugin never takes the CLI down, nor half-loads. So is one that
 registers what breaks the contract: an env that is not an ``Env`` subclass, a policy that cannot
@@ -26,6 +26,7 @@ from .training.trainer import Trainer
 
 ENTRY_POINT_GROUP = "rolecast.plugins"
 KINDS = ("envs", "policies", "rewards", "trainers")
+HOOKS = tuple(f"register_{kind}" for kind in (*KINDS, "commands"))
 SINGULAR = {"envs": "env", "policies": "policy", "rewards": "reward", "trainers": "trainer"}
 ENV_PARTS = ("Config", "Task", "next_role", "observe", "step")
 
@@ -74,6 +75,11 @@ class Registry:
             pm.check_pending()  # a hookimpl whose name matches no hookspec (a misspelt hook)
         except Exception as exc:
             self.failures.append(PluginFailure(plugin, source, _one_line(exc)))
+            return
+        # pluggy skips a hook function without the marker: the plugin would load and register nothing
+        if unmarked := [h for h in HOOKS if callable(getattr(module, h, None)) and not getattr(pm.hook, h).get_hookimpls()]:
+            self.failures.append(PluginFailure(plugin, source, f"{unmarked[0]} is not marked @hookimpl "
+                                               "(from orchestrator.hookspecs import hookimpl)"))
             return
         staged: dict[str, dict[str, Registration]] = {k: {} for k in KINDS}
         errors = []

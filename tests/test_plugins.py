@@ -324,6 +324,23 @@ def test_a_misspelt_hook_or_a_taken_command_is_reported():
     assert errors["takes-run"].startswith("register_commands: ") and "run" in errors["takes-run"]
 
 
+def test_a_hook_without_the_hookimpl_marker_is_reported():
+    """pluggy skips an unmarked function: the plugin loaded, registered nothing and listed no failure."""
+    from types import SimpleNamespace
+
+    unmarked = SimpleNamespace(register_envs=lambda register: register("coin", GuessNumberEnv))
+    half = plugin(register_policies=lambda register: register("coin-policy", lambda spec: None))
+    half.register_envs = unmarked.register_envs
+    registry = discover()
+    registry.add_module(unmarked, "coin", "test")
+    registry.add_module(half, "half", "test")
+    errors = [(f.plugin, f.error) for f in registry.failures]
+    assert errors == [(name, "register_envs is not marked @hookimpl (from orchestrator.hookspecs import hookimpl)")
+                      for name in ("coin", "half")]
+    assert "coin" not in registry.names("envs") and "coin-policy" not in registry.names("policies")
+    assert not {"coin", "half"} & {name for name, _ in registry.plugins}
+
+
 def test_a_plugin_whose_command_fails_keeps_none_of_its_names():
     import argparse
 
