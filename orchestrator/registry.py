@@ -120,6 +120,8 @@ class Registry:
             if not isinstance(name, str) or not name:
                 raise ValueError(f"{kind} plugin name must be a non-empty string, got {name!r}")
             _check_plugin(kind, obj)
+            if name in staged:  # the plugin's own copy-paste slip: the first object would be lost
+                raise ValueError(f"{SINGULAR[kind]} {name!r} is registered twice")
             taken = self.items[kind].get(name)
             if taken is not None and taken.plugin != plugin:
                 raise ValueError(f"{SINGULAR[kind]} {name!r} is already registered by plugin {taken.plugin!r}")

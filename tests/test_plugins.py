@@ -309,6 +309,15 @@ def test_a_plugin_that_fails_partway_keeps_none_of_its_names():
     assert "half" not in [name for name, _ in registry.plugins] and "half" not in [c[0] for c in registry.commands]
 
 
+def test_a_name_a_plugin_registers_twice_is_reported():
+    """The second object silently replaced the first (two envs pasted under one name)."""
+    registry = discover()
+    registry.add_module(plugin(register_envs=lambda register: (register("coin", GuessNumberEnv),
+                                                               register("coin", GuessNumberEnv))), "twice", "test")
+    assert [f.error for f in registry.failures] == ["register_envs: ValueError: env 'coin' is registered twice"]
+    assert "coin" not in registry.names("envs")
+
+
 def test_a_misspelt_hook_or_a_taken_command_is_reported():
     import argparse
 
