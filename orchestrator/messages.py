@@ -129,6 +129,8 @@ def check_schema(schema: dict[str, Any]) -> str | None:
         return f"invalid JSON Schema{f' at {where}' if where else ''}: {exc.message}"
     except RecursionError:  # the checker recurses per level: ~100 levels of a served request's schema were a 500
         return "invalid JSON Schema: nested too deeply"
+    if (empty := next(_empty_enums(schema), None)) is not None:  # 2020-12 allows it; no reply could ever match
+        return f"invalid JSON Schema at {'/'.join(map(str, empty)) or '(root)'}: an empty enum allows no value"
     if remote := next(_remote_refs(schema), None):
         return f"$ref {remote!r} is not in this schema: only local references (#/$defs/...) resolve, nothing is fetched"
     try:
@@ -149,6 +151,18 @@ def _remote_refs(node: Any) -> Iterator[str]:
     elif isinstance(node, list):
         for value in node:
             yield from _remote_refs(value)
+
+
+def _empty_enums(node: Any, path: tuple = ()) -> Iterator[tuple]:
+    """Where under ``node`` an ``enum`` lists no value (its keys and indexes, ``enum`` last)."""
+    if isinstance(node, dict):
+        if node.get("enum") == []:
+            yield (*path, "enum")
+        for key, value in node.items():
+            yield from _empty_enums(value, (*path, key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _empty_enums(value, (*path, i))
 
 
 def validation_errors(validator: jsonschema_rs.Validator, content: Any, limit: int = 3) -> list[str]:

@@ -64,6 +64,10 @@ CASES = [
     ("schema-ref-to-nowhere", lambda w: (replace_in(w / "echo.yaml", "say: {type: string}", "say: {$ref: '#/$defs/nope'}"),
                                          replace_in(w / "echo.yaml", "max_retries: 2", "max_retries: 2\ndecoding: free")),
      "echo.yaml", 4, "output_schema", "Pointer '/$defs/nope' does not exist"),
+    # valid JSON Schema 2020-12, but no reply could match: every free-decoded turn was invalid
+    ("schema-empty-enum", lambda w: (replace_in(w / "echo.yaml", "say: {type: string}", "say: {enum: []}"),
+                                     replace_in(w / "echo.yaml", "max_retries: 2", "max_retries: 2\ndecoding: free")),
+     "echo.yaml", 4, "output_schema", "invalid JSON Schema at properties/say/enum: an empty enum allows no value"),
     ("schema-file-missing", lambda w: _schema_file(w, None),
      "echo.yaml", 4, "output_schema", "schema file not found"),
     ("schema-file-broken", lambda w: _schema_file(w, "{not json"),
