@@ -96,10 +96,11 @@ def load_team(source: str | Path | Mapping[str, Any], registry: Registry | None 
                         f"a whole game can take {needed} turns and max_turns is {config.max_turns}: episodes "
                         "would stop before their result (raise max_turns)")
     for name, spec in roles.items():
+        # what they give is used in the net too: observation_keys as a list, say, failed the set union
         with _plugin_code(doc, ("protocol", "type"), f"{env}: observes or reads"):
             seen, read = env_class.observes(env_config, name), env_class.reads(env_config, name)
-        _check_template_variables(spec, seen, env_class.__name__)
-        _check_reads(doc, env_class.__name__, spec, read)
+            _check_template_variables(spec, seen, env_class.__name__)
+            _check_reads(doc, env_class.__name__, spec, read)
     tasks = _load_tasks(config.tasks, doc, ("tasks",), env_class, env_config)
     eval_tasks = None
     if config.training is not None:

@@ -185,9 +185,13 @@ def test_a_plugin_that_raises_while_the_team_loads_is_one_line_naming_it(tmp_pat
         def observes(cls, config, role):
             return cls.observation_keys - role  # a set less a string: a TypeError
 
+    class Listed(GuessNumberEnv):
+        observation_keys = ["history"]  # a list, not the frozenset it declares
+
     def envs(register):
         register("odd", OddEnv)
         register("blind", Blind)
+        register("listed", Listed)
 
     registry = discover()
     registry.add_module(plugin(register_trainers=lambda register: register("broken", Broken),
@@ -199,7 +203,9 @@ def test_a_plugin_that_raises_while_the_team_loads_is_one_line_naming_it(tmp_pat
             (picky_reward, 35, "training.reward", "reward plugin 'picky': check_roles raised KeyError: 'guesser'"),
             ([("type: guess_number", "type: odd")], 13, "protocol.type", "env plugin 'odd': its Config raised TypeError: odd"),
             ([("type: guess_number", "type: blind")], 13, "protocol.type", "env plugin 'blind': observes or reads raised "
-                                                                           "TypeError: unsupported operand type(s) for -: 'frozenset' and 'str'")]:
+                                                                           "TypeError: unsupported operand type(s) for -: 'frozenset' and 'str'"),
+            ([("type: guess_number", "type: listed")], 13, "protocol.type", "env plugin 'listed': observes or reads raised "
+                                                                            "TypeError: unsupported operand type(s) for |: 'frozenset' and 'list'")]:
         path = recipe(tmp_path, "guess_number.yaml")
         for old, new in edits:
             path.write_text(path.read_text().replace(old, new))
