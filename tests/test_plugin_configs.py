@@ -151,7 +151,7 @@ def test_registry_refuses_trainers_and_rewards_that_break_the_contract():
 def test_a_plugin_that_raises_while_the_team_loads_is_one_line_naming_it(tmp_path):
     """A trainer's __init__, a Config's check_roles or an env's Config raising something other than
     the ValueError that says the team does not fit was a traceback at `rolecast validate`."""
-    from pydantic import model_validator
+    from pydantic import field_validator, model_validator
 
     from orchestrator.envs.guess_number import GuessNumberConfig, GuessNumberEnv
     from orchestrator.training.trainer import Trainer
@@ -185,6 +185,15 @@ def test_a_plugin_that_raises_while_the_team_loads_is_one_line_naming_it(tmp_pat
         def observes(cls, config, role):
             return cls.observation_keys - role  # a set less a string: a TypeError
 
+    class TouchyTask(GuessNumberEnv.Task):
+        @field_validator("secret")
+        @classmethod
+        def _secret(cls, value):
+            raise KeyError("secret")
+
+    class Touchy(GuessNumberEnv):
+        Task = TouchyTask
+
     class Listed(GuessNumberEnv):
         observation_keys = ["history"]  # a list, not the frozenset it declares
 
@@ -192,6 +201,7 @@ def test_a_plugin_that_raises_while_the_team_loads_is_one_line_naming_it(tmp_pat
         register("odd", OddEnv)
         register("blind", Blind)
         register("listed", Listed)
+        register("touchy", Touchy)
 
     registry = discover()
     registry.add_module(plugin(register_trainers=lambda register: register("broken", Broken),
@@ -205,7 +215,8 @@ def test_a_plugin_that_raises_while_the_team_loads_is_one_line_naming_it(tmp_pat
             ([("type: guess_number", "type: blind")], 13, "protocol.type", "env plugin 'blind': observes or reads raised "
                                                                            "TypeError: unsupported operand type(s) for -: 'frozenset' and 'str'"),
             ([("type: guess_number", "type: listed")], 13, "protocol.type", "env plugin 'listed': observes or reads raised "
-                                                                            "TypeError: unsupported operand type(s) for |: 'frozenset' and 'list'")]:
+                                                                            "TypeError: unsupported operand type(s) for |: 'frozenset' and 'list'"),
+            ([("type: guess_number", "type: touchy")], 31, "tasks[0]", "Touchy.Task raised KeyError: 'secret'")]:
         path = recipe(tmp_path, "guess_number.yaml")
         for old, new in edits:
             path.write_text(path.read_text().replace(old, new))

@@ -130,6 +130,8 @@ class Env(ABC):
             cls.Task.model_validate(task, context={"protocol": config})
         except ValidationError as exc:
             return first_error(exc, task, cls.Task)
+        except Exception as exc:  # a plugin's Task validator's own bug (pydantic passes it through): one line
+            return (), f"{cls.__name__}.Task raised {type(exc).__name__}: {exc}"
         return None
 
     @classmethod
