@@ -148,6 +148,9 @@ CASES = [
     ("role-use-names-a-team", lambda w: replace_in(w / "team.yaml", "use: ./echo.yaml", "use: ./team.yaml"),
      "team.yaml", 6, "roles[0].use", "team.yaml is a team file (protocol, roles, tasks), not a role file"),
     ("role-not-mapping", lambda w: write(w / "echo.yaml", "- name: echo\n"), "echo.yaml", 1, "(root)", "mapping"),
+    # validated, then the run failed writing the task into transcripts.jsonl (TypeError traceback)
+    ("task-yaml-date", lambda w: replace_in(w / "team.yaml", '{text: "the sea"}', '{text: "the sea", due: 2024-01-01}'),
+     "team.yaml", 9, "tasks[0].due", "a date is not JSON data: quote it to keep it as text"),
     ("tasks-file-missing", lambda w: replace_in(w / "team.yaml", 'tasks:\n  - {text: "the sea"}\n  - {text: "the sky"}', "tasks: tasks.jsonl"),
      "team.yaml", 8, "tasks", "cannot read tasks file"),
     # an entry of a tasks file that is no mapping: was named at the team's `tasks` key, not its own line
