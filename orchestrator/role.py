@@ -21,7 +21,7 @@ from .messages import check_schema, compile_validator, schema_json
 from .policies.binding import Binding, parse_binding
 from .registry import Registry, default_registry
 from .config_errors import first_error
-from .yamlfile import MAX_YAML_BYTES, Loc, YamlDoc, json_object, load_yaml, read_text
+from .yamlfile import MAX_YAML_BYTES, Loc, YamlDoc, json_object, load_yaml, not_json, read_text
 
 LIBRARY_DIR = Path(_library.__file__).resolve().parent
 # Variables every prompt template may use; environments add their own observation keys.
@@ -254,6 +254,8 @@ def _load_schema(value: dict[str, Any] | str, doc: YamlDoc, loc: Loc) -> dict[st
         schema = value
     if not isinstance(schema, dict):
         raise doc.error(loc, "output_schema must be a JSON Schema object")
+    if schema is value and (found := not_json(schema)):  # a YAML date in an enum: the checks below raised TypeError
+        raise doc.error(loc + found[0], found[1])
     problem = check_schema(schema)
     if problem:
         raise doc.error(loc, problem)

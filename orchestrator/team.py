@@ -26,7 +26,7 @@ from .role import BASE_VARIABLES, RoleSpec, library_roles, load_role, resolve_ro
 from .config_errors import ErrorSite, first_error, validate_model
 from .training.plugin_faults import said_as
 from .training.trainer import build_trainer
-from .yamlfile import Loc, YamlDoc, format_loc, inline_doc, load_json_lines, load_yaml
+from .yamlfile import Loc, YamlDoc, format_loc, inline_doc, load_json_lines, load_yaml, not_json
 
 
 @dataclass(frozen=True)
@@ -317,25 +317,9 @@ def _load_tasks(tasks: list[dict[str, Any]] | str, doc: YamlDoc, loc: tuple, env
     for i, task in enumerate(items):
         if not isinstance(task, dict):  # in a file (inline ones the config checked): named at its own line
             raise where(i, (), f"a task must be a mapping, not {type(task).__name__}")
-        if problem := _not_json(task):  # a task goes into transcripts.jsonl: a YAML date failed the run there
+        if problem := not_json(task):  # a task goes into transcripts.jsonl: a YAML date failed the run there
             raise where(i, *problem)
         if problem := env_class.task_problem(env_config, task):
             raise where(i, *problem)
     return items
 
-
-def _not_json(value: Any, loc: Loc = ()) -> tuple[Loc, str] | None:
-    """Where in ``value`` and what is not JSON data (YAML's dates, binary, sets), or None."""
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                return loc + (key,), f"a key must be text, not {type(key).__name__}"
-            if found := _not_json(item, loc + (key,)):
-                return found
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            if found := _not_json(item, loc + (i,)):
-                return found
-    elif not (value is None or isinstance(value, (str, int, float))):
-        return loc, f"a {type(value).__name__} is not JSON data: quote it to keep it as text (got {value!r})"
-    return None

@@ -181,6 +181,23 @@ def _pairs(node: yaml.MappingNode, loc: Loc, doc: YamlDoc) -> dict[str, tuple[ya
     return pairs
 
 
+def not_json(value: Any, loc: Loc = ()) -> tuple[Loc, str] | None:
+    """Where in ``value`` and what is not JSON data (YAML's dates, binary, sets), or None."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return loc + (key,), f"a key must be text, not {type(key).__name__}"
+            if found := not_json(item, loc + (key,)):
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            if found := not_json(item, loc + (i,)):
+                return found
+    elif not (value is None or isinstance(value, (str, int, float))):
+        return loc, f"a {type(value).__name__} is not JSON data: quote it to keep it as text (got {value!r})"
+    return None
+
+
 def load_json_lines(path: str | Path) -> list[tuple[int, Any]]:
     """``(line number, value)`` of each non-blank line of a JSON-lines file, within the caps."""
     path = Path(path)

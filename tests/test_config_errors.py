@@ -68,6 +68,8 @@ CASES = [
     ("schema-empty-enum", lambda w: (replace_in(w / "echo.yaml", "say: {type: string}", "say: {enum: []}"),
                                      replace_in(w / "echo.yaml", "max_retries: 2", "max_retries: 2\ndecoding: free")),
      "echo.yaml", 4, "output_schema", "invalid JSON Schema at properties/say/enum: an empty enum allows no value"),
+    ("schema-yaml-date", lambda w: replace_in(w / "echo.yaml", "say: {type: string}", "say: {enum: [2024-01-01]}"),
+     "echo.yaml", 7, "output_schema.properties.say.enum[0]", "a date is not JSON data"),
     ("schema-file-missing", lambda w: _schema_file(w, None),
      "echo.yaml", 4, "output_schema", "schema file not found"),
     ("schema-file-broken", lambda w: _schema_file(w, "{not json"),
