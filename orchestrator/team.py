@@ -322,4 +322,3 @@ def _load_tasks(tasks: list[dict[str, Any]] | str, doc: YamlDoc, loc: tuple, env
         if problem := env_class.task_problem(env_config, task):
             raise where(i, *problem)
     return items
-
