@@ -81,4 +81,3 @@ def check_task(task: IssueTask, runner: Runner = subprocess_runner) -> CheckRepo
                 if bad:
                     rep.problems.append(f"fixed: hidden tests fail: {', '.join(bad)}")
     return rep
-

@@ -287,5 +287,3 @@ def grade(task: IssueTask, workdir: str | Path, runner: Runner = subprocess_runn
     # only hidden tests count: code under test can add made-up ids to the report (each a pass)
     result.outcomes = [o for o in result.outcomes if any(_is_case(o.id, tid) for tid in ids)]
     return result
-
-

@@ -124,5 +124,3 @@ def apply_patch(workdir: str | Path, patch_text: str) -> tuple[bool, str]:
     except (OSError, subprocess.SubprocessError) as exc:
         return False, f"could not run the patch tool: {exc}"
     return False, "neither git nor patch is installed"
-
-

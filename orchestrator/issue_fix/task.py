@@ -177,5 +177,3 @@ def _read_task(folder: Path) -> IssueTask:
 def task_folders(root: str | Path) -> list[Path]:
     """The task folders (those holding task.yaml) right under ``root``, sorted by name."""
     return sorted(p.parent for p in Path(root).glob(f"*/{TASK_FILE}"))
-
-
