@@ -421,14 +421,23 @@ class TrainingClient:
     async def forward_backward_async(self, *args: Any, **kwargs: Any) -> APIFuture[ForwardBackwardOutput]:
         return self.forward_backward(*args, **kwargs)
 
+    async def forward_async(self, *args: Any, **kwargs: Any) -> APIFuture[ForwardBackwardOutput]:
+        return self.forward(*args, **kwargs)
+
     async def optim_step_async(self, params: AdamParams) -> APIFuture[OptimStepResponse]:
         return self.optim_step(params)
 
     async def save_state_async(self, path: str | Path) -> APIFuture[Path]:
         return self.save_state(path)
 
+    async def load_state_async(self, path: str | Path) -> APIFuture[int]:
+        return self.load_state(path)
+
     async def save_weights_for_sampler_async(self, path: str | Path) -> APIFuture[int | None]:
         return self.save_weights_for_sampler(path)
+
+    async def save_weights_async(self, path: str | Path) -> APIFuture[Path]:
+        return self.save_weights(path)
 
     async def push_to_sampler_async(self) -> APIFuture[int]:
         return self.push_to_sampler()

@@ -612,3 +612,18 @@ def test_a_checkpoint_of_the_unfused_optimizer_resumes(service, tmp_path):
     assert all(g["fused"] for g in c.optimizer.param_groups)
     c.forward_backward([datum()], "importance_sampling").result()
     assert c.optim_step(AdamParams(learning_rate=1e-2)).result().metrics["skipped_step"] == 0.0
+
+
+def test_every_call_has_an_async_variant_as_the_docs_say(service, tmp_path):
+    """docs/training.md: each call's ``*_async`` returns a future with ``result_async()``; forward,
+    load_state and save_weights had none (an AttributeError for a Tinker user's await)."""
+    c = service.create_lora_training_client("async_all", LoraConfig(rank=4))
+
+    async def go():
+        fwd = await (await c.forward_async([datum()], "importance_sampling")).result_async()
+        assert fwd.metrics["tokens"] > 0
+        await (await c.save_state_async(tmp_path / "state")).result_async()
+        assert await (await c.load_state_async(tmp_path / "state")).result_async() == 0
+        assert await (await c.save_weights_async(tmp_path / "w")).result_async() == tmp_path / "w"
+
+    asyncio.run(go())
