@@ -73,10 +73,28 @@ class TwentyQuestionsTask(TaskConfig):
         return value
 
 
+IRREGULAR_PLURALS = {"mouse": "mice"}
+
+
+def plurals(word: str) -> set[str]:
+    """The plural forms a guess of ``word`` may take: -s, -es, and the word list's irregular ones
+    (butterflies, knives, leaves, snowmen, mice), so a right guess in the plural is not lost."""
+    forms = {word + "s", word + "es"}
+    if word in IRREGULAR_PLURALS:
+        forms.add(IRREGULAR_PLURALS[word])
+    if re.search(r"[^aeiou]y$", word):
+        forms.add(word[:-1] + "ies")
+    if word.endswith(("f", "fe")):
+        forms.add(word.removesuffix("e")[:-1] + "ves")
+    if word.endswith("man"):
+        forms.add(word[:-3] + "men")
+    return forms
+
+
 def same_word(guess: str, secret: str) -> bool:
     """The guess's last word is the secret (or its plural): "a dog", "Is it a dog?", "dogs"."""
     words = re.findall(r"[a-z]+", guess.lower())
-    return bool(words) and words[-1] in {secret, secret + "s", secret + "es"}
+    return bool(words) and words[-1] in {secret, *plurals(secret)}
 
 
 class TwentyQuestionsEnv(GameEnv):

@@ -10,6 +10,7 @@ import yaml
 from pydantic import ValidationError
 
 from play import Script, play, team
+from orchestrator.envs.twenty_questions import same_word
 from orchestrator.envs.words import WORDS, split_words
 
 
@@ -39,6 +40,16 @@ def test_right_guess_pays_one(tmp_path):
                  tmp_path).episodes
     assert ep.rewards == {"guesser": 1.0, "answerer": 0.0}
     assert ep.outcome["results"] == {"guesser": "win"} and ep.outcome["questions_asked"] == 1
+
+
+@pytest.mark.parametrize("secret,guess", [("mouse", "mice"), ("butterfly", "Is it butterflies?"), ("knife", "knives"),
+                                          ("leaf", "leaves"), ("snowman", "snowmen"), ("giraffe", "giraffes"),
+                                          ("key", "keys"), ("bus", "buses")])
+def test_a_guess_of_the_secrets_plural_is_right(secret, guess):
+    """docs/environments.md: a guess is right when its last word is the secret or its plural; only
+    -s and -es were taken, so "mice", "knives" or "butterflies" (secrets of the word list) lost."""
+    assert secret in WORDS and same_word(guess, secret)
+    assert not same_word(guess, "cat")
 
 
 def test_wrong_guess_ends_the_game(tmp_path):
