@@ -8,7 +8,8 @@ Number (recipes/guess_number.yaml: a conversation role, one datum per episode, e
 opening with the same prompt). Then the same datums go through ``forward_backward`` (PPO, the
 recipes' own settings otherwise) with ``ServiceClient.share_prefixes`` on and off, alternating
 ``--rounds`` times on one service (no optimizer step, so both sides see the same weights), and
-the median seconds per side are compared; ``shared_kernels`` and ``plain_kernels`` count the
+the median seconds per side are compared; ``tree_tokens`` counts the tokens the shared side's
+passes compute (``computed_tokens``), ``shared_kernels`` and ``plain_kernels`` the
 kernels one ``forward_backward`` launches on each side (``graphs.count_kernels``: on a GPU, where
 a small model's ops are short, each costs about its launch). ``max_logprob_diff`` checks the two sides agree;
 ``rebatched_max_logprob_diff`` is the same comparison between two plain passes batched
@@ -56,6 +57,15 @@ def kernels(service: ServiceClient, client, data: list) -> int:
     return service.submit(count).result()
 
 
+def computed_tokens(service: ServiceClient, client, data: list) -> int:
+    """The tokens the client's passes over ``data`` compute: a tree per micro-batch, short shared
+    segments folded into their branches up to the service's ``pass_tokens`` (32 on a CPU, 4,096
+    on a GPU, where a GRPO group's prompt is recomputed in each row)."""
+    seqs = [d.model_input.tokens for d in data]
+    return sum(prefix_tree.build([seqs[i] for i in rows], recompute=service.pass_tokens).tokens
+               for rows in service._micro_batches(seqs, [client.name] * len(seqs)))
+
+
 def main() -> None:
     args = parse_args("rounds", default_episodes=16, default_repeats=2, smoke_episodes=2, device=True)
     loaded = load_model(args.model)
@@ -87,7 +97,8 @@ def main() -> None:
         rebatched = [o["logprobs"] for o in client.forward(data, "ppo", {}).result().loss_fn_outputs]
         service.micro_batch_tokens = budget
         tokens = sum(d.model_input.length for d in data)
-        tree = prefix_tree.build([d.model_input.tokens for d in data]).tokens
+        service.share_prefixes = True  # the shared side's micro-batches
+        tree = computed_tokens(service, client, data)
         shared_s, plain_s = statistics.median(seconds[True]), statistics.median(seconds[False])
         report[name] = {
             "datums": len(data), "tokens": tokens, "tree_tokens": tree,

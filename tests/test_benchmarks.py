@@ -151,6 +151,40 @@ def test_populations_stops_on_probe_games_that_measured_nothing(monkeypatch, tmp
         move_distributions({"player": adapter}, argparse.Namespace(model="tiny", probe=2), tmp_path / "probe")
 
 
+def test_prefix_tree_reports_the_tokens_its_passes_compute(monkeypatch, capsys):
+    """prefix_tree.py's ``tree_tokens`` was one tree over the whole step, folded at the CPU's 32
+    tokens: with a GPU's pass_tokens (4,096) 4 RPS episodes of the tiny model read 1,730 tokens
+    where the passes computed 3,288, and a step cut into micro-batches computes a tree for each."""
+    import functools
+
+    from orchestrator.training import LoraConfig, ServiceClient, prefix_tree
+    from orchestrator.training.types import Datum, ModelInput
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    bench = importlib.import_module("prefix_tree")
+    seqs = [list(range(100, 160)) + [300 + i] * (4 + i) for i in range(8)]  # a 60-token opening, then apart
+    data = [Datum(ModelInput.from_ints(s[:-1]), {"target_tokens": s[1:], "mask": [1.0] * (len(s) - 1),
+                                                 "logprobs": [-1.0] * (len(s) - 1), "advantages": [0.5] * (len(s) - 1)})
+            for s in seqs]
+    service_client = functools.partial(ServiceClient, pass_tokens=4096, micro_batch_tokens=100)  # a GPU's; 2 passes
+    computed = []
+    hidden_states = prefix_tree.hidden_states
+    monkeypatch.setattr(prefix_tree, "hidden_states", lambda body, tree, *a: computed.append(tree.tokens) or hidden_states(body, tree, *a))
+    service = service_client("tiny")
+    service.create_lora_training_client("bench", LoraConfig(rank=16)).forward_backward(data, "ppo", {}).result()
+    service.close()
+    expected = sum(computed)
+    assert len(computed) == 2
+
+    monkeypatch.setattr(bench, "step_datums", lambda *_: data)
+    monkeypatch.setattr(bench, "ServiceClient", service_client)
+    monkeypatch.setattr(bench, "kernels", lambda *_: 0)  # seconds, and not what is checked
+    monkeypatch.setattr(sys, "argv", ["prefix_tree.py", "--smoke"])
+    bench.main()
+    report = json.loads(capsys.readouterr().out)
+    assert report["rps"]["tree_tokens"] == report["guess_number"]["tree_tokens"] == expected
+
+
 @pytest.mark.parametrize("name, argv", [("grpo_vs_trl", ["--warmup", "-1", "--generations", "1"]),
                                         ("grpo_vs_trl", ["--trl-micro-batch", "-1", "--generations", "1"]),
                                         ("logprob_head", ["--chunk", "-1", "--smoke"])])
