@@ -11,6 +11,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -94,6 +95,22 @@ def numbers(value: object) -> Iterator[float]:
         yield value
 
 
+# Keys of rates and ratios, at any depth: a side that measured nothing (no tokens, no episodes)
+# would read 0 there and still pass for a run.
+RATE = re.compile(r"(^|_)(ratio|speedup)($|_)|_vs_|tok_s$|per_s$|episodes_s$|_share$")
+
+
+def rates(value: object, named: bool = False) -> Iterator[float]:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from rates(v, named or bool(RATE.search(k)))
+    elif isinstance(value, list):
+        for v in value:
+            yield from rates(v, named)
+    elif named:
+        yield from numbers(value)
+
+
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)
 def test_smoke_run_prints_its_json_line(script: Path, runs: dict[Path, Future]) -> None:
     if reason := skip_reason(script):
@@ -108,6 +125,7 @@ def test_smoke_run_prints_its_json_line(script: Path, runs: dict[Path, Future]) 
     assert expected is not None, f"list the keys of {script.name}'s JSON line in KEYS"
     assert not expected - out.keys(), f"missing keys {sorted(expected - out.keys())} in {lines[-1]}"
     assert all(math.isfinite(x) for x in numbers(out)), lines[-1]
+    assert all(x > 0 for x in rates(out)), lines[-1]
 
 
 def test_a_failed_episode_stops_a_benchmark(monkeypatch, tmp_path):
