@@ -115,6 +115,8 @@ class IssueTask(NoBoolNumbers):
                 raise TaskFileError(src, exc.lineno, "(file)", f"hidden test does not parse: {exc.msg}") from None
             except UnicodeDecodeError as exc:
                 raise TaskFileError(src, None, "(file)", f"hidden test is not UTF-8 text: {exc}") from None
+            except OSError as exc:  # a dangling link, a folder named test_*.py
+                raise TaskFileError(src, None, "(file)", f"hidden test is unreadable: {exc.strerror or exc}") from None
             ids += [f"{rel}::{n}" for n in names]
         return ids
 

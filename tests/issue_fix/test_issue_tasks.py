@@ -121,6 +121,17 @@ def test_a_hidden_test_that_cannot_be_read_is_one_line(tmp_path, tail, line, pro
     assert str(info.value).startswith(f"{hidden}{line}") and problem in str(info.value), str(info.value)
 
 
+@pytest.mark.parametrize("make", [lambda p: p.symlink_to(p.parent / "gone.py"), lambda p: p.mkdir()])
+def test_a_hidden_test_that_is_not_a_file_is_one_line(tmp_path, make):
+    """A dangling link or a folder named test_*.py: loading (and `rolecast tasks check`) raised a traceback."""
+    folder = _write_task(tmp_path, GOOD)
+    make(folder / "hidden_tests/test_extra.py")
+    with pytest.raises(TaskFileError) as info:
+        load_task(folder)
+    msg = str(info.value)
+    assert msg.startswith(f"{folder / 'hidden_tests/test_extra.py'}: (file): hidden test is unreadable") and "\n" not in msg
+
+
 def test_bad_task_id_shape(tmp_path):
     folder = _write_task(tmp_path, GOOD.replace("001-demo", "Demo_1"), name="Demo_1")
     with pytest.raises(ValueError, match=r"task\.yaml:1: id: must be a lowercase slug"):
