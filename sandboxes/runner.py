@@ -97,12 +97,14 @@ def run(
     allow_unsafe: bool = False,
     env: Mapping[str, str] | None = None,
     readable: Sequence[str | os.PathLike[str]] = (),
+    hide: Sequence[str | os.PathLike[str]] = (),
 ) -> SandboxResult:
     """Run ``command`` (argv, or a string for ``/bin/sh -c``) confined to ``workdir``.
 
     Raises SandboxError subclasses for faults of the sandbox itself; whatever the
     command does (crash, timeout, OOM) comes back in the result. ``env`` adds to the
-    minimal environment; ``readable`` adds host paths the child may read.
+    minimal environment; ``readable`` adds host paths the child may read; ``hide`` host folders it
+    may not (each replaced by an empty tmpfs, as /root and /home are).
     """
     limits = limits or Limits()
     chosen = select_backend(backend, allow_unsafe=allow_unsafe)
@@ -120,6 +122,9 @@ def run(
     if missing:
         raise SandboxSetupError(f"readable path {', '.join(missing)} does not exist")
     hidden = tuple(p for p in HIDDEN if p.is_dir())
+    # one under /tmp or /root is unseen already (and a mount there would need its mount point)
+    hidden += tuple(p for p in map(Path, map(os.path.realpath, hide))
+                    if p.is_dir() and not any(p.is_relative_to(t) for t in (TMP, *hidden)))
     tops = (TMP, *hidden)
     wanted = {*python_paths(), *(Path(os.path.realpath(p)) for p in readable)}
     layout = Layout(

@@ -88,7 +88,9 @@ class IssueFixEnv(Env):
         self.issue = load_task(self.task["dir"])
         box = self.config.sandbox
         self.pool = shared_pool(box.backend, box.max_concurrent)
-        self.runner = sandbox_runner(self.pool.backend, box.memory_mb, box.timeout_s)
+        # the team's code runs there: the task folder holds the hidden tests and solution.patch,
+        # which it could print into test_report or copy over its work
+        self.runner = sandbox_runner(self.pool.backend, box.memory_mb, box.timeout_s, hide=(self.issue.folder,))
         self._tmp = Path(tempfile.mkdtemp(prefix=f"rolecast-issue-{self.issue.id}-"))
         try:
             self.workdir = copy_repo(self.issue, self._tmp / "repo")

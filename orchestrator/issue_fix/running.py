@@ -61,17 +61,20 @@ def subprocess_runner(argv: list[str], workdir: Path, timeout_s: float) -> RunOu
     return RunOutcome(proc.returncode, proc.stdout, proc.stderr)
 
 
-def sandbox_runner(backend: str = "auto", memory_mb: int = 1024, timeout_s: float | None = None) -> Runner:
+def sandbox_runner(backend: str = "auto", memory_mb: int = 1024, timeout_s: float | None = None,
+                   hide: tuple[Path, ...] = ()) -> Runner:
     """A :data:`Runner` that confines each command with :func:`sandboxes.run` (needs root).
 
     The wall-time limit is ``timeout_s`` if given, else what the caller passes per command (the
-    task's). Raises ``sandboxes.SandboxError`` now, not per run, when ``backend`` cannot work here.
+    task's); ``hide``: host folders the commands may not read. Raises ``sandboxes.SandboxError``
+    now, not per run, when ``backend`` cannot work here.
     """
     chosen = sandboxes.select_backend(backend).name
 
     def run(argv: list[str], workdir: Path, task_timeout_s: float) -> RunOutcome:
         limits = sandboxes.Limits(wall_time_s=timeout_s or task_timeout_s, memory_mb=memory_mb)
-        res = sandboxes.run(_own_interpreter(argv), workdir, limits, backend=chosen, env=TEST_ENV)
+        res = sandboxes.run(_own_interpreter(argv), workdir, limits, backend=chosen, env=TEST_ENV,
+                             hide=hide)
         code = res.exit_code if res.exit_code is not None else 128 + (res.signal or 0)
         return RunOutcome(124 if res.timed_out else code, res.stdout, res.stderr, timed_out=res.timed_out)
 

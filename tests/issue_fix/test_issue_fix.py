@@ -400,6 +400,26 @@ def test_hostile_test_files_are_refused_and_the_episode_goes_on(tmp_path, monkey
     assert list(folder.iterdir()) == []
 
 
+@needs_sandbox
+def test_the_teams_code_cannot_read_the_task_folder(tmp_path, monkeypatch):
+    """The hidden tests and solution.patch sit next to repo/: the Tester's test printed the fix
+    into test_report (every role's prompt), and could have copied it over the team's work."""
+    scratch(monkeypatch, tmp_path)
+    outside = Path(tempfile.mkdtemp(dir="/var/tmp"))  # the sandbox never sees /tmp, where tmp_path is
+    try:
+        outside.chmod(0o755)
+        task = shutil.copytree(SLUG, outside / SLUG.name)
+        team = team_for(tmp_path, max_rounds=1, task=task)
+        peek = f"def test_peek():\n    print(open({str(task / 'solution.patch')!r}).read())\n"
+        policies = build_policies(team, {n: Binding("builtin", "stub") for n in team.roles}, None)
+        policies["tester"] = PythonPolicy(lambda r: json.dumps({"path": "tests/test_peek.py", "code": peek}))
+        (ep,) = run(team, policies, tmp_path).episodes
+        assert ep.status == "ok", ep.error
+        assert ep.outcome["tests_passed"] is False
+    finally:
+        shutil.rmtree(outside)
+
+
 def test_process_reward_rules():
     assert planner_reward(["slug.py"], ["textkit/slug.py"]) == 1.0
     assert planner_reward(["./textkit/slug.py", "README.md"], ["textkit/slug.py"]) == pytest.approx(2 / 3)
