@@ -167,6 +167,8 @@ def _read_task(folder: Path) -> IssueTask:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(task.patch_path, None, "(file)", f"unreadable: {exc}") from None
     for i, rel in enumerate(task.visible_tests):
+        if Path(rel).is_absolute() or ".." in Path(rel).parts:  # it existed, and every team test run crashed
+            raise doc.error(("visible_tests", i), f"{rel!r} must be a relative path inside repo/")
         if not (task.repo_dir / rel).exists():
             raise doc.error(("visible_tests", i), f"{rel!r} not found in repo/")
     try:

@@ -79,6 +79,8 @@ def test_load_good(tmp_path):
         (GOOD.replace("test_command: python -m pytest -q\n", ""), 1, "test_command", "required key is missing"),
         (GOOD.replace("id: 001-demo", "id: 001-other"), 1, "id", "does not match the folder name"),
         (GOOD.replace("[tests]", "[nope.py]"), 5, "visible_tests[0]", "not found in repo/"),
+        (GOOD.replace("[tests]", "[tests, ../task.yaml]"), 5, "visible_tests[1]", "relative path inside repo/"),
+        (GOOD.replace("[tests]", "[/etc/hostname]"), 5, "visible_tests[0]", "relative path inside repo/"),
         (GOOD.replace("title: t", "title: [1, 2]"), 2, "title", "valid string"),
         (GOOD + "path: /x\n", 7, "path", "unknown key"),
         (GOOD + "timeout_s: .inf\n", 7, "timeout_s", "finite number"),
