@@ -44,6 +44,9 @@ class DebateConfig(EnvConfig):
             raise ValueError("the two debaters and the judge must be three different roles")
         return self
 
+    def turns_needed(self) -> int:
+        return 2 * self.rounds + 1  # an argument each a round, then the verdict
+
     def role_refs(self) -> list[tuple[Loc, str]]:
         return [(("debaters", i), name) for i, name in enumerate(self.debaters)] + [(("judge",), self.judge)]
 

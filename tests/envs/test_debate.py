@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from orchestrator.errors import ConfigError
 from orchestrator.team import load_team
 from play import ROOT, Script, play, team
 
@@ -79,3 +80,14 @@ def test_a_task_given_as_text_is_the_topic(tmp_path):
     rolecast.run(ROOT / "recipes/debate.yaml", tasks=["Zoos should be closed."], episodes=1, policies=policies,
                  out=tmp_path / "run", progress=False)
     assert pro.requests[0].messages[-1]["content"].startswith("Debate topic: Zoos should be closed.")
+
+
+def test_more_rounds_than_max_turns_allows_are_refused_at_load(tmp_path):
+    """2 rounds and the verdict are 5 turns: under max_turns 4 every episode stopped before the
+    judge, with no winner and no reward."""
+    path = tmp_path / "debate.yaml"
+    path.write_text((ROOT / "recipes" / "debate.yaml").read_text() + "max_turns: 4\n")
+    with pytest.raises(ConfigError, match="a whole game can take 5 turns and max_turns is 4"):
+        load_team(path)
+    path.write_text((ROOT / "recipes" / "debate.yaml").read_text() + "max_turns: 5\n")
+    assert load_team(path).config.max_turns == 5
