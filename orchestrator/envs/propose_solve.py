@@ -46,6 +46,9 @@ class ProposeSolveConfig(EnvConfig):
             raise ValueError("proposer and solver must be different roles")
         return self
 
+    def turns_needed(self) -> int:
+        return 1 + self.attempts  # the proposal, then every try at it
+
     def role_refs(self) -> list[tuple[Loc, str]]:
         return [(("proposer",), self.proposer), (("solver",), self.solver)]
 

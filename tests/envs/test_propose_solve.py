@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import pytest
-from play import Script, play, team
+from play import ROOT, Script, play, team
+
+from orchestrator.errors import ConfigError
+from orchestrator.team import load_team
 
 
 @pytest.mark.parametrize("answers, solver, proposer", [
@@ -39,3 +42,12 @@ def test_outcome_metrics_show_a_proposer_that_repeats_itself():
     t = team("propose_solve")
     assert ProposeSolveEnv.outcome_metrics(t.env_config, outcomes) == {"distinct_problems": 0.5, "commonest_problem": 0.75}
     assert ProposeSolveEnv.outcome_metrics(t.env_config, [{"problem": None}]) == {}
+
+
+def test_more_attempts_than_max_turns_allows_are_refused_at_load(tmp_path):
+    """The proposal and 4 tries are 5 turns: under max_turns 4 every episode stopped before the
+    last try, with no reward for either role."""
+    path = tmp_path / "ps.yaml"
+    path.write_text((ROOT / "recipes" / "propose_solve.yaml").read_text() + "max_turns: 4\n")
+    with pytest.raises(ConfigError, match="a whole game can take 5 turns and max_turns is 4"):
+        load_team(path)
