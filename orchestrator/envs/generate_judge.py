@@ -51,6 +51,9 @@ class GenerateJudgeConfig(EnvConfig):
             raise ValueError(f"generator, judge and worker must be different roles, got {names}")
         return self
 
+    def turns_needed(self) -> int:
+        return 3 if self.worker else 2
+
     def role_refs(self) -> list[tuple[Loc, str]]:
         return [(("generator",), self.generator), (("judge",), self.judge)] + (
             [(("worker",), self.worker)] if self.worker else [])

@@ -10,6 +10,9 @@ import pytest
 from play import Script, play, team
 from support import ROOT
 
+from orchestrator.errors import ConfigError
+from orchestrator.team import load_team
+
 
 def generator(right: bool):
     def answer(request) -> str:
@@ -117,3 +120,12 @@ def test_eval_reports_the_judges_balanced_accuracy(cli, tmp_path):
     env = json.loads(out.strip().splitlines()[-1])["env"]
     assert set(env) <= {"judge_accepts_right", "judge_rejects_wrong", "judge_balanced_accuracy"} and env
     assert json.loads((tmp_path / "ev" / "summary.json").read_text())["env"] == env
+
+
+@pytest.mark.parametrize("recipe, needed", [("generate_judge", 2), ("generate_judge_worker", 3)])
+def test_fewer_max_turns_than_the_judge_needs_are_refused_at_load(tmp_path, recipe, needed):
+    """Under a max_turns below the Judge's turn every episode stopped with no verdict and no reward."""
+    path = tmp_path / "gj.yaml"
+    path.write_text((ROOT / "recipes" / f"{recipe}.yaml").read_text() + f"max_turns: {needed - 1}\n")
+    with pytest.raises(ConfigError, match=f"a whole game can take {needed} turns and max_turns is {needed - 1}"):
+        load_team(path)
