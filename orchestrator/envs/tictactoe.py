@@ -30,6 +30,9 @@ class TicTacToeConfig(TwoPlayerConfig):
     players: list[str] = Field(["x", "o"], min_length=2, max_length=2)
     rewards: WinLossRewards = Field(default_factory=WinLossRewards)
 
+    def turns_needed(self) -> int:
+        return len(CELLS)  # a drawn game fills the board
+
 
 @lru_cache(maxsize=None)
 def winner(board: tuple[str, ...]) -> str | None:

@@ -1,7 +1,11 @@
 """Tic-Tac-Toe: minimax against random, hand-computed games, illegal and invalid moves, views."""
 from __future__ import annotations
 
-from play import Script, any_move, moves, play, team
+import pytest
+from play import ROOT, Script, any_move, moves, play, team
+
+from orchestrator.errors import ConfigError
+from orchestrator.team import load_team
 
 
 def test_minimax_never_loses_to_random_in_200_games(tmp_path):
@@ -63,3 +67,11 @@ def test_each_player_sees_its_own_side_and_both_sample_the_shared_adapter(tmp_pa
     assert o.requests[0].context["board"] == ["X"] + ["."] * 8
     assert o.requests[0].context["legal_moves"] == ["b1", "c1", "a2", "b2", "c2", "a3", "b3", "c3"]
     assert {r.adapter for r in x.requests + o.requests} == {"player"}
+
+
+def test_fewer_max_turns_than_a_full_board_are_refused_at_load(tmp_path):
+    """A drawn game takes 9 moves: under max_turns 8 it stopped at max_turns, with no result."""
+    path = tmp_path / "ttt.yaml"
+    path.write_text((ROOT / "recipes" / "tictactoe.yaml").read_text() + "max_turns: 8\n")
+    with pytest.raises(ConfigError, match="a whole game can take 9 turns and max_turns is 8"):
+        load_team(path)
