@@ -13,6 +13,7 @@ import structlog
 import torch
 
 from ..engines.tokens import end_of_turn_ids
+from .errors import compile_error
 from .schema import GrammarError, tight_grammar, xgrammar
 from .spelling import MAX_BRANCH, MAX_NODES, MAX_TEXTS, Spellings
 
@@ -70,7 +71,7 @@ class GrammarBook:
                 try:
                     grammar = self._compiler.compile_grammar(tight_grammar(json_schema))
                 except RuntimeError as exc:  # what only the real vocabulary shows (the check at load has none)
-                    raise GrammarError(f"xgrammar cannot compile this schema: {str(exc).split('] ')[-1][:300]}") from None
+                    raise compile_error(exc) from None
                 self._compiled[json_schema] = grammar
             return grammar
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from .ebnf import EbnfError, derives_nothing, quotient
 from .enforceable import subschemas, check_enforceable
-from .errors import GrammarError
+from .errors import CYCLE, GrammarError, compile_error
 
 
 def xgrammar():
@@ -125,7 +125,7 @@ def tight_grammar(json_schema: str) -> Any:
     try:
         grammar = xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False, separators=(", ", ": "))
     except RuntimeError as exc:  # xgrammar reports conversion errors as RuntimeError with a C++ prefix
-        raise GrammarError(f"xgrammar cannot compile this schema: {str(exc).split('] ')[-1]}") from None
+        raise compile_error(exc) from None
     text = str(grammar)
     if "basic_string_sub ::=" in text and "basic_escape ::=" in text:
         text = _MIN_ONLY.sub(_min_length_string, text)
@@ -143,8 +143,7 @@ def tight_grammar(json_schema: str) -> Any:
     except EbnfError:  # a grammar the quotient does not parse (only vLLM needs it to): not judged here
         empty = False
     if empty:
-        raise GrammarError("the schema allows no message: a $ref cycle has no way out (a $ref to itself, or a "
-                           "required property of its own object's type): make the recursion optional")
+        raise GrammarError(CYCLE)
     return xgr.Grammar.from_ebnf(text) if text != str(grammar) else grammar
 
 
