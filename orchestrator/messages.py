@@ -129,9 +129,12 @@ def check_schema(schema: dict[str, Any]) -> str | None:
         return f"invalid JSON Schema{f' at {where}' if where else ''}: {exc.message}"
     except RecursionError:  # the checker recurses per level: ~100 levels of a served request's schema were a 500
         return "invalid JSON Schema: nested too deeply"
-    if (empty := next(_empty_enums(schema), None)) is not None:  # 2020-12 allows it; no reply could ever match
-        return f"invalid JSON Schema at {'/'.join(map(str, empty)) or '(root)'}: an empty enum allows no value"
-    if remote := next(_remote_refs(schema), None):
+    if (empty := next((at for at, node in _mappings(schema) if node.get("enum") == []), None)) is not None:
+        # 2020-12 allows it; no reply could ever match
+        return f"invalid JSON Schema at {'/'.join(map(str, (*empty, 'enum')))}: an empty enum allows no value"
+    # a $ref outside the schema: the validator would fetch it
+    if remote := next((ref for _, node in _mappings(schema)
+                       if isinstance(ref := node.get("$ref"), str) and not ref.startswith("#")), None):
         return f"$ref {remote!r} is not in this schema: only local references (#/$defs/...) resolve, nothing is fetched"
     try:
         compile_validator(schema)  # a local $ref to nowhere shows only here (every reply would fail on it)
@@ -140,29 +143,15 @@ def check_schema(schema: dict[str, Any]) -> str | None:
     return None
 
 
-def _remote_refs(node: Any) -> Iterator[str]:
-    """The ``$ref``s under ``node`` that point outside the schema (the validator would fetch them)."""
+def _mappings(node: Any, path: tuple = ()) -> Iterator[tuple[tuple, dict]]:
+    """Every mapping under ``node`` (itself included), with the keys and indexes that lead to it."""
     if isinstance(node, dict):
-        ref = node.get("$ref")
-        if isinstance(ref, str) and not ref.startswith("#"):
-            yield ref
-        for value in node.values():
-            yield from _remote_refs(value)
-    elif isinstance(node, list):
-        for value in node:
-            yield from _remote_refs(value)
-
-
-def _empty_enums(node: Any, path: tuple = ()) -> Iterator[tuple]:
-    """Where under ``node`` an ``enum`` lists no value (its keys and indexes, ``enum`` last)."""
-    if isinstance(node, dict):
-        if node.get("enum") == []:
-            yield (*path, "enum")
+        yield path, node
         for key, value in node.items():
-            yield from _empty_enums(value, (*path, key))
+            yield from _mappings(value, (*path, key))
     elif isinstance(node, list):
         for i, value in enumerate(node):
-            yield from _empty_enums(value, (*path, i))
+            yield from _mappings(value, (*path, i))
 
 
 def validation_errors(validator: jsonschema_rs.Validator, content: Any, limit: int = 3) -> list[str]:
