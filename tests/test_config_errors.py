@@ -173,6 +173,10 @@ CASES = [
     ("loop-back-outside-order", lambda w: replace_in(w / "team.yaml", "order: [echo, reviewer]",
                                                      "order: [reviewer]\n  loop_back: {from: reviewer, to: echo, field: verdict, values: [x]}"),
      "team.yaml", 2, "protocol", "loop_back.to ('echo') is not in order"),
+    # the loop jumped to the role's first position and fired at either: rounds went astray
+    ("loop-back-role-twice-in-order", lambda w: replace_in(w / "team.yaml", "order: [echo, reviewer]",
+                                                           "order: [echo, reviewer, echo]\n  loop_back: {from: reviewer, to: echo, field: verdict, values: [x]}"),
+     "team.yaml", 2, "protocol", "loop_back.to ('echo') appears 2 times in order"),
     # its verdict would never come: every episode would pay failure_reward
     ("success-outside-order", lambda w: replace_in(w / "team.yaml", "order: [echo, reviewer]",
                                                    "order: [reviewer]\n  success: {role: echo, field: say, values: [x]}"),

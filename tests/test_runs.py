@@ -303,6 +303,22 @@ def test_pipeline_stops_at_max_rounds(tmp_path):
     assert ep.outcome["succeeded"] is False and ep.rewards["coder"] == 0.0
 
 
+def test_pipeline_routes_a_role_that_acts_twice_by_its_position():
+    import random
+
+    from orchestrator.envs.pipeline import PipelineConfig, PipelineEnv
+    from orchestrator.messages import Message
+
+    env = PipelineEnv(PipelineConfig(order=["planner", "coder", "planner"]), {}, {}, random.Random(0))
+    sent = []
+    while (role := env.next_role()) is not None:
+        sent.append((role, env.recipients(role)))
+        asyncio.run(env.step(role, Message(id="e", episode="e", turn=0, sender=role, recipients=[], content={},
+                                           raw="{}", valid=True)))
+    # the planner's first message goes to the coder, its second (the last turn) back to the start
+    assert sent == [("planner", ["coder"]), ("coder", ["planner"]), ("planner", ["planner"])]
+
+
 def test_user_role_in_temp_folder_runs_with_python_policy(workspace, cli, monkeypatch):
     write(workspace / "mypolicies.py", """
         import json

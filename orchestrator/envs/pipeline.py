@@ -53,6 +53,11 @@ class PipelineConfig(EnvConfig):
         for key, name in named:
             if name not in self.order:
                 raise ValueError(f"{key} ({name!r}) is not in order {self.order}")
+        for key, name in named:
+            # a loop jumps to one position and fires at one: not at a role's second
+            if key.startswith("loop_back") and self.order.count(name) > 1:
+                raise ValueError(f"{key} ({name!r}) appears {self.order.count(name)} times in order {self.order}: "
+                                 "a loop needs a role that acts once per round")
         if lb and self.order.index(lb.to) > self.order.index(lb.from_):
             raise ValueError(f"loop_back.to ({lb.to}) must come before loop_back.from ({lb.from_}) in order")
         return self
@@ -99,8 +104,8 @@ class PipelineEnv(Env):
         return {"history": self.history, "round": self.round, "last": self.history[-1] if self.history else None}
 
     def recipients(self, sender: str) -> list[str]:
-        order = self.config.order
-        return [order[(order.index(sender) + 1) % len(order)]]
+        order = self.config.order  # by position: a role may act twice in order
+        return [order[(self.position + 1) % len(order)]]
 
     async def step(self, role: str, message: Message) -> StepResult:
         self.history.append({"role": role, "content": message.content, "valid": message.valid, "turn": message.turn})
