@@ -7,6 +7,7 @@ the Proposer is paid for problems at the edge of the Solver's ability, the Solve
       solver: solver
       attempts: 4             # the Solver's tries at each problem, each without seeing the others
       max_operand: 999
+      illegal_penalty: -1.0   # a valid message posing a problem outside the rules
 
 The Proposer's message is ``{"a": 37, "op": "*", "b": 12}`` (op: ``+``, ``-`` or ``*``); the
 environment knows the answer. The Solver's is ``{"answer": 444}``. With p the share of the
@@ -17,7 +18,10 @@ Solver's attempts that were right:
 
 so the Proposer learns to pose problems the Solver solves about half the time, and as the Solver
 improves those problems get harder: the curriculum comes from the two learning together.
-An invalid proposal ends the episode with the Proposer's invalid-turn penalty and no reward.
+An invalid proposal ends the episode with the Proposer's invalid-turn penalty and no reward; a
+valid one outside the rules (an operand past ``max_operand``, another op) ends it with
+``illegal_penalty`` for the Proposer, so posing out of bounds never pays as well as posing a
+problem the Solver always solves.
 """
 from __future__ import annotations
 
@@ -39,6 +43,7 @@ class ProposeSolveConfig(EnvConfig):
     solver: str = "solver"
     attempts: int = Field(4, ge=2, le=32, description="the Solver's independent tries at each problem")
     max_operand: int = Field(999, ge=1)
+    illegal_penalty: float = Field(-1.0, description="the Proposer's reward for a valid problem outside the rules")
 
     @model_validator(mode="after")
     def _two_roles(self) -> "ProposeSolveConfig":
@@ -76,11 +81,13 @@ class ProposeSolveEnv(Env):
     async def step(self, role: str, message: Message) -> StepResult:
         c = self.config
         if role == c.proposer:
-            problem = message.content if message.valid else None
-            if not self._well_formed(problem):
+            if not message.valid:  # the episode loop charged its invalid-turn penalty
                 self.done, self.reason = True, "no valid problem"
                 return StepResult(done=True)
-            self.problem = problem
+            if not self._well_formed(message.content or {}):
+                self.done, self.reason = True, "illegal problem"
+                return StepResult(rewards={c.proposer: c.illegal_penalty}, done=True)
+            self.problem = message.content
             return StepResult()
         self.answers.append(whole_number(message))
         if len(self.answers) < c.attempts:
@@ -89,8 +96,8 @@ class ProposeSolveEnv(Env):
         p = self.solved_share()
         return StepResult(rewards={c.solver: p, c.proposer: 4 * p * (1 - p)}, done=True)
 
-    def _well_formed(self, problem: dict[str, Any] | None) -> bool:
-        if not problem or problem.get("op") not in OPS:
+    def _well_formed(self, problem: dict[str, Any]) -> bool:
+        if problem.get("op") not in OPS:
             return False
         values = [problem.get("a"), problem.get("b")]
         return all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= self.config.max_operand for v in values)

@@ -29,8 +29,9 @@ def test_a_problem_outside_the_rules_ends_the_episode(tmp_path):
     t = team("propose_solve", max_operand=10)
     proposer = Script({"a": 37, "op": "+", "b": 1})  # 37 > max_operand
     (ep,) = play(t, {"proposer": proposer, "solver": Script({"answer": 38})}, tmp_path).episodes
-    assert [turn.role for turn in ep.turns] == ["proposer"] and ep.outcome["reason"] == "no valid problem"
-    assert ep.rewards == {"proposer": 0.0, "solver": 0.0}
+    assert [turn.role for turn in ep.turns] == ["proposer"] and ep.outcome["reason"] == "illegal problem"
+    # below the 0 of a problem always solved: posing out of bounds must not pay as well
+    assert ep.rewards == {"proposer": -1.0, "solver": 0.0}
 
 
 def test_outcome_metrics_show_a_proposer_that_repeats_itself():
