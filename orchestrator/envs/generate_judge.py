@@ -17,7 +17,7 @@ what is most often true (a Generator right 10% of the time makes "incorrect" wor
 outcome records the truth and the verdict for each episode. With ``balanced_judge`` the Judge
 sees a right answer in half the episodes, by a fair coin per episode: the Generator's answer when
 it falls on the coin's side, else the truth or a plausible wrong answer (another operation's
-result, or the truth off by 1 or 10) in its place. Then either constant verdict earns 0.5 and
+result, or the truth off by 1 or 10) in its place, as for no answer (an invalid turn). Then either constant verdict earns 0.5 and
 only telling answers apart pays; the Generator is still paid for its own answer.
 
 With a ``worker`` role (give it the Judge's adapter: it is the Judge working the problem
@@ -87,8 +87,9 @@ class GenerateJudgeEnv(Env):
                 "max_operand": self.config.max_operand}
 
     def _for_judge(self, answer: int | None) -> int | None:
-        """The Generator's answer, or under ``balanced_judge`` one on the coin's side."""
-        if self.show_right is None or (answer == self.truth) == self.show_right:
+        """The Generator's answer, or under ``balanced_judge`` one on the coin's side: never none
+        there, which a Judge would reject on sight."""
+        if self.show_right is None or (answer is not None and (answer == self.truth) == self.show_right):
             return answer
         if self.show_right:
             return self.truth

@@ -75,6 +75,18 @@ def test_the_recipes_balanced_judge_sees_right_answers_half_the_time_and_is_paid
     assert [ep.rewards["judge"] for ep in constant] == [float(not s) for s in shown_right]
 
 
+def test_a_balanced_judge_never_sees_a_missing_answer(tmp_path):
+    """An invalid Generator turn leaves no answer: shown as none, the wrong half of the coin was
+    a giveaway ("incorrect" at sight), not an answer to check."""
+    judge = Script(*[{"verdict": "incorrect"}] * 24)
+    episodes = play(team("generate_judge"), {"generator": Script(*["no idea"] * 48), "judge": judge},
+                    tmp_path, episodes=24).episodes
+    assert all(ep.outcome["answer"] is None for ep in episodes)
+    assert all(isinstance(ep.outcome["shown"], int) for ep in episodes)
+    assert all(re.search(r"Proposed answer: -?\d+", r.messages[-1]["content"]) for r in judge.requests)
+    assert 6 <= sum(ep.outcome["shown_correct"] for ep in episodes) <= 18  # still a fair coin
+
+
 def test_outcome_metrics_see_through_a_constant_judge(tmp_path):
     from orchestrator.envs.generate_judge import GenerateJudgeEnv
 
