@@ -415,7 +415,9 @@ class TrainingRun:
         row["eval_valid_turn_rate"] = result.summary["valid_turn_rate"]
         row.update(self._engine_work())
         self.metrics.write(row)
-        log.info("evaluation", step=step, **{k: round(v, 4) for k, v in row.items() if k.startswith(("eval_reward/", "eval_win_rate/"))})
+        # None: a role that took part in no finished episode (a teacher whose domain drew none)
+        log.info("evaluation", step=step, **{k: v if v is None else round(v, 4) for k, v in row.items()
+                                             if k.startswith(("eval_reward/", "eval_win_rate/"))})
         return row
 
     # -- sampler, config, checkpoints ------------------------------------------------------------

@@ -182,6 +182,19 @@ def test_teacher_student_trains_teachers_and_student_but_not_the_baseline(cli, t
             assert row.get(f"reward/{teacher}") == (pytest.approx(sum(own) / len(own)) if own else None)
 
 
+def test_an_evaluation_where_a_role_took_no_part_gives_it_no_reward(cli, tmp_path):
+    """One evaluation episode draws one domain: the other teacher took no part. Its null reward
+    had crashed the run in the evaluation's log line, after the row was written."""
+    run = tmp_path / "run"
+    train(cli, ROOT / "recipes/teacher_student.yaml", run, 1, "--set", "eval_episodes=1")
+    evals = [r for r in metric_rows(run) if r["kind"] == "eval"]
+    assert [r["step"] for r in evals] == [0, 1]
+    for row in evals:
+        assert sorted(role for role in ("teacher_largest", "teacher_smallest") if row[f"eval_reward/{role}"] is None) \
+            == ["teacher_smallest"]  # the first eval task is the largest domain's
+        assert row["eval_reward/student"] is not None
+
+
 def test_role_loss_config_reaches_only_that_roles_tokens(cli, tmp_path):
     run = tmp_path / "run"
     train(cli, ROOT / "recipes/propose_solve.yaml", run, 1, "--set", "role_loss_config.proposer.entropy_coef=0.1")
