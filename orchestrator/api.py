@@ -34,7 +34,7 @@ from .launch import (Compute, adapter_dirs, bindings, claimed, closed_on_error, 
 from .rollout import RunOptions, RunResult
 from .team import PLUGIN_OPTIONS, Team, with_training_options
 from .team import load_team as _load_team
-from .yamlfile import format_loc
+from .yamlfile import format_loc, plain_copy
 
 T = TypeVar("T")
 TeamLike = Team | str | Path | Mapping[str, Any]
@@ -325,14 +325,17 @@ def _team(team: TeamLike) -> Team:
 
 def _task(team: Team, value: str | Mapping[str, Any]) -> dict[str, Any]:
     """A task as ``--task`` reads it (text the protocol parses) or as a team file holds it (a
-    mapping), checked as a team file's tasks are."""
+    mapping of plain data, copied), checked as a team file's tasks are."""
     try:
         task = dict(value) if isinstance(value, Mapping) else team.env_class.task_from_cli(value)
     except ValueError as exc:
         raise RolecastError(f"--task {value}: {exc}") from None
     if problem := team.env_class.task_problem(team.env_config, task):  # with its key: "required key is missing"
         raise RolecastError(f"--task {value}: {format_loc(problem[0]) + ': ' if problem[0] else ''}{problem[1]}")
-    return task
+    try:  # config.yaml and each transcript line hold it: a Path or a set there was a traceback after the model loaded
+        return plain_copy(task)
+    except ValueError as exc:
+        raise RolecastError(f"--task {value}: {exc}") from None
 
 
 def _check_arguments(**given: Any) -> None:

@@ -55,10 +55,19 @@ def inline_doc(data: Any, name: str) -> YamlDoc:
     """A mapping given in code (``rolecast.run({...})``) read as a file named ``name`` in the
     current folder: relative paths in it resolve from there, and errors read ``name: KEY: problem``."""
     try:
-        copy = json.loads(json.dumps(data))  # a deep copy, of plain data only
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(name, None, "(root)", f"not plain data (mappings, lists, strings, numbers): {exc}") from None
+        copy = plain_copy(data)
+    except ValueError as exc:
+        raise ConfigError(name, None, "(root)", str(exc)) from None
     return YamlDoc(data=copy, path=Path.cwd() / name, inline=True)
+
+
+def plain_copy(data: Any) -> Any:
+    """A deep copy of ``data`` in JSON's own types (a tuple as a list, a numpy float as a float), which
+    YAML and JSON files can hold; a ValueError where it holds what they cannot (a Path, a set)."""
+    try:
+        return json.loads(json.dumps(data))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"not plain data (mappings, lists, strings, numbers): {exc}") from None
 
 
 def format_loc(loc: Loc) -> str:

@@ -256,6 +256,8 @@ def test_load_team_applies_training_options():
      "--task abc: the secret is a whole number"),
     (lambda out: rolecast.run(ROOT / "recipes/code_pair.yaml", tasks=[{"spec": "double x"}], out=out),
      "--task {'spec': 'double x'}: reference: required key is missing"),  # which key, it had not said
+    (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", tasks=[{"secret": 3, "note": Path("a")}], out=out),
+     "--task {'secret': 3, 'note': PosixPath('a')}: not plain data"),  # config.yaml's write failed, the model loaded
     (lambda out: rolecast.train(ROOT / "recipes/guess_number.yaml", sets={"trainer": "population"}, out=out),
      "--set trainer: not a settable option"),
     (lambda out: rolecast.train(ROOT / "recipes/guess_number.yaml", sets={16: 2}, out=out),
