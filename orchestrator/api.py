@@ -53,12 +53,15 @@ def load_team(source: TeamLike, sets: Mapping[str, Any] | None = None) -> Team:
 def register_plugin(plugin: Any, name: str | None = None) -> None:
     """Register a plugin defined in this process (a module, or any object or class whose functions
     carry ``@hookimpl``: ``register_envs``, ``register_rewards`` ...) as an installed one is
-    through its entry point, for teams loaded after it. The same plugin name may register again
+    through its entry point, for teams loaded after it, under ``name`` (default: the module's or
+    class's own). The same plugin name may register again
     (a notebook cell run twice): its names then hold the new objects. A plugin that breaks the
     contract raises RolecastError and changes nothing. Ray rollout workers are other processes:
     there, only installed plugins' builtin policies are known (environments travel with the team)."""
     from .registry import default_registry
 
+    if name is not None and not (isinstance(name, str) and name):  # "" fell back to the plugin's own name, unsaid
+        raise RolecastError(f"plugin name={name!r}: must be a non-empty string")
     registry = default_registry()
     name = name or getattr(plugin, "__name__", type(plugin).__name__)
     if any(p == name and not source.startswith("in-process") for p, source in registry.plugins):

@@ -374,7 +374,9 @@ def test_a_plugin_that_breaks_the_contract_raises_and_registers_nothing(registry
             rolecast.register_plugin(plugin)
     assert "half" not in registry.items["envs"] and not registry.failures
     for plugin, name, problem in ((None, None, "has no hook"), (5, "five", "has no hook"),
-                                  (Broken, "core", "the name of an installed plugin")):
+                                  (Broken, "core", "the name of an installed plugin"),
+                                  (Broken, "", "plugin name='': must be a non-empty string"),
+                                  (Broken, 5, "plugin name=5: must be a non-empty string")):
         with pytest.raises(rolecast.RolecastError, match=problem):
             rolecast.register_plugin(plugin, name=name)
     assert "grpo" in registry.items["trainers"]
