@@ -62,7 +62,7 @@ def inline_doc(data: Any, name: str) -> YamlDoc:
 
 
 def plain_copy(data: Any) -> Any:
-    """A deep copy of ``data`` in JSON's own types (a tuple as a list, a numpy float as a float), which
+    """A deep copy of ``data`` in JSON's own types (a tuple as a list, a numpy float64 as a float), which
     YAML and JSON files can hold; a ValueError where it holds what they cannot (a Path, a set)."""
     try:
         return json.loads(json.dumps(data))
