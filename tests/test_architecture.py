@@ -3,6 +3,7 @@ functions included), and the lower packages never import the upper ones."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -125,3 +126,41 @@ def test_commands_without_a_model_import_no_heavy_library():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[-1] == "", out.stdout.splitlines()[-1]
+
+
+ARCHITECTURE = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+
+
+def test_docs_architecture_names_every_module():
+    """docs/architecture.md is the module map: a module added to the top level or to a package
+    whose files it lists, and not named there, fails here."""
+    named = set(re.findall(r"`(\w+)(?:\.py)?`", ARCHITECTURE))
+    files = set(re.findall(r"`(\w+\.py)`", ARCHITECTURE))
+    top = {path.stem for path in (ROOT / "orchestrator").glob("*.py")} - {"__init__"}
+    assert not top - named, f"orchestrator/ modules not in docs/architecture.md: {sorted(top - named)}"
+    for package in ("sandboxes", "orchestrator/grammar", "orchestrator/engines", "orchestrator/policies",
+                    "orchestrator/issue_fix", "orchestrator/training"):
+        listed = {path.name for path in (ROOT / package).glob("*.py")} - {"__init__.py"}
+        assert not listed - files, f"{package} modules not in docs/architecture.md: {sorted(listed - files)}"
+
+
+def test_the_lower_packages_import_what_docs_architecture_says():
+    """The doc's foundations, as it lists them, import none of orchestrator's packages; grammar/
+    imports engines/tokens only, engines/ the foundations and grammar/, envs/ the foundations and role."""
+    sentence = re.search(r"Foundations that import none of orchestrator's packages:(.*?)Above them", ARCHITECTURE, re.S)
+    listed = re.sub(r"\([^()]*\)", "", sentence.group(1))  # the names, without what each does
+    foundations = {f"orchestrator.{name}" for name in re.findall(r"`(\w+)`", listed)}
+    edges = graph("orchestrator")
+    assert len(foundations) >= 10 and foundations <= set(edges), foundations
+
+    def within(name: str) -> set[str]:
+        return {n for n in edges if n == name or n.startswith(name + ".")}
+
+    allowed = {name: foundations for name in foundations}
+    allowed |= {name: within("orchestrator.grammar") | {"orchestrator.engines", "orchestrator.engines.tokens"}
+                for name in within("orchestrator.grammar")}
+    allowed |= {name: foundations | within("orchestrator.engines") | within("orchestrator.grammar")
+                for name in within("orchestrator.engines")}
+    allowed |= {name: foundations | within("orchestrator.envs") | {"orchestrator.role"} for name in within("orchestrator.envs")}
+    for name, ok in allowed.items():
+        assert edges[name] <= ok, f"{name} imports {sorted(edges[name] - ok)}"
