@@ -10,6 +10,7 @@ A task is a folder ``tasks/<id>/``::
 from __future__ import annotations
 
 import ast
+import os
 import re
 import shlex
 import shutil
@@ -151,8 +152,9 @@ def _read_task(folder: Path) -> IssueTask:
     if "path" in doc.data:
         raise doc.error(("path",), "unknown key (the folder is set by the loader)")
     task: IssueTask = validate_model(IssueTask, {**doc.data, "path": folder}, doc)
-    if task.id != folder.name:
-        raise doc.error(("id",), f"{task.id!r} does not match the folder name {folder.name!r}")
+    name = Path(os.path.abspath(folder)).name  # `.` or `repo/..` names the folder too (its link's name, not its target's)
+    if task.id != name:
+        raise doc.error(("id",), f"{task.id!r} does not match the folder name {name!r}")
     if not task.repo_dir.is_dir():
         raise ConfigError(doc.path, None, "(folder)", f"no repo/ folder next to {TASK_FILE}")
     if not task.hidden_dir.is_dir():

@@ -134,6 +134,18 @@ def test_a_hidden_test_that_is_not_a_file_is_one_line(tmp_path, make):
     assert msg.startswith(f"{folder / 'hidden_tests/test_extra.py'}: (file): hidden test is unreadable") and "\n" not in msg
 
 
+def test_a_task_named_from_inside_its_folder_loads(tmp_path, monkeypatch):
+    """`rolecast tasks check .` in a task folder: its name was '' and the id never matched it."""
+    folder = _write_task(tmp_path, GOOD)
+    monkeypatch.chdir(folder / "repo")
+    assert load_task("..").id == "001-demo"
+    monkeypatch.chdir(folder)
+    assert load_task(".").id == "001-demo" and load_task("repo/..").id == "001-demo"
+    (folder / "task.yaml").write_text(GOOD.replace("id: 001-demo", "id: 001-other"), encoding="utf-8")
+    with pytest.raises(TaskFileError, match="'001-other' does not match the folder name '001-demo'"):
+        load_task(".")
+
+
 def test_bad_task_id_shape(tmp_path):
     folder = _write_task(tmp_path, GOOD.replace("001-demo", "Demo_1"), name="Demo_1")
     with pytest.raises(ValueError, match=r"task\.yaml:1: id: must be a lowercase slug"):
