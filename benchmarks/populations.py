@@ -20,7 +20,7 @@ reused and tokens decoded per episode beside it.
                                      [--set KEY=VALUE ...] [--population-set KEY=VALUE ...] [--smoke]
 
 ``--set`` options go to both runs (an entropy bonus: ``loss_config.entropy_coef=0.1``),
-``--population-set`` to the population's only (members started apart: ``trainer_config.init_noise=0.02``).
+``--population-set`` to the population's only (members started apart: ``trainer_config.init_noise=0.3``).
 ``--temperature T`` samples both runs' training moves at T (exploration: a move the model plays 1%
 of the time at 1.0 comes up far more often at 1.5); the probe games always play at the recipes'
 1.0, so a higher T cannot flatten the measured distributions by itself.
@@ -146,7 +146,7 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a training option for both runs (rolecast train --set), e.g. loss_config.entropy_coef=0.1")
     parser.add_argument("--population-set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a training option for the population's run only, e.g. trainer_config.init_noise=0.02")
+                        help="a training option for the population's run only, e.g. trainer_config.init_noise=0.3")
     parser.add_argument("--temperature", type=float, default=None,
                         help="sampling temperature of both runs' training games (the probe plays at 1.0)")
     parser.add_argument("--smoke", action="store_true", help="seconds on the tiny model: does the script still run")
