@@ -202,6 +202,8 @@ class IssueFixEnv(Env):
                 return f"{path} is reserved for the graders' tests"
             if (self.issue.repo_dir / rel).exists():
                 return f"{path} is one of the project's own files; choose a new file name"
+            if target in self._coder_files():  # overwritten, then removed with the Tester's next file
+                return f"{path} is a file the Coder wrote; choose a new file name"
             data = code.encode("utf-8")
             target.parent.mkdir(parents=True, exist_ok=True)
             target.unlink(missing_ok=True)  # whatever a sandboxed run left there (a link, a FIFO)
@@ -215,6 +217,17 @@ class IssueFixEnv(Env):
         # pytest names tests by the normalised path (tests/./x.py is tests/x.py)
         self.test = {"path": rel.as_posix(), "code": code}
         return None
+
+    def _coder_files(self) -> set[Path]:
+        """Where the Coder's applied edits wrote, resolved as the Tester's path is."""
+        files = set()
+        for result in self.all_edits:
+            if result.ok:
+                try:
+                    files.add(resolve_in(self.workdir, result.path))
+                except PathRefused:  # a sandboxed run moved things about since
+                    pass
+        return files
 
     # ------------------------------------------------------------------------------ the end
 

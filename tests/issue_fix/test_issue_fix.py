@@ -401,6 +401,25 @@ def test_hostile_test_files_are_refused_and_the_episode_goes_on(tmp_path, monkey
 
 
 @needs_sandbox
+def test_the_tester_cannot_write_over_a_file_the_coder_created(tmp_path, monkeypatch):
+    """The Tester's file went over the Coder's own new test, and the next round removed it."""
+    scratch(monkeypatch, tmp_path)
+    team = team_for(tmp_path, max_rounds=2)
+    own_test = {"path": "tests/test_accents.py", "search": "", "replace": REPRO_TEST}
+    policies = build_policies(team, {n: Binding("builtin", "stub") for n in team.roles}, None)
+    policies.update(
+        coder=PythonPolicy(lambda r: json.dumps({"edits": [own_test]})),  # the second time: "already exists"
+        reviewer=PythonPolicy(lambda r: '{"verdict": "request_changes"}'),
+        tester=PythonPolicy(lambda r: json.dumps({"path": "tests/./test_accents.py", "code": "def test_x():\n    pass\n"})),
+    )
+    (ep,) = run(team, policies, tmp_path).episodes
+    assert ep.status == "ok", ep.error
+    coder_prompts = [t.attempts[0].messages[-1]["content"] for t in ep.turns if t.role == "coder"]
+    assert "test file refused: tests/./test_accents.py is a file the Coder wrote" in coder_prompts[1]
+    assert ep.outcome["tester_check"] == "no test file was written"
+
+
+@needs_sandbox
 def test_the_teams_code_cannot_read_the_task_folder(tmp_path, monkeypatch):
     """The hidden tests and solution.patch sit next to repo/: the Tester's test printed the fix
     into test_report (every role's prompt), and could have copied it over the team's work."""
