@@ -43,7 +43,7 @@ class SamplingParams:
         if not (isinstance(self.max_tokens, int) and self.max_tokens >= 1):
             raise ValueError(f"max_tokens must be a whole number >= 1, got {self.max_tokens!r}")
         if not (isinstance(self.stop, tuple) and all(isinstance(t, str) for t in self.stop)):  # "" is ignored
-            raise ValueError(f"stop must be strings, got {self.stop!r}")
+            raise ValueError(f"stop must be a tuple of strings, got {self.stop!r}")
         if self.seed is not None and not (isinstance(self.seed, int) and 0 <= self.seed <= SEED_MAX):
             raise ValueError(f"seed must be a whole number from 0 to 2**63 - 1, got {self.seed!r}")
         if not (isinstance(self.top_logprobs, int) and self.top_logprobs >= 0):

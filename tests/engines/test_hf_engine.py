@@ -313,6 +313,16 @@ def test_closed_engine_refuses_work(engine):
         asyncio.run(engine.generate(request(engine, 0)))
 
 
+def test_stop_strings_given_as_a_list_are_refused_for_being_a_list():
+    """docs/engine.md shows ``SamplingParams(..., stop, ...)``: a list of strings was refused as
+    "stop must be strings", which they were."""
+    with pytest.raises(ValueError, match=r"stop must be a tuple of strings, got \['\\n'\]"):
+        SamplingParams(stop=["\n"])
+    with pytest.raises(ValueError, match="stop must be a tuple of strings"):
+        SamplingParams(stop=("\n", 1))
+    assert SamplingParams(stop=("\n", "")).stop == ("\n", "")
+
+
 def test_adapters_load_from_peft_format_dirs(engine, tmp_path):
     state = lora_state(engine.model, 3, std=0.5)
     assert engine.load_adapter("disk", peft_dir(tmp_path, state, alpha=8)) == 1
