@@ -80,3 +80,34 @@ def test_a_shown_command_parses_and_names_files_that_exist(page, line, monkeypat
             parses(args[1], args[2:], monkeypatch)
     except SystemExit as exit:
         pytest.fail(f"{page}: {line!r} is not a command it takes (exit {exit.code})")
+
+
+def test_the_engine_and_trainer_keywords_the_pages_name_exist():
+    """``HFEngine(share_prefixes=False)`` on a page is a keyword the constructor takes: a renamed one
+    fails here, not as a reader's TypeError."""
+    import inspect
+
+    from orchestrator.engines.hf import HFEngine
+    from orchestrator.training.client import ServiceClient
+
+    classes = {"HFEngine": HFEngine, "ServiceClient": ServiceClient}
+    named = [(page.relative_to(ROOT).as_posix(), name, keyword) for page in PAGES
+             for name, args in re.findall(r"`(HFEngine|ServiceClient)\(([^`]*)\)`", page.read_text())
+             for keyword in re.findall(r"(\w+)=", args)]
+    assert len(named) >= 6
+    for page, name, keyword in named:
+        assert keyword in inspect.signature(classes[name]).parameters, f"{page}: {name} takes no {keyword}="
+
+
+def test_the_device_stages_and_settings_the_pages_name_are_check_sh_s():
+    """``check.sh learn`` and ``LEARN_SEEDS=...`` on a page are a stage and a setting that
+    benchmarks/device/check.sh takes: a renamed one would be a reader's lost device call."""
+    script = (ROOT / "benchmarks" / "device" / "check.sh").read_text()
+    stages = set(re.findall(r"^ +(\w+)\)", script, re.M))
+    for page in PAGES:
+        text = page.read_text()
+        for stage in re.findall(r"check\.sh (\w+)", text):
+            assert stage in stages, f"{page.name}: check.sh has no stage {stage} (it has {', '.join(sorted(stages))})"
+        for setting in re.findall(r"\b((?:LEARN|GRPO|SCALE)_[A-Z_]+)\b", text):
+            assert re.search(r"\$\{%s\b" % setting, script), f"{page.name}: check.sh reads no {setting}"
+    assert {"tests", "rollout", "learn", "scale"} <= stages
