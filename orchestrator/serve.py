@@ -114,10 +114,13 @@ class ChatServer:
             stop = [stop]
         if not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
             raise HTTPError(400, f"stop must be a string or a list of strings, got {stop!r}")
+        logprobs = given.get("logprobs", False)
+        if not isinstance(logprobs, bool):  # "false" is truthy: it was answered with logprobs
+            raise HTTPError(400, f"logprobs must be true or false, got {logprobs!r}")
         top = given.get("top_logprobs", 0)
         if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
             raise HTTPError(400, f"top_logprobs must be a whole number from 0 to {MAX_TOP_LOGPROBS}, got {top!r}")
-        if top and not given.get("logprobs"):
+        if top and not logprobs:
             raise HTTPError(400, "top_logprobs needs logprobs: true")
         try:
             prompt = self.engine.apply_chat_template(messages)
@@ -149,7 +152,7 @@ class ChatServer:
             raise HTTPError(400, f"the engine refused the request: {exc}") from None
         choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": out.text},
                                   "finish_reason": FINISH[out.finish_reason]}
-        if req.get("logprobs"):
+        if logprobs:
             tok = self.engine.tokenizer
             tops = out.top_logprobs or [[] for _ in out.token_ids]
             choice["logprobs"] = {"content": [

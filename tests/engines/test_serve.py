@@ -164,6 +164,8 @@ def test_openai_binding_is_checked():
     ({"logprobs": True, "top_logprobs": True}, "top_logprobs must be a whole number from 0 to 20"),
     ({"logprobs": True, "top_logprobs": 2.0}, "top_logprobs must be a whole number from 0 to 20"),
     ({"top_logprobs": 2}, "top_logprobs needs logprobs: true"),
+    ({"logprobs": "false"}, "logprobs must be true or false"),  # a truthy string: it gave them
+    ({"logprobs": 1}, "logprobs must be true or false"),
 ])
 def test_bad_sampling_is_a_400_for_that_request_only(server, extra, words):
     """A value the engine would fail on mid-batch is refused up front: before, a bad stop string
