@@ -16,7 +16,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=.venv/bin/python
 [ -x "$PY" ] || { echo "pack.sh: run 'make test' first (it builds .venv)" >&2; exit 2; }
-for d in .whl .m1 .m2 .ray; do grep -qx "/$d/" .git/info/exclude 2>/dev/null || echo "/$d/" >> .git/info/exclude; done
+EXCLUDE=$(git rev-parse --git-path info/exclude)  # in a worktree .git is a file, not the folder
+mkdir -p "$(dirname "$EXCLUDE")"
+for d in .whl .m1 .m2 .ray; do grep -qx "/$d/" "$EXCLUDE" 2>/dev/null || echo "/$d/" >> "$EXCLUDE"; done
 rm -rf .whl .m1 .m2 .ray && mkdir -p .whl .m1/cfg .m2
 
 deps=(pydantic pydantic-core annotated-types typing-inspection jsonschema jsonschema-specifications referencing
