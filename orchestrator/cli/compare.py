@@ -3,7 +3,8 @@ same seed and budget, then put their held-out evaluation curves side by side.
 
 Each strategy trains in ``OUT/<strategy>/`` (a normal run dir); a strategy whose run has a
 checkpoint resumes from it (one that stopped before its first checkpoint starts over), so an
-interrupted comparison goes on where it stopped; a strategy's folder that holds other files is
+interrupted comparison goes on where it stopped, and a strategy that starts in it takes the
+model, dtype, seed and steps its runs there were started with unless given; a strategy's folder that holds other files is
 refused before anything trains, as is an ``OUT`` holding a run of another recipe. ``OUT`` gets
 ``compare.json`` (per strategy and evaluation step: each role's mean environment reward and its
 95% interval) and ``compare.png``.
@@ -11,12 +12,13 @@ refused before anything trains, as is an ``OUT`` holding a run of another recipe
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
 from ..errors import RolecastError
-from ..launch import LOCK_FILE, claimed, recorded_run, run_dir
+from ..launch import LOCK_FILE, Compute, claimed, recorded_run, run_dir
 from .flags import add_training_flags, compute_options, out_dir, parse_sets, positive_int
 
 
@@ -36,7 +38,6 @@ def register(sub: Any) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     from ..api import as_started, load_team, steps_given, train_into
-    from ..launch import Compute
     from ..training.strategies import STRATEGIES, with_strategy
 
     sets = parse_sets(args.sets)
@@ -51,6 +52,7 @@ def handle(args: argparse.Namespace) -> int:
             if recipe != base.name:
                 raise RolecastError(f"{folder} is a run of recipe {recipe!r}, not {base.name!r}: give another --out")
         runs = []
+        given = Compute(**compute_options(args)), args.seed, steps_given(base, sets, args.steps)
         # all checked before any trains: nothing of the user's is overwritten, and a started run (its
         # config.yaml) goes on from its last checkpoint (from step 0 without one) only as it was started
         for name in dict.fromkeys(args.strategy or STRATEGIES):  # a strategy named twice is one run
@@ -59,15 +61,33 @@ def handle(args: argparse.Namespace) -> int:
             if not resume and where.exists() and (not where.is_dir() or any(p.name != LOCK_FILE for p in where.iterdir())):
                 what = "holds files but no training run" if where.is_dir() else "is a file, where its run dir goes"
                 raise RolecastError(f"{where} {what}: move it, or give another --out")
-            compute, seed, steps = Compute(**compute_options(args)), args.seed, steps_given(base, sets, args.steps)
-            if resume:
-                compute, seed, steps = as_started(team, where, compute, seed, steps)
+            compute, seed, steps = as_started(team, where, *given) if resume else as_begun(out, *given)
             runs.append((name, team, where, compute, seed, steps, resume))
         for name, team, where, compute, seed, steps, resume in runs:
             train_into(team, where, compute, seed=seed, steps=steps, resume=resume, progress=not args.no_progress,
                        extra={"strategy": name})
         print(json.dumps(write_comparison(out, list(base.roles))))
     return 0
+
+
+def as_begun(out: Path, compute: Compute, seed: int | None,
+             steps: int | None) -> tuple[Compute, int | None, int | None]:
+    """What a strategy starting now trains with: where this command gives no model, dtype, seed or
+    steps, those the comparison's runs in ``out`` were started with (compare.json sets it beside
+    them, as one budget; the recipe's would differ from an earlier --steps or --seed), and one they
+    were started with unlike each other is one line."""
+    runs = [(recorded_run(p) or {}).get("run") or {} for p in sorted(out.iterdir()) if (p / "metrics.jsonl").is_file()]
+
+    def then(flag: str, given: Any) -> Any:
+        if given not in (None, "auto") or not (values := {run[flag] for run in runs if run.get(flag) is not None}):
+            return given
+        if len(values) > 1:
+            raise RolecastError(f"{out}: its runs were started with different --{flag} "
+                                f"({', '.join(sorted(map(str, values)))}): give --{flag} for the strategies that start now")
+        return values.pop()
+
+    return (dataclasses.replace(compute, model=then("model", compute.model), dtype=then("dtype", compute.dtype)),
+            then("seed", seed), then("steps", steps))
 
 
 def write_comparison(out: Path, roles: list[str]) -> dict[str, Any]:

@@ -144,3 +144,31 @@ def test_a_comparison_holding_a_run_of_another_recipe_is_refused(cli, tmp_path, 
     code, _, err = cli("compare", train_recipe(tmp_path, 1), "--strategy", "shared", "--out", out, "--no-progress")
     assert code == 2 and f"{out / 'grpo'} is a run of recipe 'guess_number', not 'tiny_debate'" in err, err
     assert trained == [] and not (out / "compare.json").exists()
+
+
+def test_a_strategy_starting_in_a_begun_comparison_trains_as_its_runs_were_started(cli, tmp_path, monkeypatch):
+    """A comparison started with --steps 1 --seed 3 --dtype float32 and run again without them (as a
+    resume is) trained its new strategies on the recipe's 2 steps, seed 0 and dtype auto, side by
+    side in compare.json with the runs of 1 step and seed 3."""
+    import orchestrator.api
+
+    trained = {}
+
+    def train_into(team, where, compute, **kwargs):
+        trained[where.name] = (compute.model, compute.dtype, kwargs["seed"], kwargs["steps"])
+
+    monkeypatch.setattr(orchestrator.api, "train_into", train_into)
+    out, recipe = tmp_path / "cmp", train_recipe(tmp_path, 2)
+    for name, steps in (("grpo", 1), ("m-grpo", 1)):
+        write(out / name / "config.yaml", f"recipe: {{name: tiny_debate}}\nrun: {{seed: 3, model: tiny, dtype: float32, "
+                                          f"steps: {steps}, strategy: {name}}}\n")
+        write(out / name / "metrics.jsonl", json.dumps({"step": 0, "kind": "eval", "eval_reward/pro": 0.0}) + "\n")
+    code, _, err = cli("compare", recipe, "--strategy", "shared", "--out", out, "--no-progress")
+    assert code == 0, err
+    assert trained == {"shared": ("tiny", "float32", 3, 1)}
+    code, _, err = cli("compare", recipe, "--strategy", "shared", "--seed", "4", "--steps", "2", "--out", out,
+                       "--no-progress")
+    assert code == 0 and trained["shared"] == ("tiny", "float32", 4, 2), err  # given: the command's
+    write(out / "m-grpo" / "config.yaml", "recipe: {name: tiny_debate}\nrun: {seed: 3, model: tiny, steps: 2}\n")
+    code, _, err = cli("compare", recipe, "--strategy", "shared", "--out", out, "--no-progress")
+    assert code == 2 and f"{out}: its runs were started with different --steps (1, 2): give --steps" in err, err
