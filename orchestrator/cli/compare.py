@@ -41,6 +41,8 @@ def handle(args: argparse.Namespace) -> int:
     from ..training.strategies import STRATEGIES, with_strategy
 
     sets = parse_sets(args.sets)
+    if taken := next((key for key in sets if key.startswith("trainer_config.")), None):  # with_strategy replaces them
+        raise RolecastError(f"--set {taken}: each strategy sets its trainer's options (freeze-rotate's every is --every)")
     base = load_team(args.recipe, sets)
     if base.config.training is None:
         raise RolecastError(f"{base.path}: the recipe has no `training:` block")

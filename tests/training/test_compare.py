@@ -172,3 +172,16 @@ def test_a_strategy_starting_in_a_begun_comparison_trains_as_its_runs_were_start
     write(out / "m-grpo" / "config.yaml", "recipe: {name: tiny_debate}\nrun: {seed: 3, model: tiny, steps: 2}\n")
     code, _, err = cli("compare", recipe, "--strategy", "shared", "--out", out, "--no-progress")
     assert code == 2 and f"{out}: its runs were started with different --steps (1, 2): give --steps" in err, err
+
+
+def test_a_trainer_option_set_is_refused(cli, tmp_path, monkeypatch):
+    """Each strategy replaces the trainer's options: --set trainer_config.scale_std=true was
+    accepted and trained every strategy without it."""
+    import orchestrator.api
+
+    trained = []
+    monkeypatch.setattr(orchestrator.api, "train_into", lambda team, where, *args, **kwargs: trained.append(where.name))
+    code, _, err = cli("compare", train_recipe(tmp_path, 1), "--strategy", "grpo", "--set", "trainer_config.scale_std=true",
+                       "--out", tmp_path / "cmp", "--no-progress")
+    assert code == 2 and "--set trainer_config.scale_std: each strategy sets its trainer's options" in err, err
+    assert trained == []
