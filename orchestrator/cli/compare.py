@@ -30,7 +30,8 @@ def register(sub: Any) -> None:
     p.add_argument("--strategy", action="append", choices=list(STRATEGIES), metavar="NAME",
                    help=f"repeatable; default: all of {', '.join(STRATEGIES)}")
     p.add_argument("--steps", type=positive_int, help="training steps per strategy (default: the recipe's)")
-    p.add_argument("--every", type=positive_int, default=5, help="freeze-rotate: steps per phase (default 5)")
+    p.add_argument("--every", type=positive_int,
+                   help="freeze-rotate: steps per phase (default: what its run in OUT was started with, else 5)")
     p.add_argument("--out", type=out_dir, help="where the runs go (default: runs/compare-<recipe>-<time>)")
     add_training_flags(p)
     p.set_defaults(func=handle)
@@ -58,7 +59,8 @@ def handle(args: argparse.Namespace) -> int:
         # all checked before any trains: nothing of the user's is overwritten, and a started run (its
         # config.yaml) goes on from its last checkpoint (from step 0 without one) only as it was started
         for name in dict.fromkeys(args.strategy or STRATEGIES):  # a strategy named twice is one run
-            team, where, resume = with_strategy(base, name, args.every), out / name, (out / name / "config.yaml").is_file()
+            where, resume = out / name, (out / name / "config.yaml").is_file()
+            team = with_strategy(base, name, args.every or (resume and phase_of(where)) or 5)
             # a lock file alone is what a run killed before its config.yaml leaves: no file of the user's
             if not resume and where.exists() and (not where.is_dir() or any(p.name != LOCK_FILE for p in where.iterdir())):
                 what = "holds files but no training run" if where.is_dir() else "is a file, where its run dir goes"
@@ -90,6 +92,14 @@ def as_begun(out: Path, compute: Compute, seed: int | None,
 
     return (dataclasses.replace(compute, model=then("model", compute.model), dtype=then("dtype", compute.dtype)),
             then("seed", seed), then("steps", steps))
+
+
+def phase_of(run: Path) -> int | None:
+    """The ``every`` that freeze-rotate's run in ``run`` was started with (a resume without --every
+    goes on with it, as with the model and steps); None where it records none."""
+    training = ((recorded_run(run) or {}).get("recipe") or {}).get("training")
+    options = training.get("trainer_config") if isinstance(training, dict) else None
+    return options.get("every") if isinstance(options, dict) else None
 
 
 def write_comparison(out: Path, roles: list[str]) -> dict[str, Any]:

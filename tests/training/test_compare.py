@@ -185,3 +185,24 @@ def test_a_trainer_option_set_is_refused(cli, tmp_path, monkeypatch):
                        "--out", tmp_path / "cmp", "--no-progress")
     assert code == 2 and "--set trainer_config.scale_std: each strategy sets its trainer's options" in err, err
     assert trained == []
+
+
+def test_freeze_rotate_goes_on_with_the_every_it_was_started_with(cli, tmp_path, monkeypatch):
+    """A freeze-rotate run started with --every 2 and continued without it (as the report's
+    `rolecast compare RECIPE --out OUT --strategy freeze-rotate` says) was refused: started with
+    training.trainer_config.every = 2, this command has 5."""
+    import orchestrator.api
+
+    trained = {}
+    monkeypatch.setattr(orchestrator.api, "train_into", lambda team, where, *args, **kwargs:
+                        trained.update({where.name: team.config.training.trainer_config}))
+    out, recipe = tmp_path / "cmp", train_recipe(tmp_path, 1)
+    write(out / "freeze-rotate" / "config.yaml", "recipe: {name: tiny_debate, training: {trainer: freeze-rotate, "
+                                                 "trainer_config: {every: 2}}}\nrun: {steps: 1, strategy: freeze-rotate}\n")
+    code, _, err = cli("compare", recipe, "--strategy", "freeze-rotate", "--strategy", "grpo", "--out", out, "--no-progress")
+    assert code == 0, err
+    assert trained == {"freeze-rotate": {"every": 2}, "grpo": {}}
+    code, _, err = cli("compare", recipe, "--strategy", "freeze-rotate", "--every", "3", "--out", out, "--no-progress")
+    assert code == 2 and "was started with training.trainer_config.every = 2, this command has 3" in err, err
+    code, _, err = cli("compare", recipe, "--strategy", "freeze-rotate", "--out", tmp_path / "new", "--no-progress")
+    assert code == 0 and trained["freeze-rotate"] == {"every": 5}, err  # a run starting: the default
