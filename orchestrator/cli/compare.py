@@ -14,11 +14,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 from ..errors import RolecastError
 from ..launch import LOCK_FILE, Compute, claimed, recorded_run, run_dir
+from ..team import Team, trainable_roles
 from .flags import add_training_flags, compute_options, out_dir, parse_sets, positive_int
 
 
@@ -66,6 +68,8 @@ def handle(args: argparse.Namespace) -> int:
                 what = "holds files but no training run" if where.is_dir() else "is a file, where its run dir goes"
                 raise RolecastError(f"{where} {what}: move it, or give another --out")
             compute, seed, steps = as_started(team, where, *given) if resume else as_begun(out, *given)
+            if name == "freeze-rotate" and not resume:  # one that goes on was checked as it started
+                check_rotation(team, steps or team.config.training.steps)
             runs.append((name, team, where, compute, seed, steps, resume))
         for name, team, where, compute, seed, steps, resume in runs:
             train_into(team, where, compute, seed=seed, steps=steps, resume=resume, progress=not args.no_progress,
@@ -100,6 +104,15 @@ def phase_of(run: Path) -> int | None:
     training = ((recorded_run(run) or {}).get("recipe") or {}).get("training")
     options = training.get("trainer_config") if isinstance(training, dict) else None
     return options.get("every") if isinstance(options, dict) else None
+
+
+def check_rotation(team: Team, steps: int) -> None:
+    """Every adapter gets a phase of freeze-rotate's run (one adapter for ``every`` steps each, in
+    team order): with phases longer than ``steps`` allow, its curves would be of the others alone."""
+    every = team.config.training.trainer_config["every"]
+    if idle := list(dict.fromkeys(trainable_roles(team.roles).values()))[math.ceil(steps / every):]:
+        raise RolecastError(f"--every {every} over {steps} steps: freeze-rotate would never train {', '.join(idle)} "
+                            "(one adapter a phase): give a smaller --every, or more --steps")
 
 
 def write_comparison(out: Path, roles: list[str]) -> dict[str, Any]:

@@ -204,5 +204,23 @@ def test_freeze_rotate_goes_on_with_the_every_it_was_started_with(cli, tmp_path,
     assert trained == {"freeze-rotate": {"every": 2}, "grpo": {}}
     code, _, err = cli("compare", recipe, "--strategy", "freeze-rotate", "--every", "3", "--out", out, "--no-progress")
     assert code == 2 and "was started with training.trainer_config.every = 2, this command has 3" in err, err
-    code, _, err = cli("compare", recipe, "--strategy", "freeze-rotate", "--out", tmp_path / "new", "--no-progress")
+    code, _, err = cli("compare", recipe, "--strategy", "freeze-rotate", "--steps", "10", "--out", tmp_path / "new",
+                       "--no-progress")
     assert code == 0 and trained["freeze-rotate"] == {"every": 5}, err  # a run starting: the default
+
+
+def test_freeze_rotate_whose_phases_miss_an_adapter_is_refused(cli, tmp_path, monkeypatch):
+    """--steps 2 with --every's default 5: freeze-rotate trained pro alone, and its curves stood in
+    compare.json beside strategies that trained both debaters."""
+    import orchestrator.api
+
+    trained = []
+    monkeypatch.setattr(orchestrator.api, "train_into", lambda team, where, *args, **kwargs: trained.append(where.name))
+    recipe, out = train_recipe(tmp_path, 2), tmp_path / "cmp"
+    code, _, err = cli("compare", recipe, "--strategy", "grpo", "--strategy", "freeze-rotate", "--out", out, "--no-progress")
+    assert code == 2 and "--every 5 over 2 steps: freeze-rotate would never train con" in err, err
+    assert trained == []
+    for every, steps in (("1", "2"), ("2", "3")):
+        code, _, err = cli("compare", recipe, "--strategy", "freeze-rotate", "--every", every, "--steps", steps,
+                           "--out", tmp_path / f"cmp-{every}", "--no-progress")
+        assert code == 0, err
