@@ -4,8 +4,9 @@ same seed and budget, then put their held-out evaluation curves side by side.
 Each strategy trains in ``OUT/<strategy>/`` (a normal run dir); a strategy whose run has a
 checkpoint resumes from it (one that stopped before its first checkpoint starts over), so an
 interrupted comparison goes on where it stopped, and a strategy that starts in it takes the
-model, dtype, seed and steps its runs there were started with unless given; a strategy's folder that holds other files is
-refused before anything trains, as is an ``OUT`` holding a run of another recipe. ``OUT`` gets
+model, dtype, seed and steps its runs there were started with unless given; a strategy's folder
+that holds other files is refused before anything trains, as is an ``OUT`` holding a run of
+another recipe, or one that is a run dir itself. ``OUT`` gets
 ``compare.json`` (per strategy and evaluation step: each role's mean environment reward and its
 95% interval) and ``compare.png``.
 """
@@ -49,7 +50,7 @@ def handle(args: argparse.Namespace) -> int:
     base = load_team(args.recipe, sets)
     if base.config.training is None:
         raise RolecastError(f"{base.path}: the recipe has no `training:` block")
-    out = run_dir(args.out, f"compare-{base.name}")
+    out = run_dir(args.out, f"compare-{base.name}", fresh=True)  # a run dir itself: its strategies would sit among its files
     with claimed(out):  # a second comparison into it would train its strategies over ours
         # compare.json sets every run in OUT side by side: one of another recipe would stand among ours
         for folder in sorted(p for p in out.iterdir() if (p / "metrics.jsonl").is_file()):

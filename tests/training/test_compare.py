@@ -224,3 +224,17 @@ def test_freeze_rotate_whose_phases_miss_an_adapter_is_refused(cli, tmp_path, mo
         code, _, err = cli("compare", recipe, "--strategy", "freeze-rotate", "--every", every, "--steps", steps,
                            "--out", tmp_path / f"cmp-{every}", "--no-progress")
         assert code == 0, err
+
+
+def test_an_out_that_is_a_run_dir_is_refused(cli, tmp_path, monkeypatch):
+    """--out naming a training run's own dir: the strategies' run dirs, compare.json and compare.png
+    went in among its checkpoints and rollouts."""
+    import orchestrator.api
+
+    trained = []
+    monkeypatch.setattr(orchestrator.api, "train_into", lambda team, where, *args, **kwargs: trained.append(where.name))
+    out = tmp_path / "train-run"
+    write(out / "config.yaml", "recipe: {name: tiny_debate}\nrun: {steps: 1}\n")
+    code, _, err = cli("compare", train_recipe(tmp_path, 1), "--strategy", "grpo", "--out", out, "--no-progress")
+    assert code == 2 and f"--out {out} already holds a run" in err, err
+    assert trained == [] and sorted(p.name for p in out.iterdir()) == ["config.yaml"]
