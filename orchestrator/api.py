@@ -231,6 +231,11 @@ def as_started(team: Team, out: Path, compute: Compute, seed: int | None,
         shown = [text if len(text := repr(v)) < 60 else text[:57] + "..." for v in (was, has)]
         raise RolecastError(f"--resume: {out} was started with {format_loc(loc)} = {shown[0]}, this command has "
                             f"{shown[1]}: resume with the recipe and --set flags it was started with")
+    from .training.loop import last_checkpoint
+
+    # said before the model loads (under compare, before the strategies named ahead of it train)
+    if steps and (done := last_checkpoint(out, "--resume")) and done[1]["step"] > steps:
+        raise RolecastError(f"--resume: {out} is at step {done[1]['step']}, past --steps {steps}")
     # --dtype's default, auto, is bf16 where the CPU has it: a float32 run would go on in bf16
     dtype = then_run.get("dtype", compute.dtype) if compute.dtype == "auto" else compute.dtype
     return (dataclasses.replace(compute, model=compute.model or then_run.get("model"), dtype=dtype),

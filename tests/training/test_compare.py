@@ -238,3 +238,19 @@ def test_an_out_that_is_a_run_dir_is_refused(cli, tmp_path, monkeypatch):
     code, _, err = cli("compare", train_recipe(tmp_path, 1), "--strategy", "grpo", "--out", out, "--no-progress")
     assert code == 2 and f"--out {out} already holds a run" in err, err
     assert trained == [] and sorted(p.name for p in out.iterdir()) == ["config.yaml"]
+
+
+def test_steps_below_a_strategys_checkpoint_are_refused_before_anything_trains(cli, tmp_path, monkeypatch):
+    """--steps 1 with grpo's run at step 2: m-grpo, named first, trained its step, then grpo's resume
+    stopped ("is at step 2, past --steps 1") once its model had loaded, and compare.json was not written."""
+    import orchestrator.api
+
+    trained = []
+    monkeypatch.setattr(orchestrator.api, "train_into", lambda team, where, *args, **kwargs: trained.append(where.name))
+    out = tmp_path / "cmp"
+    write(out / "grpo" / "config.yaml", "recipe: {name: tiny_debate}\nrun: {steps: 2, strategy: grpo}\n")
+    write(out / "grpo" / "checkpoints" / "step-000002" / "trainer.json", json.dumps({"step": 2, "trainer": {}}))
+    code, _, err = cli("compare", train_recipe(tmp_path, 2), "--strategy", "m-grpo", "--strategy", "grpo", "--steps", "1",
+                       "--out", out, "--no-progress")
+    assert code == 2 and f"--resume: {out / 'grpo'} is at step 2, past --steps 1" in err, err
+    assert trained == []
