@@ -34,7 +34,8 @@ def register(sub: Any) -> None:
                    help=f"repeatable; default: all of {', '.join(STRATEGIES)}")
     p.add_argument("--steps", type=positive_int, help="training steps per strategy (default: the recipe's)")
     p.add_argument("--every", type=positive_int,
-                   help="freeze-rotate: steps per phase (default: what its run in OUT was started with, else 5)")
+                   help="freeze-rotate: steps per phase (default: what its run in OUT was started with, else 5, "
+                        "or fewer where the steps would leave an adapter no phase)")
     p.add_argument("--out", type=out_dir, help="where the runs go (default: runs/compare-<recipe>-<time>)")
     add_training_flags(p)
     p.set_defaults(func=handle)
@@ -63,14 +64,19 @@ def handle(args: argparse.Namespace) -> int:
         # config.yaml) goes on from its last checkpoint (from step 0 without one) only as it was started
         for name in dict.fromkeys(args.strategy or STRATEGIES):  # a strategy named twice is one run
             where, resume = out / name, (out / name / "config.yaml").is_file()
-            team = with_strategy(base, name, args.every or (resume and phase_of(where)) or 5)
             # a lock file alone is what a run killed before its config.yaml leaves: no file of the user's
             if not resume and where.exists() and (not where.is_dir() or any(p.name != LOCK_FILE for p in where.iterdir())):
                 what = "holds files but no training run" if where.is_dir() else "is a file, where its run dir goes"
                 raise RolecastError(f"{where} {what}: move it, or give another --out")
-            compute, seed, steps = as_started(team, where, *given) if resume else as_begun(out, *given)
-            if name == "freeze-rotate" and not resume:  # one that goes on was checked as it started
-                check_rotation(team, steps or team.config.training.steps)
+            if resume:  # one that goes on was checked as it started
+                team = with_strategy(base, name, args.every or phase_of(where) or 5)
+                compute, seed, steps = as_started(team, where, *given)
+            else:
+                compute, seed, steps = as_begun(out, *given)
+                total = steps or base.config.training.steps
+                team = with_strategy(base, name, args.every or default_every(base, total))
+                if name == "freeze-rotate":
+                    check_rotation(team, total)
             runs.append((name, team, where, compute, seed, steps, resume))
         for name, team, where, compute, seed, steps, resume in runs:
             train_into(team, where, compute, seed=seed, steps=steps, resume=resume, progress=not args.no_progress,
@@ -105,6 +111,13 @@ def phase_of(run: Path) -> int | None:
     training = ((recorded_run(run) or {}).get("recipe") or {}).get("training")
     options = training.get("trainer_config") if isinstance(training, dict) else None
     return options.get("every") if isinstance(options, dict) else None
+
+
+def default_every(team: Team, steps: int) -> int:
+    """freeze-rotate's phase length where --every is not given: 5 steps, fewer where ``steps`` would
+    leave an adapter no phase (a short comparison rotates every step)."""
+    adapters = len(set(trainable_roles(team.roles).values()))
+    return max(1, min(5, steps // adapters))
 
 
 def check_rotation(team: Team, steps: int) -> None:

@@ -211,15 +211,23 @@ def test_freeze_rotate_goes_on_with_the_every_it_was_started_with(cli, tmp_path,
 
 def test_freeze_rotate_whose_phases_miss_an_adapter_is_refused(cli, tmp_path, monkeypatch):
     """--steps 2 with --every's default 5: freeze-rotate trained pro alone, and its curves stood in
-    compare.json beside strategies that trained both debaters."""
+    compare.json beside strategies that trained both debaters. Its default now fits the steps; an
+    --every given that does not is refused."""
     import orchestrator.api
 
     trained = []
-    monkeypatch.setattr(orchestrator.api, "train_into", lambda team, where, *args, **kwargs: trained.append(where.name))
+    monkeypatch.setattr(orchestrator.api, "train_into", lambda team, where, *args, **kwargs:
+                        trained.append((where.name, team.config.training.trainer_config)))
     recipe, out = train_recipe(tmp_path, 2), tmp_path / "cmp"
-    code, _, err = cli("compare", recipe, "--strategy", "grpo", "--strategy", "freeze-rotate", "--out", out, "--no-progress")
+    code, _, err = cli("compare", recipe, "--strategy", "grpo", "--strategy", "freeze-rotate", "--every", "5",
+                       "--out", out, "--no-progress")
     assert code == 2 and "--every 5 over 2 steps: freeze-rotate would never train con" in err, err
     assert trained == []
+    code, _, err = cli("compare", recipe, "--strategy", "freeze-rotate", "--out", out, "--no-progress")
+    assert code == 0 and trained == [("freeze-rotate", {"every": 1})], err  # pro, then con
+    code, _, err = cli("compare", recipe, "--strategy", "freeze-rotate", "--steps", "1", "--out", tmp_path / "one",
+                       "--no-progress")
+    assert code == 2 and "--every 1 over 1 steps: freeze-rotate would never train con" in err, err
     for every, steps in (("1", "2"), ("2", "3")):
         code, _, err = cli("compare", recipe, "--strategy", "freeze-rotate", "--every", every, "--steps", steps,
                            "--out", tmp_path / f"cmp-{every}", "--no-progress")
