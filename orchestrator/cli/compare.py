@@ -51,6 +51,10 @@ def handle(args: argparse.Namespace) -> int:
     base = load_team(args.recipe, sets)
     if base.config.training is None:
         raise RolecastError(f"{base.path}: the recipe has no `training:` block")
+    theirs = sorted({s["trainer"] for s in STRATEGIES.values()})
+    if (trainer := base.config.training.trainer) not in theirs:  # self-play's pool, a population's members: gone
+        raise RolecastError(f"{base.path}: trains with {trainer!r}, which every strategy would replace by one of "
+                            f"{', '.join(theirs)}, dropping what it does: compare a recipe trained with one of those")
     out = run_dir(args.out, f"compare-{base.name}", fresh=True)  # a run dir itself: its strategies would sit among its files
     with claimed(out):  # a second comparison into it would train its strategies over ours
         # compare.json sets every run in OUT side by side: one of another recipe would stand among ours

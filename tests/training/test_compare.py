@@ -174,6 +174,15 @@ def test_a_strategy_starting_in_a_begun_comparison_trains_as_its_runs_were_start
     assert code == 2 and f"{out}: its runs were started with different --steps (1, 2): give --steps" in err, err
 
 
+def test_a_recipe_whose_trainer_no_strategy_keeps_is_refused(cli, tmp_path):
+    """tictactoe's self-play (its opponent pool) and a population's members were silently dropped:
+    every strategy trained one adapter against itself, as plain GRPO."""
+    for recipe, trainer in (("tictactoe.yaml", "self-play"), ("rps_population.yaml", "population")):
+        code, _, err = cli("compare", ROOT / "recipes" / recipe, "--out", tmp_path / trainer, "--no-progress")
+        assert code == 2 and f"trains with {trainer!r}, which every strategy would replace" in err, err
+        assert not (tmp_path / trainer).exists()
+
+
 def test_a_trainer_option_set_is_refused(cli, tmp_path, monkeypatch):
     """Each strategy replaces the trainer's options: --set trainer_config.scale_std=true was
     accepted and trained every strategy without it."""
