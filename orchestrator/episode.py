@@ -40,7 +40,8 @@ def derive_seed(*parts: int) -> int:
 
 
 async def run_episode(team: Team, policies: Mapping[str, Policy], record: EpisodeRecord) -> EpisodeRecord:
-    """Fill ``record`` in place (so a timeout keeps the turns taken so far) and return it."""
+    """Fill ``record`` in place (so a timeout or a policy's fault keeps the turns taken so far, and
+    the tries of the turn it cut short) and return it."""
     env = team.make_env(record.task, random.Random(f"{record.seed}:{record.index}"))
     try:
         played = await _play(team, env, policies, record)
@@ -138,57 +139,70 @@ async def _take_turn(
     validator = spec.validator
     attempts: list[Attempt] = []
     content = None
-    for attempt in range(spec.config.max_retries + 1):
-        started = time.perf_counter()
-        out = await policy(
-            PolicyRequest(
-                role=spec.name,
-                episode=record.id,
-                episode_index=record.index,
-                turn=turn,
-                attempt=attempt,
-                messages=messages,
-                context=context,
-                sampling=spec.config.policy.sampling,
-                adapter=record.adapters.get(spec.name, spec.config.policy.adapter),
-                seed=derive_seed(record.seed, record.index, turn, attempt),
-                reply_prefix=spec.config.reply_prefix,
-                json_schema=spec.json_schema,
-                extends=previous,
+    try:
+        for attempt in range(spec.config.max_retries + 1):
+            started = time.perf_counter()
+            out = await policy(
+                PolicyRequest(
+                    role=spec.name,
+                    episode=record.id,
+                    episode_index=record.index,
+                    turn=turn,
+                    attempt=attempt,
+                    messages=messages,
+                    context=context,
+                    sampling=spec.config.policy.sampling,
+                    adapter=record.adapters.get(spec.name, spec.config.policy.adapter),
+                    seed=derive_seed(record.seed, record.index, turn, attempt),
+                    reply_prefix=spec.config.reply_prefix,
+                    json_schema=spec.json_schema,
+                    extends=previous,
+                )
             )
-        )
-        if isinstance(out, str):
-            out = PolicyOutput(text=out)
-        elif not isinstance(out, PolicyOutput) or not isinstance(out.text, str):
-            raise PolicyError(f"policy for role {spec.name!r} returned {type(out).__name__}, not text")
-        content, errors = parse_message(out.text, validator)
-        attempts.append(
-            Attempt(
-                messages=messages,
-                text=out.text,
-                valid=not errors,
-                errors=errors,
-                prompt_ids=out.prompt_ids,
-                token_ids=out.token_ids,
-                logprobs=out.logprobs,
-                finish_reason=out.finish_reason,
-                adapter=out.adapter,
-                adapter_version=out.adapter_version,
-                duration_s=time.perf_counter() - started,
-                json_schema=out.json_schema,
-                reply_prefix=spec.config.reply_prefix if out.json_schema else "",
-                forced_tokens=out.forced_tokens,
-                spelled=out.spelled,
-                completion_tokens=out.completion_tokens,
+            if isinstance(out, str):
+                out = PolicyOutput(text=out)
+            elif not isinstance(out, PolicyOutput) or not isinstance(out.text, str):
+                raise PolicyError(f"policy for role {spec.name!r} returned {type(out).__name__}, not text")
+            content, errors = parse_message(out.text, validator)
+            attempts.append(
+                Attempt(
+                    messages=messages,
+                    text=out.text,
+                    valid=not errors,
+                    errors=errors,
+                    prompt_ids=out.prompt_ids,
+                    token_ids=out.token_ids,
+                    logprobs=out.logprobs,
+                    finish_reason=out.finish_reason,
+                    adapter=out.adapter,
+                    adapter_version=out.adapter_version,
+                    duration_s=time.perf_counter() - started,
+                    json_schema=out.json_schema,
+                    reply_prefix=spec.config.reply_prefix if out.json_schema else "",
+                    forced_tokens=out.forced_tokens,
+                    spelled=out.spelled,
+                    completion_tokens=out.completion_tokens,
+                )
             )
-        )
-        if not errors:
-            break
-        previous = attempts[-1]
-        messages = messages + [
-            {"role": "assistant", "content": out.text},
-            {"role": "user", "content": RETRY_PROMPT.format(errors="; ".join(errors))},
-        ]
+            if not errors:
+                break
+            previous = attempts[-1]
+            messages = messages + [
+                {"role": "assistant", "content": out.text},
+                {"role": "user", "content": RETRY_PROMPT.format(errors="; ".join(errors))},
+            ]
+    except BaseException:
+        # the policy's fault or the episode's timeout: the tries made so far stay in the transcript,
+        # without a penalty (the turn did not run out of retries)
+        if attempts:
+            record.turns.append(_turn(spec, record, turn, attempts, content, penalty=0.0))
+        raise
+    penalty = 0.0 if attempts[-1].valid else spec.config.invalid_penalty
+    return _turn(spec, record, turn, attempts, content, penalty)
+
+
+def _turn(spec: RoleSpec, record: EpisodeRecord, turn: int, attempts: list[Attempt], content: dict | None,
+          penalty: float) -> Turn:
     valid = attempts[-1].valid
     return Turn(
         turn=turn,
@@ -197,6 +211,6 @@ async def _take_turn(
         content=content if valid else None,
         valid=valid,
         retries=len(attempts) - 1,
-        penalty=0.0 if valid else spec.config.invalid_penalty,
+        penalty=penalty,
         attempts=attempts,
     )

@@ -261,6 +261,27 @@ def test_episode_timeout_keeps_partial_transcript(tmp_path):
     assert [t.role for t in result.episodes[0].turns] == ["pro"]
 
 
+
+def test_a_fault_mid_retry_keeps_the_tries_made_before_it(tmp_path):
+    # a replay line retried into the file's end, or a retry past the episode's time: the turn was
+    # lost whole, so the transcript hid the reply that used the line (or the time) up
+    team = load_team(ROOT / "recipes/debate.yaml")
+    short = tmp_path / "short.jsonl"
+    short.write_text('{"role": "pro", "text": "no JSON here"}\n')
+
+    async def slow_retry(request):
+        await asyncio.sleep(30 * request.attempt)
+        return "no JSON either"
+
+    policies = build_policies(team, {**stub_all(team), "pro": Binding("replay", str(short))}, no_engine)
+    runs = [(policies, 900.0, "error"), ({name: PythonPolicy(slow_retry) for name in team.roles}, 0.3, "timeout")]
+    for n, (bound, timeout, status) in enumerate(runs):
+        options = RunOptions(episodes=1, seed=0, out_dir=tmp_path / str(n), progress=False, episode_timeout_s=timeout)
+        assert asyncio.run(asyncio.wait_for(run_team(team, bound, options), 10)).episodes[0].status == status
+        (turn,) = read_transcripts(tmp_path / str(n))[0]["turns"]
+        assert [a["text"] for a in turn["attempts"]] == [["no JSON here", "no JSON either"][n]]
+        assert (turn["valid"], turn["retries"], turn["penalty"]) == (False, 0, 0.0)  # it never ran out of retries
+
 def test_a_policys_own_timeout_is_an_error_not_the_episodes(tmp_path):
     def api(request):
         raise TimeoutError("the judge's API did not answer in 10s")  # as urlopen(timeout=10) raises it
