@@ -170,7 +170,7 @@ class RoleConfig(Strict):
     # add its own last reply and this template's message to what it saw before, so turns extend
     # one another token for token (one training sequence per episode, not one per turn).
     followup: str | None = Field(None, min_length=1, description="Jinja2 template path for turns after the first")
-    system: str | None = Field(None, description="system message; default: name and description")
+    system: str | None = Field(None, description="system message; default (null): name and description; empty: none")
     # Text the model's reply is made to start with (e.g. '{"verdict": "'): it goes into the prompt
     # after the assistant tag and is prepended to the sampled text before parsing. Small models
     # that never start a JSON object on their own mostly finish one they are handed.

@@ -86,18 +86,19 @@ class RoleSpec:
     @cached_property
     def _static_system(self) -> str | None:
         """The system message, rendered once when it reads only the role's own fields."""
-        names = jinja2.meta.find_undeclared_variables(self.system_template.environment.parse(self.config.system or DEFAULT_SYSTEM))
+        names = jinja2.meta.find_undeclared_variables(self.system_template.environment.parse(_system_source(self.config)))
         if names <= {"role", "description", "params", "schema"}:
             return self.system_template.render(self.context({}, {})).strip()
         return None
 
     def render(self, context: dict[str, Any]) -> list[dict[str, str]]:
-        """The chat messages of a first attempt: system, then the rendered prompt."""
+        """The chat messages of a first attempt: system (none where it renders empty: `system: ""`
+        for a model whose chat template has no system role), then the rendered prompt."""
         system = self._static_system
-        return [
-            {"role": "system", "content": system if system is not None else self.system_template.render(context).strip()},
-            {"role": "user", "content": self.template.render(context).strip()},
-        ]
+        if system is None:
+            system = self.system_template.render(context).strip()
+        return [*([{"role": "system", "content": system}] if system else []),
+                {"role": "user", "content": self.template.render(context).strip()}]
 
     def render_followup(self, context: dict[str, Any]) -> dict[str, str]:
         """The user message of a conversation role's later turn."""
@@ -118,8 +119,13 @@ class RoleSpec:
                 path = Path(state[key])
                 state[key] = _jinja_env(str(path.parent)).get_template(path.name)
         env = _jinja_env(str(Path(state["template_path"]).parent))
-        state["system_template"] = env.from_string(state["config"].system or DEFAULT_SYSTEM)
+        state["system_template"] = env.from_string(_system_source(state["config"]))
         self.__dict__.update(state)
+
+
+def _system_source(config: RoleConfig) -> str:
+    """The system message's template: ``system: null`` is the default one, ``""`` none."""
+    return DEFAULT_SYSTEM if config.system is None else config.system
 
 
 _CACHED = frozenset(k for k, v in vars(RoleSpec).items() if isinstance(v, cached_property))
@@ -329,9 +335,9 @@ def load_role(
     env = _jinja_env(str(template_path.parent))
     d, loc = where(("system",))
     try:
-        system_template = env.from_string(config.system or DEFAULT_SYSTEM)
+        system_template = env.from_string(_system_source(config))
         at = d.error(loc, "")  # the file, line and key an error at `system` names
-        variables = {**_reads(env, env.parse(config.system or DEFAULT_SYSTEM), at.file, at.key, at.line), **variables}
+        variables = {**_reads(env, env.parse(_system_source(config)), at.file, at.key, at.line), **variables}
     except jinja2.TemplateSyntaxError as exc:
         raise d.error(loc, f"template syntax error: {exc.message}") from None
     except jinja2.TemplateNotFound as exc:

@@ -419,3 +419,18 @@ def test_a_task_the_environment_cannot_take_is_one_line(cli, tmp_path):
     code, _, err = cli("run", ROOT / "recipes/guess_number.yaml", "--task", "abc", "--out", tmp_path / "run")
     assert code == 2 and "--task abc: the secret is a whole number, got 'abc'" in err and "Traceback" not in err
     assert not (tmp_path / "run").exists()
+
+
+def test_an_empty_system_message_is_none_and_null_is_the_default(workspace):
+    """`system: ""` (a model whose chat template has no system role) had sent the default one."""
+    from orchestrator.role import load_role
+
+    text = (workspace / "echo.yaml").read_text()
+    for system, first in ((None, {"role": "system", "content": "You are the echo. Repeats the task."}),
+                          ('""', None), ("'{% if false %}Be brief.{% endif %}'", None),
+                          ("'Be brief.'", {"role": "system", "content": "Be brief."})):
+        (workspace / "echo.yaml").write_text(text if system is None else text + f"system: {system}\n")
+        messages = load_role(workspace / "echo.yaml").render({"task": {"text": "the sea"}, "role": "echo",
+                                                              "description": "", "params": {}, "schema": ""})
+        assert messages[-1] == {"role": "user", "content": "Say something about the sea."}
+        assert (messages[0] if len(messages) == 2 else None) == first
