@@ -78,8 +78,12 @@ class Trainer(ABC):
         default ``advantages`` over each group's finished episodes; a trainer that places episodes
         by their position in the step (a population's seats) overrides this instead."""
         kept = [[rw for rw, ok in zip(group, oks) if ok] for group, oks in zip(rewards, finished)]
+        advantages = self.advantages(kept)
+        # matched to the episodes by position: one missing was a bare StopIteration, one extra was dropped unsaid
+        if (shape := [len(g) for g in advantages]) != (wanted := [len(g) for g in kept]):
+            raise ValueError(f"gave {shape} episodes per group for the {wanted} finished ones it was given")
         out: Rewards = []
-        for group, oks, given in zip(rewards, finished, self.advantages(kept)):
+        for group, oks, given in zip(rewards, finished, advantages):
             it = iter(given)
             out.append([next(it) if ok else {role: 0.0 for role in rw} for rw, ok in zip(group, oks)])
         return out

@@ -895,8 +895,8 @@ def faulty_plugins():
                                         "where a finite number is needed; fix it, then --resume from the last checkpoint"),
     ("trainer: grpo", "trainer: raising", "trainer plugin 'raising': advantages raised RuntimeError: the trainer broke; fix it"),
     # advantages of another shape than the step's groups: was an IndexError traceback out of the loop
-    ("trainer: grpo", "trainer: no-groups", "trainer plugin 'no-groups': advantages gave [] episodes per group for "
-                                            "the step's [2]; fix it"),
+    ("trainer: grpo", "trainer: no-groups", "trainer plugin 'no-groups': advantages raised ValueError: gave [] episodes "
+                                            "per group for the [2] finished ones it was given; fix it"),
     # a trainable role left out: was a KeyError traceback where its datums are built
     ("trainer: grpo", "trainer: no-roles", "trainer plugin 'no-roles': advantages gave role 'guesser' None in episode 0 "
                                            "of group 0, where a finite number is needed; fix it"),

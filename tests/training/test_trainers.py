@@ -41,6 +41,20 @@ def test_an_episode_that_failed_is_in_no_baseline(name):
     assert adv[1] == t.advantages(REWARDS)[1]
 
 
+@pytest.mark.parametrize("advantages", [lambda rewards: [g[:-1] for g in rewards],  # one short: was StopIteration
+                                        lambda rewards: [g + g[:1] for g in rewards],  # one more: silently dropped
+                                        lambda rewards: rewards + rewards[:1]])  # one group more: silently dropped
+def test_advantages_of_another_shape_than_the_episodes_given_are_refused(advantages):
+    """A plugin's advantages that miss or add an episode or a group cannot be matched to the episodes."""
+    class Misshapen(type(trainer("grpo"))):
+        def advantages(self, rewards):
+            return advantages(rewards)
+
+    t = Misshapen(TrainerContext(adapters={"pro": "pro", "con": "con"}))
+    with pytest.raises(ValueError, match=r"episodes per group for the \[3, 2\] finished ones it was given"):
+        t.step_advantages(REWARDS, [[True] * 3, [True, True, False]])
+
+
 @pytest.mark.parametrize("config", [{}, {"baseline": "global"}, {"baseline": "global", "scale_std": True},
                                     {"baseline": "per_role"}])
 def test_a_group_whose_every_episode_failed_gets_zeros_and_the_others_train(config):
