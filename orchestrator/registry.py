@@ -53,6 +53,7 @@ class Registry:
     failures: list[PluginFailure] = field(default_factory=list)
     plugins: list[tuple[str, str]] = field(default_factory=list)  # (name, source) loaded fine
     commands: list[tuple[str, str, Callable[..., Any]]] = field(default_factory=list)  # (plugin, source, hook)
+    command_names: list[Registration] = field(default_factory=list)  # what add_commands added, for `rolecast plugins`
 
     def get(self, kind: str, name: str) -> Any:
         try:
@@ -100,18 +101,24 @@ class Registry:
 
     def add_commands(self, subparsers: Any) -> None:
         """Let each plugin add its CLI commands; one that fails is recorded, not raised."""
+        self.command_names.clear()  # a parser built again (in tests, say) gets every command again
         for plugin, source, hook in list(self.commands):  # _drop shrinks the list: iterating it would skip the next
+            before = set(subparsers.choices)
             try:
                 hook(subparsers=subparsers)
             except Exception as exc:  # argparse refuses a command name that is taken, say
                 self.failures.append(PluginFailure(plugin, source, f"register_commands: {_one_line(exc)}"))
                 self._drop(plugin)
+                continue
+            self.command_names += [Registration("commands", name, parser, plugin, source)
+                                   for name, parser in subparsers.choices.items() if name not in before]
 
     def _drop(self, plugin: str) -> None:
         """Forget what ``plugin`` registered: its names, its commands, its place among those loaded."""
         for kind in KINDS:
             self.items[kind] = {n: r for n, r in self.items[kind].items() if r.plugin != plugin}
         self.commands[:] = [c for c in self.commands if c[0] != plugin]
+        self.command_names[:] = [c for c in self.command_names if c.plugin != plugin]
         self.plugins[:] = [p for p in self.plugins if p[0] != plugin]
 
     def _registrar(self, kind: str, plugin: str, source: str, staged: dict[str, Registration]):

@@ -179,7 +179,8 @@ def test_plugins_lists_third_party_and_broken_plugin(plugin_site):
     data = json.loads(proc.stdout)
     registered = {(r["plugin"], r["kind"], r["name"]) for r in data["registered"]}
     assert {("core", "env", "debate"), ("core", "env", "pipeline"), ("coin", "env", "coin"),
-            ("coin", "policy", "always-heads"), ("coin", "trainer", "scaled"), ("coin", "reward", "streak")} <= registered
+            ("coin", "policy", "always-heads"), ("coin", "trainer", "scaled"), ("coin", "reward", "streak"),
+            ("coin", "command", "coin-flip")} <= registered  # a command too: a plugin of commands alone was not listed
     coin_source = next(r["source"] for r in data["registered"] if r["plugin"] == "coin")
     assert coin_source == "rolecast-coin==0.3.0 (rolecast_coin)"
     failed = {f["plugin"]: f for f in data["failed"]}
@@ -189,7 +190,7 @@ def test_plugins_lists_third_party_and_broken_plugin(plugin_site):
     assert ("games", "policy", "random") in registered and sorted(failed) == ["aaa", "broken"]
     assert failed["aaa"]["error"] == "register_policies: ValueError: policy 'random' is already registered by plugin 'games'"
     table = rolecast(plugin_site, "plugins")
-    assert table.returncode == 0 and "needs libfoo 2.0" in table.stdout and "always-heads" in table.stdout
+    assert table.returncode == 0 and "needs libfoo 2.0" in table.stdout and "always-heads" in table.stdout and "coin-flip" in table.stdout
 
 
 def test_plugins_table_into_a_closed_pipe_exits_141():
@@ -374,6 +375,20 @@ def test_the_plugin_after_one_whose_command_fails_still_adds_its_command():
     sub.add_parser("run")
     registry.add_commands(sub)
     assert "hello" in sub.choices and [f.plugin for f in registry.failures] == ["a-clash"]
+
+
+def test_the_commands_a_plugin_adds_are_listed_once_per_parser():
+    """`rolecast plugins` showed envs, policies, rewards and trainers: a plugin of commands alone was not there."""
+    import argparse
+
+    registry = Registry()
+    registry.add_module(plugin(register_commands=lambda subparsers: subparsers.add_parser("run")), "a-clash", "test")
+    registry.add_module(plugin(register_commands=lambda subparsers: subparsers.add_parser("hello")), "b-fine", "test")
+    for _ in range(2):  # the parser built again adds the commands again
+        sub = argparse.ArgumentParser().add_subparsers()
+        sub.add_parser("run")
+        registry.add_commands(sub)
+    assert [(r.plugin, r.name) for r in registry.command_names] == [("b-fine", "hello")]
 
 
 class _Abstract(Trainer):

@@ -24,7 +24,7 @@ def handle(args: argparse.Namespace) -> int:
         {"plugin": reg.plugin, "kind": SINGULAR[kind], "name": name, "source": reg.source}
         for kind, items in registry.items.items()
         for name, reg in sorted(items.items())
-    ]
+    ] + [{"plugin": reg.plugin, "kind": "command", "name": reg.name, "source": reg.source} for reg in registry.command_names]
     failures = [{"plugin": f.plugin, "source": f.source, "error": f.error} for f in registry.failures]
     if args.json:
         print(json.dumps({"registered": rows, "failed": failures}))
