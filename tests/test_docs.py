@@ -111,3 +111,15 @@ def test_the_device_stages_and_settings_the_pages_name_are_check_sh_s():
         for setting in re.findall(r"\b((?:LEARN|GRPO|SCALE)_[A-Z_]+)\b", text):
             assert re.search(r"\$\{%s\b" % setting, script), f"{page.name}: check.sh reads no {setting}"
     assert {"tests", "rollout", "learn", "scale"} <= stages
+
+
+def test_writing_your_own_environment_names_every_hook_of_env():
+    """Each part of ``Env`` a plugin's env may override is named where the page teaches writing one:
+    ``task_from_cli`` was not, so ``--task 3`` on a plugin's env whose Task reads ``target`` said only
+    "target: required key is missing" (the default task is ``{"text": VALUE}``), and ``close`` was not."""
+    from orchestrator.envs.base import Env
+
+    section = (ROOT / "docs/environments.md").read_text().split("## Writing your own environment")[1]
+    # task_problem is what a Task model declares; recipients only addresses the Message that step() gets back
+    hooks = sorted(set(n for n in vars(Env) if not n.startswith("_")) - {"task_problem", "recipients"})
+    assert len(hooks) >= 12 and [n for n in hooks if not re.search(rf"\b{n}\b", section)] == []
