@@ -242,9 +242,10 @@ def _schema_file(w: Path, content: str | None) -> None:
 
 
 def test_fixture_team_is_valid(workspace, cli):
-    code, out, err = cli("validate", workspace / "team.yaml", workspace / "echo.yaml")
+    code, out, err = cli("validate", workspace / "team.yaml", workspace / "echo.yaml", ROOT / "recipes/guess_number.yaml")
     assert code == 0, err
-    assert "ok" in out and err == ""
+    assert "(team echoes: 2 roles, protocol pipeline)" in out and "(role echo)" in out and err == ""
+    assert "(team guess_number: 1 role, protocol guess_number)" in out  # was "1 roles"
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])

@@ -43,7 +43,7 @@ def handle(args: argparse.Namespace) -> int:
                 team = load_team(path)
                 for spec in team.roles.values():
                     spec.check_grammar()
-                print(f"ok  {path}  (team {team.name}: {len(team.roles)} roles, protocol {team.config.protocol.type})")
+                print(f"ok  {path}  (team {team.name}: {len(team.roles)} role{'s' * (len(team.roles) != 1)}, protocol {team.config.protocol.type})")
             else:
                 role = load_role(path)
                 role.check_grammar()
