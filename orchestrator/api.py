@@ -339,7 +339,13 @@ def _task(team: Team, value: str | Mapping[str, Any]) -> dict[str, Any]:
     except ValueError as exc:
         raise RolecastError(f"--task {value}: {exc}") from None
     if problem := team.env_class.task_problem(team.env_config, task):  # with its key: "required key is missing"
-        raise RolecastError(f"--task {value}: {format_loc(problem[0]) + ': ' if problem[0] else ''}{problem[1]}")
+        from .envs.base import Env
+
+        # a plugin's env that reads other keys but keeps the default reading of --task
+        plain = not isinstance(value, Mapping) and team.env_class.task_from_cli.__func__ is Env.task_from_cli.__func__
+        why = (f' (this protocol reads --task VALUE as {{"text": VALUE}}: give whole tasks in a team file, or '
+               f'override {team.env_class.__name__}.task_from_cli)') if plain else ""
+        raise RolecastError(f"--task {value}: {format_loc(problem[0]) + ': ' if problem[0] else ''}{problem[1]}{why}")
     try:  # config.yaml and each transcript line hold it: a Path or a set there was a traceback after the model loaded
         return plain_copy(task)
     except ValueError as exc:

@@ -5,6 +5,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -353,6 +354,40 @@ def test_a_plugin_defined_in_this_process_plays_a_team(tmp_path, registry):
     assert registry.plugins.count(("Coins", f"in-process ({__name__})")) == 1
     result = rolecast.run(team, episodes=3, policies={"caller": "builtin:heads"}, out=tmp_path / "run", progress=False)
     assert result.summary["roles"]["caller"]["mean_reward"] == 1.0
+
+
+def test_a_task_value_for_a_plugins_env_that_reads_other_keys_says_how_it_was_read(tmp_path, registry):
+    """`--task 3` on an env whose Task reads `target` said only "target: required key is missing":
+    the default reading, {"text": "3"}, was nowhere."""
+    from orchestrator.envs.base import TaskConfig
+    from orchestrator.envs.rps import RPSEnv
+
+    class TargetTask(TaskConfig):
+        target: int
+
+    class TargetEnv(RPSEnv):
+        Task = TargetTask
+        task_from_cli = classmethod(lambda cls, value: {"target": int(value)})
+
+    class PlainEnv(TargetEnv):
+        task_from_cli = RPSEnv.task_from_cli
+
+    class Plugin:
+        @rolecast.hookimpl
+        def register_envs(register):
+            register("target", TargetEnv)
+            register("plain", PlainEnv)
+
+    rolecast.register_plugin(Plugin)
+    recipe = (ROOT / "recipes/rps.yaml").read_text()
+    for protocol, words in (("plain", '--task 3: target: required key is missing (this protocol reads --task VALUE as '
+                                      '{"text": VALUE}: give whole tasks in a team file, or override PlainEnv.task_from_cli)'),
+                            ("target", "--task x: invalid literal for int()")):
+        (tmp_path / f"{protocol}.yaml").write_text(recipe.replace("type: rps", f"type: {protocol}")
+                                                   .replace("tasks: [{}]", "tasks: [{target: 1}]"))
+        team = rolecast.load_team(tmp_path / f"{protocol}.yaml")
+        with pytest.raises(rolecast.RolecastError, match=re.escape(words)):
+            rolecast.run(team, tasks=["3" if protocol == "plain" else "x"], out=tmp_path / protocol / "run", progress=False)
 
 
 def test_a_plugin_that_breaks_the_contract_raises_and_registers_nothing(registry):
