@@ -99,7 +99,7 @@ def load_team(source: str | Path | Mapping[str, Any], registry: Registry | None 
         # what they give is used in the net too: observation_keys as a list, say, failed the set union
         with _plugin_code(doc, ("protocol", "type"), f"{env}: observes or reads"):
             seen, read = env_class.observes(env_config, name), env_class.reads(env_config, name)
-            _check_template_variables(spec, seen, env_class.__name__)
+            _check_template_variables(spec, seen, config.protocol.type)
             _check_reads(doc, env_class.__name__, spec, read)
     tasks = _load_tasks(config.tasks, doc, ("tasks",), env_class, env_config)
     eval_tasks = None

@@ -131,6 +131,7 @@ def test_a_guesser_template_reading_the_secret_fails_at_load(tmp_path):
     with pytest.raises(ConfigError, match=r"undefined variable\(s\) secret; available to role 'guesser'") as info:
         load_team(tmp_path / "team.yaml")
     assert info.value.file.endswith("cheat.md.j2") and "secret" not in str(info.value).rpartition("guesser' with")[2]
+    assert "with protocol twenty_questions: " in str(info.value)  # the type the team file names, not the class
     # the answerer reads it, as the shipped prompt does
     load_team(Path(__file__).resolve().parents[2] / "recipes/twenty_questions.yaml")
 
