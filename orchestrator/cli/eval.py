@@ -69,7 +69,8 @@ def print_report(report: dict[str, Any]) -> None:
         title += f", opponent {report['opponent']['role']} = {report['opponent']['policy']}"
     table = Table(title=escape(title))  # a checkpoint:PATH opponent's "[...]" is text too
     for col in ("role", "policy", "W-D-L", "win rate", "95% CI", "mean reward"):
-        table.add_column(col, justify="left" if col in ("role", "policy") else "right", no_wrap=True)
+        named = col in ("role", "policy")  # names fold where the table is too wide; figures, cut, would mislead
+        table.add_column(col, justify="left" if named else "right", no_wrap=not named, overflow="fold")
     for name, e in report["roles"].items():
         lo, hi = e["win_ci95"]
         reward = "-" if e["mean_reward"] is None else \

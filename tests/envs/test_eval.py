@@ -61,6 +61,25 @@ def test_eval_table_prints_an_opponent_with_brackets_as_it_is(cli, tmp_path, cap
     assert "opponent bob = checkpoint:runs/exp[/x]/sampler/bob" in " ".join(capsys.readouterr().out.split())
 
 
+def test_eval_table_keeps_every_figure_at_80_columns(cli, tmp_path, capsys, monkeypatch):
+    """Every column was no_wrap: past 80 columns (a pipe, a default terminal) rich cut them all, so
+    guess_number with builtin:binary-search printed "win ra…" and "1.000 ±0.0…", a longer binding
+    "0-…" for W-D-L and "0.000-0.…" for the interval. The names fold now; the figures stay whole."""
+    from orchestrator.cli.eval import print_report
+
+    code, out, err = cli("eval", ROOT / "recipes/guess_number.yaml", "--episodes", "5", "--json",
+                         "--policy", "guesser=builtin:binary-search", "--out", tmp_path / "ev")
+    assert code == 0, err
+    report = json.loads(out)
+    report["bindings"]["guesser"] = "python:mypkg.agents.guessing:binary_search_policy"
+    monkeypatch.setenv("COLUMNS", "80")
+    print_report(report)
+    table = capsys.readouterr().out
+    assert "win rate" in table and "5-0-0" in table and "0.566-1.000" in table and "1.000 ±0.000" in table, table
+    assert "…" not in table and "python:mypkg.agents.guessing:binary_search_policy" in "".join(
+        cell.strip() for line in table.splitlines() for cell in line.split("│")[2:3])
+
+
 def test_eval_json_success_rate(cli, tmp_path):
     code, out, err = cli("eval", ROOT / "recipes/guess_number.yaml", "--episodes", "25", "--json",
                          "--policy", "guesser=builtin:binary-search", "--out", tmp_path / "ev")
