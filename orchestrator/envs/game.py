@@ -3,7 +3,7 @@
 Every game reports ``outcome()["results"]``: ``{role: "win" | "draw" | "loss"}`` for the roles
 that play, which is what ``rolecast eval`` counts. A valid message whose move the rules forbid
 (an occupied square, an action that is not on offer) costs the mover ``illegal_penalty`` and ends
-the game; the mover's result is a loss, the others' a win (with no reward: they did nothing).
+the game; the mover's result is a loss, the others' a win (a reward of 0: they did nothing).
 """
 from __future__ import annotations
 
@@ -84,7 +84,11 @@ class GameEnv(Env):
         only an illegal move adds the env's ``illegal_penalty``.
         """
         results: dict[str, Result] = {p: ("loss" if p == role else "win") for p in self.config.players}
-        rewards = {role: self.config.illegal_penalty} if reason == "illegal" else {}
+        # the winners' 0 is paid, not left out: one that had yet to move took part all the same, and
+        # its mean reward (eval's, training's) is over the games its win is counted in
+        rewards = {p: 0.0 for p in self.config.players if p != role}
+        if reason == "illegal":
+            rewards[role] = self.config.illegal_penalty
         return self.finish(results, rewards, reason)
 
     def outcome(self) -> dict[str, Any]:

@@ -108,6 +108,23 @@ def test_eval_of_two_random_players_counts_every_game(cli, tmp_path):
     assert sum(roles["alice"][k] for k in ("win", "draw", "loss")) == 30
 
 
+def test_a_win_by_forfeit_counts_in_the_winners_mean_reward(tmp_path):
+    """A player whose opponent forfeited before its first move won with a reward of 0, but it took no
+    turn and the game paid it nothing, so it counted as sitting the episode out: RPS bob, 4-0-0 from two
+    played wins (+3) and two forfeits (alice's invalid first move), had a mean reward of 3.0, not 1.5."""
+    import rolecast
+
+    def alice(request):
+        return "no move" if request.episode_index % 2 else '{"move": "rock"}'
+
+    evaluation = rolecast.evaluate(ROOT / "recipes/rps.yaml", episodes=4, out=tmp_path / "ev", progress=False,
+                                   policies={"alice": alice, "bob": lambda request: '{"move": "paper"}'})
+    bob = evaluation.report["roles"]["bob"]
+    assert (bob["games"], bob["win"], bob["mean_reward"]) == (4, 4, 1.5)
+    episodes = [json.loads(line) for line in (tmp_path / "ev" / "transcripts.jsonl").read_text().splitlines()]
+    assert all(ep["took_part"] == ["alice", "bob"] for ep in episodes)
+
+
 @pytest.mark.parametrize("recipe,opponent,message", [
     ("guess_number", "random", "declares no opponent role"),
     ("tictactoe", "nonsense", "unknown"),
