@@ -64,7 +64,8 @@ def print_report(report: dict[str, Any]) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    title = f"{report['team']}: {report['episodes']} episodes {report['status']}"
+    n, statuses = report["episodes"], ", ".join(f"{status} {count}" for status, count in report["status"].items())
+    title = f"{report['team']}: {n} episode{'s' * (n != 1)} ({statuses})"
     if report["opponent"]:
         title += f", opponent {report['opponent']['role']} = {report['opponent']['policy']}"
     table = Table(title=escape(title))  # a checkpoint:PATH opponent's "[...]" is text too

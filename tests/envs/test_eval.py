@@ -78,6 +78,9 @@ def test_eval_table_keeps_every_figure_at_80_columns(cli, tmp_path, capsys, monk
     assert "win rate" in table and "5-0-0" in table and "0.566-1.000" in table and "1.000 ±0.000" in table, table
     assert "…" not in table and "python:mypkg.agents.guessing:binary_search_policy" in "".join(
         cell.strip() for line in table.splitlines() for cell in line.split("│")[2:3])
+    assert "guess_number: 5 episodes (ok 5)" in table  # the statuses were a dict's repr: {'ok': 5}
+    print_report({**report, "episodes": 1, "status": {"ok": 1}})
+    assert "guess_number: 1 episode (ok 1)" in capsys.readouterr().out
 
 
 def test_eval_json_success_rate(cli, tmp_path):
