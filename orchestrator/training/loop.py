@@ -212,7 +212,8 @@ class TrainingRun:
         row["episodes"] = len(episodes)
         row.update(_failures(episodes))  # not trained on
         row.update(repeated)
-        trained = self.trainer.adapters_to_train(step)
+        with blamed("trainer", self.cfg.trainer, "adapters_to_train"):
+            trained = self.trainer.adapters_to_train(step)
         self._write_credit(step, groups, rewards, advantages, extra, trained)
         row.update(await self._update(step, trained, groups, advantages, extra))
         with blamed("trainer", self.cfg.trainer, "after_step"):
@@ -269,7 +270,8 @@ class TrainingRun:
         team = replace(self.team, tasks=[t for t in chosen for _ in range(size)])
         # chosen now: with max_staleness, the last step's after_step (new snapshots, ratings) runs while
         # these play, and would otherwise pick the opponents by timing
-        adapters = [self.trainer.adapters_for(step, i) for i in range(len(team.tasks))]
+        with blamed("trainer", self.cfg.trainer, "adapters_for"):
+            adapters = [self.trainer.adapters_for(step, i) for i in range(len(team.tasks))]
         result = await run_team(team, self.policies, RunOptions(
             episodes=len(team.tasks),
             seed=derive_seed(self.options.seed, step),
@@ -387,8 +389,9 @@ class TrainingRun:
         tasks = self.team.eval_tasks or self.team.tasks
         n = self.cfg.eval_episodes
         team = replace(self.eval_team, tasks=tasks)
-        adapters = [{r: a for r, a in self.trainer.eval_adapters_for(i).items() if r != self.eval_opponent_role}
-                    for i in range(n)]  # chosen now, as a rollout's are
+        with blamed("trainer", self.cfg.trainer, "eval_adapters_for"):
+            adapters = [{r: a for r, a in self.trainer.eval_adapters_for(i).items() if r != self.eval_opponent_role}
+                        for i in range(n)]  # chosen now, as a rollout's are
         result = await run_team(team, self.eval_policies, RunOptions(
             episodes=n, seed=derive_seed(self.options.seed, 999_999), out_dir=self.run_dir / "evals" / f"step-{step:06d}",
             concurrency=self.concurrency, episode_timeout_s=self.team.config.episode_timeout_s, progress=False,

@@ -876,8 +876,25 @@ def faulty_plugins():
         def after_step(self, step, episodes, rewards, snapshot):
             return {"step_s": 0.0}  # the loop's own, and written into the row after after_step ran
 
+    class Unseating(GRPO):  # seats step 1's rollout, not step 2's
+        def adapters_for(self, step, index):
+            if step > 1:
+                raise RuntimeError("no seats")
+            return {}
+
+    class NoneToTrain(GRPO):
+        def adapters_to_train(self, step):
+            raise RuntimeError("no schedule")
+
+    class NoEvalSeats(GRPO):
+        def eval_adapters_for(self, index):
+            raise RuntimeError("no eval seats")
+
     def trainers(register):
         register("raising", Raising)
+        register("unseating", Unseating)
+        register("none-to-train", NoneToTrain)
+        register("no-eval-seats", NoEvalSeats)
         register("no-groups", NoGroups)
         register("no-roles", NoRoles)
         register("text-metrics", TextMetrics)
@@ -900,6 +917,11 @@ def faulty_plugins():
     # a trainable role left out: was a KeyError traceback where its datums are built
     ("trainer: grpo", "trainer: no-roles", "trainer plugin 'no-roles': advantages gave role 'guesser' None in episode 0 "
                                            "of group 0, where a finite number is needed; fix it"),
+    # the trainer's hooks that seat a step's or an evaluation's episodes: were tracebacks
+    ("trainer: grpo", "trainer: none-to-train", "trainer plugin 'none-to-train': adapters_to_train raised RuntimeError: "
+                                                "no schedule; fix it"),
+    ("trainer: grpo", "trainer: no-eval-seats", "trainer plugin 'no-eval-seats': eval_adapters_for raised RuntimeError: "
+                                                "no eval seats; fix it"),
 ])
 def test_a_plugins_fault_in_a_step_is_one_line_and_moves_no_weight(faulty_plugins, cli, tmp_path, old, new, words):
     from support import SMALL_TRAINING
@@ -913,6 +935,21 @@ def test_a_plugins_fault_in_a_step_is_one_line_and_moves_no_weight(faulty_plugin
     # step 1 trained nothing (a reward plugin's NaN stops even the evaluation before it)
     assert [r["kind"] for r in rows(run)] in ([], ["eval"]) if (run / "metrics.jsonl").exists() else True
     assert not (run / "checkpoints").exists()
+
+
+def test_a_trainers_fault_seating_a_rollout_started_ahead_is_one_line_at_its_step(faulty_plugins, cli, tmp_path):
+    """With max_staleness, step 2's rollout starts (its adapters_for runs) while step 1 trains: its
+    fault was a traceback; now step 1 ends with its row and step 2 stops the run in one line."""
+    from support import SMALL_TRAINING
+
+    text = (Path(__file__).resolve().parents[2] / "recipes/guess_number.yaml").read_text()
+    recipe = write(tmp_path / "guess.yaml", text.replace("trainer: grpo", "trainer: unseating"))
+    run = tmp_path / "run"
+    code, _, err = cli("train", recipe, "--model", "tiny", "--steps", "2", "--out", run, "--no-progress",
+                       "--dtype", "float32", *SMALL_TRAINING, "--set", "max_staleness=1")
+    assert code == 1 and "Traceback" not in err, err
+    assert "trainer plugin 'unseating': adapters_for raised RuntimeError: no seats; fix it" in err
+    assert [(r["kind"], r["step"]) for r in rows(run)] == [("eval", 0), ("train", 1)]
 
 
 @pytest.mark.parametrize("trainer,words", [
