@@ -335,8 +335,8 @@ class TrainingRun:
                 extra: list[list[TurnAdvantages]] | None) -> tuple[list, list[int], dict]:
         """The adapter's ((sampling temperature, role with loss options of its own or None), datum)
         pairs from the step's episodes, the lag behind the learner of each attempt they train on,
-        and, in async training, how many turns were dropped as too stale (turns more than
-        ``max_staleness`` versions behind)."""
+        and, in async training, how many attempts were dropped as too stale (sampled more than
+        ``max_staleness`` versions behind; a retried turn's attempts count each)."""
         current = self.published[adapter]
         options = DatumBuildOptions(invalid=self.cfg.invalid, invalid_advantage=self.cfg.invalid_advantage,
                                     min_version=current - self.cfg.max_staleness)
