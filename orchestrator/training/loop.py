@@ -47,7 +47,7 @@ from ..team import Team, trainable_roles
 from ..transcript import EpisodeRecord
 from .datums import DatumBuildOptions, role_datums
 from .metrics import MetricsWriter, fsync_dir, read_metrics, read_saved, write_atomic
-from .plugin_faults import blamed, checked, measured
+from .plugin_faults import blamed, checked, measured, said_as
 from .repetition import penalise_repetition
 from .rng import read_rng, save_rng, seed_rng, set_rng
 from .trainer import build_trainer
@@ -110,7 +110,9 @@ class TrainingRun:
         self.reward_fn = self.registry.get("rewards", self.cfg.reward)
         self.reward_config = config_model(self.reward_fn).model_validate(self.cfg.reward_config)
         lora = LoraConfig(**{**self.cfg.lora.model_dump(), "target_modules": tuple(self.cfg.lora.target_modules)})
-        self.clients = {a: service.create_lora_training_client(a, lora) for a in self.trainer.learners()}
+        with said_as(RunFailed, f"trainer plugin {self.cfg.trainer!r}: learners"):  # before any step: no checkpoint to resume
+            learners = self.trainer.learners()
+        self.clients = {a: service.create_lora_training_client(a, lora) for a in learners}
         if self.cfg.joint_passes is not None:  # else the service's default for its device
             service.joint_passes = self.cfg.joint_passes
         self.rollouts = rollouts  # None: episodes play here; else rollout workers (workers.RayRollouts)
@@ -150,7 +152,9 @@ class TrainingRun:
             seed_rng(self.options.seed)
             self._write_config()
             for adapter, client in self.clients.items():
-                if std := self.trainer.init_noise(adapter):
+                with said_as(RunFailed, f"trainer plugin {self.cfg.trainer!r}: init_noise"):
+                    std = self.trainer.init_noise(adapter)
+                if std:
                     await (await client.perturb_async(std, f"{self.options.seed}:{adapter}")).result_async()
             await self._publish_all()
             await self.evaluate(0)

@@ -890,8 +890,18 @@ def faulty_plugins():
         def eval_adapters_for(self, index):
             raise RuntimeError("no eval seats")
 
+    class NoLearners(GRPO):
+        def learners(self):
+            raise RuntimeError("no learners")
+
+    class Noisy(GRPO):
+        def init_noise(self, adapter):
+            raise RuntimeError("no noise")
+
     def trainers(register):
         register("raising", Raising)
+        register("no-learners", NoLearners)
+        register("noisy", Noisy)
         register("unseating", Unseating)
         register("none-to-train", NoneToTrain)
         register("no-eval-seats", NoEvalSeats)
@@ -922,6 +932,9 @@ def faulty_plugins():
                                                 "no schedule; fix it"),
     ("trainer: grpo", "trainer: no-eval-seats", "trainer plugin 'no-eval-seats': eval_adapters_for raised RuntimeError: "
                                                 "no eval seats; fix it"),
+    # before the first step: tracebacks too
+    ("trainer: grpo", "trainer: no-learners", "trainer plugin 'no-learners': learners raised RuntimeError: no learners"),
+    ("trainer: grpo", "trainer: noisy", "trainer plugin 'noisy': init_noise raised RuntimeError: no noise"),
 ])
 def test_a_plugins_fault_in_a_step_is_one_line_and_moves_no_weight(faulty_plugins, cli, tmp_path, old, new, words):
     from support import SMALL_TRAINING
