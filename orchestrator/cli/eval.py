@@ -80,6 +80,9 @@ def print_report(report: dict[str, Any]) -> None:
                       f"{e['win_rate']:.3f}", f"{lo:.3f}-{hi:.3f}", reward)
     console = stdout_console()
     console.print(table)
+    if not report["roles"]:  # every episode stopped (max_turns) or failed: an empty table, unsaid
+        console.print(f"no episode ended with a result ({statuses}): W-D-L counts finished games only",
+                      highlight=False, markup=False)
     if report["env"]:
         console.print(", ".join(f"{k} {v}" for k, v in report["env"].items()), highlight=False)
     # not markup: a path (runs/exp[lr=1e-4]) lost its "[...]" or raised a MarkupError after the run

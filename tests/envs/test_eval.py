@@ -79,8 +79,12 @@ def test_eval_table_keeps_every_figure_at_80_columns(cli, tmp_path, capsys, monk
     assert "…" not in table and "python:mypkg.agents.guessing:binary_search_policy" in "".join(
         cell.strip() for line in table.splitlines() for cell in line.split("│")[2:3])
     assert "guess_number: 5 episodes (ok 5)" in table  # the statuses were a dict's repr: {'ok': 5}
+    assert "no episode ended with a result" not in table
     print_report({**report, "episodes": 1, "status": {"ok": 1}})
     assert "guess_number: 1 episode (ok 1)" in capsys.readouterr().out
+    # every episode stopped at max_turns: the table had no row, and nothing said why
+    print_report({**report, "roles": {}, "status": {"max_turns": 5}})
+    assert "no episode ended with a result (max_turns 5): W-D-L counts finished games only" in capsys.readouterr().out
 
 
 def test_eval_json_success_rate(cli, tmp_path):
