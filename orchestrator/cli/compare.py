@@ -4,7 +4,8 @@ same seed and budget, then put their held-out evaluation curves side by side.
 Each strategy trains in ``OUT/<strategy>/`` (a normal run dir); a strategy whose run has a
 checkpoint resumes from it (one that stopped before its first checkpoint starts over), so an
 interrupted comparison goes on where it stopped, and a strategy that starts in it takes the
-model, dtype, seed and steps its runs there were started with unless given; a strategy's folder
+model, dtype, seed and steps its runs there were started with unless given (another model, seed
+or training option than theirs is refused); a strategy's folder
 that holds other files is refused before anything trains, as is an ``OUT`` holding a run of
 another recipe, or one that is a run dir itself. ``OUT`` gets
 ``compare.json`` (per strategy and evaluation step: each role's mean environment reward and its
@@ -64,6 +65,7 @@ def handle(args: argparse.Namespace) -> int:
                 raise RolecastError(f"{folder} is a run of recipe {recipe!r}, not {base.name!r}: give another --out")
         runs = []
         given = Compute(**compute_options(args)), args.seed, steps_given(base, sets, args.steps)
+        begun = [p for p in sorted(out.iterdir()) if p.name in STRATEGIES and "recipe" in (recorded_run(p) or {})]
         # all checked before any trains: nothing of the user's is overwritten, and a started run (its
         # config.yaml) goes on from its last checkpoint (from step 0 without one) only as it was started
         for name in dict.fromkeys(args.strategy or STRATEGIES):  # a strategy named twice is one run
@@ -77,6 +79,12 @@ def handle(args: argparse.Namespace) -> int:
                 compute, seed, steps = as_started(team, where, *given)
             else:
                 compute, seed, steps = as_begun(out, *given)
+                for other in begun:  # compare.json sets it beside them: one recipe, one seed, the same options
+                    try:
+                        as_started(with_strategy(base, other.name, phase_of(other) or 5), other, compute, seed, None)
+                    except RolecastError as exc:
+                        raise RolecastError(f"{name} would train unlike the comparison's runs: "
+                                            f"{str(exc).removeprefix('--resume: ')}") from None
                 total = steps or base.config.training.steps
                 team = with_strategy(base, name, args.every or default_every(base, total))
                 if name == "freeze-rotate":

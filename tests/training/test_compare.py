@@ -149,7 +149,8 @@ def test_a_comparison_holding_a_run_of_another_recipe_is_refused(cli, tmp_path, 
 def test_a_strategy_starting_in_a_begun_comparison_trains_as_its_runs_were_started(cli, tmp_path, monkeypatch):
     """A comparison started with --steps 1 --seed 3 --dtype float32 and run again without them (as a
     resume is) trained its new strategies on the recipe's 2 steps, seed 0 and dtype auto, side by
-    side in compare.json with the runs of 1 step and seed 3."""
+    side in compare.json with the runs of 1 step and seed 3; and one given another seed or training
+    option trained unlike them."""
     import orchestrator.api
 
     trained = {}
@@ -166,10 +167,18 @@ def test_a_strategy_starting_in_a_begun_comparison_trains_as_its_runs_were_start
     code, _, err = cli("compare", recipe, "--strategy", "shared", "--out", out, "--no-progress")
     assert code == 0, err
     assert trained == {"shared": ("tiny", "float32", 3, 1)}
-    code, _, err = cli("compare", recipe, "--strategy", "shared", "--seed", "4", "--steps", "2", "--out", out,
-                       "--no-progress")
-    assert code == 0 and trained["shared"] == ("tiny", "float32", 4, 2), err  # given: the command's
+    code, _, err = cli("compare", recipe, "--strategy", "shared", "--steps", "2", "--out", out, "--no-progress")
+    assert code == 0 and trained["shared"] == ("tiny", "float32", 3, 2), err  # given: the command's
+    # another seed, or another training option, would not be the same comparison
+    code, _, err = cli("compare", recipe, "--strategy", "shared", "--seed", "4", "--out", out, "--no-progress")
+    assert code == 2 and f"shared would train unlike the comparison's runs: {out / 'grpo'} was started with --seed 3; " \
+                         "this command gives 4" in err, err
+    write(out / "grpo" / "config.yaml", "recipe: {name: tiny_debate, training: {eval_episodes: 9}}\n"
+                                        "run: {seed: 3, model: tiny, dtype: float32, steps: 1, strategy: grpo}\n")
+    code, _, err = cli("compare", recipe, "--strategy", "shared", "--out", out, "--no-progress")
+    assert code == 2 and f"{out / 'grpo'} was started with training.eval_episodes = 9, this command has 2" in err, err
     write(out / "m-grpo" / "config.yaml", "recipe: {name: tiny_debate}\nrun: {seed: 3, model: tiny, steps: 2}\n")
+    write(out / "grpo" / "config.yaml", "recipe: {name: tiny_debate}\nrun: {seed: 3, model: tiny, steps: 1}\n")
     code, _, err = cli("compare", recipe, "--strategy", "shared", "--out", out, "--no-progress")
     assert code == 2 and f"{out}: its runs were started with different --steps (1, 2): give --steps" in err, err
 
