@@ -26,7 +26,7 @@ from .role import BASE_VARIABLES, RoleSpec, library_roles, load_role, resolve_ro
 from .config_errors import ErrorSite, first_error, validate_model
 from .training.plugin_faults import said_as
 from .training.trainer import build_trainer
-from .yamlfile import Loc, YamlDoc, format_loc, inline_doc, load_json_lines, load_yaml, not_json
+from .yamlfile import Loc, YamlDoc, format_loc, inline_doc, load_json_lines, load_yaml, not_json, plain_copy
 
 
 @dataclass(frozen=True)
@@ -228,7 +228,10 @@ def with_training_options(team: Team, options: Mapping[str, Any], registry: Regi
             node = node.get(part) if isinstance(node, dict) else None
             if not isinstance(node, dict):
                 raise RolecastError(f"--set {key}: not an option")
-        node[path[-1]] = value
+        try:  # config.yaml records it: a numpy float32 there failed its write, after the model loaded
+            node[path[-1]] = plain_copy(value)
+        except ValueError as exc:
+            raise RolecastError(f"--set {key}: {exc}") from None
     site = _SetOptions()
     training = validate_model(TrainingConfig, data, site, ("training",))
     _check_training(training, team.roles, team.env_class, site, registry)

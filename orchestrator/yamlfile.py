@@ -62,12 +62,19 @@ def inline_doc(data: Any, name: str) -> YamlDoc:
 
 
 def plain_copy(data: Any) -> Any:
-    """A deep copy of ``data`` in JSON's own types (a tuple as a list, a numpy float64 as a float), which
+    """A deep copy of ``data`` in JSON's own types (a tuple as a list, a numpy number as a number), which
     YAML and JSON files can hold; a ValueError where it holds what they cannot (a Path, a set)."""
     try:
-        return json.loads(json.dumps(data))
+        return json.loads(json.dumps(data, default=_numpy_number))
     except (TypeError, ValueError) as exc:
         raise ValueError(f"not plain data (mappings, lists, strings, numbers): {exc}") from None
+
+
+def _numpy_number(value: Any) -> Any:
+    """A numpy scalar (np.float32(0.5) from a sweep's grid) as Python's own number."""
+    if type(value).__module__ == "numpy" and getattr(value, "shape", None) == ():
+        return value.item()
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 def format_loc(loc: Loc) -> str:

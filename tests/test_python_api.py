@@ -204,6 +204,21 @@ def test_load_team_applies_training_options():
     assert again.config.training.group_size == 5 and again.config.training.adam.learning_rate == 1e-3
 
 
+def test_numpy_numbers_in_sets_are_plain_numbers():
+    """A sweep's grid gives np.float32: a free-form option (reward_config) kept it, and config.yaml's
+    write failed after the model loaded."""
+    import numpy as np
+    import yaml
+
+    team = rolecast.load_team(ROOT / "recipes/guess_number.yaml",
+                              sets={"reward_config.alpha": np.float32(0.5), "group_size": np.int64(3)})
+    training = team.config.training
+    assert (type(training.reward_config["alpha"]), training.reward_config["alpha"], training.group_size) == (float, 0.5, 3)
+    yaml.safe_dump(team.resolved())  # as config.yaml is written
+    with pytest.raises(rolecast.RolecastError, match="--set reward_config.alpha: not plain data"):
+        rolecast.load_team(ROOT / "recipes/guess_number.yaml", sets={"reward_config.alpha": np.zeros(2)})
+
+
 @pytest.mark.parametrize("call, message", [
     (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", episodes=0, out=out),
      "episodes=0: must be a whole number above 0"),
