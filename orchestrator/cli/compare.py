@@ -65,7 +65,7 @@ def handle(args: argparse.Namespace) -> int:
                 raise RolecastError(f"{folder} is a run of recipe {recipe!r}, not {base.name!r}: give another --out")
         runs = []
         given = Compute(**compute_options(args)), args.seed, steps_given(base, sets, args.steps)
-        begun = [p for p in sorted(out.iterdir()) if p.name in STRATEGIES and "recipe" in (recorded_run(p) or {})]
+        starting = None  # what a strategy starting now trains with: the same for each, worked out once
         # all checked before any trains: nothing of the user's is overwritten, and a started run (its
         # config.yaml) goes on from its last checkpoint (from step 0 without one) only as it was started
         for name in dict.fromkeys(args.strategy or STRATEGIES):  # a strategy named twice is one run
@@ -78,13 +78,7 @@ def handle(args: argparse.Namespace) -> int:
                 team = with_strategy(base, name, args.every or phase_of(where) or 5)
                 compute, seed, steps = as_started(team, where, *given)
             else:
-                compute, seed, steps = as_begun(out, *given)
-                for other in begun:  # compare.json sets it beside them: one recipe, one seed, the same options
-                    try:
-                        as_started(with_strategy(base, other.name, phase_of(other) or 5), other, compute, seed, None)
-                    except RolecastError as exc:
-                        raise RolecastError(f"{name} would train unlike the comparison's runs: "
-                                            f"{str(exc).removeprefix('--resume: ')}") from None
+                compute, seed, steps = starting = starting or as_begun(base, name, out, *given)
                 total = steps or base.config.training.steps
                 team = with_strategy(base, name, args.every or default_every(base, total))
                 if name == "freeze-rotate":
@@ -97,13 +91,19 @@ def handle(args: argparse.Namespace) -> int:
     return 0
 
 
-def as_begun(out: Path, compute: Compute, seed: int | None,
+def as_begun(base: Team, name: str, out: Path, compute: Compute, seed: int | None,
              steps: int | None) -> tuple[Compute, int | None, int | None]:
-    """What a strategy starting now trains with: where this command gives no model, dtype, seed or
-    steps, those the comparison's runs in ``out`` were started with (compare.json sets it beside
-    them, as one budget; the recipe's would differ from an earlier --steps or --seed), and one they
-    were started with unlike each other is one line."""
-    runs = [(recorded_run(p) or {}).get("run") or {} for p in sorted(out.iterdir()) if (p / "metrics.jsonl").is_file()]
+    """What strategy ``name``, starting now, trains with: where this command gives no model, dtype,
+    seed or steps, those the comparison's runs in ``out`` were started with (compare.json sets it
+    beside them, as one budget; the recipe's would differ from an earlier --steps or --seed), and
+    one they were started with unlike each other is one line; so is another model, seed, recipe
+    edit or training option than a begun run's own, as its resume would refuse."""
+    from ..api import as_started
+    from ..training.strategies import STRATEGIES, with_strategy
+
+    recorded = {p: recorded_run(p) or {} for p in sorted(out.iterdir())
+                if p.name in STRATEGIES or (p / "metrics.jsonl").is_file()}
+    runs = [r.get("run") or {} for p, r in recorded.items() if (p / "metrics.jsonl").is_file()]
 
     def then(flag: str, given: Any) -> Any:
         if given not in (None, "auto") or not (values := {run[flag] for run in runs if run.get(flag) is not None}):
@@ -113,8 +113,16 @@ def as_begun(out: Path, compute: Compute, seed: int | None,
                                 f"({', '.join(sorted(map(str, values)))}): give --{flag} for the strategies that start now")
         return values.pop()
 
-    return (dataclasses.replace(compute, model=then("model", compute.model), dtype=then("dtype", compute.dtype)),
-            then("seed", seed), then("steps", steps))
+    compute = dataclasses.replace(compute, model=then("model", compute.model), dtype=then("dtype", compute.dtype))
+    seed = then("seed", seed)
+    for other, record in recorded.items():  # compare.json sets it beside them: one recipe, one seed, the same options
+        if other.name in STRATEGIES and "recipe" in record:
+            try:
+                as_started(with_strategy(base, other.name, phase_of(other) or 5), other, compute, seed, None)
+            except RolecastError as exc:
+                raise RolecastError(f"{name} would train unlike the comparison's runs: "
+                                    f"{str(exc).removeprefix('--resume: ')}") from None
+    return compute, seed, then("steps", steps)
 
 
 def phase_of(run: Path) -> int | None:
