@@ -17,8 +17,9 @@ what is most often true (a Generator right 10% of the time makes "incorrect" wor
 outcome records the truth and the verdict for each episode. With ``balanced_judge`` the Judge
 sees a right answer in half the episodes, by a fair coin per episode: the Generator's answer when
 it falls on the coin's side, else the truth or a plausible wrong answer (another operation's
-result, or the truth off by 1 or 10) in its place, as for no answer (an invalid turn). Then either constant verdict earns 0.5 and
-only telling answers apart pays; the Generator is still paid for its own answer.
+result, or the truth off by 1 or 10) in its place, as for no answer (an invalid turn). Then
+either constant verdict earns 0.5 and only telling answers apart pays; the Generator is still paid
+for its own answer.
 
 With a ``worker`` role (give it the Judge's adapter: it is the Judge working the problem
 before it sees the answer to check) the order is Generator, worker, Judge: the worker answers

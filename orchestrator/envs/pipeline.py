@@ -53,7 +53,6 @@ class PipelineConfig(EnvConfig):
         for key, name in named:
             if name not in self.order:
                 raise ValueError(f"{key} ({name!r}) is not in order {self.order}")
-        for key, name in named:
             # a loop jumps to one position and fires at one: not at a role's second
             if key.startswith("loop_back") and self.order.count(name) > 1:
                 raise ValueError(f"{key} ({name!r}) appears {self.order.count(name)} times in order {self.order}: "

@@ -12,9 +12,9 @@ applies the same masks; tokens that closed a reply by force are observations (ma
 A turn's valid attempt adds the turn's own extra advantage (``turn_extra``: turn-level credit,
 turn_credit.py) to the episode's.
 
-Invalid attempts (a retried one too, in a turn that ended valid) follow ``invalid``: ``"penalize"`` trains them with
-``invalid_advantage`` (format errors are pushed down whatever the episode's outcome), ``"drop"``
-leaves them out. Attempts sampled by an adapter version older than ``min_version`` (async
+Invalid attempts (a retried one too, in a turn that ended valid) follow ``invalid``:
+``"penalize"`` trains them with ``invalid_advantage`` (format errors are pushed down whatever the
+episode's outcome), ``"drop"`` leaves them out. Attempts sampled by an adapter version older than ``min_version`` (async
 training's staleness bound) are left out too.
 """
 from __future__ import annotations
