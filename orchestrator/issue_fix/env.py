@@ -330,7 +330,8 @@ def _report(g: Grade, limit: int) -> dict[str, Any]:
 def _cut(text: str, limit: int, tail: bool = False) -> str:
     if len(text) <= limit:
         return text
-    return "(cut) ...\n" + text[-limit:] if tail else text[:limit] + "\n... (cut)"
+    # text[-0:] would be the whole text: a limit of 0 kept all of a test run's output
+    return "(cut) ...\n" + text[len(text) - limit:] if tail else text[:limit] + "\n... (cut)"
 
 
 async def _nothing(value: Any) -> Any:

@@ -16,7 +16,8 @@ import pytest
 
 import sandboxes
 from orchestrator.issue_fix.edits import apply_edits
-from orchestrator.issue_fix.grading import grade, grade_work, graded_path, run_tests
+from orchestrator.issue_fix.env import _report
+from orchestrator.issue_fix.grading import Grade, grade, grade_work, graded_path, run_tests
 from orchestrator.issue_fix import rewards
 from orchestrator.issue_fix.rewards import coder_reward, planner_reward, reviewer_reward
 from orchestrator.issue_fix.running import RunOutcome, apply_patch, copy_repo, subprocess_runner
@@ -797,3 +798,10 @@ def test_the_episode_ends_only_once_grading_has(tmp_path, monkeypatch, end):
 
     asyncio.run(episode())
     assert not env._tmp.exists()
+
+
+def test_max_output_chars_of_zero_shows_none_of_the_test_output():
+    """The test output is cut from its tail: at 0, ``text[-0:]`` kept the whole of it in every prompt."""
+    g = Grade(task_id="t", outcomes=[], exit_code=1, crashed=True, log="collected 3 items\nE   boom\n" * 50)
+    assert _report(g, 0)["output"] == "(cut) ...\n"
+    assert _report(g, 8)["output"] == "(cut) ...\n   boom\n"
