@@ -122,6 +122,25 @@ def test_a_conversation_role_extends_its_turns_and_trains_on_one_sequence(loaded
         assert sum(datum.loss_fn_inputs["mask"]) == sum(len(a.token_ids) - a.forced_tokens for a in attempts)
 
 
+def test_a_conversation_grown_past_the_context_ends_its_episode_naming_the_role(loaded, tmp_path, monkeypatch):
+    """The engine's refusal was the episode's whole error: which of a team's roles, at which turn,
+    had filled the context went unsaid."""
+    team = load_team(ROOT / "recipes" / "guess_number.yaml")
+    config = team.env_class.Config.model_validate({**team.env_config.model_dump(), "low": -10**12, "high": 10**12, "turns": 30})
+    team = dataclasses.replace(team, env_config=config, tasks=[{"secret": 123456789}])
+    monkeypatch.setattr(loaded.model.config, "max_position_embeddings", 300)
+    engine = HFEngine(loaded)
+    try:
+        result = asyncio.run(run_team(team, build_policies(team, {}, lambda: engine),
+                                      RunOptions(episodes=1, seed=0, out_dir=tmp_path, progress=False)))
+    finally:
+        asyncio.run(engine.aclose())
+    [episode] = result.episodes
+    assert episode.status == "error" and episode.turns  # the turns that fitted stay in the transcript
+    assert episode.error.startswith(f"RequestRefused: role 'guesser', turn {len(episode.turns)}: the prompt (")
+    assert episode.error.endswith("leaves no room for a reply in the model's context of 300 tokens")
+
+
 def test_a_retry_reads_the_failed_reply_as_it_was_sampled(loaded, tmp_path):
     recipe = tmp_path / "retry.yaml"
     recipe.write_text(

@@ -1,7 +1,7 @@
 """The model engine as a policy: render the chat, generate, keep tokens and sampling logprobs."""
 from __future__ import annotations
 
-from ..engines.base import Engine, GenerationRequest, SamplingParams
+from ..engines.base import Engine, GenerationRequest, RequestRefused, SamplingParams
 from ..engines.tokens import continuation_ids
 from .base import PolicyOutput, PolicyRequest
 
@@ -15,17 +15,19 @@ class EnginePolicy:
         if request.reply_prefix:  # the reply starts with it: prompt-side tokens, never sampled
             prompt_ids = prompt_ids + self.engine.encode(request.reply_prefix)
         s = request.sampling
-        completion = await self.engine.generate(
-            GenerationRequest(
-                prompt_ids=tuple(prompt_ids),
-                sampling=SamplingParams(
-                    temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens, stop=tuple(s.stop), seed=request.seed
-                ),
-                adapter=request.adapter,
-                json_schema=request.json_schema,
-                reply_prefix=request.reply_prefix if request.json_schema else "",
-            )
+        generation = GenerationRequest(
+            prompt_ids=tuple(prompt_ids),
+            sampling=SamplingParams(
+                temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens, stop=tuple(s.stop), seed=request.seed
+            ),
+            adapter=request.adapter,
+            json_schema=request.json_schema,
+            reply_prefix=request.reply_prefix if request.json_schema else "",
         )
+        try:
+            completion = await self.engine.generate(generation)
+        except RequestRefused as exc:  # a conversation grown past the context, say: the episode's error says whose
+            raise RequestRefused(f"role {request.role!r}, turn {request.turn}: {exc}") from None
         return PolicyOutput(
             text=request.reply_prefix + completion.text,
             prompt_ids=list(prompt_ids),
