@@ -127,9 +127,12 @@ class ChatServer:
         except jinja2.TemplateError as exc:  # the template's own raise_exception: no system role, roles that must alternate
             raise HTTPError(400, f"the model's chat template refuses these messages: {exc}") from None
         limit = getattr(self.engine, "context_length", None)
+        if limit is not None and len(prompt) >= limit:  # said so, not as a max_tokens the client never sent
+            raise HTTPError(400, f"the prompt ({len(prompt)} tokens) leaves no room for a reply in the model's "
+                                 f"context of {limit} tokens", "context_length_exceeded")
         max_tokens = given.get("max_tokens", given.get("max_completion_tokens"))
         if max_tokens is None:  # unasked: 256, or the room the prompt leaves (a 400 about a max_tokens never sent)
-            max_tokens = 256 if limit is None else max(1, min(256, limit - len(prompt)))
+            max_tokens = 256 if limit is None else min(256, limit - len(prompt))
         try:
             sampling = SamplingParams(
                 temperature=_number(given.get("temperature", 1.0)), top_p=_number(given.get("top_p", 1.0)),

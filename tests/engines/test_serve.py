@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import re
 import subprocess
 import sys
 import urllib.error
@@ -217,6 +218,17 @@ def test_a_long_prompt_without_max_tokens_gets_the_room_it_leaves(server):
     assert status == 200, data
     usage = data["usage"]
     assert 1792 < usage["prompt_tokens"] < 2048 and usage["total_tokens"] <= 2048
+
+
+def test_a_prompt_that_fills_the_context_is_refused_as_such(server):
+    """Without max_tokens it was refused as "the prompt and max_tokens (1) exceed the context", a
+    max_tokens the client never sent."""
+    body = chat("base", messages=[{"role": "user", "content": " hello" * 2100}])
+    del body["max_tokens"]
+    status, data = call(server, "/chat/completions", body)
+    assert status == 400 and data["error"]["type"] == "context_length_exceeded", data
+    assert re.fullmatch(r"the prompt \(\d+ tokens\) leaves no room for a reply in the model's context of 2048 tokens",
+                        data["error"]["message"])
 
 
 def test_null_sampling_values_are_the_defaults(server):
