@@ -371,6 +371,14 @@ def test_run_json_prints_only_the_summary_on_stdout_with_the_progress_bar_on(wor
     assert "2/2" in err
 
 
+def test_log_json_leaves_no_progress_bar_among_the_json_lines_on_stderr(workspace, cli):
+    """``rolecast --log-json run ... 2> log.jsonl``: the bar's last frame was a line of console text there."""
+    code, out, err = cli("--log-json", "run", workspace / "team.yaml", "--episodes", "2", "--out", workspace / "run",
+                         "--policy", "echo=builtin:stub", "--policy", "reviewer=builtin:stub")
+    assert code == 0 and "transcripts.jsonl" in out
+    assert "2/2" not in err and all(isinstance(json.loads(line), dict) for line in err.splitlines())
+
+
 def test_unknown_role_in_policy_flag(workspace, cli):
     code, _, err = cli("run", workspace / "team.yaml", "--policy", "chef=builtin:stub")
     assert code == 2 and "unknown role(s) chef" in err

@@ -78,7 +78,8 @@ def stopped_by_sigterm() -> Iterator[None]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rolecast", description="Teams of LLM roles that learn together.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
-    parser.add_argument("--log-json", action="store_true", help="log JSON lines instead of console text")
+    parser.add_argument("--log-json", action="store_true",
+                        help="log JSON lines instead of console text (and draw no progress bar)")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f"{__name__}.{name}").register(sub)

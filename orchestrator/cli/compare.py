@@ -23,7 +23,7 @@ from typing import Any
 from ..errors import RolecastError
 from ..launch import LOCK_FILE, Compute, claimed, recorded_run, run_dir
 from ..team import Team, trainable_roles
-from .flags import add_training_flags, compute_options, out_dir, parse_sets, positive_int
+from .flags import add_training_flags, compute_options, out_dir, parse_sets, positive_int, shows_progress
 
 
 def register(sub: Any) -> None:
@@ -85,7 +85,7 @@ def handle(args: argparse.Namespace) -> int:
                     check_rotation(team, total)
             runs.append((name, team, where, compute, seed, steps, resume))
         for name, team, where, compute, seed, steps, resume in runs:
-            train_into(team, where, compute, seed=seed, steps=steps, resume=resume, progress=not args.no_progress,
+            train_into(team, where, compute, seed=seed, steps=steps, resume=resume, progress=shows_progress(args),
                        extra={"strategy": name})
         print(json.dumps(write_comparison(out, list(base.roles))))
     return 0

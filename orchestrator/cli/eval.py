@@ -10,7 +10,7 @@ from typing import Any
 from ..errors import RolecastError
 from .flags import (
     add_episode_flags, add_model_flags, add_policy_flag, add_ray_flags, compute_options, exit_code, parse_adapter_flags,
-    out_dir, parse_policy_flags, positive_int, stdout_console,
+    out_dir, parse_policy_flags, positive_int, shows_progress, stdout_console,
 )
 
 
@@ -52,7 +52,7 @@ def handle(args: argparse.Namespace) -> int:
     evaluation = api.evaluate(args.recipe, episodes=args.episodes, held_out=args.held_out, opponent=args.opponent,
                               out=args.out, seed=args.seed, concurrency=args.concurrency,
                               policies=parse_policy_flags(args.policy), adapters=parse_adapter_flags(args.adapter),
-                              progress=not (args.no_progress or args.json), **compute_options(args))
+                              progress=shows_progress(args) and not args.json, **compute_options(args))
     if args.json:
         print(json.dumps(evaluation.report))
     else:

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..errors import RolecastError
 from ..launch import claimed, recorded_run, run_dir
-from .flags import stdout_console
+from .flags import shows_progress, stdout_console
 
 
 def handle(args: argparse.Namespace, team: Any) -> int:
@@ -70,7 +70,7 @@ def handle(args: argparse.Namespace, team: Any) -> int:
                 return await play_round_robin(
                     team, trainer.players, entrants, engine, games_per_pair, seed=seed, out_dir=out,
                     concurrency=args.concurrency or team.config.concurrency, registry=registry,
-                    progress=not (args.no_progress or args.json))
+                    progress=shows_progress(args) and not args.json)
             finally:
                 await engine.aclose()
 

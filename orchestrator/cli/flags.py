@@ -81,6 +81,12 @@ def add_episode_flags(p: argparse.ArgumentParser, json_help: str) -> None:
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
+def shows_progress(args: argparse.Namespace) -> bool:
+    """Whether a command draws its progress bar: not with --no-progress, nor with --log-json, whose
+    stderr holds JSON lines only."""
+    return not (args.no_progress or args.log_json)
+
+
 def add_policy_flag(p: argparse.ArgumentParser, help: str = POLICY_HELP) -> None:
     p.add_argument("--policy", action="append", default=[], metavar="ROLE=BINDING", help=help)
 

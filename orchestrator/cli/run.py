@@ -9,7 +9,7 @@ from typing import Any
 
 from .flags import (
     add_episode_flags, add_model_flags, add_policy_flag, add_ray_flags, compute_options, exit_code, parse_adapter_flags,
-    out_dir, parse_policy_flags, positive_float, positive_int, stdout_console,
+    out_dir, parse_policy_flags, positive_float, positive_int, shows_progress, stdout_console,
 )
 
 
@@ -33,7 +33,7 @@ def handle(args: argparse.Namespace) -> int:
 
     result = api.run(args.team, episodes=args.episodes, tasks=args.task or None, out=args.out, seed=args.seed,
                      concurrency=args.concurrency, timeout=args.timeout, policies=parse_policy_flags(args.policy),
-                     adapters=parse_adapter_flags(args.adapter), progress=not args.no_progress, **compute_options(args))
+                     adapters=parse_adapter_flags(args.adapter), progress=shows_progress(args), **compute_options(args))
     if args.json:
         print(json.dumps(result.summary))
     else:

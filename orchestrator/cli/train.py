@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .flags import add_training_flags, compute_options, out_dir, parse_sets, positive_int
+from .flags import add_training_flags, compute_options, out_dir, parse_sets, positive_int, shows_progress
 
 
 def register(sub: Any) -> None:
@@ -24,7 +24,7 @@ def handle(args: argparse.Namespace) -> int:
     from .. import api
 
     trained = api.train(args.recipe, steps=args.steps, sets=parse_sets(args.sets), out=args.out,
-                        resume=args.resume, seed=args.seed, progress=not args.no_progress, **compute_options(args))
+                        resume=args.resume, seed=args.seed, progress=shows_progress(args), **compute_options(args))
     print(json.dumps(trained.final))
     print(f"run dir: {trained.run_dir}", file=sys.stderr)
     return 0
