@@ -379,6 +379,22 @@ def test_log_json_leaves_no_progress_bar_among_the_json_lines_on_stderr(workspac
     assert "2/2" not in err and all(isinstance(json.loads(line), dict) for line in err.splitlines())
 
 
+def test_log_json_says_a_commands_notes_and_errors_on_stderr_as_json_lines(workspace, cli):
+    """``run --json`` names its transcripts on stderr, and a mistake is one line there: both were
+    console text among the JSON log lines."""
+    args = ("--log-json", "run", workspace / "team.yaml", "--episodes", "2", "--json", "--policy", "reviewer=builtin:stub")
+    code, out, err = cli(*args, "--policy", "echo=builtin:stub", "--out", workspace / "run")
+    assert code == 0 and json.loads(out)["status"] == {"ok": 2}
+    lines = [json.loads(line) for line in err.splitlines()]
+    assert lines[-1]["event"] == f"transcripts: {workspace / 'run' / 'transcripts.jsonl'}"
+    code, out, err = cli(*args, "--policy", "chef=builtin:stub", "--out", workspace / "again")
+    [line] = [json.loads(line) for line in err.splitlines()]
+    assert code == 2 and out == "" and line["level"] == "error" and "unknown role(s) chef" in line["event"]
+    code, _, err = cli(*args, "--policy", "echo=python:json:loads", "--out", workspace / "failed")
+    lines = [json.loads(line) for line in err.splitlines()]
+    assert code == 1 and lines[-1]["level"] == "error" and "every episode failed" in lines[-1]["event"]
+
+
 def test_unknown_role_in_policy_flag(workspace, cli):
     code, _, err = cli("run", workspace / "team.yaml", "--policy", "chef=builtin:stub")
     assert code == 2 and "unknown role(s) chef" in err

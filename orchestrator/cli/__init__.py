@@ -1,10 +1,10 @@
 """The ``rolecast`` command line: one module per command, flags they share in ``flags.py``.
 
-A user's mistake (bad YAML, unknown role, bad binding) is one line on stderr and exit code 2;
-``--debug`` shows the traceback instead. Ctrl-C stops a command with exit code 130, SIGTERM with
-143, each after the clean-up that ``finally`` blocks do; ``serve`` alone exits 0, as a server told to
-stop has done its job. Plugins add commands through the ``register_commands``
-hook (``hookspecs.py``).
+A user's mistake (bad YAML, unknown role, bad binding) is one line on stderr (a JSON line with
+``--log-json``) and exit code 2; ``--debug`` shows the traceback instead. Ctrl-C stops a command
+with exit code 130, SIGTERM with 143, each after the clean-up that ``finally`` blocks do;
+``serve`` alone exits 0, as a server told to stop has done its job. Plugins add commands through
+the ``register_commands`` hook (``hookspecs.py``).
 """
 from __future__ import annotations
 
@@ -37,13 +37,13 @@ def main(argv: list[str] | None = None) -> int:
     except RolecastError as exc:
         if args.debug:
             raise
-        print(str(exc) if isinstance(exc, ConfigError) else f"rolecast: {exc}", file=sys.stderr)
+        logs.say(str(exc) if isinstance(exc, ConfigError) else f"rolecast: {exc}", "error")
         return exc.exit_code
     except Terminated:
-        print("rolecast: terminated", file=sys.stderr)
+        logs.say("rolecast: terminated", "error")
         return 128 + signal.SIGTERM
     except KeyboardInterrupt:
-        print("rolecast: interrupted", file=sys.stderr)
+        logs.say("rolecast: interrupted", "error")
         return 130
     except BrokenPipeError:  # `rolecast report RUN | head -1`: the reader has what it wanted
         # Python's own flush at exit would fail on the closed pipe again, with a message.
@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rolecast", description="Teams of LLM roles that learn together.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
     parser.add_argument("--log-json", action="store_true",
-                        help="log JSON lines instead of console text (and draw no progress bar)")
+                        help="stderr as JSON lines (logs, notes and errors) instead of console text, with no progress bar")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f"{__name__}.{name}").register(sub)

@@ -8,10 +8,10 @@ import argparse
 import asyncio
 import json
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
+from .. import logs
 from ..errors import RolecastError
 from ..launch import claimed, recorded_run, run_dir
 from .flags import shows_progress, stdout_console
@@ -107,8 +107,8 @@ def trained_with(run: Path, team: Any) -> dict[str, Any]:
     if not isinstance(then, dict):
         return recipe
     if then != recipe:
-        print(f"rolecast eval: the members of {run} as its config.yaml records them "
-              f"(training.trainer_config: {json.dumps(then)})", file=sys.stderr)
+        logs.say(f"rolecast eval: the members of {run} as its config.yaml records them "
+                 f"(training.trainer_config: {json.dumps(then)})")
     return then
 
 

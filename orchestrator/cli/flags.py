@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
+from .. import logs
 from ..config import SEED_MAX
 from ..engines.load import BACKENDS
 from ..errors import RolecastError
@@ -125,7 +125,7 @@ def exit_code(result: Any) -> int:
     from ..rollout import every_episode_failed
 
     if first := every_episode_failed(result.episodes):
-        print(f"rolecast: every episode failed; the first: {first.error}", file=sys.stderr)
+        logs.say(f"rolecast: every episode failed; the first: {first.error}", "error")
         return 1
     return 0
 

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
+from .. import logs
 from .flags import (
     add_episode_flags, add_model_flags, add_policy_flag, add_ray_flags, compute_options, exit_code, parse_adapter_flags,
     out_dir, parse_policy_flags, positive_float, positive_int, shows_progress, stdout_console,
@@ -34,11 +34,13 @@ def handle(args: argparse.Namespace) -> int:
     result = api.run(args.team, episodes=args.episodes, tasks=args.task or None, out=args.out, seed=args.seed,
                      concurrency=args.concurrency, timeout=args.timeout, policies=parse_policy_flags(args.policy),
                      adapters=parse_adapter_flags(args.adapter), progress=shows_progress(args), **compute_options(args))
+    transcripts = f"transcripts: {result.run_dir / 'transcripts.jsonl'}"
     if args.json:
         print(json.dumps(result.summary))
+        logs.say(transcripts)
     else:
         print_summary(result.summary)
-    print(f"transcripts: {result.run_dir / 'transcripts.jsonl'}", file=sys.stderr if args.json else sys.stdout)
+        print(transcripts)
     return exit_code(result)
 
 

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
+from .. import logs
 from .flags import add_training_flags, compute_options, out_dir, parse_sets, positive_int, shows_progress
 
 
@@ -26,5 +26,5 @@ def handle(args: argparse.Namespace) -> int:
     trained = api.train(args.recipe, steps=args.steps, sets=parse_sets(args.sets), out=args.out,
                         resume=args.resume, seed=args.seed, progress=shows_progress(args), **compute_options(args))
     print(json.dumps(trained.final))
-    print(f"run dir: {trained.run_dir}", file=sys.stderr)
+    logs.say(f"run dir: {trained.run_dir}")
     return 0
