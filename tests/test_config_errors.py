@@ -1,6 +1,7 @@
 """Every malformed input gets one line ``FILE:LINE: KEY: problem`` on stderr and exit code 2."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -270,6 +271,14 @@ def test_missing_file(tmp_path, cli):
     code, _, err = cli("validate", tmp_path / "nope.yaml")
     assert code == 2
     assert err.strip() == f"{tmp_path / 'nope.yaml'}: (file): file not found"
+
+
+def test_validate_says_each_mistake_as_a_json_line_with_log_json(tmp_path, cli):
+    """``rolecast --log-json validate``: its FILE: KEY: problem lines were console text among the JSON lines."""
+    code, out, err = cli("--log-json", "validate", tmp_path / "nope.yaml", tmp_path / "gone.yaml")
+    lines = [json.loads(line) for line in err.splitlines()]
+    assert code == 2 and out == "" and [line["level"] for line in lines] == ["error", "error"]
+    assert lines[1]["event"] == f"{tmp_path / 'gone.yaml'}: (file): file not found"
 
 
 def test_team_override_keeps_role_file_paths(workspace, cli):

@@ -8,6 +8,7 @@ from typing import Any
 
 from sandboxes import BACKENDS, Limits, SandboxError, run
 
+from .. import logs
 from ..errors import EXIT_USAGE
 from .flags import positive_float, positive_int
 
@@ -34,13 +35,13 @@ def register(sub: Any) -> None:
 def handle_run(args: argparse.Namespace) -> int:
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
-        print("rolecast sandbox run: missing command after --", file=sys.stderr)
+        logs.say("rolecast sandbox run: missing command after --", "error")
         return EXIT_USAGE
     try:
         limits = Limits(wall_time_s=args.timeout, memory_mb=args.memory)
         result = run(cmd, args.workdir, limits, backend=args.backend, allow_unsafe=args.unsafe)
     except (SandboxError, ValueError) as exc:
-        print(f"rolecast sandbox run: {exc}", file=sys.stderr)
+        logs.say(f"rolecast sandbox run: {exc}", "error")
         return EXIT_USAGE
     if args.json:
         print(json.dumps(result.to_dict()))

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 
 import sandboxes
 
+from .. import logs
 from ..errors import EXIT_USAGE
 from ..issue_fix.checking import CheckReport, check_task
 from ..issue_fix.running import sandbox_runner
@@ -56,7 +56,7 @@ def find_tasks(paths: list[Path]) -> tuple[list[IssueTask], list[TaskFileError]]
             skipped = sorted(d.name for d in path.iterdir()
                              if d.is_dir() and not d.name.startswith((".", "_")) and not (d / TASK_FILE).exists())
             if skipped:
-                print(f"rolecast tasks check: skipped (no {TASK_FILE}): {', '.join(skipped)}", file=sys.stderr)
+                logs.say(f"rolecast tasks check: skipped (no {TASK_FILE}): {', '.join(skipped)}")
         else:
             raise ValueError(f"{path}: no {TASK_FILE} in it or in its subfolders")
         for folder in folders:  # every bad one is reported, so one pass fixes a whole folder of tasks
@@ -73,11 +73,12 @@ def handle_check(args: argparse.Namespace) -> int:
     try:
         tasks, bad = find_tasks(args.dirs)
         if bad:  # FILE:LINE: KEY: problem, as `rolecast validate` says it
-            print("\n".join(map(str, bad)), file=sys.stderr)
+            for problem in bad:
+                logs.say(str(problem), "error")
             return EXIT_USAGE
         runner = sandbox_runner(args.backend)
     except (ValueError, sandboxes.SandboxError) as exc:
-        print(f"rolecast tasks check: {exc}", file=sys.stderr)
+        logs.say(f"rolecast tasks check: {exc}", "error")
         return EXIT_USAGE
     started = time.perf_counter()
 

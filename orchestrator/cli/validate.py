@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
+from .. import logs
 from ..errors import EXIT_USAGE, ConfigError, RolecastError
 
 
@@ -51,6 +51,6 @@ def handle(args: argparse.Namespace) -> int:
         except ConfigError as exc:
             if args.debug:
                 raise
-            print(str(exc), file=sys.stderr)
+            logs.say(str(exc), "error")
             failed += 1
     return EXIT_USAGE if failed else 0
