@@ -6,7 +6,8 @@ Run dir::
 
     config.yaml                   the resolved recipe and run options
     metrics.jsonl                 one line per step (and per evaluation)
-    tb/                           TensorBoard events of the same metrics
+    tb/                           TensorBoard events of the same metrics (an evaluation's episodes and
+                                  engine/ counts as eval_episodes, eval_engine/...)
     rollouts/step-000001/         that step's transcripts.jsonl, summary.json and credit.jsonl (each
                                   role's reward and advantage per episode, and whether it trained)
     checkpoints/step-000005/      every adapter's weights, optimizer, RNG; trainer state

@@ -90,7 +90,7 @@ class MetricsWriter:
             self._tb = SummaryWriter(str(self.tb_dir), purge_step=self._purge)
         for key, value in row.items():
             if isinstance(value, (int, float)) and key != "step":
-                self._tb.add_scalar(key, value, row["step"])
+                self._tb.add_scalar(tensorboard_tag(row, key), value, row["step"])
         self._tb.flush()
 
     def truncate_after(self, step: int) -> None:
@@ -105,6 +105,12 @@ class MetricsWriter:
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
+
+
+def tensorboard_tag(row: dict[str, Any], key: str) -> str:
+    """``key``'s tag in TensorBoard: an eval row's counts a train row also has (``episodes``,
+    ``engine/...``) get ``eval_``, as its own metrics have, or one curve would mix the two at a step."""
+    return f"eval_{key}" if row["kind"] == "eval" and not key.startswith("eval_") else key
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

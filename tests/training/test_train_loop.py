@@ -488,6 +488,24 @@ def test_tensorboard_shows_the_redone_steps_once_after_a_resume(tmp_path, monkey
     assert [(e.step, e.value) for e in events.Scalars("loss")] == [(1, 1.0), (2, 12.0), (3, 13.0)]
 
 
+def test_tensorboard_keeps_an_evaluations_counts_apart_from_the_steps(tmp_path):
+    """An eval row's ``episodes`` and ``engine/...`` went to the train row's tags at the same step:
+    one curve held both the step's rollouts and the evaluation's, point by point."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from orchestrator.training.metrics import MetricsWriter
+
+    writer = MetricsWriter(tmp_path)
+    writer.write({"step": 1, "kind": "train", "episodes": 32, "engine/decode_s": 2.0})
+    writer.write({"step": 1, "kind": "eval", "episodes": 64, "engine/decode_s": 5.0, "eval_reward/guesser": 0.5})
+    writer.close()
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    scalars = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    assert scalars == {"episodes": [(1, 32.0)], "engine/decode_s": [(1, 2.0)], "eval_episodes": [(1, 64.0)],
+                       "eval_engine/decode_s": [(1, 5.0)], "eval_reward/guesser": [(1, 0.5)]}
+
+
 @pytest.fixture
 def breaking_env():
     """``breaking_guess``, in the CLI's registry: Guess the Number whose step raises in a share
