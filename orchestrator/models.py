@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import importlib.util
 import inspect
-import logging
 import os
 import re
 import shutil
@@ -19,6 +18,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import structlog
 import torch
 from safetensors import SafetensorError
 from transformers.utils import logging as hf_logging
@@ -33,7 +33,7 @@ from transformers import (
 
 from .cpu import host
 
-log = logging.getLogger(__name__)
+log = structlog.get_logger()  # what the CLI sets up (it leaves stdlib logging alone)
 hf_logging.disable_progress_bar()  # rolecast shows its own progress; keep stderr readable
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -169,7 +169,7 @@ def _hub_snapshot(repo_id: str) -> Path:
     if constants.HF_HUB_OFFLINE:
         raise ValueError(f"{repo_id!r} is not a local directory nor in the Hugging Face cache ({cache}), "
                          f"and HF_HUB_OFFLINE is set: {fix}")
-    log.info("downloading %s from the Hugging Face hub into %s", repo_id, cache)
+    log.info("downloading from the Hugging Face hub", model=repo_id, cache=str(cache))
     try:
         return Path(snapshot_download(repo_id, cache_dir=cache, allow_patterns=_HUB_FILES))
     except Exception as exc:  # no network, no such repo, gated: all end the same way for the user
@@ -183,7 +183,7 @@ def _smollm2_checkpoint() -> Path:
     if (target / "config.json").exists():
         return target
     gguf_dir = _gguf_dir()
-    log.info("converting %s to a safetensors checkpoint in %s (once)", _GGUF_FILE, target)
+    log.info("converting the GGUF to a safetensors checkpoint (once)", file=_GGUF_FILE, into=str(target))
     quantized = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=_GGUF_FILE, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=_GGUF_FILE)
     # The GGUF loader flags the model as quantized, which save_pretrained and trainers refuse:

@@ -87,6 +87,24 @@ def test_an_uncached_hub_id_offline_says_what_to_do(hub_cache, workspace, cli):
     assert str(hub_cache) in line and "Traceback" not in err
 
 
+def test_a_hub_download_is_announced_before_it_starts(hub_cache, workspace, cli, monkeypatch):
+    """A download (minutes for a large model) said nothing: the note went to stdlib logging, which
+    nothing sets up."""
+    import huggingface_hub
+
+    def snapshot_download(repo_id, local_files_only=False, **kwargs):
+        if local_files_only:
+            raise huggingface_hub.errors.LocalEntryNotFoundError("not cached")
+        raise ConnectionError("no network")
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    code, _, err = cli("run", workspace / "team.yaml", "--model", "someorg/big-llama", "--no-progress")
+    note, error = err.strip().splitlines()
+    assert code == 2 and "downloading from the Hugging Face hub" in note and "someorg/big-llama" in note
+    assert "could not be downloaded (ConnectionError: no network)" in error
+
+
 def test_a_name_that_is_neither_is_refused():
     with pytest.raises(ValueError, match="unknown model 'no such model'"):
         load_model("no such model")
