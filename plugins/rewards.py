@@ -29,11 +29,13 @@ def penalties(episode: EpisodeRecord, role: str) -> float:
 
 
 def team_outcome(episode: EpisodeRecord, roles: list[str]) -> tuple[float, dict[str, float]]:
-    """R: the env's team outcome when it reports one, else the mean of the roles' rewards; and
-    what each role adds to it: its penalties where R is the env's outcome, which has none in it."""
+    """R: the env's team outcome when it reports one, else the mean of the rewards of the roles that
+    took part; and what each role adds to it: its penalties where R is the env's outcome, which has
+    none in it."""
     if "outcome" in episode.outcome and episode.outcome["outcome"] is not None:
         return float(episode.outcome["outcome"]), {role: penalties(episode, role) for role in roles}
-    values = [episode.rewards.get(role, 0.0) for role in roles]
+    # a role that sat the episode out (the other domain's teacher) holds a 0 that is no result
+    values = [episode.rewards.get(role, 0.0) for role in roles if episode.in_episode(role)]
     return (sum(values) / len(values) if values else 0.0), {role: 0.0 for role in roles}
 
 
@@ -71,9 +73,9 @@ class ZeroSumConfig(PluginConfig):
 
 
 def zero_sum_reward(episode: EpisodeRecord, roles: list[str], config: ZeroSumConfig) -> dict[str, float]:
-    """r_i = e_i - mean_j e_j over the players: what one gains the others lose; a role outside the
-    game gets its own invalid-turn penalties."""
-    players = list(config.players or roles)
+    """r_i = e_i - mean_j e_j over the players that took part: what one gains the others lose; a
+    role outside the game (or a player that sat the episode out) gets its own invalid-turn penalties."""
+    players = [p for p in config.players or roles if episode.in_episode(p)]
     values = {p: episode.rewards.get(p, 0.0) for p in players}
     mean = sum(values.values()) / len(values) if values else 0.0
     return {role: values[role] - mean if role in values else penalties(episode, role) for role in roles}

@@ -160,3 +160,15 @@ def test_rewards_that_read_no_env_reward_keep_each_roles_invalid_penalty():
     duel = episode({"pro": 1.0, "con": -0.5, "judge": -1.0})
     duel.turns = [Turn(turn=0, role="judge", message_id="e:0", content=None, valid=False, retries=2, penalty=-1.0)]
     assert reward("zero-sum", duel, ["pro", "con", "judge"], players=["pro", "con"]) == {"pro": 0.75, "con": -0.75, "judge": -1.0}
+
+
+def test_a_role_that_sat_the_episode_out_is_in_no_team_mean():
+    """The other domain's teacher holds a 0 that is no result: it had pulled the team's R of
+    outcome and hybrid down by a share, and given a zero-sum game's one player half its reward."""
+    roles = ["teacher_largest", "teacher_smallest", "student", "student_alone"]
+    ep = episode({"teacher_largest": 1.0, "teacher_smallest": 0.0, "student": 1.0, "student_alone": 0.0})
+    ep.took_part = ["teacher_largest", "student", "student_alone"]
+    assert reward("outcome", ep, roles) == pytest.approx(dict.fromkeys(roles, 2 / 3))
+    assert reward("hybrid", ep, roles) == pytest.approx(dict.fromkeys(roles, 0.6 * 2 / 3))
+    teachers = ["teacher_largest", "teacher_smallest"]
+    assert reward("zero-sum", ep, roles, players=teachers) == dict.fromkeys(roles, 0.0)
