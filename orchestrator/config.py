@@ -83,6 +83,11 @@ class PluginConfig(Strict):
         """Raise ValueError where an option names a role the team lacks (``roles``: all of them).
         Called at load: a misspelt role would otherwise read as a reward of 0, and teach nothing."""
 
+    def reads(self, role: str) -> dict[str, list[Any] | None]:
+        """The fields of ``role``'s messages the plugin reads, as ``Env.reads``: each checked at load
+        against the role's output schema (a judge's misspelt verdict field named no winner, ever)."""
+        return {}
+
 
 Aggregation = Literal["token-sum", "token-mean", "sequence-mean"]
 

@@ -165,6 +165,11 @@ def _check_training(training: TrainingConfig, roles: dict[str, RoleSpec], env_cl
                     check(list(roles))
             except ValueError as exc:
                 raise doc.error(("training", f"{key}_config"), str(exc)) from None
+        with _plugin_code(doc, ("training", key), f"{key} plugin {getattr(training, key)!r}: reads"):
+            if callable(reads := getattr(options, "reads", None)):
+                for name, spec in roles.items():
+                    _check_reads(doc, f"{key} plugin {getattr(training, key)!r}", spec, reads(name),
+                                 ("training", f"{key}_config"))
     if not (learning := trainable_roles(roles)):
         raise doc.error(("training",), "no role learns: give one `trainable: true` and an adapter, bound to the model")
     with _plugin_code(doc, ("training", "trainer"), f"trainer plugin {training.trainer!r}: __init__"):
@@ -259,19 +264,20 @@ def _load_roles(config: TeamConfig, doc: YamlDoc, registry: Registry) -> dict[st
     return roles
 
 
-def _check_reads(doc: ErrorSite, protocol: str, spec: RoleSpec, read: Mapping[str, list[Any] | None]) -> None:
-    """The fields the protocol reads of ``spec``'s messages are properties of its schema, and the
-    values it looks for are ones their ``enum`` allows."""
+def _check_reads(doc: ErrorSite, protocol: str, spec: RoleSpec, read: Mapping[str, list[Any] | None],
+                 loc: Loc = ("protocol",)) -> None:
+    """The fields the protocol (or a plugin) reads of ``spec``'s messages are properties of its
+    schema, and the values it looks for are ones their ``enum`` allows; an error at ``loc``."""
     declared = spec.schema.get("properties")
     if not isinstance(declared, dict):  # none at the root (a root $ref): not checked
         return
     if missing := sorted(set(read) - set(declared)):
-        raise doc.error(("protocol",), f"{protocol} reads field(s) {', '.join(missing)} of the messages of role "
+        raise doc.error(loc, f"{protocol} reads field(s) {', '.join(missing)} of the messages of role "
                         f"{spec.name!r}, which its output_schema does not declare (properties: {', '.join(declared) or 'none'})")
     for field, values in read.items():
         allowed = declared[field].get("enum") if isinstance(declared[field], dict) else None
         if values and isinstance(allowed, list) and (never := [v for v in values if v not in allowed]):
-            raise doc.error(("protocol",), f"{protocol} waits for {field} {', '.join(map(repr, never))} from role "
+            raise doc.error(loc, f"{protocol} waits for {field} {', '.join(map(repr, never))} from role "
                             f"{spec.name!r}, which its output_schema's enum never allows ({', '.join(map(repr, allowed))})")
 
 

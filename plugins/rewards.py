@@ -95,6 +95,9 @@ class JudgeConfig(PluginConfig):
         unknown_roles("judge", [self.judge], roles)
         unknown_roles("stances", list(self.stances), roles)
 
+    def reads(self, role: str) -> dict[str, list[str] | None]:
+        return {self.field: None} if role == self.judge else {}
+
 
 def judge_reward(episode: EpisodeRecord, roles: list[str], config: JudgeConfig) -> dict[str, float]:
     """The judge role's verdict: the role (or stance, or the label the env showed the judge for a

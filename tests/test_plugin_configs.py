@@ -70,6 +70,12 @@ CASES = [
     ("judge-reward-unknown-stance-role", "debate.yaml", "reward: env",
      "reward: judge\n  reward_config: {stances: {pro: for, against: against}}",
      35, "training.reward_config", "stances: 'against' not a role of the team (pro, con, judge)"),
+    # a verdict field the judge's schema lacks: no verdict named a winner, every reward 0, silently
+    ("judge-reward-unknown-field", "debate.yaml", "reward: env", "reward: judge\n  reward_config: {field: winer}",
+     35, "training.reward_config", "reward plugin 'judge' reads field(s) winer of the messages of role 'judge', "
+     "which its output_schema does not declare (properties: winner, reason)"),
+    ("judge-reward-judge-without-verdicts", "debate.yaml", "reward: env", "reward: judge\n  reward_config: {judge: pro}",
+     35, "training.reward_config", "reads field(s) winner of the messages of role 'pro'"),
     ("freeze-rotate-unknown-adapter", "prisoners_dilemma.yaml", "{every: 5}", "{every: 5, schedule: [nobody]}",
      35, "training.trainer_config", "schedule names unknown adapter(s) ['nobody']"),
     ("nothing-learns", "guess_number.yaml", "name: guesser\n", "name: guesser\n    policy: {trainable: false}\n",
