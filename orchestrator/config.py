@@ -187,7 +187,8 @@ class RoleConfig(Strict):
     output_schema: dict[str, Any] | str
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     max_retries: int = Field(2, ge=0, le=20)
-    invalid_penalty: float = Field(-1.0, description="reward added for a turn still invalid after retries")
+    # at most 0: a positive one (a sign slip, "a penalty of 1") paid the replies the retries are there to stop
+    invalid_penalty: float = Field(-1.0, le=0.0, description="reward added for a turn still invalid after retries")
     params: dict[str, Any] = Field(default_factory=dict, description="template parameters, e.g. a stance")
 
 

@@ -40,6 +40,8 @@ CASES = [
      "echo.yaml", 1, "description", "required key is missing"),
     ("role-penalty-not-finite", lambda w: replace_in(w / "echo.yaml", "invalid_penalty: -0.5", "invalid_penalty: -.inf"),
      "echo.yaml", 13, "invalid_penalty", "finite number"),
+    ("role-penalty-positive", lambda w: replace_in(w / "echo.yaml", "invalid_penalty: -0.5", "invalid_penalty: 0.5"),
+     "echo.yaml", 13, "invalid_penalty", "less than or equal to 0"),
     ("training-advantage-not-finite", lambda w: replace_in(w / "team.yaml", "tasks:", "training:\n  invalid_advantage: .nan\ntasks:"),
      "team.yaml", 9, "training.invalid_advantage", "finite number"),
     # lax pydantic read `steps: yes` as 1 and `temperature: true` as 1.0
