@@ -94,6 +94,10 @@ class JudgeConfig(PluginConfig):
     def check_roles(self, roles: list[str]) -> None:
         unknown_roles("judge", [self.judge], roles)
         unknown_roles("stances", list(self.stances), roles)
+        seen = [s.lower() for s in self.stances.values()]  # as a verdict is read
+        if shared := sorted({s for s in seen if seen.count(s) > 1}):
+            raise ValueError(f"stances: {', '.join(map(repr, shared))} is more than one role's: a verdict naming "
+                             "it would crown one of them and count the other a loser")
 
     def reads(self, role: str) -> dict[str, list[str] | None]:
         return {self.field: None} if role == self.judge else {}

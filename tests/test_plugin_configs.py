@@ -76,6 +76,9 @@ CASES = [
      "which its output_schema does not declare (properties: winner, reason)"),
     ("judge-reward-judge-without-verdicts", "debate.yaml", "reward: env", "reward: judge\n  reward_config: {judge: pro}",
      35, "training.reward_config", "reads field(s) winner of the messages of role 'pro'"),
+    # a verdict "for" had crowned con and counted pro, of the same stance, a loser
+    ("judge-reward-shared-stance", "debate.yaml", "reward: env", "reward: judge\n  reward_config: {stances: {pro: for, con: For}}",
+     35, "training.reward_config", "stances: 'for' is more than one role's"),
     ("freeze-rotate-unknown-adapter", "prisoners_dilemma.yaml", "{every: 5}", "{every: 5, schedule: [nobody]}",
      35, "training.trainer_config", "schedule names unknown adapter(s) ['nobody']"),
     ("nothing-learns", "guess_number.yaml", "name: guesser\n", "name: guesser\n    policy: {trainable: false}\n",
