@@ -35,7 +35,8 @@ def register_rewards(register):
 
     ``reward(episode, roles, config) -> {role: reward}``. Its options are a ``Config`` attribute,
     a subclass of ``orchestrator.config.PluginConfig``; ``config`` is the recipe's
-    ``reward_config`` validated against it. A reward without a ``Config`` takes no options.
+    ``reward_config`` validated against it. A reward without a ``Config`` takes no options. It is
+    called on the episodes that finished, not on one that errored or timed out.
     """
 
 

@@ -231,9 +231,12 @@ class TrainingRun:
         return row
 
     def _rewards(self, groups: list[list[EpisodeRecord]]) -> list[list[dict[str, float]]]:
-        """The reward plugin's rewards (per group, per episode, per role)."""
+        """The reward plugin's rewards (per group, per episode, per role); a failed episode's are the
+        env's placeholders: its outcome is what the env never gave, and the plugin is not asked."""
+        roles = list(self.team.roles)
         with blamed("reward", self.cfg.reward, "its reward"):
-            return [[self.reward_fn(ep, list(self.team.roles), self.reward_config) for ep in g] for g in groups]
+            return [[{r: ep.rewards.get(r, 0.0) for r in roles} if ep.failed else self.reward_fn(ep, roles, self.reward_config)
+                     for ep in g] for g in groups]
 
     def _engine_work(self) -> dict[str, float]:
         """What the local engine did since the last metrics row (``HFEngine.stats``: prompt tokens

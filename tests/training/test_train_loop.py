@@ -592,6 +592,28 @@ def test_episodes_that_errored_are_counted_and_not_trained_on(breaking_env, cli,
     assert row["reward/guesser"] == pytest.approx(sum(finished) / len(finished))
 
 
+def test_a_reward_plugin_is_not_asked_about_an_episode_that_failed(breaking_env, cli, tmp_path):
+    """A failed episode has no outcome (its env broke before giving one): a reward that reads the
+    process reward raised KeyError on it, and stopped a run whose other episodes trained as ever."""
+    from orchestrator.registry import default_registry
+    from support import plugin, train_tiny
+
+    def process_reward(episode, roles, config):
+        return {role: episode.outcome["process"][role] for role in roles}
+
+    default_registry().add_module(plugin(register_rewards=lambda register: register("process", process_reward)), "process", "test")
+    run = tmp_path / "run"
+    recipe = breaking_recipe(tmp_path, "[{secret: 1, breaks: 0.5, after: 1}, {secret: 2, breaks: 0.5, after: 1}]")
+    recipe.write_text(recipe.read_text().replace("reward: hybrid", "reward: process").replace("reward_config: {alpha: 0.6}", ""))
+    train_tiny(cli, recipe, run, 1, "--set", "groups_per_step=4")
+    episodes = {ep["id"]: ep for ep in map(json.loads, (run / "rollouts/step-000001/transcripts.jsonl").read_text().splitlines())}
+    credit = [json.loads(line) for line in (run / "rollouts/step-000001/credit.jsonl").read_text().splitlines()]
+    assert 0 < sum(episodes[c["episode"]]["status"] == "error" for c in credit) < 8
+    for c in credit:  # a failed episode keeps the env's placeholder, in no baseline
+        ep = episodes[c["episode"]]
+        assert c["rewards"] == (ep["rewards"] if ep["status"] == "error" else ep["outcome"]["process"])
+
+
 def test_an_evaluations_trained_reward_leaves_out_the_episodes_that_failed(tmp_path, monkeypatch):
     """eval_trained_reward/ is over the evaluation's finished episodes, as eval_reward/ is: a failed
     one's placeholder rewards (zeros) pulled it towards 0."""
