@@ -29,14 +29,16 @@ def penalties(episode: EpisodeRecord, role: str) -> float:
 
 
 def team_outcome(episode: EpisodeRecord, roles: list[str]) -> tuple[float, dict[str, float]]:
-    """R: the env's team outcome when it reports one, else the mean of the rewards of the roles that
-    took part; and what each role adds to it: its penalties where R is the env's outcome, which has
-    none in it."""
+    """R: the env's team outcome when it reports one, else the mean over the roles that took part of
+    their rewards less their invalid-turn penalties; and what each role adds to R: its own penalties.
+    Kept out of R, a misformed turn costs its own role in full (under ``hybrid``, whatever alpha)
+    and never a teammate."""
+    own = {role: penalties(episode, role) for role in roles}
     if "outcome" in episode.outcome and episode.outcome["outcome"] is not None:
-        return float(episode.outcome["outcome"]), {role: penalties(episode, role) for role in roles}
+        return float(episode.outcome["outcome"]), own
     # a role that sat the episode out (the other domain's teacher) holds a 0 that is no result
-    values = [episode.rewards.get(role, 0.0) for role in roles if episode.in_episode(role)]
-    return (sum(values) / len(values) if values else 0.0), {role: 0.0 for role in roles}
+    values = [episode.rewards.get(role, 0.0) - own[role] for role in roles if episode.in_episode(role)]
+    return (sum(values) / len(values) if values else 0.0), own
 
 
 def outcome_reward(episode: EpisodeRecord, roles: list[str], config: PluginConfig) -> dict[str, float]:

@@ -123,7 +123,8 @@ def test_process_reward_is_the_share_of_guesses_the_feedback_allowed(tmp_path):
     assert ep.outcome["process"] == {"guesser": 0.5} and ep.outcome["reason"] == "correct"
     from plugins.rewards import hybrid_reward
     config = hybrid_reward.Config(alpha=0.6)
-    assert hybrid_reward(ep, ["guesser"], config) == {"guesser": pytest.approx(0.6 * 0.5 + 0.4 * 0.5)}
+    # R is the secret found (1), the invalid turn's -0.5 the guesser's own, in full
+    assert hybrid_reward(ep, ["guesser"], config) == {"guesser": pytest.approx(0.6 * 1.0 + 0.4 * 0.5 - 0.5)}
 
 
 @pytest.mark.parametrize("process, scores", [("halving", [1.0, 1.0, 0.5, 1.0]), ("consistent", [1.0, 1.0, 1.0, 1.0])])

@@ -147,9 +147,11 @@ def test_rewards_that_read_no_env_reward_keep_each_roles_invalid_penalty():
     roles = ["planner", "coder"]
     assert reward("outcome", ep, roles) == {"planner": 0.5, "coder": -0.5}
     assert reward("hybrid", ep, roles) == pytest.approx({"planner": 0.6 * 0.5 + 0.4 * 1.0, "coder": 0.6 * 0.5 + 0.4 * 0.25 - 1.0})
-    # without the env's outcome R is the mean of the roles' rewards, the penalty already in it
+    # without the env's outcome R is the mean of the roles' rewards less their penalties: the coder's
+    # had been shared with the planner, and under hybrid scaled by alpha (at alpha 0, gone)
     del ep.outcome["outcome"]
-    assert reward("outcome", ep, roles) == {"planner": -0.5, "coder": -0.5}
+    assert reward("outcome", ep, roles) == {"planner": 0.0, "coder": -1.0}
+    assert reward("hybrid", ep, roles, alpha=0.0) == {"planner": 1.0, "coder": 0.25 - 1.0}
     judged = episode({}, judge_says="against")
     judged.turns.append(Turn(turn=1, role="pro", message_id="e:1", content=None, valid=False, retries=0, penalty=-2.0))
     stances = {"pro": "for", "con": "against"}
