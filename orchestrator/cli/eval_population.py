@@ -51,10 +51,7 @@ def handle(args: argparse.Namespace, team: Any) -> int:
     unknown = [b for b in baselines if b not in registry.items["policies"]]
     if unknown:
         raise RolecastError(f"--baseline {', '.join(unknown)}: unknown (builtin policies: {', '.join(registry.names('policies'))})")
-    kept = pool_at_last_checkpoint(run)  # a snapshot that left the pool keeps its folder (an older checkpoint names it)
-    pool = sorted((p for p in (run / "pool").glob("*@*") if (p / "adapter_config.json").is_file()
-                   and (kept is None or p.name in kept)), key=lambda p: (int(re.sub(r".*@", "", p.name)), p.name))
-    adapters = {m: run / "sampler" / m for m in trainer.members} | {p.name: p for p in pool}
+    adapters = {m: run / "sampler" / m for m in trainer.members} | {p.name: p for p in snapshots(run, trainer.members)}
     entrants = [Entrant(name, adapter=name) for name in adapters] + [Entrant(b, builtin=b) for b in baselines]
     seed = team.config.seed if args.seed is None else args.seed
     # the model and dtype the population trained with, as its config.yaml records them, unless the flags say otherwise
@@ -83,6 +80,16 @@ def handle(args: argparse.Namespace, team: Any) -> int:
     else:
         print_report(report, out)
     return 0
+
+
+def snapshots(run: Path, members: list[str]) -> list[Path]:
+    """The run's pool as its last checkpoint holds it (all of ``pool/`` without one), by step:
+    only the folders the trainer names ``<member>@<step>`` (one made by hand, ``x@abc``, is none)."""
+    kept = pool_at_last_checkpoint(run)  # a snapshot that left the pool keeps its folder (an older checkpoint names it)
+    name = re.compile(f"(?:{'|'.join(map(re.escape, members))})@([0-9]+)")
+    found = [p for p in (run / "pool").glob("*@*") if name.fullmatch(p.name) and (p / "adapter_config.json").is_file()
+             and (kept is None or p.name in kept)]
+    return sorted(found, key=lambda p: (int(name.fullmatch(p.name)[1]), p.name))
 
 
 def pool_at_last_checkpoint(run: Path) -> set[str] | None:

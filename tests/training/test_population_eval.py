@@ -180,3 +180,14 @@ def test_a_round_robin_with_no_finished_game_rates_nobody():
     from orchestrator.population import ratings_with_intervals
 
     assert ratings_with_intervals(["a", "b"], []) == {"a": {"elo": None, "ci95": None}, "b": {"elo": None, "ci95": None}}
+
+
+def test_the_pool_is_the_snapshots_the_trainer_named(tmp_path):
+    """Without a checkpoint every folder of pool/ was an entrant, sorted by the number after its
+    "@": one made by hand, x@abc, was a ValueError traceback."""
+    from orchestrator.cli.eval_population import snapshots
+
+    for name in ("player-0@10", "player-1@2", "x@abc", "x@3", "player-0@x"):
+        (tmp_path / "pool" / name).mkdir(parents=True)
+        (tmp_path / "pool" / name / "adapter_config.json").write_text("{}")
+    assert [p.name for p in snapshots(tmp_path, ["player-0", "player-1"])] == ["player-1@2", "player-0@10"]
