@@ -143,6 +143,9 @@ def evaluate(team: TeamLike, *, episodes: int | None = None, held_out: bool = Fa
     opponent_role, checkpoint = None, None
     if opponent is not None:  # "" too (an unset variable): else played as the recipe binds it, said nowhere
         team, opponent_role, checkpoint = bind_opponent(team, opponent, overrides)
+    if checkpoint and CHECKPOINT_ADAPTER in loaded:  # else the checkpoint loaded over it, and config.yaml named it
+        raise RolecastError(f"--adapter {CHECKPOINT_ADAPTER}: --opponent {opponent} loads the opponent under that name; "
+                            f"drop one")
     cfg = team.config
     model = compute.model or cfg.model
     seed = cfg.seed if seed is None else seed

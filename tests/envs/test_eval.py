@@ -165,6 +165,19 @@ def test_checkpoint_opponent_samples_from_the_loaded_adapter(cli, tmp_path):
     assert {a["adapter"] for ts in turns for t in ts if t["role"] == "o" for a in t["attempts"]} == {"eval-opponent"}
 
 
+def test_an_adapter_flag_for_the_checkpoint_opponent_is_refused(cli, tmp_path):
+    """--adapter eval-opponent=DIR beside --opponent checkpoint:PATH: the checkpoint was loaded over
+    DIR, and config.yaml recorded DIR as played."""
+    from orchestrator.models import load_model
+
+    folder = peft_dir(tmp_path / "ckpt", lora_state(load_model("tiny").model, 0, rank=2, std=0.0, modules=("q_proj",)))
+    code, _, err = cli("eval", ROOT / "recipes/tictactoe.yaml", "--episodes", "2", "--model", "tiny", "--policy",
+                       "x=builtin:random", "--opponent", f"checkpoint:{folder}", "--adapter", f"eval-opponent={folder}",
+                       "--out", tmp_path / "ev")
+    assert code == 2 and "--adapter eval-opponent: --opponent checkpoint:" in err and "Traceback" not in err, err
+    assert not (tmp_path / "ev").exists()
+
+
 @pytest.mark.parametrize("command", ["run", "eval"])
 def test_adapter_flag_loads_trained_weights(cli, tmp_path, command):
     from orchestrator.models import load_model
