@@ -123,7 +123,11 @@ class TrainingRun:
         if self.cfg.eval_opponent:  # evaluations rebind the protocol's opponent role
             self.eval_team, self.eval_opponent_role, checkpoint = bind_opponent(team, self.cfg.eval_opponent, overrides)
             if checkpoint is not None:
-                self._load(CHECKPOINT_ADAPTER, checkpoint)
+                try:
+                    self._load(CHECKPOINT_ADAPTER, checkpoint)
+                except (OSError, KeyError, ValueError) as exc:  # no weights beside its config, another model's
+                    raise RolecastError(f"training.eval_opponent {self.cfg.eval_opponent}: "
+                                        f"{exc.args[0] if exc.args else exc}") from None
             self.eval_policies = build_policies(self.eval_team, overrides, lambda: engine, self.registry)
         self.play = rollouts.bind(team, {}) if rollouts else None
         self.play_eval = rollouts.bind(self.eval_team, overrides) if rollouts else None

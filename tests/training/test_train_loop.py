@@ -307,6 +307,18 @@ def test_a_bad_eval_opponent_is_one_line(tmp_path, cli):
     assert code == 2 and f"{recipe}:" in err and "training.eval_opponent: unknown opponent 'nobody'" in err
 
 
+def test_a_checkpoint_eval_opponent_that_does_not_load_is_one_line(tmp_path, cli):
+    """eval_opponent: checkpoint:DIR with an adapter_config.json and no weights beside it passed the
+    recipe's check, then was a ValueError traceback as training loaded it."""
+    (tmp_path / "opponent").mkdir()
+    (tmp_path / "opponent" / "adapter_config.json").write_text('{"r": 8}')
+    recipe = write(tmp_path / "ttt.yaml", SELF_PLAY.replace("eval_opponent: random",
+                                                             f"eval_opponent: checkpoint:{tmp_path / 'opponent'}"))
+    code, _, err = cli("train", recipe, "--out", tmp_path / "run", "--no-progress")
+    assert code == 2 and "Traceback" not in err, err
+    assert f"training.eval_opponent checkpoint:{tmp_path / 'opponent'}: no adapter_model.safetensors in" in err
+
+
 def test_resume_continues_the_run_as_it_was_started(cli, tmp_path):
     from support import SMALL_TRAINING, train_tiny
 
