@@ -174,7 +174,8 @@ def _check_training(training: TrainingConfig, roles: dict[str, RoleSpec], env_cl
         raise doc.error(("training",), "no role learns: give one `trainable: true` and an adapter, bound to the model")
     with _plugin_code(doc, ("training", "trainer"), f"trainer plugin {training.trainer!r}: __init__"):
         try:
-            build_trainer(registry.get("trainers", training.trainer), learning, training.trainer_config)
+            build_trainer(registry.get("trainers", training.trainer), learning, training.trainer_config,
+                          training.group_size * training.groups_per_step)
         except ValueError as exc:
             raise doc.error(("training", "trainer_config"), str(exc)) from None
     for where, options in [(("loss_config",), training.loss_config)] + [

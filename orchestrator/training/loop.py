@@ -105,7 +105,8 @@ class TrainingRun:
             raise RolecastError(f"{team.path}: no trainable role (trainable: true, an adapter, bound to the model)")
         # The configs were checked when the team loaded; here they become the plugins' models.
         try:  # checked when the team loaded, but --set may have changed the options since
-            self.trainer = build_trainer(self.registry.get("trainers", self.cfg.trainer), self.roles, self.cfg.trainer_config)
+            self.trainer = build_trainer(self.registry.get("trainers", self.cfg.trainer), self.roles, self.cfg.trainer_config,
+                                         self.cfg.group_size * self.cfg.groups_per_step)
         except ValueError as exc:
             raise RolecastError(f"{team.path}: training.trainer_config: {exc}") from None
         self.reward_fn = self.registry.get("rewards", self.cfg.reward)

@@ -32,6 +32,7 @@ class TrainerContext:
 
     adapters: dict[str, str]  # trainable role -> adapter name (several roles may share one)
     config: PluginConfig | None = None  # the trainer's Config from trainer_config; None = its defaults
+    episodes_per_step: int = 0  # a step's rollout, group_size x groups_per_step (0: not known)
 
     @property
     def adapter_names(self) -> list[str]:
@@ -126,8 +127,8 @@ def centred(values: list[float], scale_std: bool, eps: float = 1e-6) -> list[flo
     return out
 
 
-def build_trainer(cls: type[Trainer], adapters: dict[str, str], options: dict[str, Any]) -> Trainer:
+def build_trainer(cls: type[Trainer], adapters: dict[str, str], options: dict[str, Any], episodes_per_step: int = 0) -> Trainer:
     """``cls`` for the trainable roles ``adapters`` (role -> adapter) with a recipe's
     ``trainer_config``; a ValueError when the options do not fit the team (self-play's players
     on two adapters, a schedule naming an unknown adapter)."""
-    return cls(TrainerContext(adapters, cls.Config.model_validate(options)))
+    return cls(TrainerContext(adapters, cls.Config.model_validate(options), episodes_per_step))

@@ -5,9 +5,10 @@ say ``player``; ``members: 4`` makes four learners ``player-0`` .. ``player-3`` 
 their names). Each has its own training client and sampler dir, and the engine serves them all in
 its mixed batches, so a population costs small adapters, not models.
 
-Episode ``i`` of a step seats member ``i mod N`` (the focal member) in the player seat
-``(i div N) mod P``, so every member plays every seat equally often, and fills the other seats with
-one opponent drawn by ``matchmaking`` from the other members and the snapshot pool:
+Episode ``i`` of the run (counted over its steps) seats member ``i mod N`` (the focal member) in
+the player seat ``(i div N) mod P``, so every member plays every seat equally often, in each step
+where a step's episodes are a multiple of N x P, else over the steps; and fills the other seats
+with one opponent drawn by ``matchmaking`` from the other members and the snapshot pool:
 
 - ``uniform``: every candidate alike.
 - ``elo``: weight exp(-|R_focal - R_opponent| / ``elo_scale``): mostly the nearest ratings.
@@ -110,9 +111,11 @@ class Population(Trainer):
     def init_noise(self, adapter: str) -> float:
         return self.config.init_noise
 
-    def focal(self, index: int) -> tuple[str, str]:
-        """(member, seat) that episode ``index`` is drawn for."""
+    def focal(self, index: int, step: int = 1) -> tuple[str, str]:
+        """(member, seat) that episode ``index`` of ``step`` is drawn for: counted over the run, as
+        with six episodes a step, four members and two seats two members never sat in the second."""
         n = len(self.members)
+        index += (step - 1) * self.context.episodes_per_step
         return self.members[index % n], self.players[(index // n) % len(self.players)]
 
     def weights(self, member: str, candidates: list[str]) -> list[float]:
@@ -131,7 +134,7 @@ class Population(Trainer):
 
     def match(self, step: int, index: int) -> dict[str, str]:
         """seat -> adapter for every player seat of episode ``index`` at ``step``."""
-        member, seat = self.focal(index)
+        member, seat = self.focal(index, step)
         candidates = [m for m in self.members if m != member] + self.pool
         rng = random.Random(f"{self.config.seed}:{step}:{index}")
         opponent = rng.choices(candidates, weights=self.weights(member, candidates))[0]
@@ -179,7 +182,7 @@ class Population(Trainer):
     ) -> dict[str, float]:
         played: dict[str, list[float]] = {m: [0.0, 0] for m in self.members}
         for ep, rw in zip(episodes, rewards):
-            member, seat = self.focal(ep.index)
+            member, seat = self.focal(ep.index, step)
             opponent = next(a for p, a in ep.adapters.items() if p in self.players and p != seat)
             theirs = max(rw.get(p, 0.0) for p in self.players if p != seat)
             score = 1.0 if rw.get(seat, 0.0) > theirs else 0.5 if rw.get(seat, 0.0) == theirs else 0.0

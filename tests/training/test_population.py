@@ -20,9 +20,10 @@ from orchestrator.transcript import EpisodeRecord
 N_DRAWS = 20000
 
 
-def make(**config):
+def make(episodes_per_step=0, **config):
     cls = default_registry().get("trainers", "population")
-    return cls(TrainerContext(adapters={"x": "player", "o": "player"}, config=cls.Config(**config)))
+    return cls(TrainerContext(adapters={"x": "player", "o": "player"}, config=cls.Config(**config),
+                              episodes_per_step=episodes_per_step))
 
 
 def opponents(t, member: str, step: int = 1) -> Counter:
@@ -35,6 +36,16 @@ def opponents(t, member: str, step: int = 1) -> Counter:
         _, seat = t.focal(i)
         picks.update(a for p, a in seats.items() if p != seat)
     return picks
+
+
+def test_a_step_of_episodes_no_multiple_of_members_and_seats_rotates_the_seats_over_the_steps():
+    """Six episodes a step, four members, two seats: each step had seated members 0 and 1 twice and
+    2 and 3 never in the second seat."""
+    t = make(members=4, episodes_per_step=6)
+    seen = Counter(t.focal(i, step) for step in range(1, 5) for i in range(6))
+    assert seen == Counter({(m, p): 3 for m in t.members for p in ("x", "o")})
+    seated = [t.match(step, i) for step in (1, 2) for i in range(6)]
+    assert all(s[p] == m for s, (m, p) in zip(seated, [t.focal(i, step) for step in (1, 2) for i in range(6)]))
 
 
 def test_members_seats_and_learners():
