@@ -3,6 +3,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -355,6 +360,41 @@ def test_user_role_in_temp_folder_runs_with_python_policy(workspace, cli, monkey
     episodes = read_transcripts(workspace / "run")
     assert [e["turns"][0]["content"] for e in episodes] == [{"say": "the sea"}, {"say": "the sky"}]
     assert "transcripts.jsonl" in err
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_second_signal_leaves_the_clean_up_to_its_end(workspace, signum):
+    """SIGTERM stops a run as Ctrl-C does: the first cancels the run, whose clean-up waits for a
+    sandbox's run to end (code_pair's workdirs are removed after it), and a second leaves that
+    wait alone. A second SIGTERM broke it off: tracebacks, tasks destroyed pending, workdirs left."""
+    write(workspace / "stalls.py", """
+        import asyncio, time
+        from pathlib import Path
+        from sandboxes.runner import ended_first
+
+        async def stalls(request):
+            Path("playing").touch()
+            try:  # as a sandbox's run is awaited: to its end, cancelled or not
+                await ended_first(asyncio.get_running_loop().run_in_executor(None, time.sleep, 3))
+            except asyncio.CancelledError:
+                Path("cleaned").touch()
+                raise
+        """)
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "run", workspace / "team.yaml", "--out",
+                             workspace / "run", "--no-progress", "--policy", "echo=python:stalls:stalls",
+                             "--policy", "reviewer=builtin:stub"], stderr=subprocess.PIPE, text=True, cwd=workspace,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(workspace)])})
+    deadline = time.monotonic() + 60
+    while not (workspace / "playing").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.stderr.read()
+    proc.send_signal(signum)
+    time.sleep(0.5)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=60)
+    said = "rolecast: interrupted" if signum == signal.SIGINT else "rolecast: terminated"
+    assert (proc.returncode, err.strip()) == (128 + signum, said)
+    assert (workspace / "cleaned").exists()
 
 
 def test_run_json_prints_only_the_summary_on_stdout_with_the_progress_bar_on(workspace, cli, monkeypatch):

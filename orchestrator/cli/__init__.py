@@ -60,17 +60,29 @@ class Terminated(KeyboardInterrupt):
 
 @contextlib.contextmanager
 def stopped_by_sigterm() -> Iterator[None]:
-    """SIGTERM raises Terminated while the block runs, where no one else handles it."""
+    """SIGTERM does what Ctrl-C does while the block runs, where no one else handles it, and the
+    block ends in Terminated: in ``asyncio.run``, whose SIGINT handler cancels the main task and
+    lets its clean-up (a sandbox's run awaited to its end) finish before a second signal raises.
+    Raised in the loop at once, a second SIGTERM broke that clean-up off, the loop closed under it."""
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
         yield
         return
+    received = []
 
     def terminate(signum: int, frame: object) -> None:
-        raise Terminated
+        received.append(signum)
+        ctrl_c = signal.getsignal(signal.SIGINT)
+        if not callable(ctrl_c):  # ignored (a job started in the background): SIGTERM still stops it
+            raise Terminated
+        ctrl_c(signal.SIGINT, frame)
 
     signal.signal(signal.SIGTERM, terminate)
     try:
         yield
+    except KeyboardInterrupt:
+        if received:
+            raise Terminated from None
+        raise
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
