@@ -34,6 +34,7 @@ from .launch import (Compute, adapter_dirs, bindings, claimed, closed_on_error, 
 from .rollout import RunOptions, RunResult
 from .team import PLUGIN_OPTIONS, Team, with_training_options
 from .team import load_team as _load_team
+from .training.metrics import write_atomic
 from .yamlfile import format_loc, plain_copy
 
 T = TypeVar("T")
@@ -168,7 +169,7 @@ def evaluate(team: TeamLike, *, episodes: int | None = None, held_out: bool = Fa
                   "opponent": {"role": opponent_role, "policy": opponent} if opponent_role else None,
                   "bindings": shown, "roles": rates(team, result.episodes, result.summary),
                   "env": result.summary["env"], "illegal_baseline": blind, "run_dir": str(result.run_dir)}
-        (result.run_dir / "eval.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
+        write_atomic(result.run_dir / "eval.json", json.dumps(report, indent=2))
     return Evaluation(report=report, run=result)
 
 

@@ -189,7 +189,7 @@ async def run_team(team: Team, policies: Mapping[str, Policy], options: RunOptio
         kept.sort(key=lambda r: r.index)
     summary = tally.summary(time.perf_counter() - started)
     summary["run_dir"] = str(run_dir)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
     return RunResult(run_dir=run_dir, summary=summary, episodes=Transcripts(path, offsets) if kept is None else kept)
 
 

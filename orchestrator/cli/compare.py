@@ -23,6 +23,7 @@ from typing import Any
 from ..errors import RolecastError
 from ..launch import LOCK_FILE, Compute, claimed, recorded_run, run_dir
 from ..team import Team, trainable_roles
+from ..training.metrics import write_atomic
 from .flags import add_training_flags, compute_options, out_dir, parse_sets, positive_int, shows_progress
 
 
@@ -185,5 +186,5 @@ def write_comparison(out: Path, roles: list[str]) -> dict[str, Any]:
     fig.tight_layout()
     fig.savefig(out / "compare.png", dpi=110)
     plt.close(fig)
-    (out / "compare.json").write_text(json.dumps(result, indent=2))
+    write_atomic(out / "compare.json", json.dumps(result, indent=2))
     return result

@@ -14,6 +14,7 @@ from typing import Any
 from .. import logs
 from ..errors import RolecastError
 from ..launch import claimed, recorded_run, run_dir
+from ..training.metrics import write_atomic
 from .flags import shows_progress, stdout_console
 
 
@@ -74,7 +75,7 @@ def handle(args: argparse.Namespace, team: Any) -> int:
         games = asyncio.run(go())
         report = {"team": team.name, "run_dir": str(run), "model": model, "dtype": dtype,
                   **analyse(entrants, games, games_per_pair, seed)}
-        (out / "population.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
+        write_atomic(out / "population.json", json.dumps(report, indent=2))
     if args.json:
         print(json.dumps(report))
     else:

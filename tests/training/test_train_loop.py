@@ -473,6 +473,18 @@ def test_metrics_drop_a_cut_off_last_line_and_name_a_damaged_one(tmp_path):
         read_metrics(tmp_path)
 
 
+def test_a_json_file_written_atomically_keeps_what_it_held_when_the_write_fails(tmp_path):
+    """summary.json, eval.json, compare.json and population.json are written so: a write cut short
+    (here a text the encoder refuses half way; a kill alike) had left an empty or half file."""
+    from orchestrator.training.metrics import write_atomic
+
+    path = tmp_path / "summary.json"
+    write_atomic(path, '{"ok": 1}')
+    with pytest.raises(UnicodeEncodeError):
+        write_atomic(path, '{"text": "' + "x" * 100_000 + '\ud800"}')
+    assert path.read_text() == '{"ok": 1}'
+
+
 def test_tensorboard_shows_the_redone_steps_once_after_a_resume(tmp_path, monkeypatch):
     """The stopped run's events of the steps after the checkpoint stay in its event file; the
     resumed run's writer purges them from TensorBoard's display, as truncate_after drops the rows."""
