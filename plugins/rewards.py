@@ -3,8 +3,9 @@
 ``episode`` is an ``EpisodeRecord``: ``episode.rewards`` holds each role's environment reward
 (invalid-turn penalties included); environments with a team outcome put it in
 ``episode.outcome["outcome"]`` and per-role process rewards in ``episode.outcome["process"]``.
-A reward that does not read ``episode.rewards`` (the env's outcome, a judge's verdict) adds each
-role's own invalid-turn penalties, so a role's ``invalid_penalty`` counts whatever the reward.
+A reward gives each role its own invalid-turn penalties in full and keeps them out of any team
+figure (the env's outcome, a judge's verdict, the roles' mean), so a role's ``invalid_penalty``
+counts whatever the reward, for that role alone.
 
 A reward's options are its ``Config`` attribute, a ``PluginConfig`` model: the recipe's
 ``reward_config`` is checked against it when the recipe loads, and the reward is called with the
@@ -75,12 +76,14 @@ class ZeroSumConfig(PluginConfig):
 
 
 def zero_sum_reward(episode: EpisodeRecord, roles: list[str], config: ZeroSumConfig) -> dict[str, float]:
-    """r_i = e_i - mean_j e_j over the players that took part: what one gains the others lose; a
-    role outside the game (or a player that sat the episode out) gets its own invalid-turn penalties."""
+    """r_i = e_i - mean_j e_j over the players that took part, e less its invalid-turn penalties:
+    what one gains the others lose; then each role's own penalties (all a role outside the game, or
+    a player that sat the episode out, gets)."""
+    own = {role: penalties(episode, role) for role in roles}
     players = [p for p in config.players or roles if episode.in_episode(p)]
-    values = {p: episode.rewards.get(p, 0.0) for p in players}
+    values = {p: episode.rewards.get(p, 0.0) - penalties(episode, p) for p in players}
     mean = sum(values.values()) / len(values) if values else 0.0
-    return {role: values[role] - mean if role in values else penalties(episode, role) for role in roles}
+    return {role: (values[role] - mean if role in values else 0.0) + own[role] for role in roles}
 
 
 zero_sum_reward.Config = ZeroSumConfig

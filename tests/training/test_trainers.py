@@ -162,6 +162,10 @@ def test_rewards_that_read_no_env_reward_keep_each_roles_invalid_penalty():
     duel = episode({"pro": 1.0, "con": -0.5, "judge": -1.0})
     duel.turns = [Turn(turn=0, role="judge", message_id="e:0", content=None, valid=False, retries=2, penalty=-1.0)]
     assert reward("zero-sum", duel, ["pro", "con", "judge"], players=["pro", "con"]) == {"pro": 0.75, "con": -0.75, "judge": -1.0}
+    # a player's penalty is its own, not half of it a gain of the other's (pro had 1.5, con -1.5)
+    lost = episode({"pro": 1.0, "con": -2.0})  # con lost the game (-1) and took -1 for an invalid turn
+    lost.turns = [Turn(turn=0, role="con", message_id="e:0", content=None, valid=False, retries=2, penalty=-1.0)]
+    assert reward("zero-sum", lost, ["pro", "con"]) == {"pro": 1.0, "con": -2.0}
 
 
 def test_a_role_that_sat_the_episode_out_is_in_no_team_mean():
