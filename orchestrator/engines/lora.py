@@ -248,6 +248,21 @@ def check_plain_lora(config: dict, state: dict[str, torch.Tensor]) -> None:
                          f"{len(other)} in all): plain LoRA only")
     if not state:
         raise ValueError("the adapter holds no LoRA weights")
+    check_rank_and_alpha(config, {t.shape[0] for k, t in state.items() if k.endswith(".lora_A.weight") and t.dim()})
+
+
+def check_rank_and_alpha(config: dict, ranks: set[int]) -> None:
+    """Raise ValueError unless the config's r (PEFT's default 8 where absent) is the rank of the
+    weights ``ranks`` and its lora_alpha a number above 0: r 0 or a string was a traceback, another
+    rank or a negative one scaled the delta wrong (PEFT refuses such a dir), alpha 0 served the base
+    model under the adapter's name."""
+    r, alpha = config.get("r", 8), config.get("lora_alpha", 8)
+    if ranks != {r} or isinstance(r, bool):
+        said = f"r {r!r}" if "r" in config else "no r (PEFT's default: 8)"
+        raise ValueError(f"its adapter_config.json says {said}, its lora_A weights have rank "
+                         f"{', '.join(map(str, sorted(ranks)))}: r is the rank of its weights")
+    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not 0 < alpha < math.inf:
+        raise ValueError(f"its adapter_config.json says lora_alpha {alpha!r}: a number above 0")
 
 
 def lora_scale(config: dict) -> float:

@@ -379,6 +379,29 @@ def test_an_adapter_that_is_not_plain_lora_is_refused_at_load(engine, tmp_path):
         engine.load_adapter("bin", folder)
 
 
+def test_an_adapter_whose_config_misstates_rank_or_alpha_is_one_line_at_load(tmp_path):
+    """r 0, null or a string was a traceback out of ``rolecast run --adapter``; r 8 on rank-4 weights,
+    or a negative r, scaled the delta wrong (PEFT refuses both dirs), and lora_alpha 0 served the
+    base model under the adapter's name."""
+    import json
+
+    from orchestrator.engines.load import load_engine
+    from orchestrator.errors import RolecastError
+    from orchestrator.models import load_model
+
+    state = lora_state(load_model("tiny").model, 3)  # rank 4
+    cases = {"zero": ({"r": 0}, "says r 0, its lora_A weights have rank 4"),
+             "text": ({"r": "4"}, "says r '4', its lora_A"), "other": ({"r": 8}, "says r 8, its lora_A"),
+             "negative": ({"r": -4}, "says r -4, its lora_A"), "none": ({}, r"says no r \(PEFT's default: 8\), its"),
+             "alpha": ({"r": 4, "lora_alpha": 0}, "says lora_alpha 0: a number above 0"),
+             "alpha_null": ({"r": 4, "lora_alpha": None}, "says lora_alpha None: a number above 0")}
+    for name, (config, words) in cases.items():
+        folder = peft_dir(tmp_path / name, state)
+        (folder / "adapter_config.json").write_text(json.dumps(config))
+        with pytest.raises(RolecastError, match=rf"--adapter {name}={folder}: its adapter_config.json {words}"):
+            load_engine("tiny", "float32", 0, adapters={name: folder}, device="cpu")
+
+
 def test_an_adapter_whose_weights_file_is_cut_short_is_one_line_at_load(tmp_path):
     """safetensors' own error came out of ``rolecast run --adapter`` as a traceback."""
     from orchestrator.engines.load import load_engine
