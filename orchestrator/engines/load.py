@@ -42,11 +42,17 @@ def load_engine(model: str, dtype: str = "auto", seed: int = 0, backend: str = "
         served = _hf(model, dtype, seed, where)
     log.info("engine", backend=backend, model=model, device=str(where), requested=device)
     for name, path in (adapters or {}).items():
-        try:
-            served.load_adapter(name, path)
-        except (KeyError, ValueError) as exc:  # weights for other modules or shapes: another base model's
-            raise RolecastError(f"--adapter {name}={path}: {exc.args[0] if exc.args else exc}") from None
+        load_adapter(served, name, path, f"--adapter {name}={path}")
     return served
+
+
+def load_adapter(engine, name: str, path: Path, given: str) -> int:
+    """``engine.load_adapter``; a dir it refuses is a RolecastError that starts with ``given``,
+    where the user named the dir."""
+    try:
+        return engine.load_adapter(name, path)
+    except (KeyError, ValueError) as exc:  # weights for other modules or shapes: another base model's
+        raise RolecastError(f"{given}: {exc.args[0] if exc.args else exc}") from None
 
 
 def _hf(model: str, dtype: str, seed: int, device):

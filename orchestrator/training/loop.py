@@ -37,6 +37,7 @@ import yaml
 
 from ..config import RECIPE_LOSS_DEFAULTS, TrainingConfig
 from ..engines.base import Engine
+from ..engines.load import load_adapter
 from ..episode import derive_seed
 from ..errors import RolecastError, RunFailed
 from ..evaluation import CHECKPOINT_ADAPTER, bind_opponent
@@ -124,11 +125,7 @@ class TrainingRun:
         if self.cfg.eval_opponent:  # evaluations rebind the protocol's opponent role
             self.eval_team, self.eval_opponent_role, checkpoint = bind_opponent(team, self.cfg.eval_opponent, overrides)
             if checkpoint is not None:
-                try:
-                    self._load(CHECKPOINT_ADAPTER, checkpoint)
-                except (OSError, KeyError, ValueError) as exc:  # no weights beside its config, another model's
-                    raise RolecastError(f"training.eval_opponent {self.cfg.eval_opponent}: "
-                                        f"{exc.args[0] if exc.args else exc}") from None
+                self._load(CHECKPOINT_ADAPTER, checkpoint, f"training.eval_opponent {self.cfg.eval_opponent}")
             self.eval_policies = build_policies(self.eval_team, overrides, lambda: engine, self.registry)
         self.play = rollouts.bind(team, {}) if rollouts else None
         self.play_eval = rollouts.bind(self.eval_team, overrides) if rollouts else None
@@ -465,9 +462,10 @@ class TrainingRun:
                 if self.rollouts:
                     self.rollouts.forget(name)
 
-    def _load(self, name: str, path: Path) -> None:
-        """A frozen adapter into the engine, and to the rollout workers."""
-        version = self.engine.load_adapter(name, path)
+    def _load(self, name: str, path: Path, given: str | None = None) -> None:
+        """A frozen adapter into the engine, and to the rollout workers; ``given``: where the user
+        named the dir (one it names that the engine refuses is a line saying so, not a traceback)."""
+        version = load_adapter(self.engine, name, path, given) if given else self.engine.load_adapter(name, path)
         if self.rollouts:
             self.rollouts.publish(name, path, version)
 

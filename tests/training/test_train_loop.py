@@ -319,6 +319,21 @@ def test_a_checkpoint_eval_opponent_that_does_not_load_is_one_line(tmp_path, cli
     assert f"training.eval_opponent checkpoint:{tmp_path / 'opponent'}: no adapter_model.safetensors in" in err
 
 
+def test_an_eval_opponent_checkpoint_the_engine_refuses_is_one_line(tmp_path, cli):
+    """checkpoint:PATH to another base model's adapter (or one without its weights) was the
+    engine's ValueError as a traceback, once the model had loaded."""
+    from support import lora_state, peft_dir
+
+    state = lora_state(tiny_engine().model, 3)
+    key = next(k for k in state if k.endswith("lora_A.weight"))
+    state[key] = torch.zeros(state[key].shape[0], state[key].shape[1] * 2)  # a wider model's layer
+    folder = peft_dir(tmp_path / "other", state)
+    recipe = write(tmp_path / "ttt.yaml", SELF_PLAY.replace("eval_opponent: random", f"eval_opponent: checkpoint:{folder}"))
+    code, _, err = cli("train", recipe, "--out", tmp_path / "run", "--no-progress")
+    assert code == 2
+    assert f"training.eval_opponent checkpoint:{folder}: adapter 'eval-opponent' does not fit this model" in err
+
+
 def test_resume_continues_the_run_as_it_was_started(cli, tmp_path):
     from support import SMALL_TRAINING, train_tiny
 
