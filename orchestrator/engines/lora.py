@@ -188,6 +188,9 @@ class MultiLoRA:
                     module = key.split(marker)[0].removeprefix("base_model.model.")
                     pairs.setdefault(module, {})[part] = tensor
         unknown = sorted(set(pairs) - set(self.linears))
+        if "lm_head" in unknown:  # the model has one: the engine adds no LoRA there (training leaves it frozen)
+            raise ValueError(f"adapter {name!r} has LoRA on lm_head, which the engine does not compute: LoRA on "
+                             "the model's inner linear layers only")
         if unknown:
             raise KeyError(f"adapter {name!r} targets modules the model does not have: {unknown[:3]}")
         for module, p in pairs.items():

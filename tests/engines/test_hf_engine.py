@@ -333,6 +333,10 @@ def test_adapters_load_from_peft_format_dirs(engine, tmp_path):
     assert a.token_ids == b.token_ids
     with pytest.raises(KeyError, match="does not have"):
         engine.update_adapter("same", {"base_model.model.model.nope.lora_A.weight": torch.zeros(1)})
+    # a PEFT adapter with target_modules [..., lm_head] was told the model has no lm_head
+    head = {f"base_model.model.lm_head.lora_{part}.weight": torch.zeros(4, 4) for part in "AB"}
+    with pytest.raises(ValueError, match="has LoRA on lm_head, which the engine does not compute"):
+        engine.update_adapter("same", {**state, **head})
 
 
 def test_an_adapter_of_another_base_model_is_refused_at_load(engine, tmp_path):
