@@ -34,6 +34,7 @@ from typing import Any, Callable, Generic, TypeVar
 import torch
 from peft import LoraConfig as PeftLoraConfig
 from peft import get_peft_model, set_peft_model_state_dict
+from peft.tuners.tuners_utils import BaseTunerLayer
 from peft.utils.error import NoMatchingPeftModuleError
 from safetensors.torch import load_file, save_file
 
@@ -78,10 +79,16 @@ def logprob_chunk(device: torch.device) -> int:
 
 
 def unmatched_targets(model: torch.nn.Module, targets: Sequence[str]) -> list[str]:
-    """The ``target_modules`` entries that match no module of ``model``, as PEFT matches them (the
-    whole name, or its last dotted parts)."""
-    names = [name for name, _ in model.named_modules()]
-    return [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
+    """The ``target_modules`` entries that match no linear layer of ``model``, as PEFT matches them
+    (the whole name, or its last dotted parts): none at all, or also another module (``mlp``, a
+    norm), which PEFT refuses with a traceback that prints the module."""
+    modules = list(model.named_modules())
+
+    def linears_only(target: str) -> bool:
+        matched = [m for n, m in modules if n == target or n.endswith("." + target)]
+        return bool(matched) and all(isinstance(m, (torch.nn.Linear, BaseTunerLayer)) for m in matched)  # or one PEFT wrapped
+
+    return [t for t in targets if not linears_only(t)]
 
 
 def linear_names(model: torch.nn.Module) -> list[str]:
@@ -158,7 +165,7 @@ class ServiceClient:
             raise ValueError(f"adapter {name!r} already has a training client")
         lora = lora or LoraConfig()
         if missing := unmatched_targets(self.loaded.model, lora.target_modules):  # PEFT wraps the others, silently
-            raise RolecastError(f"lora.target_modules: {', '.join(missing)} names no module of {self.loaded.name} "
+            raise RolecastError(f"lora.target_modules: {', '.join(missing)} names no linear layer of {self.loaded.name} "
                                 f"(its linear layers: {', '.join(linear_names(self.loaded.model))})")
         peft_config = PeftLoraConfig(
             r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,

@@ -138,15 +138,20 @@ def test_lora_target_modules_the_model_lacks_are_one_line():
     service = ServiceClient("tiny")
     try:
         linears = "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"
-        with pytest.raises(RolecastError, match=re.escape(f"q_prj names no module of tiny (its linear layers: {linears})")):
+        with pytest.raises(RolecastError, match=re.escape(f"q_prj names no linear layer of tiny (its linear layers: {linears})")):
             service.create_lora_training_client("pro", LoraConfig(rank=2, target_modules=("q_prj",)))
         with pytest.raises(RolecastError, match=r"lora.target_modules \[\]: No `target_modules`"):
             service.create_lora_training_client("pro", LoraConfig(rank=2, target_modules=()))
         # one typo beside a right name: PEFT wrapped q_proj alone and trained it, said nowhere
         service.create_lora_training_client("pro", LoraConfig(rank=2, target_modules=("q_proj",)))
-        with pytest.raises(RolecastError, match=re.escape(f"lora.target_modules: v_prj names no module of tiny "
+        with pytest.raises(RolecastError, match=re.escape(f"lora.target_modules: v_prj names no linear layer of tiny "
                                                           f"(its linear layers: {linears})")):
             service.create_lora_training_client("con", LoraConfig(rank=2, target_modules=("q_proj", "v_prj")))
+        # a module that is no linear layer (or holds them): PEFT's ValueError, a traceback printing the module
+        for target in ("mlp", "input_layernorm", "layers"):
+            with pytest.raises(RolecastError, match=re.escape(f"lora.target_modules: {target} names no linear layer of tiny "
+                                                              f"(its linear layers: {linears})")):
+                service.create_lora_training_client("con", LoraConfig(rank=2, target_modules=("q_proj", target)))
     finally:
         service.close()
 
