@@ -1,11 +1,14 @@
 """The data the training client takes and returns (names follow the Tinker API)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
 
 import torch
+from pydantic import ValidationError
 
+from ..config import AdamConfig
+from ..config_errors import first_error
 from ..upload import host_tensor
 
 
@@ -77,6 +80,15 @@ class AdamParams:
     eps: float = 1e-12
     weight_decay: float = 0.0
     grad_clip_norm: float = 0.0  # 0 = no clipping
+
+    def __post_init__(self) -> None:
+        # a recipe's adam: checks: a NaN learning rate made every weight NaN, a negative one climbed
+        # the loss, a negative grad_clip_norm left the gradient unclipped, all without a word
+        try:
+            AdamConfig.model_validate(asdict(self))
+        except ValidationError as exc:
+            (option, *_), problem = first_error(exc, asdict(self), AdamConfig)
+            raise ValueError(f"AdamParams.{option}: {problem}") from None
 
 
 @dataclass(frozen=True)

@@ -196,6 +196,19 @@ def test_a_non_finite_gradient_skips_the_step_and_keeps_the_weights(service):
     assert all(torch.isfinite(v).all() for v in after.values()) and any(not torch.equal(before[k], v) for k, v in after.items())
 
 
+@pytest.mark.parametrize("option, value, problem", [
+    ("learning_rate", float("nan"), "finite"), ("learning_rate", -1e-2, "greater than 0"),
+    ("grad_clip_norm", -1.0, "greater than or equal to 0"), ("beta1", 1.5, "less than 1"),
+    ("weight_decay", -0.1, "greater than or equal to 0"), ("eps", 0.0, "greater than 0"),
+])
+def test_adam_params_out_of_range_are_one_line_errors(option, value, problem):
+    """The checks of a recipe's ``adam:``: a NaN learning rate made every weight NaN, a negative
+    one climbed the loss and a negative grad_clip_norm left the gradient unclipped, silently."""
+    with pytest.raises(ValueError, match=f"^AdamParams.{option}: .*{problem}[^\n]*$"):
+        AdamParams(**{option: value})
+    assert AdamParams(learning_rate=1e-3, grad_clip_norm=0.0).learning_rate == 1e-3  # 0: no clipping
+
+
 def test_results_are_read_when_first_asked_for_and_once():
     """On a GPU a call's results arrive after it returns (upload.Download); reading them waits."""
     from orchestrator.training.types import ForwardBackwardOutput, OptimStepResponse
