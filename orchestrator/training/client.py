@@ -546,7 +546,11 @@ class TrainingClient:
 
     def _load_state(self, path: Path) -> int:
         # a file damaged since it was saved is a ValueError naming it: --resume passes the checkpoint over
-        step = read_saved(path / "state.json", lambda p: int(json.loads(p.read_text())["step"]))
+        step, lora = read_saved(path / "state.json", _step_and_lora)
+        # PEFT loads the weights whose names match and leaves the rest: other target modules loaded
+        # nothing, another alpha loaded at another scale, another rank failed halfway through
+        if (theirs := _lora_shape(lora)) != (ours := _lora_shape(asdict(self.lora))):
+            raise RolecastError(f"{path} holds a LoRA of {theirs}; this adapter's is {ours}")
         weights = read_saved(path / "adapter_model.safetensors", lambda p: load_file(str(p)))
         set_peft_model_state_dict(self.service.peft, weights, adapter_name=self.name)
         # on the CPU first: a GPU run's moments would not load where there is no GPU; load_state_dict
@@ -639,6 +643,16 @@ class _Job:
             return {"loss_fn_outputs": [{"logprobs": lp} for lp in logps.split(lengths)], "metrics": metrics}
 
         return ForwardBackwardOutput(later=arrived)
+
+
+def _step_and_lora(path: Path) -> tuple[int, dict[str, Any]]:
+    state = json.loads(path.read_text())
+    return int(state["step"]), state["lora"]
+
+
+def _lora_shape(lora: dict[str, Any]) -> str:
+    """What makes a LoRA's saved weights mean one thing (its dropout does not)."""
+    return f"rank {int(lora['rank'])}, alpha {float(lora['alpha'])} on {', '.join(sorted(lora['target_modules']))}"
 
 
 def _in_vocab(what: str, ids: list[torch.Tensor], vocab: int) -> None:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from orchestrator.config import LossConfig, PPOConfig
+from orchestrator.errors import RolecastError
 from orchestrator.training import AdamParams, Datum, LoraConfig, ModelInput, ServiceClient
 from orchestrator.training.losses import LOSS_FNS, aggregate, k3_kl, token_logprobs
 
@@ -607,6 +608,27 @@ def test_a_saved_state_file_damaged_since_is_a_value_error_naming_it(service, tm
         (tmp_path / name / name).write_bytes(damage)
         with pytest.raises(ValueError, match=re.escape(f"{tmp_path / name / name} is damaged")):
             c.load_state(tmp_path / name).result()
+
+
+def test_a_state_of_another_lora_shape_is_refused_and_loads_nothing(service, tmp_path):
+    """PEFT loads the weights whose names match and leaves the rest: a state of other target
+    modules loaded nothing and returned its step, one of another alpha loaded at another scale,
+    both without a word, and another rank was PEFT's traceback after the matching weights had loaded."""
+    saved = service.create_lora_training_client("shape", LoraConfig(rank=4, target_modules=("q_proj", "o_proj")))
+    saved.perturb(0.5, 0).result()
+    saved.save_state(tmp_path / "ckpt").result()
+    for i, lora in enumerate((LoraConfig(rank=4, target_modules=("v_proj", "o_proj")),
+                              LoraConfig(rank=4, alpha=8.0, target_modules=("q_proj", "o_proj")),
+                              LoraConfig(rank=8, target_modules=("q_proj", "o_proj")))):
+        c = service.create_lora_training_client(f"shape_{i}", lora)
+        before = c.adapter_state()
+        with pytest.raises(RolecastError, match=re.escape(
+                f"{tmp_path / 'ckpt'} holds a LoRA of rank 4, alpha 32.0 on o_proj, q_proj; this adapter's is ")):
+            c.load_state(tmp_path / "ckpt").result()
+        assert c.step == 0 and all(torch.equal(before[k], v) for k, v in c.adapter_state().items())
+    same = service.create_lora_training_client("shape_same", LoraConfig(rank=4, alpha=32, target_modules=("o_proj", "q_proj")))
+    assert same.load_state(tmp_path / "ckpt").result() == 0
+    assert all(torch.equal(saved.adapter_state()[k], v) for k, v in same.adapter_state().items())
 
 
 def test_a_checkpoint_of_the_unfused_optimizer_resumes(service, tmp_path):
