@@ -69,7 +69,14 @@ class Datum:
         key = "mask" if "mask" in self.loss_fn_inputs else "weights"
         if key not in self.loss_fn_inputs:
             return torch.ones(self.model_input.length)
-        return self.tensor(key)
+        weights = self.tensor(key)
+        # only positions weighted above 0 go through the LM head: a negative weight was a loss of 0
+        # and no gradient (yet counted in the means), a NaN one a NaN loss
+        if not bool((weights >= 0).all()):
+            at = int((~(weights >= 0)).nonzero()[0])
+            raise ValueError(f"loss_fn_inputs[{key!r}] holds {weights[at].item()} at position {at}: "
+                             "a weight is 0 (no loss) or more")
+        return weights
 
 
 @dataclass(frozen=True)

@@ -312,6 +312,20 @@ def test_bad_calls_are_clear(service):
         service.create_lora_training_client("bad")
 
 
+@pytest.mark.parametrize("key", ["mask", "weights"])
+def test_a_negative_or_nan_weight_is_refused(service, key):
+    """Only positions weighted above 0 go through the LM head: a weight of -1 was a loss of 0 and
+    no gradient (tokens: -14), a NaN one a NaN loss with no gradient to skip the step for."""
+    c = service.create_lora_training_client(f"weights_{key}", LoraConfig(rank=4))
+    for bad in (-1.0, float("nan")):
+        d = datum()
+        d.loss_fn_inputs[key] = d.loss_fn_inputs.pop("mask")
+        d.loss_fn_inputs[key][-3] = bad
+        with pytest.raises(ValueError, match=f"^loss_fn_inputs\\[{key!r}\\] holds {bad} at position 17: a weight is 0 .no loss. or more$"):
+            c.forward_backward([datum(), d], "cross_entropy").result()
+    assert all(p.grad is None for p in c.params)
+
+
 def test_a_bad_datum_in_a_later_micro_batch_leaves_no_gradient(service):
     """Each datum's inputs are checked before any pass: a wrong length found in the second
     micro-batch once raised after the first had put its gradients into the adapter."""
