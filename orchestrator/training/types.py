@@ -5,9 +5,9 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
 
 import torch
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from ..config import AdamConfig
+from ..config import AdamConfig, LoraSpec
 from ..config_errors import first_error
 from ..upload import host_tensor
 
@@ -91,11 +91,7 @@ class AdamParams:
     def __post_init__(self) -> None:
         # a recipe's adam: checks: a NaN learning rate made every weight NaN, a negative one climbed
         # the loss, a negative grad_clip_norm left the gradient unclipped, all without a word
-        try:
-            AdamConfig.model_validate(asdict(self))
-        except ValidationError as exc:
-            (option, *_), problem = first_error(exc, asdict(self), AdamConfig)
-            raise ValueError(f"AdamParams.{option}: {problem}") from None
+        checked_as(self, AdamConfig)
 
 
 @dataclass(frozen=True)
@@ -104,6 +100,21 @@ class LoraConfig:
     alpha: float = 32.0
     dropout: float = 0.0
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+    def __post_init__(self) -> None:
+        # a recipe's lora: checks: alpha 0 trained an adapter that changed nothing, a NaN one NaN weights
+        checked_as(self, LoraSpec)
+
+
+def checked_as(options: Any, model: type[BaseModel]) -> None:
+    """The dataclass ``options`` checked as a recipe's ``model`` checks the same keys: a ValueError
+    naming the first wrong one."""
+    given = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(options).items()}
+    try:
+        model.model_validate(given)
+    except ValidationError as exc:
+        (option, *_), problem = first_error(exc, given, model)
+        raise ValueError(f"{type(options).__name__}.{option}: {problem}") from None
 
 
 class _Arriving:

@@ -210,6 +210,18 @@ def test_adam_params_out_of_range_are_one_line_errors(option, value, problem):
     assert AdamParams(learning_rate=1e-3, grad_clip_norm=0.0).learning_rate == 1e-3  # 0: no clipping
 
 
+@pytest.mark.parametrize("option, value, problem", [
+    ("alpha", 0.0, "greater than 0"), ("alpha", float("nan"), "finite"), ("rank", 0, "greater than or equal to 1"),
+    ("dropout", 1.0, "less than 1"), ("target_modules", ("q_proj", "lm_head"), "lm_head: not a module"),
+])
+def test_lora_config_out_of_range_is_a_one_line_error(option, value, problem):
+    """The checks of a recipe's ``lora:``: through the client API alpha 0 trained an adapter that
+    changed nothing, a NaN one made NaN weights."""
+    with pytest.raises(ValueError, match=f"^LoraConfig.{option}: .*{problem}[^\n]*$"):
+        LoraConfig(**{option: value})
+    assert LoraConfig(rank=4, target_modules=("q_proj",)).target_modules == ("q_proj",)
+
+
 def test_results_are_read_when_first_asked_for_and_once():
     """On a GPU a call's results arrive after it returns (upload.Download); reading them waits."""
     from orchestrator.training.types import ForwardBackwardOutput, OptimStepResponse
