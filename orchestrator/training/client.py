@@ -116,6 +116,11 @@ class ServiceClient:
     ):
         if shared and not isinstance(model, LoadedModel):
             raise ValueError("a shared ServiceClient trains an engine's loaded model: pass engine.loaded")
+        # 0 had meant the default, unsaid, and a negative budget a pass per datum
+        if micro_batch_tokens is not None and (isinstance(micro_batch_tokens, bool) or micro_batch_tokens < 1):
+            raise ValueError(f"micro_batch_tokens: {micro_batch_tokens!r}; a number of tokens, 1 or more (None: the default)")
+        if pass_tokens is not None and (isinstance(pass_tokens, bool) or pass_tokens < 0):
+            raise ValueError(f"pass_tokens: {pass_tokens!r}; a number of tokens, 0 or more (None: the default)")
         self.shared = shared
         self.device = torch.device(device)
         self.seed = seed
@@ -128,9 +133,9 @@ class ServiceClient:
         self.logprob_chunk = logprob_chunk(self.device)
         self.share_prefixes = share_prefixes  # passes compute each shared prefix once (prefix_tree.py)
         # What a pass costs besides its tokens, in tokens: the prefix tree recomputes a shared
-        # segment in each branch rather than give it a pass below this. About 30 on a 2-core CPU. On a GPU a small model's pass is bound by
-        # its kernel launches: on the H100 a pass of 2,048 tokens took 0.24 s where its tokens
-        # alone cost 0.02 s (a plain 64 x 512 pass's rate), so thousands of tokens.
+        # segment in each branch rather than give it a pass below this. About 30 on a 2-core CPU. On a
+        # GPU a small model's pass is bound by its kernel launches: on the H100 a pass of 2,048 tokens
+        # took 0.24 s where its tokens alone cost 0.02 s (a plain 64 x 512 pass's rate), so thousands.
         self.pass_tokens = (4096 if gpu else prefix_tree.RECOMPUTE_TOKENS) if pass_tokens is None else pass_tokens
         # forward_backward_many: several adapters' datums in one pass (_micro_batches). Fewer, larger
         # passes: on the CPU, where a pass is compute-bound, that lost as often as it won

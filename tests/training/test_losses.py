@@ -222,6 +222,13 @@ def test_lora_config_out_of_range_is_a_one_line_error(option, value, problem):
     assert LoraConfig(rank=4, target_modules=("q_proj",)).target_modules == ("q_proj",)
 
 
+@pytest.mark.parametrize("option, value", [("micro_batch_tokens", 0), ("micro_batch_tokens", -5), ("pass_tokens", -1)])
+def test_a_service_token_budget_out_of_range_is_one_line(option, value):
+    """micro_batch_tokens 0 had meant the default, unsaid, and a negative one a pass per datum."""
+    with pytest.raises(ValueError, match=f"^{option}: {value}; a number of tokens"):
+        ServiceClient("tiny", **{option: value})
+
+
 def test_results_are_read_when_first_asked_for_and_once():
     """On a GPU a call's results arrive after it returns (upload.Download); reading them waits."""
     from orchestrator.training.types import ForwardBackwardOutput, OptimStepResponse
