@@ -77,6 +77,16 @@ def test_validation_errors_name_the_path():
     assert parse_message('{"verdict": "approve"}', v) == ({"verdict": "approve"}, [])
 
 
+
+def test_a_schema_without_dollar_schema_is_draft_2020_12():
+    # jsonschema-rs before 0.25 read it as Draft 7: prefixItems and dependentRequired were ignored
+    # and such replies passed as valid
+    v = compile_validator({"type": "object", "dependentRequired": {"a": ["b"]},
+                           "properties": {"a": {"type": "array", "prefixItems": [{"type": "integer"}]}}})
+    assert parse_message('{"a": ["x"], "b": 1}', v)[1] and parse_message('{"a": [1]}', v)[1]
+    assert parse_message('{"a": [1], "b": 1}', v)[1] == []
+
+
 def test_a_value_nested_past_the_validators_depth_is_invalid():
     # jsonschema-rs raises ValueError past 255 levels: about 260 SmolLM2 tokens of "[[[[...]]]]"
     v = compile_validator(SCHEMA)
