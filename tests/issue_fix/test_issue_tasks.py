@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import difflib
 import re
+import shlex
 import shutil
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -38,6 +40,16 @@ def test_suite_size_and_ids():
     for t in multi:
         touched = re.findall(r"^\+\+\+ b/(\S+)", t.solution_patch(), re.M)
         assert len(set(touched)) >= 2, f"{t.id}: a multi-file fix must touch 2 files"
+
+
+def test_the_module_every_test_command_runs_is_installed_with_rolecast():
+    """pytest was only in the dev extra: after a plain ``pip install rolecast`` every task
+    checked FAIL and every issue_fix episode graded as a crash, ``No module named pytest``."""
+    pyproject = tomllib.loads((TASKS_DIR.parent / "pyproject.toml").read_text(encoding="utf-8"))
+    declared = {re.match(r"[\w.-]+", d).group() for d in pyproject["project"]["dependencies"]}
+    for task in map(load_task, task_folders(TASKS_DIR)):
+        argv = shlex.split(task.test_command)
+        assert argv[:2] == ["python", "-m"] and argv[2] in declared, f"{task.id}: {task.test_command}"
 
 
 @pytest.mark.parametrize("task_dir", TASK_DIRS, ids=[p.name for p in TASK_DIRS])
