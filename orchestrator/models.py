@@ -193,6 +193,10 @@ def _smollm2_checkpoint() -> Path:
     config = LlamaConfig.from_dict(config_dict)
     plain = LlamaForCausalLM(config)
     plain.load_state_dict(quantized.state_dict())
+    # transformers 4.x reads the GGUF's end token as <|im_start|> where its config says <|im_end|>, the
+    # token the chat template ends a turn with (a reply ending in it was not continued token for token)
+    tokenizer.eos_token = tokenizer.convert_ids_to_tokens(config.eos_token_id)
+    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
     try:

@@ -105,6 +105,19 @@ def test_a_hub_download_is_announced_before_it_starts(hub_cache, workspace, cli,
     assert "could not be downloaded (ConnectionError: no network)" in error
 
 
+def test_the_default_models_end_token_is_the_one_its_chat_template_ends_a_turn_with():
+    """transformers 4.x converted the GGUF's tokenizer with eos <|im_start|> (the config said
+    <|im_end|>): a reply ending in it was not continued token for token."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    folder = checkpoint_dir("smollm2-135m")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert tokenizer.eos_token_id == AutoConfig.from_pretrained(folder).eos_token_id
+    turn = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}],
+                                         tokenize=False)
+    assert turn.rstrip("\n").endswith(tokenizer.eos_token) and tokenizer.pad_token is not None
+
+
 def test_a_name_that_is_neither_is_refused():
     with pytest.raises(ValueError, match="unknown model 'no such model'"):
         load_model("no such model")
