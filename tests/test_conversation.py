@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 from orchestrator.engines.hf import HFEngine
-from orchestrator.engines.tokens import chat_prompt_ids, continuation_ids
+from orchestrator.engines.tokens import chat_prompt_ids, continuation_ids, end_of_turn_ids
+from orchestrator.grammar.book import GrammarBook
 from orchestrator.models import load_model
 from orchestrator.rollout import RunOptions, build_policies, run_team
 from orchestrator.team import load_team
@@ -84,6 +85,31 @@ def test_no_continuation_where_the_template_trims_the_reply(loaded):
                         messages=messages, finish_reason="length")
     later_messages = messages + [{"role": "assistant", "content": "yes "}, {"role": "user", "content": "It is not."}]
     assert continuation_ids(tok, later_messages, prev) is None
+
+
+GEMMA = ("{{ bos_token }}{% for message in messages %}{% set role = 'model' if message['role'] == 'assistant' "
+         "else message['role'] %}{{ '<start_of_turn>' + role + '\\n' + message['content'] | trim + '<end_of_turn>\\n' }}"
+         "{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}")
+
+
+def test_a_turn_ends_at_the_templates_end_of_turn_token_where_eos_is_another(loaded):
+    """Gemma's EOS is <eos> and its template ends a reply with <end_of_turn> (Llama 3's first
+    tokenizers: <|end_of_text|> and <|eot_id|>). Only EOS and a ChatML <|im_end|> ended a turn: a
+    free reply ran on past <end_of_turn>, and a constrained one was made to end with <eos>, which
+    the template does not write, so no later turn continued it."""
+    tok = copy.deepcopy(loaded.tokenizer)
+    tok.add_special_tokens({"bos_token": "<bos>", "eos_token": "<eos>",
+                            "additional_special_tokens": ["<start_of_turn>", "<end_of_turn>"]})
+    tok.chat_template = GEMMA
+    end = tok.convert_tokens_to_ids("<end_of_turn>")
+    assert end_of_turn_ids(tok) == {tok.eos_token_id, end}
+    assert GrammarBook(tok, len(tok)).eos == end  # what a forced closing ends with
+    text = '{"guess": 8}'
+    messages = [MESSAGES[1]]
+    prev = make_attempt(chat_prompt_ids(tok, messages), tok.encode(text, add_special_tokens=False) + [end], text=text,
+                        messages=messages, finish_reason="eos")
+    later_messages = messages + [{"role": "assistant", "content": text}, {"role": "user", "content": "8 is too high."}]
+    assert continuation_ids(tok, later_messages, prev) == chat_prompt_ids(tok, later_messages)
 
 
 def test_no_continuation_for_stop_strings_or_other_shapes(loaded):

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from jinja2 import TemplateError
+
 _PLACEHOLDER = "\ue000reply\ue000"  # private-use characters: no template changes them, no chat holds them
 
 
@@ -49,12 +51,24 @@ def continuation_ids(tokenizer: Any, messages: list[dict[str, str]], previous: A
 
 
 def end_of_turn_ids(tokenizer: Any) -> set[int]:
-    """EOS plus the chat template's end-of-turn token (``<|im_end|>`` for ChatML models)."""
-    ids = {tokenizer.eos_token_id}
-    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
-        ids.add(im_end)
+    """EOS plus the chat template's end-of-turn token, where that is another one."""
+    ids = {tokenizer.eos_token_id, turn_end_id(tokenizer)}
     return {i for i in ids if i is not None}
+
+
+def turn_end_id(tokenizer: Any) -> int | None:
+    """The special token the chat template writes right after a reply: ``<|im_end|>`` for ChatML,
+    ``<|eot_id|>`` for Llama 3, ``<end_of_turn>`` for Gemma (whose EOS is ``<eos>``). None where
+    the template closes a reply with text, or with nothing, or refuses a chat without a system message."""
+    chat = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": _PLACEHOLDER}]
+    try:
+        rendered = tokenizer.apply_chat_template(chat, add_generation_prompt=False, tokenize=False)
+    except TemplateError:
+        return None
+    after = rendered.partition(_PLACEHOLDER)[2]
+    closing = tokenizer.encode(after, add_special_tokens=False)
+    token = tokenizer.added_tokens_decoder.get(closing[0]) if closing else None
+    return closing[0] if token is not None and token.special else None
 
 
 class TokenizerMethods:

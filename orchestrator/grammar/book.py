@@ -12,7 +12,7 @@ import numpy as np
 import structlog
 import torch
 
-from ..engines.tokens import end_of_turn_ids
+from ..engines.tokens import end_of_turn_ids, turn_end_id
 from .errors import compile_error
 from .schema import GrammarError, tight_grammar, xgrammar
 from .spelling import MAX_BRANCH, MAX_NODES, MAX_TEXTS, Spellings
@@ -40,7 +40,8 @@ class GrammarBook:
         self.vocab_size = vocab_size
         self.stops = stops = sorted(end_of_turn_ids(tokenizer))
         self.info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stops)
-        self.eos = tokenizer.eos_token_id if tokenizer.eos_token_id in stops else stops[0]
+        # what a forced closing ends with: the template's end of turn, so a later turn can continue it
+        self.eos = turn_end_id(tokenizer) or tokenizer.eos_token_id
         self.width = (vocab_size + 31) // 32  # int32 words per bitmask row
         # no cache of its own: it would keep every schema's grammar that ours let go
         self._compiler = xgr.GrammarCompiler(self.info, max_threads=2, cache_enabled=False)
