@@ -87,6 +87,20 @@ def test_no_continuation_where_the_template_trims_the_reply(loaded):
     assert continuation_ids(tok, later_messages, prev) is None
 
 
+def test_no_continuation_where_the_template_writes_an_earlier_reply_after_another_header(loaded):
+    """DeepSeek R1's generation prompt opens a <think> block that its earlier replies are written
+    without (one with no generation prompt writes them after a header it never prompted with): the
+    continuation kept the prompt the reply was sampled after, not what the template writes before it."""
+    tok = copy.deepcopy(loaded.tokenizer)
+    header = "{{ '<|im_start|>assistant\n' }}"
+    for generation_prompt in ("{{ '<|im_start|>assistant\n<think>\n' }}", ""):
+        tok.chat_template = loaded.tokenizer.chat_template.replace(header, generation_prompt)
+        assert tok.chat_template != loaded.tokenizer.chat_template
+        text = '{"guess": 8}'
+        prev = attempt(tok, text, tok.encode(text, add_special_tokens=False) + [tok.eos_token_id])
+        assert continuation_ids(tok, later(text), prev) is None
+
+
 GEMMA = ("{{ bos_token }}{% for message in messages %}{% set role = 'model' if message['role'] == 'assistant' "
          "else message['role'] %}{{ '<start_of_turn>' + role + '\\n' + message['content'] | trim + '<end_of_turn>\\n' }}"
          "{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}")

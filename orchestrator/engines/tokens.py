@@ -23,8 +23,8 @@ def continuation_ids(tokenizer: Any, messages: list[dict[str, str]], previous: A
     sampled, not re-tokenised from its text) followed by what the chat template writes after
     the reply and for the new messages. So the model reads exactly what it wrote, and training
     merges the two attempts into one sequence. None when that cannot be done safely: another
-    shape, a template that changes the reply's text, or a reply cut by a stop string (its text
-    ends before its tokens do).
+    shape, a template that changes the reply's text or writes it after another header than the
+    generation prompt, or a reply cut by a stop string (its text ends before its tokens do).
     """
     k = len(previous.messages)
     if (len(messages) <= k + 1 or messages[:k] != previous.messages or not previous.token_ids
@@ -37,7 +37,10 @@ def continuation_ids(tokenizer: Any, messages: list[dict[str, str]], previous: A
     placeholder = {"role": "assistant", "content": _PLACEHOLDER}
     before, found, after = tokenizer.apply_chat_template(messages[:k] + [placeholder], add_generation_prompt=False,
                                                          tokenize=False).partition(_PLACEHOLDER)
-    if not found or head != before + previous.text + after or not full.startswith(head):
+    # and the prompt the reply was sampled after must be what the template writes before it (not so
+    # where the generation prompt opens a <think> that earlier replies are written without)
+    prompt = tokenizer.apply_chat_template(messages[:k], add_generation_prompt=True, tokenize=False)
+    if not found or before != prompt or head != before + previous.text + after or not full.startswith(head):
         return None
     closing = tokenizer.encode(after, add_special_tokens=False)  # e.g. <|im_end|> \n
     if previous.finish_reason == "eos":  # the sampled end of turn is the template's closing token
