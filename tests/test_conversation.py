@@ -181,6 +181,23 @@ def test_a_conversation_grown_past_the_context_ends_its_episode_naming_the_role(
     assert episode.error.endswith("leaves no room for a reply in the model's context of 300 tokens")
 
 
+def test_a_chat_template_that_refuses_the_messages_ends_the_episode_naming_the_role(loaded, tmp_path):
+    """Gemma's template has no system role, and every role sends one unless told not to: each
+    episode's error was the bare "TemplateError: System role not supported"."""
+    team = load_team(ROOT / "recipes" / "guess_number.yaml")
+    engine = HFEngine(loaded)
+    engine.tokenizer = copy.deepcopy(loaded.tokenizer)
+    engine.tokenizer.chat_template = GEMMA.replace("{{ bos_token }}", "{% if messages[0]['role'] == 'system' %}"
+                                                   "{{ raise_exception('System role not supported') }}{% endif %}")
+    try:
+        result = asyncio.run(run_team(team, build_policies(team, {}, lambda: engine),
+                                      RunOptions(episodes=1, seed=0, out_dir=tmp_path, progress=False)))
+    finally:
+        asyncio.run(engine.aclose())
+    assert result.episodes[0].error == ("RequestRefused: role 'guesser', turn 0: the model's chat template refuses "
+                                        'its messages: System role not supported (system: "" sends none)')
+
+
 def test_a_retry_reads_the_failed_reply_as_it_was_sampled(loaded, tmp_path):
     recipe = tmp_path / "retry.yaml"
     recipe.write_text(

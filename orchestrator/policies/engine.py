@@ -1,6 +1,8 @@
 """The model engine as a policy: render the chat, generate, keep tokens and sampling logprobs."""
 from __future__ import annotations
 
+from jinja2 import TemplateError
+
 from ..engines.base import Engine, GenerationRequest, RequestRefused, SamplingParams
 from ..engines.tokens import continuation_ids
 from .base import PolicyOutput, PolicyRequest
@@ -11,7 +13,12 @@ class EnginePolicy:
         self.engine = engine
 
     async def __call__(self, request: PolicyRequest) -> PolicyOutput:
-        prompt_ids = self._prompt_ids(request)
+        try:
+            prompt_ids = self._prompt_ids(request)
+        except TemplateError as exc:  # the template's raise_exception: Gemma's has no system role
+            hint = ' (system: "" sends none)' if request.messages[0]["role"] == "system" else ""
+            raise RequestRefused(f"role {request.role!r}, turn {request.turn}: the model's chat template refuses "
+                                 f"its messages: {exc}{hint}") from None
         if request.reply_prefix:  # the reply starts with it: prompt-side tokens, never sampled
             prompt_ids = prompt_ids + self.engine.encode(request.reply_prefix)
         s = request.sampling
