@@ -126,6 +126,15 @@ def test_a_turn_ends_at_the_templates_end_of_turn_token_where_eos_is_another(loa
     assert continuation_ids(tok, later_messages, prev) == chat_prompt_ids(tok, later_messages)
 
 
+def test_a_forced_closing_ends_with_the_templates_end_of_turn_token_id_0(loaded):
+    """<|endoftext|> is token 0 of SmolLM2's vocabulary: a falsy id, taken for none, so a closing
+    forced under a template that ends a turn with it ended with EOS instead."""
+    tok = copy.deepcopy(loaded.tokenizer)
+    tok.chat_template = loaded.tokenizer.chat_template.replace("'<|im_end|>'", "'<|endoftext|>'")
+    assert tok.chat_template != loaded.tokenizer.chat_template
+    assert tok.convert_tokens_to_ids("<|endoftext|>") == 0 and GrammarBook(tok, len(tok)).eos == 0
+
+
 def test_no_continuation_for_stop_strings_or_other_shapes(loaded):
     tok = loaded.tokenizer
     text = '{"guess": 8}'

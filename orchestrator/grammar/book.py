@@ -41,7 +41,7 @@ class GrammarBook:
         self.stops = stops = sorted(end_of_turn_ids(tokenizer))
         self.info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stops)
         # what a forced closing ends with: the template's end of turn, so a later turn can continue it
-        self.eos = turn_end_id(tokenizer) or tokenizer.eos_token_id
+        self.eos = tokenizer.eos_token_id if (end := turn_end_id(tokenizer)) is None else end
         self.width = (vocab_size + 31) // 32  # int32 words per bitmask row
         # no cache of its own: it would keep every schema's grammar that ours let go
         self._compiler = xgr.GrammarCompiler(self.info, max_threads=2, cache_enabled=False)
