@@ -34,20 +34,28 @@ class SamplingParams:
     top_logprobs: int = 0
 
     def __post_init__(self) -> None:
-        """Refuse what the engine would only fail on mid-batch, taking its neighbours' rows along."""
+        """Refuse what the engine would only fail on mid-batch, taking its neighbours' rows along,
+        or would read as something else (a bool as a number, "no" as true)."""
         t = self.temperature
-        if not (isinstance(t, (int, float)) and (t == 0 or MIN_TEMPERATURE <= t < float("inf"))):
+        if not (_number(t) and (t == 0 or MIN_TEMPERATURE <= t < float("inf"))):
             raise ValueError(f"temperature must be 0 (greedy) or a number >= {MIN_TEMPERATURE}, got {t!r}")
-        if not (isinstance(self.top_p, (int, float)) and MIN_TOP_P <= self.top_p <= 1):
+        if not (_number(self.top_p) and MIN_TOP_P <= self.top_p <= 1):
             raise ValueError(f"top_p must be in [{MIN_TOP_P:g}, 1], got {self.top_p!r}")
-        if not (isinstance(self.max_tokens, int) and self.max_tokens >= 1):
+        if not (_number(self.max_tokens, int) and self.max_tokens >= 1):
             raise ValueError(f"max_tokens must be a whole number >= 1, got {self.max_tokens!r}")
         if not (isinstance(self.stop, tuple) and all(isinstance(t, str) for t in self.stop)):  # "" is ignored
             raise ValueError(f"stop must be a tuple of strings, got {self.stop!r}")
-        if self.seed is not None and not (isinstance(self.seed, int) and 0 <= self.seed <= SEED_MAX):
+        if self.seed is not None and not (_number(self.seed, int) and 0 <= self.seed <= SEED_MAX):
             raise ValueError(f"seed must be a whole number from 0 to 2**63 - 1, got {self.seed!r}")
-        if not (isinstance(self.top_logprobs, int) and self.top_logprobs >= 0):
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
+        if not (_number(self.top_logprobs, int) and self.top_logprobs >= 0):
             raise ValueError(f"top_logprobs must be a whole number >= 0, got {self.top_logprobs!r}")
+
+
+def _number(value: object, kind: type | tuple[type, ...] = (int, float)) -> bool:
+    """``value`` is a ``kind`` and no bool (a bool is an int: max_tokens=True was one token)."""
+    return isinstance(value, kind) and not isinstance(value, bool)
 
 
 def cut_at_stop(text: str, stop: tuple[str, ...]) -> str | None:

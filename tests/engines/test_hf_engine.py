@@ -323,6 +323,20 @@ def test_stop_strings_given_as_a_list_are_refused_for_being_a_list():
     assert SamplingParams(stop=("\n", "")).stop == ("\n", "")
 
 
+@pytest.mark.parametrize("option", ["temperature", "top_p", "max_tokens", "seed", "top_logprobs"])
+def test_a_bool_is_no_sampling_number(option):
+    """max_tokens=True sampled one token, temperature=True at 1, as a recipe's sampling refuses them."""
+    with pytest.raises(ValueError, match=f"^{option} must be .*, got True$"):
+        SamplingParams(**{option: True})
+
+
+def test_ignore_eos_must_be_a_bool():
+    """ignore_eos="no" is truthy: it sampled past every end of turn."""
+    with pytest.raises(ValueError, match="^ignore_eos must be True or False, got 'no'$"):
+        SamplingParams(ignore_eos="no")
+    assert SamplingParams(ignore_eos=True).ignore_eos is True
+
+
 def test_adapters_load_from_peft_format_dirs(engine, tmp_path):
     state = lora_state(engine.model, 3, std=0.5)
     assert engine.load_adapter("disk", peft_dir(tmp_path, state, alpha=8)) == 1
