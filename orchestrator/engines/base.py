@@ -12,6 +12,9 @@ from typing import Literal, Protocol, runtime_checkable
 from ..config import MIN_TEMPERATURE, MIN_TOP_P, SEED_MAX
 
 FinishReason = Literal["stop", "length", "eos", "cancelled", "error"]
+# float32's largest: the sampler divides float32 logits by the temperature, and a larger one is inf
+# there, which makes a grammar's banned logits (-inf / inf) NaN
+_MAX_TEMPERATURE = 3.4028234663852886e38
 
 
 class RequestRefused(ValueError):
@@ -37,8 +40,9 @@ class SamplingParams:
         """Refuse what the engine would only fail on mid-batch, taking its neighbours' rows along,
         or would read as something else (a bool as a number, "no" as true)."""
         t = self.temperature
-        if not (_number(t) and (t == 0 or MIN_TEMPERATURE <= t < float("inf"))):
-            raise ValueError(f"temperature must be 0 (greedy) or a number >= {MIN_TEMPERATURE}, got {t!r}")
+        if not (_number(t) and (t == 0 or MIN_TEMPERATURE <= t <= _MAX_TEMPERATURE)):
+            raise ValueError(f"temperature must be 0 (greedy) or a number >= {MIN_TEMPERATURE} "
+                             f"(at most {_MAX_TEMPERATURE:.3g}, float32's largest), got {t!r}")
         if not (_number(self.top_p) and MIN_TOP_P <= self.top_p <= 1):
             raise ValueError(f"top_p must be in [{MIN_TOP_P:g}, 1], got {self.top_p!r}")
         if not (_number(self.max_tokens, int) and self.max_tokens >= 1):

@@ -330,6 +330,17 @@ def test_a_bool_is_no_sampling_number(option):
         SamplingParams(**{option: True})
 
 
+def test_a_temperature_float32_cannot_hold_is_refused(engine):
+    """The sampler divides float32 logits by it: 1e39 was inf there, a schema's banned tokens NaN,
+    and the request failed on a banned token drawn (GrammarError, or serve's 400 blaming the schema)."""
+    with pytest.raises(ValueError, match=r"^temperature must be 0 \(greedy\) or a number >= 0.001 .*got 1e\+39$"):
+        SamplingParams(temperature=1e39)
+    schema = json.dumps({"type": "object", "properties": {"c": {"type": "string"}}, "required": ["c"]})
+    r = request(engine, 0, temperature=3e38, max_tokens=16)  # the largest float32s are served
+    out = asyncio.run(engine.generate(GenerationRequest(r.prompt_ids, r.sampling, json_schema=schema)))
+    assert out.text.startswith('{"c": "') and all(lp <= 0 for lp in out.logprobs)
+
+
 def test_ignore_eos_must_be_a_bool():
     """ignore_eos="no" is truthy: it sampled past every end of turn."""
     with pytest.raises(ValueError, match="^ignore_eos must be True or False, got 'no'$"):

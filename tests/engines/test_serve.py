@@ -146,6 +146,8 @@ def test_openai_binding_is_checked():
     ({"stop": {"a": 1}}, "stop must be a string or a list of strings"),
     ({"temperature": -1}, "temperature must be 0 (greedy) or a number >= 0.001"),
     ({"temperature": 1e-300}, "temperature must be 0 (greedy) or a number >= 0.001"),  # logits / T overflows
+    ({"temperature": 1e39, "response_format": {"type": "json_object"}},  # inf in float32: a 400 blaming the schema
+     "temperature must be 0 (greedy) or a number >= 0.001"),
     ({"temperature": "hot"}, "expected a number"),
     ({"top_p": 0}, "top_p must be in [1e-06, 1]"),
     ({"top_p": 1e-50}, "top_p must be in [1e-06, 1]"),  # 0 in float32
