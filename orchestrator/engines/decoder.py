@@ -23,11 +23,12 @@ forward (``FusedDecoder.build`` -> None).
 
 Prepacking is ISA-specific (``cpu.py``), so the weights take one of three layouts:
   - ``onednn``: prepacked in the model's dtype (fp32 anywhere; bf16 where oneDNN has bf16 kernels);
-  - ``onednn-fp32``: a bf16 model on a CPU without them (AVX2 only): the weights prepacked as fp32,
-    activations cast up and results rounded back to bf16. Not bit-identical to transformers' bf16
-    matmuls (one bf16 rounding apart, as the training pass is), but emulated bf16 matmuls were
-    7x slower than fp32 ones on an AVX2 EPYC (``benchmarks/rollout.py``'s fallback side compares);
-  - ``plain``: torch without oneDNN (or a kernel that failed its probe): ``F.linear`` as transformers.
+  - ``onednn-fp32``: a bf16 model on a CPU without them (AVX2 only, or bf16 kernels that fail their
+    probe): the weights prepacked as fp32, activations cast up and results rounded back to bf16.
+    Not bit-identical to transformers' bf16 matmuls (one bf16 rounding apart, as the training pass
+    is), but emulated bf16 matmuls were 7x slower than fp32 ones on an AVX2 EPYC
+    (``benchmarks/rollout.py``'s fallback side compares);
+  - ``plain``: torch without oneDNN (or an fp32 prepack that failed its probe): ``F.linear`` as transformers.
 """
 from __future__ import annotations
 
@@ -63,8 +64,10 @@ def weight_layout(dtype: torch.dtype, cpu: CpuFeatures | None = None) -> tuple[L
         return "plain", "torch has no oneDNN prepack"
     if dtype not in (torch.float32, torch.bfloat16):
         return "plain", f"no oneDNN prepack for {dtype}"
-    if dtype == torch.bfloat16 and not cpu.onednn_bf16:
-        reason = "no oneDNN bf16 kernels on this CPU (needs avx512bw+avx512vl+avx512dq or avx_ne_convert)"
+    if dtype == torch.bfloat16 and not (cpu.onednn_bf16 and _prepack_runs(dtype)):
+        # bf16 kernels missing or failing their probe: fp32 prepacked beats emulated bf16 matmuls
+        reason = ("oneDNN bf16 prepack failed its probe" if cpu.onednn_bf16 else
+                  "no oneDNN bf16 kernels on this CPU (needs avx512bw+avx512vl+avx512dq or avx_ne_convert)")
         return ("onednn-fp32", reason) if _prepack_runs(torch.float32) else ("plain", reason + "; fp32 prepack failed")
     if not _prepack_runs(dtype):
         return "plain", f"oneDNN {dtype} prepack failed its probe"
