@@ -14,8 +14,9 @@ activation and LM head, but
   - LoRA deltas come from ``lora.MultiLoRA.add_delta``, q/k/v and gate/up as groups (two
     matmuls per group, not per module).
 On the CPU the arithmetic is transformers' own, op for op, so logits are bit-identical in bf16
-(tested, mixed adapters included); ``benchmarks/rollout.py`` compares the decode rates of both
-paths. A GPU takes the same maths in fewer kernels (``_GpuForms``), rounded differently.
+where bf16 is native (tested, mixed adapters included; where oneDNN emulates bf16, as on AVX-512
+without avx512_bf16, its prepacked kernel can round a last bit apart from transformers' matmul);
+``benchmarks/rollout.py`` compares the decode rates of both paths. A GPU takes the same maths in fewer kernels (``_GpuForms``), rounded differently.
 
 The packed weights are copies (the model's size again) of base weights that never change while
 an engine serves: training touches only adapters. Models of another shape keep transformers'

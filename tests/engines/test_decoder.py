@@ -27,6 +27,16 @@ def cpu_for(layout: str, dtype: torch.dtype) -> CpuFeatures:
     return host()
 
 
+def assert_bf16_logits_equal(ours: torch.Tensor, ref: torch.Tensor, layout: str) -> None:
+    """Bit for bit where both sides run the same bf16 kernels: plain weights, or oneDNN's prepacked
+    ones where bf16 is native. Elsewhere oneDNN emulates bf16 and its prepacked kernel rounds apart
+    from the matmul transformers calls (a last bit, in 1 logit of 10^5, on a Cascade Lake's AVX-512)."""
+    if layout == "plain" or host().native_bf16:
+        assert torch.equal(ours, ref)
+    else:
+        torch.testing.assert_close(ours.float(), ref.float(), atol=0.05, rtol=1e-3)
+
+
 LAYOUTS = {torch.float32: ["onednn", "plain"], torch.bfloat16: ["onednn", "onednn-fp32", "plain"]}
 CASES = [pytest.param(dtype, layout, id=f"{name}-{layout}", marks=[requires_bf16] if dtype == torch.bfloat16 else [])
          for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")) for layout in LAYOUTS[dtype]]
@@ -93,7 +103,7 @@ def test_fused_step_gives_the_logits_of_transformers_forward(family, dtype, layo
     engine, ours, ref = fused_and_reference(family, dtype, cpu_for(layout, dtype))
     assert engine.decode_path == f"fused:{layout}"
     if dtype == torch.bfloat16 and family != "qwen2" and layout != "onednn-fp32":
-        assert torch.equal(ours, ref)  # the same ops in the same order; only a fused bias add may round apart
+        assert_bf16_logits_equal(ours, ref, layout)  # the same ops in the same order; a fused bias add may round apart
     else:  # onednn-fp32 rounds each bf16 matmul once, from fp32, where transformers' kernel may not
         torch.testing.assert_close(ours.float(), ref.float(), atol=1e-4 if dtype == torch.float32 else 0.05, rtol=1e-3)
 
@@ -108,7 +118,7 @@ def test_the_gpu_forms_give_the_logits_of_transformers_forward(family):
 
 
 @requires_bf16
-@pytest.mark.parametrize("layout", ["onednn", "plain"])  # the layouts whose bf16 logits are transformers' bit for bit
+@pytest.mark.parametrize("layout", ["onednn", "plain"])  # the layouts whose bf16 logits can be transformers' bit for bit
 @torch.inference_mode()
 def test_grouped_lora_deltas_handle_adapters_that_skip_modules_or_differ_in_rank(layout):
     engine = HFEngine(tiny("llama", torch.bfloat16), cpu=cpu_for(layout, torch.bfloat16))
@@ -128,7 +138,7 @@ def test_grouped_lora_deltas_handle_adapters_that_skip_modules_or_differ_in_rank
     mask = torch.nn.functional.pad(engine._kv.mask, (0, 1), value=1)
     ref = engine._forward(ids[:, None], mask, engine._kv.cache(), adapters, positions).logits[:, -1]
     with engine._routed(adapters):
-        assert torch.equal(engine._fused(ids, engine._kv, positions), ref)
+        assert_bf16_logits_equal(engine._fused(ids, engine._kv, positions), ref, layout)
 
 
 @requires_bf16
