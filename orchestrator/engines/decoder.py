@@ -16,7 +16,8 @@ activation and LM head, but
 On the CPU the arithmetic is transformers' own, op for op, so logits are bit-identical in bf16
 where bf16 is native (tested, mixed adapters included; where oneDNN emulates bf16, as on AVX-512
 without avx512_bf16, its prepacked kernel can round a last bit apart from transformers' matmul);
-``benchmarks/rollout.py`` compares the decode rates of both paths. A GPU takes the same maths in fewer kernels (``_GpuForms``), rounded differently.
+``benchmarks/rollout.py`` compares the decode rates of both paths. A GPU takes the same maths in
+fewer kernels (``_GpuForms``), rounded differently.
 
 The packed weights are copies (the model's size again) of base weights that never change while
 an engine serves: training touches only adapters. Models of another shape keep transformers'
@@ -29,7 +30,8 @@ Prepacking is ISA-specific (``cpu.py``), so the weights take one of three layout
     Not bit-identical to transformers' bf16 matmuls (one bf16 rounding apart, as the training pass
     is), but emulated bf16 matmuls were 7x slower than fp32 ones on an AVX2 EPYC
     (``benchmarks/rollout.py``'s fallback side compares);
-  - ``plain``: torch without oneDNN (or an fp32 prepack that failed its probe): ``F.linear`` as transformers.
+  - ``plain``: torch without oneDNN (or an fp32 prepack that failed its probe): ``F.linear`` as
+    transformers.
 """
 from __future__ import annotations
 
