@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, StrictStr, model_validator
+from pydantic import Field, StrictStr, field_validator, model_validator
 
 from ..messages import Message
 from ..yamlfile import Loc
@@ -52,7 +52,14 @@ class DebateConfig(EnvConfig):
 
 
 class DebateTask(TaskConfig):
-    topic: StrictStr = ""  # the motion the debaters argue
+    topic: StrictStr  # the motion the debaters argue
+
+    @field_validator("topic")
+    @classmethod
+    def _has_text(cls, value: str) -> str:
+        if not value.strip():  # the debaters' and judge's prompts would read "Debate topic: " and nothing
+            raise ValueError("the topic is empty: give the motion the debaters argue")
+        return value
 
 
 class DebateEnv(Env):
@@ -97,7 +104,7 @@ class DebateEnv(Env):
         judging = role == self.config.judge
         labels = {d: self._label(d) for d in self.config.debaters} if judging else {}
         return {
-            "topic": self.task.get("topic", ""),
+            "topic": self.task["topic"],
             "arguments": [{**a, "label": labels.get(a["role"])} for a in self.arguments],
             "round": min(self.turn // 2 + 1, self.config.rounds),
             "rounds": self.config.rounds,

@@ -41,6 +41,11 @@ CASES = [
      "twenty_questions.yaml", 20, "tasks[0].secret", "one word"),
     ("topic-not-text", "debate", '{topic: "Remote work is better than office work."}', "{topic: [remote, work]}",
      "debate.yaml", 27, "tasks[3].topic", "valid string"),
+    # a debate about "" passed: both debaters and the judge were prompted "Debate topic: " and nothing
+    ("topic-empty", "debate", '{topic: "Zoos should be closed."}', '{topic: " "}',
+     "debate.yaml", 30, "tasks[6].topic", "the topic is empty"),
+    ("topic-missing", "debate", '{topic: "Zoos should be closed."}', '{}',
+     "debate.yaml", 30, "tasks[6].topic", "required key is missing"),
     ("issue-dir-missing", "issue_fix", "{dir: tasks/002-paginate-last-page}", "{dir: tasks/002-nowhere}",
      "issue_fix.yaml", 31, "tasks[1].dir", "tasks/002-nowhere/task.yaml: (file): file not found"),
 ]
