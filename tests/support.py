@@ -1,8 +1,10 @@
 """Helpers the tests import (conftest.py modules are not importable by name across folders)."""
 from __future__ import annotations
 
+import asyncio
 import re
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -54,6 +56,24 @@ def assert_same_draws(outs, refs, tolerance: float = 1e-4):
             assert abs(tokens[same] - ref_tokens[same]) == 1, (same, tokens, ref_tokens)
             parted += 1
     assert parted <= max(1, len(refs) // 8), f"{parted} of {len(refs)} rows parted"
+
+
+def generate_together(engine, requests):
+    """``engine``'s completions of ``requests``, all admitted by one scheduler iteration: its compute
+    thread is held until every request is queued. Submitted plainly, a loaded machine's scheduler
+    may admit the first before the rest are queued, and a batch of other rows rounds its bf16
+    matmuls apart (docs/engine.md, Sampling): tests that compare two engines' samples need both to
+    see the same batches."""
+    async def go():
+        gate = threading.Event()
+        engine._compute.submit(gate.wait)
+        tasks = [asyncio.create_task(engine.generate(r)) for r in requests]
+        while engine.busy < len(requests):
+            await asyncio.sleep(0.01)
+        gate.set()
+        return await asyncio.gather(*tasks)
+
+    return asyncio.run(go())
 
 
 def no_engine():

@@ -4,7 +4,6 @@ from scratch."""
 from __future__ import annotations
 
 import asyncio
-import threading
 
 import pytest
 import torch
@@ -14,7 +13,7 @@ from orchestrator.padding import length_batches
 from orchestrator.engines.prefix_cache import BLOCK, PrefixCache, shared_prefixes
 from orchestrator.models import load_model
 
-from support import randomize, tiny_engine
+from support import generate_together, randomize, tiny_engine
 from test_hf_engine import PROMPTS
 
 
@@ -111,12 +110,12 @@ def test_newcomers_that_open_alike_prefill_their_opening_once(loaded):
         for e in (shared, fresh):
             e.add_adapter("alpha")
             randomize(e, "alpha", 1)
-        outs = generate_together(shared, rows)
+        outs = generate_together_at_08(shared, rows)
         # alpha's opening once (all but the last token), then each alpha row's rest from it; the
         # base row and the unrelated prompt in full
         assert shared.stats.prefix_hit_tokens == 3 * (len(p) - 1)
         assert shared.stats.prefill_tokens == (len(p) - 1) + (1 + 1 + 4) + len(p) + len(prompt(shared, 2))
-        refs = generate_together(fresh, rows)
+        refs = generate_together_at_08(fresh, rows)
         assert_same_outputs(outs, refs)
     finally:
         close(shared)
@@ -129,22 +128,10 @@ def assert_same_outputs(outs, refs):
         assert max(abs(a - b) for a, b in zip(out.logprobs, ref.logprobs)) < 1e-4
 
 
-def generate_together(engine, rows):
-    """Sampled at temperature 0.8, all admitted by one scheduler iteration: the engine's compute
-    thread is held until every request is queued."""
-    reqs = [GenerationRequest(p, SamplingParams(temperature=0.8, max_tokens=10, seed=7 + i), adapter)
-            for i, (p, adapter) in enumerate(rows)]
-
-    async def go():
-        gate = threading.Event()
-        engine._compute.submit(gate.wait)
-        tasks = [asyncio.create_task(engine.generate(r)) for r in reqs]
-        while engine.busy < len(reqs):
-            await asyncio.sleep(0.01)
-        gate.set()
-        return await asyncio.gather(*tasks)
-
-    return asyncio.run(go())
+def generate_together_at_08(engine, rows):
+    """Sampled at temperature 0.8, all admitted by one scheduler iteration."""
+    return generate_together(engine, [GenerationRequest(p, SamplingParams(temperature=0.8, max_tokens=10, seed=7 + i), adapter)
+                                      for i, (p, adapter) in enumerate(rows)])
 
 
 def test_an_opening_gets_a_pass_of_its_own_only_where_that_saves_more_than_a_pass(loaded):
@@ -156,7 +143,7 @@ def test_an_opening_gets_a_pass_of_its_own_only_where_that_saves_more_than_a_pas
         engine = HFEngine(loaded, pass_tokens=cost)
         rows = [(prompt(engine, 0), None), (prompt(engine, 0) + (5, 6), None)]
         try:
-            outs[cost] = generate_together(engine, rows)
+            outs[cost] = generate_together_at_08(engine, rows)
             saved = len(rows[0][0]) - 1
             assert engine.stats.prefix_hit_tokens == (2 * saved if cost == 0 else 0)
             assert engine.stats.prefill_passes == (2 if cost == 0 else 1)

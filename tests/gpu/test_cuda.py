@@ -18,7 +18,7 @@ from orchestrator.engines.base import GenerationRequest, SamplingParams
 from orchestrator.models import load_model
 from orchestrator.training.client import ServiceClient, TrainingClient
 from orchestrator.training.types import AdamParams, Datum, LoraConfig, ModelInput
-from support import assert_same_draws, metric_rows, randomize, tiny_engine, train_recipe
+from support import assert_same_draws, generate_together, metric_rows, randomize, tiny_engine, train_recipe
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU here")]
 CUDA = "cuda"
@@ -82,15 +82,11 @@ def test_graph_replayed_and_eager_steps_sample_the_same_tokens():
         reqs = [GenerationRequest(tuple(range(5, 9 + (i * 7) % 23)), SamplingParams(temperature=1.0, max_tokens=10 + i % 7,
                                                                                    seed=i), (None, "alpha", "beta")[i % 3])
                 for i in range(20)]
-
-        async def rounds(engine=engine, reqs=reqs):
-            first = await asyncio.gather(*(engine.generate(r) for r in reqs))
-            randomize(engine, "alpha", 5)
-            second = await asyncio.gather(*(engine.generate(r) for r in reqs))
-            await engine.aclose()
-            return first + second
-
-        outs[graphs] = [(o.token_ids, o.logprobs) for o in asyncio.run(rounds())]
+        first = generate_together(engine, reqs)  # both paths see the same batches, however fast each is
+        randomize(engine, "alpha", 5)
+        second = generate_together(engine, reqs)
+        asyncio.run(engine.aclose())
+        outs[graphs] = [(o.token_ids, o.logprobs) for o in first + second]
         assert engine.decode_path == ("static:graphs" if graphs else "static:eager")
     assert [t for t, _ in outs[True]] == [t for t, _ in outs[False]]
     assert max(abs(a - b) for (_, x), (_, y) in zip(outs[True], outs[False]) for a, b in zip(x, y)) < 1e-4
