@@ -34,7 +34,7 @@ from .launch import (Compute, adapter_dirs, bindings, claimed, closed_on_error, 
 from .rollout import RunOptions, RunResult
 from .team import PLUGIN_OPTIONS, Team, with_training_options
 from .team import load_team as _load_team
-from .training.metrics import write_atomic
+from .files import write_atomic
 from .yamlfile import format_loc, plain_copy
 
 T = TypeVar("T")

@@ -36,7 +36,7 @@ from .policies.python import PythonPolicy
 from .policies.replay import ReplayPolicy
 from .registry import Registry, default_registry
 from .team import Team
-from .training.metrics import write_atomic
+from .files import write_atomic
 from .training.plugin_faults import said_as
 from .transcript import EpisodeRecord
 

@@ -23,7 +23,7 @@ from typing import Any
 from ..errors import RolecastError
 from ..launch import LOCK_FILE, Compute, claimed, recorded_run, run_dir
 from ..team import Team, trainable_roles
-from ..training.metrics import write_atomic
+from ..files import write_atomic
 from .flags import add_training_flags, compute_options, out_dir, parse_sets, positive_int, shows_progress
 
 

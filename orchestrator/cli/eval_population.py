@@ -14,7 +14,7 @@ from typing import Any
 from .. import logs
 from ..errors import RolecastError
 from ..launch import claimed, recorded_run, run_dir
-from ..training.metrics import write_atomic
+from ..files import write_atomic
 from .flags import shows_progress, stdout_console
 
 

@@ -46,7 +46,7 @@ from ..grammar.book import book_for
 from ..models import LoadedModel, bf16_native, load_model
 from ..upload import Download, move_together, upload
 from .losses import LOSS_FNS, aggregate, k3_kl, token_logprobs
-from .metrics import fsync_dir, read_saved, write_atomic
+from ..files import fsync_dir, read_saved, write_atomic
 from . import prefix_tree
 from .routing import lora_layers, routed
 from .rng import load_rng, save_rng

@@ -48,7 +48,8 @@ from ..rollout import RunOptions, build_policies, check_grammars, every_episode_
 from ..team import Team, trainable_roles
 from ..transcript import EpisodeRecord
 from .datums import DatumBuildOptions, role_datums
-from .metrics import MetricsWriter, fsync_dir, read_metrics, read_saved, write_atomic
+from ..files import fsync_dir, read_saved, write_atomic
+from .metrics import MetricsWriter, read_metrics
 from .plugin_faults import blamed, checked, measured, said_as
 from .repetition import penalise_repetition
 from .rng import read_rng, save_rng, seed_rng, set_rng

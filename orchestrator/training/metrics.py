@@ -2,51 +2,15 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any
 
 import structlog
 
 from ..errors import RolecastError
+from ..files import write_atomic
 
 log = structlog.get_logger()
-T = TypeVar("T")
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """``path`` holds ``text`` or what it held before, whenever the process dies."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
-def fsync_dir(path: Path) -> None:
-    """The files directly in ``path``, and its entries, on disk: a dir renamed into place after a
-    crash holds whole files, and the rename itself survives."""
-    for f in path.iterdir():
-        if f.is_file():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def read_saved(path: Path, read: Callable[[Path], T]) -> T:
-    """``read(path)``, where a file cut short or overwritten since it was saved (pickle's,
-    safetensors', JSON's or torch's zip reader's error) is a ValueError naming it."""
-    try:
-        return read(path)
-    except OSError:
-        raise
-    except Exception as exc:
-        raise ValueError(f"{path} is damaged ({type(exc).__name__}: {exc})") from None
 
 
 def parse_rows(path: Path) -> list[dict[str, Any]]:

@@ -496,7 +496,7 @@ def test_metrics_drop_a_cut_off_last_line_and_name_a_damaged_one(tmp_path):
 def test_a_json_file_written_atomically_keeps_what_it_held_when_the_write_fails(tmp_path):
     """summary.json, eval.json, compare.json and population.json are written so: a write cut short
     (here a text the encoder refuses half way; a kill alike) had left an empty or half file."""
-    from orchestrator.training.metrics import write_atomic
+    from orchestrator.files import write_atomic
 
     path = tmp_path / "summary.json"
     write_atomic(path, '{"ok": 1}')
