@@ -130,7 +130,9 @@ async def run_team(team: Team, policies: Mapping[str, Policy], options: RunOptio
 
     tally = Tally(team)
     kept: list[EpisodeRecord] | None = [] if options.keep_episodes else None
-    offsets = array("q", bytes(8 * options.episodes))  # episode index -> its line's byte offset in transcripts.jsonl
+    # episode index -> its line's byte offset in transcripts.jsonl, a slot added as each index is
+    # drawn: sized up front, --episodes 10**9 allocated 16 GB before the first episode
+    offsets = array("q")
     started = time.perf_counter()
     path = (run_dir / "transcripts.jsonl").resolve()  # the result's episodes read it back, wherever the cwd is then
     transcripts = path.open("wb")
@@ -174,6 +176,7 @@ async def run_team(team: Team, policies: Mapping[str, Policy], options: RunOptio
 
     async def lane() -> None:
         for index in indices:
+            offsets.append(0)  # indices are drawn in order: this is offsets[index]
             await one(index)
 
     lanes = [asyncio.ensure_future(lane()) for _ in range(min(options.concurrency, options.episodes))]

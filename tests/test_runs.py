@@ -148,6 +148,23 @@ def test_a_run_builds_only_the_episodes_in_flight_and_can_leave_them_on_disk(tmp
                                               "generated_tok_s": read_back.summary["generated_tok_s"]}
 
 
+def test_a_run_of_countless_episodes_holds_only_what_it_played(tmp_path):
+    # the transcript offsets were sized to --episodes up front: 10**9 allocated 16 GB before the
+    # first episode, and 10**15 was a MemoryError traceback
+    team = load_team(ROOT / "recipes/debate.yaml")
+
+    async def play(record):
+        if record.index == 3:
+            raise Killed  # the user's Ctrl-C, long before the end
+        record.status = "ok"
+        return record
+
+    options = RunOptions(episodes=10**15, seed=0, out_dir=tmp_path, concurrency=1, progress=False, play=play)
+    with pytest.raises(Killed):
+        asyncio.run(run_team(team, {}, options))
+    assert [r["index"] for r in read_transcripts(tmp_path)] == [0, 1, 2]
+
+
 def test_a_runs_episodes_read_back_after_a_change_of_directory(tmp_path, monkeypatch):
     # the view kept the run dir's relative path: a notebook's %cd after api.run broke every access
     team = load_team(ROOT / "recipes/debate.yaml")
