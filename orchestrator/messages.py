@@ -13,6 +13,8 @@ import jsonschema
 import jsonschema_rs
 from pydantic import BaseModel, ConfigDict, Field
 
+from .yamlfile import too_deep
+
 _FENCE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.DOTALL)
 
 
@@ -38,6 +40,10 @@ _DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_number)
 # Characters kept of one validation error: it quotes the value, and a 1 MB string would go back whole
 # in the retry prompt (and into the transcript beside the reply that holds it).
 MAX_ERROR_CHARS = 400
+# Levels of a reply's JSON: jsonschema-rs reads 255 at most, but only where the schema descends;
+# a reply 975 deep under {"type": "object"} passed, and the next role's prompt (tojson of the
+# history) ran out of Python's stack: the episode an error, not the reply invalid.
+MAX_DEPTH = 255
 
 
 class Message(BaseModel):
@@ -185,4 +191,6 @@ def parse_message(text: str, validator: jsonschema_rs.Validator) -> tuple[dict[s
         json.dumps(content, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
         return content, ["a string holds a lone surrogate escape (\\ud800-\\udfff without its pair): not valid Unicode"]
+    if too_deep(content, MAX_DEPTH):
+        return content, ["the reply's JSON is nested too deeply"]
     return content, validation_errors(validator, content)

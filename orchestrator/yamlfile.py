@@ -234,7 +234,7 @@ def json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 def _parse_json(raw: str, path: Path, line: int) -> Any:
     try:
         value = json.loads(raw, object_pairs_hook=json_object)
-        deep = _too_deep(value)
+        deep = too_deep(value)
     except RecursionError:  # json's C decoder gives up near 1000 levels
         deep = True
     except ValueError as exc:
@@ -244,12 +244,12 @@ def _parse_json(raw: str, path: Path, line: int) -> Any:
     return value
 
 
-def _too_deep(value: Any) -> bool:
-    """Whether ``value`` nests more than :data:`MAX_DEPTH` levels, counted as YAML nodes are."""
+def too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether ``value`` nests more than ``limit`` levels, counted as YAML nodes are."""
     stack = [(value, 1)]
     while stack:  # not recursive: the value may be ~1000 levels deep
         item, depth = stack.pop()
-        if depth > MAX_DEPTH:
+        if depth > limit:
             return True
         children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
         stack += [(child, depth + 1) for child in children]

@@ -94,6 +94,15 @@ def test_a_value_nested_past_the_validators_depth_is_invalid():
     assert errors == ["the reply's JSON is nested too deeply"]
 
 
+def test_a_value_nested_past_the_validators_depth_is_invalid_whatever_the_schema():
+    # the validator descends only where the schema does: under {"type": "object"} a reply 975 deep
+    # passed, and the next prompt's tojson of it ran out of Python's stack (the episode an error)
+    v = compile_validator({"type": "object"})
+    deep = '{"n": ' + "[" * 400 + "]" * 400 + "}"
+    assert parse_message(deep, v)[1] == ["the reply's JSON is nested too deeply"]
+    assert parse_message('{"n": ' + "[" * 250 + "]" * 250 + "}", v)[1] == []
+
+
 def test_a_lone_surrogate_escape_is_invalid_and_a_pair_is_fine():
     # it would reach the transcript (a UTF-8 file) and the next prompts' tokenizer, and crash both
     v = compile_validator(SCHEMA)
