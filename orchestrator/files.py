@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
+
+import yaml
 
 T = TypeVar("T")
+# libyaml's loader and emitter where PyYAML has them (same documents): a run's config.yaml holds
+# every task, and 100k short tasks took 7.3 s to write and 15.6 s to read in pure Python on a
+# loaded 2-core machine, 2.6 s and 5.9 s in C
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+SAFE_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -17,6 +24,16 @@ def write_atomic(path: Path, text: str) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+
+
+def write_yaml(path: Path, data: Any) -> None:
+    """``data`` as YAML in ``path``, atomically, keys in their order and text as written."""
+    write_atomic(path, yaml.dump(data, Dumper=SAFE_DUMPER, sort_keys=False, allow_unicode=True))
+
+
+def read_yaml(path: Path) -> Any:
+    """A file this module wrote (a run's record: a user's own YAML goes through ``yamlfile``)."""
+    return yaml.load(path.read_text(encoding="utf-8"), Loader=SAFE_LOADER)
 
 
 def fsync_dir(path: Path) -> None:

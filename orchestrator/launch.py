@@ -220,11 +220,13 @@ def recorded_run(out: Path) -> dict[str, Any] | None:
     None where there is none, and a damaged one is one line, not a traceback."""
     import yaml
 
+    from .files import read_yaml
+
     path = out / "config.yaml"
     if not path.is_file():
         return None
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = read_yaml(path) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise RolecastError(f"{path} is unreadable ({type(exc).__name__}): is {out} a rolecast run?") from None
     if not isinstance(data, dict) or not all(isinstance(data.get(k) or {}, dict) for k in ("recipe", "run")):

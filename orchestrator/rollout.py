@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -36,7 +35,7 @@ from .policies.python import PythonPolicy
 from .policies.replay import ReplayPolicy
 from .registry import Registry, default_registry
 from .team import Team
-from .files import write_atomic
+from .files import write_atomic, write_yaml
 from .training.plugin_faults import said_as
 from .transcript import EpisodeRecord
 
@@ -126,7 +125,7 @@ async def run_team(team: Team, policies: Mapping[str, Policy], options: RunOptio
     run_dir = options.out_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     config = {"team": team.resolved(), "run": {"episodes": options.episodes, "seed": options.seed, **options.extra}}
-    write_atomic(run_dir / "config.yaml", yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
+    write_yaml(run_dir / "config.yaml", config)
 
     tally = Tally(team)
     kept: list[EpisodeRecord] | None = [] if options.keep_episodes else None

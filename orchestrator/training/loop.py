@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any, Awaitable
 
 import structlog
-import yaml
 
 from ..config import RECIPE_LOSS_DEFAULTS, TrainingConfig
 from ..engines.base import Engine
@@ -48,7 +47,7 @@ from ..rollout import RunOptions, build_policies, check_grammars, every_episode_
 from ..team import Team, trainable_roles
 from ..transcript import EpisodeRecord
 from .datums import DatumBuildOptions, role_datums
-from ..files import fsync_dir, read_saved, write_atomic
+from ..files import fsync_dir, read_saved, write_atomic, write_yaml
 from .metrics import MetricsWriter, read_metrics
 from .plugin_faults import blamed, checked, measured, said_as
 from .repetition import penalise_repetition
@@ -502,7 +501,7 @@ class TrainingRun:
     def _write_config(self) -> None:
         config = {"recipe": self.team.resolved(), "run": {"seed": self.options.seed, "model": self.options.model,
                                                           "dtype": self.options.dtype, "steps": self.steps, **self.options.extra}}
-        write_atomic(self.run_dir / "config.yaml", yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
+        write_yaml(self.run_dir / "config.yaml", config)
 
     def _record_steps(self) -> None:
         """A resume with more --steps makes them the run's: a later --resume (after a crash in the
@@ -510,7 +509,7 @@ class TrainingRun:
         config = recorded_run(self.run_dir)  # None, not a traceback, where a hand deleted it
         if config is not None and (config.get("run") or {}).get("steps") != self.steps:
             config["run"] = {**(config.get("run") or {}), "steps": self.steps}
-            write_atomic(self.run_dir / "config.yaml", yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
+            write_yaml(self.run_dir / "config.yaml", config)
 
     def checkpoint(self, step: int) -> Path:
         self._write_samplers()

@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 
 from ..errors import RolecastError
+from ..files import read_yaml
 from .metrics import read_metrics
 
 # (file, title, metric-name prefixes plotted on it)
@@ -113,7 +114,7 @@ def _run_options(run_dir: Path) -> dict[str, Any]:
     """The run options its config.yaml records (``steps``: those it was started, or last resumed,
     for; ``strategy``: a `rolecast compare` run's); none where it is missing or damaged."""
     try:
-        run = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))["run"]
+        run = read_yaml(run_dir / "config.yaml")["run"]
     except (OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, TypeError):
         return {}
     return run if isinstance(run, dict) else {}
