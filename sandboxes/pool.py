@@ -21,11 +21,14 @@ T = TypeVar("T")
 
 def copy_private(src: str | os.PathLike[str], dest: str | os.PathLike[str], ignore: Callable | None = None) -> Path:
     """A real copy of the folder ``src`` at ``dest`` (which must not exist): hardlinks would let one
-    episode's in-place writes show up in another's files. ``ignore`` as for ``shutil.copytree``."""
+    episode's in-place writes show up in another's files. ``ignore`` as for ``shutil.copytree``.
+    The copy is 0700, as a run makes it while lent: other runs' uids never enter it between runs."""
     src = Path(src)
     if not src.is_dir():
         raise SandboxSetupError(f"repo {src} is not a directory")
-    return Path(shutil.copytree(src, dest, symlinks=True, ignore=ignore))
+    copy = Path(shutil.copytree(src, dest, symlinks=True, ignore=ignore))
+    copy.chmod(0o700)
+    return copy
 
 
 def remove_tree(path: str | os.PathLike[str]) -> None:
@@ -34,10 +37,19 @@ def remove_tree(path: str | os.PathLike[str]) -> None:
     subprocess.run([str(tool("rm")), "-rf", "--", str(path)])
 
 
+def new_temporary_dir(prefix: str, dir: str | os.PathLike[str] | None = None) -> Path:
+    """``tempfile.mkdtemp``, but searchable by others (0711, not listable): a sandbox's uid must pass
+    through it to a workdir inside. mkdtemp's 0700 failed every run outside /tmp (TMPDIR=/var/tmp)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=dir))
+    path.chmod(0o711)
+    return path
+
+
 @contextmanager
 def temporary_dir(prefix: str) -> Iterator[Path]:
-    """A new temporary folder for sandboxed runs, removed with :func:`remove_tree` on exit."""
-    path = Path(tempfile.mkdtemp(prefix=prefix))
+    """A new temporary folder for sandboxed runs (:func:`new_temporary_dir`), removed with
+    :func:`remove_tree` on exit."""
+    path = new_temporary_dir(prefix)
     try:
         yield path
     finally:
@@ -90,7 +102,7 @@ class SandboxPool:
     async def episode(self, repo: str | os.PathLike[str]) -> AsyncIterator[Path]:
         """A private copy of ``repo`` for one episode (:func:`copy_private`), deleted on exit."""
         self.scratch_dir.mkdir(parents=True, exist_ok=True)
-        dest = Path(tempfile.mkdtemp(prefix="episode-", dir=self.scratch_dir))
+        dest = new_temporary_dir("episode-", self.scratch_dir)
         try:
             # cancelled mid-copy, the removal below raced the copy's thread and left the copy behind
             await ended_first(asyncio.get_running_loop().run_in_executor(None, copy_private, repo, dest / "repo"))

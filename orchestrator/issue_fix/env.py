@@ -18,14 +18,13 @@ from __future__ import annotations
 import asyncio
 import difflib
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from pydantic import Field, StrictStr, field_validator, model_validator
 
 from sandboxes import shared_pool
-from sandboxes.pool import remove_tree
+from sandboxes.pool import new_temporary_dir, remove_tree
 from sandboxes.runner import ended_first
 
 from ..config import SandboxOptions
@@ -91,7 +90,7 @@ class IssueFixEnv(Env):
         # the team's code runs there: the task folder holds the hidden tests and solution.patch,
         # which it could print into test_report or copy over its work
         self.runner = sandbox_runner(self.pool.backend, box.memory_mb, box.timeout_s, hide=(self.issue.folder,))
-        self._tmp = Path(tempfile.mkdtemp(prefix=f"rolecast-issue-{self.issue.id}-"))
+        self._tmp = new_temporary_dir(f"rolecast-issue-{self.issue.id}-")
         try:
             self.workdir = copy_repo(self.issue, self._tmp / "repo")
         except BaseException:  # close() is never called on an env that was not made

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -200,6 +201,26 @@ async def test_pool_bounds_concurrency_and_isolates_episodes(tmp_path):
     assert list(pool.scratch_dir.iterdir()) == []  # copies removed
     # Four 0.4 s runs two at a time take at least two rounds.
     assert max(end for _, _, end in results) - min(start for _, start, _ in results) >= 0.8
+
+
+async def test_an_episode_outside_tmp_runs_and_stays_private(tmp_path):
+    """mkdtemp made the episode's folder 0700: outside /tmp (TMPDIR=/var/tmp) the sandbox uid could
+    not pass through it, and every run in the episode's own copy was refused."""
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "repo" / "state.txt").write_text("clean\n")
+    scratch = Path(tempfile.mkdtemp(dir="/var/tmp"))  # the sandbox sees /var/tmp, not the host's /tmp
+    scratch.chmod(0o755)
+    try:
+        async with SandboxPool(1, scratch_dir=scratch, limits=Limits(wall_time_s=5)) as pool:
+            async with pool.episode(tmp_path / "repo") as wd:
+                mine = await pool.run("cat state.txt", wd)
+                with tempfile.TemporaryDirectory(dir="/var/tmp") as other:
+                    os.chmod(other, 0o755)
+                    peek = await pool.run(f"cat {wd}/state.txt; ls {wd.parent}", other)
+    finally:
+        subprocess.run(["rm", "-rf", "--", str(scratch)], check=True)
+    assert mine.stdout == "clean\n"
+    assert peek.exit_code != 0 and "clean" not in peek.stdout and "repo" not in peek.stdout
 
 
 async def test_an_episode_deletes_a_deep_tree(tmp_path):
