@@ -121,10 +121,14 @@ def run(
     missing = [str(p) for p in readable if not os.path.exists(p)]
     if missing:
         raise SandboxSetupError(f"readable path {', '.join(missing)} does not exist")
+    # a file (or a typo) was skipped, and stayed readable: only a folder has a tmpfs put over it
+    not_folders = [str(p) for p in hide if not os.path.isdir(p)]
+    if not_folders:
+        raise SandboxSetupError(f"hide path {', '.join(not_folders)} is not a folder")
     hidden = tuple(p for p in HIDDEN if p.is_dir())
     # one under /tmp or /root is unseen already (and a mount there would need its mount point)
     hidden += tuple(p for p in map(Path, map(os.path.realpath, hide))
-                    if p.is_dir() and not any(p.is_relative_to(t) for t in (TMP, *hidden)))
+                    if not any(p.is_relative_to(t) for t in (TMP, *hidden)))
     tops = (TMP, *hidden)
     wanted = {*python_paths(), *(Path(os.path.realpath(p)) for p in readable)}
     layout = Layout(

@@ -121,6 +121,22 @@ def test_a_readable_file_is_readable(backend, workdir, tmp_path):
     assert (r.exit_code, r.stdout) == (0, "read me"), r.stderr
 
 
+def test_a_hidden_folder_is_empty_and_a_file_to_hide_is_refused(backend, workdir):
+    """hide= skipped what was not a folder: a secret file named there stayed readable."""
+    secret = Path(tempfile.mkdtemp(dir="/var/tmp"))  # the sandbox never sees the host's /tmp
+    try:
+        (secret / "key.env").write_text("KEY=hunter2\n")
+        os.chmod(secret, 0o755)
+        os.chmod(secret / "key.env", 0o644)
+        r = run(f"cat {secret}/key.env; ls {secret}", workdir, backend=backend, hide=[secret])
+        assert "hunter2" not in r.stdout and "key.env" not in r.stdout
+        for path in (secret / "key.env", secret / "missing"):
+            with pytest.raises(SandboxSetupError, match="is not a folder"):
+                run(f"cat {secret}/key.env", workdir, backend=backend, hide=[path])
+    finally:
+        subprocess.run(["rm", "-rf", "--", str(secret)], check=True)
+
+
 def test_python_of_the_tests_is_usable(sandbox):
     # third-party packages of the venv import inside; rolecast's own (editable) source need not be
     # visible there: a checkout under /tmp is hidden by the private /tmp
