@@ -47,7 +47,9 @@ T = TypeVar("T")
 BACKENDS: dict[str, Backend] = {b.name: b for b in (BwrapBackend(), UnshareBackend(), NoneBackend())}
 ISOLATING = tuple(name for name, b in BACKENDS.items() if b.isolating)  # what untrusted code may run in
 AUTO_ORDER = ("bwrap", "unshare")  # best first; "none" is never chosen automatically
-HIDDEN = (Path("/root"), Path("/home"))
+# /run holds daemons' Unix sockets (dbus, docker, postgresql; /var/run links there): a read-only
+# mount does not stop connect(2), so a world-writable one was reachable from the sandbox
+HIDDEN = (Path("/root"), Path("/home"), Path("/run"))
 
 Command = str | Sequence[str]
 
@@ -104,7 +106,7 @@ def run(
     Raises SandboxError subclasses for faults of the sandbox itself; whatever the
     command does (crash, timeout, OOM) comes back in the result. ``env`` adds to the
     minimal environment; ``readable`` adds host paths the child may read; ``hide`` host folders it
-    may not (each replaced by an empty tmpfs, as /root and /home are).
+    may not (each replaced by an empty tmpfs, as /root, /home and /run are).
     """
     limits = limits or Limits()
     chosen = select_backend(backend, allow_unsafe=allow_unsafe)

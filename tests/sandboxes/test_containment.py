@@ -12,6 +12,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from sandboxes.confine import LOCK_DIR, UID_BASE, UID_SLOTS
 
 PY = sys.executable
@@ -171,6 +173,24 @@ def test_no_network_egress(sandbox):
     assert r.exit_code != 0 and ("refused" in r.stderr or "unreachable" in r.stderr)
     assert r2.exit_code != 0
     assert connections == []
+
+
+def test_host_unix_sockets_under_run_are_unreachable(sandbox, marker):
+    """A read-only mount does not stop connect(2): a daemon's world-writable socket in /run (dbus,
+    postgresql) answered the sandbox."""
+    path = Path("/run") / f"{marker}.sock"
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(path))
+        try:
+            path.chmod(0o777)
+            server.listen()
+            server.setblocking(False)
+            r = sandbox([PY, "-c", f"import socket; socket.socket(socket.AF_UNIX).connect({str(path)!r})"])
+            with pytest.raises(BlockingIOError):
+                server.accept()
+        finally:
+            path.unlink()
+    assert r.exit_code != 0 and "FileNotFoundError" in r.stderr
 
 
 def test_cannot_kill_host_processes(sandbox, host_process):
