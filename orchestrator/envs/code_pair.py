@@ -168,6 +168,8 @@ class CodePairEnv(Env):
         except (ValueError, IndexError, KeyError, TypeError, RecursionError):
             if res.timed_out:
                 return 0, "timed out"
+            if res.out_of_memory:  # else "the check failed (exit 137)", a kill -9's words
+                return 0, f"out of memory (the sandbox allows {limits.memory_mb} MB)"
             if res.truncated:  # the report comes last: cut off with the rest
                 return 0, f"the function printed more than the sandbox keeps ({limits.max_output_bytes} bytes)"
             return 0, f"the check failed (exit {res.exit_code})"

@@ -7,6 +7,8 @@ import pytest
 from play import Script, play, team
 from support import needs_sandbox
 
+from sandboxes import cgroup
+
 PLUS3 = {"spec": "Return x plus 3.", "reference": "x + 3", "tests": [[1, 4], [10, 13], [-2, 1], [0, 3]]}
 REVERSE = {"spec": "Return the string x reversed.", "reference": "x[::-1]", "tests": [["abc", "cba"], ["a", "a"]]}
 
@@ -74,6 +76,8 @@ def test_a_bool_is_not_a_number(tmp_path):
     ("x +", "SyntaxError"),
     ("sum(iter(int, 1))", "timed out"),   # never returns: the sandbox's deadline ends it
     ("__import__('os')._exit(0)", "the check failed"),
+    pytest.param("[bytearray(1 << 20) for _ in iter(int, 1)]", "out of memory (the sandbox allows 256 MB)",  # was "exit 137"
+                 marks=pytest.mark.skipif(not cgroup.available(), reason="no memory cgroup: a MemoryError instead")),
 ])
 def test_a_broken_function_scores_zero(tmp_path, body, error):
     task = {**PLUS3, "tests": PLUS3["tests"][:1]}
