@@ -76,7 +76,12 @@ def sandbox_runner(backend: str = "auto", memory_mb: int = 1024, timeout_s: floa
         res = sandboxes.run(_own_interpreter(argv), workdir, limits, backend=chosen, env=TEST_ENV,
                              hide=hide)
         code = res.exit_code if res.exit_code is not None else 128 + (res.signal or 0)
-        return RunOutcome(124 if res.timed_out else code, res.stdout, res.stderr, timed_out=res.timed_out)
+        # the team reads the output's tail: an OOM kill was "crashed (exit 137)" and nothing more
+        notes = "".join(f"\n[sandbox] {why}\n" for hit, why in (
+            (res.out_of_memory, f"killed at the memory limit ({memory_mb} MB)"),
+            (res.truncated, f"output cut at {limits.max_output_bytes} bytes"),
+        ) if hit)
+        return RunOutcome(124 if res.timed_out else code, res.stdout, res.stderr + notes, timed_out=res.timed_out)
 
     return run
 

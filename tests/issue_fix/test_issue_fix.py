@@ -20,7 +20,7 @@ from orchestrator.issue_fix.env import _report
 from orchestrator.issue_fix.grading import Grade, grade, grade_work, graded_path, run_tests
 from orchestrator.issue_fix import rewards
 from orchestrator.issue_fix.rewards import coder_reward, planner_reward, reviewer_reward
-from orchestrator.issue_fix.running import RunOutcome, apply_patch, copy_repo, subprocess_runner
+from orchestrator.issue_fix.running import RunOutcome, apply_patch, copy_repo, sandbox_runner, subprocess_runner
 from orchestrator.issue_fix.task import REPORT_FILE, load_task, task_folders
 from orchestrator.policies.binding import Binding
 from orchestrator.policies.python import PythonPolicy
@@ -438,6 +438,17 @@ def test_the_teams_code_cannot_read_the_task_folder(tmp_path, monkeypatch):
         assert ep.outcome["tests_passed"] is False
     finally:
         shutil.rmtree(outside)
+
+
+@needs_sandbox
+@pytest.mark.skipif(not sandboxes.cgroup.available(), reason="no memory cgroup: a MemoryError instead")
+def test_a_run_killed_at_the_memory_limit_or_cut_short_says_so(tmp_path):
+    """The team read "the test run crashed (exit 137)" and an empty output: nothing said why."""
+    run_one = sandbox_runner(memory_mb=96)
+    hog = run_one(["python", "-c", "x = [bytearray(1 << 20) for _ in iter(int, 1)]"], tmp_path, 10)
+    assert hog.exit_code == 137 and hog.stderr.endswith("[sandbox] killed at the memory limit (96 MB)\n")
+    loud = run_one(["python", "-c", "print('a' * 1_100_000)"], tmp_path, 10)
+    assert loud.exit_code == 0 and loud.stderr.endswith("[sandbox] output cut at 1000000 bytes\n")
 
 
 def test_process_reward_rules():
