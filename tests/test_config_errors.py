@@ -1,7 +1,9 @@
 """Every malformed input gets one line ``FILE:LINE: KEY: problem`` on stderr and exit code 2."""
 from __future__ import annotations
 
+import io
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -314,6 +316,19 @@ def test_debug_shows_traceback(workspace):
     replace_in(workspace / "team.yaml", "use: reviewer", "use: chef")
     with pytest.raises(ConfigError):
         main(["--debug", "validate", str(workspace / "team.yaml")])
+
+
+@pytest.mark.parametrize("errors", ["strict", "surrogateescape"])  # PYTHONIOENCODING=ascii; LC_ALL=C
+def test_what_stdout_cannot_encode_is_escaped_not_a_traceback(errors, workspace, monkeypatch):
+    """Where stdout is ASCII (or Latin-1) `validate`'s ok line for a file in é, like `run`'s ±
+    column, was a UnicodeEncodeError traceback."""
+    from orchestrator.cli import main
+
+    (workspace / "echo.yaml").rename(workspace / "écho.yaml")
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(io.BytesIO(), encoding="ascii", errors=errors))
+    assert main(["validate", str(workspace / "écho.yaml")]) == 0
+    sys.stdout.seek(0)
+    assert sys.stdout.read() == f"ok  {str(workspace).encode('ascii', 'backslashreplace').decode()}/\\xe9cho.yaml  (role echo)\n"
 
 
 def test_bad_policy_flag(workspace, cli):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import io
 import os
 import signal
 import sys
@@ -25,6 +26,7 @@ COMMANDS = ("validate", "run", "train", "compare", "eval", "report", "serve", "p
 
 
 def main(argv: list[str] | None = None) -> int:
+    printable_stdout()
     parser = build_parser()
     args = parser.parse_args(argv)
     logs.configure(json_logs=args.log_json, level="debug" if args.debug else "info")
@@ -49,6 +51,15 @@ def main(argv: list[str] | None = None) -> int:
         # Python's own flush at exit would fail on the closed pipe again, with a message.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + signal.SIGPIPE
+
+
+def printable_stdout() -> None:
+    """What stdout's encoding cannot hold (a file name in é, the summary's ±, under
+    PYTHONIOENCODING=ascii, LC_ALL=C or a Latin-1 locale) is printed as a \\x escape, as Python
+    does on stderr, not a UnicodeEncodeError traceback once the work is done (the C locale's
+    surrogateescape fails on them as strict does)."""
+    if isinstance(sys.stdout, io.TextIOWrapper) and sys.stdout.errors in ("strict", "surrogateescape"):
+        sys.stdout.reconfigure(errors="backslashreplace")
 
 
 class Terminated(KeyboardInterrupt):
