@@ -33,6 +33,11 @@ Runner = Callable[[list[str], Path, float], RunOutcome]
 # reuse a stale .pyc) and pytest plugins are not auto-loaded (task repos are stdlib-only; faster).
 TEST_ENV = {"PYTHONDONTWRITEBYTECODE": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
 
+# Text to and from the commands is UTF-8 whatever the locale (LC_ALL=C encoded a patch in ASCII,
+# and raised on its é), and bytes that are not UTF-8 (a test printing b"\xff") are replaced with
+# U+FFFD, as a sandbox's output is, not a UnicodeDecodeError.
+TEXT = {"encoding": "utf-8", "errors": "replace"}
+
 
 def _own_interpreter(argv: list[str]) -> list[str]:
     """``python``/``python3`` as the program becomes ``sys.executable`` (no pyenv shim)."""
@@ -49,7 +54,7 @@ def subprocess_runner(argv: list[str], workdir: Path, timeout_s: float) -> RunOu
     env.pop("PYTHONPATH", None)
     try:
         proc = subprocess.run(
-            argv, cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout_s,
+            argv, cwd=workdir, env=env, capture_output=True, **TEXT, timeout=timeout_s,
             stdin=subprocess.DEVNULL,
         )
     except subprocess.TimeoutExpired as exc:
@@ -114,20 +119,20 @@ def apply_patch(workdir: str | Path, patch_text: str) -> tuple[bool, str]:
             base = [git, "apply", "-p1", "--whitespace=nowarn"]
             env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(workdir.resolve().parent)}
             chk = subprocess.run(base + ["--check", "-"], cwd=workdir, input=patch_text,
-                                 capture_output=True, text=True, timeout=60, env=env)
+                                 capture_output=True, **TEXT, timeout=60, env=env)
             if chk.returncode != 0:
                 return False, (chk.stderr or chk.stdout).strip() or "git apply --check failed"
             res = subprocess.run(base + ["-"], cwd=workdir, input=patch_text,
-                                 capture_output=True, text=True, timeout=60, env=env)
+                                 capture_output=True, **TEXT, timeout=60, env=env)
             return res.returncode == 0, (res.stderr or res.stdout).strip() or "applied with git apply"
         if patch:
             base = [patch, "-p1", "--batch", "--forward", "--no-backup-if-mismatch", "-s"]
             chk = subprocess.run(base + ["--dry-run"], cwd=workdir, input=patch_text,
-                                 capture_output=True, text=True, timeout=60)
+                                 capture_output=True, **TEXT, timeout=60)
             if chk.returncode != 0:
                 return False, (chk.stdout + chk.stderr).strip() or "patch --dry-run failed"
             res = subprocess.run(base, cwd=workdir, input=patch_text,
-                                 capture_output=True, text=True, timeout=60)
+                                 capture_output=True, **TEXT, timeout=60)
             return res.returncode == 0, (res.stdout + res.stderr).strip() or "applied with patch -p1"
     except (OSError, subprocess.SubprocessError) as exc:
         return False, f"could not run the patch tool: {exc}"

@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import difflib
 import re
+import os
 import shlex
 import shutil
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -226,6 +229,27 @@ def test_apply_patch_that_does_not_apply(tmp_path):
     assert ok is False and msg
     # nothing changed
     assert (work / "textkit/slug.py").read_text() == (task.repo_dir / "textkit/slug.py").read_text()
+
+
+def test_a_patch_in_utf8_applies_whatever_the_locale(tmp_path):
+    """Under LC_ALL=C (PYTHONUTF8=0) the patch went to git encoded in the locale's ASCII: an é
+    in it was a UnicodeEncodeError out of apply_patch (which never raises), and out of the
+    Tester's reward with it; a Latin-1 locale wrote it as Latin-1, a patch that no longer applies."""
+    (tmp_path / "a.py").write_bytes(b"x = 'caf'\n")
+    patch = "--- a/a.py\n+++ b/a.py\n@@ -1 +1 @@\n-x = 'caf'\n+x = 'caf\u00e9 \U0001f600'\n"
+    code = f"from orchestrator.issue_fix.running import apply_patch; print(apply_patch({str(tmp_path)!r}, {ascii(patch)}))"
+    env = {**os.environ, "LC_ALL": "C", "PYTHONUTF8": "0"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=TASKS_DIR.parent, env=env, capture_output=True, timeout=60)
+    assert proc.stdout == b"(True, 'applied with git apply')\n", proc.stderr.decode()
+    assert (tmp_path / "a.py").read_text(encoding="utf-8") == "x = 'caf\u00e9 \U0001f600'\n"
+
+
+def test_output_that_is_not_utf8_is_replaced_not_a_crash(tmp_path):
+    """A test printing bytes that are not UTF-8 was a UnicodeDecodeError out of subprocess_runner,
+    where the sandbox's runner replaces them."""
+    printer = "import sys; sys.stdout.buffer.write(b'ok \\xff\\x80\\x00 done'); sys.stderr.buffer.write(b'\\xe9')"
+    out = subprocess_runner(["python", "-c", printer], tmp_path, 30)
+    assert (out.exit_code, out.stdout, out.stderr) == (0, "ok \ufffd\ufffd\x00 done", "\ufffd")
 
 
 def test_patch_outside_workdir_refused(tmp_path):
