@@ -100,7 +100,7 @@ def write_report(run_dir: Path) -> dict[str, Any]:
         # no lock says whether it still trains: a second process resuming a live run would write over it
         lines.append(f"\nThe run is at step {summary['steps']} of {planned}, still training or stopped; if it stopped, "
                      f"`{again}` continues it from its last checkpoint.")
-    (out_dir / "summary.md").write_text("\n".join(lines) + "\n")
+    (out_dir / "summary.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     summary["table"] = "\n".join(lines)
     return summary
 
@@ -133,7 +133,7 @@ def _shown(mean: Any, ci: Any) -> str:
 def heatmap_of(population: Path, out_dir: Path) -> Path:
     """``out_dir/payoff.png``, the heatmap of the round robin in ``population`` (a population.json)."""
     try:
-        return payoff_heatmap(json.loads(population.read_text()), out_dir / "payoff.png")
+        return payoff_heatmap(json.loads(population.read_text(encoding="utf-8")), out_dir / "payoff.png")
     except (ValueError, KeyError, TypeError) as exc:
         raise RolecastError(f"{population}: not a round robin's report ({type(exc).__name__}: {exc}); "
                             "`rolecast eval --population` writes it again") from None

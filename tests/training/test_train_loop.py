@@ -883,6 +883,17 @@ def test_report_names_what_is_wrong_with_a_run_dir_in_one_line(cli, tmp_path):
     assert code == 2 and "a comparison: report one of its strategy folders" in err, err
 
 
+def test_report_writes_its_table_in_utf8_whatever_the_locale(tmp_path):
+    """Under LC_ALL=C (PYTHONUTF8=0) summary.md was written in the locale's ASCII: its ± was a
+    UnicodeEncodeError traceback, and no table."""
+    write(tmp_path / "metrics.jsonl", json.dumps({"step": 0, "kind": "eval", "eval_reward/pro": 0.5, "eval_ci95/pro": 0.1}) + "\n")
+    env = {**os.environ, "LC_ALL": "C", "PYTHONUTF8": "0"}
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "report", str(tmp_path)], env=env,
+                          capture_output=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert "| pro | 0.500 ± 0.100 (step 0) |" in (tmp_path / "report" / "summary.md").read_text(encoding="utf-8")
+
+
 def test_report_of_a_one_episode_evaluation_and_of_a_stopped_run(cli, tmp_path):
     """One evaluation episode gives no interval: it was stored as 0 and shown as "± 0.000". A
     role named ``reward_model`` lost its interval ("reward" was replaced everywhere in the key);
