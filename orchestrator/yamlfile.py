@@ -63,9 +63,16 @@ def inline_doc(data: Any, name: str) -> YamlDoc:
 
 def plain_copy(data: Any) -> Any:
     """A deep copy of ``data`` in JSON's own types (a tuple as a list, a numpy number as a number), which
-    YAML and JSON files can hold; a ValueError where it holds what they cannot (a Path, a set)."""
+    YAML and JSON files can hold; a ValueError where it holds what they cannot (a Path, a set, a
+    lone surrogate: what argv's bytes that are not UTF-8 decode to under LC_ALL=C, which reached
+    the tokenizer as a TypeError in every episode)."""
     try:
-        return json.loads(json.dumps(data, default=_numpy_number))
+        text = json.dumps(data, default=_numpy_number, ensure_ascii=False)
+        text.encode("utf-8")
+        return json.loads(text)
+    except UnicodeEncodeError:
+        raise ValueError("text that is not valid Unicode (a lone surrogate: bytes the locale could not decode; "
+                         "run in a UTF-8 locale)") from None
     except (TypeError, ValueError) as exc:
         raise ValueError(f"not plain data (mappings, lists, strings, numbers): {exc}") from None
 

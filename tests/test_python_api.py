@@ -274,6 +274,9 @@ def test_numpy_numbers_in_sets_are_plain_numbers():
      "--task {'spec': 'double x'}: reference: required key is missing"),  # which key, it had not said
     (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", tasks=[{"secret": 3, "note": Path("a")}], out=out),
      "--task {'secret': 3, 'note': PosixPath('a')}: not plain data"),  # config.yaml's write failed, the model loaded
+    # `--task café` under LC_ALL=C: every episode failed in the tokenizer ("TypeError: TextEncodeInput must be ...")
+    (lambda out: rolecast.run(ROOT / "recipes/debate.yaml", tasks=["caf\udcc3\udca9"], out=out),
+     "--task caf\udcc3\udca9: text that is not valid Unicode (a lone surrogate"),
     (lambda out: rolecast.train(ROOT / "recipes/guess_number.yaml", sets={"trainer": "population"}, out=out),
      "--set trainer: not a settable option"),
     (lambda out: rolecast.train(ROOT / "recipes/guess_number.yaml", sets={16: 2}, out=out),
