@@ -92,7 +92,9 @@ def format_loc(loc: Loc) -> str:
 
 
 def read_text(path: Path, limit: int) -> str:
-    """The UTF-8 text of ``path``; ConfigError if missing, unreadable or over ``limit`` bytes."""
+    """The UTF-8 text of ``path``, less the byte order mark Windows editors start it with (json
+    refused it: a schema or JSON-lines file saved in Notepad was "Unexpected UTF-8 BOM");
+    ConfigError if missing, unreadable or over ``limit`` bytes."""
     try:
         with path.open("rb") as f:
             raw = f.read(limit + 1)  # not stat(): a FIFO or /dev/zero has no honest size
@@ -103,7 +105,7 @@ def read_text(path: Path, limit: int) -> str:
     if len(raw) > limit:
         raise ConfigError(path, None, "(file)", f"file is larger than {limit >> 20} MiB")
     try:
-        return raw.decode("utf-8")
+        return raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise ConfigError(path, None, "(file)", f"cannot read: {exc}") from None
 

@@ -136,3 +136,20 @@ def test_a_byte_order_mark_is_not_prompt_text(workspace):
     spec = load_role(workspace / "echo.yaml")
     prompt = spec.render(spec.context({"text": "hi"}, {}))[1]["content"]
     assert prompt == "Say hi.\nContext."
+
+
+def test_json_and_jsonl_files_read_the_same_with_a_byte_order_mark(workspace):
+    """json refused a BOM ("Unexpected UTF-8 BOM"): a schema file, a tasks.jsonl or a replay file
+    saved in Notepad was a config error, where YAML read it."""
+    bom = "\ufeff".encode()
+    (workspace / "tasks.jsonl").write_bytes(bom + '{"text": "café"}\r\n'.encode())
+    assert load_json_lines(workspace / "tasks.jsonl") == [(1, {"text": "café"})]
+    team = workspace / "team.yaml"
+    team.write_text(team.read_text().split("tasks:")[0] + "tasks: tasks.jsonl\n")
+    assert load_team(team).tasks == [{"text": "café"}]
+    role = workspace / "echo.yaml"
+    text = role.read_text()
+    start, end = text.index("output_schema:"), text.index("policy:")
+    role.write_text(text[:start] + "output_schema: echo.json\n" + text[end:])
+    (workspace / "echo.json").write_bytes(bom + b'{"type": "object", "properties": {"say": {"type": "string"}}}')
+    assert load_role(role).schema["properties"] == {"say": {"type": "string"}}
