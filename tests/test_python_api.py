@@ -22,6 +22,18 @@ SIGINT_AT_START = signal.getsignal(signal.SIGINT)  # before any test: what the p
 SMALL = {"group_size": 2, "groups_per_step": 1, "eval_episodes": 2, "eval_every": 0}
 
 
+@pytest.fixture
+def python_sigint():
+    """SIGINT left to Python's handler for the test, as a terminal or a kernel leaves it: a process
+    started in the background (`cmd &`, nohup, some CI runners) inherits it ignored, and Python
+    then installs none, nor does asyncio.run."""
+    # An earlier test that left another SIGINT handler behind would make the test fail for that reason.
+    assert signal.getsignal(signal.SIGINT) is SIGINT_AT_START
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def binary_search(request):
     """Guess the Number's guesser as a Python function: halves the range the feedback left."""
     return json.dumps({"guess": (request.context["lowest"] + request.context["highest"]) // 2})
@@ -106,11 +118,10 @@ def test_a_model_dir_given_as_a_path_is_recorded_as_text(tmp_path):
     assert yaml.safe_load((tmp_path / "run/config.yaml").read_text())["run"]["model"] == str(tmp_path / "model")
 
 
-def test_a_run_never_writes_out_its_result_whole(tmp_path, monkeypatch):
+def test_a_run_never_writes_out_its_result_whole(tmp_path, monkeypatch, python_sigint):
     # asyncio.run's SIGINT restore reprs its main task, result and all: every record of a big run
     written = []
     monkeypatch.setattr(rolecast.RunResult, "__repr__", lambda self: written.append(self) or "RunResult")
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # else asyncio.run installs no handler
     rolecast.run(ROOT / "recipes/guess_number.yaml", episodes=2, policies={"guesser": binary_search},
                  out=tmp_path / "run", progress=False)
     assert written == []
@@ -435,15 +446,10 @@ def test_a_plugin_that_breaks_the_contract_raises_and_registers_nothing(registry
     assert "grpo" in registry.items["trainers"]
 
 
-def test_an_interrupt_in_a_notebook_cancels_the_work_instead_of_waiting_for_it(tmp_path):
+def test_an_interrupt_in_a_notebook_cancels_the_work_instead_of_waiting_for_it(tmp_path, python_sigint):
     import threading
     import time
 
-    # An earlier test that left another SIGINT handler behind would make this one fail for that reason.
-    assert signal.getsignal(signal.SIGINT) is SIGINT_AT_START
-    # A kernel leaves SIGINT to Python's handler; a process started in the background (`cmd &`,
-    # nohup, some CI runners) inherits it ignored, and Python then installs none.
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     calls = []
 
     async def slow(request):
@@ -467,7 +473,6 @@ def test_an_interrupt_in_a_notebook_cancels_the_work_instead_of_waiting_for_it(t
             loop.run_until_complete(cell())
     finally:
         loop.close()
-        signal.signal(signal.SIGINT, previous)
     assert time.perf_counter() - t0 < 20  # 400 episodes of 2-5 turns of 0.05 s each would take over a minute
     finished = (tmp_path / "run/transcripts.jsonl").read_text().splitlines()
     assert 0 < len(finished) < 20 and len(calls) < 25
