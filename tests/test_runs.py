@@ -379,11 +379,15 @@ def test_user_role_in_temp_folder_runs_with_python_policy(workspace, cli, monkey
     assert "transcripts.jsonl" in err
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_a_second_signal_leaves_the_clean_up_to_its_end(workspace, signum):
+@pytest.mark.parametrize("signum, ctrl_c", [(signal.SIGINT, signal.SIG_DFL), (signal.SIGTERM, signal.SIG_DFL),
+                                            (signal.SIGTERM, signal.SIG_IGN)])
+def test_a_second_signal_leaves_the_clean_up_to_its_end(workspace, signum, ctrl_c):
     """SIGTERM stops a run as Ctrl-C does: the first cancels the run, whose clean-up waits for a
     sandbox's run to end (code_pair's workdirs are removed after it), and a second leaves that
-    wait alone. A second SIGTERM broke it off: tracebacks, tasks destroyed pending, workdirs left."""
+    wait alone. A second SIGTERM broke it off: tracebacks, tasks destroyed pending, workdirs left;
+    it still did in a job started in the background (``ctrl_c`` SIG_IGN: SIGINT ignored). The run
+    is given its SIGINT disposition, not this process's: pytest started in the background ignored
+    the test's SIGINT too."""
     write(workspace / "stalls.py", """
         import asyncio, time
         from pathlib import Path
@@ -400,7 +404,8 @@ def test_a_second_signal_leaves_the_clean_up_to_its_end(workspace, signum):
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "run", workspace / "team.yaml", "--out",
                              workspace / "run", "--no-progress", "--policy", "echo=python:stalls:stalls",
                              "--policy", "reviewer=builtin:stub"], stderr=subprocess.PIPE, text=True, cwd=workspace,
-                            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(workspace)])})
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(workspace)])},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, ctrl_c))
     deadline = time.monotonic() + 60
     while not (workspace / "playing").exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -83,8 +83,10 @@ def stopped_by_sigterm() -> Iterator[None]:
     def terminate(signum: int, frame: object) -> None:
         received.append(signum)
         ctrl_c = signal.getsignal(signal.SIGINT)
-        if not callable(ctrl_c):  # ignored (a job started in the background): SIGTERM still stops it
-            raise Terminated
+        if not callable(ctrl_c):  # ignored (a job started in the background): SIGTERM still stops it,
+            if len(received) == 1:  # and a second leaves alone the clean-up the first began
+                raise Terminated
+            return
         ctrl_c(signal.SIGINT, frame)
 
     signal.signal(signal.SIGTERM, terminate)
