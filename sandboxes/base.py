@@ -76,33 +76,46 @@ class SandboxResult:
 
 
 TMP = Path("/tmp")
+# The host folders a sandbox sees (read-only): the OS's programs, libraries and /etc. The rest of
+# the host (/work, /srv, /home, /var...) is absent, since user data lives there: a recipe, its
+# tasks file and a run's config.yaml hold the hidden tests a function under test could read.
+# /nix is NixOS's /usr (its store is public by design); those missing here are skipped.
+SYSTEM = tuple(Path(p) for p in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/nix"))
 
 
 @dataclass(frozen=True)
 class Layout:
     """What the child sees of the host filesystem, rendered by each isolating backend.
 
-    ``/`` is read-only; /tmp is a private tmpfs of ``tmp_size_bytes``; ``hidden`` dirs
-    are replaced by empty root-owned tmpfs (/root holds secrets, and is 0700 anyway);
-    ``readable`` paths are re-exposed read-only inside them; ``workdir`` is bound
-    writable at its own path.
+    A new read-only root holding the ``system`` folders (symlinks stay symlinks), a private
+    /proc, /dev and /dev/shm, and a private tmpfs /tmp of ``tmp_size_bytes``; ``hidden`` folders
+    (inside those, or inside ``readable`` ones) are replaced by empty root-owned tmpfs; ``readable``
+    paths are bound read-only at their own paths and ``workdir`` writable. Folders on the way to
+    those are made 0755 in the new root (or in the tmpfs that holds them).
     """
 
     workdir: Path
+    system: tuple[Path, ...]
     hidden: tuple[Path, ...]
     readable: tuple[Path, ...]
     tmp_size_bytes: int
 
-    @property
-    def tmpfs_tops(self) -> tuple[Path, ...]:
-        return (TMP, *self.hidden)
+    def from_host(self, path: Path) -> bool:
+        """Whether ``path`` inside is the host's own (under a system folder, not in a tmpfs over it)."""
+        return any(path.is_relative_to(s) for s in self.system) and not any(
+            path.is_relative_to(t) for t in (TMP, *self.hidden))
+
+    def mounts(self) -> list[tuple[Path, str]]:
+        """The ``hidden`` tmpfs and the ``readable`` and workdir binds, as ``(path, "hide" | "read"
+        | "write")``, parents first: Python inside a hidden folder, or a folder hidden inside a
+        bound one, is mounted over it."""
+        marks = [*((p, "hide") for p in self.hidden), *((p, "read") for p in self.readable), (self.workdir, "write")]
+        return sorted(marks, key=lambda mark: len(mark[0].parts))
 
     def dirs_to_create(self, dest: Path) -> list[Path]:
-        """Ancestors of ``dest`` inside one of our tmpfs mounts (those start empty)."""
-        for top in self.tmpfs_tops:
-            if dest != top and dest.is_relative_to(top):
-                return [p for p in reversed(dest.parents) if p != top and p.is_relative_to(top)]
-        return []
+        """Ancestors of ``dest`` missing inside, top first: those in the new root or in a tmpfs."""
+        tops = {TMP, *self.system, *self.hidden}
+        return [p for p in reversed(dest.parents) if p != p.parent and p not in tops and not self.from_host(p)]
 
 
 class Backend(ABC):

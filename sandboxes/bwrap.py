@@ -1,4 +1,4 @@
-"""bubblewrap backend: bwrap (run by root, so no user namespace) builds the mounts."""
+"""bubblewrap backend: bwrap (run by root, so no user namespace) builds the new root."""
 from __future__ import annotations
 
 import os
@@ -28,18 +28,23 @@ class BwrapBackend(Backend):
             # these three to switch uid and empty its bounding set, then loses them.
             "--cap-drop", "ALL",
             "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP",
-            "--ro-bind", "/", "/",
+        ]
+        # bwrap's root starts as an empty tmpfs: only what is put there exists
+        for path in layout.system:
+            for parent in layout.dirs_to_create(path):
+                argv += ["--perms", "0755", "--dir", str(parent)]
+            argv += ["--symlink", os.readlink(path), str(path)] if path.is_symlink() else ["--ro-bind", str(path), str(path)]
+        argv += [
             "--dev", "/dev",
             # bwrap's /dev/shm is a root-owned 0755 dir: sem_open (multiprocessing's locks) failed
             "--perms", "1777", "--size", str(1 << 20), "--tmpfs", "/dev/shm",
             "--proc", "/proc",
             "--perms", "1777", "--size", str(layout.tmp_size_bytes), "--tmpfs", str(TMP),
         ]
-        for top in layout.hidden:
-            argv += ["--perms", "0755", "--tmpfs", str(top)]
-        for path in (*layout.readable, layout.workdir):
+        for path, kind in layout.mounts():
             # bwrap would create missing mount points 0700, unreachable for the child's uid.
             for parent in layout.dirs_to_create(path):
                 argv += ["--perms", "0755", "--dir", str(parent)]
-            argv += ["--ro-bind" if path != layout.workdir else "--bind", str(path), str(path)]
-        return argv + ["--"] + inner
+            argv += (["--perms", "0755", "--tmpfs", str(path)] if kind == "hide"
+                     else ["--ro-bind" if kind == "read" else "--bind", str(path), str(path)])
+        return argv + ["--remount-ro", "/", "--"] + inner

@@ -10,7 +10,7 @@ import math
 import os
 import random
 import subprocess
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -114,11 +114,11 @@ def chown_tree(root: Path, uid: int, gid: int, *, only_from: int | None = None) 
         raise SandboxSetupError(f"cannot chown {root}: {done.stderr.strip()}")
 
 
-def check_reachable(workdir: Path, hidden_tops: Sequence[Path]) -> str | None:
+def check_reachable(workdir: Path, from_host: Callable[[Path], bool]) -> str | None:
     """Why an unprivileged uid could not reach workdir through host directories, if so."""
     for parent in workdir.parents:
-        if any(parent == t or parent.is_relative_to(t) for t in hidden_tops):
-            continue  # recreated 0755 inside the sandbox's own tmpfs
+        if not from_host(parent):
+            continue  # made 0755 in the sandbox's own root or tmpfs
         if not os.stat(parent).st_mode & 0o001:
             return f"{parent} is not searchable by other users (chmod o+x, or use a workdir under /tmp)"
     return None

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import os
 import signal
@@ -17,6 +18,7 @@ import structlog
 
 from . import cgroup
 from .base import (
+    SYSTEM,
     TMP,
     Backend,
     Layout,
@@ -47,9 +49,8 @@ T = TypeVar("T")
 BACKENDS: dict[str, Backend] = {b.name: b for b in (BwrapBackend(), UnshareBackend(), NoneBackend())}
 ISOLATING = tuple(name for name, b in BACKENDS.items() if b.isolating)  # what untrusted code may run in
 AUTO_ORDER = ("bwrap", "unshare")  # best first; "none" is never chosen automatically
-# /run holds daemons' Unix sockets (dbus, docker, postgresql; /var/run links there): a read-only
-# mount does not stop connect(2), so a world-writable one was reachable from the sandbox
-HIDDEN = (Path("/root"), Path("/home"), Path("/run"))
+# Never lent as (or inside) a workdir: their owners' files; /run holds daemons' Unix sockets
+PRIVATE = (Path("/root"), Path("/home"), Path("/run"))
 
 Command = str | Sequence[str]
 
@@ -105,8 +106,9 @@ def run(
 
     Raises SandboxError subclasses for faults of the sandbox itself; whatever the
     command does (crash, timeout, OOM) comes back in the result. ``env`` adds to the
-    minimal environment; ``readable`` adds host paths the child may read; ``hide`` host folders it
-    may not (each replaced by an empty tmpfs, as /root, /home and /run are).
+    minimal environment. The child sees the host's system folders (:data:`SYSTEM`) read-only, the
+    running Python, ``readable`` paths and the workdir, and nothing else of the host; ``hide``
+    names folders inside the system ones it may not see (each replaced by an empty tmpfs).
     """
     limits = limits or Limits()
     chosen = select_backend(backend, allow_unsafe=allow_unsafe)
@@ -127,29 +129,30 @@ def run(
     not_folders = [str(p) for p in hide if not os.path.isdir(p)]
     if not_folders:
         raise SandboxSetupError(f"hide path {', '.join(not_folders)} is not a folder")
-    hidden = tuple(p for p in HIDDEN if p.is_dir())
-    # one under /tmp or /root is unseen already (and a mount there would need its mount point)
-    hidden += tuple(p for p in map(Path, map(os.path.realpath, hide))
-                    if not any(p.is_relative_to(t) for t in (TMP, *hidden)))
-    tops = (TMP, *hidden)
+    system = tuple(p for p in SYSTEM if p.is_symlink() or p.is_dir())
+    seen = Layout(workdir=wd, system=system, hidden=(), readable=(), tmp_size_bytes=0)
     wanted = {*python_paths(), *(Path(os.path.realpath(p)) for p in readable)}
-    layout = Layout(
-        workdir=wd,
-        hidden=hidden,
-        # Only what a tmpfs covers needs binding back; the rest is visible via /.
-        readable=tuple(sorted(p for p in wanted if any(p.is_relative_to(t) for t in tops))),
+    # only a folder the sandbox would see needs a tmpfs over it: the rest of the host is absent
+    hidden = tuple(p for p in map(Path, map(os.path.realpath, hide))
+                   if seen.from_host(p) or any(p.is_relative_to(w) for w in wanted))
+    seen = dataclasses.replace(seen, hidden=hidden)
+    layout = dataclasses.replace(
+        seen,
+        # what the sandbox sees of the host already needs no bind
+        readable=tuple(sorted(p for p in wanted if not seen.from_host(p))),
         tmp_size_bytes=limits.tmp_size_mb * 1024 * 1024,
     )
     tail = env_argv(wd, environment(env)) + argv
     if not chosen.isolating:
         return _execute(chosen, layout, tail, limits, f"pid-{os.getpid()}-{threading.get_native_id()}")
 
-    # "/" (the CLI's default "." in a container) would lend the whole host to the sandbox's uid,
-    # and /tmp every other run's files; either would also be bound writable over the private mounts.
-    covered = [str(t) for t in (TMP, *HIDDEN) if t.is_relative_to(wd)]
+    # "/" (the CLI's default "." in a container) or /usr would be chowned to the sandbox's uid and
+    # bound writable over the new root; /tmp would lend every other run's files, /root and /home
+    # their owners' (one under /tmp is fine: the private /tmp holds only it).
+    covered = [str(t) for t in (TMP, *SYSTEM, *PRIVATE) if t.is_relative_to(wd)]
     if covered:
         raise SandboxSetupError(f"workdir {wd} contains {', '.join(covered)}; use a directory of its own")
-    problem = check_reachable(wd, layout.tmpfs_tops)
+    problem = check_reachable(wd, layout.from_host)
     if problem:
         raise SandboxSetupError(f"workdir unreachable by the sandbox uid: {problem}")
     with lease_uid() as uid:

@@ -1,5 +1,6 @@
 """util-linux unshare backend: new namespaces, then a small sh script (the namespace's
-init) mounts a read-only view of / at a staging directory and chroots into it."""
+init) builds a new root at a staging directory (a tmpfs holding read-only binds of the system
+folders) and chroots into it."""
 from __future__ import annotations
 
 import os
@@ -42,8 +43,19 @@ class UnshareBackend(Backend):
             "set -e",
             "umask 022",
             f"mkdir -p {r}",
-            f"{mount} --bind / {r}",
-            f"{mount} -o remount,bind,ro,nosuid,nodev {r}",
+            # the new root: an empty tmpfs holding only what is put there
+            f"{mount} -t tmpfs -o size=1m,mode=755,nosuid,nodev tmpfs {r}",
+        ]
+        for path in layout.system:
+            dest = f"{r}{q(str(path))}"
+            lines.append(f"mkdir -p {r}{q(str(path.parent))}")
+            if path.is_symlink():
+                lines.append(f"ln -s {q(os.readlink(path))} {dest}")
+            else:
+                lines += [f"mkdir {dest}", f"{mount} --bind {q(str(path))} {dest}",
+                          f"{mount} -o remount,bind,ro,nosuid,nodev {dest}"]
+        lines += [
+            f"mkdir {r}/proc {r}/dev {r}{TMP}",
             f"{mount} -t proc -o nosuid,nodev,noexec proc {r}/proc",
             # Host /dev: the child's uid can open only the world-rw nodes (null, zero,
             # random, tty...); /dev/shm is shared memory with the host, so replace it.
@@ -51,13 +63,15 @@ class UnshareBackend(Backend):
             f"{mount} -t tmpfs -o size=1m,mode=1777,nosuid,nodev tmpfs {r}/dev/shm",
             f"{mount} -t tmpfs -o size={layout.tmp_size_bytes},mode=1777,nosuid,nodev tmpfs {r}{TMP}",
         ]
-        lines += [f"{mount} -t tmpfs -o size=1m,mode=755,nosuid,nodev tmpfs {r}{q(str(d))}" for d in layout.hidden]
-        for path in (*layout.readable, layout.workdir):
+        for path, kind in layout.mounts():
             dest = f"{r}{q(str(path))}"
-            opts = "bind" if path == layout.workdir else "bind,ro"
+            if kind == "hide":
+                lines.append(f"{mount} -t tmpfs -o size=1m,mode=755,nosuid,nodev tmpfs {dest}")
+                continue
             # a file binds onto a file: mkdir made a directory there, and mount failed (exit 32)
             make = [f"mkdir -p {dest}"] if path.is_dir() else [f"mkdir -p {r}{q(str(path.parent))}", f": > {dest}"]
-            lines += [*make, f"{mount} -o {opts} {q(str(path))} {dest}"]
+            lines += [*make, f"{mount} -o {'bind,ro' if kind == 'read' else 'bind'} {q(str(path))} {dest}"]
+        lines.append(f"{mount} -o remount,ro,nosuid,nodev {r}")
         # No exec: sh stays the namespace's init (root, so the child cannot signal it;
         # its parent-death signal intact), and reports a signal death as 128+N.
         lines += ["set +e", f'{tool("chroot")} {r} "$@"']

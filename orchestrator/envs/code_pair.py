@@ -40,8 +40,9 @@ from .base import Env, EnvConfig, StepResult, TaskConfig
 
 MARK = "@@rolecast-check "
 # Runs in the sandbox: the team's function on each test input, printed as one marked JSON line
-# (after whatever the function printed). The expected outputs never enter the sandbox, so a
-# function that forges this line still has to compute the right values to pass.
+# (after whatever the function printed). The expected outputs never enter the sandbox (it sees
+# none of the host's recipes, tasks files or run records either), so a function that forges this
+# line still has to compute the right values to pass.
 CHECKER = r'''
 import json
 MARK = __MARK__

@@ -2,6 +2,9 @@
 example is checked against the reference, and a function cannot forge its way to a pass."""
 from __future__ import annotations
 
+import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 from play import Script, play, team
@@ -102,6 +105,21 @@ def test_a_forged_report_nested_too_deep_scores_zero(tmp_path):
     forge = "print('\\n@@rolecast-check '+'['*99999)or exit()"
     ep = episode(tmp_path, {**PLUS3, "tests": PLUS3["tests"][:1]}, {"example": "f(1) == 4"}, code(forge))
     assert ep.outcome["passed"] == 0 and ep.rewards["coder"] == 0.0 and "the check failed" in ep.outcome["error"]
+
+
+@needs_sandbox
+def test_a_function_cannot_read_the_hidden_tests_from_the_host(tmp_path):
+    """The sandbox saw the host's / read-only: a function could look its answers up in the recipe's
+    tasks file, or the run's config.yaml, wherever they were on the disk outside /tmp."""
+    recipe_dir = Path(tempfile.mkdtemp(dir="/var/tmp"))  # stands for the user's project folder
+    try:
+        (recipe_dir / "t").write_text(repr(dict(PLUS3["tests"])))  # the answers, in few characters of code
+        subprocess.run(["chmod", "-R", "a+rX", str(recipe_dir)], check=True)
+        look_up = f"eval(open('{recipe_dir}/t').read())[x]"
+        ep = episode(tmp_path, PLUS3, {"example": "f(2) == 5"}, code(look_up))
+    finally:
+        subprocess.run(["rm", "-rf", "--", str(recipe_dir)], check=True)
+    assert ep.outcome["passed"] == 0 and ep.rewards["coder"] == 0.0
 
 
 @needs_sandbox

@@ -59,7 +59,13 @@ def test_faults_raise_clear_errors(tmp_path, workdir):
         Limits(memory_mb=256.5)
 
 
-def test_unreachable_workdir_is_a_setup_error(backend):
+@pytest.fixture
+def var_tmp_seen(monkeypatch):
+    """/var/tmp as one of the system folders the sandbox sees of the host (it sees none of it by default)."""
+    monkeypatch.setattr(runner, "SYSTEM", (*runner.SYSTEM, Path("/var/tmp")))
+
+
+def test_unreachable_workdir_is_a_setup_error(backend, var_tmp_seen):
     hidden = Path("/var/tmp") / f"rolecast-closed-{os.getpid()}"
     (hidden / "work").mkdir(parents=True)
     hidden.chmod(0o700)
@@ -69,6 +75,18 @@ def test_unreachable_workdir_is_a_setup_error(backend):
     finally:
         (hidden / "work").rmdir()
         hidden.rmdir()
+
+
+def test_a_workdir_in_a_closed_folder_the_sandbox_does_not_see_is_reached(backend):
+    """The sandbox makes its own path to a workdir outside the host folders it sees."""
+    closed = Path(tempfile.mkdtemp(dir="/var/tmp"))  # 0700
+    try:
+        (closed / "work").mkdir()
+        r = run("echo made > out", closed / "work", backend=backend)
+        assert r.ok, r.stderr
+        assert (closed / "work" / "out").read_text() == "made\n"
+    finally:
+        subprocess.run(["rm", "-rf", "--", str(closed)], check=True)
 
 
 @pytest.mark.parametrize("wd", ["/", "/tmp"])
@@ -121,7 +139,7 @@ def test_a_readable_file_is_readable(backend, workdir, tmp_path):
     assert (r.exit_code, r.stdout) == (0, "read me"), r.stderr
 
 
-def test_a_hidden_folder_is_empty_and_a_file_to_hide_is_refused(backend, workdir):
+def test_a_hidden_folder_is_empty_and_a_file_to_hide_is_refused(backend, workdir, var_tmp_seen):
     """hide= skipped what was not a folder: a secret file named there stayed readable."""
     secret = Path(tempfile.mkdtemp(dir="/var/tmp"))  # the sandbox never sees the host's /tmp
     try:
@@ -135,6 +153,22 @@ def test_a_hidden_folder_is_empty_and_a_file_to_hide_is_refused(backend, workdir
                 run(f"cat {secret}/key.env", workdir, backend=backend, hide=[path])
     finally:
         subprocess.run(["rm", "-rf", "--", str(secret)], check=True)
+
+
+def test_a_folder_hidden_inside_a_readable_one_stays_hidden(backend, workdir):
+    """hide= took effect only in the folders seen from the host: the tasks of a package installed
+    in the running Python's venv (bound for the child to import from) were readable."""
+    outer = Path(tempfile.mkdtemp(dir="/var/tmp"))
+    try:
+        (outer / "tasks").mkdir()
+        (outer / "tasks" / "key.env").write_text("KEY=hunter2\n")
+        (outer / "module.py").write_text("seen\n")
+        subprocess.run(["chmod", "-R", "a+rX", str(outer)], check=True)
+        r = run(f"cat {outer}/module.py {outer}/tasks/key.env; ls {outer}/tasks", workdir, backend=backend,
+                readable=[outer], hide=[outer / "tasks"])
+        assert r.stdout == "seen\n" and "No such file" in r.stderr
+    finally:
+        subprocess.run(["rm", "-rf", "--", str(outer)], check=True)
 
 
 def test_python_of_the_tests_is_usable(sandbox):

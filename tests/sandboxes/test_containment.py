@@ -139,6 +139,26 @@ def test_host_secrets_are_unreadable(sandbox, host_process, marker):
     assert ".bashrc" not in r.stdout
 
 
+def test_only_the_system_folders_of_the_host_are_seen(sandbox, marker):
+    """The sandbox saw / read-only: a readable file anywhere (a recipe's tasks, a run's config.yaml
+    holding a code_pair task's hidden tests) was the code's to read. Now only the system folders
+    (and the running Python) are there."""
+    data = Path("/var/tmp") / marker  # stands for any host folder that holds data: /work, /srv...
+    data.mkdir()
+    try:
+        (data / "tasks.jsonl").write_text('{"tests": [[1, 4]]}\n')
+        data.chmod(0o755)
+        (data / "tasks.jsonl").chmod(0o644)
+        r = sandbox(f"cat {data}/tasks.jsonl; cat {__file__}; ls /; echo ==; ls /etc/hostname /usr/bin/env /bin/sh")
+    finally:
+        subprocess.run(["rm", "-rf", "--", str(data)], check=True)
+    assert "[[1, 4]]" not in r.stdout and "def test_only_the_system_folders" not in r.stdout
+    top, seen = map(str.split, r.stdout.split("=="))
+    assert set(top) <= {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "sbin", "tmp", "usr",
+                   *(p.parts[1] for p in map(Path, (sys.prefix, sys.base_prefix)))}, top
+    assert seen == ["/bin/sh", "/etc/hostname", "/usr/bin/env"], r.stderr
+
+
 def test_parent_environment_is_not_inherited(sandbox, marker, monkeypatch):
     monkeypatch.setenv("ROLECAST_TEST_SECRET", marker)
     r = sandbox("env; cat /proc/self/environ /proc/1/environ")
