@@ -7,7 +7,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
@@ -92,10 +92,13 @@ class SandboxPool:
         limits: Limits | None = None,
         *,
         env: Mapping[str, str] | None = None,
+        readable: Sequence[str | os.PathLike[str]] = (),
+        hide: Sequence[str | os.PathLike[str]] = (),
     ) -> SandboxResult:
+        """:func:`sandboxes.run` on one of the pool's threads; ``env``, ``readable`` and ``hide`` as there."""
         return await arun(
             command, workdir, limits or self.limits, executor=self._executor,
-            backend=self.backend, allow_unsafe=self.allow_unsafe, env=env,
+            backend=self.backend, allow_unsafe=self.allow_unsafe, env=env, readable=readable, hide=hide,
         )
 
     @asynccontextmanager

@@ -26,6 +26,11 @@ def register(sub: Any) -> None:
     p.add_argument("--workdir", default=".", help="writable work directory (default: cwd)")
     p.add_argument("--backend", default="auto", choices=["auto", *BACKENDS],
                    help="isolation: bwrap, unshare, or none with --unsafe (default auto: the best available)")
+    p.add_argument("--readable", action="append", default=[], metavar="PATH",
+                   help="a host path the command may read (repeatable): it sees only the system folders, "
+                        "the running Python and the work directory")
+    p.add_argument("--hide", action="append", default=[], metavar="DIR",
+                   help="a folder among those it sees that it may not (repeatable)")
     p.add_argument("--unsafe", action="store_true", help="allow backend 'none' (no isolation)")
     p.add_argument("--json", action="store_true", help="print the whole result as JSON")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARG...]")
@@ -39,7 +44,8 @@ def handle_run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     try:
         limits = Limits(wall_time_s=args.timeout, memory_mb=args.memory)
-        result = run(cmd, args.workdir, limits, backend=args.backend, allow_unsafe=args.unsafe)
+        result = run(cmd, args.workdir, limits, backend=args.backend, allow_unsafe=args.unsafe,
+                     readable=args.readable, hide=args.hide)
     except (SandboxError, ValueError) as exc:
         logs.say(f"rolecast sandbox run: {exc}", "error")
         return EXIT_USAGE

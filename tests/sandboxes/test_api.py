@@ -155,20 +155,34 @@ def test_a_hidden_folder_is_empty_and_a_file_to_hide_is_refused(backend, workdir
         subprocess.run(["rm", "-rf", "--", str(secret)], check=True)
 
 
-def test_a_folder_hidden_inside_a_readable_one_stays_hidden(backend, workdir):
+@pytest.fixture
+def data_dir():
+    """A host folder outside the system ones (so unseen by default): module.py, and tasks/key.env."""
+    outer = Path(tempfile.mkdtemp(dir="/var/tmp"))
+    (outer / "tasks").mkdir()
+    (outer / "tasks" / "key.env").write_text("KEY=hunter2\n")
+    (outer / "module.py").write_text("seen\n")
+    subprocess.run(["chmod", "-R", "a+rX", str(outer)], check=True)
+    yield outer
+    subprocess.run(["rm", "-rf", "--", str(outer)], check=True)
+
+
+def test_a_folder_hidden_inside_a_readable_one_stays_hidden(backend, workdir, data_dir):
     """hide= took effect only in the folders seen from the host: the tasks of a package installed
     in the running Python's venv (bound for the child to import from) were readable."""
-    outer = Path(tempfile.mkdtemp(dir="/var/tmp"))
-    try:
-        (outer / "tasks").mkdir()
-        (outer / "tasks" / "key.env").write_text("KEY=hunter2\n")
-        (outer / "module.py").write_text("seen\n")
-        subprocess.run(["chmod", "-R", "a+rX", str(outer)], check=True)
-        r = run(f"cat {outer}/module.py {outer}/tasks/key.env; ls {outer}/tasks", workdir, backend=backend,
-                readable=[outer], hide=[outer / "tasks"])
-        assert r.stdout == "seen\n" and "No such file" in r.stderr
-    finally:
-        subprocess.run(["rm", "-rf", "--", str(outer)], check=True)
+    r = run(f"cat {data_dir}/module.py {data_dir}/tasks/key.env; ls {data_dir}/tasks", workdir, backend=backend,
+            readable=[data_dir], hide=[data_dir / "tasks"])
+    assert r.stdout == "seen\n" and "No such file" in r.stderr
+
+
+async def test_pool_runs_take_readable_and_hide(workdir, data_dir):
+    """SandboxPool.run, what environments call, had no readable= or hide=: an env whose tests read a
+    data folder outside the system ones had no way to lend it."""
+    command = f"cat {data_dir}/module.py {data_dir}/tasks/key.env"
+    async with SandboxPool(max_concurrent=1) as pool:
+        unseen = await pool.run(command, workdir)
+        lent = await pool.run(command, workdir, readable=[data_dir], hide=[data_dir / "tasks"])
+    assert unseen.stdout == "" and lent.stdout == "seen\n" and "key.env: No such file" in lent.stderr
 
 
 def test_python_of_the_tests_is_usable(sandbox):
@@ -358,6 +372,14 @@ def test_cli_json_and_refusals(workdir, capsys):
     args = _cli("--timeout", "inf", "--workdir", str(workdir), "--", "true")  # was an OverflowError traceback
     assert args.func(args) == 2
     assert "wall_time_s must be positive and finite, got inf" in capsys.readouterr().err
+
+
+def test_the_cli_lends_readable_paths_and_hides_folders(workdir, data_dir, capsys):
+    args = _cli("--workdir", str(workdir), "--readable", str(data_dir), "--hide", str(data_dir / "tasks"),
+                "--", "cat", str(data_dir / "module.py"), str(data_dir / "tasks" / "key.env"))
+    assert args.func(args) == 1
+    out, err = capsys.readouterr()
+    assert out == "seen\n" and "key.env: No such file" in err
 
 
 def test_the_cli_builds_in_a_removed_folder(tmp_path, monkeypatch, capsys):
