@@ -13,7 +13,7 @@ import jsonschema
 import jsonschema_rs
 from pydantic import BaseModel, ConfigDict, Field
 
-from .yamlfile import too_deep
+from .yamlfile import LONE_SURROGATE, is_unicode, too_deep
 
 _FENCE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.DOTALL)
 
@@ -187,10 +187,8 @@ def parse_message(text: str, validator: jsonschema_rs.Validator) -> tuple[dict[s
     content, reason = extract_json(text)
     if content is None:
         return None, [reason or "no JSON object"]
-    try:  # a lone surrogate escape ("\\udcff") parses, but no tokenizer or UTF-8 file takes it
-        json.dumps(content, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        return content, ["a string holds a lone surrogate escape (\\ud800-\\udfff without its pair): not valid Unicode"]
+    if not is_unicode(json.dumps(content, ensure_ascii=False)):
+        return content, [f"a string holds {LONE_SURROGATE}"]
     if too_deep(content, MAX_DEPTH):
         return content, ["the reply's JSON is nested too deeply"]
     return content, validation_errors(validator, content)

@@ -68,13 +68,12 @@ def plain_copy(data: Any) -> Any:
     the tokenizer as a TypeError in every episode)."""
     try:
         text = json.dumps(data, default=_numpy_number, ensure_ascii=False)
-        text.encode("utf-8")
-        return json.loads(text)
-    except UnicodeEncodeError:
-        raise ValueError("text that is not valid Unicode (a lone surrogate: bytes the locale could not decode; "
-                         "run in a UTF-8 locale)") from None
     except (TypeError, ValueError) as exc:
         raise ValueError(f"not plain data (mappings, lists, strings, numbers): {exc}") from None
+    if not is_unicode(text):
+        raise ValueError("text that is not valid Unicode (a lone surrogate: bytes the locale could not decode; "
+                         "run in a UTF-8 locale)")
+    return json.loads(text)
 
 
 def _numpy_number(value: Any) -> Any:
@@ -179,11 +178,33 @@ def _index(node: yaml.Node, loc: Loc, doc: YamlDoc) -> None:
     if isinstance(node, yaml.MappingNode):
         for key, (key_node, value_node) in _pairs(node, loc, doc).items():
             doc.lines[loc + (key,)] = key_node.start_mark.line + 1
+            _check_unicode(key, key_node, loc + (key,), doc)
             _index(value_node, loc + (key,), doc)
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
             doc.lines[loc + (i,)] = item.start_mark.line + 1
             _index(item, loc + (i,), doc)
+    else:
+        _check_unicode(node.value, node, loc, doc)
+
+
+LONE_SURROGATE = "a lone surrogate escape (\\ud800-\\udfff without its pair): not valid Unicode"
+
+
+def is_unicode(text: str) -> bool:
+    """False for a string holding a lone surrogate: an escape (YAML's or JSON's "\\udcff") makes
+    one, and no tokenizer or UTF-8 file takes it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _check_unicode(text: str, node: yaml.Node, loc: Loc, doc: YamlDoc) -> None:
+    # it reached the writer of the run's config.yaml: a traceback after the recipe had loaded
+    if not is_unicode(text):
+        raise ConfigError(doc.path, node.start_mark.line + 1, format_loc(loc), LONE_SURROGATE)
 
 
 def _pairs(node: yaml.MappingNode, loc: Loc, doc: YamlDoc) -> dict[str, tuple[yaml.Node, yaml.Node]]:
@@ -250,6 +271,9 @@ def _parse_json(raw: str, path: Path, line: int) -> Any:
         raise ConfigError(path, line, "(json)", f"not valid JSON: {exc}") from None
     if deep:
         raise ConfigError(path, line, "(json)", f"nested deeper than {MAX_DEPTH} levels")
+    # the text is UTF-8, so only an escape makes a surrogate: the full check only for lines with one
+    if "\\u" in raw and not is_unicode(json.dumps(value, ensure_ascii=False)):
+        raise ConfigError(path, line, "(json)", LONE_SURROGATE)
     return value
 
 

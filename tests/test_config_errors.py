@@ -168,6 +168,12 @@ CASES = [
     ("tasks-jsonl-duplicate-key", lambda w: (replace_in(w / "team.yaml", 'tasks:\n  - {text: "the sea"}\n  - {text: "the sky"}', "tasks: tasks.jsonl"),
                                              write(w / "tasks.jsonl", '{"text": "the sea"}\n{"text": "the sky", "text": "the sun"}\n')),
      "tasks.jsonl", 2, "(json)", "not valid JSON: duplicate key 'text'"),
+    # a lone surrogate escape loaded, then writing the run's config.yaml raised UnicodeEncodeError
+    ("team-yaml-lone-surrogate", lambda w: replace_in(w / "team.yaml", '{text: "the sky"}', '{text: "the \\udcff sky"}'),
+     "team.yaml", 10, "tasks[1].text", "a lone surrogate escape (\\ud800-\\udfff without its pair)"),
+    ("tasks-jsonl-lone-surrogate", lambda w: (replace_in(w / "team.yaml", 'tasks:\n  - {text: "the sea"}\n  - {text: "the sky"}', "tasks: tasks.jsonl"),
+                                              write(w / "tasks.jsonl", '{"text": "the sea"}\n{"text": "the \\udcff sky"}\n')),
+     "tasks.jsonl", 2, "(json)", "a lone surrogate escape (\\ud800-\\udfff without its pair)"),
     ("tasks-jsonl-entry-not-mapping", lambda w: (replace_in(w / "team.yaml", 'tasks:\n  - {text: "the sea"}\n  - {text: "the sky"}', "tasks: tasks.jsonl"),
                                                  write(w / "tasks.jsonl", '{"text": "the sea"}\n\n["the sky"]\n')),
      "tasks.jsonl", 3, "(task)", "a task must be a mapping, not list"),
