@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 
 from .base import TMP, Backend, Layout, tool
+from .confine import CHAIN_TOOLS, missing_tools
 
 
 class BwrapBackend(Backend):
@@ -15,7 +16,7 @@ class BwrapBackend(Backend):
             return "bwrap is not installed (apt-get install bubblewrap)"
         if os.geteuid() != 0:
             return "needs root (to switch the child to a dedicated uid)"
-        return None
+        return missing_tools(CHAIN_TOOLS)
 
     def wrap(self, inner: list[str], layout: Layout) -> list[str]:
         argv = [

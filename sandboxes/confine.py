@@ -51,6 +51,17 @@ def lease_uid() -> Iterator[int]:
     raise SandboxUnavailable(f"all {UID_SLOTS} sandbox uids are in use")
 
 
+# The chain's tools (chown lends the workdir): a backend that lacks one is unavailable, said when
+# it is chosen (a pool fails at construction), not at each run.
+CHAIN_TOOLS = ("prlimit", "setpriv", "env", "chown")
+
+
+def missing_tools(names: tuple[str, ...]) -> str | None:
+    """``missing A, B`` for the tools of ``names`` not installed, else None."""
+    missing = [name for name in names if tool(name) is None]
+    return f"missing {', '.join(missing)}" if missing else None
+
+
 def _require(name: str) -> str:
     path = tool(name)
     if path is None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .base import Backend, Layout
+from .confine import missing_tools
 
 
 class NoneBackend(Backend):
@@ -9,7 +10,7 @@ class NoneBackend(Backend):
     isolating = False
 
     def available(self) -> str | None:
-        return None
+        return missing_tools(("prlimit", "env"))  # the limits, and the cleared environment
 
     def wrap(self, inner: list[str], layout: Layout) -> list[str]:
         return inner

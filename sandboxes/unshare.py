@@ -8,6 +8,7 @@ import shlex
 from pathlib import Path
 
 from .base import TMP, Backend, Layout, tool
+from .confine import CHAIN_TOOLS, missing_tools
 
 # An empty host directory; the mounts on it exist only inside each run's own mount
 # namespace, so concurrent runs share it safely.
@@ -19,9 +20,9 @@ class UnshareBackend(Backend):
     signal_as_exit_code = True
 
     def available(self) -> str | None:
-        missing = [t for t in ("unshare", "setpriv", "mount", "chroot") if tool(t) is None]
+        missing = missing_tools(("unshare", "mount", "chroot", *CHAIN_TOOLS))
         if missing:
-            return f"missing {', '.join(missing)}"
+            return missing
         if os.geteuid() != 0:
             return "needs root (to mount and to switch the child to a dedicated uid)"
         return None

@@ -42,6 +42,21 @@ def test_none_backend_is_refused_without_the_unsafe_flag(workdir):
     assert r.stdout.split() == ["bar", str(workdir)] and r.backend == "none"
 
 
+@pytest.mark.parametrize("backend", ["bwrap", "unshare", "none"])
+def test_a_backend_missing_a_tool_of_the_chain_is_unavailable(backend, monkeypatch):
+    """Without prlimit (or setpriv, env, chown) a backend was chosen, and a pool made, and every run
+    then failed with "prlimit not found"."""
+    from sandboxes import confine
+
+    monkeypatch.setattr(confine, "tool", lambda name: None if name == "prlimit" else f"/usr/bin/{name}")
+    monkeypatch.setattr("sandboxes.bwrap.tool", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr("sandboxes.unshare.tool", lambda name: f"/usr/bin/{name}")
+    with pytest.raises(SandboxUnavailable, match="unavailable: missing prlimit"):
+        select_backend(backend, allow_unsafe=True)
+    with pytest.raises(SandboxUnavailable, match="missing prlimit"):
+        SandboxPool(backend=backend, allow_unsafe=True)
+
+
 def test_faults_raise_clear_errors(tmp_path, workdir):
     with pytest.raises(SandboxUnavailable, match="unknown backend"):
         run(["true"], workdir, backend="docker")
