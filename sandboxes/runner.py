@@ -108,7 +108,7 @@ def run(
     command does (crash, timeout, OOM) comes back in the result. ``env`` adds to the
     minimal environment. The child sees the host's system folders (:data:`SYSTEM`) read-only, the
     running Python, ``readable`` paths and the workdir, and nothing else of the host; ``hide``
-    names folders inside the system ones it may not see (each replaced by an empty tmpfs).
+    names folders among those it may not see (each replaced by an empty tmpfs).
     """
     limits = limits or Limits()
     chosen = select_backend(backend, allow_unsafe=allow_unsafe)

@@ -104,16 +104,16 @@ def test_a_workdir_in_a_closed_folder_the_sandbox_does_not_see_is_reached(backen
         subprocess.run(["rm", "-rf", "--", str(closed)], check=True)
 
 
-@pytest.mark.parametrize("wd", ["/", "/tmp"])
-def test_a_workdir_holding_the_private_mounts_is_refused(backend, wd, monkeypatch):
+@pytest.mark.parametrize("wd, holds", [("/", "/tmp"), ("/tmp", "/tmp"), ("/usr", "/usr")])
+def test_a_workdir_holding_the_private_mounts_is_refused(backend, wd, holds, monkeypatch):
     """`rolecast sandbox run` in a container's cwd / lent the whole host to the sandbox's uid
-    (chown -R, chmod 0700 /) and bound it writable; /tmp lent every other run's files."""
+    (chown -R, chmod 0700 /) and bound it writable; /tmp lent every other run's files, /usr the system."""
 
     def lend(root, *args, **kw):
         raise AssertionError(f"{root} was lent")  # never let the old code chown the host
 
     monkeypatch.setattr(runner, "chown_tree", lend)
-    with pytest.raises(SandboxSetupError, match="contains /tmp"):
+    with pytest.raises(SandboxSetupError, match=f"contains {holds}"):
         run(["true"], wd, backend=backend)
 
 
