@@ -38,7 +38,9 @@ def vllm_engine(monkeypatch, tokenizer):
     fake_vllm.install(monkeypatch)
     from orchestrator.engines.vllm import VLLMEngine
 
-    return VLLMEngine("/models/base", tokenizer=tokenizer, max_loras=4, max_lora_rank=32)
+    engine = VLLMEngine("/models/base", tokenizer=tokenizer, max_loras=4, max_lora_rank=32)
+    yield engine
+    asyncio.run(engine.aclose())  # else each run of this file left its snapshot folders in /tmp
 
 
 def fake(engine) -> fake_vllm.AsyncLLMEngine:
@@ -275,6 +277,7 @@ def test_load_engine_sizes_vllms_lora_slots_for_the_ranks_it_will_serve(monkeypa
     adapters = {"coder": adapter_dir(tmp_path / "coder", 1.0, rank=adapter_rank)} if adapter_rank else None
     engine = load_engine(str(checkpoint_dir()), backend="vllm", adapters=adapters, lora_rank=lora_rank)
     assert fake(engine).args.max_lora_rank == engine_rank == engine.max_lora_rank
+    asyncio.run(engine.aclose())
 
 
 def test_a_rank_above_vllms_largest_is_one_line(monkeypatch, tmp_path):
@@ -354,7 +357,7 @@ async def test_remove_and_unknown_adapters_sample_the_base_model(vllm_engine, tm
 
 async def test_aclose_shuts_vllm_down_and_refuses_new_requests(vllm_engine):
     await vllm_engine.aclose()
-    assert fake(vllm_engine).shut
+    assert fake(vllm_engine).shut and not vllm_engine._snapshots.exists()
     with pytest.raises(RuntimeError, match="closed"):
         await vllm_engine.generate(req())
 
