@@ -38,6 +38,8 @@ from typing import Any
 
 import structlog
 
+from sandboxes.pool import scratch_root
+
 from .errors import RolecastError, WorkersLost
 from .transcript import EpisodeRecord
 
@@ -46,7 +48,6 @@ log = structlog.get_logger()
 # An episode whose worker dies is played again: this often beside the worker's other episodes (the
 # death may be another's doing), then this often with the worker to itself, where a death is its own.
 SHARED_TRIES, ALONE_TRIES = 2, 2
-FOLDER_PREFIX = "rolecast-worker-"
 
 
 @dataclass
@@ -78,8 +79,8 @@ class RolloutWorker:
         self.teams: dict[str, tuple[Any, dict]] = {}
         self.loaded: dict[str, int] = {}  # adapter -> driver version held
         self.driver_version: dict[tuple[str, int], int] = {}  # (adapter, engine version) -> driver version
-        remove_orphan_folders()
-        self.folder = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-"))
+        # in the process's scratch: a worker Ray kills leaves it behind, for the next one to remove
+        self.folder = Path(tempfile.mkdtemp(prefix="worker-", dir=scratch_root()))
 
     def bind(self, key: str, team: Any, overrides: dict) -> None:
         from .rollout import build_policies
@@ -127,25 +128,6 @@ class RolloutWorker:
 
     def remove_folder(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
-
-
-def remove_orphan_folders(parent: str | None = None) -> None:
-    """Remove the adapter folders of this node's workers that died (a worker Ray kills, or one that
-    crashed, leaves its folder behind): each folder's name holds its worker's process id."""
-    for folder in Path(parent or tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*-*"):
-        pid = folder.name.removeprefix(FOLDER_PREFIX).split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(folder, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def check_reachable(address: str, timeout_s: float = 5.0) -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import functools
 import os
 import shutil
@@ -37,10 +38,51 @@ def remove_tree(path: str | os.PathLike[str]) -> None:
     subprocess.run([str(tool("rm")), "-rf", "--", str(path)])
 
 
+SCRATCH_PREFIX = "rolecast-scratch-"
+_scratch: dict[tuple[int, str], Path] = {}
+
+
+def scratch_root() -> Path:
+    """This process's folder for temporary work (``$TMPDIR/rolecast-scratch-<pid namespace>-<pid>``,
+    0711), removed at exit. A process killed before it could clean up (SIGKILL, the OOM killer, a
+    Ray worker killed) left its workdirs and repo copies in $TMPDIR for good: the next process to
+    make its own removes those of the processes of its pid namespace that are gone."""
+    pid, parent = os.getpid(), tempfile.gettempdir()
+    path = _scratch.get((pid, parent))
+    if path is None or not path.is_dir():  # first use here, or removed under us
+        namespace = os.stat("/proc/self/ns/pid").st_ino  # a pid means nothing in another container
+        for folder in Path(parent).glob(f"{SCRATCH_PREFIX}{namespace}-*"):
+            owner = folder.name.rsplit("-", 1)[1]
+            if owner.isdigit() and not _alive(int(owner)):
+                remove_tree(folder)
+        if path is None:
+            path = _scratch[pid, parent] = Path(parent) / f"{SCRATCH_PREFIX}{namespace}-{pid}"
+            atexit.register(_remove_own, path, pid)
+        path.mkdir(exist_ok=True)
+        path.chmod(0o711)
+    return path
+
+
+def _remove_own(path: Path, pid: int) -> None:
+    if os.getpid() == pid:  # a forked child inherits the handler, not the folder
+        remove_tree(path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def new_temporary_dir(prefix: str, dir: str | os.PathLike[str] | None = None) -> Path:
-    """``tempfile.mkdtemp``, but searchable by others (0711, not listable): a sandbox's uid must pass
-    through it to a workdir inside. mkdtemp's 0700 failed every run outside /tmp (TMPDIR=/var/tmp)."""
-    path = Path(tempfile.mkdtemp(prefix=prefix, dir=dir))
+    """``tempfile.mkdtemp`` in ``dir`` (default: :func:`scratch_root`), but searchable by others
+    (0711, not listable): a sandbox's uid must pass through it to a workdir inside. mkdtemp's 0700
+    failed every run outside /tmp (TMPDIR=/var/tmp)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=dir or scratch_root()))
     path.chmod(0o711)
     return path
 
@@ -74,9 +116,7 @@ class SandboxPool:
         self.backend = select_backend(backend, allow_unsafe=allow_unsafe).name  # fail early
         self.limits = limits or Limits()
         self.allow_unsafe = allow_unsafe
-        # Under /tmp by default: the sandbox mounts its own /tmp, so the copies' host
-        # ancestors never need to be searchable by the sandbox uids.
-        self.scratch_dir = Path(scratch_dir or Path(tempfile.gettempdir()) / "rolecast-episodes")
+        self.scratch_dir = Path(scratch_dir) if scratch_dir else None  # None: scratch_root()
         self._executor = ThreadPoolExecutor(self.max_concurrent, thread_name_prefix="sandbox")
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
@@ -104,7 +144,8 @@ class SandboxPool:
     @asynccontextmanager
     async def episode(self, repo: str | os.PathLike[str]) -> AsyncIterator[Path]:
         """A private copy of ``repo`` for one episode (:func:`copy_private`), deleted on exit."""
-        self.scratch_dir.mkdir(parents=True, exist_ok=True)
+        if self.scratch_dir:
+            self.scratch_dir.mkdir(parents=True, exist_ok=True)
         dest = new_temporary_dir("episode-", self.scratch_dir)
         try:
             # cancelled mid-copy, the removal below raced the copy's thread and left the copy behind

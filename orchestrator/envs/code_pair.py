@@ -24,14 +24,12 @@ import ast
 import asyncio
 import json
 import sys
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from pydantic import Field, StrictStr, field_validator, model_validator
 
 from sandboxes import Limits, shared_pool
-from sandboxes.pool import remove_tree
+from sandboxes.pool import new_temporary_dir, remove_tree
 
 from ..config import SandboxOptions
 from ..messages import Message
@@ -149,7 +147,7 @@ class CodePairEnv(Env):
         tests = self.task["tests"]
         job = {"code": code, "inputs": [given for given, _ in tests]}
         box = self.config.sandbox
-        workdir = Path(tempfile.mkdtemp(prefix="rolecast-code-pair-"))
+        workdir = new_temporary_dir("rolecast-code-pair-")
         try:
             (workdir / "job.json").write_text(json.dumps(job))
             (workdir / "check.py").write_text(CHECKER)

@@ -139,7 +139,7 @@ def test_a_function_that_nests_folders_deep_is_scored_and_cleaned_up(tmp_path, m
     deep = "[(o.mkdir('d'),o.chdir('d'))for o in[__import__('os')]*3000]"
     ep = episode(tmp_path, {**PLUS3, "tests": PLUS3["tests"][:1]}, {"example": "f(1) == 4"}, code(deep))
     assert ep.outcome["passed"] == 0 and ep.rewards["coder"] == 0.0
-    assert not list(tmp_path.glob("rolecast-code-pair-*"))
+    assert not list(tmp_path.rglob("rolecast-code-pair-*"))
 
 
 def test_tasks_need_a_spec_a_reference_and_tests(tmp_path):

@@ -268,8 +268,11 @@ async def test_pool_bounds_concurrency_and_isolates_episodes(tmp_path):
     (repo / "state.txt").write_text("clean\n")
     async with SandboxPool(max_concurrent=2, limits=Limits(wall_time_s=5)) as pool:
 
+        copies = []
+
         async def episode(i: int) -> tuple[str, float, float]:
             async with pool.episode(repo) as wd:
+                copies.append(wd)
                 start = time.monotonic()
                 r = await pool.run(f"cat state.txt; echo dirty-{i} >> state.txt; sleep 0.4", wd)
                 return r.stdout, start, time.monotonic()
@@ -277,7 +280,8 @@ async def test_pool_bounds_concurrency_and_isolates_episodes(tmp_path):
         results = await asyncio.gather(*(episode(i) for i in range(4)))
     assert [out for out, _, _ in results] == ["clean\n"] * 4  # no episode saw another's write
     assert (repo / "state.txt").read_text() == "clean\n"
-    assert list(pool.scratch_dir.iterdir()) == []  # copies removed
+    assert [wd.parent.parent for wd in copies] == [pool_module.scratch_root()] * 4  # the process's scratch
+    assert not any(wd.parent.exists() for wd in copies)  # copies removed
     # Four 0.4 s runs two at a time take at least two rounds.
     assert max(end for _, _, end in results) - min(start for _, start, _ in results) >= 0.8
 
@@ -300,6 +304,24 @@ async def test_an_episode_outside_tmp_runs_and_stays_private(tmp_path):
         subprocess.run(["rm", "-rf", "--", str(scratch)], check=True)
     assert mine.stdout == "clean\n"
     assert peek.exit_code != 0 and "clean" not in peek.stdout and "repo" not in peek.stdout
+
+
+def test_the_scratch_of_a_killed_process_is_removed_by_the_next(tmp_path, monkeypatch):
+    """A process SIGKILLed (the OOM killer, a Ray worker killed) left its code_pair workdirs, repo
+    copies and worker adapter folders in $TMPDIR for good; a process that ends removes its own."""
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    make = "from sandboxes.pool import new_temporary_dir as new; print(new('rolecast-code-pair-'), flush=True)"
+    victim = subprocess.run([sys.executable, "-c", f"{make}; import os; os.kill(os.getpid(), 9)"],
+                            capture_output=True, text=True, env=env)
+    left = Path(victim.stdout.strip())
+    assert victim.returncode == -9 and left.is_dir() and left.parent.name.startswith("rolecast-scratch-")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    mine, other = pool_module.scratch_root(), tmp_path / "rolecast-scratch-of-another"
+    other.mkdir()
+    ended = subprocess.run([sys.executable, "-c", make], capture_output=True, text=True, env=env)
+    assert ended.returncode == 0, ended.stderr
+    assert not left.parent.exists() and not Path(ended.stdout.strip()).parent.exists()  # at its exit
+    assert mine.is_dir() and other.is_dir()  # a live process's, and what is none of ours
 
 
 async def test_an_episode_deletes_a_deep_tree(tmp_path):
