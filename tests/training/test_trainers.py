@@ -80,6 +80,8 @@ def test_mgrpo_gives_every_role_the_team_advantage():
     per_role = trainer("m-grpo", baseline="per_role").advantages(rewards)
     assert [e["pro"] for e in per_role[0]] == pytest.approx([1 / 3, -2 / 3, 1 / 3])
     assert [e["con"] for e in per_role[0]] == pytest.approx([-1 / 3, -1 / 3, 2 / 3])
+    judged = trainer("m-grpo", team_reward_role="con").advantages(rewards)  # con's reward is the team's
+    assert [e["pro"] for e in judged[0]] == [e["con"] for e in judged[0]] == pytest.approx([-1 / 3, -1 / 3, 2 / 3])
 
 
 def test_mgrpo_global_pools_every_role_and_per_role_scales_each_role_by_its_own_std():
