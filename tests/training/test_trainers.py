@@ -94,6 +94,9 @@ def test_mgrpo_global_pools_every_role_and_per_role_scales_each_role_by_its_own_
     agent_wise = trainer("m-grpo", baseline="per_role", scale_std=True).advantages(rewards)
     for role in ("pro", "con"):
         assert [e[role] for e in agent_wise[0]] == pytest.approx([1.0, -1.0], rel=1e-4)
+    scaled = trainer("m-grpo", baseline="global", scale_std=True).advantages(rewards)
+    std = ((0.725**2 + 0.175**2 + 2 * 0.275**2) / 4) ** 0.5  # the population std of the four pooled rewards
+    assert [e["con"] for e in scaled[0]] == pytest.approx([-0.175 / std, -0.275 / std], rel=1e-4)
 
 
 def test_freeze_rotate_schedule():
