@@ -34,9 +34,9 @@ def test_attempts_without_tokens_are_counted_not_trained():
 
 
 def test_attempts_sampled_by_an_adapter_older_than_the_bound_are_dropped():
-    old, new = attempt([1, 2], [3], [-1.0]), attempt([7, 8], [9], [-2.0])
-    old.adapter_version, new.adapter_version = 3, 5
+    old, at_bound, new = attempt([1, 2], [3], [-1.0]), attempt([4, 5], [6], [-1.5]), attempt([7, 8], [9], [-2.0])
+    old.adapter_version, at_bound.adapter_version, new.adapter_version = 3, 4, 5
     opts = DatumBuildOptions(min_version=4)
-    (d,) = role_datums(episode(("p", [old]), ("p", [new])), "p", 1.0, opts)
-    assert d.loss_fn_inputs["target_tokens"] == [8, 9] and opts.stats["stale"] == 1
-    assert opts.versions == [5]  # the versions of what trains: the loop's staleness metric averages their lags
+    kept = role_datums(episode(("p", [old]), ("p", [at_bound]), ("p", [new])), "p", 1.0, opts)
+    assert [d.loss_fn_inputs["target_tokens"] for d in kept] == [[5, 6], [8, 9]] and opts.stats["stale"] == 1
+    assert opts.versions == [4, 5]  # the versions of what trains: the loop's staleness metric averages their lags
