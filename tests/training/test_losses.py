@@ -298,8 +298,20 @@ def test_a_call_with_no_action_tokens_leaves_the_per_token_means_out(service):
 
 def test_kl_to_base_is_zero_for_a_fresh_adapter(service):
     c = service.create_lora_training_client("kl", LoraConfig(rank=4))
-    out = c.forward([datum()], "importance_sampling", {"kl_coef": 0.1}).result()
-    assert out.metrics["kl"] == pytest.approx(0.0, abs=1e-6)  # B = 0: the adapter is the base model
+    for temperature in (1.0, 0.7):  # the base's logprobs at the sampling temperature too
+        out = c.forward([datum()], "importance_sampling", {"kl_coef": 0.1, "temperature": temperature}).result()
+        assert out.metrics["kl"] == pytest.approx(0.0, abs=1e-6)  # B = 0: the adapter is the base model
+
+
+def test_the_kl_penalty_adds_beta_times_the_kl_it_reports(service):
+    """An adapter moved off the base: the loss is the plain loss plus kl_coef x the summed k3
+    terms (token-sum), and the KL is to the base model's logprobs, not the adapter's own."""
+    c = service.create_lora_training_client("kl_moved", LoraConfig(rank=4))
+    c.perturb(0.5, 0).result()
+    plain = c.forward([datum()], "importance_sampling").result().metrics
+    penalised = c.forward([datum()], "importance_sampling", {"kl_coef": 0.5}).result().metrics
+    assert penalised["kl"] > 1e-3
+    assert penalised["loss"] == pytest.approx(plain["loss"] + 0.5 * penalised["kl"] * plain["tokens"], rel=1e-4)
 
 
 def test_the_entropy_bonus_raises_the_entropy_it_reports(service):
