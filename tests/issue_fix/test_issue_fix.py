@@ -480,7 +480,8 @@ def test_graded_paths_are_source_modules_only():
     task = load_task(SLUG)
     assert graded_path(task, "textkit/slug.py") and graded_path(task, "textkit/new_helper.py")
     for rel in ("conftest.py", "textkit/conftest.py", "pytest.ini", "tests/test_slug.py", "tests/helpers.py",
-                "tests/hidden/test_hidden_slug.py", "pytest.py", "textkit/test_x.py", "setup.cfg", "notes.txt"):
+                "tests/hidden/test_hidden_slug.py", "pytest.py", "textkit/test_x.py", "textkit/x_test.py", "setup.cfg",
+                "notes.txt"):
         assert not graded_path(task, rel), rel
 
 
