@@ -670,7 +670,8 @@ def test_a_junit_report_over_a_megabyte_is_read_whole(tmp_path):
 
 def test_made_up_tests_in_the_report_earn_nothing(tmp_path):
     """Code under test can add made-up tests to the report (at exit, over pytest's): each counted
-    as a passed hidden test, so 200 of them scored 0.98 with every real hidden test failing."""
+    as a passed hidden test, so 200 of them scored 0.98 with every real hidden test failing. A
+    name that only starts with a hidden test's (``test_x_too`` beside ``test_x``) is made up too."""
     task = load_task(SLUG)
     work = copy_repo(task, tmp_path / "repo")
     hidden = task.hidden_test_ids()
@@ -712,6 +713,7 @@ def test_a_report_a_graded_module_writes_at_exit_is_not_taken(tmp_path):
 
 
 def test_a_writer_the_run_left_behind_does_not_hold_up_grading(tmp_path):
+    cases += "".join(case.format(tid.split("::")[1] + "_too", "") for tid in hidden)
     """A detached process that the run left writing to the report for ever (the unsandboxed
     runners kill only the run's process group) kept grading reading it for ever."""
     import threading
