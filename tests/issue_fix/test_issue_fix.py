@@ -668,6 +668,24 @@ def test_a_junit_report_over_a_megabyte_is_read_whole(tmp_path):
     assert not g.crashed and g.failed_ids == [hidden]
 
 
+def test_a_tests_first_failure_is_the_one_kept(tmp_path):
+    """A failing test whose teardown errors too is two entries of one id in the report; neither
+    the second nor a later passing entry of the same id stands in for the failure."""
+    task = load_task(SLUG)
+    work = copy_repo(task, tmp_path / "repo")
+    hidden = "tests/hidden/test_hidden_slug.py::test_x"
+    case = '<testcase file="tests/hidden/test_hidden_slug.py" name="test_x">{}</testcase>'
+    report = "<testsuite>" + "".join(case.format(c) for c in ('<failure message="in call"/>',
+                                                              '<error message="in teardown"/>', "")) + "</testsuite>"
+
+    def runner(argv, workdir, timeout_s):
+        (workdir / REPORT_FILE).write_text(report)
+        return RunOutcome(1, "", "")
+
+    g = run_tests(task, work, runner, ["tests"], [hidden])
+    assert not g.crashed and [(o.id, o.status, o.message) for o in g.outcomes] == [(hidden, "failed", "in call")]
+
+
 def test_made_up_tests_in_the_report_earn_nothing(tmp_path):
     """Code under test can add made-up tests to the report (at exit, over pytest's): each counted
     as a passed hidden test, so 200 of them scored 0.98 with every real hidden test failing. A
@@ -678,6 +696,7 @@ def test_made_up_tests_in_the_report_earn_nothing(tmp_path):
     case = '<testcase file="tests/hidden/test_hidden_slug.py" name="{}">{}</testcase>'
     cases = "".join(case.format(tid.split("::")[1], '<failure message="no"/>') for tid in hidden)
     cases += "".join(case.format(f"test_made_up_{i}", "") for i in range(200))
+    cases += "".join(case.format(tid.split("::")[1] + "_too", "") for tid in hidden)
 
     def runner(argv, workdir, timeout_s):
         (workdir / REPORT_FILE).write_text(f"<testsuite>{cases}</testsuite>")
@@ -713,7 +732,6 @@ def test_a_report_a_graded_module_writes_at_exit_is_not_taken(tmp_path):
 
 
 def test_a_writer_the_run_left_behind_does_not_hold_up_grading(tmp_path):
-    cases += "".join(case.format(tid.split("::")[1] + "_too", "") for tid in hidden)
     """A detached process that the run left writing to the report for ever (the unsandboxed
     runners kill only the run's process group) kept grading reading it for ever."""
     import threading
