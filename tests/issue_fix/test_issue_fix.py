@@ -686,6 +686,23 @@ def test_a_tests_first_failure_is_the_one_kept(tmp_path):
     assert not g.crashed and [(o.id, o.status, o.message) for o in g.outcomes] == [(hidden, "failed", "in call")]
 
 
+def test_a_hidden_test_the_report_leaves_out_counts_as_not_run(tmp_path):
+    """A report of one hidden test's pass, the others unreported: a grade over that one alone
+    would be 1.0."""
+    task = load_task(SLUG)
+    work = copy_repo(task, tmp_path / "repo")
+    first, *rest = hidden = task.hidden_test_ids()
+    report = f'<testsuite><testcase file="tests/hidden/test_hidden_slug.py" name="{first.split("::")[1]}"/></testsuite>'
+
+    def runner(argv, workdir, timeout_s):
+        (workdir / REPORT_FILE).write_text(report)
+        return RunOutcome(0, "", "")
+
+    g = run_tests(task, work, runner, ["tests"], hidden)
+    assert rest and not g.crashed and g.passed == 1 and g.total == len(hidden) and g.failed_ids == rest
+    assert {o.message for o in g.outcomes if not o.ok} == {"not run"}
+
+
 def test_made_up_tests_in_the_report_earn_nothing(tmp_path):
     """Code under test can add made-up tests to the report (at exit, over pytest's): each counted
     as a passed hidden test, so 200 of them scored 0.98 with every real hidden test failing. A
