@@ -93,6 +93,16 @@ def test_garbage_policy_is_retried_penalised_and_recorded(tmp_path):
     assert saved[0]["turns"][1]["penalty"] == -1.0 and saved[0]["turns"][1]["retries"] == 2
 
 
+def test_a_turn_valid_on_its_retry_costs_no_penalty(tmp_path):
+    team = load_team(ROOT / "recipes/debate.yaml")
+    policies = build_policies(team, stub_all(team), no_engine)
+    policies["con"] = PythonPolicy(lambda r: garbage(r) if r.attempt == 0 else '{"argument": "It hurts."}')
+    result = asyncio.run(run_team(team, policies, RunOptions(episodes=1, seed=1, out_dir=tmp_path, progress=False)))
+    con_turns = [t for t in result.episodes[0].turns if t.role == "con"]
+    assert [(t.valid, t.retries, t.penalty) for t in con_turns] == [(True, 1, 0.0)] * 2
+    assert result.episodes[0].rewards["con"] == 0.0  # no penalty; the stub judge names no winner
+
+
 def test_a_reply_with_a_lone_surrogate_is_written_and_read_back(tmp_path):
     # a Python policy's text (os.fsdecode of a file name) or a server's "\\udcff": no UTF-8 holds it
     team = load_team(ROOT / "recipes/debate.yaml")
