@@ -66,6 +66,9 @@ def test_three_cycles_and_ratings_of_a_cyclic_and_a_transitive_population():
     r = {n: ranked["ratings"][n]["elo"] for n in ("weak", "mid", "strong")}
     assert r["strong"] > r["mid"] > r["weak"] and sum(r.values()) == pytest.approx(3000.0)
     assert ranked["non_transitivity"]["cyclic_triads"] == 0
+    # a triad with a drawn pair is not decided: it could be no cycle whatever the draw hid
+    drawn = {"a": {"a": None, "b": 0.5, "c": 1.0}, "b": {"a": 0.5, "b": None, "c": 1.0}, "c": {"a": 0.0, "b": 0.0, "c": None}}
+    assert three_cycles(["a", "b", "c"], drawn) == ([], 0)
     lo, hi = ranked["ratings"]["strong"]["ci95"]
     assert lo <= r["strong"] <= hi
 
