@@ -73,6 +73,12 @@ class OpenAIPolicy:
         self.send_response_format = True  # until the server rejects it
 
     async def __call__(self, request: PolicyRequest) -> PolicyOutput:
+        try:
+            return await self._reply(request)
+        except PolicyError as exc:  # roles may share a server: the episode's error says whose, as the engine policy's does
+            raise PolicyError(f"role {request.role!r}, turn {request.turn}: {exc}") from None
+
+    async def _reply(self, request: PolicyRequest) -> PolicyOutput:
         s = request.sampling
         body = {"model": self.model, "messages": request.messages, "temperature": s.temperature, "top_p": s.top_p,
                 "max_tokens": s.max_tokens, "seed": request.seed}

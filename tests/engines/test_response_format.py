@@ -193,6 +193,15 @@ async def test_a_broken_response_is_a_policy_error_naming_the_server(raw):
             await OpenAIPolicy(f"base@{url}")(policy_request())
 
 
+async def test_a_failed_request_names_the_role_and_its_turn():
+    """Every role bound to one server failed as that server's "HTTP 429": which role's request
+    it was, the episode's error did not say (the engine policy's errors do)."""
+    raw = b'HTTP/1.1 429 Too Many Requests\r\nContent-Length: 2\r\n\r\n{}'
+    async with answering(raw) as url:
+        with pytest.raises(PolicyError, match=f"^role 'judge', turn 0: {re.escape(url)}: HTTP 429"):
+            await OpenAIPolicy(f"base@{url}")(policy_request(role="judge"))
+
+
 @pytest.mark.parametrize("code", [301, 302, 307])
 async def test_a_redirect_is_an_error_and_the_api_key_stays_home(monkeypatch, code):
     # followed, a 301/302 sent the key to the other host, and the chat as a GET without its body
