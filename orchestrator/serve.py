@@ -97,6 +97,8 @@ class ChatServer:
 
     async def chat(self, req: dict[str, Any]) -> dict[str, Any]:
         model = req.get("model")
+        if not isinstance(model, str):  # no name at all is the request's fault (400, as OpenAI), not a 404
+            raise HTTPError(400, f"model must be the name of one of: {', '.join(self.models())}; got {model!r}")
         if model not in self.models():
             raise HTTPError(404, f"model {model!r} not found; available: {', '.join(self.models())}", "not_found")
         messages = req.get("messages")

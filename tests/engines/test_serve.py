@@ -107,6 +107,20 @@ def test_errors_are_json(server):
     assert status == 400 and "surrogate" in data["error"]["message"], data
 
 
+@pytest.mark.parametrize("body", [{}, {"model": None}, {"model": ["base"]}], ids=["missing", "null", "a-list"])
+def test_a_request_without_a_model_name_is_a_400(body):
+    """It was a 404 "model None not found" (OpenAI's SDK raises NotFoundError): OpenAI answers a
+    request that names no model with a 400."""
+    from orchestrator.serve import ChatServer, HTTPError
+
+    class NoEngine:
+        versions: dict = {}
+
+    with pytest.raises(HTTPError, match="model must be the name of one of: base, tiny") as caught:
+        asyncio.run(ChatServer(NoEngine(), "tiny").chat({**body, "messages": [{"role": "user", "content": "hi"}]}))
+    assert caught.value.status == 400
+
+
 def test_response_format_json_schema_is_accepted_and_checked(server):
     schema = {"type": "object", "properties": {"winner": {"type": "string"}}, "required": ["winner"]}
     fmt = {"type": "json_schema", "json_schema": {"name": "judge", "schema": schema, "strict": True}}
