@@ -34,9 +34,9 @@ MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 
 
 class HTTPError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error"):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None):
         super().__init__(message)
-        self.status, self.message, self.kind = status, message, kind
+        self.status, self.message, self.kind, self.code = status, message, kind, code
 
 
 class ClientGone(Exception):
@@ -71,7 +71,7 @@ class ChatServer:
             writer.close()
             return
         except HTTPError as exc:
-            status, payload = exc.status, {"error": {"message": exc.message, "type": exc.kind}}
+            status, payload = exc.status, {"error": {"message": exc.message, "type": exc.kind, "code": exc.code}}
         except asyncio.TimeoutError:
             status, payload = 408, {"error": {"message": "request timed out", "type": "timeout"}}
         except Exception as exc:  # a bug must not take the server down
@@ -131,7 +131,7 @@ class ChatServer:
         limit = getattr(self.engine, "context_length", None)
         if limit is not None and len(prompt) >= limit:  # said so, not as a max_tokens the client never sent
             raise HTTPError(400, f"the prompt ({len(prompt)} tokens) leaves no room for a reply in the model's "
-                                 f"context of {limit} tokens", "context_length_exceeded")
+                                 f"context of {limit} tokens", code="context_length_exceeded")
         max_tokens = given.get("max_tokens", given.get("max_completion_tokens"))
         if max_tokens is None:  # unasked: 256, or the room the prompt leaves (a 400 about a max_tokens never sent)
             max_tokens = 256 if limit is None else min(256, limit - len(prompt))
@@ -146,7 +146,7 @@ class ChatServer:
         schema = response_schema(req.get("response_format"))
         if limit is not None and len(prompt) + sampling.max_tokens > limit:
             raise HTTPError(400, f"the prompt ({len(prompt)} tokens) and max_tokens ({sampling.max_tokens}) exceed "
-                                 f"the model's context of {limit} tokens", "context_length_exceeded")
+                                 f"the model's context of {limit} tokens", code="context_length_exceeded")
         adapter = None if model in ("base", self.model_name) else model
         request = GenerationRequest(tuple(prompt), sampling, adapter, json_schema=schema)
         try:

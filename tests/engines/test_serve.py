@@ -242,9 +242,17 @@ def test_a_prompt_that_fills_the_context_is_refused_as_such(server):
     body = chat("base", messages=[{"role": "user", "content": " hello" * 2100}])
     del body["max_tokens"]
     status, data = call(server, "/chat/completions", body)
-    assert status == 400 and data["error"]["type"] == "context_length_exceeded", data
+    assert status == 400 and data["error"]["code"] == "context_length_exceeded", data
     assert re.fullmatch(r"the prompt \(\d+ tokens\) leaves no room for a reply in the model's context of 2048 tokens",
                         data["error"]["message"])
+
+
+def test_a_reply_past_the_context_is_refused_in_openais_error_shape(server):
+    """OpenAI's error says context_length_exceeded as its code, type invalid_request_error: said as
+    the type, with no code, a client that checks the code (openai's BadRequestError.code) missed it."""
+    status, data = call(server, "/chat/completions", chat("base", max_tokens=4000))
+    assert status == 400 and data["error"]["type"] == "invalid_request_error", data
+    assert data["error"]["code"] == "context_length_exceeded" and "exceed the model's context" in data["error"]["message"]
 
 
 def test_null_sampling_values_are_the_defaults(server):
