@@ -19,11 +19,15 @@ SAFE_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 def write_atomic(path: Path, text: str) -> None:
     """``path`` holds ``text`` or what it held before, whenever the process dies."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk's half copy: it would hold the room the user makes for a retry
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_yaml(path: Path, data: Any) -> None:
