@@ -2,7 +2,10 @@
 atomic replacement, durable directories, and a clear error for a file damaged since."""
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
@@ -14,13 +17,27 @@ T = TypeVar("T")
 # loaded 2-core machine, 2.6 s and 5.9 s in C
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 SAFE_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+# the disk saying no: full, over quota, remounted read-only, past the file size limit (cli.main
+# says which file in one line)
+DISK_FAULTS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG})
+
+
+@contextlib.contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """An OSError of the block that names no file (a write's or a flush's: a full disk) names ``path``."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is None:
+            exc.filename = str(path)
+        raise
 
 
 def write_atomic(path: Path, text: str) -> None:
     """``path`` holds ``text`` or what it held before, whenever the process dies."""
     tmp = path.with_name(f".{path.name}.tmp")
     try:
-        with open(tmp, "w", encoding="utf-8") as fh:
+        with writing(path), open(tmp, "w", encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())

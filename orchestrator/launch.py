@@ -17,6 +17,7 @@ from typing import Any
 
 from .engines.load import BACKENDS
 from .errors import RolecastError
+from .files import writing
 from .policies.binding import Binding, parse_binding
 from .registry import default_registry
 
@@ -201,8 +202,9 @@ def claimed(out: Path) -> Iterator[None]:
                 break
         os.close(fd)  # locked a file its holder removed as it let go: lock the one at the path now
     try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        with writing(lock):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield
     finally:
         with contextlib.suppress(FileNotFoundError):

@@ -35,7 +35,7 @@ from .policies.python import PythonPolicy
 from .policies.replay import ReplayPolicy
 from .registry import Registry, default_registry
 from .team import Team
-from .files import write_atomic, write_yaml
+from .files import write_atomic, write_yaml, writing
 from .training.plugin_faults import said_as
 from .transcript import EpisodeRecord
 
@@ -169,8 +169,9 @@ async def run_team(team: Team, policies: Mapping[str, Policy], options: RunOptio
         if kept is not None:
             kept.append(record)
         offsets[index] = transcripts.tell()
-        transcripts.write((record.dumps() + "\n").encode("utf-8"))
-        transcripts.flush()
+        with writing(path):
+            transcripts.write((record.dumps() + "\n").encode("utf-8"))
+            transcripts.flush()
         progress.advance(bar)
 
     async def lane() -> None:
@@ -186,7 +187,8 @@ async def run_team(team: Team, policies: Mapping[str, Policy], options: RunOptio
         for task in lanes:
             task.cancel()
         await asyncio.gather(*lanes, return_exceptions=True)
-        transcripts.close()
+        with writing(path):  # what a full disk refused is still in its buffer
+            transcripts.close()
     if kept is not None:
         kept.sort(key=lambda r: r.index)
     summary = tally.summary(time.perf_counter() - started)

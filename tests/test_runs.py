@@ -501,6 +501,33 @@ def test_a_run_where_every_episode_fails_exits_1_with_the_error(cli, tmp_path):
     assert (tmp_path / "run" / "transcripts.jsonl").read_bytes() == before
 
 
+@pytest.fixture
+def small_disk(tmp_path):
+    """A folder on a 64 KB tmpfs with 16 KB of it free (only root can mount one: skipped elsewhere)."""
+    folder = tmp_path / "disk"
+    folder.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", folder],
+                                           capture_output=True).returncode:
+        pytest.skip("mounting a small tmpfs needs root")
+    try:
+        (folder / "fill").write_bytes(bytes(48 * 1024))
+        yield folder
+    finally:
+        subprocess.run(["umount", folder], check=True)
+
+
+def test_a_disk_that_fills_up_during_a_run_is_one_line_naming_the_file(cli, small_disk):
+    # a traceback from the transcripts' flush (or the lock file's write, on a disk already full)
+    code, _, err = cli("run", ROOT / "recipes/guess_number.yaml", "--policy", "guesser=python:json:loads",
+                       "--episodes", "300", "--no-progress", "--out", small_disk / "run")
+    assert (code, err.splitlines()[-1]) == (1, f"rolecast: {small_disk / 'run' / 'transcripts.jsonl'}: No space left on device")
+    with pytest.raises(OSError), open(small_disk / "more", "wb") as fh:  # the last blocks too
+        fh.write(bytes(64 * 1024))
+    code, _, err = cli("run", ROOT / "recipes/guess_number.yaml", "--episodes", "2", "--out", small_disk / "next")
+    assert (code, err.strip()) == (1, f"rolecast: {small_disk / 'next' / '.rolecast.lock'}: No space left on device")
+    assert not (small_disk / "next").exists()
+
+
 def test_an_empty_out_is_refused_not_the_current_folder(cli, capsys, tmp_path, monkeypatch):
     """``--out "$RUN"`` with RUN unset: Path("") is ".", and the run's files went among the user's."""
     monkeypatch.chdir(tmp_path)

@@ -1,7 +1,8 @@
 """The ``rolecast`` command line: one module per command, flags they share in ``flags.py``.
 
 A user's mistake (bad YAML, unknown role, bad binding) is one line on stderr (a JSON line with
-``--log-json``) and exit code 2; ``--debug`` shows the traceback instead. Ctrl-C stops a command
+``--log-json``) and exit code 2; ``--debug`` shows the traceback instead. A disk that refuses a write (full, read-only) is one
+line naming the file, and exit code 1. Ctrl-C stops a command
 with exit code 130, SIGTERM with 143, each after the clean-up that ``finally`` blocks do;
 ``serve`` alone exits 0, as a server told to stop has done its job. Plugins add commands through
 the ``register_commands`` hook (``hookspecs.py``).
@@ -20,6 +21,7 @@ from collections.abc import Iterator
 
 from .. import logs
 from ..errors import EXIT_USAGE, ConfigError, RolecastError
+from ..files import DISK_FAULTS
 from ..registry import default_registry
 
 COMMANDS = ("validate", "run", "train", "compare", "eval", "report", "serve", "plugins", "tasks", "sandbox")
@@ -51,6 +53,12 @@ def main(argv: list[str] | None = None) -> int:
         # Python's own flush at exit would fail on the closed pipe again, with a message.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + signal.SIGPIPE
+    except OSError as exc:
+        if args.debug or exc.errno not in DISK_FAULTS:
+            raise
+        # a full or read-only disk is no bug of ours: which file, and why, as rolecast's other errors
+        logs.say(f"rolecast: {f'{exc.filename}: ' if exc.filename else ''}{exc.strerror}", "error")
+        return 1
 
 
 def printable_stdout() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import structlog
 
 from ..errors import RolecastError
-from ..files import write_atomic
+from ..files import write_atomic, writing
 
 log = structlog.get_logger()
 
@@ -46,7 +46,7 @@ class MetricsWriter:
 
     def write(self, row: dict[str, Any]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as fh:
+        with writing(self.path), open(self.path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(row) + "\n")
         if self._tb is None:
             from torch.utils.tensorboard import SummaryWriter
