@@ -33,11 +33,11 @@ def writing(path: Path) -> Iterator[None]:
         raise
 
 
-def write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str | bytes) -> None:
     """``path`` holds ``text`` or what it held before, whenever the process dies."""
     tmp = path.with_name(f".{path.name}.tmp")
     try:
-        with writing(path), open(tmp, "w", encoding="utf-8") as fh:
+        with writing(path), open(tmp, "wb") if isinstance(text, bytes) else open(tmp, "w", encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
@@ -45,6 +45,15 @@ def write_atomic(path: Path, text: str) -> None:
     except BaseException:  # a full disk's half copy: it would hold the room the user makes for a retry
         tmp.unlink(missing_ok=True)
         raise
+
+
+def save_torch(obj: Any, path: Path) -> None:
+    """``torch.save`` through a Python file: a full disk is an OSError naming ``path``, where
+    torch's own writer raised RuntimeError('unexpected pos')."""
+    import torch
+
+    with writing(path), open(path, "wb") as fh:
+        torch.save(obj, fh)
 
 
 def write_yaml(path: Path, data: Any) -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -75,3 +76,18 @@ def cli(capsys):
         return code, out.out, out.err
 
     return run
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A folder on a 64 KB tmpfs with 16 KB of it free (only root can mount one: skipped elsewhere)."""
+    folder = tmp_path / "disk"
+    folder.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", folder],
+                                           capture_output=True).returncode:
+        pytest.skip("mounting a small tmpfs needs root")
+    try:
+        (folder / "fill").write_bytes(bytes(48 * 1024))
+        yield folder
+    finally:
+        subprocess.run(["umount", folder], check=True)

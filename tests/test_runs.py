@@ -501,21 +501,6 @@ def test_a_run_where_every_episode_fails_exits_1_with_the_error(cli, tmp_path):
     assert (tmp_path / "run" / "transcripts.jsonl").read_bytes() == before
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A folder on a 64 KB tmpfs with 16 KB of it free (only root can mount one: skipped elsewhere)."""
-    folder = tmp_path / "disk"
-    folder.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", folder],
-                                           capture_output=True).returncode:
-        pytest.skip("mounting a small tmpfs needs root")
-    try:
-        (folder / "fill").write_bytes(bytes(48 * 1024))
-        yield folder
-    finally:
-        subprocess.run(["umount", folder], check=True)
-
-
 def test_a_disk_that_fills_up_during_a_run_is_one_line_naming_the_file(cli, small_disk):
     # a traceback from the transcripts' flush (or the lock file's write, on a disk already full)
     code, _, err = cli("run", ROOT / "recipes/guess_number.yaml", "--policy", "guesser=python:json:loads",

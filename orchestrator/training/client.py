@@ -36,7 +36,7 @@ from peft import LoraConfig as PeftLoraConfig
 from peft import get_peft_model, set_peft_model_state_dict
 from peft.tuners.tuners_utils import BaseTunerLayer
 from peft.utils.error import NoMatchingPeftModuleError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
 from ..compute_thread import compute_thread
 from ..engines.lora import lora_scale
@@ -46,7 +46,7 @@ from ..grammar.book import book_for
 from ..models import LoadedModel, bf16_native, load_model
 from ..upload import Download, move_together, upload
 from .losses import LOSS_FNS, aggregate, k3_kl, token_logprobs
-from ..files import fsync_dir, read_saved, write_atomic
+from ..files import fsync_dir, read_saved, save_torch, write_atomic
 from . import prefix_tree
 from .routing import lora_layers, routed
 from .rng import load_rng, save_rng
@@ -522,9 +522,8 @@ class TrainingClient:
         folder.mkdir(parents=True, exist_ok=True)
         # renamed into place: a sampler dir rewritten at each checkpoint keeps its last whole weights
         # through a kill, and an engine or worker loading it meanwhile reads those
-        tmp = folder / ".adapter_model.safetensors.tmp"
-        save_file(state, str(tmp))
-        os.replace(tmp, folder / "adapter_model.safetensors")
+        # (in bytes: save_file's full disk was a SafetensorError, not an OSError naming the file)
+        write_atomic(folder / "adapter_model.safetensors", save(state))
         write_atomic(folder / "adapter_config.json", json.dumps(config, indent=2, default=str))
         return state, config
 
@@ -537,7 +536,7 @@ class TrainingClient:
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
         try:
             self._write_adapter(tmp)
-            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+            save_torch(self.optimizer.state_dict(), tmp / "optimizer.pt")
             save_rng(tmp / "rng.pt")
             (tmp / "state.json").write_text(json.dumps({"adapter": self.name, "step": self.step, "lora": asdict(self.lora)}))
             fsync_dir(tmp)

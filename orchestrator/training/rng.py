@@ -6,6 +6,8 @@ from pathlib import Path
 
 import torch
 
+from ..files import save_torch
+
 
 def seed_rng(seed: int) -> None:
     """A fresh run's generators from its seed: torch starts from the OS's entropy, and LoRA
@@ -18,7 +20,7 @@ def save_rng(path: Path) -> None:
     state = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if torch.cuda.is_available():  # dropout and sampling on a GPU draw from its own generators
         state["cuda"] = torch.cuda.get_rng_state_all()
-    torch.save(state, path)
+    save_torch(state, path)
 
 
 def read_rng(path: Path) -> dict:

@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import math
 import re
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -653,6 +656,19 @@ def test_a_saved_state_file_damaged_since_is_a_value_error_naming_it(service, tm
         (tmp_path / name / name).write_bytes(damage)
         with pytest.raises(ValueError, match=re.escape(f"{tmp_path / name / name} is damaged")):
             c.load_state(tmp_path / name).result()
+
+
+def test_a_state_the_disk_has_no_room_for_is_an_os_error_naming_its_file_and_leaves_nothing(service, small_disk):
+    """A full disk was torch's RuntimeError('unexpected pos') or a SafetensorError, naming no file:
+    a traceback from `rolecast train` where one line belongs."""
+    c = service.create_lora_training_client("full", LoraConfig(rank=4))
+    for size, file in (("64k", "adapter_model.safetensors"), ("96k", "rng.pt")):  # room for the weights alone
+        subprocess.run(["mount", "-o", f"remount,size={size}", small_disk], check=True)
+        with pytest.raises(OSError) as refused:
+            c.save_state(small_disk / "ckpt").result()
+        where = Path(refused.value.filename)
+        assert (refused.value.errno, where.name, where.parent.parent) == (errno.ENOSPC, file, small_disk)
+        assert [p.name for p in small_disk.iterdir()] == ["fill"]
 
 
 def test_a_state_of_another_lora_shape_is_refused_and_loads_nothing(service, tmp_path):

@@ -93,7 +93,6 @@ def test_a_kill_while_the_sampler_dir_is_written_leaves_its_last_weights_whole(t
     """The sampler dir is the run's trained adapter (`--adapter pro=RUN/sampler/pro`), and what
     engines and rollout workers load from disk: a process killed while it rewrote it at a checkpoint
     left half a safetensors file there ("incomplete metadata") until a --resume."""
-    import orchestrator.training.client as client_module
     from orchestrator.training.client import ServiceClient
     from orchestrator.training.types import LoraConfig
 
@@ -103,14 +102,7 @@ def test_a_kill_while_the_sampler_dir_is_written_leaves_its_last_weights_whole(t
         folder = tmp_path / "sampler" / "pro"
         client.save_weights(folder).result()
         before = load_file(str(folder / "adapter_model.safetensors"))
-        save = client_module.save_file
-
-        def killed(tensors, filename):  # half the file on disk, then the process dies
-            save(tensors, filename)
-            Path(filename).write_bytes(Path(filename).read_bytes()[:100])
-            raise Killed
-
-        monkeypatch.setattr(client_module, "save_file", killed)
+        killed_writing(monkeypatch, "adapter_model.safetensors")  # half the file on disk, then the process dies
         with torch.no_grad():
             for param in client.lora_params():
                 param.add_(1.0)
