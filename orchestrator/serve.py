@@ -31,6 +31,7 @@ log = structlog.get_logger()
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop", "error": "stop"}
 MAX_BODY = 4 * 1024 * 1024
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
+LINGER_S = 5.0  # how long an error reply waits for the rest of a request it did not read
 
 
 class HTTPError(Exception):
@@ -63,8 +64,10 @@ class ChatServer:
             self.handlers.discard(task)
 
     async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        unread = True  # refused before its end was read: a body too large, a chunked one
         try:
             method, path, body = await asyncio.wait_for(_read_request(reader, writer), 30)
+            unread = False
             status, payload = 200, await _unless_gone(reader, self.route(method, path, body))
         except (ClientGone, ConnectionError):  # a reset too (a TCP health check, a killed client)
             log.info("serve.client_gone", note="generation cancelled: the client closed the connection")
@@ -82,6 +85,8 @@ class ChatServer:
         writer.write(head.encode() + f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
         try:
             await writer.drain()
+            if unread:
+                await _linger(reader, writer)
         except ConnectionError:  # reset before its reply was out: nobody left to tell
             pass
         finally:
@@ -224,6 +229,22 @@ async def _unless_gone(reader: asyncio.StreamReader, work: Any) -> Any:
     finally:
         eof.cancel()
         task.cancel()  # a no-op once it is done; else the handler itself was cancelled (shutdown)
+
+
+async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Drop what the client still sends until it closes, for LINGER_S at most (nginx's lingering
+    close): a socket closed with input unread is reset, and a client still sending its body saw
+    'Broken pipe', never the error reply."""
+    writer.write_eof()
+
+    async def drop() -> None:
+        while await reader.read(65536):
+            pass
+
+    try:
+        await asyncio.wait_for(drop(), LINGER_S)
+    except asyncio.TimeoutError:
+        pass
 
 
 async def _read_request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> tuple[str, str, bytes]:

@@ -311,6 +311,31 @@ def test_a_bad_content_length_is_a_400(server):
     assert response.status == 400 and "bad Content-Length" in json.loads(response.read())["error"]["message"]
 
 
+@pytest.mark.parametrize("chunked, status", [(False, 413), (True, 411)], ids=["too-large", "chunked"])
+def test_a_request_refused_before_its_body_is_read_gets_its_error(chunked, status):
+    """The unread body reset the connection under the reply: the client, still sending it, saw
+    'Broken pipe', not the error (OpenAI clients retried, resending the body)."""
+    import http.client
+
+    from orchestrator.serve import MAX_BODY, ChatServer
+
+    body = b"x" * (10 if chunked else MAX_BODY + 1)
+
+    def post(port: int) -> tuple[int, dict]:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("POST", "/v1/chat/completions", iter([body]) if chunked else body, encode_chunked=chunked)
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+
+    async def go():
+        server = await asyncio.start_server(ChatServer(None, "tiny").handle, "127.0.0.1", 0)
+        async with server:
+            return await asyncio.to_thread(post, server.sockets[0].getsockname()[1])
+
+    reply_status, reply = asyncio.run(go())
+    assert reply_status == status and reply["error"]["message"], reply
+
+
 def test_a_client_that_expects_100_continue_is_told_to_go_on(server):
     """curl asks before a large body and, unanswered, waited a second before sending it."""
     import socket
