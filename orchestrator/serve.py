@@ -31,6 +31,7 @@ log = structlog.get_logger()
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop", "error": "stop"}
 MAX_BODY = 4 * 1024 * 1024
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
+UNHONOURED = ("tools", "functions", "logit_bias", "presence_penalty", "frequency_penalty")  # refused, not ignored
 LINGER_S = 5.0  # how long an error reply waits for the rest of a request it did not read
 
 
@@ -116,6 +117,8 @@ class ChatServer:
             raise HTTPError(400, "only n = 1 is supported")
         if given.get("stream"):
             raise HTTPError(400, "stream is not supported: ask without it for one JSON reply")
+        if asked := [k for k in UNHONOURED if given.get(k, 0) not in (0, [], {})]:  # their defaults are no ask
+            raise HTTPError(400, f"{asked[0]} is not supported: the engine samples without it, so ask without it")
         stop = given.get("stop", [])
         if isinstance(stop, str):
             stop = [stop]

@@ -192,6 +192,26 @@ def test_bad_sampling_is_a_400_for_that_request_only(server, extra, words):
     assert call(server, "/chat/completions", chat("base"))[0] == 200
 
 
+@pytest.mark.parametrize("extra", [
+    {"tools": [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]},
+    {"functions": [{"name": "add", "parameters": {"type": "object"}}]},
+    {"logit_bias": {"198": -100}},
+    {"presence_penalty": 1.5},
+    {"frequency_penalty": -0.5},
+], ids=lambda extra: next(iter(extra)))
+def test_an_option_serve_does_not_honour_is_refused_not_ignored(extra):
+    """Each was answered as if not asked: plain text for a client awaiting tool_calls, the banned
+    token sampled, no penalty."""
+    from orchestrator.serve import ChatServer, HTTPError
+
+    class NoEngine:
+        versions: dict = {}
+
+    with pytest.raises(HTTPError, match=f"^{next(iter(extra))} is not supported") as caught:
+        asyncio.run(ChatServer(NoEngine(), "tiny").chat(chat("base", **extra)))
+    assert caught.value.status == 400
+
+
 def test_a_request_the_vllm_engine_refuses_is_a_400(monkeypatch):
     """--engine vllm: what vLLM (or the backend for it) refuses raises ValueError from generate (a
     temperature it would change or refuses, a prompt past its context): each was a 500."""
@@ -257,7 +277,8 @@ def test_a_reply_past_the_context_is_refused_in_openais_error_shape(server):
 
 def test_null_sampling_values_are_the_defaults(server):
     """OpenAI's API reads null as "not given", and its clients send nulls."""
-    status, data = call(server, "/chat/completions", chat("base", temperature=None, top_p=None, n=None, stop=None, seed=None))
+    status, data = call(server, "/chat/completions", chat("base", temperature=None, top_p=None, n=None, stop=None, seed=None,
+                                                            tools=None, logit_bias={}, presence_penalty=0, frequency_penalty=0.0))
     assert status == 200, data
 
 
