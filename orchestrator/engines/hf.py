@@ -280,8 +280,11 @@ class HFEngine(TokenizerMethods, AdapterVersions):
 
     @property
     def busy(self) -> int:
-        """Requests queued or running (0 when nothing is stuck)."""
-        return self._pending.qsize() + len(self._active)
+        """Requests queued or running (0 when nothing is stuck); one cancelled in the queue is neither,
+        though it waits there for a free row to be dropped."""
+        with self._pending.mutex:
+            queued = sum(not s.cancelled for s in self._pending.queue)
+        return queued + len(self._active)
 
     # -- adapters ------------------------------------------------------------------------------
     def adapter_version(self, name: str) -> int:

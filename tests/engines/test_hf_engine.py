@@ -183,6 +183,29 @@ def test_cancellation_and_timeouts_leave_nothing_stuck(engine):
     assert asyncio.run(scenario()) == 0
 
 
+def test_busy_leaves_out_queued_requests_cancelled(engine):
+    """Cancelled while the batch was full (serve's clients gone), they were counted as queued until
+    rows freed up for the scheduler to drop them."""
+    async def scenario():
+        rows = engine.max_batch
+        tasks = [asyncio.ensure_future(engine.generate(request(engine, i, max_tokens=400, ignore_eos=True)))
+                 for i in range(rows + 3)]
+        for _ in range(1000):
+            if len(engine._active) == rows:
+                break
+            await asyncio.sleep(0.01)
+        for t in tasks[rows:]:  # still queued: the batch is full for 400 tokens
+            t.cancel()
+        await asyncio.sleep(0)  # their generate marks them cancelled
+        busy = engine.busy
+        for t in tasks[:rows]:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return busy
+
+    assert asyncio.run(scenario()) == engine.max_batch
+
+
 def test_many_concurrent_requests_all_complete(engine):
     outs = asyncio.run(gather(engine, [request(engine, i, max_tokens=4 + i % 5) for i in range(20)]))
     assert [len(o.token_ids) <= 4 + i % 5 for i, o in enumerate(outs)] == [True] * 20
