@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,6 +46,22 @@ def write_atomic(path: Path, text: str | bytes) -> None:
     except BaseException:  # a full disk's half copy: it would hold the room the user makes for a retry
         tmp.unlink(missing_ok=True)
         raise
+
+
+def append_line(fh: io.FileIO, line: bytes) -> None:
+    """``line`` at the end of ``fh`` (opened unbuffered) whole or not at all: where the disk takes
+    part of it (full), the file is cut back to where the line began, so that a reader of its JSON
+    lines meets no half one, and the OSError names the file."""
+    start = fh.tell()
+    with writing(Path(fh.name)):
+        try:
+            view = memoryview(line)
+            while view:
+                view = view[fh.write(view):]
+        except OSError:
+            fh.truncate(start)
+            fh.seek(start)
+            raise
 
 
 def save_torch(obj: Any, path: Path) -> None:

@@ -35,7 +35,7 @@ from .policies.python import PythonPolicy
 from .policies.replay import ReplayPolicy
 from .registry import Registry, default_registry
 from .team import Team
-from .files import write_atomic, write_yaml, writing
+from .files import append_line, write_atomic, write_yaml
 from .training.plugin_faults import said_as
 from .transcript import EpisodeRecord
 
@@ -134,7 +134,7 @@ async def run_team(team: Team, policies: Mapping[str, Policy], options: RunOptio
     offsets = array("q")
     started = time.perf_counter()
     path = (run_dir / "transcripts.jsonl").resolve()  # the result's episodes read it back, wherever the cwd is then
-    transcripts = path.open("wb")
+    transcripts = path.open("wb", buffering=0)  # each line written at once, whole or not at all (append_line)
     progress = _progress(options.progress)
     bar = progress.add_task(f"{team.name} episodes", total=options.episodes)
     # concurrency lanes draw the next episode index as each finishes one: an episode's record
@@ -169,9 +169,7 @@ async def run_team(team: Team, policies: Mapping[str, Policy], options: RunOptio
         if kept is not None:
             kept.append(record)
         offsets[index] = transcripts.tell()
-        with writing(path):
-            transcripts.write((record.dumps() + "\n").encode("utf-8"))
-            transcripts.flush()
+        append_line(transcripts, (record.dumps() + "\n").encode("utf-8"))
         progress.advance(bar)
 
     async def lane() -> None:
@@ -187,8 +185,7 @@ async def run_team(team: Team, policies: Mapping[str, Policy], options: RunOptio
         for task in lanes:
             task.cancel()
         await asyncio.gather(*lanes, return_exceptions=True)
-        with writing(path):  # what a full disk refused is still in its buffer
-            transcripts.close()
+        transcripts.close()
     if kept is not None:
         kept.sort(key=lambda r: r.index)
     summary = tally.summary(time.perf_counter() - started)

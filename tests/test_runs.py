@@ -513,6 +513,16 @@ def test_a_disk_that_fills_up_during_a_run_is_one_line_naming_the_file(cli, smal
     assert not (small_disk / "next").exists()
 
 
+def test_a_disk_that_fills_during_a_run_leaves_transcripts_of_whole_lines(cli, small_disk):
+    """The episode whose line the disk took half of left that half as the file's last line: a
+    JSON-lines reader of the stopped run's transcripts failed."""
+    code, _, err = cli("run", ROOT / "recipes/guess_number.yaml", "--policy", "guesser=python:json:loads",
+                       "--episodes", "300", "--no-progress", "--out", small_disk / "run")
+    assert code == 1 and "No space left on device" in err
+    assert (small_disk / "run" / "transcripts.jsonl").read_bytes().endswith(b"\n")
+    assert 0 < len(read_transcripts(small_disk / "run")) < 300
+
+
 def test_an_empty_out_is_refused_not_the_current_folder(cli, capsys, tmp_path, monkeypatch):
     """``--out "$RUN"`` with RUN unset: Path("") is ".", and the run's files went among the user's."""
     monkeypatch.chdir(tmp_path)

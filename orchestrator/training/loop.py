@@ -271,7 +271,7 @@ class TrainingRun:
                 }))
         folder = self.run_dir / "rollouts" / f"step-{step:06d}"
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "credit.jsonl").write_text("".join(line + "\n" for line in lines))
+        write_atomic(folder / "credit.jsonl", "".join(line + "\n" for line in lines))
 
     async def rollout(self, step: int) -> list[list[EpisodeRecord]]:
         rng = random.Random(f"{self.options.seed}:tasks:{step}")
@@ -520,9 +520,9 @@ class TrainingRun:
         try:
             for adapter, client in self.clients.items():
                 client.save_state(tmp / "adapters" / adapter).result()
-            with blamed("trainer", self.cfg.trainer, "state_dict"):
-                (tmp / "trainer.json").write_text(json.dumps({"step": step, "trainer": self.trainer.state_dict(),
-                                                              "published": self.published}))
+            with blamed("trainer", self.cfg.trainer, "state_dict"):  # its state's fault, not the disk's
+                state = json.dumps({"step": step, "trainer": self.trainer.state_dict(), "published": self.published})
+            write_atomic(tmp / "trainer.json", state)
             save_rng(tmp / "rng.pt")
             fsync_dir(tmp)  # the adapters' dirs fsync themselves (TrainingClient.save_state)
             final = root / name

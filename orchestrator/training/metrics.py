@@ -8,7 +8,7 @@ from typing import Any
 import structlog
 
 from ..errors import RolecastError
-from ..files import write_atomic, writing
+from ..files import append_line, write_atomic, writing
 
 log = structlog.get_logger()
 
@@ -46,16 +46,17 @@ class MetricsWriter:
 
     def write(self, row: dict[str, Any]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with writing(self.path), open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(row) + "\n")
+        with open(self.path, "ab", buffering=0) as fh:
+            append_line(fh, (json.dumps(row) + "\n").encode("utf-8"))
         if self._tb is None:
             from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(str(self.tb_dir), purge_step=self._purge)
-        for key, value in row.items():
-            if isinstance(value, (int, float)) and key != "step":
-                self._tb.add_scalar(tensorboard_tag(row, key), value, row["step"])
-        self._tb.flush()
+        with writing(self.tb_dir):  # its writer's thread names no file
+            for key, value in row.items():
+                if isinstance(value, (int, float)) and key != "step":
+                    self._tb.add_scalar(tensorboard_tag(row, key), value, row["step"])
+            self._tb.flush()
 
     def truncate_after(self, step: int) -> None:
         """Drop rows of steps after ``step``: a resumed run redoes them. Their TensorBoard events
@@ -68,7 +69,8 @@ class MetricsWriter:
 
     def close(self) -> None:
         if self._tb is not None:
-            self._tb.close()
+            with writing(self.tb_dir):
+                self._tb.close()
 
 
 def tensorboard_tag(row: dict[str, Any], key: str) -> str:

@@ -1,6 +1,8 @@
 """`rolecast train` end to end on the tiny model: metrics, checkpoints, sampler refresh, resume."""
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import re
@@ -483,6 +485,47 @@ def test_metrics_drop_a_cut_off_last_line_and_name_a_damaged_one(tmp_path):
     path.write_text('{"step": 0, "kind": "eval"}\n{"ste\n{"step": 1, "kind": "train"}\n')
     with pytest.raises(RolecastError, match=r"metrics.jsonl:2: not a JSON row"):
         read_metrics(tmp_path)
+
+
+def test_a_full_disk_leaves_metrics_rows_whole_and_names_the_file(small_disk):
+    """A row the disk took half of stayed as a cut-off last line, and TensorBoard's writer said ENOSPC
+    naming no file: `rolecast train` ended in 'rolecast: No space left on device'."""
+    from orchestrator.training.metrics import MetricsWriter, read_metrics
+
+    writer = MetricsWriter(small_disk)
+    with pytest.raises(OSError) as refused:
+        for step in range(1000):
+            writer.write({"step": step, "kind": "train", "note": "x" * 2000})
+    assert refused.value.errno == errno.ENOSPC
+    assert refused.value.filename in (str(small_disk / "metrics.jsonl"), str(small_disk / "tb"))
+    assert (small_disk / "metrics.jsonl").read_bytes().endswith(b"\n")
+    assert [row["step"] for row in read_metrics(small_disk)] == list(range(len(read_metrics(small_disk))))
+    with contextlib.suppress(OSError):
+        writer.close()
+
+
+def test_a_full_disk_writing_trainer_json_is_not_the_trainers_fault(tmp_path, monkeypatch):
+    """The write was inside the block that blames the trainer plugin's state_dict for what fails:
+    "trainer plugin 'grpo': state_dict raised OSError ...; fix the plugin"."""
+    import builtins
+    from types import SimpleNamespace
+
+    from orchestrator.training.loop import TrainingRun
+
+    real = builtins.open
+
+    def full(file, mode="r", *args, **kwargs):
+        if str(file).endswith("trainer.json.tmp") and "w" in mode:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", full)
+    run = SimpleNamespace(_write_samplers=lambda: None, run_dir=tmp_path, clients={}, published={},
+                          cfg=SimpleNamespace(trainer="grpo", keep_checkpoints=2), trainer=SimpleNamespace(state_dict=dict))
+    with pytest.raises(OSError) as refused:
+        TrainingRun.checkpoint(run, 1)
+    assert refused.value.filename.endswith("trainer.json") and "plugin" not in str(refused.value)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == []
 
 
 def test_a_json_file_written_atomically_keeps_what_it_held_when_the_write_fails(tmp_path):
