@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import sandboxes
+from sandboxes.pool import scratch_root
 from orchestrator.issue_fix.edits import apply_edits
 from orchestrator.issue_fix.env import _report
 from orchestrator.issue_fix.grading import Grade, grade, grade_work, graded_path, run_tests
@@ -84,11 +85,12 @@ def run_replay(cli, monkeypatch, tmp_path: Path, replay: Path) -> dict:
 
 
 def scratch(monkeypatch, tmp_path: Path) -> Path:
-    """Make the env's per-episode copies land in a folder the test can watch."""
+    """Make the env's per-episode copies land in a folder the test can watch: the process's scratch
+    folder in a temp dir of the test's own."""
     folder = tmp_path / "scratch"
     folder.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(folder))
-    return folder
+    return scratch_root()
 
 
 def run(team, policies, tmp_path: Path, episodes: int = 1):
