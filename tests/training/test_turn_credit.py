@@ -28,12 +28,15 @@ def test_each_turn_is_compared_with_the_same_position_in_its_group():
     a = scored(("g", 1.0), ("x", 0.3), ("g", 0.5), ("g", 1.0))
     b = scored(("g", 0.5), ("g", None), ("g", 0.0))
     c = scored(("x", 0.9))
-    (out,) = turn_advantages([[a, b, c]], ["g", "x"], weight=2.0)
+    faulted = scored(("g", 9.0), ("x", 9.0))
+    faulted.status = "error"  # its scores are compared with no one's
+    (out,) = turn_advantages([[a, b, c, faulted]], ["g", "x"], weight=2.0)
     # g's first turns: 1.0 and 0.5 (mean 0.75); second: a's 0.5 alone (b's is unscored); third:
     # 1.0 and 0.0 (mean 0.5); x's first: 0.3 and 0.9 (mean 0.6)
     assert out[0] == {"g": {0: pytest.approx(0.5), 2: 0.0, 3: pytest.approx(1.0)}, "x": {1: pytest.approx(-0.6)}}
     assert out[1] == {"g": {0: pytest.approx(-0.5), 2: pytest.approx(-1.0)}, "x": {}}
     assert out[2] == {"g": {}, "x": {0: pytest.approx(0.6)}}
+    assert out[3] == {"g": {}, "x": {}}
     (alone,) = turn_advantages([[b]], ["g"], weight=2.0)
     assert alone == [{"g": {0: 0.0, 2: 0.0}}]  # a group of one has nothing to compare with
 
