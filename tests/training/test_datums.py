@@ -22,6 +22,9 @@ def test_retry_that_extends_the_prompt_merges_into_one_sequence():
 def test_unrelated_prompts_give_separate_sequences_and_drop_policy():
     ep = episode(("p", [attempt([1, 2], [3], [-1.0])]), ("p", [attempt([7, 8], [9], [-2.0], valid=False)]))
     assert len(role_datums(ep, "p", 1.0)) == 2
+    # a longer prompt that does not start with the sequence so far is no continuation of it
+    longer = episode(("p", [attempt([1, 2], [3], [-1.0])]), ("p", [attempt([1, 5, 3, 4], [9], [-2.0])]))
+    assert [d.model_input.to_ints() for d in role_datums(longer, "p", 1.0)] == [[1, 2], [1, 5, 3, 4]]
     opts = DatumBuildOptions(invalid="drop")
     (d,) = role_datums(ep, "p", 1.0, opts)
     assert d.loss_fn_inputs["target_tokens"] == [2, 3] and opts.stats["dropped"] == 1
