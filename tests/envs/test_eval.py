@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from orchestrator.evaluation import wilson
-from support import lora_state, peft_dir
-from play import ROOT
+from orchestrator.evaluation import evaluate, wilson
+from support import lora_state, make_episode, peft_dir
+from play import ROOT, team
 
 
 def test_wilson_interval_hand_computed():
@@ -15,6 +15,20 @@ def test_wilson_interval_hand_computed():
     assert wilson(5, 10) == (0.2366, 0.7634)
     assert wilson(10, 10) == (0.7225, 1.0)
     assert wilson(0, 0) is None
+
+
+def test_results_are_the_signs_of_finished_episodes_rewards_of_the_roles_that_learn():
+    """Without a game's results a debater wins, draws or loses by its reward's sign; the frozen
+    judge has no result, and an episode that failed (its rewards placeholders) is no game."""
+    t = team("debate")
+    won, tied, failed = (make_episode(rewards={"pro": r, "con": -r, "judge": 0.0}) for r in (1.0, 0.0, 1.0))
+    won.status = tied.status = "ok"
+    failed.status = "error"
+    summary = {"roles": {r: {"mean_reward": 0.5, "reward_ci95": None} for r in t.roles}}
+    report = evaluate(t, [won, tied, failed], summary)
+    assert set(report) == {"pro", "con"}
+    assert [report["pro"][k] for k in ("games", "win", "draw", "loss")] == [2, 1, 1, 0]
+    assert [report["con"][k] for k in ("games", "win", "draw", "loss")] == [2, 0, 1, 1]
 
 
 def test_reward_interval_is_students_t_hand_computed():
