@@ -1,8 +1,8 @@
 """The ``rolecast`` command line: one module per command, flags they share in ``flags.py``.
 
 A user's mistake (bad YAML, unknown role, bad binding) is one line on stderr (a JSON line with
-``--log-json``) and exit code 2; ``--debug`` shows the traceback instead. A disk that refuses a write (full, read-only) is one
-line naming the file, and exit code 1. Ctrl-C stops a command
+``--log-json``) and exit code 2; ``--debug`` shows the traceback instead. A disk that refuses a
+write (full, read-only) is one line naming the file, and exit code 1. Ctrl-C stops a command
 with exit code 130, SIGTERM with 143, each after the clean-up that ``finally`` blocks do;
 ``serve`` alone exits 0, as a server told to stop has done its job. Plugins add commands through
 the ``register_commands`` hook (``hookspecs.py``).
