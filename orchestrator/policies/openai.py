@@ -4,12 +4,15 @@
 The reply prefix of a role cannot be pre-filled through this API, so it is not used; the API
 key, if the server wants one, comes from ``OPENAI_API_KEY``. A request with a JSON schema is sent
 with ``response_format: {"type": "json_schema", ...}``; a server that rejects that field gets
-plain requests from then on (the reply is still validated against the schema).
+plain requests from then on (the reply is still validated against the schema). A 408, 409, 429 or
+5xx, or a connection refused or dropped, is asked again twice, after 0.5 s then 1 s or the
+server's Retry-After (60 s at most), as OpenAI's own client does.
 """
 from __future__ import annotations
 
 import asyncio
 import http.client
+import itertools
 import json
 import os
 import re
@@ -28,6 +31,11 @@ from .base import PolicyOutput, PolicyRequest
 log = structlog.get_logger()
 # urllib's timeout bounds each socket read, not the reply: one that trickles in is cut this long after it
 GRACE_S = 5.0
+# A server throttling (429) or failing in passing (5xx, a connection refused or dropped) is asked
+# again, as OpenAI's own client does: a busy vLLM's 503 had failed the episode. Waits double from
+# BACKOFF_S, or are the server's Retry-After (capped).
+RETRIED_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
+RETRIES, BACKOFF_S, MAX_WAIT_S = 2, 0.5, 60.0
 
 
 class NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -41,10 +49,25 @@ class NoRedirect(urllib.request.HTTPRedirectHandler):
 OPENER = urllib.request.build_opener(NoRedirect)
 
 
+class Transient(PolicyError):
+    """A fault that asking again may cure; ``retry_after``: the server's wait, in seconds, if it gave one."""
+
+    retry_after: float | None = None
+
+
 class HTTPStatusError(PolicyError):
     def __init__(self, message: str, status: int, detail: str):
         super().__init__(message)
         self.status, self.detail = status, detail
+
+
+class TransientStatus(HTTPStatusError, Transient):
+    def __init__(self, message: str, status: int, detail: str, retry_after: str | None):
+        super().__init__(message, status, detail)
+        try:
+            self.retry_after = max(0.0, float(retry_after)) if retry_after is not None else None
+        except ValueError:  # an HTTP date: the backoff's own wait will do
+            self.retry_after = None
 
 
 def response_format(name: str, schema_text: str) -> dict[str, Any]:
@@ -108,10 +131,17 @@ class OpenAIPolicy:
                             completion_tokens=tokens if type(tokens) is int and tokens >= 0 else None)
 
     async def _send(self, body: dict[str, Any]) -> dict[str, Any]:
-        try:
-            return await asyncio.wait_for(asyncio.wrap_future(self._posted(body)), self.timeout + GRACE_S)
-        except TimeoutError:  # bare, it would name neither the server nor the time it had
-            raise PolicyError(f"{self.base_url}: no reply within {self.timeout + GRACE_S:g}s") from None
+        for attempt in itertools.count():
+            try:
+                return await asyncio.wait_for(asyncio.wrap_future(self._posted(body)), self.timeout + GRACE_S)
+            except TimeoutError:  # bare, it would name neither the server nor the time it had
+                raise PolicyError(f"{self.base_url}: no reply within {self.timeout + GRACE_S:g}s") from None
+            except Transient as exc:
+                if attempt == RETRIES:
+                    raise PolicyError(f"{exc} (asked {RETRIES + 1} times)") from None
+                wait = min(exc.retry_after if exc.retry_after is not None else BACKOFF_S * 2 ** attempt, MAX_WAIT_S)
+                log.info("openai.retry", url=self.base_url, error=str(exc)[:200], wait_s=wait)
+                await asyncio.sleep(wait)
 
     def _posted(self, body: dict[str, Any]) -> Future:
         """``_post(body)`` in a daemon thread of its own: a pool (asyncio's holds cores + 4) let 6 of 32
@@ -145,8 +175,13 @@ class OpenAIPolicy:
                 detail = f"(its body cut short: {cut})"
             if 300 <= exc.code < 400:  # not followed (NoRedirect)
                 detail = f"redirected to {exc.headers.get('Location')}: bind the base URL it points to"
-            raise HTTPStatusError(f"{self.base_url}: HTTP {exc.code}: {detail}", exc.code, detail) from None
+            message = f"{self.base_url}: HTTP {exc.code}: {detail}"
+            if exc.code in RETRIED_STATUS:
+                raise TransientStatus(message, exc.code, detail, exc.headers.get("Retry-After")) from None
+            raise HTTPStatusError(message, exc.code, detail) from None
         # OSError: URLError, timeouts, and a connection dropped while the response is read (urlopen
         # wraps only the request's faults in URLError); RecursionError: a response nested too deeply
         except (OSError, http.client.HTTPException, ValueError, RecursionError) as exc:
+            if isinstance(exc, ConnectionError) or isinstance(getattr(exc, "reason", None), ConnectionError):
+                raise Transient(f"{self.base_url}: {exc}") from None  # refused, reset, hung up
             raise PolicyError(f"{self.base_url}: {exc}") from None

@@ -162,14 +162,26 @@ async def test_a_reply_that_never_ends_is_the_policys_error_not_an_episode_timeo
         release.set()
 
 
+@pytest.fixture(autouse=True)
+def no_backoff(monkeypatch):
+    """Retries of a 429 or 5xx at once: the waits themselves are not what these tests measure."""
+    monkeypatch.setattr(openai, "BACKOFF_S", 0.0)
+
+
 @contextlib.asynccontextmanager
-async def answering(raw: bytes):
-    """A server that reads a request and sends back ``raw`` whatever it asked (b"": hangs up)."""
+async def answering(raw: bytes, *later: bytes, asked: list[bytes] | None = None):
+    """A server that reads a request and sends back ``raw`` whatever it asked (b"": hangs up), then
+    each of ``later`` to the requests after it (the last one from then on); ``asked`` collects the
+    requests' heads."""
+    replies = [raw, *later]
+
     async def handle(reader, writer):
         head = await reader.readuntil(b"\r\n\r\n")
         length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
         await reader.readexactly(length)
-        writer.write(raw)
+        if asked is not None:
+            asked.append(head)
+        writer.write(replies.pop(0) if len(replies) > 1 else replies[0])
         await writer.drain()
         writer.close()
 
@@ -200,6 +212,68 @@ async def test_a_failed_request_names_the_role_and_its_turn():
     async with answering(raw) as url:
         with pytest.raises(PolicyError, match=f"^role 'judge', turn 0: {re.escape(url)}: HTTP 429"):
             await OpenAIPolicy(f"base@{url}")(policy_request(role="judge"))
+
+
+REPLY = b'{"choices": [{"message": {"content": "{}"}}]}'
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(REPLY), REPLY)
+
+
+@pytest.mark.parametrize("status", [429, 500, 503])
+async def test_a_server_throttling_or_failing_in_passing_is_asked_again(status):
+    """One 429 or 503 from a busy server failed the episode: OpenAI's own client asks again."""
+    busy = b"HTTP/1.1 %d Busy\r\nContent-Length: 2\r\n\r\n{}" % status
+    asked: list[bytes] = []
+    async with answering(busy, busy, OK, asked=asked) as url:
+        out = await OpenAIPolicy(f"base@{url}")(policy_request())
+    assert out.text == "{}" and len(asked) == 3
+
+
+async def test_retries_end_and_say_so_and_a_request_refused_for_itself_is_not_retried():
+    asked: list[bytes] = []
+    async with answering(b"HTTP/1.1 503 Busy\r\nContent-Length: 2\r\n\r\n{}", asked=asked) as url:
+        with pytest.raises(PolicyError, match=r"HTTP 503: \{\} \(asked 3 times\)$"):
+            await OpenAIPolicy(f"base@{url}")(policy_request())
+    assert len(asked) == 3
+    asked.clear()
+    async with answering(b"HTTP/1.1 404 Not Found\r\nContent-Length: 2\r\n\r\n{}", asked=asked) as url:
+        with pytest.raises(PolicyError, match=r"HTTP 404: \{\}$"):
+            await OpenAIPolicy(f"base@{url}")(policy_request())
+    assert len(asked) == 1
+
+
+async def test_the_servers_retry_after_is_the_wait(monkeypatch):
+    waits = []
+    real_sleep = asyncio.sleep
+
+    async def sleep(seconds):
+        waits.append(seconds)
+        await real_sleep(0)
+
+    monkeypatch.setattr(openai.asyncio, "sleep", sleep)
+    throttled = b"HTTP/1.1 429 Slow down\r\nRetry-After: 7\r\nContent-Length: 2\r\n\r\n{}"
+    dated = b"HTTP/1.1 429 Slow down\r\nRetry-After: Wed, 21 Oct 2015 07:28:00 GMT\r\nContent-Length: 2\r\n\r\n{}"
+    async with answering(throttled, dated, OK) as url:
+        assert (await OpenAIPolicy(f"base@{url}")(policy_request())).text == "{}"
+    assert waits[:2] == [7.0, openai.BACKOFF_S * 2]  # a date is no number of seconds: the backoff's wait
+
+
+async def test_a_refused_connection_is_asked_again(monkeypatch):
+    import socket
+
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    tries = []
+    real = OpenAIPolicy._post
+
+    def post(self, body):
+        tries.append(1)
+        return real(self, body)
+
+    monkeypatch.setattr(OpenAIPolicy, "_post", post)
+    with pytest.raises(PolicyError, match=r"Connection refused.*\(asked 3 times\)$"):
+        await OpenAIPolicy(f"base@http://127.0.0.1:{port}/v1")(policy_request())
+    assert len(tries) == 3
 
 
 @pytest.mark.parametrize("code", [301, 302, 307])
