@@ -159,6 +159,8 @@ class ChatServer:
         request = GenerationRequest(tuple(prompt), sampling, adapter, json_schema=schema)
         try:
             out = await asyncio.wait_for(self.engine.generate(request), self.timeout)
+        except TimeoutError:  # the server's own slowness: 408 says the client was slow to send
+            raise HTTPError(504, f"no reply within the server's request timeout ({self.timeout:g} s)", "timeout") from None
         except GrammarError as exc:  # a valid schema the grammar compiler cannot take
             raise HTTPError(400, f"response_format: {exc}") from None
         except RequestRefused as exc:  # vLLM's own checks (temperature, its context); any other error is a 500

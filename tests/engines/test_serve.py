@@ -479,6 +479,24 @@ def test_a_chat_the_models_template_refuses_is_a_400():
     assert caught.value.status == 400
 
 
+def test_a_generation_past_the_request_timeout_is_a_504_not_a_408(monkeypatch):
+    """408 Request Timeout says the client was slow to send its request: a reply the engine had not
+    finished in the server's time was answered so."""
+    from support import tiny_engine
+
+    from orchestrator.serve import ChatServer, HTTPError
+
+    engine = tiny_engine()
+
+    async def stuck(request):
+        await asyncio.sleep(10)
+
+    monkeypatch.setattr(engine, "generate", stuck)
+    with pytest.raises(HTTPError, match=r"no reply within the server's request timeout \(0.1 s\)") as caught:
+        asyncio.run(ChatServer(engine, "tiny", request_timeout_s=0.1).chat(chat("base")))
+    assert (caught.value.status, caught.value.kind) == (504, "timeout")
+
+
 def test_shutdown_with_a_request_in_flight_closes_the_engine_quietly():
     """Cancelling serve (Ctrl-C, SIGTERM) closes its engine: before, the scheduler went on decoding
     for nobody while the process exited, and its step aborted the interpreter (SIGABRT). Its
