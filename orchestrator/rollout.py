@@ -37,7 +37,7 @@ from .registry import Registry, default_registry
 from .team import Team
 from .files import append_line, write_atomic, write_yaml
 from .training.plugin_faults import said_as
-from .transcript import EpisodeRecord
+from .transcript import EpisodeRecord, error_text
 
 log = structlog.get_logger()
 
@@ -162,7 +162,7 @@ async def run_team(team: Team, policies: Mapping[str, Policy], options: RunOptio
             if deadline.expired():  # a TimeoutError of a policy's own (its API call's) is a fault like any other
                 record.status, record.error = "timeout", f"episode exceeded {options.episode_timeout_s:g}s"
             else:
-                record.status, record.error = "error", f"{type(exc).__name__}: {exc}"
+                record.status, record.error = "error", error_text(exc)
                 log.warning("episode failed", episode=record.id, error=record.error)
         record.duration_s = time.perf_counter() - t0
         tally.add(record)

@@ -10,6 +10,18 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+MAX_ERROR_CHARS = 2000
+
+
+def error_text(exc: BaseException) -> str:
+    """``Type: message`` of the fault that ended an episode, cut at MAX_ERROR_CHARS: a repo copy that
+    failed on every file (shutil.Error lists them all) put a megabyte into one transcript line and
+    the log's warning."""
+    text = f"{type(exc).__name__}: {exc}"
+    if len(text) <= MAX_ERROR_CHARS:
+        return text
+    return f"{text[:MAX_ERROR_CHARS]}... ({len(text) - MAX_ERROR_CHARS} more characters)"
+
 
 @dataclass
 class Attempt:

@@ -41,7 +41,7 @@ import structlog
 from sandboxes.pool import scratch_root
 
 from .errors import RolecastError, WorkersLost
-from .transcript import EpisodeRecord
+from .transcript import EpisodeRecord, error_text
 
 log = structlog.get_logger()
 
@@ -116,7 +116,7 @@ class RolloutWorker:
         try:
             await run_episode(team, policies, record)
         except Exception as exc:  # as run_team records it: raised, Ray's traceback would replace the turns taken
-            record.status, record.error = "error", f"{type(exc).__name__}: {exc}"
+            record.status, record.error = "error", error_text(exc)
         for turn in record.turns:
             for attempt in turn.attempts:
                 if attempt.adapter is not None and attempt.adapter_version:

@@ -93,6 +93,23 @@ def test_garbage_policy_is_retried_penalised_and_recorded(tmp_path):
     assert saved[0]["turns"][1]["penalty"] == -1.0 and saved[0]["turns"][1]["retries"] == 2
 
 
+def test_a_fault_with_a_huge_message_is_recorded_cut_short(tmp_path):
+    """A repo copy failing on every file of a big repo (shutil.Error lists them all) put its whole
+    message, megabytes, into the transcript line and the log's warning."""
+    team = load_team(ROOT / "recipes/debate.yaml")
+    policies = build_policies(team, stub_all(team), no_engine)
+
+    def broken(request):
+        raise OSError("cannot copy " + "a/file.py, " * 100_000)
+
+    policies["con"] = PythonPolicy(broken)
+    result = asyncio.run(run_team(team, policies, RunOptions(episodes=1, seed=1, out_dir=tmp_path, progress=False)))
+    (episode,) = read_transcripts(tmp_path)
+    assert episode["status"] == "error" and episode["error"].startswith("OSError: cannot copy a/file.py, ")
+    assert len(episode["error"]) < 2100 and episode["error"].endswith(" more characters)")
+    assert result.episodes[0].error == episode["error"]
+
+
 def test_a_turn_valid_on_its_retry_costs_no_penalty(tmp_path):
     team = load_team(ROOT / "recipes/debate.yaml")
     policies = build_policies(team, stub_all(team), no_engine)
