@@ -32,6 +32,7 @@ from sandboxes import Limits, shared_pool
 from sandboxes.pool import new_temporary_dir, remove_tree
 
 from ..config import SandboxOptions
+from ..files import writing
 from ..messages import Message
 from ..yamlfile import Loc
 from .base import Env, EnvConfig, StepResult, TaskConfig
@@ -149,8 +150,9 @@ class CodePairEnv(Env):
         box = self.config.sandbox
         workdir = new_temporary_dir("rolecast-code-pair-")
         try:
-            (workdir / "job.json").write_text(json.dumps(job))
-            (workdir / "check.py").write_text(CHECKER)
+            with writing(workdir):  # a full TMPDIR's "No space left on device" says where
+                (workdir / "job.json").write_text(json.dumps(job))
+                (workdir / "check.py").write_text(CHECKER)
             limits = Limits(wall_time_s=box.timeout_s or 10.0, memory_mb=box.memory_mb)
             res = await shared_pool(box.backend, box.max_concurrent).run([sys.executable, "check.py"], workdir, limits)
         finally:

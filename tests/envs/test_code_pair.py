@@ -123,6 +123,15 @@ def test_a_function_cannot_read_the_hidden_tests_from_the_host(tmp_path):
 
 
 @needs_sandbox
+def test_a_full_tmpdir_is_an_episode_error_naming_the_folder(tmp_path, small_disk, monkeypatch):
+    monkeypatch.setattr("tempfile.tempdir", str(small_disk))  # where the episode's workdir is made
+    (small_disk / "rest").write_bytes(bytes(16 * 1024))  # the last free blocks
+    t = team("code_pair", tasks=[{**PLUS3, "tests": [[1, 4]] * 3000}])  # a job.json of some blocks
+    (ep,) = play(t, {"tester": Script({"example": "f(1) == 4"}), "coder": Script(code("x + 3"))}, tmp_path).episodes
+    assert ep.status == "error" and "No space left on device" in ep.error and str(small_disk) in ep.error, ep.error
+
+
+@needs_sandbox
 def test_a_function_that_prints_past_the_output_limit_is_told_so(tmp_path):
     """The checker's report comes after what the function printed, and the sandbox keeps the first
     1 MB: a right function that printed more scored 0 with "the check failed (exit 0)"."""
