@@ -538,7 +538,7 @@ class TrainingClient:
             self._write_adapter(tmp)
             save_torch(self.optimizer.state_dict(), tmp / "optimizer.pt")
             save_rng(tmp / "rng.pt")
-            (tmp / "state.json").write_text(json.dumps({"adapter": self.name, "step": self.step, "lora": asdict(self.lora)}))
+            write_atomic(tmp / "state.json", json.dumps({"adapter": self.name, "step": self.step, "lora": asdict(self.lora)}))
             fsync_dir(tmp)
             if path.exists():
                 shutil.rmtree(path)
