@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from .base import TMP, Backend, Layout, tool
 from .confine import CHAIN_TOOLS, missing_tools
@@ -32,8 +33,7 @@ class BwrapBackend(Backend):
         ]
         # bwrap's root starts as an empty tmpfs: only what is put there exists
         for path in layout.system:
-            for parent in layout.dirs_to_create(path):
-                argv += ["--perms", "0755", "--dir", str(parent)]
+            argv += _parents(layout, path)
             argv += ["--symlink", os.readlink(path), str(path)] if path.is_symlink() else ["--ro-bind", str(path), str(path)]
         argv += [
             "--dev", "/dev",
@@ -43,9 +43,13 @@ class BwrapBackend(Backend):
             "--perms", "1777", "--size", str(layout.tmp_size_bytes), "--tmpfs", str(TMP),
         ]
         for path, kind in layout.mounts():
-            # bwrap would create missing mount points 0700, unreachable for the child's uid.
-            for parent in layout.dirs_to_create(path):
-                argv += ["--perms", "0755", "--dir", str(parent)]
+            argv += _parents(layout, path)
             argv += (["--perms", "0755", "--tmpfs", str(path)] if kind == "hide"
                      else ["--ro-bind" if kind == "read" else "--bind", str(path), str(path)])
         return argv + ["--remount-ro", "/", "--"] + inner
+
+
+def _parents(layout: Layout, path: Path) -> list[str]:
+    """The folders on the way to ``path`` that are missing inside, made 0755: bwrap would make
+    them 0700, unreachable for the child's uid."""
+    return [arg for parent in layout.dirs_to_create(path) for arg in ("--perms", "0755", "--dir", str(parent))]

@@ -49,7 +49,7 @@ class UnshareBackend(Backend):
         ]
         for path in layout.system:
             dest = f"{r}{q(str(path))}"
-            lines.append(f"mkdir -p {r}{q(str(path.parent))}")
+            lines += [f"mkdir -p {r}{q(str(d))}" for d in layout.dirs_to_create(path)]
             if path.is_symlink():
                 lines.append(f"ln -s {q(os.readlink(path))} {dest}")
             else:
