@@ -406,23 +406,18 @@ def test_user_role_in_temp_folder_runs_with_python_policy(workspace, cli, monkey
     assert "transcripts.jsonl" in err
 
 
-@pytest.mark.parametrize("signum, ctrl_c", [(signal.SIGINT, signal.SIG_DFL), (signal.SIGTERM, signal.SIG_DFL),
-                                            (signal.SIGTERM, signal.SIG_IGN)])
-def test_a_second_signal_leaves_the_clean_up_to_its_end(workspace, signum, ctrl_c):
-    """SIGTERM stops a run as Ctrl-C does: the first cancels the run, whose clean-up waits for a
-    sandbox's run to end (code_pair's workdirs are removed after it), and a second leaves that
-    wait alone. A second SIGTERM broke it off: tracebacks, tasks destroyed pending, workdirs left;
-    it still did in a job started in the background (``ctrl_c`` SIG_IGN: SIGINT ignored). The run
-    is given its SIGINT disposition, not this process's: pytest started in the background ignored
-    the test's SIGINT too."""
-    write(workspace / "stalls.py", """
+def stalled_run(workspace: Path, ctrl_c: signal.Handlers, busy_s: float = 0) -> subprocess.Popen:
+    """A run whose one turn awaits a 3 s stall to its end, as a sandbox's run is awaited, after
+    ``busy_s`` of work that holds the loop's thread; started once the turn has begun."""
+    write(workspace / "stalls.py", f"""
         import asyncio, time
         from pathlib import Path
         from sandboxes.runner import ended_first
 
         async def stalls(request):
             Path("playing").touch()
-            try:  # as a sandbox's run is awaited: to its end, cancelled or not
+            time.sleep({busy_s})
+            try:
                 await ended_first(asyncio.get_running_loop().run_in_executor(None, time.sleep, 3))
             except asyncio.CancelledError:
                 Path("cleaned").touch()
@@ -437,12 +432,36 @@ def test_a_second_signal_leaves_the_clean_up_to_its_end(workspace, signum, ctrl_
     while not (workspace / "playing").exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert proc.poll() is None, proc.stderr.read()
+    return proc
+
+
+@pytest.mark.parametrize("signum, ctrl_c", [(signal.SIGINT, signal.SIG_DFL), (signal.SIGTERM, signal.SIG_DFL),
+                                            (signal.SIGTERM, signal.SIG_IGN)])
+def test_a_second_signal_leaves_the_clean_up_to_its_end(workspace, signum, ctrl_c):
+    """SIGTERM stops a run as Ctrl-C does: the first cancels the run, whose clean-up waits for a
+    sandbox's run to end (code_pair's workdirs are removed after it), and a second leaves that
+    wait alone. A second SIGTERM broke it off: tracebacks, tasks destroyed pending, workdirs left;
+    it still did in a job started in the background (``ctrl_c`` SIG_IGN: SIGINT ignored). The run
+    is given its SIGINT disposition, not this process's: pytest started in the background ignored
+    the test's SIGINT too."""
+    proc = stalled_run(workspace, ctrl_c)
     proc.send_signal(signum)
     time.sleep(0.5)
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=60)
     said = "rolecast: interrupted" if signum == signal.SIGINT else "rolecast: terminated"
     assert (proc.returncode, err.strip()) == (128 + signum, said)
+    assert (workspace / "cleaned").exists()
+
+
+def test_sigterm_in_the_background_stops_a_run_between_steps_of_its_loop(workspace):
+    """With SIGINT ignored (a job started in the background) there is no asyncio handler to
+    cancel the run: SIGTERM's Terminated was raised wherever the loop's thread was, here in a
+    turn's own code, which then never reached the clean-up its ``except`` holds."""
+    proc = stalled_run(workspace, signal.SIG_IGN, busy_s=1.5)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert (proc.returncode, err.strip()) == (128 + signal.SIGTERM, "rolecast: terminated")
     assert (workspace / "cleaned").exists()
 
 

@@ -10,6 +10,7 @@ the ``register_commands`` hook (``hookspecs.py``).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import importlib
 import io
@@ -91,11 +92,10 @@ def stopped_by_sigterm() -> Iterator[None]:
     def terminate(signum: int, frame: object) -> None:
         received.append(signum)
         ctrl_c = signal.getsignal(signal.SIGINT)
-        if not callable(ctrl_c):  # ignored (a job started in the background): SIGTERM still stops it,
-            if len(received) == 1:  # and a second leaves alone the clean-up the first began
-                raise Terminated
-            return
-        ctrl_c(signal.SIGINT, frame)
+        if callable(ctrl_c):
+            ctrl_c(signal.SIGINT, frame)
+        elif len(received) == 1:  # SIGINT ignored (a job started in the background): SIGTERM still
+            stop_here_or_in_loop()  # stops it, and a second leaves alone the clean-up the first began
 
     signal.signal(signal.SIGTERM, terminate)
     try:
@@ -106,6 +106,21 @@ def stopped_by_sigterm() -> Iterator[None]:
         raise
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def stop_here_or_in_loop() -> None:
+    """Raise Terminated here, or where an event loop runs in this thread, from it between two of
+    its steps: raised in a step, in a coroutine's own code, it skipped the clean-up that
+    coroutine's ``except`` or ``finally`` would do once cancelled."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        raise Terminated from None
+    loop.call_soon_threadsafe(raise_terminated)
+
+
+def raise_terminated() -> None:
+    raise Terminated
 
 
 def build_parser() -> argparse.ArgumentParser:
