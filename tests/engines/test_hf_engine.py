@@ -116,6 +116,20 @@ def test_max_tokens_and_stop_strings(engine):
     assert stop not in cut.text
 
 
+def test_stop_strings_are_looked_for_in_the_tail_of_a_reply(engine, monkeypatch):
+    """Each step decoded the whole reply to look for stop strings, a row's step costing more the
+    longer its reply; only the tail that can end in a stop string is decoded, the whole once."""
+    full = asyncio.run(engine.generate(request(engine, 1, max_tokens=48, ignore_eos=True)))
+    k = max(i for i in range(len(full.text) - 1) if full.text.find(full.text[i : i + 2]) == i)
+    stop = full.text[k : k + 2]  # first seen late in the reply
+    decoded, decode = [], engine.decode
+    monkeypatch.setattr(engine, "decode", lambda ids: decoded.append(len(ids)) or decode(ids))
+    cut = asyncio.run(engine.generate(request(engine, 1, max_tokens=48, ignore_eos=True, stop=(stop,))))
+    assert cut.finish_reason == "stop" and cut.text == full.text[:k]
+    assert len(cut.token_ids) > 4 * len(stop) + 2  # longer than the tail: the whole was decoded once
+    assert sorted(decoded)[-2:] == [4 * len(stop) + 2, len(cut.token_ids)]
+
+
 def test_a_token_that_completes_two_stop_strings_cuts_the_text_at_the_first(engine):
     """The text was cut at the first stop string listed, and kept the other where it came earlier."""
     def found() -> tuple[int, int, str, str]:  # a seed whose reply has a token bringing two new characters
