@@ -31,6 +31,7 @@ log = structlog.get_logger()
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop", "error": "stop"}
 MAX_BODY = 4 * 1024 * 1024
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
+MAX_STOP = 16  # OpenAI's is 4; vLLM sets none
 UNHONOURED = ("tools", "functions", "logit_bias", "presence_penalty", "frequency_penalty")  # refused, not ignored
 LINGER_S = 5.0  # how long an error reply waits for the rest of a request it did not read
 
@@ -124,6 +125,8 @@ class ChatServer:
             stop = [stop]
         if not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
             raise HTTPError(400, f"stop must be a string or a list of strings, got {stop!r}")
+        if len(stop) > MAX_STOP:  # each is looked for after every token: 250,000 slowed a neighbour 5x
+            raise HTTPError(400, f"stop: at most {MAX_STOP} strings, got {len(stop)}")
         logprobs = given.get("logprobs", False)
         if not isinstance(logprobs, bool):  # "false" is truthy: it was answered with logprobs
             raise HTTPError(400, f"logprobs must be true or false, got {logprobs!r}")

@@ -158,6 +158,7 @@ def test_openai_binding_is_checked():
     ({"stop": [1]}, "stop must be a string or a list of strings"),
     ({"stop": 5}, "stop must be a string or a list of strings"),
     ({"stop": {"a": 1}}, "stop must be a string or a list of strings"),
+    ({"stop": [str(i) for i in range(17)]}, "stop: at most 16 strings, got 17"),
     ({"temperature": -1}, "temperature must be 0 (greedy) or a number >= 0.001"),
     ({"temperature": 1e-300}, "temperature must be 0 (greedy) or a number >= 0.001"),  # logits / T overflows
     ({"temperature": 1e39, "response_format": {"type": "json_object"}},  # inf in float32: a 400 blaming the schema
