@@ -56,6 +56,9 @@ from typing import Any, Coroutine
 
 import structlog
 
+from sandboxes.pool import scratch_root
+
+from ..files import writing
 from .base import AdapterVersions, Completion, FinishReason, GenerationRequest, RequestRefused, cut_at_stop
 from ..grammar.schema import grammar_after
 from .tokens import TokenizerMethods, end_of_turn_ids
@@ -145,7 +148,8 @@ class VLLMEngine(TokenizerMethods, AdapterVersions):
         self._lock = threading.Lock()  # adapters change from the trainer's thread while requests run
         self._lora_ids = itertools.count(1)  # vLLM wants ids > 0, unique for the engine's lifetime
         self._request_ids = itertools.count()
-        self._snapshots = Path(tempfile.mkdtemp(prefix="rolecast-vllm-"))
+        # in the process's scratch: removed with it where the process dies before aclose
+        self._snapshots = Path(tempfile.mkdtemp(prefix="vllm-", dir=scratch_root()))
         self._loop: asyncio.AbstractEventLoop | None = None  # vLLM's; set by the first generate
         self._pending: set[Future] = set()
         self._inflight = 0
@@ -267,7 +271,7 @@ class VLLMEngine(TokenizerMethods, AdapterVersions):
         """Replace an adapter's weights (PEFT key format; B is multiplied by ``scale`` = alpha / r)."""
         if name not in self.versions:
             raise KeyError(f"no adapter {name!r} to update (add or load it first)")
-        with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory(dir=self._snapshots) as tmp:
             write_peft_adapter(Path(tmp), state_dict, scale, base_model=self.model)
             return self.load_adapter(name, tmp)
 
@@ -375,7 +379,7 @@ def most_likely(step: dict[int, Any], k: int) -> list[tuple[int, float]]:
 
 def write_peft_adapter(folder: Path, state_dict: dict[str, Any], scale: float, base_model: str = "") -> None:
     """A PEFT-format LoRA dir from a state dict (``...<module>.lora_A.weight`` keys), alpha = scale * r."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     ranks = {v.shape[0] for k, v in state_dict.items() if k.endswith("lora_A.weight")}
     if len(ranks) != 1:
@@ -383,7 +387,9 @@ def write_peft_adapter(folder: Path, state_dict: dict[str, Any], scale: float, b
     rank = ranks.pop()
     modules = sorted({k.split(".lora_")[0].rsplit(".", 1)[-1] for k in state_dict if ".lora_" in k})
     folder.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().contiguous() for k, v in state_dict.items()}, str(folder / "adapter_model.safetensors"))
+    weights = folder / "adapter_model.safetensors"
+    with writing(weights):  # save_file's full disk was a SafetensorError naming no file
+        weights.write_bytes(save({k: v.detach().contiguous() for k, v in state_dict.items()}))
     config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": scale * rank,
               "target_modules": modules, "lora_dropout": 0.0, "bias": "none", "base_model_name_or_path": base_model}
     (folder / "adapter_config.json").write_text(json.dumps(config, indent=2))

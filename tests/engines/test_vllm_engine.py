@@ -7,6 +7,7 @@ one once unused), snapshots of adapter dirs, update_adapter's PEFT dir, abort on
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from transformers import AutoTokenizer
 
 import fake_vllm
 from fake_vllm import Reply
+from sandboxes.pool import scratch_root
 from orchestrator.config import SamplingConfig
 from orchestrator.engines.base import Engine, GenerationRequest, SamplingParams
 from orchestrator.grammar.schema import grammar_after
@@ -341,6 +343,18 @@ async def test_update_adapter_writes_a_peft_dir(vllm_engine, tmp_path):
     assert out.adapter_version == 2
     with pytest.raises(KeyError, match="add or load it first"):
         vllm_engine.update_adapter("nobody", state)
+    # in the process's scratch, which the next process removes where this one was killed
+    assert path.parent.parent == scratch_root()
+
+
+def test_a_full_disk_writing_an_adapter_names_its_file(small_disk):
+    """safetensors' save_file failed as SafetensorError('I/O error: No space left'), naming no file."""
+    from orchestrator.engines.vllm import write_peft_adapter
+
+    state = {"m.q_proj.lora_A.weight": torch.zeros(8, 1024), "m.q_proj.lora_B.weight": torch.zeros(1024, 8)}
+    with pytest.raises(OSError) as raised:
+        write_peft_adapter(small_disk / "a", state, 1.0)
+    assert (raised.value.errno, raised.value.filename) == (errno.ENOSPC, str(small_disk / "a" / "adapter_model.safetensors"))
 
 
 async def test_remove_and_unknown_adapters_sample_the_base_model(vllm_engine, tmp_path):
