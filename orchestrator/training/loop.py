@@ -20,6 +20,7 @@ newest whole checkpoint (one damaged since, say a folder deleted by hand, is pas
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -142,9 +143,13 @@ class TrainingRun:
     # -- the loop --------------------------------------------------------------------------------
     async def run(self) -> dict[str, Any]:
         try:
-            return await self._run()
-        finally:  # a failed run's too: its TensorBoard writer holds a thread and the event file open
-            self.metrics.close()
+            result = await self._run()
+        except BaseException:  # a failed run's writer too: it holds a thread and the event file open;
+            with contextlib.suppress(OSError):  # its own fault (the same full disk) must not replace
+                self.metrics.close()  # the error that stopped the run, which the user is to read
+            raise
+        self.metrics.close()
+        return result
 
     async def _run(self) -> dict[str, Any]:
         self.run_dir.mkdir(parents=True, exist_ok=True)

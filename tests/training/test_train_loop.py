@@ -1,6 +1,7 @@
 """`rolecast train` end to end on the tiny model: metrics, checkpoints, sampler refresh, resume."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import json
@@ -502,6 +503,28 @@ def test_a_full_disk_leaves_metrics_rows_whole_and_names_the_file(small_disk):
     assert [row["step"] for row in read_metrics(small_disk)] == list(range(len(read_metrics(small_disk))))
     with contextlib.suppress(OSError):
         writer.close()
+
+
+def test_the_error_that_stopped_a_run_is_not_replaced_by_its_metrics_writer_closing(tmp_path):
+    """The writer was closed in a ``finally``: its close failing too (TensorBoard's flush on the
+    same full disk) replaced the run's own error, here a trainer plugin's, which the user never saw."""
+    from types import SimpleNamespace
+
+    from orchestrator.errors import RunFailed
+    from orchestrator.training.loop import TrainingRun
+
+    def full() -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "tb"))
+
+    async def fails() -> None:
+        raise RunFailed("trainer plugin 'mine': loss raised ValueError")
+
+    run = SimpleNamespace(_run=fails, metrics=SimpleNamespace(close=full))
+    with pytest.raises(RunFailed, match="trainer plugin 'mine'"):
+        asyncio.run(TrainingRun.run(run))
+    run._run = lambda: asyncio.sleep(0, {"steps": 1})  # a run that ended well says its writer's fault
+    with pytest.raises(OSError, match="No space left"):
+        asyncio.run(TrainingRun.run(run))
 
 
 def test_a_full_disk_writing_trainer_json_is_not_the_trainers_fault(tmp_path, monkeypatch):
