@@ -50,13 +50,14 @@ class CpuFeatures:
 def host() -> CpuFeatures:
     """This machine's CPU (no flags where /proc/cpuinfo cannot be read: every check says no).
 
-    ``ROLECAST_CPU_FLAGS`` (flag names as /proc/cpuinfo writes them, space-separated) stands in
-    for the machine's flags, in this process and those it starts: ``make test`` runs part of the
-    suite with ``avx2 fma``, an AVX2-only machine's fallbacks, whatever CPU it runs on.
+    ``ROLECAST_CPU_FLAGS`` (flag names as /proc/cpuinfo writes them, space- or comma-separated,
+    in any case) stands in for the machine's flags, in this process and those it starts: ``make
+    test`` runs part of the suite with ``avx2 fma``, an AVX2-only machine's fallbacks, whatever CPU
+    it runs on. ("AVX512F,AVX512_BF16" read as two flags no check knows: the fallbacks, silently.)
     """
     onednn = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
     if (flags := os.environ.get("ROLECAST_CPU_FLAGS")) is not None:
-        return CpuFeatures(frozenset(flags.split()), onednn)
+        return CpuFeatures(frozenset(flags.lower().replace(",", " ").split()), onednn)
     try:
         return CpuFeatures.from_cpuinfo(Path("/proc/cpuinfo").read_text(), onednn)
     except OSError:
