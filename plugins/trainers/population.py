@@ -78,7 +78,8 @@ class Population(Trainer):
             if count < 2:
                 raise ValueError("members: a population needs two or more distinct members")
             # a member is an adapter: a name with a dot or a slash broke PEFT and the sampler dir's path
-            if bad := [n for n in ([] if isinstance(self.members, int) else self.members) if not re.match(NAME_PATTERN, n)]:
+            # (fullmatch: re.match's `$` passes a trailing newline, which went into the folder's name)
+            if bad := [n for n in ([] if isinstance(self.members, int) else self.members) if not re.fullmatch(NAME_PATTERN, n)]:
                 raise ValueError(f"members: {bad[0]!r} is not an adapter name (it must match {NAME_PATTERN})")
 
     config: Config

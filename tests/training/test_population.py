@@ -74,6 +74,8 @@ def test_needs_players_sharing_one_adapter():
         cls.Config(members=["a", "a"])
     with pytest.raises(ValueError, match="'../b' is not an adapter name"):  # was a KeyError out of PEFT mid-run
         cls.Config(members=["a", "../b"])
+    with pytest.raises(ValueError, match=r"'b\\n' is not an adapter name"):  # made a folder sampler/'b\n'
+        cls.Config(members=["a", "b\n"])
 
 
 def test_uniform_matchmaking_frequencies():
