@@ -18,6 +18,9 @@ SEED_MAX = 2**63 - 1  # seeds reach the sampler's counter-based streams as int64
 MIN_TEMPERATURE, MIN_TOP_P = 1e-3, 1e-6
 
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_\-]*$"
+# An adapter's name names its folders (sampler/NAME, a checkpoint's .NAME.tmp-XXXXXXXX, a snapshot's
+# pool/NAME@STEP): one past a file system's 255 bytes failed training at its first write, a traceback.
+ADAPTER_NAME_MAX = 128
 SET_BY_TRAIN = "set_by_train"  # a field's json_schema_extra key: why a recipe may not set it
 
 
@@ -159,7 +162,8 @@ class SamplingConfig(Strict):
 
 
 class PolicyConfig(Strict):
-    adapter: str | None = Field(None, pattern=NAME_PATTERN, description="LoRA adapter; null = base model")
+    adapter: str | None = Field(None, pattern=NAME_PATTERN, max_length=ADAPTER_NAME_MAX,
+                                description="LoRA adapter; null = base model")
     trainable: bool = True
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     # What produces this role's text: null = the team's model engine; otherwise a binding such

@@ -142,6 +142,9 @@ CASES = [
      "team.yaml", 5, "protocol.rounds", "unknown key"),
     ("override-wrong-type", lambda w: replace_in(w / "team.yaml", "  - use: reviewer", "  - use: reviewer\n    max_retries: lots"),
      "team.yaml", 8, "roles[1].max_retries", "integer"),
+    # it names the adapter's folders: validated, then training failed at its first write (File name too long)
+    ("adapter-name-too-long", lambda w: replace_in(w / "team.yaml", "use: ./echo.yaml", "use: ./echo.yaml\n    policy: {adapter: " + "a" * 300 + "}"),
+     "team.yaml", 7, "roles[0].policy.adapter", "at most 128 characters"),
     ("bad-binding", lambda w: replace_in(w / "echo.yaml", "adapter: null", "adapter: null\n  bind: telepathy:now"),
      "echo.yaml", 11, "policy.bind", "unknown policy kind"),
     # the team sets policy.adapter; the role file's other policy keys are still its own

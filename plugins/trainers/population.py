@@ -44,7 +44,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from orchestrator.config import NAME_PATTERN, PluginConfig
+from orchestrator.config import ADAPTER_NAME_MAX, NAME_PATTERN, PluginConfig
 from orchestrator.training.trainer import Rewards, Snapshot, Trainer, TrainerContext, centred
 from orchestrator.transcript import EpisodeRecord
 
@@ -79,8 +79,10 @@ class Population(Trainer):
                 raise ValueError("members: a population needs two or more distinct members")
             # a member is an adapter: a name with a dot or a slash broke PEFT and the sampler dir's path
             # (fullmatch: re.match's `$` passes a trailing newline, which went into the folder's name)
-            if bad := [n for n in ([] if isinstance(self.members, int) else self.members) if not re.fullmatch(NAME_PATTERN, n)]:
-                raise ValueError(f"members: {bad[0]!r} is not an adapter name (it must match {NAME_PATTERN})")
+            if bad := [n for n in ([] if isinstance(self.members, int) else self.members)
+                       if not re.fullmatch(NAME_PATTERN, n) or len(n) > ADAPTER_NAME_MAX]:
+                raise ValueError(f"members: {bad[0]!r} is not an adapter name (it must match {NAME_PATTERN}, "
+                                 f"in at most {ADAPTER_NAME_MAX} characters)")
 
     config: Config
 

@@ -76,6 +76,8 @@ def test_needs_players_sharing_one_adapter():
         cls.Config(members=["a", "../b"])
     with pytest.raises(ValueError, match=r"'b\\n' is not an adapter name"):  # made a folder sampler/'b\n'
         cls.Config(members=["a", "b\n"])
+    with pytest.raises(ValueError, match="in at most 128 characters"):  # sampler/NAME: File name too long, mid-run
+        cls.Config(members=["a", "b" * 300])
 
 
 def test_uniform_matchmaking_frequencies():
