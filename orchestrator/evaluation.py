@@ -21,10 +21,9 @@ from .errors import RolecastError
 from .policies.binding import Binding
 from .registry import default_registry
 from .role import RoleSpec
-from .team import Team, opponent_problem
+from .team import CHECKPOINT_ADAPTER, Team, opponent_problem
 from .transcript import EpisodeRecord
 
-CHECKPOINT_ADAPTER = "eval-opponent"
 RESULTS = ("win", "draw", "loss")
 
 
@@ -74,7 +73,7 @@ def with_adapter(spec: RoleSpec, adapter: str | None) -> RoleSpec:
 
 def bind_opponent(team: Team, opponent: str, overrides: dict[str, Binding]) -> tuple[Team, str, Path | None]:
     """(team with the opponent's adapter replaced if need be, opponent role, checkpoint to load)."""
-    if problem := opponent_problem(opponent, team.env_config, default_registry()):
+    if problem := opponent_problem(opponent, team.env_config, default_registry(), team.roles):
         raise RolecastError(f"--opponent {opponent}: {team.name}: {problem}")
     role = team.env_config.opponent_role()
     if role in overrides:

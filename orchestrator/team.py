@@ -63,6 +63,9 @@ class Team:
         }
 
 
+CHECKPOINT_ADAPTER = "eval-opponent"  # the adapter a checkpoint:PATH opponent is loaded as
+
+
 def trainable_roles(roles: dict[str, RoleSpec]) -> dict[str, str]:
     """role -> adapter for the roles that learn: trainable, with an adapter, bound to the model."""
     out = {}
@@ -105,7 +108,7 @@ def load_team(source: str | Path | Mapping[str, Any], registry: Registry | None 
     eval_tasks = None
     if config.training is not None:
         _check_training(config.training, roles, env_class, doc, registry)
-        if config.training.eval_opponent and (problem := opponent_problem(config.training.eval_opponent, env_config, registry)):
+        if config.training.eval_opponent and (problem := opponent_problem(config.training.eval_opponent, env_config, registry, roles)):
             raise doc.error(("training", "eval_opponent"), problem)
         if config.training.eval_tasks is not None:
             eval_tasks = _load_tasks(config.training.eval_tasks, doc, ("training", "eval_tasks"), env_class, env_config)
@@ -113,9 +116,9 @@ def load_team(source: str | Path | Mapping[str, Any], registry: Registry | None 
                 tasks=tasks, eval_tasks=eval_tasks)
 
 
-def opponent_problem(opponent: str, env_config: EnvConfig, registry: Registry) -> str | None:
+def opponent_problem(opponent: str, env_config: EnvConfig, registry: Registry, roles: dict[str, RoleSpec]) -> str | None:
     """What is wrong with ``opponent`` (``base``, ``checkpoint:PATH``, ``builtin:NAME`` or a policy
-    name) as the opponent of a team with this protocol, or None: for ``--opponent`` and
+    name) as the opponent of a team with this protocol and ``roles``, or None: for ``--opponent`` and
     ``training.eval_opponent`` alike, so a recipe's typo is caught when it loads."""
     declared = getattr(env_config, "opponent_role", None)
     if declared is None or declared() is None:
@@ -124,6 +127,10 @@ def opponent_problem(opponent: str, env_config: EnvConfig, registry: Registry) -
     if opponent == "base":
         return None
     if kind == "checkpoint":
+        # the engine holds one adapter a name: a learner of that name overwrote the checkpoint, unsaid
+        if taken := [name for name, spec in roles.items() if spec.config.policy.adapter == CHECKPOINT_ADAPTER]:
+            return (f"role {taken[0]!r} plays adapter {CHECKPOINT_ADAPTER!r}, the name a checkpoint opponent is loaded "
+                    "under: give that adapter another name")
         return None if (Path(target) / "adapter_config.json").is_file() else "not a PEFT adapter dir (no adapter_config.json)"
     if (target if kind == "builtin" else opponent) not in registry.items["policies"]:
         return f"unknown opponent {opponent!r} (use one of {', '.join(['base', 'checkpoint:PATH'] + registry.names('policies'))})"

@@ -319,6 +319,20 @@ def test_a_checkpoint_eval_opponent_that_does_not_load_is_one_line(tmp_path, cli
     assert f"training.eval_opponent checkpoint:{tmp_path / 'opponent'}: no adapter_model.safetensors in" in err
 
 
+def test_a_checkpoint_eval_opponent_beside_a_learner_of_its_adapter_name_is_one_line(tmp_path, cli):
+    """A learner playing adapter eval-opponent: its weights, published under that name, replaced the
+    checkpoint in the engine, and every evaluation played the learner against itself, unsaid."""
+    from support import lora_state, peft_dir
+
+    folder = peft_dir(tmp_path / "opponent", lora_state(tiny_engine().model, 3))
+    recipe = write(tmp_path / "ttt.yaml", SELF_PLAY.replace("adapter: player", "adapter: eval-opponent")
+                   .replace("eval_opponent: random", f"eval_opponent: checkpoint:{folder}"))
+    code, _, err = cli("validate", recipe)
+    assert code == 2 and "Traceback" not in err, err
+    assert ("training.eval_opponent: role 'x' plays adapter 'eval-opponent', the name a checkpoint opponent is "
+            "loaded under: give that adapter another name") in err
+
+
 def test_an_eval_opponent_checkpoint_the_engine_refuses_is_one_line(tmp_path, cli):
     """checkpoint:PATH to another base model's adapter (or one without its weights) was the
     engine's ValueError as a traceback, once the model had loaded."""
