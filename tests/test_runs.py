@@ -569,6 +569,16 @@ def test_an_empty_out_is_refused_not_the_current_folder(cli, capsys, tmp_path, m
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_path_name_too_long_is_one_line_naming_it(cli, tmp_path):
+    """A folder or file name past the file system's 255 bytes was an OSError traceback from wherever
+    it was first used: --out, `report RUN_DIR`, a recipe's path."""
+    long = tmp_path / ("x" * 300)
+    for args in (("run", ROOT / "recipes/guess_number.yaml", "--out", long), ("report", long), ("validate", f"{long}.yaml")):
+        code, _, err = cli(*args)
+        assert code == 2 and "Traceback" not in err, err
+        assert err.strip().startswith(f"rolecast: {long}") and err.strip().endswith(": File name too long"), err
+
+
 def test_a_task_the_environment_cannot_take_is_one_line(cli, tmp_path):
     code, _, err = cli("run", ROOT / "recipes/guess_number.yaml", "--task", "abc", "--out", tmp_path / "run")
     assert code == 2 and "--task abc: the secret is a whole number, got 'abc'" in err and "Traceback" not in err

@@ -2,7 +2,8 @@
 
 A user's mistake (bad YAML, unknown role, bad binding) is one line on stderr (a JSON line with
 ``--log-json``) and exit code 2; ``--debug`` shows the traceback instead. A disk that refuses a
-write (full, read-only) is one line naming the file, and exit code 1. Ctrl-C stops a command
+write (full, read-only) is one line naming the file, and exit code 1; so is a path whose name the
+system refuses (a folder or file name past 255 bytes), with exit code 2. Ctrl-C stops a command
 with exit code 130, SIGTERM with 143, each after the clean-up that ``finally`` blocks do;
 ``serve`` alone exits 0, as a server told to stop has done its job. Plugins add commands through
 the ``register_commands`` hook (``hookspecs.py``).
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import importlib
 import io
 import os
@@ -55,11 +57,12 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + signal.SIGPIPE
     except OSError as exc:
-        if args.debug or exc.errno not in DISK_FAULTS:
+        if args.debug or exc.errno not in (*DISK_FAULTS, errno.ENAMETOOLONG):
             raise
-        # a full or read-only disk is no bug of ours: which file, and why, as rolecast's other errors
+        # a full or read-only disk is no bug of ours, nor a name too long (--out, a recipe's prompt
+        # path: a traceback from wherever it was first used): which file, and why, as our other errors
         logs.say(f"rolecast: {f'{exc.filename}: ' if exc.filename else ''}{exc.strerror}", "error")
-        return 1
+        return EXIT_USAGE if exc.errno == errno.ENAMETOOLONG else 1
 
 
 def printable_stdout() -> None:
