@@ -52,6 +52,9 @@ def handle(args: argparse.Namespace, team: Any) -> int:
     unknown = [b for b in baselines if b not in registry.items["policies"]]
     if unknown:
         raise RolecastError(f"--baseline {', '.join(unknown)}: unknown (builtin policies: {', '.join(registry.names('policies'))})")
+    if taken := [b for b in baselines if b in trainer.members]:  # one entrant's name: their games were counted as one's
+        raise RolecastError(f"--baseline {taken[0]}: a member of {run} has that name too, and the round robin names "
+                            "entrants by name: give another --baseline")
     adapters = {m: run / "sampler" / m for m in trainer.members} | {p.name: p for p in snapshots(run, trainer.members)}
     entrants = [Entrant(name, adapter=name) for name in adapters] + [Entrant(b, builtin=b) for b in baselines]
     seed = team.config.seed if args.seed is None else args.seed

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from support import train_tiny
+from support import lora_state, peft_dir, tiny_engine, train_tiny
 
 from orchestrator.population import Entrant, Game, analyse, bradley_terry, matrices, schedule, three_cycles
 
@@ -161,6 +161,19 @@ def test_eval_population_refuses_a_recipe_that_trains_no_population(cli, tmp_pat
     (tmp_path / "config.yaml").write_text("recipe: [unclosed\n")
     code, _, err = cli("eval", ROOT / "recipes/rps_population.yaml", "--population", tmp_path, "--model", "tiny")
     assert code == 2 and "config.yaml is unreadable" in err and "Traceback" not in err
+
+
+def test_a_baseline_named_as_a_member_is_refused(cli, tmp_path):
+    """Members [random, bob] beside the default baseline random: two entrants of one name, whose games,
+    payoffs and rating the report merged into one."""
+    for member in ("random", "bob"):
+        peft_dir(tmp_path / "sampler" / member, lora_state(tiny_engine().model, 0))
+    (tmp_path / "config.yaml").write_text("recipe: {name: rps_population, training: {trainer_config: "
+                                          "{players: [alice, bob], members: [random, bob]}}}\n")
+    code, _, err = cli("eval", ROOT / "recipes/rps_population.yaml", "--population", tmp_path, "--model", "tiny",
+                       "--games-per-pair", "1", "--no-progress")
+    assert code == 2 and "--baseline random: a member of" in err and "give another --baseline" in err, err
+    assert not (tmp_path / "population").exists()
 
 
 def test_eval_population_flags_that_do_not_apply_are_refused(cli, tmp_path):
