@@ -260,7 +260,8 @@ class VLLMEngine(TokenizerMethods, AdapterVersions):
         rank = json.loads((source / "adapter_config.json").read_text()).get("r", 0)
         if rank > self.max_lora_rank:
             raise ValueError(f"{source}: LoRA rank {rank} is above the vllm engine's max_lora_rank {self.max_lora_rank}")
-        snapshot = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=self._snapshots))
+        # not named after the adapter: serve's --adapter ../../x=DIR put its copy outside the snapshots dir
+        snapshot = Path(tempfile.mkdtemp(prefix="adapter-", dir=self._snapshots))
         shutil.copytree(source, snapshot, dirs_exist_ok=True)
         with self._lock:
             version = self.next_version(name)

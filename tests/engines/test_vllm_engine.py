@@ -239,6 +239,17 @@ async def test_missing_logprobs_is_an_error(vllm_engine):
     assert vllm_engine.busy == 0
 
 
+async def test_an_adapter_named_like_a_path_is_snapshotted_inside_the_engines_folder(vllm_engine, tmp_path):
+    """serve takes any --adapter NAME: ../../x copied the adapter to /x-XXXX, outside the snapshots
+    the engine removes as it closes, and a/b was a FileNotFoundError traceback."""
+    source = adapter_dir(tmp_path / "judge", 1.0)
+    for name in ("../../escaped", "org/judge"):
+        assert vllm_engine.load_adapter(name, source) == 1
+        await vllm_engine.generate(req(name))
+    for call in fake(vllm_engine).calls:
+        assert Path(call.lora_request.lora_path).parent == vllm_engine._snapshots
+
+
 async def test_each_version_gets_a_new_lora_name_id_and_snapshot(vllm_engine, tmp_path):
     source = adapter_dir(tmp_path / "sampler" / "coder", 1.0)
     assert vllm_engine.load_adapter("coder", source) == 1
