@@ -138,8 +138,8 @@ def library_roles() -> list[str]:
 def resolve_role_path(ref: str, base_dir: Path) -> Path | None:
     """A library name (``reviewer``) or a path (``./my_role.yaml``) relative to ``base_dir``."""
     if ref.endswith((".yaml", ".yml")) or "/" in ref:
-        path = (base_dir / ref).resolve()
-        return path if path.is_file() else None
+        path = base_dir / ref  # is_file first: it is False, where resolve() raised, for a NUL in it
+        return path.resolve() if path.is_file() else None
     path = LIBRARY_DIR / f"{ref}.yaml"
     return path if path.is_file() else None
 
@@ -246,7 +246,7 @@ def _compile_template(path: Path, where: tuple[YamlDoc, Loc]) -> tuple[jinja2.Te
 
 def _load_schema(value: dict[str, Any] | str, doc: YamlDoc, loc: Loc) -> dict[str, Any]:
     if isinstance(value, str):
-        path = (doc.path.parent / value).resolve()
+        path = doc.file(loc, value)
         try:
             schema = json.loads(read_text(path, MAX_YAML_BYTES), object_pairs_hook=json_object)
         except ConfigError as exc:  # missing, unreadable or too large
@@ -325,12 +325,12 @@ def load_role(
             at = key_doc.error(key_loc, "")
             grammar_sites[key] = (at.file, at.line, at.key)
     d, loc = where(("prompt",))
-    template_path = (d.path.parent / config.prompt).resolve()
+    template_path = d.file(loc, config.prompt)
     template, variables = _compile_template(template_path, (d, loc))
     followup_template = None
     if config.followup is not None:
         d, loc = where(("followup",))
-        followup_template, followup_variables = _compile_template((d.path.parent / config.followup).resolve(), (d, loc))
+        followup_template, followup_variables = _compile_template(d.file(loc, config.followup), (d, loc))
         variables = {**followup_variables, **variables}
     env = _jinja_env(str(template_path.parent))
     d, loc = where(("system",))

@@ -316,7 +316,7 @@ def _load_tasks(tasks: list[dict[str, Any]] | str, doc: YamlDoc, loc: tuple, env
             raise doc.error(loc, "at least one task is needed")
         items, where = tasks, lambda i, key, problem: doc.error(loc + (i,) + key, problem)
     else:
-        path = (doc.path.parent / tasks).resolve()
+        path = doc.file(loc, tasks)
         try:
             if path.suffix == ".jsonl":
                 lines = load_json_lines(path)

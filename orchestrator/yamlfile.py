@@ -50,6 +50,13 @@ class YamlDoc:
     def error(self, loc: Loc, problem: str) -> ConfigError:
         return ConfigError(self.path.name if self.inline else self.path, self.line_of(loc), format_loc(loc), problem)
 
+    def file(self, loc: Loc, name: str) -> Path:
+        """The file that ``name``, at ``loc``, names: relative to this file's folder. A NUL in it (a
+        "\\0" in a quoted string), which no file name holds, was a ValueError traceback."""
+        if "\0" in name:
+            raise self.error(loc, f"{name!r} holds a NUL character, which no file name can")
+        return (self.path.parent / name).resolve()
+
 
 def inline_doc(data: Any, name: str) -> YamlDoc:
     """A mapping given in code (``rolecast.run({...})``) read as a file named ``name`` in the

@@ -145,6 +145,13 @@ CASES = [
     # it names the adapter's folders: validated, then training failed at its first write (File name too long)
     ("adapter-name-too-long", lambda w: replace_in(w / "team.yaml", "use: ./echo.yaml", "use: ./echo.yaml\n    policy: {adapter: " + "a" * 300 + "}"),
      "team.yaml", 7, "roles[0].policy.adapter", "at most 128 characters"),
+    # a "\0" in a quoted path: a ValueError (embedded null byte) traceback as the path resolved
+    ("prompt-path-nul", lambda w: replace_in(w / "echo.yaml", "prompt: prompts/echo.md.j2", 'prompt: "prompts/echo\\0.md.j2"'),
+     "echo.yaml", 3, "prompt", "'prompts/echo\\x00.md.j2' holds a NUL character, which no file name can"),
+    ("tasks-path-nul", lambda w: replace_in(w / "team.yaml", 'tasks:\n  - {text: "the sea"}\n  - {text: "the sky"}', 'tasks: "t\\0.jsonl"'),
+     "team.yaml", 8, "tasks", "holds a NUL character"),
+    ("use-path-nul", lambda w: replace_in(w / "team.yaml", "use: ./echo.yaml", 'use: "./echo\\0.yaml"'),
+     "team.yaml", 6, "roles[0].use", "unknown role './echo\\x00.yaml'"),
     ("bad-binding", lambda w: replace_in(w / "echo.yaml", "adapter: null", "adapter: null\n  bind: telepathy:now"),
      "echo.yaml", 11, "policy.bind", "unknown policy kind"),
     # the team sets policy.adapter; the role file's other policy keys are still its own
