@@ -108,6 +108,7 @@ def load_team(source: str | Path | Mapping[str, Any], registry: Registry | None 
     eval_tasks = None
     if config.training is not None:
         _check_training(config.training, roles, env_class, doc, registry)
+        _check_adapter_case(roles, doc)
         if config.training.eval_opponent and (problem := opponent_problem(config.training.eval_opponent, env_config, registry, roles)):
             raise doc.error(("training", "eval_opponent"), problem)
         if config.training.eval_tasks is not None:
@@ -198,6 +199,18 @@ def _check_training(training: TrainingConfig, roles: dict[str, RoleSpec], env_cl
             raise doc.error(("training", "repetition_penalty", role), f"not a role that learns (those that do: {', '.join(learning)})")
         if not weight >= 0:
             raise doc.error(("training", "repetition_penalty", role), f"must be 0 or more, got {weight}")
+
+
+def _check_adapter_case(roles: dict[str, RoleSpec], doc: YamlDoc) -> None:
+    """No two learners' adapters differ only by case: each names folders (sampler/NAME, a checkpoint's
+    adapters/NAME), which are one folder on a case-insensitive file system (macOS's, Windows'): Coder's
+    and coder's weights would overwrite each other there."""
+    learning, seen = trainable_roles(roles), {}
+    for i, name in enumerate(roles):  # in the team's order: roles[i] of the file
+        adapter = learning.get(name)
+        if adapter and (other := seen.setdefault(adapter.casefold(), adapter)) != adapter:
+            raise doc.error(("roles", i, "policy", "adapter"), f"adapter {adapter!r} differs from {other!r} only by case: "
+                            "their folders would be one on a case-insensitive file system (macOS, Windows)")
 
 
 def _plugin_code(doc: ErrorSite, loc: Loc, what: str) -> contextlib.AbstractContextManager[None]:

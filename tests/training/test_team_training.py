@@ -236,3 +236,13 @@ def test_repetition_penalty_lowers_the_rewards_of_repeated_messages(cli, tmp_pat
         assert line["rewards"]["proposer"] == pytest.approx(env["proposer"] - 0.5)
         assert line["rewards"]["solver"] == env["solver"]
     assert row["env_reward/proposer"] == pytest.approx(row["reward/proposer"] + 0.5) and "solver/repeated" not in row
+
+
+def test_learners_whose_adapters_differ_only_by_case_are_refused(cli, tmp_path):
+    """Adapters Pro and pro: distinct folders here, one sampler/ and checkpoint folder on macOS's or
+    Windows' file system, where the two debaters' weights would overwrite each other."""
+    recipe = tmp_path / "debate.yaml"
+    recipe.write_text((ROOT / "recipes/debate.yaml").read_text().replace("{adapter: pro}", "{adapter: Pro}")
+                      .replace("{adapter: con}", "{adapter: pro}"))
+    code, _, err = cli("validate", recipe)
+    assert code == 2 and f"{recipe}:19: roles[1].policy.adapter: adapter 'pro' differs from 'Pro' only by case" in err, err
