@@ -55,9 +55,6 @@ def handle_run(args: argparse.Namespace) -> int:
         sys.stdout.write(result.stdout)
         sys.stderr.write(result.stderr)
         flags = [f for f in ("timed_out", "out_of_memory", "truncated") if getattr(result, f)]
-        print(
-            f"[sandbox {result.backend}] exit={result.exit_code} signal={result.signal} "
-            f"{result.duration_s:.2f}s {' '.join(flags)}".rstrip(),
-            file=sys.stderr,
-        )
+        logs.say(f"[sandbox {result.backend}] exit={result.exit_code} signal={result.signal} "
+                 f"{result.duration_s:.2f}s {' '.join(flags)}".rstrip())  # a JSON line with --log-json
     return result.exit_code if result.exit_code is not None else 1

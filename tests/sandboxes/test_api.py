@@ -398,6 +398,19 @@ def test_cli_prints_output_and_returns_exit_code(workdir, capsys):
     assert out.endswith("hi\n") and "err\n" in err and "exit=3" in err
 
 
+def test_the_cli_says_its_summary_as_a_json_line_with_log_json(workdir, capsys):
+    """``rolecast --log-json sandbox run``: its summary was console text among stderr's JSON lines."""
+    from orchestrator import logs
+    from orchestrator.cli import main
+
+    try:
+        assert main(["--log-json", "sandbox", "run", "--workdir", str(workdir), "--", "true"]) == 0
+    finally:
+        logs.configure()  # console lines again, for the tests that call a command's handler alone
+    said = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    assert said[-1]["event"].startswith("[sandbox ") and "exit=0" in said[-1]["event"]
+
+
 def test_cli_json_and_refusals(workdir, capsys):
     args = _cli("--json", "--timeout", "0.5", "--workdir", str(workdir), "--", "sleep", "5")
     assert args.func(args) == 137
