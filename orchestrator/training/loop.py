@@ -171,8 +171,9 @@ class TrainingRun:
         ahead: dict[int, asyncio.Task] = {}  # async training: later steps' rollouts, sampling meanwhile
         try:
             with Progress(disable=not self.options.progress, console=progress_console()) as bar:
-                task = bar.add_task("training", total=self.steps, completed=start)
-                for step in range(max(start, 1), self.steps + 1):
+                first = max(start, 1)
+                task = bar.add_task("training", total=self.steps, completed=first - 1)  # the steps done
+                for step in range(first, self.steps + 1):
                     for later in range(step, min(step + self.cfg.max_staleness, self.steps) + 1):
                         if later not in ahead:
                             ahead[later] = asyncio.create_task(self.rollout(later))

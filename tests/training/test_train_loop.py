@@ -385,6 +385,24 @@ def test_resume_continues_the_run_as_it_was_started(cli, tmp_path):
     assert [r["step"] for r in rows(run) if r["kind"] == "train"] == [1, 2, 3]
 
 
+def test_a_resumed_runs_progress_bar_starts_at_the_steps_it_has_done(cli, tmp_path, monkeypatch):
+    """Resumed from step 1's checkpoint with --steps 2, the bar began at 2 of 2 (100%), a step
+    it had still to train."""
+    from rich.progress import Progress
+
+    from support import SMALL_TRAINING, train_tiny
+
+    recipe, run = Path(__file__).resolve().parents[2] / "recipes/guess_number.yaml", tmp_path / "run"
+    train_tiny(cli, recipe, run, 1, "--set", "checkpoint_every=1")
+    begun, add_task = [], Progress.add_task
+    monkeypatch.setattr(Progress, "add_task",
+                        lambda self, what, **kw: begun.append((what, kw.get("completed", 0))) or add_task(self, what, **kw))
+    code, _, err = cli("train", recipe, "--out", run, "--resume", "--steps", "2", "--dtype", "float32", *SMALL_TRAINING,
+                       "--set", "checkpoint_every=1")
+    assert code == 0, err
+    assert ("training", 1) in begun
+
+
 def test_resume_refuses_a_recipe_edited_since_the_run_started(tmp_path):
     """Only the training block was compared: a recipe whose protocol, roles or tasks changed resumed
     without a word, its config.yaml still recording the recipe as it was."""
