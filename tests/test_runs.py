@@ -503,6 +503,33 @@ def test_log_json_says_a_commands_notes_and_errors_on_stderr_as_json_lines(works
     assert code == 1 and lines[-1]["level"] == "error" and "every episode failed" in lines[-1]["event"]
 
 
+def test_log_json_renders_libraries_log_records_and_python_warnings_as_json_lines(workspace):
+    """A library's logging warning (transformers' report of a checkpoint's missing weights, once
+    the model's library is loaded) and a Python warning were their plain text among --log-json's
+    JSON lines."""
+    write(workspace / "noisy.py", """
+        import logging, warnings
+        from transformers.utils import logging as hf_logging
+
+        def echo(request):
+            logging.getLogger("somelib").warning("rate limited, retrying")
+            hf_logging.get_logger("transformers.modeling_utils").warning("weights missing")
+            warnings.warn("old API", DeprecationWarning)
+            return '{"say": "hi"}'
+        """)
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "--log-json", "run", workspace / "team.yaml",
+                           "--episodes", "1", "--out", workspace / "run", "--json", "--policy", "echo=python:noisy:echo",
+                           "--model", "tiny", "--dtype", "float32"], capture_output=True, text=True, cwd=workspace, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(workspace)]),
+                               "PYTHONWARNINGS": "always"})
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(line) for line in proc.stderr.splitlines()]
+    said = {(line["level"], line.get("logger")): line["event"] for line in lines}
+    assert said[("warning", "somelib")] == "rate limited, retrying"
+    assert said[("warning", "transformers.modeling_utils")] == "weights missing"  # transformers' own handler, before
+    assert "DeprecationWarning: old API" in said[("warning", "py.warnings")]
+
+
 def test_unknown_role_in_policy_flag(workspace, cli):
     code, _, err = cli("run", workspace / "team.yaml", "--policy", "chef=builtin:stub")
     assert code == 2 and "unknown role(s) chef" in err

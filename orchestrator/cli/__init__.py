@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     printable_stdout()
     parser = build_parser()
     args = parser.parse_args(argv)
-    logs.configure(json_logs=args.log_json, level="debug" if args.debug else "info")
+    logs.configure(json_logs=args.log_json, level="debug" if args.debug else "info", libraries=True)
     if not hasattr(args, "func"):
         parser.print_help()
         return EXIT_USAGE
