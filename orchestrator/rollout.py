@@ -135,7 +135,7 @@ async def run_team(team: Team, policies: Mapping[str, Policy], options: RunOptio
     started = time.perf_counter()
     path = (run_dir / "transcripts.jsonl").resolve()  # the result's episodes read it back, wherever the cwd is then
     transcripts = path.open("wb", buffering=0)  # each line written at once, whole or not at all (append_line)
-    progress = _progress(options.progress)
+    progress = progress_bar(options.progress)
     bar = progress.add_task(f"{team.name} episodes", total=options.episodes)
     # concurrency lanes draw the next episode index as each finishes one: an episode's record
     # (and its task) exists only while it is in flight, whatever the number of episodes
@@ -218,7 +218,8 @@ class Transcripts(Sequence[EpisodeRecord]):
                 yield EpisodeRecord.loads(fh.readline())
 
 
-def _progress(enabled: bool) -> Progress:
+def progress_bar(enabled: bool) -> Progress:
+    """A bar that counts its work (done of total), with the time it took and the time it has left."""
     return Progress(
         TextColumn("{task.description}"),
         BarColumn(),

@@ -52,7 +52,7 @@ def handle(args: argparse.Namespace) -> int:
     evaluation = api.evaluate(args.recipe, episodes=args.episodes, held_out=args.held_out, opponent=args.opponent,
                               out=args.out, seed=args.seed, concurrency=args.concurrency,
                               policies=parse_policy_flags(args.policy), adapters=parse_adapter_flags(args.adapter),
-                              progress=shows_progress(args) and not args.json, **compute_options(args))
+                              progress=shows_progress(args), **compute_options(args))
     if args.json:
         print(json.dumps(evaluation.report))
     else:

@@ -44,7 +44,7 @@ from ..evaluation import CHECKPOINT_ADAPTER, bind_opponent
 from ..evaluation import evaluate as evaluate_results
 from ..launch import recorded_run
 from ..registry import Registry, config_model, default_registry
-from ..rollout import RunOptions, build_policies, check_grammars, every_episode_failed, progress_console, run_team
+from ..rollout import RunOptions, build_policies, check_grammars, every_episode_failed, progress_bar, run_team
 from ..team import Team, trainable_roles
 from ..transcript import EpisodeRecord
 from .datums import DatumBuildOptions, role_datums
@@ -166,13 +166,11 @@ class TrainingRun:
                     await (await client.perturb_async(std, f"{self.options.seed}:{adapter}")).result_async()
             await self._publish_all()
             await self.evaluate(0)
-        from rich.progress import Progress
-
         ahead: dict[int, asyncio.Task] = {}  # async training: later steps' rollouts, sampling meanwhile
         try:
-            with Progress(disable=not self.options.progress, console=progress_console()) as bar:
-                first = max(start, 1)
-                task = bar.add_task("training", total=self.steps, completed=first - 1)  # the steps done
+            with progress_bar(self.options.progress) as bar:
+                first = max(start, 1)  # its run's name: compare's strategies each have theirs
+                task = bar.add_task(f"{self.run_dir.name} steps", total=self.steps, completed=first - 1)  # those done
                 for step in range(first, self.steps + 1):
                     for later in range(step, min(step + self.cfg.max_staleness, self.steps) + 1):
                         if later not in ahead:

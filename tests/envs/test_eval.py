@@ -75,6 +75,15 @@ def test_eval_table_prints_an_opponent_with_brackets_as_it_is(cli, tmp_path, cap
     assert "opponent bob = checkpoint:runs/exp[/x]/sampler/bob" in " ".join(capsys.readouterr().out.split())
 
 
+def test_eval_json_prints_only_the_report_on_stdout_with_the_progress_bar_on(cli, tmp_path):
+    """As run --json: the bar draws on stderr. eval --json drew none, so a long evaluation into a
+    file (``eval --json > r.json``) showed nothing on the terminal until it was done."""
+    code, out, err = cli("eval", ROOT / "recipes/guess_number.yaml", "--episodes", "3", "--json",
+                         "--policy", "guesser=builtin:binary-search", "--out", tmp_path / "ev")
+    assert code == 0, err
+    assert json.loads(out)["episodes"] == 3 and "3/3" in err
+
+
 def test_eval_table_keeps_every_figure_at_80_columns(cli, tmp_path, capsys, monkeypatch):
     """Every column was no_wrap: past 80 columns (a pipe, a default terminal) rich cut them all, so
     guess_number with builtin:binary-search printed "win ra…" and "1.000 ±0.0…", a longer binding
