@@ -65,6 +65,18 @@ def test_train_writes_metrics_checkpoints_and_refreshes_the_sampler(tmp_path):
     assert len(rows(run)) == len(metrics)
 
 
+def test_the_last_step_is_evaluated_once_and_only_the_newest_checkpoints_are_kept(cli, tmp_path):
+    """eval_every dividing the steps: the last step's evaluation is the final one, not a second
+    row beside it; keep_checkpoints: the older checkpoints are deleted."""
+    from support import train_tiny
+
+    run = tmp_path / "run"
+    train_tiny(cli, Path(__file__).resolve().parents[2] / "recipes/guess_number.yaml", run, 2,
+               "--set", "eval_every=1", "--set", "checkpoint_every=1", "--set", "keep_checkpoints=1")
+    assert [(r["kind"], r["step"]) for r in rows(run)] == [("eval", 0), ("train", 1), ("eval", 1), ("train", 2), ("eval", 2)]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["latest", "step-000002"]
+
+
 def test_the_engine_takes_each_steps_weights_and_the_sampler_dir_is_written_at_checkpoints(cli, tmp_path, monkeypatch):
     """The HF engine holds the adapters in this process: each step's weights reach it with no
     file written, and the run's sampler dirs are written when it starts and at each checkpoint,
