@@ -84,6 +84,37 @@ def test_minibatches_that_do_not_divide_the_datums_are_still_that_many_optimizer
     assert sorted(sizes, reverse=True) == [2, 1, 1, 1]
 
 
+def test_minibatches_are_drawn_from_the_datums_shuffled_and_seeded_by_step():
+    """docs/training.md: the datums go through the passes shuffled, seeded by step: in rollout order
+    a minibatch held one group's episodes, and every step the same split of them."""
+    from types import SimpleNamespace
+
+    from orchestrator.config import TrainingConfig
+
+    def chunks(step: int, epochs: int) -> list[list[int]]:
+        run, seen = TrainingRun.__new__(TrainingRun), []
+        run.cfg, run.options = TrainingConfig(minibatches=2, ppo_epochs=epochs), SimpleNamespace(seed=0)
+        run._datums = lambda adapter, *_: ([((1.0, None), n) for n in range(8)], [], {})
+
+        async def minibatch(batches):
+            seen.append([n for _, n in batches["pro"]])
+            return {"pro": {}}
+
+        async def publish(adapter):
+            return 2
+
+        run._minibatch, run._publish = minibatch, publish
+        asyncio.run(run._update(step, ["pro"], [], None, None))
+        return seen
+
+    first = chunks(1, epochs=1)
+    assert sorted(n for chunk in first for n in chunk) == list(range(8)) and len(first) == 2
+    assert first != [[0, 1, 2, 3], [4, 5, 6, 7]]  # shuffled, though one pass
+    assert chunks(1, epochs=1) == first and chunks(2, epochs=1) != first  # by the step's seed
+    two = chunks(1, epochs=2)
+    assert two[:2] != two[2:]  # each pass shuffled anew
+
+
 def test_a_steps_row_counts_all_its_minibatches_tokens():
     """Minibatches of 30 and 10 action tokens, 10 of the first's clipped: the step trained 40 tokens
     and clipped a quarter of them (a mean over the minibatches read 20 tokens, a sixth clipped);
