@@ -36,3 +36,27 @@ def test_a_population_credits_each_step_with_its_own_seats_when_rollouts_overlap
         lines = (run / "rollouts" / f"step-{step:06d}" / "transcripts.jsonl").read_text().splitlines()
         played = {e["id"]: e["adapters"] for e in map(json.loads, lines)}
         assert {c["episode"]: c["adapters"] for c in credit(run, step)} == played
+
+
+def test_staleness_is_the_mean_lag_of_the_attempts_trained_on():
+    """``<adapter>/staleness``: how many versions behind the learner its trained attempts were
+    sampled, on average over them (4 attempts 0, 1, 1 and 2 behind: 1.0, not the most, 2)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from orchestrator.config import TrainingConfig
+    from orchestrator.training.loop import TrainingRun
+
+    run = TrainingRun.__new__(TrainingRun)
+    run.cfg, run.options = TrainingConfig(max_staleness=2), SimpleNamespace(seed=0)
+    run._datums = lambda adapter, *_: ([((1.0, None), n) for n in range(4)], [0, 1, 1, 2], {"pro/stale_dropped": 3})
+
+    async def minibatch(batches):
+        return {"pro": {}}
+
+    async def publish(adapter):
+        return 5
+
+    run._minibatch, run._publish = minibatch, publish
+    row = asyncio.run(run._update(1, ["pro"], [], None, None))
+    assert (row["pro/staleness"], row["pro/stale_dropped"], row["pro/datums"]) == (1.0, 3, 4)
