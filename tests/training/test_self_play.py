@@ -90,10 +90,13 @@ def test_after_step_snapshots_bounded_pool_and_elo():
     assert t.opponent_adapters() == t.pool  # what --resume loads back into the engine
     assert metrics["win_rate/vs_pool"] == 1.0
     assert t.elo["latest"] > t.elo["player@4"]  # it kept beating the snapshot it was rated equal to
+    assert t.elo["player@6"] == t.elo["latest"]  # a snapshot joins at the learner's rating, not at 1000
+    # [the snapshot's wins, games] against the learner, which won every game: what win_rate sampling draws by
+    assert t.record == {"player@4": [0, 6], "player@6": [0, 0]}
     state = t.state_dict()
     fresh = make(snapshot_every=2, pool_size=2)
     fresh.load_state_dict(state)
-    assert fresh.pool == t.pool and fresh.elo == t.elo
+    assert fresh.pool == t.pool and fresh.elo == t.elo and fresh.record == t.record  # --resume draws as the run did
 
 
 def test_a_result_against_a_snapshot_that_left_the_pool_meanwhile_is_no_crash():
