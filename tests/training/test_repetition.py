@@ -37,3 +37,14 @@ def test_rewards_fall_by_lambda_times_the_share_and_only_for_the_penalised_role(
     assert metrics == {"proposer/repeated": pytest.approx(0.5)}
     assert rewards[0][0]["proposer"] == 0.0  # the input is not changed
     assert penalise_repetition(groups, rewards, {}) == (rewards, {})
+
+
+def test_a_failed_episode_is_not_among_the_n_nor_a_repeat_and_an_invalid_one_is_in_no_mean():
+    failed = episode(2, NINE)
+    failed.status = "error"
+    groups = [[episode(0, NINE), episode(1, NINE)], [failed, episode(3, None)]]
+    rewards = [[{"proposer": 0.0, "solver": 1.0}] * 2] * 2
+    assert repetition_shares([ep for g in groups for ep in g], "proposer") == [0.5, 0.5, None, None]  # one of 2 others
+    out, metrics = penalise_repetition(groups, rewards, {"proposer": 0.6})
+    assert [rw["proposer"] for g in out for rw in g] == pytest.approx([-0.3, -0.3, 0.0, 0.0])
+    assert metrics == {"proposer/repeated": pytest.approx(0.5)}  # over the episodes where it said something
