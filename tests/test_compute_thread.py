@@ -66,3 +66,19 @@ def test_a_removed_step_leaves_no_count_behind():
     compute.remove_loop(broken)
     assert compute.submit(lambda: 1).result(timeout=10) == 1  # an iteration after the removal
     assert compute.submit(lambda: dict(compute._failures)).result(timeout=10) == {}
+
+
+def test_a_job_cancelled_while_it_waits_is_not_run_and_the_thread_serves_on():
+    """A caller gone while its job queued (a cancelled rollout awaiting the trainer's future)
+    cancels the future: the job is skipped, and the jobs after it still run."""
+    import threading
+
+    compute = ComputeThread()
+    release, ran = threading.Event(), []
+    busy = compute.submit(release.wait, 10)
+    waiting = compute.submit(lambda: ran.append("cancelled job"))
+    assert waiting.cancel()
+    release.set()
+    assert busy.result(timeout=10) is True
+    assert compute.submit(lambda: 7).result(timeout=10) == 7
+    assert ran == [] and waiting.cancelled()
