@@ -820,6 +820,37 @@ def test_a_rollouts_opponents_are_chosen_as_it_starts(tmp_path, monkeypatch):
     assert [a for g in groups for a in g] == [{"guesser": "live"}] * (run.cfg.groups_per_step * run.cfg.group_size)
 
 
+def test_each_steps_rollout_draws_its_own_tasks_and_seed_and_a_group_shares_one_task(tmp_path, monkeypatch):
+    """A step's groups are tasks drawn for that step (a group of group_size episodes each), its
+    episodes seeded by the step: drawn again for the same step, as a resumed run does, the same."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from orchestrator.rollout import RunResult
+    from orchestrator.team import load_team
+    from orchestrator.training import loop
+
+    team = load_team(Path(__file__).resolve().parents[2] / "recipes/guess_number.yaml")
+    played: list[tuple[int, list]] = []
+
+    async def play(team, policies, options):
+        played.append((options.seed, [t["secret"] for t in team.tasks]))
+        return RunResult(tmp_path, {}, [None] * options.episodes)
+
+    monkeypatch.setattr(loop, "run_team", play)
+    run = loop.TrainingRun.__new__(loop.TrainingRun)
+    run.team, run.cfg, run.options, run.run_dir = team, team.config.training, SimpleNamespace(seed=0), tmp_path
+    run.policies, run.concurrency, run.play = {}, 1, None
+    run.trainer = SimpleNamespace(adapters_for=lambda step, i: {})
+    for step in (1, 2, 3, 1):
+        asyncio.run(run.rollout(step))
+    size, groups = run.cfg.group_size, run.cfg.groups_per_step
+    for _, secrets in played:
+        assert len(secrets) == size * groups and all(len(set(secrets[g * size:(g + 1) * size])) == 1 for g in range(groups))
+    assert played[3] == played[0]  # the step's own draw
+    assert len({seed for seed, _ in played[:3]}) == 3 and len({tuple(secrets) for _, secrets in played[:3]}) == 3
+
+
 def test_resume_edges(cli, tmp_path):
     """A finished run resumes to its final row, adding none; one stopped before its first
     checkpoint starts again from step 0; --steps below the checkpoint's step, a folder that
