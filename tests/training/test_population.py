@@ -283,6 +283,11 @@ def test_resume_restores_the_population_exactly(cli, tmp_path):
     for member in MEMBERS:
         weights = [load_file(str(run / "sampler" / member / "adapter_model.safetensors")) for run in (straight, resumed)]
         assert all(torch.allclose(weights[0][k], weights[1][k], atol=1e-4) for k in weights[0])
+    # and each member its own noise: members started alike (none, or the same draw) never part
+    b = [{k: v for k, v in load_file(str(straight / "sampler" / m / "adapter_model.safetensors")).items() if "lora_B" in k}
+         for m in MEMBERS]
+    assert b[0] and all(max((b[i][k] - b[j][k]).abs().max().item() for k in b[0]) > 0.1
+                        for i in range(len(MEMBERS)) for j in range(i))
 
 
 def test_a_result_against_a_snapshot_that_left_the_pool_meanwhile_is_no_crash():
