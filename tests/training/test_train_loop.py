@@ -1048,6 +1048,11 @@ def test_report_of_a_one_episode_evaluation_and_of_a_stopped_run(cli, tmp_path):
     code, out, err = cli("report", stopped)
     assert code == 0 and "| reward_model | 0.100 ± 0.050 (step 0) |" in out and "errored" not in out, (out, err)
     assert f"at step 2 of 5, still training or stopped; if it stopped, `rolecast train RECIPE --out {stopped} --resume`" in out
+    # every step trained, the final evaluation not written yet: not finished either
+    write(stopped / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in (
+        {"step": 0, "kind": "eval", "eval_reward/pro": 0.1}, {"step": 5, "kind": "train", "reward/pro": 0.2})))
+    code, out, err = cli("report", stopped)
+    assert code == 0 and "at step 5 of 5, still training or stopped" in out, (out, err)
 
     (tmp_path / "early" / "evals").mkdir(parents=True)
     code, _, err = cli("report", tmp_path / "early")
