@@ -24,7 +24,7 @@ from ..errors import EXIT_USAGE
 from ..issue_fix.checking import CheckReport, check_task
 from ..issue_fix.running import sandbox_runner
 from ..issue_fix.task import TASK_FILE, IssueTask, TaskFileError, load_task, task_folders
-from .flags import positive_int
+from .flags import positive_int, shows_progress
 
 
 def register(sub: Any) -> None:
@@ -36,7 +36,9 @@ def register(sub: Any) -> None:
                    help="sandbox backend (default auto: the best available)")
     p.add_argument("--jobs", type=positive_int, default=min(4, os.cpu_count() or 1),
                    help="tasks checked at once (default: the CPUs, at most 4)")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of rows")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object instead of rows, once every task is checked (a bar on stderr meanwhile)")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(func=handle_check)
 
 
@@ -80,7 +82,12 @@ def handle_check(args: argparse.Namespace) -> int:
     except (ValueError, sandboxes.SandboxError) as exc:
         logs.say(f"rolecast tasks check: {exc}", "error")
         return EXIT_USAGE
+    from ..rollout import progress_bar
+
     started = time.perf_counter()
+    # --json says nothing until the end, minutes for a folder of tasks: the rows are its progress else
+    bar = progress_bar(args.json and shows_progress(args))
+    checked = bar.add_task("tasks checked", total=len(tasks))
 
     def one(task: IssueTask) -> tuple[CheckReport, float]:
         t0 = time.perf_counter()
@@ -92,9 +99,10 @@ def handle_check(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"{'ok  ' if report.ok else 'FAIL'} {task.id:<36} {seconds:5.1f}s"
                   + ("" if report.ok else "  " + "; ".join(report.problems)), flush=True)
+        bar.advance(checked)
         return report, seconds
 
-    with ThreadPoolExecutor(args.jobs) as pool:
+    with bar, ThreadPoolExecutor(args.jobs) as pool:
         results = list(pool.map(one, tasks))
     failed = [r.task_id for r, _ in results if not r.ok]
     wall = time.perf_counter() - started

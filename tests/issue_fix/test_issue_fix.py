@@ -508,6 +508,9 @@ def test_tasks_check_cli(tmp_path, cli):
 
     code, out, err = cli("tasks", "check", "--json", SLUG)
     assert code == 0 and json.loads(out)["ok"] == 1
+    assert "tasks checked" in err and "1/1" in err  # its bar meanwhile: --json said nothing for minutes
+    code, out, err = cli("tasks", "check", "--json", "--no-progress", SLUG)
+    assert code == 0 and json.loads(out)["ok"] == 1 and "1/1" not in err
 
     broken = tmp_path / "001-broken"
     write(broken / "task.yaml", "id: 001-broken\ntitle: x\n")
