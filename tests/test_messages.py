@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.messages import Message, check_schema, compile_validator, extract_json, parse_message
+from orchestrator.messages import (MAX_ERROR_CHARS, Message, check_schema, compile_validator, extract_json,
+                                   parse_message, schema_json)
 
 SCHEMA = {
     "type": "object",
@@ -20,6 +21,7 @@ SCHEMA = {
         ('I think {this is not json} but {"ok": true} is', {"ok": True}),
         ('{"text": "unicode é ✓ 😀"}', {"text": "unicode é ✓ 😀"}),
         ('prefix [1, 2] then {"x": 1}', {"x": 1}),
+        ('Not {"draft": 1} but:\n```json\n{"final": 2}\n```', {"final": 2}),  # a fenced block before chatter
     ],
 )
 def test_extract_json_tolerates_fences_and_chatter(text, expected):
@@ -50,6 +52,7 @@ def test_nan_and_infinity_are_invalid_and_say_so(number):
         assert parse_message('{"verdict": "approve", "n": ' + number + ', "score": 1}', v) == \
             (None, [f"the reply's JSON holds {number}, which is not a finite number"])
     assert parse_message('{"score": 1e308}', free) == ({"score": 1e308}, [])
+    assert extract_json('{"a": NaN} or {"a": Infinity}') == (None, "the reply's JSON holds NaN, which is not a finite number")
 
 
 def test_a_whole_float_is_an_int():
@@ -64,6 +67,8 @@ def test_a_whole_float_is_an_int():
     assert whole_number(message) == 444
     assert parse_message('{"answer": 4.5, "big": 1e300, "n": -2E2}', compile_validator({})) == \
         ({"answer": 4.5, "big": 1e300, "n": -200}, [])
+    # past 2**53 a float is no exact integer: kept a float, not written out as 301 made-up digits
+    assert type(parse_message('{"big": 1e300}', compile_validator({}))[0]["big"]) is float
 
 
 def test_validation_errors_name_the_path():
@@ -76,6 +81,14 @@ def test_validation_errors_name_the_path():
     ]
     assert parse_message('{"verdict": "approve"}', v) == ({"verdict": "approve"}, [])
 
+
+def test_validation_errors_are_the_first_three_and_index_arrays():
+    v = compile_validator({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}}}})
+    assert parse_message('{"a": [1, "x", "y", "z", "w"]}', v)[1] == [
+        'at $.a[1]: "x" is not of type "integer"',
+        'at $.a[2]: "y" is not of type "integer"',
+        'at $.a[3]: "z" is not of type "integer"',
+    ]
 
 
 def test_a_schema_without_dollar_schema_is_draft_2020_12():
@@ -98,9 +111,9 @@ def test_a_value_nested_past_the_validators_depth_is_invalid_whatever_the_schema
     # the validator descends only where the schema does: under {"type": "object"} a reply 975 deep
     # passed, and the next prompt's tojson of it ran out of Python's stack (the episode an error)
     v = compile_validator({"type": "object"})
-    deep = '{"n": ' + "[" * 400 + "]" * 400 + "}"
+    deep = '{"n": ' + "[" * 255 + "]" * 255 + "}"  # 256 levels, the object one of them
     assert parse_message(deep, v)[1] == ["the reply's JSON is nested too deeply"]
-    assert parse_message('{"n": ' + "[" * 250 + "]" * 250 + "}", v)[1] == []
+    assert parse_message('{"n": ' + "[" * 254 + "]" * 254 + "}", v)[1] == []
 
 
 def test_a_lone_surrogate_escape_is_invalid_and_a_pair_is_fine():
@@ -120,6 +133,16 @@ def test_check_schema():
     assert "invalid JSON Schema" in check_schema({"type": "objekt"})
     assert check_schema({"type": "object", "properties": {"a": {"$ref": "#/$defs/nope"}}}) == \
         "invalid JSON Schema: Pointer '/$defs/nope' does not exist"
+    assert check_schema({"type": "object", "properties": {"a": {"$ref": "https://example.com/a.json"}}}) == \
+        "$ref 'https://example.com/a.json' is not in this schema: only local references (#/$defs/...) resolve, nothing is fetched"
+
+
+def test_schema_json_sorts_keywords_but_keeps_the_order_of_properties():
+    # constrained decoding writes properties in this order: sorted, the judge's reason came before its winner
+    schema = {"type": "object", "required": ["winner"], "properties": {"winner": {"type": "string"}, "reason": {}},
+              "patternProperties": {"^z": {}, "^a": {}}}
+    assert schema_json(schema) == ('{"patternProperties":{"^z":{},"^a":{}},'
+                                   '"properties":{"winner":{"type":"string"},"reason":{}},"required":["winner"],"type":"object"}')
 
 
 def test_message_envelope_is_strict():
@@ -136,3 +159,5 @@ def test_an_error_quoting_a_huge_value_is_cut_in_the_middle():
     assert len(errors) == 1 and len(errors[0]) < 500
     assert errors[0].startswith('at $.verdict: "aaa') and "(999" in errors[0]
     assert errors[0].endswith('aaa" is not one of "approve" or "request_changes"')
+    whole = '{"verdict": "' + "a" * (MAX_ERROR_CHARS - len('at $.verdict: "" is not one of "approve" or "request_changes"')) + '"}'
+    assert len(error := parse_message(whole, v)[1][0]) == MAX_ERROR_CHARS and "left out" not in error
