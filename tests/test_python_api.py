@@ -616,6 +616,21 @@ def test_rewards_an_env_cannot_pay_end_that_episode_not_the_run(tmp_path, regist
     assert len(lines) == 3 and all(json.loads(line, parse_constant=strict) for line in lines)
 
 
+def test_a_score_an_env_cannot_give_ends_that_episode(tmp_path, registry):
+    """A move's score (turn credit) is held to a reward's rules: NaN is an error, a numpy float a float."""
+    import numpy as np
+    from orchestrator.envs.base import StepResult
+
+    async def step(self, role, message):
+        self.done = True
+        return StepResult(rewards={role: 1.0}, done=True, score={"nan": float("nan"), "numpy": np.float32(0.5)}[self.task["score"]])
+
+    result = caller_game("scored", [{"score": "nan"}, {"score": "numpy"}], 2, tmp_path / "run", step=step)
+    assert [e.status for e in result.episodes] == ["error", "ok"]
+    assert "ScoredEnv.step gave 'caller' a score of nan: not a finite number" in result.episodes[0].error
+    assert type(score := result.episodes[1].turns[0].score) is float and score == 0.5
+
+
 def test_an_outcome_no_transcript_can_hold_ends_that_episode_not_the_run(tmp_path, registry):
     """A numpy int in outcome() made the first transcript line fail to write: the run died with a
     traceback, no transcript line and no summary."""

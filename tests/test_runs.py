@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -118,6 +119,56 @@ def test_a_turn_valid_on_its_retry_costs_no_penalty(tmp_path):
     con_turns = [t for t in result.episodes[0].turns if t.role == "con"]
     assert [(t.valid, t.retries, t.penalty) for t in con_turns] == [(True, 1, 0.0)] * 2
     assert result.episodes[0].rewards["con"] == 0.0  # no penalty; the stub judge names no winner
+
+
+def test_each_try_samples_with_a_seed_of_its_own(tmp_path):
+    # a retry on its first try's seed: a seeded engine samples the refused reply again, every time
+    team = load_team(ROOT / "recipes/debate.yaml")
+    policies = build_policies(team, stub_all(team), no_engine)
+    seeds = []
+    policies["con"] = PythonPolicy(lambda r: seeds.append(r.seed) or garbage(r))
+    asyncio.run(run_team(team, policies, RunOptions(episodes=1, seed=1, out_dir=tmp_path, progress=False)))
+    assert len(seeds) == len(set(seeds)) == 6  # two turns of three tries
+
+
+def test_a_policy_that_returns_no_text_is_a_policy_error(tmp_path):
+    team = load_team(ROOT / "recipes/debate.yaml")
+    policies = build_policies(team, stub_all(team), no_engine)
+    policies["con"] = PythonPolicy(lambda r: None)
+    result = asyncio.run(run_team(team, policies, RunOptions(episodes=1, seed=1, out_dir=tmp_path, progress=False)))
+    assert result.episodes[0].error == "PolicyError: policy for role 'con' returned NoneType, not text"
+
+
+def test_an_episodes_own_adapters_are_the_ones_its_roles_sample(tmp_path):
+    # a population's or self-play's opponent snapshot, per episode, in place of the role's adapter
+    team = load_team(ROOT / "recipes/debate.yaml")
+    policies = build_policies(team, stub_all(team), no_engine)
+    asked = []
+    policies["con"] = PythonPolicy(lambda r: asked.append((r.episode_index, r.adapter)) or '{"argument": "x"}')
+    options = RunOptions(episodes=2, seed=1, out_dir=tmp_path, progress=False, concurrency=1,
+                         adapters_for=lambda i: {"con": f"snapshot-{i}"} if i else {})
+    asyncio.run(run_team(team, policies, options))
+    assert sorted(asked) == [(0, "con"), (0, "con"), (1, "snapshot-1"), (1, "snapshot-1")]
+
+
+def test_a_reply_that_parses_but_stays_invalid_hands_on_no_content(tmp_path):
+    # as a reply with no JSON at all: the environment and the transcript get None, the errors stay
+    team = load_team(ROOT / "recipes/debate.yaml")
+    policies = build_policies(team, stub_all(team), no_engine)
+    policies["con"] = PythonPolicy(lambda r: '{"argument": 5}')
+    result = asyncio.run(run_team(team, policies, RunOptions(episodes=1, seed=1, out_dir=tmp_path, progress=False)))
+    con_turns = [t for t in result.episodes[0].turns if t.role == "con"]
+    assert [(t.valid, t.content) for t in con_turns] == [(False, None)] * 2
+    assert con_turns[0].attempts[-1].errors == ['at $.argument: 5 is not of type "string"']
+
+
+def test_an_episode_stops_at_max_turns_without_a_result(tmp_path):
+    team = load_team(ROOT / "recipes/debate.yaml")  # two rounds: the verdict is the fifth turn
+    team = dataclasses.replace(team, config=team.config.model_copy(update={"max_turns": 3}))
+    policies = build_policies(team, stub_all(team), no_engine)
+    result = asyncio.run(run_team(team, policies, RunOptions(episodes=1, seed=1, out_dir=tmp_path, progress=False)))
+    (episode,) = result.episodes
+    assert (episode.status, len(episode.turns), episode.outcome["winner"]) == ("max_turns", 3, None)
 
 
 def test_a_reply_with_a_lone_surrogate_is_written_and_read_back(tmp_path):
