@@ -1,6 +1,7 @@
 """Guess the Number: binary search within its bound, hand-computed rewards, penalties."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -49,6 +50,7 @@ def test_feedback_and_reward_of_a_won_game(tmp_path):
     (ep,) = result.episodes
     assert ep.rewards == {"guesser": 1.0}
     assert [h["feedback"] for h in script.requests[-1].context["history"]] == ["too high", "too low", "too high"]
+    assert [r.context["feedback"] for r in script.requests] == [None, "too high", "too low", "too high"]
     assert ep.outcome == {"results": {"guesser": "win"}, "reason": "correct", "secret": 5, "guesses": 4,
                           "process": {"guesser": 1.0}}  # every guess inside what the feedback allowed
 
@@ -57,6 +59,7 @@ def test_running_out_of_turns_pays_failed(tmp_path):
     t = small(tasks=[{"secret": 16}], rewards={"correct": 1.0, "failed": -0.25})
     (ep,) = play(t, {"guesser": guesses(1, 2, 3, 4, 5, 6)}, tmp_path).episodes
     assert len(ep.turns) == 5 and ep.rewards == {"guesser": -0.25}
+    assert [t.score for t in ep.turns] == [1.0] * 5  # the last guess scored too, as it ends the game
     assert ep.outcome["results"] == {"guesser": "loss"} and ep.outcome["reason"] == "turns"
 
 
@@ -80,6 +83,19 @@ def test_out_of_range_guess_is_illegal_and_ends_the_game(tmp_path):
     (ep,) = play(small(tasks=[{"secret": 5}]), {"guesser": guesses(3, 17)}, tmp_path).episodes
     assert len(ep.turns) == 2 and ep.rewards == {"guesser": -1.0}
     assert ep.outcome["reason"] == "illegal" and ep.outcome["results"] == {"guesser": "loss"}
+
+
+def test_a_boolean_guess_is_illegal_not_one(tmp_path):
+    # JSON true is no integer, though Python's bool is an int: a schema that lets it through must not make it 1
+    t = small(tasks=[{"secret": 1}])
+    t = dataclasses.replace(t, roles={n: dataclasses.replace(r, schema={"type": "object"}) for n, r in t.roles.items()})
+    (ep,) = play(t, {"guesser": guesses(True)}, tmp_path).episodes
+    assert ep.outcome["reason"] == "illegal" and ep.rewards == {"guesser": -1.0}
+
+
+def test_a_range_of_one_number_is_refused():
+    with pytest.raises(ValueError, match=r"high \(5\) must be greater than low \(5\)"):
+        small(low=5, high=5)
 
 
 def test_an_illegal_guess_counts_in_the_process_mean(tmp_path):
