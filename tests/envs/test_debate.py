@@ -16,6 +16,7 @@ def debate(winner: str) -> dict:
 @pytest.mark.parametrize("winner,expected", [
     ("against", {"pro": -1.0, "con": 2.0}),   # a stance names its debater
     ("pro", {"pro": 2.0, "con": -1.0}),       # so does a role name
+    (" Pro ", {"pro": 2.0, "con": -1.0}),     # in any case, spaced
     ("nobody", {"pro": 0.25, "con": 0.25}),   # an unknown side is a tie
 ])
 def test_configured_rewards(tmp_path, winner, expected):
@@ -91,3 +92,36 @@ def test_more_rounds_than_max_turns_allows_are_refused_at_load(tmp_path):
         load_team(path)
     path.write_text((ROOT / "recipes" / "debate.yaml").read_text() + "max_turns: 5\n")
     assert load_team(path).config.max_turns == 5
+
+
+def test_an_invalid_verdict_is_a_tie_whatever_it_names(tmp_path):
+    # {"winner": "pro"} lacks the schema's reason: invalid after its retries, it names no winner
+    t = team("debate", tasks=[{"topic": "t"}], rewards={"winner": 2.0, "loser": -1.0, "tie": 0.25})
+    (ep,) = play(t, {**debate("pro"), "judge": Script(*[{"winner": "pro"}] * 3)}, tmp_path).episodes
+    assert ep.outcome["winner"] is None and (ep.rewards["pro"], ep.rewards["con"]) == (0.25, 0.25)
+
+
+def test_the_judge_reads_the_last_round_as_its_round(tmp_path):
+    judge = Script({"winner": "A", "reason": "r"})
+    play(team("debate", tasks=[{"topic": "t"}]), {**debate("A"), "judge": judge}, tmp_path)
+    assert (judge.requests[0].context["round"], judge.requests[0].context["rounds"]) == (2, 2)
+
+
+@pytest.mark.parametrize("first, openers", [("fixed", {"pro"}), ("random", {"pro", "con"})])
+def test_who_opens(tmp_path, first, openers):
+    policies = {"pro": Script(*[{"argument": "p"}] * 40), "con": Script(*[{"argument": "c"}] * 40),
+                "judge": Script(*[{"winner": "A", "reason": "r"}] * 20)}
+    episodes = play(team("debate", tasks=[{"topic": "t"}], first=first), policies, tmp_path, episodes=20).episodes
+    assert {ep.turns[0].role for ep in episodes} == {ep.outcome["first"] for ep in episodes} == openers
+
+
+def test_on_invalid_end_stops_the_debate_at_an_invalid_argument(tmp_path):
+    t = team("debate", tasks=[{"topic": "t"}], first="fixed", on_invalid="end")
+    (ep,) = play(t, {**debate("pro"), "con": Script("no", "no", "no")}, tmp_path).episodes
+    assert [turn.role for turn in ep.turns] == ["pro", "con"] and ep.outcome["winner"] is None
+    assert ep.rewards == {"pro": 0.0, "con": -1.0, "judge": 0.0}  # con's invalid_penalty only
+
+
+def test_the_debaters_and_the_judge_are_three_roles():
+    with pytest.raises(ValueError, match="the two debaters and the judge must be three different roles"):
+        team("debate", judge="con")
