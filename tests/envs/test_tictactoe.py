@@ -31,6 +31,12 @@ def test_a_won_game(tmp_path):
     assert [t.role for t in ep.turns] == ["x", "o", "x", "o", "x"]
 
 
+def test_the_anti_diagonal_wins_and_a_move_is_read_spaced_in_any_case(tmp_path):
+    t = any_move(team("tictactoe"))  # the recipe's enum would refuse " C1" before the env
+    (ep,) = play(t, {"x": moves(" C1", "b2 ", "A3"), "o": moves("a1", "b1")}, tmp_path).episodes
+    assert ep.outcome == {"results": {"x": "win", "o": "loss"}, "reason": "line"} and len(ep.turns) == 5
+
+
 def test_a_drawn_game_with_configured_rewards(tmp_path):
     t = team("tictactoe", rewards={"win": 2.0, "loss": -3.0, "draw": 0.5})
     # X O X / X O O / O X X
@@ -65,6 +71,7 @@ def test_each_player_sees_its_own_side_and_both_sample_the_shared_adapter(tmp_pa
     assert {r.context["mark"] for r in x.requests} == {"X"} and {r.context["mark"] for r in o.requests} == {"O"}
     assert "You play O" in o.requests[0].messages[-1]["content"]
     assert o.requests[0].context["board"] == ["X"] + ["."] * 8
+    assert o.requests[0].context["moves"] == [{"role": "x", "mark": "X", "move": "a1"}]
     assert o.requests[0].context["legal_moves"] == ["b1", "c1", "a2", "b2", "c2", "a3", "b3", "c3"]
     assert {r.adapter for r in x.requests + o.requests} == {"player"}
 
