@@ -68,7 +68,7 @@ def extract_json(text: str) -> tuple[dict[str, Any] | None, str | None]:
     Returns ``(object, None)`` or ``(None, reason)``.
     """
     candidates = [m.group(1) for m in _FENCE.finditer(text)] + [text]
-    saw_non_object, not_a_number = False, None
+    not_a_number = None
     for chunk in candidates:
         start = chunk.find("{")
         while start != -1:
@@ -81,14 +81,9 @@ def extract_json(text: str) -> tuple[dict[str, Any] | None, str | None]:
                 continue
             except RecursionError:  # a degenerate reply ('{"a": [[[[...') a thousand levels deep
                 return None, "the reply's JSON is nested too deeply"
-            if isinstance(value, dict):
-                return value, None
-            saw_non_object = True
-            start = chunk.find("{", start + 1)
+            return value, None  # an object: decoding starts at a "{"
     if not_a_number:
         return None, f"the reply's JSON holds {not_a_number[:20]}, which is not a finite number"
-    if saw_non_object:
-        return None, "the reply contains JSON but no JSON object"
     if "{" in text:
         return None, "the reply contains no well-formed JSON object (check quotes, commas and braces)"
     return None, "the reply contains no JSON object"
