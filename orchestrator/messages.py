@@ -159,10 +159,15 @@ def validation_errors(validator: jsonschema_rs.Validator, content: Any, limit: i
     try:
         if validator.is_valid(content):  # the fast path: no error objects built
             return []
-        errors = sorted(validator.iter_errors(content), key=lambda e: [str(p) for p in e.instance_path])[:limit]
+        errors = sorted(validator.iter_errors(content), key=_path_order)[:limit]
     except ValueError:  # jsonschema-rs reads an instance 255 levels deep at most: "Recursion limit reached"
         return ["the reply's JSON is nested too deeply"]
     return [_shorten(f"at {_json_path(e.instance_path)}: {e.message}") for e in errors]
+
+
+def _path_order(error: Any) -> list[tuple[int, int | str]]:
+    """Where an error is, in document order: an array's items by index ([2] before [10])."""
+    return [(0, p) if isinstance(p, int) else (1, str(p)) for p in error.instance_path]
 
 
 def _shorten(error: str) -> str:

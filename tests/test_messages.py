@@ -89,6 +89,9 @@ def test_validation_errors_are_the_first_three_and_index_arrays():
         'at $.a[2]: "y" is not of type "integer"',
         'at $.a[3]: "z" is not of type "integer"',
     ]
+    # in the array's order: sorted as text, [10] and [11] came before [2]
+    errors = parse_message('{"a": [0, 1, "x", 3, 4, 5, 6, 7, 8, 9, "p", "q"]}', v)[1]
+    assert [e.split(":")[0] for e in errors] == ["at $.a[2]", "at $.a[10]", "at $.a[11]"]
 
 
 def test_a_schema_without_dollar_schema_is_draft_2020_12():
