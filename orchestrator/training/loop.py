@@ -563,7 +563,8 @@ class TrainingRun:
         folder, state = found
         with blamed("trainer", self.cfg.trainer, f"load_state_dict of {folder.name}/trainer.json"):
             self.trainer.load_state_dict(state["trainer"])
-        for adapter, version in state.get("published", {}).items():  # the weights go back under their number
+        published = state["published"] if "published" in state else self._published_in_rows(state["step"])
+        for adapter, version in published.items():  # the weights go back under their number
             self.engine.continue_versions(adapter, version - 1)
         for name in self.trainer.opponent_adapters():  # e.g. self-play's snapshots back into the engine
             try:
@@ -578,6 +579,14 @@ class TrainingRun:
         self._record_steps()
         log.info("resumed", step=state["step"], checkpoint=str(folder))
         return int(state["step"]) + 1
+
+    def _published_in_rows(self, step: int) -> dict[str, int]:
+        """The versions published by ``step``, where its checkpoint is an older rolecast's, whose
+        trainer.json kept none: the last each learner's rows record (they start again otherwise,
+        one number naming two sets of weights)."""
+        rows = read_metrics(self.run_dir) if (self.run_dir / "metrics.jsonl").is_file() else []
+        return {adapter: row[key] for row in rows if row["step"] <= step
+                for adapter in self.clients if type(row.get(key := f"{adapter}/version")) is int}
 
     def _last_checkpoint(self, load: Callable[[Path, dict[str, Any]], None]) -> tuple[Path, dict[str, Any]] | None:
         # every file an adapter's state load reads: one deleted by hand passes the checkpoint over, not a

@@ -902,6 +902,24 @@ def test_resume_edges(cli, tmp_path):
         assert code == 2 and words in err and "Traceback" not in err, (name, err)
 
 
+def test_a_checkpoint_from_before_trainer_json_kept_the_versions_resumes_them_from_the_rows(cli, tmp_path):
+    """A checkpoint an older rolecast wrote (trainer.json without "published") resumed with its
+    versions starting again: step 2 published version 2, which step 1 had, and its transcripts
+    named step 1's weights. The run's rows recorded each version published."""
+    from support import SMALL_TRAINING, train_tiny
+
+    recipe, run = Path(__file__).resolve().parents[2] / "recipes/guess_number.yaml", tmp_path / "run"
+    train_tiny(cli, recipe, run, 1, "--set", "checkpoint_every=1")
+    saved = run / "checkpoints" / "step-000001" / "trainer.json"
+    saved.write_text(json.dumps({k: v for k, v in json.loads(saved.read_text()).items() if k != "published"}))
+    code, _, err = cli("train", recipe, "--out", run, "--resume", "--steps", "2", "--no-progress", "--dtype", "float32",
+                       *SMALL_TRAINING, "--set", "checkpoint_every=1")
+    assert code == 0, err
+    assert [r["guesser/version"] for r in rows(run) if r["kind"] == "train"] == [2, 3]  # as a run straight through
+    lines = (run / "rollouts" / "step-000002" / "transcripts.jsonl").read_text().splitlines()
+    assert {a["adapter_version"] for line in lines for t in json.loads(line)["turns"] for a in t["attempts"]} == {2}
+
+
 def test_resume_passes_over_a_damaged_checkpoint_for_the_one_before(cli, tmp_path):
     """Checkpoints are written whole; one damaged afterwards (a file deleted by hand) is passed over
     with a warning, and with none whole the resume stops in one line rather than start again."""
