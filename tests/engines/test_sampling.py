@@ -83,3 +83,11 @@ def test_the_callers_logits_are_left_alone():
     sample_rows(logits, [0.5, 1.0, 1.0], [1.0, 0.8, 1.0], torch.rand(3),
                 torch.zeros(3, 2, dtype=torch.int32) - 1, masked_rows=[1])
     assert torch.equal(logits, before)
+
+
+def test_a_uniform_of_zero_never_draws_a_token_of_no_mass():
+    """counter_uniforms can give 0: the draw still takes a token with mass, never a zero-mass one at
+    the start of the CDF (outside the nucleus, or banned by the grammar)."""
+    bitmask = torch.tensor([[0b1110], [-1]], dtype=torch.int32)  # row 0 bans token 0
+    ids, _ = sample_rows(LOGITS.expand(2, -1), [1.0, 1.0], [1.0, 0.7], torch.zeros(2), bitmask, masked_rows=[0])
+    assert ids[0] in (1, 2, 3) and ids[1] in (1, 2)  # row 1's 0.7 nucleus is {2, 1}: token 0 is outside it
