@@ -76,11 +76,12 @@ def test_hidden_states_equal_each_sequences_own_pass(body):
 
 @pytest.mark.parametrize("lengths", [(16, 16, 16), (16, 9, 16)])
 def test_a_pass_of_rows_of_one_length_goes_without_mask_and_positions(body, lengths):
-    """Only padding needs the mask and positions, which transformers would read back from a GPU."""
+    """Only padding needs the mask and positions, which transformers would read back from a GPU; and
+    a pass of leaves only keeps no keys and values (no row continues them)."""
     rng = random.Random(3)
     seqs = [[rng.randint(10, 900) for _ in range(n)] for n in lengths]
     given = []
-    hook = body.register_forward_pre_hook(lambda _, args, kwargs: given.append(sorted(kwargs)), with_kwargs=True)
+    hook = body.register_forward_pre_hook(lambda _, args, kwargs: given.append(kwargs), with_kwargs=True)
     try:
         with torch.no_grad():
             flat = hidden_states(body, build(seqs, share=False), torch.device("cpu"))
@@ -89,7 +90,7 @@ def test_a_pass_of_rows_of_one_length_goes_without_mask_and_positions(body, leng
     alone = torch.cat([body(input_ids=torch.tensor([s])).last_hidden_state[0] for s in seqs])
     torch.testing.assert_close(flat, alone, atol=1e-4, rtol=1e-4)
     padded = len(set(lengths)) > 1
-    assert [("attention_mask" in kw, "position_ids" in kw) for kw in given] == [(padded, padded)]
+    assert [("attention_mask" in kw, "position_ids" in kw, kw["use_cache"]) for kw in given] == [(padded, padded, False)]
 
 
 def _two_families(children: int, rng: random.Random) -> list[list[int]]:
