@@ -75,6 +75,26 @@ def test_calls_of_several_adapters_together_equal_each_alone(service):
     assert any(g.abs().sum() > 0 for g in g_alone[1])  # b learned from its own rows
 
 
+def test_adapters_on_different_modules_together_equal_each_alone(service):
+    """A module that holds only some of a pass's adapters adds its delta to those adapters' rows
+    alone: ``part``'s rows (q_proj only) get no delta of ``full``'s in the other modules."""
+    full = service.create_lora_training_client("mods_full", LoraConfig(rank=4))
+    part = service.create_lora_training_client("mods_part", LoraConfig(rank=4, target_modules=("q_proj",)))
+    torch.manual_seed(5)
+    for p in full.params + part.params:
+        p.data.normal_(0, 0.05)
+    seqs = [list(range(200, 220)), list(range(300, 320))]
+    calls = [(c, [datum(s, 1.0) for s in seqs], "cross_entropy", {}) for c in (full, part)]
+    alone = [c.forward_backward(d, f, o).result() for c, d, f, o in calls]
+    g_alone = grads([full, part])
+    together = service.forward_backward_many(calls).result()
+    for one, both in zip(alone, together):
+        assert all(torch.allclose(x["logprobs"], y["logprobs"], atol=1e-5)
+                   for x, y in zip(one.loss_fn_outputs, both.loss_fn_outputs))
+    for per_adapter_alone, per_adapter_together in zip(g_alone, grads([full, part])):
+        assert all(close(x, y) for x, y in zip(per_adapter_alone, per_adapter_together))
+
+
 def test_micro_batches_mix_adapters_only_when_joint_and_never_cut_a_tree_for_another(service):
     seqs = [(1, 2, 3, 4), (1, 2, 3, 5), (9, 9), (1, 2, 3, 4)]
     adapters = ["y", "x", "x", "x"]
