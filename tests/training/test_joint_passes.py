@@ -153,6 +153,22 @@ def test_lora_dropout_applies_per_row_adapter(service):
     assert torch.equal(logp[0][1], logp[1][1])  # the adapter without dropout is deterministic
 
 
+def test_lora_dropout_scales_what_it_keeps_by_one_over_the_keep_probability(service, monkeypatch):
+    """As PEFT's (torch's) dropout: a delta's expected value is the adapter's own. With every input
+    kept, dropout 0.5 doubles the delta: the logprobs of the same weights with B doubled."""
+    (plain,) = learners(service, ["keep_plain"], [4])
+    noisy = service.create_lora_training_client("keep_noisy", LoraConfig(rank=4, dropout=0.5))
+    for p, q in zip(noisy.params, plain.params):
+        p.data.copy_(q.data)
+    for p in plain.lora_params("lora_B"):
+        p.data.mul_(2)
+    d = datum(list(range(100, 130)), 1.0, actions_from=0)
+    monkeypatch.setattr(torch, "rand", lambda shape, device=None: torch.zeros(shape, device=device))  # keep all
+    logp = [c.forward_backward([d], "cross_entropy").result().loss_fn_outputs[0]["logprobs"] for c in (noisy, plain)]
+    grads([noisy, plain])
+    assert torch.allclose(logp[0], logp[1], atol=1e-5)
+
+
 def test_forward_without_a_gradient_takes_no_lora_dropout(service):
     """``forward`` once drew dropout too: an adapter with dropout 0.5 gave other logprobs at each
     call, none of them the policy's (the engine samples without dropout)."""
