@@ -37,6 +37,10 @@ def _check(kv: BatchKV, truth: list[list[tuple[torch.Tensor, torch.Tensor]]]) ->
             real = kv.mask[row].bool()
             assert torch.equal(keys[row][:, real], per_layer[layer][0])
             assert torch.equal(values[row][:, real], per_layer[layer][1])
+    for row, per_layer in enumerate(truth):  # what the prefix cache takes of a finished row
+        keys, values = kv.row(row)
+        assert kv.length(row) == per_layer[0][0].shape[1]
+        assert all(torch.equal(k, t[0]) and torch.equal(v, t[1]) for k, v, t in zip(keys, values, per_layer, strict=True))
 
 
 def test_batch_kv_matches_per_row_reference_through_joins_decodes_and_leaves():
