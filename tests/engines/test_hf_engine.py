@@ -114,6 +114,8 @@ def test_max_tokens_and_stop_strings(engine):
     cut = asyncio.run(engine.generate(request(engine, 1, max_tokens=16, stop=(stop,))))
     assert cut.finish_reason == "stop" and cut.text == full.text[: full.text.find(stop)]
     assert stop not in cut.text
+    empty = asyncio.run(engine.generate(request(engine, 1, max_tokens=16, stop=("",))))  # "" is no stop string
+    assert (empty.text, empty.finish_reason) == (full.text, full.finish_reason)
 
 
 def test_stop_strings_are_looked_for_in_the_tail_of_a_reply(engine, monkeypatch):
