@@ -51,6 +51,8 @@ KEYS = {
                 "one_adapter_tok_s", "mixed_adapter_tok_s", "mixed_adapter_ratio"},
     "scale": {"model", "recipe", "steps", "episodes_per_step", "device", "cpus", "episodes_per_s", "ratio_to_single"},
     "sandbox": {"sandbox_s", "bare_s", "ratio", "backend", "runs", "stat"},
+    "stop_strings": {"model", "dtype", "requests", "max_tokens", "stops", "rounds", "plain_tok_s", "stop_tok_s", "ratio",
+                     "same_tokens"},
     "teacher_student": {"model", "episodes_per_domain", "student_temperature", "per_domain"},
     "train": {"model", "device", "batch", "length", "client_tok_s", "plain_tok_s", "ratio", "client_peak_mb", "plain_peak_mb"},
 }
