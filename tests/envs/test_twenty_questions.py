@@ -161,3 +161,31 @@ def test_more_questions_than_max_turns_allows_are_refused_at_load(tmp_path):
     (tmp_path / "gn.yaml").write_text((root / "guess_number.yaml").read_text() + "max_turns: 4\n")
     with pytest.raises(ConfigError, match="a whole game can take 5 turns and max_turns is 4"):
         load_team(tmp_path / "gn.yaml")
+
+
+def test_a_secret_is_taken_trimmed_and_in_lower_case(tmp_path):
+    t = team("twenty_questions", tasks=[{"secret": " Dog "}])
+    (ep,) = play(t, {"guesser": ask(guess="a dog"), "answerer": Script()}, tmp_path).episodes
+    assert ep.outcome["secret"] == "dog" and ep.rewards["guesser"] == 1.0
+
+
+def test_invalid_turns_fail_the_game_only_past_the_last_question(tmp_path):
+    """An invalid turn uses up a question; the game fails at the one after the last, and the outcome
+    counts the questions asked (not the turns lost) and keeps the guess."""
+    t = team("twenty_questions", tasks=[{"secret": "dog"}], questions=1, on_invalid="continue")
+    guesser = Script("x", "x", {"action": "guess", "text": "dog"})  # max_retries 1: one invalid turn, then a guess
+    (ep,) = play(t, {"guesser": guesser, "answerer": Script()}, tmp_path).episodes
+    assert ep.rewards["guesser"] == -1.0 + 1.0 and ep.outcome["reason"] == "correct"
+    assert ep.outcome["questions_asked"] == 0 and ep.outcome["guess"] == "dog"
+    (ep,) = play(t, {"guesser": Script("x", "x", "x", "x"), "answerer": Script()}, tmp_path).episodes
+    assert ep.rewards["guesser"] == -2.0 and ep.outcome["reason"] == "questions" and ep.outcome["guess"] is None
+
+
+def test_the_answerer_is_the_opponent_and_only_it_observes_the_question():
+    from orchestrator.envs.twenty_questions import TwentyQuestionsEnv
+    from orchestrator.evaluation import bind_opponent
+
+    t = team("twenty_questions")
+    assert bind_opponent(t, "base", {})[1] == "answerer"
+    assert TwentyQuestionsEnv.observes(t.env_config, "guesser") == {"history", "questions", "questions_left"}
+    assert TwentyQuestionsEnv.observes(t.env_config, "answerer") == TwentyQuestionsEnv.observation_keys
