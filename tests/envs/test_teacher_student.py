@@ -10,7 +10,7 @@ import pytest
 from play import Script, play, team
 from support import ERROR_LINE
 
-from orchestrator.envs.teacher_student import GENERATORS, UNITS
+from orchestrator.envs.teacher_student import GENERATORS, UNITS, TeacherStudentConfig
 
 
 def student(skill: str):
@@ -138,3 +138,39 @@ def test_a_task_given_as_text_is_its_domain(tmp_path):
     assert [ep.outcome["domain"] for ep in result.episodes] == ["smallest"] * 6
     with pytest.raises(rolecast.RolecastError, match="--task cubes: domain: domain 'cubes' has no teacher"):
         rolecast.run(recipe, tasks=["cubes"], policies=policies, out=tmp_path / "run2", progress=False)
+
+
+def test_the_problem_is_never_the_worked_one_and_addition_is_one_digit():
+    from orchestrator.envs.teacher_student import TeacherStudentEnv
+
+    t = team("teacher_student")
+    config = TeacherStudentConfig(domains={"addition": "teacher_largest"})
+    for seed in range(300):  # 81 sums: the second draw repeats the first in about 4 of these
+        env = TeacherStudentEnv(config, t.roles, {}, random.Random(seed))
+        assert env.worked != env.problem and env.domain == "addition"
+        assert all(1 <= int(x) <= 9 for p in (env.worked, env.problem) for x in p["text"].split(" + "))
+
+
+def test_a_task_without_a_domain_draws_one(tmp_path):
+    t = team("teacher_student", tasks=[{}])
+    teachers = {r: Script(*[{"example": "x"}] * 20) for r in ("teacher_largest", "teacher_smallest")}
+    answer = Script(*[{"answer": 0}] * 20)
+    episodes = play(t, {**teachers, "student": answer, "student_alone": answer}, tmp_path, episodes=20).episodes
+    assert {ep.outcome["domain"] for ep in episodes} == {"largest", "smallest"}
+
+
+def test_the_example_is_trimmed_and_a_blank_one_is_none(tmp_path):
+    t = team("teacher_student", tasks=[{"domain": "largest"}])
+    for example, kept in [("  largest of 2, 7 = 7 ", "largest of 2, 7 = 7"), ("   ", None)]:
+        teacher = Script({"example": example})
+        answers = Script({"answer": 5}, {"answer": -1})
+        (ep,) = play(t, {"teacher_largest": teacher, "teacher_smallest": Script(), "student": answers,
+                         "student_alone": answers}, tmp_path).episodes
+        assert ep.outcome["example"] == kept and ep.outcome["answers"] == {"student": 5, "student_alone": -1}
+
+
+@pytest.mark.parametrize("student, alone, teacher", [("s", "s", "t"), ("s", "a", "s"), ("s", "a", "a")])
+def test_the_students_and_the_teachers_are_different_roles(student, alone, teacher):
+    with pytest.raises(ValueError, match="student, student_alone and the teachers must be different roles"):
+        TeacherStudentConfig(student=student, student_alone=alone, domains={"largest": teacher})
+    TeacherStudentConfig(student="s", student_alone="a", domains={"largest": "t"})
