@@ -52,3 +52,44 @@ def test_more_attempts_than_max_turns_allows_are_refused_at_load(tmp_path):
     path.write_text((ROOT / "recipes" / "propose_solve.yaml").read_text() + "max_turns: 4\n")
     with pytest.raises(ConfigError, match="a whole game can take 5 turns and max_turns is 4"):
         load_team(path)
+
+
+@pytest.mark.parametrize("problem, answer", [({"a": 50, "op": "-", "b": 8}, 42), ({"a": 5, "op": "+", "b": 8}, 13)])
+def test_each_op_has_its_answer_and_each_try_its_number(tmp_path, problem, answer):
+    solver = Script(*[{"answer": answer}] * 3, {"answer": 0})
+    (ep,) = play(team("propose_solve"), {"proposer": Script(problem), "solver": solver}, tmp_path).episodes
+    assert ep.outcome["answer"] == answer and ep.outcome["solved"] == 0.75 and ep.outcome["reason"] == "solved"
+    assert ep.rewards == {"solver": 0.75, "proposer": pytest.approx(0.75)}
+    assert [r.context["attempt"] for r in solver.requests] == [1, 2, 3, 4]
+    (ep,) = play(team("propose_solve"), {"proposer": Script(problem), "solver": Script(*[{"answer": 0}] * 4)},
+                 tmp_path).episodes
+    assert ep.outcome["solved"] == 0.0 and ep.outcome["reason"] == "unsolved"
+
+
+def test_an_invalid_proposal_ends_the_episode_with_its_penalty_alone(tmp_path):
+    (ep,) = play(team("propose_solve"), {"proposer": Script("x", "x"), "solver": Script()}, tmp_path).episodes
+    assert [turn.role for turn in ep.turns] == ["proposer"] and ep.outcome["reason"] == "no valid problem"
+    assert ep.rewards == {"proposer": -0.5, "solver": 0.0}
+
+
+@pytest.mark.parametrize("problem, legal", [
+    ({"a": 10, "op": "*", "b": 1}, True), ({"a": 11, "op": "*", "b": 1}, False), ({"a": -1, "op": "+", "b": 2}, False),
+    ({"a": True, "op": "+", "b": 2}, False), ({"a": 1, "op": "/", "b": 2}, False)])
+def test_the_environment_keeps_the_rules_the_schema_may_not(tmp_path, problem, legal):
+    """max_operand, a whole number from 0 (not a bool), and an op of +, - or *: checked by the
+    environment too, for a proposer whose schema allows more."""
+    import dataclasses
+
+    t = team("propose_solve", max_operand=10)
+    loose = {"type": "object", "properties": {"a": {}, "op": {}, "b": {}}, "required": ["a", "op", "b"]}
+    t = dataclasses.replace(t, roles={**t.roles, "proposer": dataclasses.replace(t.roles["proposer"], schema=loose)})
+    (ep,) = play(t, {"proposer": Script(problem), "solver": Script(*[{"answer": 0}] * 4)}, tmp_path).episodes
+    assert ep.outcome["reason"] == ("unsolved" if legal else "illegal problem")
+    assert ep.rewards["proposer"] == (0.0 if legal else -1.0)
+
+
+def test_the_proposer_and_the_solver_are_different_roles():
+    from orchestrator.envs.propose_solve import ProposeSolveConfig
+
+    with pytest.raises(ValueError, match="proposer and solver must be different roles"):
+        ProposeSolveConfig(proposer="x", solver="x")
