@@ -51,7 +51,8 @@ def test_the_coder_sees_the_testers_example(tmp_path):
     assert "f('ab') == 'ba'" in prompt and ep.outcome["example_correct"] is True and ep.rewards["coder"] == 1.0
 
 
-@pytest.mark.parametrize("example", ["f(x) == x + 3", "f(2) == 5 == 5", "g(2) == 5", "f(2, 3) == 5", "f(2) != 5", "f(2) == 6"])
+@pytest.mark.parametrize("example", ["f(x) == x + 3", "f(2) == 5 == 5", "g(2) == 5", "f(2, 3) == 5", "f(2, y=1) == 5",
+                                     "f(2) != 5", "f(2) == 6"])
 def test_only_a_literal_example_that_holds_is_right(example):
     from orchestrator.envs.code_pair import CodePairEnv
 
@@ -155,3 +156,29 @@ def test_tasks_need_a_spec_a_reference_and_tests(tmp_path):
     t = team("code_pair", tasks=[{"spec": "Return x."}])
     (ep,) = play(t, {"tester": Script({"example": "f(1) == 1"}), "coder": Script(code("x"))}, tmp_path).episodes
     assert ep.status == "error" and ep.error == "ValueError: task reference: required key is missing"
+
+
+def test_values_are_the_same_only_as_json_values_are():
+    """A list one short, a dict with a key more, or a true nested where 1 is due is a wrong result."""
+    from orchestrator.envs.code_pair import same
+
+    assert same([1, 2], [1, 2]) and same({"a": [1, {"b": "c"}]}, {"a": [1, {"b": "c"}]}) and same(2, 2.0)
+    assert not same([1, 2], [1, 2, 3]) and not same([1, 2, 3], [1, 2])
+    assert not same({"a": 1}, {"a": 1, "b": 2}) and not same({"a": True}, {"a": 1}) and not same([True], [1])
+
+
+def test_the_roles_are_different_and_the_coders_schema_has_code(tmp_path):
+    """A coder role of another shape failed every episode with KeyError: 'code'."""
+    from play import ROOT
+
+    from orchestrator.envs.code_pair import CodePairConfig
+    from orchestrator.errors import ConfigError
+    from orchestrator.team import load_team
+
+    with pytest.raises(ValueError, match="tester and coder must be different roles"):
+        CodePairConfig(tester="x", coder="x")
+    recipe = (ROOT / "recipes/code_pair.yaml").read_text().replace("{use: function_coder, name: coder}",
+                                                                   "{use: example_tester, name: coder}")
+    (tmp_path / "team.yaml").write_text(recipe.replace("tasks: functions/train.jsonl", f"tasks: [{PLUS3}]"))
+    with pytest.raises(ConfigError, match="CodePairEnv reads field\\(s\\) code of the messages of role 'coder'"):
+        load_team(tmp_path / "team.yaml")
