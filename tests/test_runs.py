@@ -440,6 +440,41 @@ def test_pipeline_routes_a_role_that_acts_twice_by_its_position():
     assert sent == [("planner", ["coder"]), ("coder", ["planner"]), ("planner", ["planner"])]
 
 
+
+def test_pipeline_views_its_rounds_success_and_an_invalid_end():
+    """The round and the last message each role sees, the turn each history entry keeps, success
+    read from its role's last message (not the pipeline's last), and on_invalid: end."""
+    import random
+
+    from orchestrator.envs.pipeline import PipelineConfig, PipelineEnv
+    from orchestrator.messages import Message
+
+    config = PipelineConfig(order=["planner", "coder", "reviewer", "tester"],
+                            loop_back={"from": "reviewer", "to": "coder", "field": "verdict", "values": ["redo"]},
+                            success={"role": "reviewer", "field": "verdict", "values": ["approve"]}, on_invalid="end")
+    assert PipelineEnv.reads(config, "reviewer") == {"verdict": ["redo", "approve"]}
+    roles = dict.fromkeys(config.order)
+
+    def send(env, content, valid=True):
+        turn = len(env.history)
+        return asyncio.run(env.step(env.next_role(), Message(id="e", episode="e", turn=turn, sender="x", recipients=[],
+                                                             content=content, raw="", valid=valid)))
+
+    env = PipelineEnv(config, roles, {}, random.Random(0))
+    for content in ({"plan": 1}, {"code": 1}, {"verdict": "redo"}):
+        send(env, content)
+    seen = env.observe(env.next_role())
+    assert env.next_role() == "coder" and seen["round"] == 2 and seen["last"]["content"] == {"verdict": "redo"}
+    assert [h["turn"] for h in seen["history"]] == [0, 1, 2]
+    send(env, {"code": 2})
+    send(env, {"verdict": "approve"})
+    result = send(env, {"tests": "fail"})
+    assert result.done and env.succeeded is True and result.rewards == dict.fromkeys(roles, 1.0)
+
+    env = PipelineEnv(config, roles, {}, random.Random(0))
+    result = send(env, None, valid=False)
+    assert result.done and env.next_role() is None and env.succeeded is False and result.rewards["coder"] == 0.0
+
 def test_user_role_in_temp_folder_runs_with_python_policy(workspace, cli, monkeypatch):
     write(workspace / "mypolicies.py", """
         import json
