@@ -141,3 +141,48 @@ def test_fewer_max_turns_than_the_judge_needs_are_refused_at_load(tmp_path, reci
     path.write_text((ROOT / "recipes" / f"{recipe}.yaml").read_text() + f"max_turns: {needed - 1}\n")
     with pytest.raises(ConfigError, match=f"a whole game can take {needed} turns and max_turns is {needed - 1}"):
         load_team(path)
+
+
+def test_problems_draw_every_op_and_operands_from_zero(tmp_path):
+    episodes = play(team("generate_judge", max_operand=1), {"generator": generator(True), "judge": Script(
+        *[{"verdict": "correct"}] * 30)}, tmp_path, episodes=30).episodes
+    problems = [ep.outcome["problem"] for ep in episodes]
+    assert {p["op"] for p in problems} == {"+", "-", "*"}
+    assert {p["a"] for p in problems} == {p["b"] for p in problems} == {0, 1}
+
+
+def test_a_wrong_answer_shown_is_never_the_truth_and_may_be_another_ops():
+    import random
+
+    from orchestrator.envs.generate_judge import GenerateJudgeEnv
+
+    t = team("generate_judge")
+    other_ops = 0
+    for seed in range(200):
+        env = GenerateJudgeEnv(t.env_config, t.roles, {}, random.Random(seed))
+        env.show_right = False
+        shown = env._for_judge(env.truth)
+        assert shown != env.truth
+        other_ops += shown not in {env.truth + d for d in (-10, -1, 1, 10)}
+    assert other_ops > 20  # a + b shown for a * b: a slip a Judge must catch too
+
+
+def test_only_the_judge_sees_the_answer_and_the_workers_result_and_a_wrong_worker_earns_nothing(tmp_path):
+    generator_, worker = Script(*[{"answer": 0}] * 4), Script(*[{"answer": -999}] * 4)
+    episodes = play(team("generate_judge_worker"), {"generator": generator_, "worker": worker,
+                                                    "judge": Script(*[{"verdict": "correct"}] * 4)},
+                    tmp_path, episodes=4).episodes
+    assert [ep.rewards["worker"] for ep in episodes] == [0.0] * 4
+    for request in generator_.requests + worker.requests:
+        assert request.context["answer"] is None and request.context["own"] is None
+
+
+def test_a_verdict_other_than_correct_or_incorrect_is_none(tmp_path):
+    """For a judge whose schema allows more: "maybe" is no verdict, and agrees with nothing."""
+    import dataclasses
+
+    t = team("generate_judge", balanced_judge=False)
+    loose = {"type": "object", "properties": {"verdict": {"type": "string"}}, "required": ["verdict"]}
+    t = dataclasses.replace(t, roles={**t.roles, "judge": dataclasses.replace(t.roles["judge"], schema=loose)})
+    (ep,) = play(t, {"generator": generator(True), "judge": Script({"verdict": "maybe"})}, tmp_path).episodes
+    assert ep.outcome["verdict"] is None and ep.rewards["judge"] == 0.0
