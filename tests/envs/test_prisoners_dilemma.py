@@ -15,8 +15,12 @@ def test_hand_computed_totals(tmp_path):
 
 def test_configured_payoffs(tmp_path):
     t = team("prisoners_dilemma", rounds=2, payoffs={"temptation": 10, "reward": 6, "punishment": -1, "sucker": -4})
-    (ep,) = play(t, {"alice": moves("defect", "defect"), "bob": moves("cooperate", "defect")}, tmp_path).episodes
+    alice = moves("defect", "defect")
+    (ep,) = play(t, {"alice": alice, "bob": moves("cooperate", "defect")}, tmp_path).episodes
     assert ep.rewards == {"alice": 10 - 1, "bob": -4 - 1}
+    rules = ("Both cooperate: you each get 6. Both defect: you each get -1. "
+             "If you defect while the other cooperates you get 10 and they get -4.")
+    assert rules in " ".join(alice.requests[0].messages[-1]["content"].split())  # the rules the players read
 
 
 def test_second_player_does_not_see_the_current_round(tmp_path):
