@@ -93,3 +93,15 @@ def test_the_proposer_and_the_solver_are_different_roles():
 
     with pytest.raises(ValueError, match="proposer and solver must be different roles"):
         ProposeSolveConfig(proposer="x", solver="x")
+
+
+def test_a_true_is_no_answer_of_1(tmp_path):
+    """For a solver whose schema allows it: JSON true is not the number 1 (Python's True == 1)."""
+    import dataclasses
+
+    t = team("propose_solve")
+    loose = {"type": "object", "properties": {"answer": {}}, "required": ["answer"]}
+    t = dataclasses.replace(t, roles={**t.roles, "solver": dataclasses.replace(t.roles["solver"], schema=loose)})
+    solver = Script(*[{"answer": True}] * 2, *[{"answer": 1}] * 2)
+    (ep,) = play(t, {"proposer": Script({"a": 1, "op": "*", "b": 1}), "solver": solver}, tmp_path).episodes
+    assert ep.outcome["answers"] == [None, None, 1, 1] and ep.rewards["solver"] == 0.5
