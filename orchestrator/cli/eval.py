@@ -10,7 +10,7 @@ from typing import Any
 from ..errors import RolecastError
 from .flags import (
     add_episode_flags, add_model_flags, add_policy_flag, add_ray_flags, compute_options, exit_code, parse_adapter_flags,
-    out_dir, parse_policy_flags, positive_int, shows_progress, stdout_console,
+    out_dir, parse_policy_flags, positive_int, print_table, shows_progress, stdout_console,
 )
 
 
@@ -70,8 +70,10 @@ def print_report(report: dict[str, Any]) -> None:
         title += f", opponent {report['opponent']['role']} = {report['opponent']['policy']}"
     table = Table(title=escape(title))  # a checkpoint:PATH opponent's "[...]" is text too
     for col in ("role", "policy", "W-D-L", "win rate", "95% CI", "mean reward"):
-        named = col in ("role", "policy")  # names fold where the table is too wide; figures, cut, would mislead
-        table.add_column(col, justify="left" if named else "right", no_wrap=not named, overflow="fold")
+        # a binding folds where the table is too wide; a role name or a figure, cut, would mislead
+        folds = col == "policy"
+        table.add_column(col, justify="left" if col in ("role", "policy") else "right", no_wrap=not folds,
+                         overflow="fold", min_width=len(col) if folds else None)
     for name, e in report["roles"].items():
         lo, hi = e["win_ci95"]
         reward = "-" if e["mean_reward"] is None else \
@@ -79,7 +81,7 @@ def print_report(report: dict[str, Any]) -> None:
         table.add_row(name, escape(report["bindings"][name]), f"{e['win']}-{e['draw']}-{e['loss']}",
                       f"{e['win_rate']:.3f}", f"{lo:.3f}-{hi:.3f}", reward)
     console = stdout_console()
-    console.print(table)
+    print_table(console, table)
     if not report["roles"]:  # every episode stopped (max_turns) or failed: an empty table, unsaid
         console.print(f"no episode ended with a result ({statuses}): W-D-L counts finished games only",
                       highlight=False, markup=False)

@@ -15,7 +15,7 @@ from .. import logs
 from ..errors import RolecastError
 from ..launch import claimed, recorded_run, run_dir
 from ..files import write_atomic
-from .flags import shows_progress, stdout_console
+from .flags import print_table, shows_progress, stdout_console
 
 
 def handle(args: argparse.Namespace, team: Any) -> int:
@@ -138,7 +138,7 @@ def print_report(report: dict[str, Any], out: Path) -> None:
         table.add_row(name, "-" if r["elo"] is None else f"{r['elo']:.0f}", ci,
                       f"{sum(scores) / len(scores):.3f}" if scores else "-")
     console = stdout_console()
-    console.print(table)
+    print_table(console, table)
     nt = report["non_transitivity"]
     console.print(f"3-cycles in the win graph: {nt['cyclic_triads']} of {nt['decided_triads']} decided triads; "
                   f"written: {out / 'population.json'}", highlight=False, markup=False)

@@ -142,6 +142,28 @@ def stdout_console() -> Any:
     return PipedConsole()
 
 
+def print_table(console: Any, table: Any) -> None:
+    """``table`` on ``console``, wider than the console where its columns need more: a no_wrap
+    column whole, a folding one as wide as its min_width. Rich cut them to fit ('0.150-0.', and
+    'player-1…' for player-1@2) and gave some no width at all; a table the terminal wraps still
+    shows every figure, and one in a file or ``less -S`` reads as printed."""
+    from rich.measure import Measurement
+    from rich.padding import Padding
+
+    wide = console.options.update_width(1 << 16)
+    for column in table.columns:
+        if column.no_wrap:
+            column.min_width = max(Measurement.get(console, wide, cell).maximum for cell in (column.header, *column.cells))
+    _, right, _, left = Padding.unpack(table.padding)
+    width = console.width
+    needs = sum((c.min_width or 1) + left + right for c in table.columns) + table._extra_width  # its borders
+    console.width = max(width, needs)
+    try:
+        console.print(table)
+    finally:
+        console.width = width
+
+
 def add_training_flags(p: argparse.ArgumentParser) -> None:
     """--model, --dtype, --engine, --device, --set, --seed, --no-progress and the Ray flags: how a
     command trains."""

@@ -108,6 +108,13 @@ def test_eval_table_keeps_every_figure_at_80_columns(cli, tmp_path, capsys, monk
     # every episode stopped at max_turns: the table had no row, and nothing said why
     print_report({**report, "roles": {}, "status": {"max_turns": 5}})
     assert "no episode ended with a result (max_turns 5): W-D-L counts finished games only" in capsys.readouterr().out
+    for columns in ("40", "60"):  # too narrow for the figures: rich cut them ("0.566-1.…") and dropped the names
+        monkeypatch.setenv("COLUMNS", columns)
+        print_report(report)
+        rows = [line.split("│") for line in capsys.readouterr().out.splitlines() if line.startswith("│")]
+        assert [cell.strip() for cell in rows[0][1:] if cell.strip()] == [
+            "guesser", "python", "5-0-0", "1.000", "0.566-1.000", "1.000 ±0.000"], (columns, rows)
+        assert "".join(row[2].strip() for row in rows) == "python:mypkg.agents.guessing:binary_search_policy"
 
 
 def test_eval_json_success_rate(cli, tmp_path):

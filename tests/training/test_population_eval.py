@@ -97,6 +97,23 @@ def test_an_entrant_with_no_finished_game_is_not_rated(capsys, tmp_path):
     assert [row.split()[1] for row in rows] == ["a", "b", "minimax"] and rows[-1].split()[3] == "-"
 
 
+def test_the_population_table_keeps_names_and_figures_whole_in_a_narrow_terminal(capsys, tmp_path, monkeypatch):
+    """At 40 columns rich cut every column to fit: player-1@2 read "player-1…" (another entrant's
+    name), an Elo of 1100 "11…", its interval "986-1…"."""
+    from orchestrator.cli.eval_population import print_report
+
+    names = ["player-1", "player-1@2", "player-1@12"]
+    games = [Game(a, b, 1, -1) for a, b in (names[:2], names[1:], names[::2], names[1::-1])]
+    report = {"team": "t", "run_dir": str(tmp_path), **analyse([Entrant(n, adapter=n) for n in names], games, 2)}
+    monkeypatch.setenv("COLUMNS", "40")
+    print_report(report, tmp_path)
+    rows = [line.split("│")[1:-1] for line in capsys.readouterr().out.splitlines() if line.startswith("│")]
+    r = report["ratings"]
+    assert [[cell.strip() for cell in row[:3]] for row in rows] == [
+        [n, f"{r[n]['elo']:.0f}", f"{r[n]['ci95'][0]:.0f}-{r[n]['ci95'][1]:.0f}"]
+        for n in sorted(names, key=lambda n: -r[n]["elo"])]
+
+
 async def test_a_round_robin_where_no_game_finished_is_an_error(tmp_path):
     """Every game failed or was cut short: the report rated every entrant 1000, exit 0, and its
     population.json refused the rerun ("already holds a round robin")."""
