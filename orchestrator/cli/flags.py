@@ -156,7 +156,8 @@ def print_table(console: Any, table: Any) -> None:
             column.min_width = max(Measurement.get(console, wide, cell).maximum for cell in (column.header, *column.cells))
     _, right, _, left = Padding.unpack(table.padding)
     width = console.width
-    needs = sum((c.min_width or 1) + left + right for c in table.columns) + table._extra_width  # its borders
+    borders = (2 if table.box and table.show_edge else 0) + (len(table.columns) - 1 if table.box else 0)
+    needs = sum((c.min_width or 1) + left + right for c in table.columns) + borders
     console.width = max(width, needs)
     try:
         console.print(table)
