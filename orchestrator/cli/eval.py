@@ -88,7 +88,8 @@ def print_report(report: dict[str, Any]) -> None:
     if report["env"]:
         console.print(", ".join(f"{k} {v}" for k, v in report["env"].items()), highlight=False)
     # not markup: a path (runs/exp[lr=1e-4]) lost its "[...]" or raised a MarkupError after the run
-    console.print(f"win rate = success rate in one-player games; run dir: {report['run_dir']}", highlight=False, markup=False)
+    console.print(f"win rate = success rate in one-player games; run dir: {report['run_dir']}", highlight=False, markup=False,
+                  soft_wrap=True)  # the path whole on its line, for a script or a copy: the terminal wraps it
     if report["illegal_baseline"]:
         console.print(f"not a baseline: builtin:random ({', '.join(report['illegal_baseline'])}) cannot see this game's "
                       "legal moves", highlight=False)

@@ -141,4 +141,4 @@ def print_report(report: dict[str, Any], out: Path) -> None:
     print_table(console, table)
     nt = report["non_transitivity"]
     console.print(f"3-cycles in the win graph: {nt['cyclic_triads']} of {nt['decided_triads']} decided triads; "
-                  f"written: {out / 'population.json'}", highlight=False, markup=False)
+                  f"written: {out / 'population.json'}", highlight=False, markup=False, soft_wrap=True)  # the path whole

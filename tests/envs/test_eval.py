@@ -111,7 +111,9 @@ def test_eval_table_keeps_every_figure_at_80_columns(cli, tmp_path, capsys, monk
     for columns in ("40", "60"):  # too narrow for the figures: rich cut them ("0.566-1.…") and dropped the names
         monkeypatch.setenv("COLUMNS", columns)
         print_report(report)
-        rows = [line.split("│") for line in capsys.readouterr().out.splitlines() if line.startswith("│")]
+        out = capsys.readouterr().out
+        assert f"run dir: {report['run_dir']}\n" in out  # whole on its line: rich broke the path at the width
+        rows = [line.split("│") for line in out.splitlines() if line.startswith("│")]
         assert [cell.strip() for cell in rows[0][1:] if cell.strip()] == [
             "guesser", "python", "5-0-0", "1.000", "0.566-1.000", "1.000 ±0.000"], (columns, rows)
         assert "".join(row[2].strip() for row in rows) == "python:mypkg.agents.guessing:binary_search_policy"

@@ -107,7 +107,9 @@ def test_the_population_table_keeps_names_and_figures_whole_in_a_narrow_terminal
     report = {"team": "t", "run_dir": str(tmp_path), **analyse([Entrant(n, adapter=n) for n in names], games, 2)}
     monkeypatch.setenv("COLUMNS", "40")
     print_report(report, tmp_path)
-    rows = [line.split("│")[1:-1] for line in capsys.readouterr().out.splitlines() if line.startswith("│")]
+    out = capsys.readouterr().out
+    assert f"written: {tmp_path / 'population.json'}\n" in out  # whole on its line: rich broke the path at the width
+    rows = [line.split("│")[1:-1] for line in out.splitlines() if line.startswith("│")]
     r = report["ratings"]
     assert [[cell.strip() for cell in row[:3]] for row in rows] == [
         [n, f"{r[n]['elo']:.0f}", f"{r[n]['ci95'][0]:.0f}-{r[n]['ci95'][1]:.0f}"]
