@@ -9,6 +9,7 @@ Run dir layout::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import time
@@ -50,6 +51,9 @@ class RunOptions:
     concurrency: int = 16
     episode_timeout_s: float = 900.0
     progress: bool = True
+    # an open bar (a training run's) to count this run's episodes on a line beneath its own, removed
+    # when the run ends; None: a bar of its own (rich draws one live display at a time on a console)
+    bar: Progress | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # recorded in config.yaml (CLI choices)
     # episode index -> {role: adapter} for this episode only (e.g. a self-play opponent snapshot),
     # called as the episode starts: a choice that reads state moving meanwhile (a training run's
@@ -135,8 +139,11 @@ async def run_team(team: Team, policies: Mapping[str, Policy], options: RunOptio
     started = time.perf_counter()
     path = (run_dir / "transcripts.jsonl").resolve()  # the result's episodes read it back, wherever the cwd is then
     transcripts = path.open("wb", buffering=0)  # each line written at once, whole or not at all (append_line)
-    progress = progress_bar(options.progress)
-    bar = progress.add_task(f"{team.name} episodes", total=options.episodes)
+    own = options.bar is None
+    progress = progress_bar(options.progress) if own else options.bar
+    # beneath a training run's bar, named by its folder: rollouts/step-000003 or evals/step-000002
+    label = team.name if own else f"{run_dir.parent.name}/{run_dir.name}"
+    bar = progress.add_task(f"{label} episodes", total=options.episodes)
     # concurrency lanes draw the next episode index as each finishes one: an episode's record
     # (and its task) exists only while it is in flight, whatever the number of episodes
     indices = iter(range(options.episodes))
@@ -179,13 +186,15 @@ async def run_team(team: Team, policies: Mapping[str, Policy], options: RunOptio
 
     lanes = [asyncio.ensure_future(lane()) for _ in range(min(options.concurrency, options.episodes))]
     try:
-        with progress:
+        with progress if own else contextlib.nullcontext():
             await asyncio.gather(*lanes)
     finally:  # a run that stops (WorkersLost) stops its other episodes before the file closes under them
         for task in lanes:
             task.cancel()
         await asyncio.gather(*lanes, return_exceptions=True)
         transcripts.close()
+        if not own:
+            progress.remove_task(bar)
     if kept is not None:
         kept.sort(key=lambda r: r.index)
     summary = tally.summary(time.perf_counter() - started)

@@ -139,6 +139,8 @@ class TrainingRun:
         self.run_dir = options.out_dir
         self.steps = options.steps or self.cfg.steps
         self.metrics = MetricsWriter(self.run_dir)
+        # the run's bar, open while it runs (_run): its rollouts and evaluations count episodes beneath
+        self.bar = progress_bar(False)
 
     # -- the loop --------------------------------------------------------------------------------
     async def run(self) -> dict[str, Any]:
@@ -156,21 +158,22 @@ class TrainingRun:
         start = await self._resume() if self.options.resume else 0  # the first step still to run
         if start > self.steps:
             return await self._finished()
-        if start == 0:
-            seed_rng(self.options.seed)
-            self._write_config()
-            for adapter, client in self.clients.items():
-                with said_as(RunFailed, f"trainer plugin {self.cfg.trainer!r}: init_noise"):
-                    std = self.trainer.init_noise(adapter)
-                if std:
-                    await (await client.perturb_async(std, f"{self.options.seed}:{adapter}")).result_async()
-            await self._publish_all()
-            await self.evaluate(0)
-        ahead: dict[int, asyncio.Task] = {}  # async training: later steps' rollouts, sampling meanwhile
-        try:
-            with progress_bar(self.options.progress) as bar:
-                first = max(start, 1)  # its run's name: compare's strategies each have theirs
-                task = bar.add_task(f"{self.run_dir.name} steps", total=self.steps, completed=first - 1)  # those done
+        self.bar = progress_bar(self.options.progress)
+        with self.bar:
+            first = max(start, 1)  # its run's name: compare's strategies each have theirs
+            task = self.bar.add_task(f"{self.run_dir.name} steps", total=self.steps, completed=first - 1)  # those done
+            if start == 0:
+                seed_rng(self.options.seed)
+                self._write_config()
+                for adapter, client in self.clients.items():
+                    with said_as(RunFailed, f"trainer plugin {self.cfg.trainer!r}: init_noise"):
+                        std = self.trainer.init_noise(adapter)
+                    if std:
+                        await (await client.perturb_async(std, f"{self.options.seed}:{adapter}")).result_async()
+                await self._publish_all()
+                await self.evaluate(0)
+            ahead: dict[int, asyncio.Task] = {}  # async training: later steps' rollouts, sampling meanwhile
+            try:
                 for step in range(first, self.steps + 1):
                     for later in range(step, min(step + self.cfg.max_staleness, self.steps) + 1):
                         if later not in ahead:
@@ -181,11 +184,11 @@ class TrainingRun:
                         await self.evaluate(step)
                     if step % self.cfg.checkpoint_every == 0 or step == self.steps:
                         self.checkpoint(step)
-                    bar.update(task, completed=step)
-        finally:
-            for pending in ahead.values():
-                pending.cancel()
-        return await self.evaluate(self.steps)
+                    self.bar.update(task, completed=step)
+            finally:
+                for pending in ahead.values():
+                    pending.cancel()
+            return await self.evaluate(self.steps)
 
     async def train_step(self, step: int, rollout: Awaitable[list[list[EpisodeRecord]]] | None = None) -> dict[str, Any]:
         """One step on ``rollout``'s episodes (by default, a rollout of this step started now)."""
@@ -292,7 +295,7 @@ class TrainingRun:
             out_dir=self.run_dir / "rollouts" / f"step-{step:06d}",
             concurrency=self.concurrency,
             episode_timeout_s=self.team.config.episode_timeout_s,
-            progress=False,
+            bar=self.bar,
             adapters_for=adapters.__getitem__,
             play=self.play,
         ))
@@ -408,7 +411,7 @@ class TrainingRun:
                         for i in range(n)]  # chosen now, as a rollout's are
         result = await run_team(team, self.eval_policies, RunOptions(
             episodes=n, seed=derive_seed(self.options.seed, 999_999), out_dir=self.run_dir / "evals" / f"step-{step:06d}",
-            concurrency=self.concurrency, episode_timeout_s=self.team.config.episode_timeout_s, progress=False,
+            concurrency=self.concurrency, episode_timeout_s=self.team.config.episode_timeout_s, bar=self.bar,
             adapters_for=adapters.__getitem__,
             play=self.play_eval,
         ))

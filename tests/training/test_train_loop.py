@@ -415,6 +415,36 @@ def test_a_resumed_runs_progress_bar_starts_at_the_steps_it_has_done(cli, tmp_pa
     assert ("run steps", 1) in begun  # the run's name: compare's strategies were all "training"
 
 
+def test_a_training_runs_rollouts_and_evaluations_count_their_episodes_beneath_its_bar(cli, tmp_path, monkeypatch):
+    """Rollouts and evaluations ran with no bar at all: an evaluation of 64 episodes passed in
+    silence, the steps' bar standing still. Each now counts on a line of the run's bar, removed
+    when it ends."""
+    from rich.progress import Progress
+
+    from support import SMALL_TRAINING
+
+    recipe, run = Path(__file__).resolve().parents[2] / "recipes/guess_number.yaml", tmp_path / "run"
+    lines, removed = {}, []  # (task, bar) -> (description, total); descriptions of the removed
+    add_task, remove_task = Progress.add_task, Progress.remove_task
+
+    def added(bar, what, **kw):
+        task = add_task(bar, what, **kw)
+        lines[task, id(bar)] = what, kw["total"]
+        return task
+
+    monkeypatch.setattr(Progress, "add_task", added)
+    monkeypatch.setattr(Progress, "remove_task",
+                        lambda self, task: removed.append(lines[task, id(self)][0]) or remove_task(self, task))
+    code, _, err = cli("train", recipe, "--model", "tiny", "--steps", "2", "--out", run, "--dtype", "float32",
+                       *SMALL_TRAINING, "--set", "eval_every=1")
+    assert code == 0, err
+    assert len({bar for _, bar in lines}) == 1, lines  # one live display: a second console's would fight the first
+    assert sorted(lines.values()) == [("evals/step-000000 episodes", 2), ("evals/step-000001 episodes", 2),
+                                      ("evals/step-000002 episodes", 2), ("rollouts/step-000001 episodes", 2),
+                                      ("rollouts/step-000002 episodes", 2), ("run steps", 2)]
+    assert sorted(removed) == sorted(what for what, _ in lines.values() if what != "run steps")
+
+
 def test_resume_refuses_a_recipe_edited_since_the_run_started(tmp_path):
     """Only the training block was compared: a recipe whose protocol, roles or tasks changed resumed
     without a word, its config.yaml still recording the recipe as it was."""
@@ -784,7 +814,8 @@ def test_an_evaluations_trained_reward_leaves_out_the_episodes_that_failed(tmp_p
     run = loop.TrainingRun.__new__(loop.TrainingRun)
     run.team = run.eval_team = team
     run.cfg, run.options, run.run_dir, run.metrics = team.config.training, SimpleNamespace(seed=0), tmp_path, MetricsWriter(tmp_path)
-    run.eval_policies, run.eval_opponent_role, run.play_eval, run.concurrency, run.engine, run.rollouts = {}, None, None, 1, None, None
+    run.eval_policies, run.eval_opponent_role, run.play_eval, run.concurrency, run.engine, run.rollouts, run.bar = \
+        {}, None, None, 1, None, None, None
     run.trainer = SimpleNamespace(eval_adapters_for=lambda i: {})
     run.reward_fn = default_registry().get("rewards", "hybrid")
     run.reward_config = config_model(run.reward_fn).model_validate(run.cfg.reward_config)
@@ -815,7 +846,7 @@ def test_a_rollouts_opponents_are_chosen_as_it_starts(tmp_path, monkeypatch):
     monkeypatch.setattr(loop, "run_team", played)
     run = loop.TrainingRun.__new__(loop.TrainingRun)
     run.team, run.cfg, run.options, run.run_dir = team, team.config.training, SimpleNamespace(seed=0), tmp_path
-    run.policies, run.concurrency, run.play, run.trainer = {}, 1, None, trainer
+    run.policies, run.concurrency, run.play, run.trainer, run.bar = {}, 1, None, trainer, None
     groups = asyncio.run(run.rollout(2))
     assert [a for g in groups for a in g] == [{"guesser": "live"}] * (run.cfg.groups_per_step * run.cfg.group_size)
 
@@ -840,7 +871,7 @@ def test_each_steps_rollout_draws_its_own_tasks_and_seed_and_a_group_shares_one_
     monkeypatch.setattr(loop, "run_team", play)
     run = loop.TrainingRun.__new__(loop.TrainingRun)
     run.team, run.cfg, run.options, run.run_dir = team, team.config.training, SimpleNamespace(seed=0), tmp_path
-    run.policies, run.concurrency, run.play = {}, 1, None
+    run.policies, run.concurrency, run.play, run.bar = {}, 1, None, None
     run.trainer = SimpleNamespace(adapters_for=lambda step, i: {})
     for step in (1, 2, 3, 1):
         asyncio.run(run.rollout(step))
