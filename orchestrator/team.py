@@ -26,7 +26,7 @@ from .role import BASE_VARIABLES, RoleSpec, library_roles, load_role, resolve_ro
 from .config_errors import ErrorSite, first_error, validate_model
 from .training.plugin_faults import said_as
 from .training.trainer import build_trainer
-from .yamlfile import Loc, YamlDoc, format_loc, inline_doc, load_json_lines, load_yaml, not_json, plain_copy
+from .yamlfile import Loc, YamlDoc, format_loc, inline_doc, load_json_lines, load_yaml, not_json, plain_copy, unnameable
 
 
 @dataclass(frozen=True)
@@ -274,7 +274,7 @@ def _load_roles(config: TeamConfig, doc: YamlDoc, registry: Registry) -> dict[st
         if path is None:
             raise doc.error(
                 ("roles", i, "use"),
-                f"unknown role {ref!r}: not a library role ({', '.join(library_roles())}) nor an existing file",
+                unnameable(ref) or f"unknown role {ref!r}: not a library role ({', '.join(library_roles())}) nor an existing file",
             )
         overrides = {k: v for k, v in entry.items() if k != "use"}
         spec = load_role(path, overrides, override_doc=doc, override_loc=("roles", i), registry=registry)

@@ -11,6 +11,8 @@ before anything is constructed or walked. A "billion laughs" file fails in milli
 from __future__ import annotations
 
 import json
+import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,11 +53,24 @@ class YamlDoc:
         return ConfigError(self.path.name if self.inline else self.path, self.line_of(loc), format_loc(loc), problem)
 
     def file(self, loc: Loc, name: str) -> Path:
-        """The file that ``name``, at ``loc``, names: relative to this file's folder. A NUL in it (a
-        "\\0" in a quoted string), which no file name holds, was a ValueError traceback."""
-        if "\0" in name:
-            raise self.error(loc, f"{name!r} holds a NUL character, which no file name can")
+        """The file that ``name``, at ``loc``, names: relative to this file's folder."""
+        if why := unnameable(name):
+            raise self.error(loc, why)
         return (self.path.parent / name).resolve()
+
+
+def unnameable(name: str) -> str | None:
+    """Why ``name`` can name no file on this system, or None. A NUL (a "\\0" in a quoted string) was
+    a ValueError traceback; a character the file system's encoding lacks (é where it is ASCII: a C
+    locale with PYTHONUTF8=0) was a UnicodeEncodeError traceback, or "not an existing file"."""
+    if "\0" in name:
+        return f"{name!r} holds a NUL character, which no file name can"
+    try:
+        os.fsencode(name)
+    except UnicodeEncodeError:
+        return (f"{name!r} cannot be a file name under this locale: the file system encoding is "
+                f"{sys.getfilesystemencoding()}; run with PYTHONUTF8=1 or a UTF-8 locale (LANG=C.UTF-8)")
+    return None
 
 
 def inline_doc(data: Any, name: str) -> YamlDoc:

@@ -151,7 +151,7 @@ CASES = [
     ("tasks-path-nul", lambda w: replace_in(w / "team.yaml", 'tasks:\n  - {text: "the sea"}\n  - {text: "the sky"}', 'tasks: "t\\0.jsonl"'),
      "team.yaml", 8, "tasks", "holds a NUL character"),
     ("use-path-nul", lambda w: replace_in(w / "team.yaml", "use: ./echo.yaml", 'use: "./echo\\0.yaml"'),
-     "team.yaml", 6, "roles[0].use", "unknown role './echo\\x00.yaml'"),
+     "team.yaml", 6, "roles[0].use", "'./echo\\x00.yaml' holds a NUL character"),
     ("bad-binding", lambda w: replace_in(w / "echo.yaml", "adapter: null", "adapter: null\n  bind: telepathy:now"),
      "echo.yaml", 11, "policy.bind", "unknown policy kind"),
     # the team sets policy.adapter; the role file's other policy keys are still its own
@@ -345,6 +345,26 @@ def test_what_stdout_cannot_encode_is_escaped_not_a_traceback(errors, workspace,
     assert main(["validate", str(workspace / "écho.yaml")]) == 0
     sys.stdout.seek(0)
     assert sys.stdout.read() == f"ok  {str(workspace).encode('ascii', 'backslashreplace').decode()}/\\xe9cho.yaml  (role echo)\n"
+
+
+@pytest.mark.parametrize("edit, where", [
+    (lambda w: ((w / "echo.yaml").rename(w / "écho.yaml"), replace_in(w / "team.yaml", "./echo.yaml", "./écho.yaml")),
+     "team.yaml:6: roles[0].use: './\\xe9cho.yaml' cannot"),
+    (lambda w: ((w / "prompts/echo.md.j2").rename(w / "prompts/écho.md.j2"), replace_in(w / "echo.yaml", "echo.md.j2", "écho.md.j2")),
+     "echo.yaml:3: prompt: 'prompts/\\xe9cho.md.j2' cannot")])
+def test_a_file_name_the_locale_cannot_encode_is_one_line_saying_so(edit, where, workspace):
+    """Under LC_ALL=C with PYTHONUTF8=0 the file system encoding is ASCII: a role file in é was
+    "unknown role: ... nor an existing file" (it existed), a prompt in é a UnicodeEncodeError
+    traceback. Both say what is wrong, and what to run with instead."""
+    import os
+    import subprocess
+
+    edit(workspace)
+    env = {**os.environ, "LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONIOENCODING": ""}
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "validate", "team.yaml"], cwd=workspace, env=env,
+                          capture_output=True, text=True, errors="backslashreplace")
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert where in proc.stderr and "the file system encoding is ascii; run with PYTHONUTF8=1" in proc.stderr, proc.stderr
 
 
 def test_bad_policy_flag(workspace, cli):
