@@ -333,8 +333,8 @@ def _load_tasks(tasks: list[dict[str, Any]] | str, doc: YamlDoc, loc: tuple, env
         try:
             if path.suffix == ".jsonl":
                 lines = load_json_lines(path)
-                items = [v for _, v in lines]
-                where = lambda i, key, problem: ConfigError(path, lines[i][0], format_loc(key) or "(task)", problem)
+                items, where = [v for _, v in lines], lambda i, key, problem: ConfigError(
+                    path, lines[i][0], format_loc(key) or "(task)", problem)
             else:
                 file_doc = load_yaml(path)
                 items, where = file_doc.data, lambda i, key, problem: file_doc.error((i,) + key, problem)
