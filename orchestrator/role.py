@@ -85,9 +85,10 @@ class RoleSpec:
 
     @cached_property
     def _static_system(self) -> str | None:
-        """The system message, rendered once when it reads only the role's own fields."""
-        names = jinja2.meta.find_undeclared_variables(self.system_template.environment.parse(_system_source(self.config)))
-        if names <= {"role", "description", "params", "schema"}:
+        """The system message, rendered once when it reads only the role's own fields (those of the
+        templates it includes too: one reading the task was rendered with none)."""
+        env = self.system_template.environment
+        if set(_reads(env, env.parse(_system_source(self.config)), "", "system")) <= {"role", "description", "params", "schema"}:
             return self.system_template.render(self.context({}, {})).strip()
         return None
 

@@ -711,3 +711,16 @@ def test_an_empty_system_message_is_none_and_null_is_the_default(workspace):
                                                               "description": "", "params": {}, "schema": ""})
         assert messages[-1] == {"role": "user", "content": "Say something about the sea."}
         assert (messages[0] if len(messages) == 2 else None) == first
+
+
+def test_a_system_message_is_rendered_with_the_task_the_template_it_includes_reads(workspace):
+    """A `system` whose included template reads the task was rendered once, for no task, as if it
+    read only the role's fields: every episode failed (UndefinedError: 'dict object' has no
+    attribute 'text')."""
+    from orchestrator.role import load_role
+
+    write(workspace / "prompts" / "sys.md.j2", "You are the {{ role }}. The topic: {{ task.text }}.\n")
+    (workspace / "echo.yaml").write_text((workspace / "echo.yaml").read_text() + "system: '{% include \"sys.md.j2\" %}'\n")
+    spec = load_role(workspace / "echo.yaml")
+    for topic in ("the sea", "the sky"):
+        assert spec.render(spec.context({"text": topic}, {}))[0] == {"role": "system", "content": f"You are the echo. The topic: {topic}."}
