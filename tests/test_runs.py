@@ -705,7 +705,8 @@ def test_an_empty_system_message_is_none_and_null_is_the_default(workspace):
     text = (workspace / "echo.yaml").read_text()
     for system, first in ((None, {"role": "system", "content": "You are the echo. Repeats the task."}),
                           ('""', None), ("'{% if false %}Be brief.{% endif %}'", None),
-                          ("'Be brief.'", {"role": "system", "content": "Be brief."})):
+                          ("'Be brief.'", {"role": "system", "content": "Be brief."}),
+                          ('"Be brief.\\n"', {"role": "system", "content": "Be brief."})):  # stripped, as the prompt is
         (workspace / "echo.yaml").write_text(text if system is None else text + f"system: {system}\n")
         messages = load_role(workspace / "echo.yaml").render({"task": {"text": "the sea"}, "role": "echo",
                                                               "description": "", "params": {}, "schema": ""})
