@@ -725,3 +725,16 @@ def test_a_system_message_is_rendered_with_the_task_the_template_it_includes_rea
     spec = load_role(workspace / "echo.yaml")
     for topic in ("the sea", "the sky"):
         assert spec.render(spec.context({"text": topic}, {}))[0] == {"role": "system", "content": f"You are the echo. The topic: {topic}."}
+
+
+def test_a_task_field_a_prompt_misspells_fails_its_render(workspace):
+    """Templates are StrictUndefined (README): load checks only the top-level `task`, so without it
+    `{{ task.txet }}` rendered as nothing, a prompt with its task left out."""
+    import jinja2
+
+    from orchestrator.role import load_role
+
+    write(workspace / "prompts" / "echo.md.j2", "Say something about {{ task.txet }}.\n")
+    spec = load_role(workspace / "echo.yaml")
+    with pytest.raises(jinja2.UndefinedError, match="'dict object' has no attribute 'txet'"):
+        spec.render(spec.context({"text": "the sea"}, {}))
