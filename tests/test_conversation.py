@@ -235,3 +235,13 @@ def test_the_run_dir_records_the_followup_template_it_read():
     [guesser] = load_team(ROOT / "recipes/guess_number.yaml").resolved()["roles"]
     assert guesser["followup"] == str(ROOT / "roles/prompts/number_guesser_followup.md.j2")
     assert guesser["prompt"] == str(ROOT / "roles/prompts/number_guesser.md.j2")
+
+
+def test_a_followup_message_is_the_line_the_readme_shows():
+    """A later turn's message is its template rendered and stripped: the template file's own last
+    newline is not part of what the model reads."""
+    spec = load_team(ROOT / "recipes" / "guess_number.yaml").roles["guesser"]
+    observed = {"history": [{"guess": 8, "feedback": "too high"}], "feedback": "too high", "lowest": 1, "highest": 7,
+                "turns_left": 4}
+    assert spec.render_followup(spec.context({"secret": 5}, observed)) == {
+        "role": "user", "content": "8 is too high, so the number is from 1 to 7. Guesses left: 4."}
