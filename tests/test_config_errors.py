@@ -425,3 +425,17 @@ def test_every_shipped_yaml_validates(cli):
     code, out, err = cli("validate", root / "roles", root / "recipes")
     assert code == 0, err
     assert out.count("ok") >= 11
+
+
+def test_a_team_override_replaces_a_schema_whole_and_a_yml_role_is_a_path(workspace):
+    """Nested mappings merge, except an output_schema: merged, the reviewer's verdict and comments
+    would stay beside `ok`, under its additionalProperties: false. A role file named .yml beside the
+    team's, with no slash, is a file too, not a library name."""
+    from orchestrator.team import load_team
+
+    (workspace / "echo.yml").write_text((workspace / "echo.yaml").read_text())
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    replace_in(workspace / "team.yaml", "  - use: ./echo.yaml\n  - use: reviewer",
+               f"  - use: echo.yml\n  - use: reviewer\n    output_schema: {json.dumps(schema)}")
+    roles = load_team(workspace / "team.yaml").roles
+    assert roles["reviewer"].schema == schema and roles["echo"].source == workspace / "echo.yml"
