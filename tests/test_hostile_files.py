@@ -77,10 +77,16 @@ def test_deep_nesting_is_refused(tmp_path, text):
     assert err.line is not None
 
 
-def test_nesting_within_the_bound_loads(tmp_path):
-    depth = MAX_DEPTH - 2
-    data = load_yaml(write(tmp_path / "ok.yaml", "x: " + "[" * depth + "]" * depth + "\n")).data
-    assert isinstance(data["x"], list)
+def test_nesting_up_to_the_bound_loads_and_one_more_level_is_refused(tmp_path):
+    """YAML and JSON lines count the same levels: the mapping, then each list (the innermost empty)."""
+    for lists, fits in ((MAX_DEPTH - 1, True), (MAX_DEPTH, False)):
+        nested = "[" * lists + "]" * lists
+        yaml_file, jsonl = write(tmp_path / "n.yaml", f"x: {nested}\n"), write(tmp_path / "n.jsonl", f'{{"x": {nested}}}\n')
+        for load, path in ((load_yaml, yaml_file), (load_json_lines, jsonl)):
+            if fits:
+                load(path)
+            else:
+                assert_fails_fast(load, path, f"nested deeper than {MAX_DEPTH}")
 
 
 def test_oversize_file_is_refused_before_parsing(tmp_path):
