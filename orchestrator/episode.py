@@ -101,11 +101,12 @@ async def _play(team: Team, env: Env, policies: Mapping[str, Policy], record: Ep
         if result.done:
             break
     outcome = env.outcome()
-    try:  # as the transcript writes it: there, unwritable, it would fail the whole run
-        json.dumps(outcome, default=as_json)
+    try:  # as the transcript holds it: unwritable there, it would fail the whole run; and kept as it
+        # reads back (a tuple a list, a number key text), the run's summary and outcome_metrics see
+        # what a reader of transcripts.jsonl sees
+        record.outcome = json.loads(json.dumps(outcome, default=as_json))
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{type(env).__name__}.outcome() holds what a transcript cannot write: {exc}") from None
-    record.outcome = outcome
     if record.status == "running":
         record.status = "ok"
     return record

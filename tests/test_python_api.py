@@ -647,6 +647,29 @@ def test_an_outcome_no_transcript_can_hold_ends_that_episode_not_the_run(tmp_pat
     assert len((tmp_path / "run/transcripts.jsonl").read_text().splitlines()) == 2
 
 
+def test_an_outcome_is_kept_as_its_transcript_line_reads_back(tmp_path, registry):
+    """A tuple and a number key in outcome() stayed as they were in the run's episodes and what its
+    summary and outcome_metrics saw, while transcripts.jsonl read back a list and a text key: the
+    same run gave two different outcomes, by where it was read."""
+    from orchestrator.envs.game import GameEnv
+    from orchestrator.transcript import EpisodeRecord
+
+    def outcome(self):
+        return {**GameEnv.outcome(self), "cells": (0, 4), "by_turn": {1: "heads"}}
+
+    seen = []
+
+    @classmethod
+    def outcome_metrics(cls, config, outcomes):
+        seen.extend(outcomes)
+        return {}
+
+    result = caller_game("shaped", [{}], 1, tmp_path / "run", outcome=outcome, outcome_metrics=outcome_metrics)
+    (line,) = (tmp_path / "run/transcripts.jsonl").read_text().splitlines()
+    assert result.episodes[0].outcome == seen[0] == EpisodeRecord.loads(line).outcome
+    assert seen[0]["cells"] == [0, 4] and seen[0]["by_turn"] == {"1": "heads"}
+
+
 def test_outcome_metrics_that_raise_cost_the_measures_not_the_summary(tmp_path, registry, capsys):
     """They ran after every episode had played: the run died there with a traceback and no
     summary.json (a training run, at its first evaluation)."""
