@@ -127,13 +127,19 @@ class TextArenaConfig(GameConfig):
         if self.env_id not in ENV_REGISTRY:
             raise ValueError(f"unknown TextArena env_id {self.env_id!r}")
         try:  # now, not as every episode's error: a reset checks the player count too
-            start(self.env_id, self.env_kwargs, len(self.players), seed=0).close()
+            env = start(self.env_id, self.env_kwargs, len(self.players), seed=0)
         except TypeError as exc:  # an env_kwargs key the game does not take
             raise ValueError(f"{self.env_id}: {exc}") from None
         except Exception as exc:  # a player count the game refuses, or a game that cannot start here
             line = next((line.strip() for line in str(exc).splitlines() if any(c.isalnum() for c in line)), "")
             raise ValueError(f"{self.env_id} with {len(self.players)} players failed to start: "
                              f"{type(exc).__name__}: {line}".rstrip(": ")) from None
+        observation = env.get_observation()[1]
+        env.close()
+        if not isinstance(observation, str):  # a -raw variant's message tuples: every episode failed on them
+            base = self.env_id.removesuffix("-raw")
+            raise ValueError(f"{self.env_id} observes a {type(observation).__name__}, not text (no TextArena "
+                             f"observation wrapper)" + (f": use {base}" if base != self.env_id else ""))
         return self
 
     def legal_moves_known(self) -> bool:

@@ -49,6 +49,14 @@ def test_an_env_kwargs_key_the_game_does_not_take_is_refused_at_load(tmp_path):
         arena(tmp_path, "TicTacToe-v0", "env_kwargs: {boardsize: 4}")
 
 
+def test_a_variant_without_observation_wrappers_is_refused_at_load(tmp_path):
+    """TicTacToe-v0-raw observes a list of messages, not text: it loaded, then every episode failed on
+    AttributeError: 'list' object has no attribute 'strip'."""
+    with pytest.raises(ConfigError, match=r"team.yaml:\d+: protocol: TicTacToe-v0-raw observes a list, not text "
+                                          r"\(no TextArena observation wrapper\): use TicTacToe-v0$"):
+        arena(tmp_path, "TicTacToe-v0-raw")
+
+
 def three_players(tmp_path, env_id: str):
     pytest.importorskip("textarena")
     return write(tmp_path / "team.yaml", f"""
