@@ -121,6 +121,9 @@ class TextArenaConfig(GameConfig):
 
     @model_validator(mode="after")
     def _known_env(self) -> "TextArenaConfig":
+        if "illegal_penalty" in self.model_fields_set:  # GameConfig's, which step never reads: it was ignored
+            raise ValueError("illegal_penalty is not used by textarena: TextArena judges invalid moves and pays them "
+                             "its own rewards")
         require("textarena")
         from textarena.envs.registration import ENV_REGISTRY
 
