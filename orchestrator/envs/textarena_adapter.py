@@ -16,9 +16,9 @@ lists (as TicTacToe-v0 prints them), else empty: then ``builtin:random`` can onl
 which TextArena rejects, and ``rolecast eval`` says so. Rewards are TextArena's final rewards; the
 results compare them (a one-player game is won only at reward 1, solved); the outcome adds
 TextArena's reason (``detail``) and the roles that lost on an invalid move (``invalid_move``).
-TextArena's games draw from Python's global ``random``: each episode keeps its own state of it
-(``OwnRandom``), so a seed plays the same game at any concurrency and the caller's ``random`` is
-left as it was.
+TextArena's games draw from Python's global ``random`` (a few from numpy's: SpellingBee's letters):
+each episode keeps its own state of both, seeded from its seed (``OwnRandom``), so a seed plays the
+same game at any concurrency and the caller's are left as they were.
 """
 from __future__ import annotations
 
@@ -86,28 +86,38 @@ def state_moves(env_id: str) -> Callable[[Any, int], list[str]] | None:
 
 
 class OwnRandom:
-    """A state of Python's global ``random``, lent to it around the calls into one game: episodes
-    interleave at every await, and would otherwise draw each other's dice."""
+    """States of Python's and numpy's global random, lent to them around the calls into one game:
+    episodes interleave at every await, and would otherwise draw each other's dice."""
 
     def __init__(self) -> None:
-        self.state: object | None = None  # the first call, the reset, seeds it
+        self.state: tuple[object, object] | None = None  # the first call, the reset, seeds them
+
+    @staticmethod
+    def _swap(state: tuple[object, object] | None) -> tuple[object, object]:
+        """Set ``state`` (None: leave them) and return the one it replaced."""
+        import numpy as np  # here, not at the top: every command imports this module, few play TextArena
+
+        old = random.getstate(), np.random.get_state()
+        if state is not None:
+            random.setstate(state[0])
+            np.random.set_state(state[1])
+        return old
 
     @contextmanager
     def lent(self):
-        outer = random.getstate()
-        if self.state is not None:
-            random.setstate(self.state)
+        outer = self._swap(self.state)
         try:
             yield
         finally:
-            self.state = random.getstate()
-            random.setstate(outer)
+            self.state = self._swap(outer)
 
 
 def start(env_id: str, env_kwargs: dict[str, Any], players: int, seed: int, own: OwnRandom | None = None) -> Any:
+    import numpy as np
     import textarena
 
     with (own or OwnRandom()).lent():
+        np.random.seed(seed)  # TextArena's reset seeds `random` only: SpellingBee deals its letters from numpy's
         env = textarena.make(env_id=env_id, **env_kwargs)
         env.reset(num_players=players, seed=seed)  # TextArena seeds the global `random` from this seed
     return env

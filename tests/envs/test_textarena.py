@@ -5,7 +5,9 @@ import asyncio
 import copy
 import json
 import random
+import re
 
+import numpy as np
 import pytest
 
 from play import moves, play
@@ -168,6 +170,30 @@ def test_a_seed_rolls_the_same_dice_at_any_concurrency(tmp_path):
     assert random.getstate() == mine  # the caller's `random` is untouched
     one, six = ([[t.content for t in ep.turns] + [ep.outcome["detail"]] for ep in run.episodes] for run in runs)
     assert one == six and len({len(turns) for turns in one}) > 1  # and the games differ from each other
+
+
+def test_a_seed_deals_the_same_letters_from_numpy(tmp_path, monkeypatch):
+    """SpellingBee deals its letters from numpy's global random, which TextArena's seed does not reach:
+    one seed dealt other letters in each run."""
+    spelling_bee = pytest.importorskip("textarena.envs.SpellingBee.env")
+    monkeypatch.setattr(spelling_bee, "EnglishDictionary", lambda **kwargs: None)  # nltk's words: a download
+    team = arena(tmp_path, "SpellingBee-v0")
+
+    def letters(concurrency: int) -> dict[str, str]:
+        dealt = {}
+
+        def player(request):
+            dealt[request.episode] = re.search(r"Allowed Letters: (\w+)", request.context["observation"])[1]
+            return json.dumps({"move": "[]"})  # no word: the second loses the game
+
+        np.random.seed(concurrency)  # the caller's numpy state differs from run to run
+        mine = np.random.get_state()[1].copy()
+        play(team, {"p0": player, "p1": player}, tmp_path, episodes=4, seed=3, concurrency=concurrency)
+        assert (np.random.get_state()[1] == mine).all()  # and is left as it was
+        return dealt
+
+    one, four = letters(1), letters(4)
+    assert one == four and len(set(one.values())) > 1  # the same deals, each episode its own
 
 
 @pytest.mark.parametrize("env_id,endings", [
