@@ -8,7 +8,7 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from play import moves, play
+from play import Script, moves, play
 from support import write
 from orchestrator.envs.pettingzoo_adapter import registry_id
 from orchestrator.errors import ConfigError
@@ -74,6 +74,41 @@ def test_tictactoe_rewards_and_rendering(tmp_path):
 def test_a_masked_action_is_illegal(tmp_path):
     (ep,) = play(zoo(tmp_path, "tictactoe_v3"), {"p1": moves("4"), "p2": moves("4")}, tmp_path).episodes
     assert ep.rewards == {"p1": 0.0, "p2": -1.0} and ep.outcome["reason"] == "illegal"
+
+
+def test_an_invalid_message_forfeits_without_the_illegal_penalty(tmp_path):
+    """No JSON (twice, with the retry): the role's invalid_penalty only, not the env's illegal_penalty too."""
+    (ep,) = play(zoo(tmp_path, "tictactoe_v3"), {"p1": Script("no move", "none"), "p2": moves()}, tmp_path).episodes
+    assert ep.outcome["reason"] == "invalid" and ep.outcome["results"] == {"p1": "loss", "p2": "win"}
+    assert ep.rewards == {"p1": -1.0, "p2": 0.0}
+
+
+def test_a_game_that_truncates_ends_there(tmp_path):
+    """rps_v2 ends by truncation after max_cycles rounds: its agents are done all the same."""
+    p1, p2 = moves("0", "1", "2"), moves("1", "1", "0")  # rock, paper, scissors against paper, paper, rock
+    (ep,) = play(zoo(tmp_path, "rps_v2", env_kwargs="{max_cycles: 3}"), {"p1": p1, "p2": p2}, tmp_path).episodes
+    assert ep.status == "ok" and ep.outcome["reason"] == "game_over" and len(ep.turns) == 6
+    assert ep.rewards == ep.outcome["totals"] == {"p1": -2.0, "p2": 2.0}
+    assert ep.outcome["results"] == {"p1": "loss", "p2": "win"}
+    # the second agent (player_1) sees the first's move of the round before (3: none yet)
+    assert [(r.context["observation"], r.context["agent"]) for r in p2.requests] == [
+        ("Observation: 3", "player_1"), ("Observation: 0", "player_1"), ("Observation: 1", "player_1")]
+
+
+def test_a_seed_deals_the_same_cards_and_each_episode_its_own(tmp_path):
+    """Each episode resets the game from its own seed: the deals differ, and a run replays exactly."""
+    def deals() -> list[str]:
+        first: dict[str, str] = {}
+
+        def player(request):
+            first.setdefault(request.episode, request.context["observation"])
+            return json.dumps({"move": request.context["legal_moves"][0]})
+
+        play(zoo(tmp_path, "texas_holdem_v4"), {"p1": player, "p2": player}, tmp_path, episodes=6)
+        return [first[key] for key in sorted(first)]
+
+    once = deals()
+    assert deals() == once and len(set(once)) == 6
 
 
 def test_players_must_match_the_agents(tmp_path):
@@ -202,6 +237,7 @@ def test_go_points_read_as_drawn(tmp_path):
             "  a b c d e f g h j"]
     assert p1.requests[1].context["observation"].startswith("Board (X: yours, O: your opponent's):\n" + "\n".join(rows))
     assert p2.requests[0].context["legal_moves"][:2] == ["a9", "b9"] and "a1" not in p2.requests[0].context["legal_moves"]
+    assert p1.requests[0].context["legal_moves"][-3:] == ["h1", "j1", "pass"] and len(p1.requests[0].context["legal_moves"]) == 82
 
 
 COOPERATIVE = """

@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 
-from play import moves, play
+from play import Script, moves, play
 from orchestrator.envs.game import require
 from orchestrator.errors import ConfigError
 from orchestrator.envs.textarena_adapter import listed_moves, start, state_moves
@@ -154,6 +154,24 @@ def test_the_winning_side_of_three_players_wins(tmp_path):
     (ep,) = play(load_team(path), {"p0": moves("pass", "pass"), "p1": moves(), "p2": moves()}, tmp_path).episodes
     assert ep.rewards == {"p0": -1.0, "p1": 1.0, "p2": 1.0} and ep.outcome["invalid_move"] == ["p0"]
     assert ep.outcome["results"] == {"p0": "loss", "p1": "win", "p2": "win"}
+
+
+def test_players_knocked_out_in_turn_lose_to_the_last_one_standing(tmp_path):
+    """Liar's Dice with three: each invalid move twice knocks its player out and the game goes on; the
+    second out is paid 0 but lost all the same (the results compare scores, not signs)."""
+    path = three_players(tmp_path, "LiarsDice-v0")
+    (ep,) = play(load_team(path), {"p0": moves("x", "x"), "p1": moves("x", "x"), "p2": moves()}, tmp_path).episodes
+    assert [t.role for t in ep.turns] == ["p0", "p0", "p1", "p1"] and ep.outcome["invalid_move"] == ["p0", "p1"]
+    assert ep.rewards == {"p0": -1.0, "p1": 0.0, "p2": 1.0}
+    assert ep.outcome["results"] == {"p0": "loss", "p1": "loss", "p2": "win"}
+
+
+def test_an_invalid_message_forfeits_at_once(tmp_path):
+    """No JSON (twice, with the retry): the role loses there, TextArena is not sent an empty move."""
+    p0 = Script("no move", "none")
+    (ep,) = play(arena(tmp_path, "TicTacToe-v0"), {"p0": p0, "p1": moves()}, tmp_path).episodes
+    assert ep.outcome["reason"] == "invalid" and ep.outcome["results"] == {"p0": "loss", "p1": "win"}
+    assert len(ep.turns) == 1 and ep.rewards == {"p0": -1.0, "p1": 0.0}
 
 
 async def roll(request) -> str:
