@@ -141,7 +141,12 @@ class PettingZooEnv(GameEnv):
             _, _, terminated, truncated, _ = self.env.last()
             if not (terminated or truncated):
                 return paid
+            agents = len(self.env.agents)
             self.env.step(None)
+            if len(self.env.agents) >= agents:  # a loop without end, which no episode timeout stops (it never awaits)
+                raise RuntimeError(f"{self.config.env}: agent {self.env.agent_selection!r} is done, and its None "
+                                   f"step left it in the game (PettingZoo's rule, which its api_test checks: "
+                                   f"a done agent's step removes it, as _was_dead_step does)")
             for p, value in self._collect().items():
                 paid[p] = paid.get(p, 0.0) + value
         return paid

@@ -297,6 +297,16 @@ def test_a_cooperative_game_is_won_or_lost_together(tmp_path, together, a, b, re
     assert ep.outcome["totals"]["p1"] == ep.outcome["totals"]["p2"] == {"win": 1, "draw": 0, "loss": -1}[result]
 
 
+def test_an_env_whose_done_agent_never_leaves_ends_its_episode_not_a_hang(tmp_path, together, monkeypatch):
+    """A game whose step ignores a done agent's None action (no _was_dead_step) kept it in the
+    game: the adapter stepped it forever, in code that never awaits, so no timeout could end it."""
+    import coop_games.together as game
+
+    monkeypatch.setattr(game.Together, "_was_dead_step", lambda self, action: None)
+    (ep,) = play(zoo(tmp_path, together), {"p1": moves("1"), "p2": moves("0")}, tmp_path).episodes
+    assert ep.status == "error" and "agent 'b' is done, and its None step left it in the game" in ep.error, ep.error
+
+
 def test_a_player_whose_schema_has_no_move_is_refused_at_load(tmp_path):
     """It sent its field, the adapter read no move and called it illegal: every game lost on turn 1."""
     pytest.importorskip("pettingzoo")
