@@ -8,7 +8,7 @@ the game; the mover's result is a loss, the others' a win (a reward of 0: they d
 from __future__ import annotations
 
 import importlib
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -30,9 +30,15 @@ class GameConfig(EnvConfig):
     # The role `rolecast eval --opponent` rebinds; games with a fixed counterpart leave it None.
     opponent: str | None = None
     illegal_penalty: float = Field(-1.0, description="reward for a valid message whose move is illegal")
+    # why a game never pays illegal_penalty (it has no illegal move, or judges them itself): then
+    # setting it is refused, not ignored without a word
+    no_illegal_penalty: ClassVar[str] = ""
 
     @model_validator(mode="after")
     def _check_players(self) -> "GameConfig":
+        # by value: a config dumped whole (config.yaml, a worker's copy) gives the default back
+        if self.no_illegal_penalty and self.illegal_penalty != type(self).model_fields["illegal_penalty"].default:
+            raise ValueError(f"illegal_penalty is not used here: {self.no_illegal_penalty}")
         if len(set(self.players)) != len(self.players):
             raise ValueError("players must be different roles")
         roles = [name for _, name in self.role_refs()]

@@ -25,7 +25,7 @@ from __future__ import annotations
 import random
 import re
 from contextlib import contextmanager
-from typing import Any, Callable, Literal
+from typing import Any, Callable, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -128,12 +128,10 @@ class TextArenaConfig(GameConfig):
     moves: list[str] | None = None
     env_kwargs: dict[str, Any] = Field(default_factory=dict)
     on_invalid: Literal["end"] = "end"
+    no_illegal_penalty: ClassVar[str] = "TextArena judges invalid moves and pays them its own rewards"
 
     @model_validator(mode="after")
     def _known_env(self) -> "TextArenaConfig":
-        if "illegal_penalty" in self.model_fields_set:  # GameConfig's, which step never reads: it was ignored
-            raise ValueError("illegal_penalty is not used by textarena: TextArena judges invalid moves and pays them "
-                             "its own rewards")
         require("textarena")
         from textarena.envs.registration import ENV_REGISTRY
 

@@ -20,7 +20,7 @@ word of the split drawn from the episode's seeded RNG.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, StrictStr, field_validator, model_validator
 
@@ -44,6 +44,7 @@ class TwentyQuestionsConfig(GameConfig):
     split_seed: int = 0
     test_fraction: float = Field(0.2, gt=0.0, lt=1.0)
     rewards: QuestionRewards = Field(default_factory=QuestionRewards)
+    no_illegal_penalty: ClassVar[str] = "any question or guess is a legal move"
 
     @model_validator(mode="after")
     def _split_has_words(self) -> "TwentyQuestionsConfig":

@@ -61,7 +61,7 @@ def test_a_variant_without_observation_wrappers_is_refused_at_load(tmp_path):
 
 def test_an_illegal_penalty_is_refused_at_load(tmp_path):
     """TextArena pays its invalid moves itself: an illegal_penalty of -5 loaded and the mover still got -1."""
-    with pytest.raises(ConfigError, match=r"team.yaml:\d+: protocol: illegal_penalty is not used by textarena: "
+    with pytest.raises(ConfigError, match=r"team.yaml:\d+: protocol: illegal_penalty is not used here: "
                                           r"TextArena judges invalid moves and pays them its own rewards$"):
         arena(tmp_path, "TicTacToe-v0", "illegal_penalty: -5")
 

@@ -109,6 +109,15 @@ def test_a_split_with_no_words_is_refused_with_the_protocol(split, fraction):
     TwentyQuestionsConfig(split="train" if split == "test" else "test", test_fraction=fraction)  # the other is not
 
 
+def test_an_illegal_penalty_is_refused_as_no_move_is_illegal():
+    """Any question or guess is a legal move: an illegal_penalty loaded, and nothing ever paid it."""
+    from orchestrator.envs.twenty_questions import TwentyQuestionsConfig
+
+    with pytest.raises(ValidationError, match="illegal_penalty is not used here: any question or guess is a legal move"):
+        TwentyQuestionsConfig(illegal_penalty=-5)
+    TwentyQuestionsConfig.model_validate(TwentyQuestionsConfig().model_dump())  # config.yaml's whole copy: its default
+
+
 def test_random_guesser_and_answerer_finish(tmp_path):
     result = play(team("twenty_questions"), {"guesser": "builtin:random", "answerer": "builtin:random"}, tmp_path,
                   episodes=20)
