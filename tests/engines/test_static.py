@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from transformers import DynamicCache
 
 from orchestrator.engines.base import GenerationRequest, SamplingParams
 from orchestrator.engines.graphs import CaptureRefused, count_kernels, rows_bucket, window_bucket
+from orchestrator.engines import slots
 from orchestrator.engines.slots import SlotKV
 from support import NO_ONEDNN, assert_same_draws, lora_state, randomize, tiny_engine
 
@@ -36,7 +38,10 @@ def _prefilled(runs: list[tuple[int, int]], gen: torch.Generator):
     return DynamicCache(ddp_cache_data=layers), mask, truth
 
 
-def test_slot_kv_matches_a_per_row_reference_through_joins_steps_and_leaves():
+@pytest.mark.parametrize("min_columns", [512, 16], ids=["roomy", "regrown"])
+def test_slot_kv_matches_a_per_row_reference_through_joins_steps_and_leaves(min_columns, monkeypatch):
+    """With buffers that start small, joins wider than them and steps past them regrow them."""
+    monkeypatch.setattr(slots, "_MIN_COLUMNS", min_columns)
     gen, rng = torch.Generator().manual_seed(0), random.Random(0)
     kv, truth = SlotKV("cpu", slots=12), []
     for step in range(300):
@@ -75,6 +80,38 @@ def test_slot_kv_matches_a_per_row_reference_through_joins_steps_and_leaves():
             keys, values = kv.row(row)
             for layer in range(LAYERS):
                 assert torch.equal(keys[layer], per_layer[layer][0]) and torch.equal(values[layer], per_layer[layer][1])
+
+
+def test_a_prefix_and_a_chunk_longer_than_the_buffers_regrow_them():
+    """``open`` copies in a prefix longer than the columns there are, and ``reserve`` makes room
+    for a prefill chunk's whole width (not one decode column's): every column is kept."""
+    gen = torch.Generator().manual_seed(0)
+    kv, shape = SlotKV("cpu", slots=4), (LAYERS, HEADS, DIM, torch.float32)
+    kv.open([(0, None)], shape)
+    n = kv.columns + 88
+    entry = SimpleNamespace(keys=torch.randn(LAYERS, HEADS, n + 5, DIM, generator=gen),
+                            values=torch.randn(LAYERS, HEADS, n + 5, DIM, generator=gen))
+    assert kv.open([(n, entry)], shape) == 1
+    width = kv.columns - n + 30  # room for one more column, not for the chunk
+    kv.chunk, kv.step_first, kv.step_rows, kv.step_width = True, 0, 2, width
+    kv.reserve()
+    kv.window = window_bucket(n + width, kv.columns)
+    kv.banned(HEADS)
+    truth = [[(torch.zeros(HEADS, 0, DIM),) * 2 for _ in range(LAYERS)],
+             [(entry.keys[layer, :, :n], entry.values[layer, :, :n]) for layer in range(LAYERS)]]
+    for layer in range(LAYERS):
+        k, v = torch.randn(2, HEADS, width, DIM, generator=gen), torch.randn(2, HEADS, width, DIM, generator=gen)
+        kv.write(layer, k, v)
+        for row in range(2):
+            pk, pv = truth[row][layer]
+            truth[row][layer] = (torch.cat([pk, k[row]], 1), torch.cat([pv, v[row]], 1))
+    kv.chunk = False
+    kv.fed(0, [width, width])
+    assert kv.lengths == [width, n + width]
+    for row, per_layer in enumerate(truth):
+        keys, values = kv.row(row)
+        for layer in range(LAYERS):
+            assert torch.equal(keys[layer], per_layer[layer][0]) and torch.equal(values[layer], per_layer[layer][1])
 
 
 def test_buckets_cover_what_runs_and_stay_within_the_buffers():
