@@ -158,6 +158,23 @@ def test_the_static_path_samples_what_the_batch_path_samples(max_batch, adapters
     assert_same_draws(outs[True], outs[False])
 
 
+def test_rows_that_outgrow_a_window_bucket_sample_what_the_batch_path_samples():
+    """A step reads a window of columns bucketed by the longest row (64 at a time here), which must
+    hold its next column too: each row in turn is the longest as its length reaches 64, the edge of a
+    bucket, and they sample what the batch path samples."""
+    reqs = [GenerationRequest(tuple(range(5, 5 + n)), SamplingParams(temperature=1.0, max_tokens=72 - n, ignore_eos=True,
+                                                                     seed=n), adapter)
+            for n, adapter in ((3, None), (20, "alpha"), (41, None), (62, "alpha"))]
+    outs = {}
+    for static in (False, True):
+        engine = tiny_engine(static=static, max_batch=4)
+        engine.add_adapter("alpha")
+        randomize(engine, "alpha", 1)
+        outs[static] = [(o.token_ids, o.logprobs) for o in _generate(engine, reqs)]
+        asyncio.run(engine.aclose())
+    assert_same_draws(outs[True], outs[False])
+
+
 def test_slot_lora_copies_new_weights_in_place_and_grows_only_for_more_adapters():
     engine = tiny_engine(static=True)
     slots = engine._slots
