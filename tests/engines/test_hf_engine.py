@@ -228,6 +228,23 @@ def test_many_concurrent_requests_all_complete(engine):
     assert engine.busy == 0
 
 
+def test_newcomers_prefill_at_most_max_prefill_together_within_max_batch(engine):
+    """11 requests on an engine of 8 rows and 3 newcomers a prefill: admitted 3 at a time, the
+    last as rows free up, never more rows than max_batch."""
+    admitted, prefill = [], engine._prefill
+
+    def counting(seqs):
+        admitted.append((len(seqs), len(engine._active)))
+        prefill(seqs)
+
+    engine._prefill = counting
+    outs = asyncio.run(gather(engine, [request(engine, i, max_tokens=3 + i % 4, ignore_eos=True) for i in range(11)]))
+    assert [len(o.token_ids) for o in outs] == [3 + i % 4 for i in range(11)]
+    assert sum(n for n, _ in admitted) == 11
+    assert max(n for n, _ in admitted) == engine.max_prefill == 3
+    assert max(n + running for n, running in admitted) <= engine.max_batch
+
+
 def test_a_fault_in_one_requests_booking_fails_that_request_alone(engine, monkeypatch):
     """A row whose token cannot be booked (its grammar refuses it, say) fails its own request; the
     rest of the batch samples on, what each samples alone, and the engine keeps serving."""
