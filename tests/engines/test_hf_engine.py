@@ -245,6 +245,30 @@ def test_newcomers_prefill_at_most_max_prefill_together_within_max_batch(engine)
     assert max(n + running for n, running in admitted) <= engine.max_batch
 
 
+def test_a_step_that_fails_fails_its_rows_and_the_engine_serves_on(engine, monkeypatch):
+    """A model fault mid-decode fails the requests in the batch, and their cache rows go with
+    them: the same requests afterwards sample what they sampled before."""
+    reqs = [request(engine, i, max_tokens=6, ignore_eos=True) for i in range(3)]
+    before = asyncio.run(gather(engine, reqs))
+    sample, calls = type(engine)._sample, []
+
+    def faulty(self, seqs, logits):
+        calls.append(len(seqs))
+        if len(calls) == 3:
+            raise RuntimeError("the device faulted")
+        return sample(self, seqs, logits)
+
+    monkeypatch.setattr(type(engine), "_sample", faulty)
+
+    async def together():
+        return await asyncio.gather(*(engine.generate(r) for r in reqs), return_exceptions=True)
+
+    assert all(isinstance(o, RuntimeError) and "faulted" in str(o) for o in asyncio.run(together()))
+    monkeypatch.setattr(type(engine), "_sample", sample)
+    assert [o.token_ids for o in asyncio.run(gather(engine, reqs))] == [o.token_ids for o in before]
+    assert engine.busy == 0
+
+
 def test_a_fault_in_one_requests_booking_fails_that_request_alone(engine, monkeypatch):
     """A row whose token cannot be booked (its grammar refuses it, say) fails its own request; the
     rest of the batch samples on, what each samples alone, and the engine keeps serving."""
