@@ -3,6 +3,7 @@ the CPU: it must sample what the CPU's BatchKV path samples. CUDA graphs themsel
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 from collections import Counter
 from types import SimpleNamespace
@@ -13,6 +14,7 @@ from transformers import DynamicCache
 
 from orchestrator.engines.base import GenerationRequest, SamplingParams
 from orchestrator.engines.graphs import CaptureRefused, count_kernels, rows_bucket, window_bucket
+from orchestrator.engines.hf import _STEP_PREFILL
 from orchestrator.engines import slots
 from orchestrator.engines.slots import SlotKV
 from support import NO_ONEDNN, assert_same_draws, lora_state, randomize, tiny_engine
@@ -281,12 +283,16 @@ def test_a_prefill_over_every_slot_samples_what_a_prefill_of_the_new_rows_sample
     from a graph (``HFEngine._prefill_in_step``, run eagerly here): running rows and idle slots feed
     padding, whose keys land past their ends. Rows join while others run (6 slots, 18 requests
     of unequal budgets), the second round's prompts extend the first's (prefix-cache hits), and
-    adapters are mixed: every request samples what it samples when only the new rows go through."""
+    adapters are mixed: every request samples what it samples when only the new rows go through.
+    One prompt, admitted with three short ones, is longer than a step's chunk (_STEP_PREFILL): that
+    prefill goes in chunks over the new rows, all four of them."""
+    reqs = _requests(18, (None, "alpha", "beta"))
+    reqs[1] = dataclasses.replace(reqs[1], prompt_ids=tuple(range(5, 5 + _STEP_PREFILL + 16)))
     outs, again = {}, None
     for in_step in (False, True):
         engine = tiny_engine(static=True, max_batch=6, max_prefill=4)
         engine.step_prefill = in_step
-        outs[in_step], again = _two_rounds(engine, _requests(18, (None, "alpha", "beta")), again)
+        outs[in_step], again = _two_rounds(engine, reqs, again)
     assert_same_draws(outs[True], outs[False])
 
 
