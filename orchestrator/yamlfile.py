@@ -29,6 +29,9 @@ MAX_JSONL_BYTES = 32 << 20  # json is C: replay and task lists may be long
 MAX_DEPTH = 64  # nested nodes; real files stay under 20
 MAX_ALIAS_NODES = 100_000  # nodes that aliases add, counted as if expanded
 MERGE_TAG = "tag:yaml.org,2002:merge"
+STR_TAG = "tag:yaml.org,2002:str"
+_KINDS = {f"tag:yaml.org,2002:{tag}": kind for tag, kind in (
+    ("bool", "true or false"), ("int", "a number"), ("float", "a number"), ("null", "null"), ("timestamp", "a date"))}
 
 
 @dataclass
@@ -236,6 +239,11 @@ def _pairs(node: yaml.MappingNode, loc: Loc, doc: YamlDoc) -> dict[str, tuple[ya
     merged: list[yaml.Node] = []
     for key_node, value_node in node.value:
         key = str(key_node.value)
+        if key_node.tag not in (STR_TAG, MERGE_TAG):  # `on:` is true, `1:` a number: config keys are text
+            scalar = isinstance(key_node, yaml.ScalarNode)
+            raise ConfigError(doc.path, key_node.start_mark.line + 1, format_loc(loc + ((key,) if scalar else ())),
+                              f'YAML reads this key as {_KINDS.get(key_node.tag, "no text")}: quote it ("{key}")'
+                              if scalar else "a key must be text, not a mapping or list")
         if key in pairs or key_node.tag == MERGE_TAG and merged:
             raise ConfigError(doc.path, key_node.start_mark.line + 1, format_loc(loc + (key,)), "duplicate key")
         if key_node.tag == MERGE_TAG:  # a mapping or a list of them, the first one's keys winning

@@ -138,6 +138,12 @@ CASES = [
      "team.yaml", 9, "roles[2].name", "duplicate role name 'echo'"),
     ("duplicate-yaml-key", lambda w: replace_in(w / "echo.yaml", "max_retries: 2", "max_retries: 2\nmax_retries: 3"),
      "echo.yaml", 13, "max_retries", "duplicate key"),
+    # YAML 1.1 reads on/off/yes/no as booleans: named at line 1 as "[1]: Keys should be strings"
+    ("key-yaml-reads-as-bool", lambda w: replace_in(w / "echo.yaml", "max_retries: 2", "max_retries: 2\non: 3"),
+     "echo.yaml", 13, "on", 'YAML reads this key as true or false: quote it ("on")'),
+    # a task's number key was kept as a number here and as text in its transcript line
+    ("task-key-yaml-reads-as-number", lambda w: replace_in(w / "team.yaml", '{text: "the sea"}', '{text: "the sea", 1: x}'),
+     "team.yaml", 9, "tasks[0].1", 'YAML reads this key as a number: quote it ("1")'),
     ("protocol-unknown-key", lambda w: replace_in(w / "team.yaml", "order: [echo, reviewer]", "order: [echo, reviewer]\n  rounds: 3"),
      "team.yaml", 5, "protocol.rounds", "unknown key"),
     ("override-wrong-type", lambda w: replace_in(w / "team.yaml", "  - use: reviewer", "  - use: reviewer\n    max_retries: lots"),
