@@ -444,6 +444,37 @@ def test_adapters_load_from_peft_format_dirs(engine, tmp_path):
         engine.update_adapter("same", {**state, **head})
 
 
+@pytest.mark.parametrize("rslora", [False, True], ids=["lora", "rslora"])
+def test_an_adapter_dir_computes_the_logprobs_peft_computes(tmp_path, rslora):
+    """PEFT's forward over the same dir is the reference: its delta scaled by alpha / r (alpha /
+    sqrt(r) with use_rslora). Engine paths compared only with each other missed a scale dropped
+    from every adapter, or rsLoRA's read as plain LoRA's."""
+    from orchestrator.models import load_model
+    from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+
+    reference = load_model("tiny", dtype="float32").model  # the engine's weights (seed 0)
+    state = lora_state(reference, 3, std=0.2, modules=("q_proj", "v_proj", "down_proj"))
+    folder = peft_dir(tmp_path / "a", state, alpha=12)
+    config = json.loads((folder / "adapter_config.json").read_text())
+    (folder / "adapter_config.json").write_text(json.dumps({**config, "use_rslora": rslora}))
+    peft = get_peft_model(reference, LoraConfig(r=4, lora_alpha=12, use_rslora=rslora,
+                                                target_modules=["q_proj", "v_proj", "down_proj"]))
+    assert not set_peft_model_state_dict(peft, state).unexpected_keys
+    engine = tiny_engine()
+    try:
+        engine.load_adapter("a", folder)
+        tokens = list(range(100, 140))
+        ours = torch.tensor(engine.teacher_forced_logprobs(tokens[:8], tokens[8:], "a"))
+        base = torch.tensor(engine.teacher_forced_logprobs(tokens[:8], tokens[8:]))
+        with torch.no_grad():
+            logits = peft(input_ids=torch.tensor([tokens[:-1]])).logits[0, 7:]
+        theirs = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(tokens[8:])[:, None]).squeeze(-1)
+        assert torch.allclose(ours, theirs, atol=1e-4)
+        assert (ours - base).abs().max() > 1e-2  # the adapter does change the logprobs
+    finally:
+        asyncio.run(engine.aclose())
+
+
 def test_an_adapter_of_another_base_model_is_refused_at_load(engine, tmp_path):
     """Shapes that do not fit would fail every episode later, inside a matmul."""
     from orchestrator.engines.load import load_engine
