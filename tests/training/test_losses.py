@@ -182,6 +182,27 @@ def test_optim_step_reports_the_norm_it_clipped_by(service):
     assert c.optim_step(AdamParams()).result().metrics == {"grad_norm": 0.0, "skipped_step": 0.0}  # no gradient
 
 
+def test_an_optim_step_is_adamw_on_the_clipped_gradient_by_hand(service):
+    """Adam's first step moves each weight by lr * g / (|g| + eps), after decay by lr * weight_decay,
+    g clipped to grad_clip_norm; its moments are (1 - beta) g and (1 - beta2) g^2. Only the norm
+    was checked: the clip, weight_decay or beta2 left out of the step passed."""
+    c = service.create_lora_training_client("adamw", LoraConfig(rank=4))
+    c.perturb(0.1, 0).result()
+    c.forward_backward([datum()], "importance_sampling").result()
+    service.close()
+    before, grads = [p.detach().clone() for p in c.params], [p.grad.clone() for p in c.params]
+    norm = float(torch.cat([g.flatten() for g in grads]).norm())
+    adam = AdamParams(learning_rate=1e-2, beta1=0.8, beta2=0.9, eps=1e-4, weight_decay=0.5, grad_clip_norm=norm / 4)
+    c.optim_step(adam).result()
+    for p, p0, g in zip(c.params, before, grads):
+        g = g * (adam.grad_clip_norm / (norm + 1e-6))  # torch's clip factor
+        lr = adam.learning_rate
+        assert torch.allclose(p.detach(), p0 * (1 - lr * adam.weight_decay) - lr * g / (g.abs() + adam.eps), atol=1e-7)
+        state = c.optimizer.state[p]
+        assert torch.allclose(state["exp_avg"], (1 - adam.beta1) * g, atol=1e-9)
+        assert torch.allclose(state["exp_avg_sq"], (1 - adam.beta2) * g * g, atol=1e-12)
+
+
 def test_a_non_finite_gradient_skips_the_step_and_keeps_the_weights(service):
     """A NaN out of the loss (or a bf16 overflow) used to go through clipping into AdamW and make
     every weight NaN for good; the step is skipped on the device and the next one trains."""
