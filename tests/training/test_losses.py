@@ -713,6 +713,25 @@ def test_a_state_of_another_lora_shape_is_refused_and_loads_nothing(service, tmp
     assert all(torch.equal(saved.adapter_state()[k], v) for k, v in same.adapter_state().items())
 
 
+def test_a_loaded_state_takes_the_next_step_the_saved_one_took(service, tmp_path):
+    """load_state restores the adapter and Adam's moments: a step redone after it lands where it
+    did first (a mutant leaving the optimizer's state out of the load passed every test here)."""
+    c = service.create_lora_training_client("redo", LoraConfig(rank=4))
+    c.perturb(0.1, 0).result()
+
+    def step() -> dict[str, torch.Tensor]:
+        c.forward_backward([datum()], "importance_sampling").result()
+        c.optim_step(AdamParams(learning_rate=1e-2)).result()
+        return c.adapter_state()
+
+    step()
+    c.save_state(tmp_path / "ckpt").result()
+    first = step()
+    assert c.load_state(tmp_path / "ckpt").result() == 1
+    again = step()
+    assert c.step == 2 and all(torch.allclose(first[k], again[k], rtol=0, atol=1e-7) for k in first)
+
+
 def test_a_checkpoint_of_the_unfused_optimizer_resumes(service, tmp_path):
     """Checkpoints written before the optimizer was fused (the step skip needs it) still load,
     into the fused optimizer, and train on."""
