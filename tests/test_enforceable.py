@@ -22,6 +22,9 @@ def obj(**properties) -> dict:
     (obj(a={"not": {"type": "string"}}), "properties.a: constrained decoding cannot enforce 'not'"),
     (obj(a={"type": "integer", "if": {"minimum": 3}, "then": {"maximum": 5}}), "'if'"),
     ({**obj(a={"type": "string"}), "dependentRequired": {"a": ["b"]}}, "the schema: constrained decoding cannot enforce 'dependentRequired'"),
+    # draft-07's spelling of it, which the validator enforced (a reply {"a": 1} without "b" refused)
+    ({"$schema": "http://json-schema.org/draft-07/schema#", "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+      "dependencies": {"a": ["b"]}}, "the schema: constrained decoding cannot enforce 'dependencies'"),
     (obj(xs={"type": "array", "contains": {"const": 1}}), "'contains'"),
     (obj(a={"allOf": [{"type": "integer"}, {"minimum": 2}]}), "allOf with one branch only"),
     (obj(a={"type": "number", "multipleOf": 0.5}), "multipleOf only as a whole number on an integer"),

@@ -22,6 +22,7 @@ IGNORED = {
     "if": "the branch it selects",
     "dependentRequired": "the keys it makes required",
     "dependentSchemas": "the schemas it applies",
+    "dependencies": "the keys and schemas it requires",  # drafts 4-7's; the validator holds replies to it whatever the draft
     "contains": "an array without such an item",
 }
 # Beside these the grammar keeps only them, dropping minLength / maxLength.
