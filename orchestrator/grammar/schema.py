@@ -46,14 +46,18 @@ _NUMBER_EXP = re.compile(r'^(\w+ ::= \("" \| \(\[eE\] \w+ \w+_digits)\{1, -1\}\)
 _ECMA_SPACES = r"\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
 _NOT_SPACE = rf"[^\s{_ECMA_SPACES}]"
 _ECMA_DOT = r"[^\n\r\u2028\u2029]"
+_HEX_PAIR = re.compile("[0-9A-Fa-f]{2}")
 
 
 def _ecma_pattern(pattern: str) -> str:
-    r"""``pattern`` as xgrammar must read it to allow no more than the validator: \S, [^\s] and . spelled out."""
+    r"""``pattern`` as xgrammar must read it to allow no more than the validator: \S, [^\s] and . spelled out,
+    and \xHH as \u00HH (xgrammar reads the hex digits after it on, ECMA-262 two)."""
     out, i, cls = [], 0, None  # cls: (negated, tokens) of the class being read
     while i < len(pattern):
         token = pattern[i:i + 2] if pattern[i] == "\\" else pattern[i]
         i += len(token)
+        if token == "\\x" and _HEX_PAIR.fullmatch(pattern[i:i + 2]):  # xgrammar read \x41b as U+041B, not "Ab"
+            token, i = f"\\u00{pattern[i:i + 2]}", i + 2
         if cls is None and token == "[":
             negated = pattern.startswith("^", i)
             cls, i = (negated, []), i + negated
