@@ -34,6 +34,8 @@ def obj(**properties) -> dict:
     (obj(a={"type": "string", "format": "date", "minLength": 3}), "drops minLength beside format"),
     (obj(a={"type": "string", "pattern": '^say "[a-z]+"$'}), "literal quote or backslash"),
     (obj(a={"type": "string", "pattern": r"^C:\\[a-z]+$"}), "literal quote or backslash"),
+    (obj(a={"type": "string", "pattern": r"^\u0022[a-z]+$"}), "literal quote or backslash"),  # written raw: ""ab"
+    (obj(a={"type": "string", "pattern": r"^a\x5Cb$"}), "literal quote or backslash"),
     (obj(a={"type": "string", "pattern": "^[a-z ]{1,200}$"}), "repeats more than 128 times"),
     (obj(a={"type": "string", "pattern": r"^(?=.*\.py$)[a-z_./]{1,20}$"}), "properties.a: constrained decoding cannot enforce the lookahead"),
     (obj(a={"type": "string", "pattern": "^(?!x).+$"}), "cannot enforce the lookahead"),

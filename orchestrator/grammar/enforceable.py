@@ -43,6 +43,7 @@ MAX_MIN_LENGTH = 100  # a minLength alone is spelled a character at a time: 200 
 _BOUNDS = re.compile(r"(?<!\\)\{(\d+)(?:,(\d*))?\}")
 _RANGE = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 _LOOKAHEAD = re.compile(r"(?<!\\)\(\?[=!]")  # xgrammar drops these (a warning on stderr), matching as if absent
+_QUOTE_ESCAPE = re.compile(r"\\(x22|u0022|x5c|u005c)", re.IGNORECASE)  # a quote or backslash spelled as an escape
 
 
 def check_enforceable(schema: Any, at: str = "", root: Any = None) -> None:
@@ -193,7 +194,7 @@ def _same(x: Any, y: Any) -> bool:
 
 
 def _check_pattern(pattern: str, where: str) -> None:
-    if '"' in pattern or "\\\\" in pattern:
+    if '"' in pattern or "\\\\" in pattern or _QUOTE_ESCAPE.search(pattern):
         raise GrammarError(f"{where}: pattern {pattern!r} matches a literal quote or backslash, which constrained "
                            "decoding would write unescaped (invalid JSON)")
     if _LOOKAHEAD.search(pattern):
