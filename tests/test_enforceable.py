@@ -40,6 +40,8 @@ def obj(**properties) -> dict:
     (obj(a={"type": "string", "pattern": r"^(?=.*\.py$)[a-z_./]{1,20}$"}), "properties.a: constrained decoding cannot enforce the lookahead"),
     (obj(a={"type": "string", "pattern": "^(?!x).+$"}), "cannot enforce the lookahead"),
     (obj(a={"type": "string", "minLength": 20000}), "minLength 20000 without a maxLength takes minutes"),
+    (obj(a={"type": "string", "minLength": 101}), "minLength 101 without a maxLength"),  # the first past MAX_MIN_LENGTH
+    (obj(a={"type": "array", "prefixItems": [{"type": "array", "uniqueItems": True}]}), "properties.a.prefixItems[0]: constrained decoding cannot enforce 'uniqueItems'"),
     ({**obj(a={"$ref": "#/$defs/n", "minimum": 3}), "$defs": {"n": {"type": "integer"}}}, "ignores minimum beside $ref"),
     ({**obj(a={"$ref": "#/$defs/n"}), "$defs": {"n": {"type": "array", "items": {"uniqueItems": True}}}},
      "$defs.n.items: constrained decoding cannot enforce 'uniqueItems'"),
@@ -86,6 +88,8 @@ def test_what_decoding_would_not_enforce_is_refused_where_it_is(schema, words):
      "$defs": {"n": {"type": "integer"}}},
     obj(v={"oneOf": [{"type": ["string", "null"]}, {"type": "integer", "maximum": 3}, {"enum": [True, [1]]}]}),
     obj(v={"oneOf": [obj(kind={"const": "a"}, n={"type": "integer"}), obj(kind={"enum": ["b", "c"]}, n={"type": "number"})]}),
+    obj(v={"oneOf": [{"enum": [[True], "x"]}, {"enum": [[1], "y"]}]}),  # true is not 1 in JSON
+    {**obj(v={"oneOf": [{"$ref": "#/$defs/a~1b"}, {"type": "string"}]}), "$defs": {"a/b": {"type": "integer"}}},  # ~1 is a /
     # a root $ref beside its $defs: pydantic's schema of a recursive model
     {"$ref": "#/$defs/node", "$defs": {"node": obj(v={"type": "integer"}, next={"anyOf": [{"$ref": "#/$defs/node"}, {"type": "null"}]})}},
     # ... and a tagged union beside its (OpenAPI) discriminator
