@@ -2,6 +2,7 @@
 grammar allows after that prefix, checked with xgrammar's own matcher on every library role."""
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -104,6 +105,10 @@ def test_recursive_rules_and_repetitions():
     rest = xgr.Grammar.from_ebnf(quotient(grammar, "((a"))
     for text, expected in [("b))", (True, True)), ("bcxx))", (True, True)), ("bcdx", (False, False)), ("))", (False, False))]:
         assert verdict(rest, text) == expected == verdict(xgr.Grammar.from_ebnf(grammar), "((a" + text), text
+    short = 'root ::= "a"? "b"+ "c"{2} "d"\n'  # the short forms xgrammar parses (and never prints)
+    rest = xgr.Grammar.from_ebnf(quotient(short, "a"))
+    for text, expected in [("bccd", True), ("bbccd", True), ("abccd", False), ("ccd", False), ("bcd", False), ("bcccd", False)]:
+        assert verdict(rest, text)[0] == expected == verdict(xgr.Grammar.from_ebnf(short), "a" + text)[0], text
 
 
 def test_a_book_keeps_the_grammars_of_the_schemas_last_used(book, monkeypatch):
@@ -120,3 +125,39 @@ def test_a_book_keeps_the_grammars_of_the_schemas_last_used(book, monkeypatch):
     for schema in (a, b, c):
         assert small.spellings(schema) is not None
     assert len(small._spellings) == 2
+
+
+BOUNDED = {"type": "object", "properties": {
+    "a": {"type": "string", "maxLength": 4}, "b": {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 3},
+    "c": {"type": "string", "pattern": "^ab?c{2}[x-z]{1,3}$"}, "d": {"type": "number"}, "e": {"type": "string", "minLength": 3},
+}, "required": ["a", "b", "c", "d", "e"]}
+AFTER_B = '{"a": "", "b": [0, 1], "c": "'
+# patterns sit in a JSON string: the rest keeps out the quotes, backslashes and control characters their classes and literals hold
+PATTERNS = {"type": "object", "properties": {
+    "p": {"type": "string", "pattern": "^[ -~]{1,5}$"}, "q": {"type": "string", "pattern": "^a(b?){2}c$"},
+    "r": {"type": "string", "pattern": "^a(\\n|b)c$"}, "s": {"enum": ["\U0001f642 ok", "\U0001f642!"]},
+}, "required": ["p", "q", "r", "s"]}
+
+
+@pytest.mark.parametrize("schema, prefix, probes", [
+    (BOUNDED, '{"a": "xy', ['"', 'z"', 'zw"', 'zwv"']),  # two of a maxLength's four characters left
+    (BOUNDED, '{"a": "wxyz', ['"', 'a"']),  # ... and none
+    (BOUNDED, '{"a": "", "b": [7', [']', ', 1]', ', 1, 2]', ', 1, 2, 3]']),  # an item short of minItems, two of maxItems
+    (BOUNDED, AFTER_B + "a", ['ccx"', 'bccx"', 'bbccx"', 'cx"', 'ccxyz"', 'ccxyzx"', 'bcc"']),  # ?, {2}, {1,3} in a pattern
+    (BOUNDED, AFTER_B + "abc", ['cx"', 'x"', 'cxx"']),
+    (BOUNDED, AFTER_B + 'accx", "d": -1.5e', ['1, ', '12, ', '123, ', '+1, ', '-, ']),  # the exponent's {1, 2} digits
+    (BOUNDED, AFTER_B + 'accx", "d": 0, "e": "x', ['yz"}', 'y"}', '\\n\\"y"}', 'y\\u00e9"}']),  # a minLength's first characters
+    (PATTERNS, '{"p": "a', ['"', '""', '\\"', '!#"', 'bcde"', 'bcdef"']),
+    (PATTERNS, '{"p": "a", "q": "a', ['c"', 'bc"', 'bbc"', 'bbbc"']),  # (b?){2} can be empty
+    (PATTERNS, '{"p": "a", "q": "ac", "r": "a', ['bc"', '\nc"', '\\nc"']),  # a raw newline is no JSON
+    (PATTERNS, '{"p": "a", "q": "ac", "r": "abc", "s": "\U0001f642', [' ok"}', '!"}', ' o"}']),  # a \U escape in the grammar
+])
+def test_prefixes_inside_repetitions(schema, prefix, probes):
+    """The rest after a prefix that ends inside a bounded repetition (a maxLength, minItems /
+    maxItems, a pattern's ?, {n} and {m,n}, a number's exponent, a minLength) counts what the
+    prefix already used: the library roles' prefixes end before any repetition."""
+    full = tight_grammar(json.dumps(schema))
+    rest = xgr.Grammar.from_ebnf(quotient(str(full), prefix))
+    texts = walks(full, prefix, random.Random(prefix), count=6)
+    for text in probes + texts + mutated(texts, random.Random(prefix)):
+        assert verdict(rest, text) == verdict(full, prefix + text), text
