@@ -41,6 +41,9 @@ def obj(**properties) -> dict:
     (obj(a={"type": "string", "pattern": "^(?!x).+$"}), "cannot enforce the lookahead"),
     (obj(a={"type": "string", "minLength": 20000}), "minLength 20000 without a maxLength takes minutes"),
     (obj(a={"type": "string", "minLength": 101}), "minLength 101 without a maxLength"),  # the first past MAX_MIN_LENGTH
+    (obj(a={"type": "object", "propertyNames": {"not": {"const": "x"}}}), "properties.a.propertyNames: constrained decoding cannot enforce 'not'"),
+    ({"type": "object", "patternProperties": {"^x": {"type": "array", "uniqueItems": True}}}, "patternProperties.^x: constrained decoding cannot enforce 'uniqueItems'"),
+    (obj(a={"type": "number", "multipleOf": 2}), "multipleOf only as a whole number on an integer"),  # a whole step, on a number
     (obj(a={"type": "array", "prefixItems": [{"type": "array", "uniqueItems": True}]}), "properties.a.prefixItems[0]: constrained decoding cannot enforce 'uniqueItems'"),
     ({**obj(a={"$ref": "#/$defs/n", "minimum": 3}), "$defs": {"n": {"type": "integer"}}}, "ignores minimum beside $ref"),
     ({**obj(a={"$ref": "#/$defs/n"}), "$defs": {"n": {"type": "array", "items": {"uniqueItems": True}}}},
