@@ -70,6 +70,11 @@ def obj(**properties) -> dict:
     (obj(v={"oneOf": [{"enum": ["a", 1]}, {"const": 1.0}]}), "oneOf[0] and oneOf[1] may both match"),
     ({**obj(a={"$ref": "#/$defs/d"}), "$defs": {"d": {"$ref": "#/$defs/d"}}}, "the schema allows no message: a $ref cycle"),
     ({**obj(a={"$ref": "#/$defs/n"}), "$defs": {"n": obj(v={"type": "integer"}, next={"$ref": "#/$defs/n"})}}, "make the recursion optional"),
+    # xgrammar counts keys, not distinct ones: {"x": 1, "x": 2} was written for minProperties 2, and refused
+    (obj(a={"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 2}),
+     "properties.a: constrained decoding may write a free key twice (JSON keeps one), so it cannot enforce minProperties 2 with 0 required"),
+    ({**obj(k={"type": "string"}), "patternProperties": {"^x": {"type": "integer"}}, "minProperties": 3},
+     "enforce minProperties 3 with 1 required: require more properties, or lower minProperties to 2"),
 ])
 def test_what_decoding_would_not_enforce_is_refused_where_it_is(schema, words):
     assert check_schema(schema) is None  # valid JSON Schema all: only the decoding cannot hold them
@@ -86,6 +91,9 @@ def test_what_decoding_would_not_enforce_is_refused_where_it_is(schema, words):
     {**obj(a={"$ref": "#/$defs/n", "description": "a count"}), "$defs": {"n": {"type": "integer"}}},
     {"$schema": "https://json-schema.org/draft/2020-12/schema", **obj(d={"type": "string", "format": "date"})},  # a note
     obj(a={"allOf": [{"type": "integer"}]}),
+    # one free key beyond the required ones: written twice, it still counts once more
+    {**obj(k={"type": "string"}), "additionalProperties": {"type": "integer"}, "minProperties": 2},
+    {"type": "object", "properties": {"k": {"type": "string"}, "j": {"type": "string"}}, "minProperties": 2},  # no free keys
     obj(a={"enum": [2**64, -2**63, 9007199254740993]}),  # written exactly (a double, an int64)
     {**obj(a={"type": "string", "enum": ["ab", "cd"], "maxLength": 2}, b={"const": [1], "type": "array", "items": {"$ref": "#/$defs/n"}}),
      "$defs": {"n": {"type": "integer"}}},

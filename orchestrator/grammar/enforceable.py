@@ -77,6 +77,14 @@ def check_enforceable(schema: Any, at: str = "", root: Any = None) -> None:
     if isinstance(schema.get("required"), list) and (missing := [k for k in schema["required"] if k not in declared]):
         raise GrammarError(f"{where}: required {missing[0]!r} is not in properties: constrained decoding writes only "
                            "declared properties, so no reply would hold it")
+    # xgrammar counts an object's keys, not its distinct ones, and may write a free key twice: JSON
+    # keeps one, and {"x": 1, "x": 2} breaks a minProperties 2 that it was written to keep
+    free = schema.get("additionalProperties") not in (None, False) or "patternProperties" in schema
+    required = len(set(schema["required"])) if isinstance(schema.get("required"), list) else 0
+    if free and isinstance(least := schema.get("minProperties"), int) and least - required >= 2:
+        raise GrammarError(f"{where}: constrained decoding may write a free key twice (JSON keeps one), so it cannot "
+                           f"enforce minProperties {least} with {required} required: require more properties, or "
+                           f"lower minProperties to {required + 1}")
     values = schema["enum"] if isinstance(schema.get("enum"), list) else [schema["const"]] if "const" in schema else []
     if values and set(schema) - _NOT_CONSTRAINTS - {"enum", "const"}:  # xgrammar writes every value, whatever beside
         check = jsonschema.Draft202012Validator(schema)
