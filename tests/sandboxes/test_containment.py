@@ -285,13 +285,20 @@ def test_sandbox_dies_with_its_parent(backend, workdir, marker, processes_with):
     tag = marker + "-orphan"
     code = (
         "import sys; from sandboxes import run, Limits\n"
-        f"run(['sleep', '30', '{tag}'], {str(workdir)!r}, Limits(wall_time_s=30), backend={backend!r})\n"
+        f"run([{PY!r}, '-c', 'import time; time.sleep(30)', '{tag}'], {str(workdir)!r}, Limits(wall_time_s=30),"
+        f" backend={backend!r})\n"
     )
     parent = subprocess.Popen([sys.executable, "-c", code])
+    # `sleep 30 <tag>` exited at once (an invalid interval), and the parent's own command line,
+    # which holds the tag too, was taken for the sandboxed one: the test passed whatever the
+    # sandbox did, without --die-with-parent too
+    def started() -> list[int]:
+        return [pid for pid in processes_with(tag) if pid != parent.pid]
+
     deadline = time.monotonic() + 10
-    while not processes_with(tag) and time.monotonic() < deadline:
+    while not started() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert processes_with(tag), "the sandboxed sleep never started"
+    assert started(), "the sandboxed sleep never started"
     parent.kill()
     parent.wait()
     deadline = time.monotonic() + 3
