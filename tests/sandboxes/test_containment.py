@@ -213,6 +213,18 @@ def test_host_unix_sockets_under_run_are_unreachable(sandbox, marker):
     assert r.exit_code != 0 and "FileNotFoundError" in r.stderr
 
 
+def test_host_ipc_objects_are_unreachable(sandbox):
+    """SysV IPC is per IPC namespace: a host queue or segment left open to all (0666) was the
+    child's to read, fill or remove without --unshare-ipc / --ipc."""
+    made = subprocess.run(["ipcmk", "-Q", "-p", "0666"], capture_output=True, text=True, check=True)
+    qid = made.stdout.split()[-1]
+    try:
+        r = sandbox(f"ipcs -q -i {qid}")
+    finally:
+        subprocess.run(["ipcrm", "-q", qid], check=True)
+    assert f"id {qid} not found" in r.stderr, r.stdout
+
+
 def test_cannot_kill_host_processes(sandbox, host_process):
     r = sandbox(f"kill -9 {host_process.pid} {os.getpid()} $PPID 1; kill -9 -1")
     assert host_process.poll() is None  # still running
