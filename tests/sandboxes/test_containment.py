@@ -280,7 +280,7 @@ def test_symlink_escape_does_not_touch_host_file(sandbox, workdir, marker):
 
 def test_setuid_and_capability_tricks_gain_nothing(sandbox, marker):
     r = sandbox(
-        "grep -E '^(Cap(Eff|Prm|Bnd|Amb)|NoNewPrivs)' /proc/self/status; id -u; "
+        "grep -E '^(Cap(Eff|Prm|Bnd|Amb)|NoNewPrivs)' /proc/self/status; id -u; echo groups=$(id -g; id -G); "
         "unshare -r sh -c 'id -u; touch /etc/" + marker + "' ; "
         "su -c 'touch /etc/" + marker + "' root </dev/null; "
         "mount -t tmpfs none /mnt; "
@@ -291,6 +291,7 @@ def test_setuid_and_capability_tricks_gain_nothing(sandbox, marker):
     assert "NoNewPrivs:\t1" in r.stdout  # no setuid binary (a sudo, a su with a known password) gains anything
     uid = int([line for line in r.stdout.splitlines() if line.isdigit()][0])
     assert UID_BASE <= uid < UID_BASE + UID_SLOTS
+    assert f"groups={uid} {uid}\n" in r.stdout  # root's group would open the host's files of group 0
     assert "setuid_rc=1" in r.stdout
     assert not Path("/etc", marker).exists()
 
