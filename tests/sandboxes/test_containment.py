@@ -68,6 +68,15 @@ def test_fork_bomb_is_capped_and_fully_reaped(sandbox, marker, processes_with):
     assert leaked == []
 
 
+def test_the_process_limit_is_exact(sandbox):
+    """max_processes counts the run's tasks, its first one too: threads start until the limit."""
+    spawn = ("import threading\nn = 0\ntry:\n    while True:\n"
+             "        threading.Thread(target=threading.Event().wait, daemon=True).start(); n += 1\n"
+             "except RuntimeError:\n    print(n)")
+    r = sandbox([PY, "-c", spawn], max_processes=6)
+    assert r.stdout == "5\n", r.stderr
+
+
 def test_memory_bomb_is_killed_at_the_limit(sandbox):
     hog = "x = []\nwhile True: x.append(bytearray(16 << 20))"
     r = sandbox([PY, "-c", hog], memory_mb=96)
