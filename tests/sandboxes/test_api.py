@@ -190,6 +190,16 @@ def test_a_folder_hidden_inside_a_readable_one_stays_hidden(backend, workdir, da
     assert r.stdout == "seen\n" and "No such file" in r.stderr
 
 
+def test_a_readable_path_is_read_only(backend, workdir, data_dir):
+    """A data folder lent 0777 (and its file 0666) is still not the sandbox's to write: a bind."""
+    data_dir.chmod(0o777)
+    (data_dir / "module.py").chmod(0o666)
+    r = run(f"echo x > {data_dir}/new; echo pwned >> {data_dir}/module.py", workdir, backend=backend,
+            readable=[data_dir])
+    assert r.stderr.count("Read-only file system") == 2, r.stderr
+    assert not (data_dir / "new").exists() and (data_dir / "module.py").read_text() == "seen\n"
+
+
 async def test_pool_runs_take_readable_and_hide(workdir, data_dir):
     """SandboxPool.run, what environments call, had no readable= or hide=: an env whose tests read a
     data folder outside the system ones had no way to lend it."""
