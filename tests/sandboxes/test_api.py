@@ -200,6 +200,13 @@ def test_a_readable_path_is_read_only(backend, workdir, data_dir):
     assert not (data_dir / "new").exists() and (data_dir / "module.py").read_text() == "seen\n"
 
 
+def test_a_system_folder_open_to_all_is_read_only(backend, workdir, var_tmp_seen, marker):
+    """/var/tmp (1777) as one of the system folders: what any user may write on the host is
+    still read-only inside."""
+    r = run(f"echo x > /var/tmp/{marker}", workdir, backend=backend)
+    assert "Read-only file system" in r.stderr and not Path("/var/tmp", marker).exists()
+
+
 async def test_pool_runs_take_readable_and_hide(workdir, data_dir):
     """SandboxPool.run, what environments call, had no readable= or hide=: an env whose tests read a
     data folder outside the system ones had no way to lend it."""
