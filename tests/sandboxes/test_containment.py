@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from sandboxes import cgroup
 from sandboxes.confine import LOCK_DIR, UID_BASE, UID_SLOTS
 
 PY = sys.executable
@@ -83,6 +84,13 @@ def test_memory_bomb_is_killed_at_the_limit(sandbox):
     assert r.exit_code != 0 and not r.timed_out
     # With the cgroup the kernel OOM-kills (flagged); without it RLIMIT_AS raises MemoryError.
     assert r.out_of_memory or "MemoryError" in r.stderr
+
+
+def test_without_a_memory_cgroup_the_address_space_is_capped(sandbox, monkeypatch):
+    """Where no cgroup-v1 memory controller is writable, RLIMIT_AS is the memory limit."""
+    monkeypatch.setattr(cgroup, "_own_group", lambda: None)
+    r = sandbox([PY, "-c", "x = [bytearray(16 << 20) for _ in range(32)]; print('got 512 MB')"], memory_mb=96)
+    assert "MemoryError" in r.stderr and r.stdout == "" and not r.out_of_memory
 
 
 def test_infinite_loop_is_stopped_by_cpu_limit(sandbox, marker, processes_with):
