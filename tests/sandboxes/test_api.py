@@ -38,8 +38,9 @@ def test_auto_picks_an_isolating_backend(workdir):
 def test_none_backend_is_refused_without_the_unsafe_flag(workdir):
     with pytest.raises(UnsafeBackendRefused):
         run(["true"], workdir, backend="none")
-    r = run(["sh", "-c", "echo $FOO; pwd"], workdir, backend="none", allow_unsafe=True, env={"FOO": "bar"})
-    assert r.stdout.split() == ["bar", str(workdir)] and r.backend == "none"
+    r = run(["sh", "-c", "echo $FOO $HOME; pwd"], workdir, backend="none", allow_unsafe=True,
+            env={"FOO": "bar", "HOME": "/elsewhere"})  # env adds to the defaults, and overrides them
+    assert r.stdout.split() == ["bar", "/elsewhere", str(workdir)] and r.backend == "none"
 
 
 @pytest.mark.parametrize("backend", ["bwrap", "unshare", "none"])
