@@ -26,7 +26,7 @@ from sandboxes import (
     select_backend,
 )
 from orchestrator.cli.sandbox import register as register_cli
-from sandboxes import cgroup, pool as pool_module, runner
+from sandboxes import cgroup, confine, pool as pool_module, runner
 
 
 def test_auto_picks_an_isolating_backend(workdir):
@@ -124,6 +124,14 @@ def test_exit_code_signal_and_ownership_round_trip(sandbox, workdir):
     assert (r.exit_code, r.signal, r.stdout) == (143, 15, "in")
     assert {p.stat().st_uid for p in workdir.iterdir()} == {0}  # handed back to the owner
     assert (workdir / "made").read_text() == "out\n"
+
+
+def test_a_run_never_takes_a_uid_another_run_holds(workdir, monkeypatch):
+    """Each run's own uid keeps its process limit its own and other runs out of its workdir."""
+    monkeypatch.setattr(confine.random, "randrange", lambda n: 0)  # every lease tries slot 0 first
+    with confine.lease_uid() as held:
+        r = run("id -u", workdir)
+    assert held == confine.UID_BASE and int(r.stdout) != held  # the next free slot (another test may hold one)
 
 
 def test_a_deep_tree_is_handed_back(sandbox, workdir):
