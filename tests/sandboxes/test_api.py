@@ -105,10 +105,11 @@ def test_a_workdir_in_a_closed_folder_the_sandbox_does_not_see_is_reached(backen
         subprocess.run(["rm", "-rf", "--", str(closed)], check=True)
 
 
-@pytest.mark.parametrize("wd, holds", [("/", "/tmp"), ("/tmp", "/tmp"), ("/usr", "/usr")])
+@pytest.mark.parametrize("wd, holds", [("/", "/tmp"), ("/tmp", "/tmp"), ("/usr", "/usr"), ("/root", "/root"), ("/run", "/run")])
 def test_a_workdir_holding_the_private_mounts_is_refused(backend, wd, holds, monkeypatch):
     """`rolecast sandbox run` in a container's cwd / lent the whole host to the sandbox's uid
-    (chown -R, chmod 0700 /) and bound it writable; /tmp lent every other run's files, /usr the system."""
+    (chown -R, chmod 0700 /) and bound it writable; /tmp lent every other run's files, /usr the system,
+    /root its owner's, /run the daemons' sockets."""
 
     def lend(root, *args, **kw):
         raise AssertionError(f"{root} was lent")  # never let the old code chown the host
