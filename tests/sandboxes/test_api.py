@@ -135,6 +135,13 @@ def test_a_run_never_takes_a_uid_another_run_holds(workdir, monkeypatch):
     assert held == confine.UID_BASE and int(r.stdout) != held  # the next free slot (another test may hold one)
 
 
+def test_the_workdir_is_closed_to_other_runs_while_lent(sandbox, workdir):
+    """Lent, the workdir is 0700: another run's uid cannot look in while this one works there."""
+    workdir.chmod(0o755)
+    assert sandbox("stat -c %a .").stdout == "700\n"
+    assert workdir.stat().st_mode & 0o777 == 0o755  # and its mode is given back
+
+
 def test_a_deep_tree_is_handed_back(sandbox, workdir):
     """The hand-back walked with os.walk (recursive) and lstat'ed full paths: a child nesting
     past the recursion limit, or past PATH_MAX, crashed run() with the workdir still lent."""
