@@ -534,6 +534,13 @@ def test_a_signal_inside_the_cgroup_join_does_not_kill_the_caller():
     assert (done.returncode, done.stdout) == (0, "alive False\n"), done.stderr
 
 
+@pytest.mark.skipif(not cgroup.available(), reason="no writable cgroup-v1 memory controller")
+def test_a_runs_memory_group_is_removed(workdir):
+    group = cgroup._own_group() / "rolecast-sandbox" / f"pid-{os.getpid()}-{threading.get_native_id()}"
+    assert run(["true"], workdir, backend="none", allow_unsafe=True).ok
+    assert not group.exists()
+
+
 def test_a_group_left_that_will_not_go_does_not_fail_the_next_run_of_its_name(tmp_path, monkeypatch):
     """A group of the same name left by an earlier run (a process stuck in the kernel keeps it):
     each later run leasing that uid was a FileExistsError traceback; it takes a name of its own."""
