@@ -134,6 +134,14 @@ def test_output_flood_is_truncated(sandbox):
     assert len(r.stdout) == 10_000 and r.stderr == ""
 
 
+def test_output_of_exactly_the_limit_is_whole(sandbox):
+    """max_output_bytes per stream: that many bytes are all kept and not flagged; one more is cut."""
+    r = sandbox("head -c 10000 /dev/zero | tr '\\0' x; head -c 10001 /dev/zero >&2", max_output_bytes=10_000)
+    assert len(r.stdout) == len(r.stderr) == 10_000 and r.truncated  # stderr was cut
+    r = sandbox("head -c 10000 /dev/zero | tr '\\0' x", max_output_bytes=10_000)
+    assert r.stdout == "x" * 10_000 and not r.truncated
+
+
 def test_writes_outside_workdir_do_not_reach_host(sandbox, marker):
     targets = [Path(d) / marker for d in ("/var/tmp", "/tmp", "/etc", "/root", "/dev/shm", "/work")]
     script = "; ".join(f"echo x > {t}" for t in targets)
