@@ -43,6 +43,13 @@ def test_none_backend_is_refused_without_the_unsafe_flag(workdir):
     assert r.stdout.split() == ["bar", "/elsewhere", str(workdir)] and r.backend == "none"
 
 
+def test_a_run_ends_soon_after_its_command_though_a_straggler_holds_its_output(workdir):
+    """Backend none has no PID namespace to end with the command: a background child keeping
+    stdout open is waited for only a moment (then killed with the run), not to the wall time."""
+    r = run("sleep 30 & echo done", workdir, Limits(wall_time_s=10), backend="none", allow_unsafe=True)
+    assert r.ok and r.stdout == "done\n" and r.duration_s < 5
+
+
 @pytest.mark.parametrize("backend", ["bwrap", "unshare", "none"])
 def test_a_backend_missing_a_tool_of_the_chain_is_unavailable(backend, monkeypatch):
     """Without prlimit (or setpriv, env, chown) a backend was chosen, and a pool made, and every run
