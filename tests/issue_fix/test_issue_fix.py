@@ -447,7 +447,8 @@ def test_the_teams_code_cannot_read_the_task_folder(tmp_path, monkeypatch):
 def test_a_run_killed_at_the_memory_limit_or_cut_short_says_so(tmp_path):
     """The team read "the test run crashed (exit 137)" and an empty output: nothing said why."""
     run_one = sandbox_runner(memory_mb=96)
-    hog = run_one(["python", "-c", "x = [bytearray(1 << 20) for _ in iter(int, 1)]"], tmp_path, 10)
+    # 200 MB and no more: killed at memory_mb, not at some larger limit
+    hog = run_one(["python", "-c", "x = [bytearray(1 << 20) for _ in range(200)]"], tmp_path, 10)
     assert hog.exit_code == 137 and hog.stderr.endswith("[sandbox] killed at the memory limit (96 MB)\n")
     loud = run_one(["python", "-c", "print('a' * 1_100_000)"], tmp_path, 10)
     assert loud.exit_code == 0 and loud.stderr.endswith("[sandbox] output cut at 1000000 bytes\n")
