@@ -454,6 +454,13 @@ def test_a_run_killed_at_the_memory_limit_or_cut_short_says_so(tmp_path):
     assert loud.exit_code == 0 and loud.stderr.endswith("[sandbox] output cut at 1000000 bytes\n")
 
 
+@needs_sandbox
+def test_the_sandbox_timeout_overrides_the_tasks(tmp_path):
+    """sandbox: {timeout_s: N} bounds every run, whatever the task's timeout_s."""
+    slow = sandbox_runner(timeout_s=0.5)(["python", "-c", "import time; time.sleep(5)"], tmp_path, 30)
+    assert (slow.exit_code, slow.timed_out) == (124, True)
+
+
 def test_process_reward_rules():
     assert planner_reward(["slug.py"], ["textkit/slug.py"]) == 1.0
     assert planner_reward(["./textkit/slug.py", "README.md"], ["textkit/slug.py"]) == pytest.approx(2 / 3)
