@@ -461,6 +461,23 @@ def test_the_sandbox_timeout_overrides_the_tasks(tmp_path):
     assert (slow.exit_code, slow.timed_out) == (124, True)
 
 
+@needs_sandbox
+def test_the_sandbox_hides_its_folders_and_sets_the_test_environment(tmp_path, monkeypatch):
+    """hide= (the task's folder) is hidden where the sandbox would see it (a task inside a system
+    folder or the venv), and the runs get TEST_ENV (no stale byte code, no plugins)."""
+    monkeypatch.setattr(sandboxes.runner, "SYSTEM", (*sandboxes.runner.SYSTEM, Path("/var/tmp")))
+    task = Path(tempfile.mkdtemp(dir="/var/tmp"))
+    try:
+        (task / "solution.patch").write_text("the fix")
+        task.chmod(0o755)
+        (task / "solution.patch").chmod(0o644)
+        show = "import os, sys; print(os.environ.get('PYTHONDONTWRITEBYTECODE')); print(open(sys.argv[1]).read())"
+        r = sandbox_runner(hide=(task,))(["python", "-c", show, str(task / "solution.patch")], tmp_path, 10)
+    finally:
+        shutil.rmtree(task)
+    assert r.stdout == "1\n" and "No such file" in r.stderr
+
+
 def test_process_reward_rules():
     assert planner_reward(["slug.py"], ["textkit/slug.py"]) == 1.0
     assert planner_reward(["./textkit/slug.py", "README.md"], ["textkit/slug.py"]) == pytest.approx(2 / 3)
