@@ -11,6 +11,7 @@ import contextlib
 import json
 import re
 import threading
+from dataclasses import replace
 
 import pytest
 
@@ -32,9 +33,11 @@ class RecordingEngine:
 
     def __init__(self) -> None:
         self.requests: list[GenerationRequest] = []
+        self.chats: list[list[dict]] = []
         self.versions: dict[str, int] = {}
 
     def apply_chat_template(self, messages):
+        self.chats.append(messages)
         return [1, 2, 3]
 
     async def generate(self, request: GenerationRequest) -> Completion:
@@ -110,6 +113,18 @@ def test_serve_rejects_bad_response_format(fmt, message):
     assert info.value.status == 400
 
 
+async def test_the_roles_messages_sampling_and_seed_travel_to_the_server():
+    engine = RecordingEngine()
+    request = replace(policy_request(), sampling=SamplingConfig(temperature=0.3, top_p=0.9, max_tokens=7, stop=["END"]),
+                      seed=42, messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi."}])
+    async with serving(engine) as url:
+        await OpenAIPolicy(f"base@{url}/")(request)  # a base URL's trailing slash is no part of the path
+    (sent,) = engine.requests
+    assert engine.chats == [request.messages]
+    s = sent.sampling
+    assert (s.temperature, s.top_p, s.max_tokens, s.stop, s.seed) == (0.3, 0.9, 7, ("END",), 42)
+
+
 async def test_a_server_without_response_format_gets_plain_requests():
     NoResponseFormatServer.seen = []
     engine = RecordingEngine()
@@ -121,6 +136,7 @@ async def test_a_server_without_response_format_gets_plain_requests():
     assert json.loads(first.text) == {"verdict": "approve"}
     # refused once, retried without it, and not sent again
     assert ["response_format" in r for r in NoResponseFormatServer.seen] == [True, False, False]
+    assert NoResponseFormatServer.seen[0]["response_format"] == response_format("reviewer", schema_json(SCHEMA))
     assert not policy.send_response_format
 
 
@@ -218,7 +234,36 @@ REPLY = b'{"choices": [{"message": {"content": "{}"}}]}'
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(REPLY), REPLY)
 
 
-@pytest.mark.parametrize("status", [429, 500, 503])
+def response(status: str, body: bytes) -> bytes:
+    return b"HTTP/1.1 %s\r\nContent-Length: %d\r\n\r\n%s" % (status.encode(), len(body), body)
+
+
+async def test_a_reply_without_content_its_finish_reason_and_a_usage_that_is_no_count(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
+    body = b'{"choices": [{"message": {"content": null}, "finish_reason": "length"}], "usage": {"completion_tokens": -1}}'
+    asked: list[bytes] = []
+    async with answering(response("200 OK", body), asked=asked) as url:
+        out = await OpenAIPolicy(f"base@{url}")(policy_request())
+    assert (out.text, out.finish_reason, out.completion_tokens) == ("", "length", None)
+    assert b"Authorization: Bearer sk-secret\r\n" in asked[0]
+
+
+async def test_a_422_about_response_format_drops_it_and_any_other_400_is_the_error():
+    asked: list[bytes] = []
+    refused = response("422 Unprocessable Entity", b'{"error": "unknown field: response_format"}')
+    async with answering(refused, OK, asked=asked) as url:
+        policy = OpenAIPolicy(f"base@{url}")
+        assert (await policy(policy_request(json_schema=schema_json(SCHEMA)))).text == "{}"
+    assert len(asked) == 2 and not policy.send_response_format
+    asked.clear()
+    async with answering(response("400 Bad Request", b'{"error": "max_tokens too large"}'), OK, asked=asked) as url:
+        policy = OpenAIPolicy(f"base@{url}")
+        with pytest.raises(PolicyError, match="HTTP 400: .*max_tokens too large"):
+            await policy(policy_request(json_schema=schema_json(SCHEMA)))
+    assert len(asked) == 1 and policy.send_response_format
+
+
+@pytest.mark.parametrize("status", [408, 429, 500, 503])
 async def test_a_server_throttling_or_failing_in_passing_is_asked_again(status):
     """One 429 or 503 from a busy server failed the episode: OpenAI's own client asks again."""
     busy = b"HTTP/1.1 %d Busy\r\nContent-Length: 2\r\n\r\n{}" % status
@@ -250,11 +295,18 @@ async def test_the_servers_retry_after_is_the_wait(monkeypatch):
         await real_sleep(0)
 
     monkeypatch.setattr(openai.asyncio, "sleep", sleep)
+    monkeypatch.setattr(openai, "BACKOFF_S", 0.25)  # not no_backoff's 0: a wait that is no backoff's would pass
     throttled = b"HTTP/1.1 429 Slow down\r\nRetry-After: 7\r\nContent-Length: 2\r\n\r\n{}"
     dated = b"HTTP/1.1 429 Slow down\r\nRetry-After: Wed, 21 Oct 2015 07:28:00 GMT\r\nContent-Length: 2\r\n\r\n{}"
     async with answering(throttled, dated, OK) as url:
         assert (await OpenAIPolicy(f"base@{url}")(policy_request())).text == "{}"
-    assert waits[:2] == [7.0, openai.BACKOFF_S * 2]  # a date is no number of seconds: the backoff's wait
+    assert waits == [7.0, openai.BACKOFF_S * 2]  # a date is no number of seconds: the backoff's wait
+    waits.clear()
+    hour = b"HTTP/1.1 503 Busy\r\nRetry-After: 3600\r\nContent-Length: 2\r\n\r\n{}"
+    past = b"HTTP/1.1 503 Busy\r\nRetry-After: -5\r\nContent-Length: 2\r\n\r\n{}"
+    async with answering(hour, past, OK) as url:
+        assert (await OpenAIPolicy(f"base@{url}")(policy_request())).text == "{}"
+    assert waits == [openai.MAX_WAIT_S, 0.0]
 
 
 async def test_a_refused_connection_is_asked_again(monkeypatch):
