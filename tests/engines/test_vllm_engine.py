@@ -10,6 +10,7 @@ import asyncio
 import errno
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -153,7 +154,21 @@ async def test_engine_policy_passes_the_roles_schema_through(vllm_engine):
     out = await EnginePolicy(vllm_engine)(request)
     call = fake(vllm_engine).calls[-1]
     assert call.params.structured_outputs.grammar == grammar_after(schema) and call.params.seed == 9
+    assert out.json_schema == schema  # the tokens' logprobs are of the masked distribution: training reads it
     assert call.prompt["prompt_token_ids"] == out.prompt_ids == vllm_engine.apply_chat_template(request.messages)
+
+
+async def test_engine_policy_samples_with_the_roles_options_seed_and_adapter(vllm_engine, tmp_path):
+    vllm_engine.load_adapter("coder", adapter_dir(tmp_path / "coder", 1.0))
+    fake(vllm_engine).reply = Reply([5, 6], [-0.1, -0.2], "hi", "length")
+    request = replace(policy_request("coder"), adapter="coder", seed=42,
+                      sampling=SamplingConfig(temperature=0.3, top_p=0.9, max_tokens=7, stop=["END"]))
+    out = await EnginePolicy(vllm_engine)(request)
+    call = fake(vllm_engine).calls[-1]
+    p = call.params
+    assert (p.temperature, p.top_p, p.max_tokens, p.stop, p.seed) == (0.3, 0.9, 7, ["END"], 42)
+    assert call.lora_request.lora_name.startswith("coder") and (out.adapter, out.adapter_version) == ("coder", 1)
+    assert (out.text, out.token_ids, out.logprobs, out.finish_reason) == ("hi", [5, 6], [-0.1, -0.2], "length")
 
 
 @pytest.mark.parametrize("name,rest", [
