@@ -160,6 +160,9 @@ CASES = [
      "team.yaml", 6, "roles[0].use", "'./echo\\x00.yaml' holds a NUL character"),
     ("bad-binding", lambda w: replace_in(w / "echo.yaml", "adapter: null", "adapter: null\n  bind: telepathy:now"),
      "echo.yaml", 11, "policy.bind", "unknown policy kind"),
+    # bound the team's model, the name after it ignored: the model is --model's to choose
+    ("model-binding-with-a-name", lambda w: replace_in(w / "echo.yaml", "adapter: null", "adapter: null\n  bind: model:Qwen/Qwen2.5-7B"),
+     "echo.yaml", 11, "policy.bind", "'model' takes nothing after it"),
     # the team sets policy.adapter; the role file's other policy keys are still its own
     ("override-beside-role-key", lambda w: (replace_in(w / "echo.yaml", "temperature: 0.0", "temp: 0.0"),
                                             replace_in(w / "team.yaml", "use: ./echo.yaml", "use: ./echo.yaml\n    policy: {adapter: echo}")),

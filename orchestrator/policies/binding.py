@@ -38,10 +38,12 @@ class Binding:
 
 
 def parse_binding(text: str, base_dir: Path | None = None) -> Binding:
-    kind, _, target = text.partition(":")
+    kind, sep, target = text.partition(":")
     if kind not in KINDS:
         raise ValueError(f"unknown policy kind {kind!r} in {text!r}: use one of {', '.join(KINDS)}")
     if kind == "model":
+        if sep:  # model:NAME had bound the run's model, NAME ignored
+            raise ValueError(f"policy {text!r}: 'model' takes nothing after it (the model is --model's)")
         return Binding("model")
     if not target:
         raise ValueError(f"policy {text!r} needs a target after '{kind}:'")
