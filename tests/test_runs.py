@@ -122,13 +122,16 @@ def test_a_turn_valid_on_its_retry_costs_no_penalty(tmp_path):
 
 
 def test_each_try_samples_with_a_seed_of_its_own(tmp_path):
-    # a retry on its first try's seed: a seeded engine samples the refused reply again, every time
+    # a retry on its first try's seed: a seeded engine samples the refused reply again, every time;
+    # and so does every episode and every run seed (a group of episodes sampling alike learns nothing)
     team = load_team(ROOT / "recipes/debate.yaml")
     policies = build_policies(team, stub_all(team), no_engine)
     seeds = []
     policies["con"] = PythonPolicy(lambda r: seeds.append(r.seed) or garbage(r))
-    asyncio.run(run_team(team, policies, RunOptions(episodes=1, seed=1, out_dir=tmp_path, progress=False)))
-    assert len(seeds) == len(set(seeds)) == 6  # two turns of three tries
+    for run_seed in (1, 2):
+        asyncio.run(run_team(team, policies, RunOptions(episodes=2, seed=run_seed, out_dir=tmp_path / str(run_seed),
+                                                        progress=False)))
+    assert len(seeds) == len(set(seeds)) == 2 * 2 * 6  # runs of two episodes, each two turns of three tries
 
 
 def test_a_policy_that_returns_no_text_is_a_policy_error(tmp_path):
