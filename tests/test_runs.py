@@ -134,6 +134,16 @@ def test_each_try_samples_with_a_seed_of_its_own(tmp_path):
     assert len(seeds) == len(set(seeds)) == 2 * 2 * 6  # runs of two episodes, each two turns of three tries
 
 
+def test_a_policy_is_asked_with_its_roles_reply_prefix_and_schema(tmp_path):
+    team = load_team(ROOT / "recipes/guess_number.yaml")
+    spec = team.roles["guesser"]
+    asked = []
+    policies = {"guesser": PythonPolicy(lambda r: asked.append((r.reply_prefix, r.json_schema)) or '{"guess": 50}')}
+    asyncio.run(run_team(team, policies, RunOptions(episodes=1, seed=1, out_dir=tmp_path, progress=False)))
+    assert spec.config.reply_prefix and spec.json_schema
+    assert asked and set(asked) == {(spec.config.reply_prefix, spec.json_schema)}
+
+
 def test_a_policy_that_returns_no_text_is_a_policy_error(tmp_path):
     team = load_team(ROOT / "recipes/debate.yaml")
     policies = build_policies(team, stub_all(team), no_engine)
