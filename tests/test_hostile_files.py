@@ -127,6 +127,18 @@ def test_replay_file_with_deep_json_is_a_config_error(tmp_path, depth):
     assert (err.line, err.key) == (2, "(json)")
 
 
+@pytest.mark.parametrize("index", ['"1"', "1.0", "true", "-1", "[1]"])
+def test_a_replay_line_whose_episode_is_no_index_is_refused_at_its_line(tmp_path, index):
+    """"1" was never played (a line waiting for an episode no run has), 1.0 and true were episode 1,
+    a list was skipped: each said nothing until the run ran out of lines, or played the wrong one."""
+    path = tmp_path / "replay.jsonl"
+    path.write_text('{"role": "a", "text": "x", "episode": 0}\n{"role": "a", "text": "y", "episode": %s}\n' % index)
+    with pytest.raises(ConfigError) as caught:
+        ReplayPolicy(path)
+    assert (caught.value.line, caught.value.key) == (2, "episode")
+    assert "is no episode index (a whole number from 0)" in str(caught.value)
+
+
 def test_jsonl_lines_split_on_newlines_only(tmp_path):
     path = tmp_path / "lines.jsonl"
     path.write_text(json.dumps({"text": "a\u2028b"}, ensure_ascii=False) + "\r\n\n{}\n", encoding="utf-8")

@@ -24,13 +24,14 @@ class ReplayPolicy:
         for n, line in load_json_lines(self.path):
             if not isinstance(line, dict) or not isinstance(line.get("role"), str) or not isinstance(line.get("text"), str):
                 raise ConfigError(self.path, n, "(line)", 'each line needs "role" and "text" strings')
+            index = line.get("episode", 0)  # "1", 1.5 or true had matched no episode, or episode 1, unsaid
+            if type(index) is not int or index < 0:
+                raise ConfigError(self.path, n, "episode", f"{index!r} is no episode index (a whole number from 0)")
             self.lines.append(line)
         # role -> its lines for every episode, and per episode index its own, each as (line number, line):
         # a request reads only its own, not the whole file (a file of every episode of a big run)
         self.by_role: dict[str, tuple[list, dict[Any, list]]] = {}
         for n, line in enumerate(self.lines):
-            if isinstance(line.get("episode"), (list, dict)):  # equals no episode index: never played
-                continue
             shared, own = self.by_role.setdefault(line["role"], ([], {}))
             (own.setdefault(line["episode"], []) if "episode" in line else shared).append((n, line))
         # (episode id, role) -> (turn, attempt) of its last request, lines used; the least recently
