@@ -99,7 +99,7 @@ def _apply(target: Path, path: str, search: str, replace: str) -> EditResult:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         return EditResult(path, False, f"{path} is not UTF-8 text")
-    count = text.count(search)
+    count = _occurrences(text, search)
     if count == 0:
         hint = " (it does appear with other indentation or spacing)" if _loose(search) in _loose(text) else ""
         return EditResult(path, False, f"`search` text not found in {path}{hint}; copy it exactly from the file")
@@ -111,6 +111,15 @@ def _apply(target: Path, path: str, search: str, replace: str) -> EditResult:
 
 def apply_edits(root: Path, edits: list[Mapping[str, Any]]) -> list[EditResult]:
     return [apply_edit(root, str(e.get("path", "")), str(e.get("search", "")), str(e.get("replace", ""))) for e in edits]
+
+
+def _occurrences(text: str, search: str) -> int:
+    """How many places ``search`` starts at in ``text``, overlapping ones too: ``str.count`` found
+    two lines of ``pass`` once in three, and the edit took the first of its two places."""
+    count, at = 0, text.find(search)
+    while at != -1:
+        count, at = count + 1, text.find(search, at + 1)
+    return count
 
 
 def _loose(text: str) -> str:

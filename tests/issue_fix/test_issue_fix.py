@@ -355,6 +355,10 @@ def test_edits_apply_exactly_or_say_why(tmp_path):
     assert "changes nothing" in results[10].message
     amb = apply_edits(tmp_path, [{"path": "pkg/mod.py", "search": "= ", "replace": ""}])[0]
     assert not amb.ok and "occurs 2 times" in amb.message
+    write(tmp_path / "pkg/three.py", "pass\npass\npass\n")  # two places, overlapping: at the first and the second
+    (overlap,) = apply_edits(tmp_path, [{"path": "pkg/three.py", "search": "pass\npass\n", "replace": "x = 1\n"}])
+    assert not overlap.ok and "occurs 2 times" in overlap.message
+    assert (tmp_path / "pkg/three.py").read_text() == "pass\npass\npass\n"
     assert coder_reward(results) == pytest.approx(3 / 11) and coder_reward([]) == 0.0
 
 
