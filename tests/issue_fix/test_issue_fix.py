@@ -720,6 +720,22 @@ def test_a_tests_first_failure_is_the_one_kept(tmp_path):
     assert not g.crashed and [(o.id, o.status, o.message) for o in g.outcomes] == [(hidden, "failed", "in call")]
 
 
+def test_a_report_its_exit_code_belies_is_a_crash(tmp_path):
+    """Every hidden test passed by the report, yet pytest exited 1 (some failed): the report is not
+    pytest's, and grading it would pay for tests that failed."""
+    task = load_task(SLUG)
+    work = copy_repo(task, tmp_path / "repo")
+    hidden = task.hidden_test_ids()
+    cases = "".join(f'<testcase file="tests/hidden/test_hidden_slug.py" name="{tid.split("::")[1]}"/>' for tid in hidden)
+
+    def runner(argv, workdir, timeout_s):
+        (workdir / REPORT_FILE).write_text(f"<testsuite>{cases}</testsuite>")
+        return RunOutcome(1, "", "")
+
+    g = run_tests(task, work, runner, ["tests"], hidden)
+    assert g.crashed and g.passed == 0 and g.failed_ids == hidden
+
+
 def test_a_hidden_test_the_report_leaves_out_counts_as_not_run(tmp_path):
     """A report of one hidden test's pass, the others unreported: a grade over that one alone
     would be 1.0."""
