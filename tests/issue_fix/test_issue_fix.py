@@ -736,6 +736,24 @@ def test_a_report_its_exit_code_belies_is_a_crash(tmp_path):
     assert g.crashed and g.passed == 0 and g.failed_ids == hidden
 
 
+def test_a_hidden_test_that_errors_fails_alone(tmp_path):
+    """A test whose fixture errors makes pytest exit 1, as a failure does: the run is graded, not a
+    crash that fails the hidden tests that passed too."""
+    task = load_task(SLUG)
+    work = copy_repo(task, tmp_path / "repo")
+    first, *rest = hidden = task.hidden_test_ids()
+    case = '<testcase file="tests/hidden/test_hidden_slug.py" name="{}">{}</testcase>'
+    cases = case.format(first.split("::")[1], '<error message="fixture broke"/>')
+    cases += "".join(case.format(tid.split("::")[1], "") for tid in rest)
+
+    def runner(argv, workdir, timeout_s):
+        (workdir / REPORT_FILE).write_text(f"<testsuite>{cases}</testsuite>")
+        return RunOutcome(1, "", "")
+
+    g = run_tests(task, work, runner, ["tests"], hidden)
+    assert rest and not g.crashed and g.passed == len(rest) and g.failed_ids == [first]
+
+
 def test_a_hidden_test_the_report_leaves_out_counts_as_not_run(tmp_path):
     """A report of one hidden test's pass, the others unreported: a grade over that one alone
     would be 1.0."""
