@@ -754,6 +754,22 @@ def test_a_hidden_test_that_errors_fails_alone(tmp_path):
     assert rest and not g.crashed and g.passed == len(rest) and g.failed_ids == [first]
 
 
+def test_a_skipped_hidden_test_earns_nothing(tmp_path):
+    """Code under test can skip the hidden tests (raise pytest's Skipped): not a fix."""
+    task = load_task(SLUG)
+    work = copy_repo(task, tmp_path / "repo")
+    hidden = task.hidden_test_ids()
+    cases = "".join(f'<testcase file="tests/hidden/test_hidden_slug.py" name="{tid.split("::")[1]}">'
+                    '<skipped message="skipped"/></testcase>' for tid in hidden)
+
+    def runner(argv, workdir, timeout_s):
+        (workdir / REPORT_FILE).write_text(f"<testsuite>{cases}</testsuite>")
+        return RunOutcome(0, "", "")
+
+    g = grade(task, work, runner)
+    assert not g.crashed and g.total == len(hidden) and g.passed == 0 and g.fraction == 0.0
+
+
 def test_a_hidden_test_the_report_leaves_out_counts_as_not_run(tmp_path):
     """A report of one hidden test's pass, the others unreported: a grade over that one alone
     would be 1.0."""
