@@ -378,11 +378,12 @@ def test_hostile_edits_fail_with_a_reason_and_change_nothing(tmp_path):
         {"path": "pkg/mod.py/inner.py", "search": "", "replace": "x = 1\n"},
         {"path": "pkg/mod.py", "search": "a = 1", "replace": "a = '\ud800'"},
         {"path": "pkg/new.py", "search": "", "replace": "\ud800"},
+        {"path": "pkg\\new.py", "search": "", "replace": "x = 1\n"},  # one name on Linux, a folder's file elsewhere
     ])
-    assert [r.ok for r in results] == [False] * 5
+    assert [r.ok for r in results] == [False] * 6
     assert "too long" in results[0].message and "NUL" in results[1].message
     assert "File exists" in results[2].message  # a file where a folder is needed
-    assert all("not valid Unicode" in r.message for r in results[3:])
+    assert all("not valid Unicode" in r.message for r in results[3:5]) and "without '..'" in results[5].message
     assert (tmp_path / "pkg/mod.py").read_text() == "a = 1\n" and sorted(p.name for p in (tmp_path / "pkg").iterdir()) == ["mod.py"]
 
 
