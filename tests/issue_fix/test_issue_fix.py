@@ -18,7 +18,7 @@ import sandboxes
 from sandboxes.pool import scratch_root
 from orchestrator.issue_fix.edits import apply_edits
 from orchestrator.issue_fix.env import _report
-from orchestrator.issue_fix.grading import Grade, grade, grade_work, graded_path, run_tests
+from orchestrator.issue_fix.grading import Grade, grade, grade_work, graded_path, repo_files, run_tests, workdir_changes
 from orchestrator.issue_fix import rewards
 from orchestrator.issue_fix.rewards import coder_reward, planner_reward, reviewer_reward
 from orchestrator.issue_fix.running import RunOutcome, apply_patch, copy_repo, sandbox_runner, subprocess_runner
@@ -385,6 +385,15 @@ def test_hostile_edits_fail_with_a_reason_and_change_nothing(tmp_path):
     assert "File exists" in results[2].message  # a file where a folder is needed
     assert all("not valid Unicode" in r.message for r in results[3:5]) and "without '..'" in results[5].message
     assert (tmp_path / "pkg/mod.py").read_text() == "a = 1\n" and sorted(p.name for p in (tmp_path / "pkg").iterdir()) == ["mod.py"]
+
+
+def test_a_link_a_run_left_is_neither_shown_nor_graded(tmp_path):
+    """Sandboxed code can leave a link to a host file in the copy: followed (as root), the file was
+    shown to the team as one of the repo's and graded as its change."""
+    task = load_task(SLUG)
+    work = copy_repo(task, tmp_path / "repo")
+    (work / "textkit/leak.py").symlink_to(write(tmp_path / "secret.txt", "host secret\n"))
+    assert "textkit/leak.py" not in repo_files(work) and workdir_changes(task, work) == []
 
 
 @needs_sandbox
