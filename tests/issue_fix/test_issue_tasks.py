@@ -359,6 +359,12 @@ def test_checker_still_fails_an_unsound_task_with_parametrized_tests(cases_task)
     ]
 
 
+def test_checker_fails_a_task_whose_visible_tests_hold_no_test(cases_task):
+    (cases_task.repo_dir / "tests" / "test_roman.py").write_text("# no tests here\n")
+    report = check_task(cases_task, subprocess_runner)
+    assert report.problems == ["buggy: no visible tests ran", "fixed: no visible tests ran"]
+
+
 def test_grading_counts_each_parametrized_case(cases_task, tmp_path):
     work = copy_repo(cases_task, tmp_path / "work")
     buggy = grade_work(cases_task, work)
