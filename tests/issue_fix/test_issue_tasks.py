@@ -365,6 +365,12 @@ def test_checker_fails_a_task_whose_visible_tests_hold_no_test(cases_task):
     assert report.problems == ["buggy: no visible tests ran", "fixed: no visible tests ran"]
 
 
+def test_checker_fails_a_task_whose_hidden_tests_pass_on_the_bug(cases_task):
+    (cases_task.hidden_dir / "test_hidden_cases.py").write_text("def test_fine():\n    pass\n")
+    report = check_task(cases_task, subprocess_runner)
+    assert report.problems == ["buggy: every hidden test passes (the bug is not caught)"]
+
+
 def test_grading_counts_each_parametrized_case(cases_task, tmp_path):
     work = copy_repo(cases_task, tmp_path / "work")
     buggy = grade_work(cases_task, work)
