@@ -14,7 +14,7 @@ from orchestrator.issue_fix.task import TaskFileError, load_task
 from orchestrator.policies.replay import ReplayPolicy
 from orchestrator.role import load_role
 from orchestrator.team import load_team
-from orchestrator.yamlfile import MAX_DEPTH, MAX_YAML_BYTES, load_json_lines, load_yaml
+from orchestrator.yamlfile import MAX_ALIAS_NODES, MAX_DEPTH, MAX_YAML_BYTES, load_json_lines, load_yaml, read_text
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST_S = 2.0  # a guard that nothing expands the bomb, not a performance target
@@ -93,7 +93,35 @@ def test_oversize_file_is_refused_before_parsing(tmp_path):
     path = tmp_path / "big.yaml"
     path.write_text("x: " + "a" * MAX_YAML_BYTES + "\n")
     err = assert_fails_fast(load_yaml, path, "larger than")
-    assert err.key == "(file)"
+    assert err.key == "(file)" and err.problem == "file is larger than 1 MiB"
+
+
+def test_a_file_at_the_size_cap_is_read_and_one_byte_more_is_refused(tmp_path):
+    path = write(tmp_path / "cap.yaml", "x: 1\n")
+    assert read_text(path, 5) == "x: 1\n"
+    assert_fails_fast(lambda p: read_text(p, 4), path, "larger than")
+
+
+def test_aliases_that_expand_to_the_bound_load_and_one_node_more_is_refused(tmp_path):
+    # an anchor of 1000 nodes (a list and its 999 items), aliased until they add MAX_ALIAS_NODES
+    anchor = "a: &a [" + ", ".join(["1"] * 999) + "]\ns: &s 1\n"
+    aliases = "b: [" + ", ".join(["*a"] * (MAX_ALIAS_NODES // 1000)) + "]\n"
+    load_yaml(write(tmp_path / "fits.yaml", anchor + aliases))
+    assert_fails_fast(load_yaml, write(tmp_path / "over.yaml", anchor + aliases + "c: *s\n"), "aliases expand")
+
+
+def test_a_key_that_is_a_lone_surrogate_is_refused_at_its_line(tmp_path):
+    err = assert_fails_fast(load_yaml, write(tmp_path / "k.yaml", 'x: 1\n"k\\udcff": 2\n'), "lone surrogate")
+    assert err.line == 2
+
+
+def test_merged_keys_are_named_at_their_lines_and_a_second_merge_key_is_a_duplicate(tmp_path):
+    text = "d: &d {x: 1, y: 2}\ne: &e {x: 3}\nc:\n  <<: [*e, *d]\n  y: 4\n"
+    doc = load_yaml(write(tmp_path / "m.yaml", text))
+    assert doc.data["c"] == {"x": 3, "y": 4}
+    assert doc.lines[("c", "x")] == 2 and doc.lines[("c", "y")] == 5  # the first merged mapping's; the key's own
+    err = assert_fails_fast(load_yaml, write(tmp_path / "two.yaml", text + "  <<: *d\n"), "duplicate key")
+    assert err.line == 6 and err.key == "c.<<"
 
 
 def test_tasks_file_bomb_is_named_at_its_own_line(workspace):
