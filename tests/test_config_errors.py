@@ -448,3 +448,25 @@ def test_a_team_override_replaces_a_schema_whole_and_a_yml_role_is_a_path(worksp
                f"  - use: echo.yml\n  - use: reviewer\n    output_schema: {json.dumps(schema)}")
     roles = load_team(workspace / "team.yaml").roles
     assert roles["reviewer"].schema == schema and roles["echo"].source == workspace / "echo.yml"
+
+
+def test_an_unknown_key_in_a_list_item_lists_the_allowed_keys_and_inputs_are_shown_short():
+    from pydantic import BaseModel, ConfigDict, ValidationError
+    from orchestrator.config_errors import first_error
+
+    class Item(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        name: str = ""
+        size: int = 0
+
+    class Outer(BaseModel):
+        items: list[Item] = []
+
+    def error(data):
+        with pytest.raises(ValidationError) as info:
+            Outer.model_validate(data)
+        return first_error(info.value, data, Outer)
+
+    assert error({"items": [{}, {"nme": "x"}]}) == (("items", 1, "nme"), "unknown key (allowed: name, size)")
+    assert error({"items": [{"name": None}]})[1] == "Input should be a valid string (got None)"
+    assert error({"items": [{"size": "9" * 100 + "x"}]})[1].endswith(f"(got '{'9' * 56}...)")
