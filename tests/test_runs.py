@@ -18,6 +18,7 @@ from orchestrator.policies.binding import Binding
 from orchestrator.policies.python import PythonPolicy
 from orchestrator.rollout import RunOptions, build_policies, run_team
 from orchestrator.team import load_team
+from orchestrator.transcript import MAX_ERROR_CHARS, Attempt, EpisodeRecord, Turn, error_text
 
 ROOT = Path(__file__).resolve().parent.parent
 TIME_FIELDS = ("created", "duration_s")
@@ -109,6 +110,23 @@ def test_a_fault_with_a_huge_message_is_recorded_cut_short(tmp_path):
     assert episode["status"] == "error" and episode["error"].startswith("OSError: cannot copy a/file.py, ")
     assert len(episode["error"]) < 2100 and episode["error"].endswith(" more characters)")
     assert result.episodes[0].error == episode["error"]
+
+
+def test_an_error_of_max_error_chars_is_kept_whole_and_one_more_is_cut():
+    whole = OSError("x" * (MAX_ERROR_CHARS - len("OSError: ")))
+    assert error_text(whole) == f"OSError: {whole}"
+    assert error_text(OSError(f"{whole}y")) == f"OSError: {whole}... (1 more characters)"
+
+
+def test_an_episode_record_reads_back_whole_and_an_older_one_counts_every_role():
+    attempt = Attempt([{"role": "user", "content": "go"}], "hi", True, [], prompt_ids=[1], token_ids=[2], logprobs=[-0.5])
+    record = EpisodeRecord(id="e1", index=3, team="t", task={"text": "x"}, seed=1, adapters={"con": "pro@2"},
+                           status="timeout", turns=[Turn(0, "pro", "m0", {"say": "hi"}, True, 0, 0.0, attempts=[attempt])],
+                           rewards={"pro": 0.0, "con": 0.0}, took_part=["pro"], outcome={"winner": None})
+    again = EpisodeRecord.loads(record.dumps())
+    assert again == record
+    assert again.failed and again.in_episode("pro") and not again.in_episode("con")
+    assert dataclasses.replace(again, took_part=None).in_episode("con")  # a transcript from before took_part
 
 
 def test_a_turn_valid_on_its_retry_costs_no_penalty(tmp_path):
