@@ -11,6 +11,7 @@ from orchestrator.engines.base import GenerationRequest, SamplingParams
 from orchestrator.engines.hf import HFEngine
 from orchestrator.padding import length_batches
 from orchestrator.engines.prefix_cache import BLOCK, PrefixCache, shared_prefixes
+from orchestrator.messages import schema_json
 from orchestrator.models import load_model
 
 from support import generate_together, randomize, tiny_engine
@@ -163,10 +164,31 @@ def test_an_adapter_update_drops_its_cached_prefixes(loaded):
         hits = engine.stats.prefix_hit_tokens
         assert hits >= len(p) - 1
         randomize(engine, "alpha", 2)  # new weights: the old keys and values are wrong now
+        assert engine._prefix.size == 0  # gone, not only out of reach of the new version's lookups
         generate(engine, [p + (5, 6, 7)], "alpha")
         assert engine.stats.prefix_hit_tokens == hits
     finally:
         close(engine)
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["batch-kv", "static"])
+def test_a_reply_closed_by_force_is_not_reused_by_the_next_turn(loaded, static):
+    """A forced closing takes the place of tokens whose keys and values the row holds (the static
+    path has fed the sampled token it replaces): remembered, the next turn quoting the reply would
+    reuse keys of tokens it does not hold."""
+    cached, fresh = HFEngine(loaded, static=static), tiny_engine(prefix_cache_tokens=0)
+    text = schema_json({"type": "object", "properties": {"argument": {"type": "string", "maxLength": 400}},
+                        "required": ["argument"], "additionalProperties": False})
+    try:
+        p = prompt(cached, 0)
+        reqs = [GenerationRequest(p, SamplingParams(temperature=1.0, max_tokens=12, seed=s), json_schema=text) for s in range(8)]
+        outs = asyncio.run(_gather(cached, reqs))
+        later = [p + tuple(o.token_ids) + prompt(cached, 1)[:20] for o in outs if o.forced_tokens]
+        assert later, "a random model writes until the budget: its replies must have been closed by force"
+        assert_same_outputs(generate(cached, later, temperature=0.8), generate(fresh, later, temperature=0.8))
+    finally:
+        close(cached)
+        close(fresh)
 
 
 def test_one_model_serves_one_open_engine_at_a_time(loaded):
