@@ -171,6 +171,26 @@ def test_an_adapter_update_drops_its_cached_prefixes(loaded):
         close(engine)
 
 
+def test_a_row_whose_adapter_changed_while_it_ran_is_not_remembered(loaded):
+    engine = HFEngine(loaded)
+    engine.add_adapter("alpha")
+    request = GenerationRequest(prompt(engine, 0), SamplingParams(max_tokens=64, ignore_eos=True, seed=0), "alpha")
+
+    async def update_while_it_runs():
+        running = asyncio.ensure_future(engine.generate(request))
+        while not engine._active:
+            await asyncio.sleep(0.001)
+        with engine._lock:  # between two steps: the row's keys mix two sets of weights
+            randomize(engine, "alpha", 1)
+            assert engine._active  # still running
+        return await running
+
+    try:
+        assert len(asyncio.run(update_while_it_runs()).token_ids) == 64
+        assert engine._prefix.size == 0  # not kept under its old version, where no lookup finds it
+    finally:
+        close(engine)
+
 @pytest.mark.parametrize("static", [False, True], ids=["batch-kv", "static"])
 def test_a_reply_closed_by_force_is_not_reused_by_the_next_turn(loaded, static):
     """A forced closing takes the place of tokens whose keys and values the row holds (the static
