@@ -172,9 +172,12 @@ def test_an_adapter_update_drops_its_cached_prefixes(loaded):
 
 
 def test_a_row_whose_adapter_changed_while_it_ran_is_not_remembered(loaded):
+    """A row's keys from before an update and after it belong to neither version: remembered under
+    the old one, no lookup finds them and they hold the cache's budget."""
     engine = HFEngine(loaded)
     engine.add_adapter("alpha")
-    request = GenerationRequest(prompt(engine, 0), SamplingParams(max_tokens=64, ignore_eos=True, seed=0), "alpha")
+    # long enough that it still runs when a loaded machine's event loop gets to it
+    request = GenerationRequest(prompt(engine, 0), SamplingParams(max_tokens=256, ignore_eos=True, seed=0), "alpha")
 
     async def update_while_it_runs():
         running = asyncio.ensure_future(engine.generate(request))
@@ -186,10 +189,11 @@ def test_a_row_whose_adapter_changed_while_it_ran_is_not_remembered(loaded):
         return await running
 
     try:
-        assert len(asyncio.run(update_while_it_runs()).token_ids) == 64
+        assert len(asyncio.run(update_while_it_runs()).token_ids) == 256
         assert engine._prefix.size == 0  # not kept under its old version, where no lookup finds it
     finally:
         close(engine)
+
 
 @pytest.mark.parametrize("static", [False, True], ids=["batch-kv", "static"])
 def test_a_reply_closed_by_force_is_not_reused_by_the_next_turn(loaded, static):
