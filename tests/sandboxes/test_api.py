@@ -303,6 +303,45 @@ async def test_a_cancelled_pool_run_still_queued_is_dropped_and_a_running_one_aw
         assert (workdir / "first.txt").read_text() == "first\n" and not (workdir / "second.txt").exists()
 
 
+async def test_a_cancelled_pool_call_returns_once_its_function_has_ended(tmp_path):
+    """As a run: its caller's clean-up must not remove files under a call still writing there."""
+    def late() -> None:
+        time.sleep(0.4)
+        (tmp_path / "late.txt").write_text("late\n")
+
+    async with SandboxPool(max_concurrent=1) as pool:
+        task = asyncio.create_task(pool.call(late))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert (tmp_path / "late.txt").read_text() == "late\n"
+
+
+async def test_a_closed_pool_drops_its_queued_calls(tmp_path):
+    pool = SandboxPool(max_concurrent=1)
+    running = asyncio.ensure_future(pool.call(time.sleep, 0.3))
+    queued = asyncio.ensure_future(pool.call((tmp_path / "queued.txt").write_text, "ran"))
+    await asyncio.sleep(0.1)
+    pool.close()
+    await running
+    with pytest.raises(asyncio.CancelledError):
+        await queued
+    assert not (tmp_path / "queued.txt").exists()
+
+
+def test_a_temporary_dir_is_removed_on_exit(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with pool_module.temporary_dir("rolecast-test-") as path:
+        (path / "a").mkdir()
+        (path / "a" / "b.txt").write_text("b")
+    assert path.parent == pool_module.scratch_root() and not path.exists()
+
+
+def test_the_shared_pool_has_the_size_asked():
+    assert pool_module.shared_pool("auto", 3).max_concurrent == 3
+
+
 async def test_pool_bounds_concurrency_and_isolates_episodes(tmp_path):
     repo = tmp_path / "repo"
     repo.mkdir()
@@ -363,6 +402,53 @@ def test_the_scratch_of_a_killed_process_is_removed_by_the_next(tmp_path, monkey
     assert ended.returncode == 0, ended.stderr
     assert not left.parent.exists() and not Path(ended.stdout.strip()).parent.exists()  # at its exit
     assert mine.is_dir() and other.is_dir()  # a live process's, and what is none of ours
+
+
+def test_a_private_copy_is_0700_and_keeps_links_as_links(tmp_path):
+    """Followed, a link in the repo copied the host file it names into the episode's copy, where
+    the sandboxed run reads it; a copy open to others let other runs' uids into it between runs."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("host secret\n")
+    (tmp_path / "repo").mkdir(mode=0o755)
+    (tmp_path / "repo" / "leak.txt").symlink_to(secret)
+    copy = pool_module.copy_private(tmp_path / "repo", tmp_path / "copy")
+    assert (copy / "leak.txt").is_symlink() and os.readlink(copy / "leak.txt") == str(secret)
+    assert copy.stat().st_mode & 0o777 == 0o700
+
+
+def test_a_scratch_is_kept_while_its_process_may_live_and_made_again_once_removed(tmp_path, monkeypatch):
+    """Only the scratch of a process of this pid namespace known gone is removed: another user's
+    process (EPERM), another container's pid, a name that holds no pid are kept."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    namespace = os.stat("/proc/self/ns/pid").st_ino
+    gone, pid = (int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                                    capture_output=True, text=True).stdout) for _ in range(2))
+    keep = [tmp_path / f"rolecast-scratch-{namespace + 1}-{gone}", tmp_path / f"rolecast-scratch-{namespace}-{gone}x"]
+    for folder in keep:
+        folder.mkdir()
+    real_kill = os.kill
+
+    def kill(target: int, sig: int) -> None:
+        if target == pid:  # as root, no process is another user's
+            raise PermissionError
+        real_kill(target, sig)
+
+    monkeypatch.setattr(os, "kill", kill)
+    other_users = tmp_path / f"rolecast-scratch-{namespace}-{pid}"
+    other_users.mkdir()
+    mine = pool_module.scratch_root()
+    assert all(folder.is_dir() for folder in [*keep, other_users])
+    assert mine.stat().st_mode & 0o777 == 0o711  # a sandbox uid passes through to its workdir
+    mine.rmdir()
+    assert pool_module.scratch_root() == mine and mine.is_dir()  # removed under us: made again
+
+
+def test_a_forked_child_leaves_its_parents_scratch(tmp_path):
+    """The child inherits the atexit handler, not the folder: at its exit it removed the parent's."""
+    code = ("import os, sys\nfrom sandboxes.pool import scratch_root\npath = scratch_root()\n"
+            "if os.fork() == 0:\n    sys.exit(0)\nos.wait()\nprint(path.is_dir())\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert r.stdout == "True\n", r.stderr
 
 
 async def test_an_episode_deletes_a_deep_tree(tmp_path):
