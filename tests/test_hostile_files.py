@@ -155,6 +155,15 @@ def test_replay_file_with_deep_json_is_a_config_error(tmp_path, depth):
     assert (err.line, err.key) == (2, "(json)")
 
 
+@pytest.mark.parametrize("line", ['{"text": "x"}', '{"role": "a", "text": 5}', '{"role": ["a"], "text": "x"}', '["a", "x"]'])
+def test_a_replay_line_without_role_and_text_strings_is_refused_at_its_line(tmp_path, line):
+    path = tmp_path / "replay.jsonl"
+    path.write_text('{"role": "a", "text": "x"}\n' + line + "\n")
+    with pytest.raises(ConfigError) as caught:
+        ReplayPolicy(path)
+    assert (caught.value.line, caught.value.key) == (2, "(line)") and 'needs "role" and "text" strings' in str(caught.value)
+
+
 @pytest.mark.parametrize("index", ['"1"', "1.0", "true", "-1", "[1]"])
 def test_a_replay_line_whose_episode_is_no_index_is_refused_at_its_line(tmp_path, index):
     """"1" was never played (a line waiting for an episode no run has), 1.0 and true were episode 1,

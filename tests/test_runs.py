@@ -16,6 +16,7 @@ from support import Killed, killed_writing, no_engine, write
 from orchestrator.policies.base import PolicyRequest
 from orchestrator.policies.binding import Binding
 from orchestrator.policies.python import PythonPolicy
+from orchestrator.policies.replay import ReplayPolicy
 from orchestrator.rollout import RunOptions, build_policies, run_team
 from orchestrator.team import load_team
 from orchestrator.transcript import MAX_ERROR_CHARS, Attempt, EpisodeRecord, Turn, error_text
@@ -375,6 +376,33 @@ def test_a_replay_request_reads_its_own_lines_not_the_whole_file(tmp_path, monke
     monkeypatch.setattr(replay.ReplayPolicy, "MAX_CURSORS", 100)
     asyncio.run(play())
     assert len(policy.cursors) == 100
+
+
+def test_a_replay_keeps_each_episodes_place_by_its_id_and_drops_the_least_recently_used(tmp_path, monkeypatch):
+    """Two episodes of one index at once (a run's evaluation and its training) each play the file
+    from the start; past the bound, the cursor dropped is the one least recently used."""
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps({"role": "pro", "text": str(n)}) + "\n" for n in range(3)))
+    policy = ReplayPolicy(path)
+    monkeypatch.setattr(ReplayPolicy, "MAX_CURSORS", 2)
+
+    async def play(*turns: tuple[str, int]) -> list[str]:
+        return [(await policy(PolicyRequest(role="pro", episode=episode, episode_index=0, turn=turn, attempt=0,
+                                            messages=[], context={}, sampling=None, adapter=None, seed=0))).text
+                for episode, turn in turns]
+
+    # "a" used last before "c" comes in: "b" is dropped, and "c" too is kept
+    assert asyncio.run(play(("a", 0), ("b", 0), ("a", 1), ("c", 0), ("a", 2), ("c", 1))) == ["0", "0", "1", "0", "2", "1"]
+    assert list(policy.cursors) == [("a", "pro"), ("c", "pro")]
+
+
+def test_a_python_policy_awaits_any_awaitable_it_is_given(tmp_path):
+    """``fn`` may return a future or task (an awaitable, not a coroutine): it was the reply."""
+    async def reply() -> str:
+        return "ok"
+
+    policy = PythonPolicy(lambda request: asyncio.ensure_future(reply()))
+    assert asyncio.run(policy(None)) == "ok"
 
 
 def test_episode_timeout_keeps_partial_transcript(tmp_path):
