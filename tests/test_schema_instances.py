@@ -2,11 +2,19 @@
 valid against it whatever constraint the schema sets (one walker serves both)."""
 from __future__ import annotations
 
+import asyncio
+import json
 import random
+from types import SimpleNamespace
 
 import jsonschema
 import pytest
+from orchestrator.envs.tictactoe import EMPTY
+from orchestrator.errors import PolicyError
+from orchestrator.policies.base import PolicyRequest
+from orchestrator.policies.baselines import BinarySearchPolicy, MinimaxPolicy, RandomPolicy
 from orchestrator.policies.instances import minimal_instance, random_instance
+from orchestrator.policies.stub import StubPolicy
 
 SCHEMAS = [
     {"type": "object", "properties": {"move": {"type": "string", "minLength": 12}}, "required": ["move"]},
@@ -53,3 +61,40 @@ def test_random_integers_follow_the_views_range_and_choices_spread():
     assert verdicts == {"pro", "con"}
     assert minimal_instance(SCHEMAS[3]) == {"verdict": "pro", "ok": False, "notes": ["xxx", "xxx"]}
     assert minimal_instance(SCHEMAS[5])["path"] == "tests/x.py"
+
+
+def reply(policy, context: dict, seed: int = 0) -> dict:
+    request = PolicyRequest(role="r", episode="e", episode_index=0, turn=0, attempt=0, messages=[],
+                            context=context, sampling=None, adapter=None, seed=seed)
+    out = asyncio.run(policy(request))
+    return json.loads(getattr(out, "text", out))
+
+
+def test_the_stub_replies_its_roles_smallest_instance():
+    assert reply(StubPolicy(SimpleNamespace(schema=SCHEMAS[3])), {}) == minimal_instance(SCHEMAS[3])
+
+
+# the move goes in the first required property of the kind: "confidence" or "reason" had held it
+MOVE_SCHEMA = {"type": "object", "properties": {"confidence": {"type": "integer"}, "reason": {"type": "string"},
+                                                "move": {"type": "string"}, "guess": {"type": "integer"}},
+               "required": ["confidence", "move", "reason", "guess"]}
+BOARD = {"board": [EMPTY] * 9, "mark": "X"}  # every first move draws: a tie among all nine
+
+
+def test_the_baselines_put_the_move_in_the_schemas_first_required_field_of_its_kind():
+    spec = SimpleNamespace(schema=MOVE_SCHEMA)
+    assert reply(RandomPolicy(spec), {"legal_moves": ["a1"]}) == {"move": "a1"}
+    assert list(reply(MinimaxPolicy(spec), BOARD)) == ["move"]
+    assert reply(BinarySearchPolicy(spec), {"low": 1, "high": 3, "history": []}) == {"confidence": 2}
+
+
+def test_minimax_breaks_ties_at_random_by_the_seed():
+    policy = MinimaxPolicy(SimpleNamespace(schema=MOVE_SCHEMA))
+    moves = [reply(policy, BOARD, seed)["move"] for seed in range(40)]
+    assert len(set(moves)) > 3 and moves == [reply(policy, BOARD, seed)["move"] for seed in range(40)]
+
+
+@pytest.mark.parametrize("policy, needs", [(MinimaxPolicy, "board, mark"), (BinarySearchPolicy, "low, high, history")])
+def test_a_baseline_in_the_wrong_game_says_what_it_needs(policy, needs):
+    with pytest.raises(PolicyError, match=f"needs the environment to provide {needs}: wrong game"):
+        reply(policy(SimpleNamespace(schema=MOVE_SCHEMA)), {"legal_moves": ["a1"]})
