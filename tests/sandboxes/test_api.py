@@ -305,13 +305,16 @@ async def test_a_cancelled_pool_run_still_queued_is_dropped_and_a_running_one_aw
 
 async def test_a_cancelled_pool_call_returns_once_its_function_has_ended(tmp_path):
     """As a run: its caller's clean-up must not remove files under a call still writing there."""
+    started = threading.Event()
+
     def late() -> None:
+        started.set()
         time.sleep(0.4)
         (tmp_path / "late.txt").write_text("late\n")
 
     async with SandboxPool(max_concurrent=1) as pool:
         task = asyncio.create_task(pool.call(late))
-        await asyncio.sleep(0.1)
+        await asyncio.to_thread(started.wait, 30)  # running, not queued: a queued call is dropped
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -319,10 +322,10 @@ async def test_a_cancelled_pool_call_returns_once_its_function_has_ended(tmp_pat
 
 
 async def test_a_closed_pool_drops_its_queued_calls(tmp_path):
-    pool = SandboxPool(max_concurrent=1)
-    running = asyncio.ensure_future(pool.call(time.sleep, 0.3))
+    pool, started = SandboxPool(max_concurrent=1), threading.Event()
+    running = asyncio.ensure_future(pool.call(lambda: started.set() or time.sleep(0.3)))
     queued = asyncio.ensure_future(pool.call((tmp_path / "queued.txt").write_text, "ran"))
-    await asyncio.sleep(0.1)
+    await asyncio.to_thread(started.wait, 30)  # the first runs and the second waits behind it
     pool.close()
     await running
     with pytest.raises(asyncio.CancelledError):
