@@ -444,6 +444,7 @@ def test_adapters_load_from_peft_format_dirs(engine, tmp_path):
         engine.update_adapter("same", {**state, **head})
 
 
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")  # PEFT's call, not ours
 @pytest.mark.parametrize("rslora", [False, True], ids=["lora", "rslora"])
 def test_an_adapter_dir_computes_the_logprobs_peft_computes(tmp_path, rslora):
     """PEFT's forward over the same dir is the reference: its delta scaled by alpha / r (alpha /
