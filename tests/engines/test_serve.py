@@ -121,6 +121,50 @@ def test_a_request_without_a_model_name_is_a_400(body):
     assert caught.value.status == 400
 
 
+class RecordingEngine:
+    """Answers every request with two tokens, finished as ``reason``, and keeps the requests."""
+
+    versions: dict = {}
+
+    def __init__(self, reason: str = "eos", context_length: int | None = None):
+        self.requests, self.reason, self.context_length = [], reason, context_length
+
+    def apply_chat_template(self, messages):
+        return [1, 2, 3]
+
+    async def generate(self, request):
+        from orchestrator.engines.base import Completion
+
+        self.requests.append(request)
+        return Completion([7, 8], "hi", [-0.1, -0.2], self.reason)
+
+
+def test_each_sampling_option_reaches_the_engine_as_asked():
+    """Mutants that dropped top_p, seed or stop from the engine's request, refused a lone stop
+    string, ignored max_completion_tokens, served the model's own name as an adapter, or said a
+    constant total_tokens passed every test."""
+    from orchestrator.engines.base import SamplingParams
+    from orchestrator.serve import ChatServer
+
+    engine = RecordingEngine()
+    body = chat("tiny", temperature=0.7, top_p=0.9, seed=5, stop="END", max_tokens=None, max_completion_tokens=3)
+    reply = asyncio.run(ChatServer(engine, "tiny").chat(body))
+    [request] = engine.requests
+    assert request.sampling == SamplingParams(temperature=0.7, top_p=0.9, max_tokens=3, stop=("END",), seed=5)
+    assert request.adapter is None and request.prompt_ids == (1, 2, 3)  # "tiny" is the base model
+    assert reply["model"] == "tiny" and reply["choices"][0]["message"]["content"] == "hi"
+    assert reply["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+
+
+@pytest.mark.parametrize("reason, finish", [("eos", "stop"), ("stop", "stop"), ("length", "length")])
+def test_finish_reason_is_openais(reason, finish):
+    """An end token and a stop string both finish as OpenAI's "stop"; max_tokens as "length"."""
+    from orchestrator.serve import ChatServer
+
+    reply = asyncio.run(ChatServer(RecordingEngine(reason), "tiny").chat(chat("base")))
+    assert reply["choices"][0]["finish_reason"] == finish
+
+
 def test_response_format_json_schema_is_accepted_and_checked(server):
     schema = {"type": "object", "properties": {"winner": {"type": "string"}}, "required": ["winner"]}
     fmt = {"type": "json_schema", "json_schema": {"name": "judge", "schema": schema, "strict": True}}
