@@ -301,6 +301,25 @@ def test_a_long_prompt_without_max_tokens_gets_the_room_it_leaves(server):
     assert 1792 < usage["prompt_tokens"] < 2048 and usage["total_tokens"] <= 2048
 
 
+@pytest.mark.parametrize("context, max_tokens", [(None, 256), (1000, 256), (100, 97), (4, 1)])
+def test_max_tokens_unasked_is_256_or_the_room_the_prompt_leaves(context, max_tokens):
+    """Mutants defaulting to 128, or to one token short of the room left, passed every test."""
+    from orchestrator.serve import ChatServer
+
+    engine = RecordingEngine(context_length=context)  # its prompt is 3 tokens
+    asyncio.run(ChatServer(engine, "tiny").chat(chat("base", max_tokens=None)))
+    assert engine.requests[0].sampling.max_tokens == max_tokens
+
+
+def test_a_prompt_exactly_as_long_as_the_context_leaves_no_room():
+    """A mutant taking only a prompt past the context as too long refused this one as max_tokens 0."""
+    from orchestrator.serve import ChatServer, HTTPError
+
+    with pytest.raises(HTTPError, match=r"the prompt \(3 tokens\) leaves no room") as caught:
+        asyncio.run(ChatServer(RecordingEngine(context_length=3), "tiny").chat(chat("base", max_tokens=None)))
+    assert caught.value.code == "context_length_exceeded"
+
+
 def test_a_prompt_that_fills_the_context_is_refused_as_such(server):
     """Without max_tokens it was refused as "the prompt and max_tokens (1) exceed the context", a
     max_tokens the client never sent."""
