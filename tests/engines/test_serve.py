@@ -237,6 +237,32 @@ def test_bad_sampling_is_a_400_for_that_request_only(server, extra, words):
     assert call(server, "/chat/completions", chat("base"))[0] == 200
 
 
+@pytest.mark.parametrize("extra, words", [
+    ({"n": 2}, "only n = 1 is supported"),
+    ({"messages": []}, "messages must be a non-empty list"),
+    ({"messages": [{"role": "user", "content": None}]}, "messages must be a non-empty list of {role, content} strings"),
+    ({"messages": [{"role": None, "content": "hi"}]}, "messages must be a non-empty list of {role, content} strings"),
+], ids=["n", "no-messages", "null-content", "null-role"])
+def test_a_request_serve_cannot_take_as_sent_is_a_400(extra, words):
+    """Mutants answering n = 2 with one choice, or a message without its content or role, passed every test."""
+    from orchestrator.serve import ChatServer, HTTPError
+
+    engine = RecordingEngine()
+    with pytest.raises(HTTPError, match=re.escape(words)) as caught:
+        asyncio.run(ChatServer(engine, "tiny").chat(chat("base", **extra)))
+    assert caught.value.status == 400 and not engine.requests
+
+
+@pytest.mark.parametrize("method, path", [("GET", "/v1/models/"), ("GET", "/v1/models?limit=5"),
+                                          ("POST", "/v1/chat/completions/")])
+def test_a_route_is_found_past_a_trailing_slash_or_a_query(method, path):
+    """Mutants reading the path with its query string or trailing slash passed every test."""
+    from orchestrator.serve import ChatServer
+
+    reply = asyncio.run(ChatServer(RecordingEngine(), "tiny").route(method, path, json.dumps(chat("base")).encode()))
+    assert reply["object"] == ("list" if method == "GET" else "chat.completion")
+
+
 @pytest.mark.parametrize("extra", [
     {"tools": [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]},
     {"functions": [{"name": "add", "parameters": {"type": "object"}}]},
