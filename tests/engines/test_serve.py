@@ -471,17 +471,35 @@ def test_the_url_shown_for_an_ipv6_host_is_a_url():
     assert base_url("127.0.0.1", 8000) == "http://127.0.0.1:8000/v1"
 
 
-def test_serve_refuses_a_busy_port_and_a_clashing_adapter_name_in_one_line(cli, tmp_path):
+def test_serve_refuses_a_busy_port_and_a_clashing_adapter_name_in_one_line(cli, tmp_path, monkeypatch):
     import socket
 
+    def load_engine(*args, **kwargs):  # a name let through would serve until killed
+        raise AssertionError("the clashing name was let through")
+
+    monkeypatch.setattr("orchestrator.engines.load.load_engine", load_engine)
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
         code, _, err = cli("serve", "--model", "tiny", "--port", port)
     assert code == 2 and f"cannot listen on 127.0.0.1:{port}" in err and "Traceback" not in err, err
-    code, _, err = cli("serve", "--model", "tiny", "--adapter", f"base={tiny_adapter(tmp_path / 'judge')}")
-    assert code == 2 and "--adapter base: that name is the base model's" in err, err
+    adapter = tiny_adapter(tmp_path / "judge")
+    for name in ("base", "tiny"):  # the model's own name is the base model's too
+        code, _, err = cli("serve", "--model", "tiny", "--adapter", f"{name}={adapter}")
+        assert code == 2 and f"--adapter {name}: that name is the base model's" in err, err
+
+
+def test_serve_refuses_a_port_past_65535():
+    """A mutant without the range check listened on 70000 - 65536 = 4464: getaddrinfo wraps it."""
+    import argparse
+
+    from orchestrator.cli.serve import port_number
+
+    assert port_number("0") == 0 and port_number("65535") == 65535
+    for text in ("65536", "70000", "-1"):
+        with pytest.raises(argparse.ArgumentTypeError, match=f"a port is 0-65535, got {text}"):
+            port_number(text)
 
 
 def test_a_client_that_hangs_up_cancels_its_generation():
