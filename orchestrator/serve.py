@@ -107,7 +107,8 @@ class ChatServer:
         if not isinstance(model, str):  # no name at all is the request's fault (400, as OpenAI), not a 404
             raise HTTPError(400, f"model must be the name of one of: {', '.join(self.models())}; got {model!r}")
         if model not in self.models():
-            raise HTTPError(404, f"model {model!r} not found; available: {', '.join(self.models())}", "not_found")
+            raise HTTPError(404, f"model {model!r} not found; available: {', '.join(self.models())}",
+                            code="model_not_found")  # OpenAI's type and code, which its clients check
         messages = req.get("messages")
         if not isinstance(messages, list) or not messages or not all(
             isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages

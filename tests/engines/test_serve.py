@@ -98,6 +98,8 @@ def test_each_adapter_is_a_model(server):
 def test_errors_are_json(server):
     status, data = call(server, "/chat/completions", chat("nope"))
     assert status == 404 and "not found" in data["error"]["message"]
+    # OpenAI's shape for an unknown model: it was type "not_found" with no code, which clients checking it missed
+    assert (data["error"]["type"], data["error"]["code"]) == ("invalid_request_error", "model_not_found"), data
     status, data = call(server, "/chat/completions", {"model": "base", "messages": "hi"})
     assert status == 400 and "messages" in data["error"]["message"]
     status, data = call(server, "/nowhere", {})
