@@ -156,6 +156,7 @@ def test_each_sampling_option_reaches_the_engine_as_asked():
     assert request.adapter is None and request.prompt_ids == (1, 2, 3)  # "tiny" is the base model
     assert reply["model"] == "tiny" and reply["choices"][0]["message"]["content"] == "hi"
     assert reply["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    assert reply["system_fingerprint"] == "rolecast-base-v0"  # the adapter and version that answered
 
 
 @pytest.mark.parametrize("reason, finish", [("eos", "stop"), ("stop", "stop"), ("length", "length")])
