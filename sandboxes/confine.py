@@ -1,7 +1,7 @@
 """Shared confinement of the child: its uid, rlimits, credentials and environment.
 
-Every backend ends its argv with the same chain, run after the namespaces exist:
-``prlimit <limits> -- setpriv <drop to uid> -- env -i -C <workdir> <vars> -- CMD``.
+Every isolating backend ends its argv with the same chain, run after the namespaces exist:
+``sh <lifeline> prlimit <limits> -- setpriv <drop to uid> -- env -i -C <workdir> <vars> -- CMD``.
 """
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import fcntl
 import math
 import os
 import random
+import shlex
 import subprocess
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -100,6 +101,42 @@ def drop_privileges_argv(uid: int) -> list[str]:
         "--pdeathsig=KILL",
         "--",
     ]
+
+
+@contextmanager
+def lifeline() -> Iterator[int]:
+    """The read end of a pipe, for the chain's stdin: its write end, held by this process alone
+    and never written, stays open until the block is left, and closes if this process dies."""
+    read_end, write_end = os.pipe()
+    try:
+        yield read_end
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+def lifeline_argv(uid: int) -> list[str]:
+    """The chain's first link: a watcher that kills the run once the spawning Python has died,
+    however early that was.
+
+    The chain's stdin is a :func:`lifeline`; the watcher's read of it ends at EOF, when the
+    spawner exits or is killed. Parent-death signals alone left orphans: bwrap arms its own and
+    its namespace init's only after forking, so a spawner SIGKILLed as bwrap started left both
+    running with the command for its whole wall time (6 runs in 20 here; the CI saw it too).
+    The watcher runs as root, so the command can neither signal it nor count it against
+    max_processes; it kills the chain's own pid (every link execs the next) and then, as
+    ``uid``, all of that uid's processes, so it reaches nothing else. It forks twice, so the
+    command never finds it among its own children; the command's stdin is /dev/null as before.
+    """
+    kill_all = shlex.join([_require("setpriv"), f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--",
+                           "/bin/sh", "-c", "kill -s KILL -- -1"])
+    script = "\n".join([
+        "exec 3<&0 </dev/null",
+        # $$ first: a spawner dead before setpriv ran left the chain root, out of the uid's kill
+        f"( {{ read -r line <&3; kill -s KILL $$; exec {kill_all}; }} >/dev/null 2>&1 & )",
+        'exec "$@" 3<&-',
+    ])
+    return ["/bin/sh", "-c", script, "rolecast-lifeline"]
 
 
 def environment(extra: Mapping[str, str] | None) -> dict[str, str]:

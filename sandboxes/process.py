@@ -50,6 +50,7 @@ def execute(
     max_output_bytes: int,
     spawn_context: AbstractContextManager[None],
     kill_tree: Callable[[], None],
+    stdin: int = subprocess.DEVNULL,
 ) -> Outcome:
     """Run argv to completion or deadline. ``kill_tree`` must leave no process behind."""
     start = time.monotonic()
@@ -58,7 +59,7 @@ def execute(
         with spawn_context:
             proc = subprocess.Popen(
                 argv,
-                stdin=subprocess.DEVNULL,
+                stdin=stdin,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 env=dict(env),

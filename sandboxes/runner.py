@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import os
 import signal
+import subprocess
 import sys
 import threading
 from collections.abc import Mapping, Sequence
@@ -37,6 +38,8 @@ from .confine import (
     env_argv,
     environment,
     lease_uid,
+    lifeline,
+    lifeline_argv,
     limits_argv,
 )
 from .none import NoneBackend
@@ -160,24 +163,29 @@ def run(
         try:  # a signal can land mid-lend too: what was lent goes back
             chown_tree(wd, uid, uid)
             os.chmod(wd, 0o700)  # other runs' uids see / read-only; this keeps them out
-            return _execute(chosen, layout, drop_privileges_argv(uid) + tail, limits, f"uid-{uid}")
+            return _execute(chosen, layout, drop_privileges_argv(uid) + tail, limits, f"uid-{uid}", lifeline_uid=uid)
         finally:
             chown_tree(wd, st.st_uid, st.st_gid, only_from=uid)
             os.chmod(wd, st.st_mode & 0o7777)
 
 
-def _execute(backend: Backend, layout: Layout, tail: list[str], limits: Limits, group_name: str) -> SandboxResult:
+def _execute(backend: Backend, layout: Layout, tail: list[str], limits: Limits, group_name: str,
+             lifeline_uid: int | None = None) -> SandboxResult:
     group = cgroup.MemoryGroup.create(group_name, limits.memory_mb * 1024 * 1024)
     try:
-        argv = backend.wrap(limits_argv(limits, address_space=group is None) + tail, layout)
-        outcome = execute(
-            argv,
-            env=DEFAULT_ENV,  # the helpers never see the caller's environment either
-            wall_time_s=limits.wall_time_s,
-            max_output_bytes=limits.max_output_bytes,
-            spawn_context=group.joined() if group else nullcontext(),
-            kill_tree=group.kill_all if group else lambda: None,
-        )
+        chain = limits_argv(limits, address_space=group is None) + tail
+        if lifeline_uid is not None:
+            chain = lifeline_argv(lifeline_uid) + chain
+        with lifeline() if lifeline_uid is not None else nullcontext(subprocess.DEVNULL) as stdin:
+            outcome = execute(
+                backend.wrap(chain, layout),
+                env=DEFAULT_ENV,  # the helpers never see the caller's environment either
+                wall_time_s=limits.wall_time_s,
+                max_output_bytes=limits.max_output_bytes,
+                spawn_context=group.joined() if group else nullcontext(),
+                kill_tree=group.kill_all if group else lambda: None,
+                stdin=stdin,
+            )
         oom = group.oom_killed() if group else False
     finally:
         if group:

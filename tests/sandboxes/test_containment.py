@@ -321,28 +321,66 @@ def test_setuid_and_capability_tricks_gain_nothing(sandbox, marker):
     assert not Path("/etc", marker).exists()
 
 
-def test_sandbox_dies_with_its_parent(backend, workdir, marker, processes_with):
-    """SIGKILL the Python that started the sandbox: nothing it started may live on."""
+# The parent's Popen kills the parent as soon as the sandbox is spawned: its children have not
+# armed their parent-death signals yet (the command's setup, without start_new_session, is spared).
+_DIE_AT_SPAWN = """
+import os, subprocess
+class DyingPopen(subprocess.Popen):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if kwargs.get("start_new_session"):
+            os.kill(os.getpid(), 9)
+subprocess.Popen = DyingPopen
+"""
+
+
+@pytest.mark.parametrize("moment", ["at-spawn", "once-it-runs"])
+def test_sandbox_dies_with_its_parent(backend, workdir, marker, processes_with, moment):
+    """SIGKILL the Python that started the sandbox: nothing it started may live on.
+
+    At spawn, bwrap and unshare (and their namespaces' inits) arm their parent-death signals
+    too late, and lived on with the command for its whole wall time."""
     tag = marker + "-orphan"
     code = (
-        "import sys; from sandboxes import run, Limits\n"
+        (_DIE_AT_SPAWN if moment == "at-spawn" else "")
+        + "import sys; from sandboxes import run, Limits\n"
         f"run([{PY!r}, '-c', 'import time; time.sleep(30)', '{tag}'], {str(workdir)!r}, Limits(wall_time_s=30),"
         f" backend={backend!r})\n"
     )
     parent = subprocess.Popen([sys.executable, "-c", code])
-    # `sleep 30 <tag>` exited at once (an invalid interval), and the parent's own command line,
-    # which holds the tag too, was taken for the sandboxed one: the test passed whatever the
-    # sandbox did, without --die-with-parent too
-    def started() -> list[int]:
-        return [pid for pid in processes_with(tag) if pid != parent.pid]
+    if moment == "once-it-runs":
+        # `sleep 30 <tag>` exited at once (an invalid interval), and the parent's own command
+        # line, which holds the tag too, was taken for the sandboxed one: the test passed
+        # whatever the sandbox did, without --die-with-parent too. bwrap's and unshare's
+        # command lines hold the tag as well: wait for the sandboxed Python itself.
+        def started() -> list[int]:
+            return [pid for pid in processes_with(tag) if pid != parent.pid and _argv0(pid) == PY]
 
+        deadline = time.monotonic() + 10
+        while not started() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert started(), "the sandboxed sleep never started"
+        parent.kill()
+    assert parent.wait() == -signal.SIGKILL
     deadline = time.monotonic() + 10
-    while not started() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert started(), "the sandboxed sleep never started"
-    parent.kill()
-    parent.wait()
-    deadline = time.monotonic() + 3
     while processes_with(tag) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert processes_with(tag) == []
+
+
+def _argv0(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+    except OSError:
+        return None
+
+
+def test_the_lifeline_watcher_stays_out_of_the_commands_way(sandbox):
+    """The command's stdin is /dev/null, it holds no copy of the lifeline, and the watcher is
+    not its child: a command reaping every child it has would have waited on it forever."""
+    probe = ("import os\n"
+             "print(os.readlink('/proc/self/fd/0'), repr(os.read(0, 10)))\n"
+             "try:\n    os.fstat(3)\nexcept OSError:\n    print('no fd 3')\n"
+             "try:\n    os.waitpid(-1, 0)\nexcept ChildProcessError:\n    print('no children')\n")
+    r = sandbox([PY, "-c", probe])
+    assert r.stdout == "/dev/null b''\nno fd 3\nno children\n", r.stderr
