@@ -34,12 +34,18 @@ MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 MAX_STOP = 16  # OpenAI's is 4; vLLM sets none
 UNHONOURED = ("tools", "functions", "logit_bias", "presence_penalty", "frequency_penalty")  # refused, not ignored
 LINGER_S = 5.0  # how long an error reply waits for the rest of a request it did not read
+READ_TIMEOUT_S = 30.0  # how long a client may take to send its request (a 408 past it)
 
 
 class HTTPError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None,
+                 param: str | None = None):
         super().__init__(message)
-        self.status, self.message, self.kind, self.code = status, message, kind, code
+        self.status, self.message, self.kind, self.code, self.param = status, message, kind, code, param
+
+    def body(self) -> dict[str, Any]:
+        """OpenAI's error shape, every key present: its clients read ``code`` and ``param`` off each error."""
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
 class ClientGone(Exception):
@@ -47,10 +53,11 @@ class ClientGone(Exception):
 
 
 class ChatServer:
-    def __init__(self, engine: HFEngine | VLLMEngine, model_name: str, request_timeout_s: float = 300.0):
+    def __init__(self, engine: HFEngine | VLLMEngine, model_name: str, request_timeout_s: float = 300.0,
+                 read_timeout_s: float = READ_TIMEOUT_S):
         self.engine = engine
         self.model_name = model_name
-        self.timeout = request_timeout_s
+        self.timeout, self.read_timeout = request_timeout_s, read_timeout_s
         self.handlers: set[asyncio.Task] = set()  # connections being answered: serve cancels them at shutdown
 
     def models(self) -> list[str]:
@@ -68,7 +75,7 @@ class ChatServer:
     async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         unread = True  # refused before its end was read: a body too large, a chunked one
         try:
-            method, path, body = await asyncio.wait_for(_read_request(reader, writer), 30)
+            method, path, body = await self._read(reader, writer)
             unread = False
             status, payload = 200, await _unless_gone(reader, self.route(method, path, body))
         except (ClientGone, ConnectionError):  # a reset too (a TCP health check, a killed client)
@@ -76,12 +83,10 @@ class ChatServer:
             writer.close()
             return
         except HTTPError as exc:
-            status, payload = exc.status, {"error": {"message": exc.message, "type": exc.kind, "code": exc.code}}
-        except asyncio.TimeoutError:
-            status, payload = 408, {"error": {"message": "request timed out", "type": "timeout"}}
+            status, payload = exc.status, exc.body()
         except Exception as exc:  # a bug must not take the server down
             log.error("serve.error", error=f"{type(exc).__name__}: {exc}")
-            status, payload = 500, {"error": {"message": f"{type(exc).__name__}: {exc}", "type": "server_error"}}
+            status, payload = 500, HTTPError(500, f"{type(exc).__name__}: {exc}", "server_error").body()
         data = json.dumps(payload).encode()
         head = f"HTTP/1.1 {status} {'OK' if status == 200 else 'Error'}\r\nContent-Type: application/json\r\n"
         writer.write(head.encode() + f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
@@ -94,13 +99,20 @@ class ChatServer:
         finally:
             writer.close()
 
+    async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> tuple[str, str, bytes]:
+        try:
+            return await asyncio.wait_for(_read_request(reader, writer), self.read_timeout)
+        except asyncio.TimeoutError:
+            raise HTTPError(408, f"the request was not sent within the server's read timeout ({self.read_timeout:g} s)",
+                            "timeout") from None
+
     async def route(self, method: str, path: str, body: bytes) -> dict[str, Any]:
         path = path.split("?")[0].rstrip("/")
         if method == "GET" and path == "/v1/models":
             return {"object": "list", "data": [{"id": m, "object": "model", "owned_by": "rolecast"} for m in self.models()]}
         if method == "POST" and path == "/v1/chat/completions":
             return await self.chat(_json(body))
-        raise HTTPError(404, f"no route for {method} {path}", "not_found")
+        raise HTTPError(404, f"no route for {method} {path}", code="unknown_url")  # OpenAI's type and code
 
     async def chat(self, req: dict[str, Any]) -> dict[str, Any]:
         model = req.get("model")

@@ -109,6 +109,50 @@ def test_errors_are_json(server):
     assert status == 400 and "surrogate" in data["error"]["message"], data
 
 
+def exchange(server, sent: bytes) -> tuple[int, dict]:
+    """The status and JSON body ``server`` (a ChatServer) answers to ``sent``, sent on one connection."""
+    import socket
+
+    def talk(port: int) -> bytes:
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+            conn.sendall(sent)
+            return b"".join(iter(lambda: conn.recv(65536), b""))
+
+    async def go():
+        listening = await asyncio.start_server(server.handle, "127.0.0.1", 0)
+        async with listening:
+            return await asyncio.to_thread(talk, listening.sockets[0].getsockname()[1])
+
+    head, _, body = asyncio.run(go()).partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
+
+
+class BrokenEngine:
+    versions: dict = {}
+
+    def apply_chat_template(self, messages):
+        raise RuntimeError("a bug")
+
+
+@pytest.mark.parametrize("sent, status, kind, code", [
+    (b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 50\r\n\r\n{", 408, "timeout", None),  # never ends
+    (b"GET /v1/nowhere HTTP/1.1\r\n\r\n", 404, "invalid_request_error", "unknown_url"),
+    (b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (
+        len(json.dumps(chat("base"))), json.dumps(chat("base")).encode()), 500, "server_error", None),
+], ids=["read-timeout", "unknown-route", "server-bug"])
+def test_every_error_is_in_openais_shape(sent, status, kind, code):
+    """The 408 and 500 bodies had no code (nor any error a param), and an unknown route's type was
+    not_found, not OpenAI's invalid_request_error with code unknown_url; the read timeout, a literal
+    30 s, had no test."""
+    from orchestrator.serve import ChatServer
+
+    reply_status, reply = exchange(ChatServer(BrokenEngine(), "tiny", read_timeout_s=0.2), sent)
+    assert reply_status == status and set(reply["error"]) == {"message", "type", "param", "code"}, reply
+    assert (reply["error"]["type"], reply["error"]["code"]) == (kind, code) and reply["error"]["message"]
+    if status == 408:
+        assert "read timeout (0.2 s)" in reply["error"]["message"]
+
+
 @pytest.mark.parametrize("body", [{}, {"model": None}, {"model": ["base"]}], ids=["missing", "null", "a-list"])
 def test_a_request_without_a_model_name_is_a_400(body):
     """It was a 404 "model None not found" (OpenAI's SDK raises NotFoundError): OpenAI answers a
