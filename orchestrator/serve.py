@@ -33,6 +33,12 @@ MAX_BODY = 4 * 1024 * 1024
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 MAX_STOP = 16  # OpenAI's is 4; vLLM sets none
 UNHONOURED = ("tools", "functions", "logit_bias", "presence_penalty", "frequency_penalty")  # refused, not ignored
+# OpenAI's bookkeeping (who asked, billing, caching), which changes no reply: accepted and ignored.
+# parallel_tool_calls shapes only tool calls, which are refused.
+IGNORED = ("user", "safety_identifier", "metadata", "service_tier", "prompt_cache_key", "prompt_cache_retention",
+           "parallel_tool_calls")
+KNOWN = frozenset(("model", "messages", "temperature", "top_p", "max_tokens", "max_completion_tokens", "stop", "seed",
+                   "logprobs", "top_logprobs", "response_format", "n", "stream", *UNHONOURED, *IGNORED))
 LINGER_S = 5.0  # how long an error reply waits for the rest of a request it did not read
 READ_TIMEOUT_S = 30.0  # how long a client may take to send its request (a 408 past it)
 
@@ -127,6 +133,9 @@ class ChatServer:
         ):
             raise HTTPError(400, "messages must be a non-empty list of {role, content} strings")
         given = {k: v for k, v in req.items() if v is not None}  # OpenAI's API reads null as "the default"
+        if unknown := sorted(set(given) - KNOWN):  # vLLM's top_k, min_p...: answered as if absent, they were
+            raise HTTPError(400, f"Unrecognized request argument{'s' * (len(unknown) > 1)} supplied: {', '.join(unknown)}",
+                            param=unknown[0])  # OpenAI's words
         if given.get("n", 1) != 1:
             raise HTTPError(400, "only n = 1 is supported")
         if given.get("stream"):

@@ -330,6 +330,34 @@ def test_an_option_serve_does_not_honour_is_refused_not_ignored(extra):
     assert caught.value.status == 400
 
 
+@pytest.mark.parametrize("extra, words, param", [
+    ({"top_k": 1}, "Unrecognized request argument supplied: top_k", "top_k"),  # vLLM's: answered as if absent
+    ({"repetition_penalty": 1.3, "min_p": 0.5}, "Unrecognized request arguments supplied: min_p, repetition_penalty",
+     "min_p"),
+    ({"reasoning_effort": "low"}, "Unrecognized request argument supplied: reasoning_effort", "reasoning_effort"),
+], ids=["top_k", "two", "reasoning_effort"])
+def test_an_argument_serve_does_not_know_is_refused_as_openai_does(extra, words, param):
+    """Each was answered as if not sent: top_k 1 sampled from the whole vocabulary."""
+    from orchestrator.serve import ChatServer, HTTPError
+
+    engine = RecordingEngine()
+    with pytest.raises(HTTPError, match=f"^{words}$") as caught:
+        asyncio.run(ChatServer(engine, "tiny").chat(chat("base", **extra)))
+    assert (caught.value.status, caught.value.kind, caught.value.param) == (400, "invalid_request_error", param)
+    assert not engine.requests
+
+
+def test_openais_bookkeeping_arguments_and_unknown_nulls_are_accepted():
+    """user, metadata and the like change no reply; null is "not given", for an argument serve does not know too."""
+    from orchestrator.engines.base import SamplingParams
+    from orchestrator.serve import ChatServer
+
+    engine = RecordingEngine()
+    asyncio.run(ChatServer(engine, "tiny").chat(chat("base", user="u-1", safety_identifier="s", metadata={"run": "x"},
+                                                     service_tier="auto", prompt_cache_key="k", top_k=None)))
+    assert engine.requests[0].sampling == SamplingParams(temperature=0.0, max_tokens=8)
+
+
 def test_a_request_the_vllm_engine_refuses_is_a_400(monkeypatch):
     """--engine vllm: what vLLM (or the backend for it) refuses raises ValueError from generate (a
     temperature it would change or refuses, a prompt past its context): each was a 500."""
