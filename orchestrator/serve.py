@@ -136,11 +136,12 @@ class ChatServer:
         if unknown := sorted(set(given) - KNOWN):  # vLLM's top_k, min_p...: answered as if absent, they were
             raise HTTPError(400, f"Unrecognized request argument{'s' * (len(unknown) > 1)} supplied: {', '.join(unknown)}",
                             param=unknown[0])  # OpenAI's words
-        if given.get("n", 1) != 1:
+        if _whole("n", given.get("n", 1)) != 1:  # a bool is an int: n = true was taken as 1
             raise HTTPError(400, "only n = 1 is supported")
-        if given.get("stream"):
+        if _flag("stream", given.get("stream", False)):
             raise HTTPError(400, "stream is not supported: ask without it for one JSON reply")
-        if asked := [k for k in UNHONOURED if given.get(k, 0) not in (0, [], {})]:  # their defaults are no ask
+        # their defaults are no ask; false is no default (False == 0: presence_penalty false passed as 0)
+        if asked := [k for k in UNHONOURED if isinstance(given.get(k), bool) or given.get(k, 0) not in (0, [], {})]:
             raise HTTPError(400, f"{asked[0]} is not supported: the engine samples without it, so ask without it")
         stop = given.get("stop", [])
         if isinstance(stop, str):
@@ -149,9 +150,7 @@ class ChatServer:
             raise HTTPError(400, f"stop must be a string or a list of strings, got {stop!r}")
         if len(stop) > MAX_STOP:  # each is looked for after every token: 250,000 slowed a neighbour 5x
             raise HTTPError(400, f"stop: at most {MAX_STOP} strings, got {len(stop)}")
-        logprobs = given.get("logprobs", False)
-        if not isinstance(logprobs, bool):  # "false" is truthy: it was answered with logprobs
-            raise HTTPError(400, f"logprobs must be true or false, got {logprobs!r}")
+        logprobs = _flag("logprobs", given.get("logprobs", False))
         top = given.get("top_logprobs", 0)
         if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
             raise HTTPError(400, f"top_logprobs must be a whole number from 0 to {MAX_TOP_LOGPROBS}, got {top!r}")
@@ -165,14 +164,16 @@ class ChatServer:
         if limit is not None and len(prompt) >= limit:  # said so, not as a max_tokens the client never sent
             raise HTTPError(400, f"the prompt ({len(prompt)} tokens) leaves no room for a reply in the model's "
                                  f"context of {limit} tokens", code="context_length_exceeded")
-        max_tokens = given.get("max_tokens", given.get("max_completion_tokens"))
-        if max_tokens is None:  # unasked: 256, or the room the prompt leaves (a 400 about a max_tokens never sent)
+        max_name = "max_tokens" if "max_tokens" in given else "max_completion_tokens"
+        if max_name in given:
+            max_tokens = _whole(max_name, given[max_name])
+        else:  # unasked: 256, or the room the prompt leaves (a 400 about a max_tokens never sent)
             max_tokens = 256 if limit is None else min(256, limit - len(prompt))
         try:
             sampling = SamplingParams(
-                temperature=_number(given.get("temperature", 1.0)), top_p=_number(given.get("top_p", 1.0)),
-                max_tokens=_whole(max_tokens), stop=tuple(stop),
-                seed=None if given.get("seed") is None else _whole(given["seed"]), top_logprobs=top,
+                temperature=_number("temperature", given.get("temperature", 1.0)),
+                top_p=_number("top_p", given.get("top_p", 1.0)), max_tokens=max_tokens, stop=tuple(stop),
+                seed=None if given.get("seed") is None else _whole("seed", given["seed"]), top_logprobs=top,
             )
         except (TypeError, ValueError) as exc:
             raise HTTPError(400, f"bad sampling parameter: {exc}") from None
@@ -208,16 +209,22 @@ class ChatServer:
         }
 
 
-def _number(value: Any) -> float:
+def _number(name: str, value: Any) -> float:
     """A JSON number (not a bool, a string or NaN)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-        raise ValueError(f"expected a number, got {value!r}")
+        raise HTTPError(400, f"{name}: expected a number, got {value!r}", param=name)
     return float(value)
 
 
-def _whole(value: Any) -> int:
+def _whole(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"expected a whole number, got {value!r}")
+        raise HTTPError(400, f"{name}: expected a whole number, got {value!r}", param=name)
+    return value
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):  # logprobs "false" (truthy) was answered with logprobs, stream 0 without a word
+        raise HTTPError(400, f"{name} must be true or false, got {value!r}", param=name)
     return value
 
 

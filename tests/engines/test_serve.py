@@ -289,9 +289,19 @@ def test_bad_sampling_is_a_400_for_that_request_only(server, extra, words):
     ({"messages": []}, "messages must be a non-empty list"),
     ({"messages": [{"role": "user", "content": None}]}, "messages must be a non-empty list of {role, content} strings"),
     ({"messages": [{"role": None, "content": "hi"}]}, "messages must be a non-empty list of {role, content} strings"),
-], ids=["n", "no-messages", "null-content", "null-role"])
+    ({"n": True}, "n: expected a whole number, got True"),  # a bool is an int: taken as n = 1
+    ({"n": 1.0}, "n: expected a whole number, got 1.0"),
+    ({"stream": 0}, "stream must be true or false, got 0"),  # falsy: answered as unstreamed
+    ({"stream": "false"}, "stream must be true or false, got 'false'"),  # truthy: "stream is not supported"
+    ({"presence_penalty": False}, "presence_penalty is not supported"),  # False == 0: taken as the default
+    ({"logit_bias": False}, "logit_bias is not supported"),
+    ({"seed": True}, "seed: expected a whole number, got True"),  # it did not say which parameter
+    ({"max_tokens": None, "max_completion_tokens": "8"}, "max_completion_tokens: expected a whole number, got '8'"),
+], ids=["n", "no-messages", "null-content", "null-role", "n-true", "n-float", "stream-0", "stream-string",
+        "penalty-false", "logit-bias-false", "seed-true", "max-completion-tokens-string"])
 def test_a_request_serve_cannot_take_as_sent_is_a_400(extra, words):
-    """Mutants answering n = 2 with one choice, or a message without its content or role, passed every test."""
+    """Mutants answering n = 2 with one choice, or a message without its content or role, passed every test.
+    A value of the wrong JSON type is refused, naming its parameter, not read as a default."""
     from orchestrator.serve import ChatServer, HTTPError
 
     engine = RecordingEngine()
