@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from .engines.vllm import VLLMEngine
 
 log = structlog.get_logger()
-FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop", "error": "stop"}
+FINISH = {"eos": "stop", "stop": "stop", "length": "length"}  # cancelled and error are no reply: a 500
 MAX_BODY = 4 * 1024 * 1024
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 MAX_STOP = 16  # OpenAI's is 4; vLLM sets none
@@ -191,6 +191,8 @@ class ChatServer:
             raise HTTPError(400, f"response_format: {exc}") from None
         except RequestRefused as exc:  # vLLM's own checks (temperature, its context); any other error is a 500
             raise HTTPError(400, f"the engine refused the request: {exc}") from None
+        if out.finish_reason not in FINISH:  # vLLM aborted or failed it: its text is cut short, no reply that stopped
+            raise RuntimeError(f"the engine ended the generation as {out.finish_reason!r} after {len(out.token_ids)} tokens")
         choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": out.text},
                                   "finish_reason": FINISH[out.finish_reason]}
         if logprobs:

@@ -212,6 +212,18 @@ def test_finish_reason_is_openais(reason, finish):
     assert reply["choices"][0]["finish_reason"] == finish
 
 
+@pytest.mark.parametrize("reason", ["cancelled", "error"])
+def test_a_generation_the_engine_aborted_is_a_500_not_a_reply(reason):
+    """vLLM's abort and error finishes were a 200 with finish_reason "stop": text cut short, said to be whole."""
+    from orchestrator.serve import ChatServer
+
+    body = json.dumps(chat("base")).encode()
+    status, reply = exchange(ChatServer(RecordingEngine(reason), "tiny"),
+                             b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    assert (status, reply["error"]["type"]) == (500, "server_error"), reply
+    assert f"the engine ended the generation as '{reason}' after 2 tokens" in reply["error"]["message"]
+
+
 def test_response_format_json_schema_is_accepted_and_checked(server):
     schema = {"type": "object", "properties": {"winner": {"type": "string"}}, "required": ["winner"]}
     fmt = {"type": "json_schema", "json_schema": {"name": "judge", "schema": schema, "strict": True}}
