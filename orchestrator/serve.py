@@ -164,6 +164,9 @@ class ChatServer:
         if limit is not None and len(prompt) >= limit:  # said so, not as a max_tokens the client never sent
             raise HTTPError(400, f"the prompt ({len(prompt)} tokens) leaves no room for a reply in the model's "
                                  f"context of {limit} tokens", code="context_length_exceeded")
+        if "max_tokens" in given and "max_completion_tokens" in given:  # max_completion_tokens was ignored
+            raise HTTPError(400, "Setting 'max_tokens' and 'max_completion_tokens' at the same time is not supported.",
+                            code="invalid_parameter_combination", param="max_tokens")  # OpenAI's words
         max_name = "max_tokens" if "max_tokens" in given else "max_completion_tokens"
         if max_name in given:
             max_tokens = _whole(max_name, given[max_name])

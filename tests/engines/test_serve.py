@@ -309,8 +309,10 @@ def test_bad_sampling_is_a_400_for_that_request_only(server, extra, words):
     ({"logit_bias": False}, "logit_bias is not supported"),
     ({"seed": True}, "seed: expected a whole number, got True"),  # it did not say which parameter
     ({"max_tokens": None, "max_completion_tokens": "8"}, "max_completion_tokens: expected a whole number, got '8'"),
+    ({"max_tokens": 8, "max_completion_tokens": 3},  # max_completion_tokens was ignored
+     "Setting 'max_tokens' and 'max_completion_tokens' at the same time is not supported."),
 ], ids=["n", "no-messages", "null-content", "null-role", "n-true", "n-float", "stream-0", "stream-string",
-        "penalty-false", "logit-bias-false", "seed-true", "max-completion-tokens-string"])
+        "penalty-false", "logit-bias-false", "seed-true", "max-completion-tokens-string", "both-max-tokens"])
 def test_a_request_serve_cannot_take_as_sent_is_a_400(extra, words):
     """Mutants answering n = 2 with one choice, or a message without its content or role, passed every test.
     A value of the wrong JSON type is refused, naming its parameter, not read as a default."""
