@@ -64,6 +64,7 @@ class ChatServer:
         self.engine = engine
         self.model_name = model_name
         self.timeout, self.read_timeout = request_timeout_s, read_timeout_s
+        self.started = int(time.time())  # each model's "created", which OpenAI's Model requires
         self.handlers: set[asyncio.Task] = set()  # connections being answered: serve cancels them at shutdown
 
     def models(self) -> list[str]:
@@ -115,7 +116,8 @@ class ChatServer:
     async def route(self, method: str, path: str, body: bytes) -> dict[str, Any]:
         path = path.split("?")[0].rstrip("/")
         if method == "GET" and path == "/v1/models":
-            return {"object": "list", "data": [{"id": m, "object": "model", "owned_by": "rolecast"} for m in self.models()]}
+            return {"object": "list", "data": [{"id": m, "object": "model", "created": self.started, "owned_by": "rolecast"}
+                                               for m in self.models()]}
         if method == "POST" and path == "/v1/chat/completions":
             return await self.chat(_json(body))
         raise HTTPError(404, f"no route for {method} {path}", code="unknown_url")  # OpenAI's type and code

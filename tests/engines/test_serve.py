@@ -59,6 +59,8 @@ def chat(model: str, **extra) -> dict:
 def test_models_lists_base_and_adapters(server):
     status, data = call(server, "/models")
     assert status == 200 and {m["id"] for m in data["data"]} >= {"base", "tiny", "judge"}
+    # OpenAI's Model has all four: without created, openai-python's Model.created (an int) was None
+    assert all(set(m) == {"id", "object", "created", "owned_by"} and isinstance(m["created"], int) for m in data["data"])
 
 
 def test_chat_completion_shape_and_logprobs(server):
