@@ -1,18 +1,73 @@
 """Tokenizer helpers every backend needs: the chat prompt as ids, and the tokens that end a turn."""
 from __future__ import annotations
 
+import functools
+import re
 from typing import Any
 
+import structlog
 from jinja2 import TemplateError
 
+log = structlog.get_logger()
 _PLACEHOLDER = "\ue000reply\ue000"  # private-use characters: no template changes them, no chat holds them
+_MARK = "\ue001"  # around a message's index, in its place, to find where the template writes each text
 
 
 def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    """The chat rendered with the model's template, ending with the assistant's turn header."""
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    # transformers v5 returns a BatchEncoding here, v4 a plain list
-    return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+    """The chat rendered with the model's template, ending with the assistant's turn header.
+
+    A message's text is read as text: where it spells a special token (``<|im_end|>`` in a file
+    a role quotes, or written by another role), that stays plain text, never a turn's end or
+    another role's header. The template's own special tokens are read as they are.
+    """
+    if not any(_spells_special(tokenizer, m["content"]) for m in messages):  # the common case
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        # transformers v5 returns a BatchEncoding here, v4 a plain list
+        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return _encode(tokenizer, _segments(tokenizer, messages, rendered, add_generation_prompt=True))
+
+
+@functools.lru_cache(maxsize=8)
+def _specials(tokenizer: Any) -> re.Pattern[str] | None:
+    texts = sorted((t.content for t in tokenizer.added_tokens_decoder.values() if t.special), key=len, reverse=True)
+    return re.compile("|".join(map(re.escape, texts))) if texts else None
+
+
+def _spells_special(tokenizer: Any, text: str) -> bool:
+    pattern = _specials(tokenizer)
+    return pattern is not None and pattern.search(text) is not None
+
+
+def _segments(tokenizer: Any, messages: list[dict[str, str]], rendered: str,
+              add_generation_prompt: bool) -> list[tuple[str, bool]]:
+    """``rendered``, the chat's rendering, as (text, literal) pieces that join to it: literal
+    ones are messages' texts that spell a special token, to be encoded as plain text."""
+    if not any(_spells_special(tokenizer, m["content"]) for m in messages):
+        return [(rendered, False)]
+    marked = [dict(m, content=f"{_MARK}{i}{_MARK}") for i, m in enumerate(messages)]
+    skeleton = tokenizer.apply_chat_template(marked, add_generation_prompt=add_generation_prompt, tokenize=False)
+    parts = re.split(f"{_MARK}(\\d+){_MARK}", skeleton)
+    for written in (str, str.strip):  # how the template writes a text: as it is, or trimmed (Llama 3's, Gemma's)
+        pieces: list[tuple[str, bool]] = []
+        for n, part in enumerate(parts):
+            text = written(messages[int(part)]["content"]) if n % 2 else part
+            literal = bool(n % 2) and _spells_special(tokenizer, text)
+            if pieces and not literal and not pieces[-1][1]:
+                pieces[-1] = (pieces[-1][0] + text, False)
+            else:
+                pieces.append((text, literal))
+        if "".join(text for text, _ in pieces) == rendered:
+            return pieces
+    # the template rewrites texts otherwise: where each lies in the rendering is unknown
+    log.warning("tokens.special_text_read_as_tokens",
+                reason="the chat template rewrites message texts, so a special token spelled in one is read as one")
+    return [(rendered, False)]
+
+
+def _encode(tokenizer: Any, pieces: list[tuple[str, bool]]) -> list[int]:
+    return [i for text, literal in pieces
+            for i in tokenizer.encode(text, add_special_tokens=False, split_special_tokens=literal)]
 
 
 def continuation_ids(tokenizer: Any, messages: list[dict[str, str]], previous: Any) -> list[int] | None:
@@ -49,8 +104,18 @@ def continuation_ids(tokenizer: Any, messages: list[dict[str, str]], previous: A
         closing = closing[1:]
     elif previous.finish_reason != "length":
         return None
-    rest = tokenizer.encode(full[len(head):], add_special_tokens=False)
+    rest = _encode(tokenizer, _after(_segments(tokenizer, messages, full, add_generation_prompt=True), len(head)))
     return list(previous.prompt_ids) + list(previous.token_ids) + closing + rest
+
+
+def _after(pieces: list[tuple[str, bool]], start: int) -> list[tuple[str, bool]]:
+    """``pieces`` from character ``start`` of the text they join to."""
+    kept = []
+    for text, literal in pieces:
+        if start < len(text):
+            kept.append((text[max(start, 0):], literal))
+        start -= len(text)
+    return kept
 
 
 def end_of_turn_ids(tokenizer: Any) -> set[int]:
