@@ -210,6 +210,8 @@ def test_busy_leaves_out_queued_requests_cancelled(engine):
             if len(engine._active) == rows:
                 break
             await asyncio.sleep(0.01)
+        else:
+            pytest.fail(f"the batch never filled: {len(engine._active)} of {rows} rows")
         for t in tasks[rows:]:  # still queued: the batch is full for 400 tokens
             t.cancel()
         await asyncio.sleep(0)  # their generate marks them cancelled

@@ -719,7 +719,8 @@ def test_shutdown_with_a_request_in_flight_closes_the_engine_quietly():
 
     async def client(port, serving):
         _, writer = await asyncio.open_connection("127.0.0.1", port)
-        body = json.dumps(chat("base", max_tokens=2000, temperature=1.0)).encode()
+        # seeded: an unseeded draw could end the reply before the engine was seen busy
+        body = json.dumps(chat("base", max_tokens=2000, temperature=1.0, seed=3)).encode()
         writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
         for _ in range(1000):
             if engine.busy:

@@ -309,7 +309,8 @@ def test_setuid_and_capability_tricks_gain_nothing(sandbox, marker):
         "unshare -r sh -c 'id -u; touch /etc/" + marker + "' ; "
         "su -c 'touch /etc/" + marker + "' root </dev/null; "
         "mount -t tmpfs none /mnt; "
-        + f"{PY} -c 'import os; os.setuid(0)'; echo setuid_rc=$?"
+        + f"{PY} -c 'import os; os.setuid(0)'; echo setuid_rc=$?",
+        wall_time_s=30,  # su's failed login waits about 1 s: of a loaded machine's default 3
     )
     caps = [line.split()[1] for line in r.stdout.splitlines() if line.startswith("Cap")]
     assert caps and all(int(c, 16) == 0 for c in caps)
