@@ -123,3 +123,27 @@ def test_writing_your_own_environment_names_every_hook_of_env():
     # task_problem is what a Task model declares; recipients only addresses the Message that step() gets back
     hooks = sorted(set(n for n in vars(Env) if not n.startswith("_")) - {"task_problem", "recipients"})
     assert len(hooks) >= 12 and [n for n in hooks if not re.search(rf"\b{n}\b", section)] == []
+
+
+def shown_teams() -> list[tuple[str, str]]:
+    """Each ```yaml block of the pages that holds a whole team (its ``protocol`` and ``roles``)."""
+    import yaml
+
+    return [(page.relative_to(ROOT).as_posix(), body) for page in PAGES
+            for lang, body in re.findall(r"^```(\w*)\n(.*?)^```", page.read_text(), re.S | re.M)
+            if lang == "yaml" and isinstance(doc := yaml.safe_load(body), dict) and {"protocol", "roles"} <= doc.keys()]
+
+
+TEAMS = shown_teams()
+
+
+@pytest.mark.parametrize("page,body", TEAMS, ids=[f"{page}:{i}" for i, (page, _) in enumerate(TEAMS)])
+def test_a_shown_team_loads_as_written(page, body, tmp_path):
+    """A team a page shows whole is one a reader can save and run: environments.md's PettingZoo
+    teams had no ``name``, so each failed to load with "name: required key is missing"."""
+    from orchestrator.team import load_team
+
+    if "pettingzoo" in body:
+        pytest.importorskip("pettingzoo")
+    (tmp_path / "team.yaml").write_text(body)
+    load_team(tmp_path / "team.yaml")
