@@ -20,6 +20,8 @@ def register(sub: Any) -> None:
 def handle(args: argparse.Namespace) -> int:
     from ..training.report import heatmap_of, write_report
 
+    if not args.run_dir.is_dir():  # "no metrics.jsonl (is this a training run dir?)" for a mistyped path
+        raise RolecastError(f"{args.run_dir}: {'not a folder' if args.run_dir.exists() else 'no such folder'}")
     if not (args.run_dir / "metrics.jsonl").is_file() and (args.run_dir / "population.json").is_file():
         # a round robin's own folder (eval --population --out elsewhere): its heatmap beside it
         plot = str(heatmap_of(args.run_dir / "population.json", args.run_dir))

@@ -1052,6 +1052,9 @@ def test_report_names_what_is_wrong_with_a_run_dir_in_one_line(cli, tmp_path):
         write(tmp_path / name / "metrics.jsonl", text)
         code, _, err = cli("report", tmp_path / name)
         assert code == 2 and words in err and "Traceback" not in err, (name, err)
+    for path, words in ((tmp_path / "nope", "nope: no such folder"), (run / "metrics.jsonl", "metrics.jsonl: not a folder")):
+        code, _, err = cli("report", path)
+        assert code == 2 and words in err, err
     (tmp_path / "latin").mkdir()
     (tmp_path / "latin" / "metrics.jsonl").write_bytes(b'{"step": 0, "kind": "eval", "x": "\xe9"}\n')
     code, _, err = cli("report", tmp_path / "latin")
