@@ -342,36 +342,39 @@ def test_sandbox_dies_with_its_parent(backend, workdir, marker, processes_with, 
     At spawn, bwrap and unshare (and their namespaces' inits) arm their parent-death signals
     too late, and lived on with the command for its whole wall time."""
     tag = marker + "-orphan"
+    sandboxed = [PY, "-c", "import time; time.sleep(30)", tag]
     code = (
         (_DIE_AT_SPAWN if moment == "at-spawn" else "")
         + "import sys; from sandboxes import run, Limits\n"
-        f"run([{PY!r}, '-c', 'import time; time.sleep(30)', '{tag}'], {str(workdir)!r}, Limits(wall_time_s=30),"
+        f"run({sandboxed!r}, {str(workdir)!r}, Limits(wall_time_s=30),"
         f" backend={backend!r})\n"
     )
-    parent = subprocess.Popen([sys.executable, "-c", code])
+    parent = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
     if moment == "once-it-runs":
         # `sleep 30 <tag>` exited at once (an invalid interval), and the parent's own command
         # line, which holds the tag too, was taken for the sandboxed one: the test passed
         # whatever the sandbox did, without --die-with-parent too. bwrap's and unshare's
-        # command lines hold the tag as well: wait for the sandboxed Python itself.
+        # command lines hold the tag as well, as do the parent's children until they exec
+        # (chown's, the sandbox's): wait for the sandboxed Python itself.
         def started() -> list[int]:
-            return [pid for pid in processes_with(tag) if pid != parent.pid and _argv0(pid) == PY]
+            return [pid for pid in processes_with(tag) if _argv(pid) == sandboxed]
 
         deadline = time.monotonic() + 60  # the parent imports, unshare mounts: slow on a loaded machine
-        while not started() and time.monotonic() < deadline:
+        while not started() and time.monotonic() < deadline and parent.poll() is None:
             time.sleep(0.02)
-        assert started(), "the sandboxed sleep never started"
+        assert started(), f"the sandboxed sleep never started; the parent: {parent.poll()} {parent.stderr.read() if parent.poll() is not None else ''}"
         parent.kill()
     assert parent.wait() == -signal.SIGKILL
+    parent.stderr.close()
     deadline = time.monotonic() + 10
     while processes_with(tag) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert processes_with(tag) == []
 
 
-def _argv0(pid: int) -> str | None:
+def _argv(pid: int) -> list[str] | None:
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
     except OSError:
         return None
 
