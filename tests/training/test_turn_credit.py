@@ -41,6 +41,15 @@ def test_each_turn_is_compared_with_the_same_position_in_its_group():
     assert alone == [{"g": {0: 0.0, 2: 0.0}}]  # a group of one has nothing to compare with
 
 
+def test_each_group_is_its_own_baseline():
+    """Groups play different tasks: a turn is compared with its own group's, never another's."""
+    high, higher = scored(("g", 1.0)), scored(("g", 0.8))
+    low, lower = scored(("g", 0.0)), scored(("g", -0.4))
+    out = turn_advantages([[high, higher], [low, lower]], ["g"], weight=1.0)
+    assert out == [[{"g": {0: pytest.approx(0.1)}}, {"g": {0: pytest.approx(-0.1)}}],
+                   [{"g": {0: pytest.approx(0.2)}}, {"g": {0: pytest.approx(-0.2)}}]]
+
+
 def seen(*prompts: list[int], role: str = "g", status: str = "ok"):
     """An episode of ``role``'s turns, each one attempt whose prompt is the given tokens."""
     ep = make_episode(*((role, [make_attempt(prompt, [9], [-0.5])]) for prompt in prompts))
