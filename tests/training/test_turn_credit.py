@@ -83,6 +83,18 @@ def test_history_credit_leaves_out_faults_opponents_and_other_roles():
     assert group == [{"g": {0: 0.5}}, {"g": {0: -0.5}}]
 
 
+def test_history_credit_keys_a_turn_by_its_first_prompt_and_skips_what_no_learner_sampled():
+    bad, good = make_attempt([1], [9], [-0.5], valid=False), make_attempt([1, 7], [9], [-0.5])
+    retried = make_episode(("g", [bad, good]), ("judge", [make_attempt([5], [9], [-0.5])]))  # its retry saw feedback too
+    plain = make_episode(("g", [make_attempt([1], [9], [-0.5])]), ("judge", [make_attempt([5], [9], [-0.5])]))
+    scripted = [make_episode(("g", [make_attempt()])) for _ in range(2)]  # a Python policy's turns: no prompt tokens
+    empty = make_episode(("g", []))  # a turn with no attempt at all
+    rewards = [[{"g": 1.0, "judge": 0.0}, {"g": 0.0, "judge": 1.0}, {"g": 0.0}, {"g": 0.0}, {"g": 0.0}]]
+    out = history_advantages([[retried, plain, *scripted, empty]], rewards, ["g"], weight=1.0)
+    # the judge (not trained) saw the same prompt twice: nothing for it, and no error
+    assert out == [[{"g": {0: 0.5}}, {"g": {0: -0.5}}, {"g": {}}, {"g": {}}, {"g": {}}]]
+
+
 def test_the_kinds_of_turn_credit_add_up_turn_by_turn():
     by_score = [[{"g": {0: 0.25, 2: 1.0}}, {"g": {}}]]
     by_history = [[{"g": {0: 0.5, 1: -1.0}}, {"g": {0: 2.0}}]]
