@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 from orchestrator.engines.base import GenerationRequest, SamplingParams
+from orchestrator.grammar.book import GrammarBook
 from orchestrator.grammar.spelling import Spellings
 from orchestrator.messages import schema_json
 from support import tiny_engine
@@ -70,6 +71,23 @@ def test_spellings_are_the_tokenizers_own_and_only_for_small_languages(engine):
     cut_row = book.replay(MOVE, PREFIX, expected[0], [0], spelled=True)
     assert allowed(cut_row[0]) == {seq[0] for seq in paths}
     assert len(allowed(free_row[0])) > len(paths)
+
+
+@pytest.mark.parametrize("respell", [lambda text: " " + text, lambda text: text[:-1]], ids=["space-before", "cut-short"])
+def test_a_text_the_tokenizer_spells_as_the_grammar_does_not_leaves_the_grammar_alone(engine, respell):
+    """SentencePiece tokenizers (Llama 2, Mistral) put a space before a text encoded alone:
+    ``paper"}`` comes back as ``▁paper`` ``"}``, which the grammar refuses. A trie without that
+    text would never let the policy play paper (and a spelling cut short would end a reply the
+    schema has not closed): the language keeps the grammar's mask alone."""
+    tok = engine.tokenizer
+
+    class Respelling:
+        def encode(self, text, **kwargs):
+            return tok.encode(respell(text) if text.startswith("paper") else text, **kwargs)
+
+    book = GrammarBook(tok, engine._grammars.vocab_size)
+    book.tokenizer = Respelling()
+    assert book.spellings(MOVE, PREFIX) is None
 
 
 def generate(engine, schema, prefix, seeds, temperature=1.5, max_tokens=12):
