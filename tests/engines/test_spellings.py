@@ -9,6 +9,7 @@ import pytest
 import torch
 from orchestrator.engines.base import GenerationRequest, SamplingParams
 from orchestrator.grammar.book import GrammarBook
+from orchestrator.grammar.schema import GrammarError
 from orchestrator.grammar.spelling import Spellings
 from orchestrator.messages import schema_json
 from support import tiny_engine
@@ -88,6 +89,14 @@ def test_a_text_the_tokenizer_spells_as_the_grammar_does_not_leaves_the_grammar_
     book = GrammarBook(tok, engine._grammars.vocab_size)
     book.tokenizer = Respelling()
     assert book.spellings(MOVE, PREFIX) is None
+
+
+def test_a_replayed_token_the_schema_refuses_is_an_error(engine):
+    book, tok = engine._grammars, engine.tokenizer
+    rock = tok.encode('rock"}', add_special_tokens=False)
+    (x,) = tok.encode("x", add_special_tokens=False)  # no move goes on with an x
+    with pytest.raises(GrammarError, match=f"token {x} at position 1 breaks the schema"):
+        book.replay(MOVE, PREFIX, [rock[0], x], [0, 1], spelled=True)
 
 
 def generate(engine, schema, prefix, seeds, temperature=1.5, max_tokens=12):
