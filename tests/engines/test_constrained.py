@@ -137,6 +137,12 @@ def test_unicode_enums_strings_and_closings(engine):
     ({"type": "object", "properties": {"a": {"anyOf": [{"type": "array", "items": {"type": "integer"}},
                                                         {"type": "object", "properties": {"q": {"type": "boolean"}}, "required": ["q"]}]}},
       "required": ["a"]}, '{"a": ', "[]}"),
+    # a string that may not end yet is filled with letters, not the brackets it may also hold
+    ({"type": "object", "properties": {"a": {"type": "string", "minLength": 3}}, "required": ["a"]}, '{"a": "', 'aaa"}'),
+    # the greedy walk loops on a pattern (.+ takes every letter): the search over parser states
+    # finds the way out, which a search over masks alone (the same after a and after a.) missed
+    ({"type": "object", "properties": {"path": {"type": "string", "pattern": "^tests/.+\\.py$"}}, "required": ["path"]},
+     '{"path": "tests/a', '.py"}'),
 ])
 def test_closings_are_found_and_short(engine, schema, prefix, closing):
     """Budgets ran out on replies whose closing the search did not find (7 of 16 invalid with a
