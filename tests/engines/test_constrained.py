@@ -8,6 +8,7 @@ import json
 import jsonschema
 import pytest
 from orchestrator.engines.base import GenerationRequest, SamplingParams
+from orchestrator.grammar.book import ConstrainedRow
 from orchestrator.grammar.schema import GrammarError
 from orchestrator.messages import schema_json
 from support import tiny_engine
@@ -123,6 +124,45 @@ def test_unicode_enums_strings_and_closings(engine):
     closing = book.closing(matcher)
     raw = '{"mot": "café", "note": "'.encode() + b"\xe6" + b"".join(book.info.decoded_vocab[t] for t in closing)
     jsonschema.validate(json.loads(raw.decode("utf-8")), UNICODE)
+
+
+class Scripted:
+    """A GrammarBook whose closings are scripted, one per search (None: none found)."""
+
+    eos = 99
+
+    def __init__(self, *closings):
+        self.closings, self.asked = list(closings), 0
+
+    def closing(self, matcher):
+        self.asked += 1
+        return self.closings.pop(0)
+
+
+def planned(max_tokens: int, *closings, steps) -> ConstrainedRow:
+    row = ConstrainedRow(Scripted(*closings), None, max_tokens)
+    for produced in steps:
+        row.plan(produced)
+    return row
+
+
+def test_the_budget_plan_case_by_case():
+    """docs/constrained.md's length budgets, against scripted closings."""
+    row = planned(2, [1, 2], steps=[0])  # the closing fits, the end of turn does not: close without it
+    assert (row.forced, row.rollback, row.hopeless) == ([1, 2], False, False)
+    row = planned(4, [1], None, steps=[0, 1])  # none found now, one a step ago: drop the last token, close before it
+    assert (row.forced, row.rollback) == ([1, 99], True)
+    row = planned(40, [1], [1] * 30, steps=range(17))  # a closing of 16 tokens ago is none: its state is gone
+    assert (row.forced, row.rollback, row.hopeless) == ([], False, True)
+    row = planned(4, None, steps=[0, 1, 2])  # nothing fits: sample on, and stop searching
+    assert row.hopeless and row.forced == [] and row.book.asked == 1
+
+    class Refusing:
+        def accept_token(self, token):
+            return False
+
+    with pytest.raises(GrammarError, match="sampled token 7 is not allowed by the grammar"):
+        ConstrainedRow(Scripted(), Refusing(), 4).accept(7)
 
 
 @pytest.mark.parametrize("schema, prefix, closing", [
