@@ -121,6 +121,7 @@ def test_a_book_keeps_the_grammars_of_the_schemas_last_used(book, monkeypatch):
     a, b, c = (f'{{"type": "object", "properties": {{"{k}": {{"enum": [1, 2]}}}}, "required": ["{k}"]}}' for k in "abc")
     first = small.compiled(a)
     small.compiled(b), small.compiled(a), small.compiled(c)  # b is the least recently used
+    assert small._compiled.get(b) is None and small._compiled.get(c) is not None  # the newest stays
     assert small.compiled(a) is first and len(small._compiled) == 2 and small._compiler.get_cache_size_bytes() == 0
     for schema in (a, b, c):
         assert small.spellings(schema) is not None
