@@ -68,6 +68,14 @@ def test_chunked_logprobs_equal_full_log_softmax_with_gradients():
     assert torch.allclose(g1, g2, atol=1e-5)
 
 
+def test_a_grammar_mask_unpacks_bit_k_of_word_w_as_token_32w_plus_k():
+    from orchestrator.grammar.book import allowed_tokens
+
+    row = torch.tensor([[1 | -(1 << 31), 0b10]], dtype=torch.int32)  # tokens 0, 31 (the sign bit) and 33
+    allowed = allowed_tokens(row, 40)  # a vocabulary that ends inside the second word
+    assert allowed.shape == (1, 40) and allowed[0].nonzero().flatten().tolist() == [0, 31, 33]
+
+
 def test_entropy_is_the_full_or_the_masked_softmax_entropy_with_gradients():
     from orchestrator.grammar.book import allowed_tokens
 
