@@ -174,6 +174,9 @@ def test_a_turn_ends_at_the_templates_end_of_turn_token_where_eos_is_another(loa
                         messages=messages, finish_reason="eos")
     later_messages = messages + [{"role": "assistant", "content": text}, {"role": "user", "content": "8 is too high."}]
     assert continuation_ids(tok, later_messages, prev) == chat_prompt_ids(tok, later_messages)
+    # a reply that ended at <eos>: the template closes it with <end_of_turn>, so the model would read <eos> there
+    ended_at_eos = dataclasses.replace(prev, token_ids=prev.token_ids[:-1] + [tok.eos_token_id])
+    assert continuation_ids(tok, later_messages, ended_at_eos) is None
 
 
 def test_a_forced_closing_ends_with_the_templates_end_of_turn_token_id_0(loaded):
@@ -193,6 +196,28 @@ def test_no_continuation_for_stop_strings_or_other_shapes(loaded):
     prev = dataclasses.replace(prev, finish_reason="eos", token_ids=prev.token_ids + [tok.convert_tokens_to_ids("<|im_end|>")])
     assert continuation_ids(tok, later('{"guess": 9}'), prev) is None  # another reply
     assert continuation_ids(tok, MESSAGES + [{"role": "user", "content": "hi"}], prev) is None
+
+
+def test_no_continuation_where_an_earlier_message_changed(loaded):
+    """The continuation starts with the prompt the reply was sampled after: a chat whose earlier
+    messages are not that prompt's (another system message) would have been read as the old one."""
+    tok = loaded.tokenizer
+    text = '{"guess": 8}'
+    prev = attempt(tok, text, tok.encode(text, add_special_tokens=False) + [tok.convert_tokens_to_ids("<|im_end|>")])
+    assert continuation_ids(tok, [{"role": "system", "content": "You guess letters."}] + later(text)[1:], prev) is None
+
+
+def test_no_continuation_where_the_template_rewrites_a_reply_once_others_follow(loaded):
+    """Qwen3's template drops the <think> block of every reply but the last: the chat no longer
+    starts with the reply as sampled, and its tail was cut from the rendered chat at the wrong place."""
+    tok = copy.deepcopy(loaded.tokenizer)
+    content = "message['content']"
+    tok.chat_template = tok.chat_template.replace(
+        content, f"({content}.split('</think>')[-1] if message['role'] == 'assistant' and not loop.last else {content})")
+    assert tok.chat_template != loaded.tokenizer.chat_template
+    text = '<think>16 halves to 8.</think>{"guess": 8}'
+    prev = attempt(tok, text, tok.encode(text, add_special_tokens=False) + [tok.convert_tokens_to_ids("<|im_end|>")])
+    assert continuation_ids(tok, later(text), prev) is None
 
 
 def test_a_conversation_role_extends_its_turns_and_trains_on_one_sequence(loaded, tmp_path):
