@@ -3,6 +3,7 @@ the CPU: it must sample what the CPU's BatchKV path samples. CUDA graphs themsel
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import random
 from collections import Counter
@@ -13,7 +14,7 @@ import torch
 from transformers import DynamicCache
 
 from orchestrator.engines.base import GenerationRequest, SamplingParams
-from orchestrator.engines.graphs import CaptureRefused, count_kernels, rows_bucket, window_bucket
+from orchestrator.engines.graphs import CaptureRefused, StepGraphs, count_kernels, rows_bucket, window_bucket
 from orchestrator.engines.hf import _STEP_PREFILL
 from orchestrator.engines import slots
 from orchestrator.engines.slots import SlotKV
@@ -121,6 +122,74 @@ def test_buckets_cover_what_runs_and_stay_within_the_buffers():
     assert rows_bucket(200, 200) == 200
     assert [window_bucket(n, 8192) for n in (1, 64, 65, 513, 4097)] == [64, 64, 128, 768, 5120]
     assert window_bucket(600, 600) == 600
+
+
+class _FakeGraph:
+    """``torch.cuda.CUDAGraph`` on the CPU: a capture records the step's work (closures over the
+    tensors it read then, as a graph records addresses), a replay reruns it."""
+    capturing = None
+
+    def __init__(self):
+        self.work = []
+
+    def replay(self):
+        for work in self.work:
+            work()
+
+
+@contextlib.contextmanager
+def _fake_capture(graph, pool=None, capture_error_mode=None):
+    _FakeGraph.capturing = graph
+    try:
+        yield
+    finally:
+        _FakeGraph.capturing = None
+
+
+def test_step_graphs_replay_and_are_captured_again_when_the_buffers_move(monkeypatch):
+    """StepGraphs' bookkeeping, with torch.cuda's graph API faked on the CPU (tests/gpu runs the real
+    one): a shape is captured once and replayed after; a new ``generation`` (buffers that moved)
+    drops the graphs, which would replay the old buffers, and their pool; a capture the GPU refuses
+    is a CaptureRefused and gets a fresh pool next time, anything else goes through as it is."""
+    stream = SimpleNamespace(wait_stream=lambda other: None)
+    pools = []
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: stream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: pools.append(object()) or pools[-1])
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", _fake_capture)
+    buffers, calls, fail = {"x": torch.tensor([1.0])}, [], []
+
+    def step(rows):
+        calls.append(rows)
+        if fail and _FakeGraph.capturing is not None:
+            raise fail[0]
+        x, out = buffers["x"], torch.zeros(rows)
+
+        def work():
+            out.copy_(x.expand(rows) * rows)
+        work()
+        if _FakeGraph.capturing is not None:
+            _FakeGraph.capturing.work.append(work)
+        return out
+
+    graphs = StepGraphs(step, torch.device("cpu"))
+    assert graphs((2,), 0).tolist() == [2.0, 2.0] and graphs.captured == 1 and len(calls) == 2  # a warm-up, the capture
+    buffers["x"].fill_(3.0)  # new contents in the same buffer: the graph reads them
+    assert graphs((2,), 0).tolist() == [6.0, 6.0] and graphs.captured == 1 and len(calls) == 2
+    assert graphs((3,), 0).tolist() == [9.0] * 3 and graphs.shapes == [(2,), (3,)] and len(pools) == 1
+    buffers["x"] = torch.tensor([5.0])  # the buffers moved
+    assert graphs((2,), 1).tolist() == [10.0, 10.0] and graphs.shapes == [(2,)] and len(pools) == 2
+    fail.append(RuntimeError("operation not permitted when stream is capturing"))
+    with pytest.raises(CaptureRefused, match="not permitted"):
+        graphs((4,), 1)
+    fail[0] = KeyboardInterrupt()
+    with pytest.raises(KeyboardInterrupt):
+        graphs((4,), 1)
+    assert len(pools) == 3  # a failed capture lets its pool go: the next capture asks for a new one
+    fail.clear()
+    assert graphs((4,), 1).tolist() == [20.0] * 4 and graphs.captured == 4 and len(pools) == 4
 
 
 def _requests(n, adapters, max_tokens=14):
