@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from orchestrator.engines.attention import NAME, decode_attention
+from orchestrator.engines.attention import NAME, decode_attention, use_decode_attention
 from support import tiny_engine
+from transformers import AutoModelForCausalLM, LlamaConfig
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 
@@ -35,13 +36,14 @@ def test_decode_attention_equals_sdpa_with_grouped_heads_and_a_strided_cache(pad
     torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("queries, grad, float_mask, to_sdpa", [
-    (3, False, False, True),   # a prefill or a prefix: several queries a row
-    (1, True, False, True),    # a training pass: SDPA's backward
-    (1, False, True, True),    # a float mask (not the engine's boolean padding)
-    (1, False, False, False),  # a decode step: the two matmuls
+@pytest.mark.parametrize("queries, grad, mask_kind, to_sdpa", [
+    (3, False, None, True),        # a prefill or a prefix: several queries a row
+    (1, True, None, True),         # a training pass: SDPA's backward
+    (1, False, "float", True),     # a float mask (not the engine's boolean padding)
+    (1, False, "per-head", True),  # a boolean mask per head, not one row of padding
+    (1, False, None, False),       # a decode step: the two matmuls
 ])
-def test_only_decode_steps_leave_sdpa(monkeypatch, queries, grad, float_mask, to_sdpa):
+def test_only_decode_steps_leave_sdpa(monkeypatch, queries, grad, mask_kind, to_sdpa):
     import transformers.integrations.sdpa_attention as sdpa
 
     calls = []
@@ -54,7 +56,8 @@ def test_only_decode_steps_leave_sdpa(monkeypatch, queries, grad, float_mask, to
     g = torch.Generator().manual_seed(1)
     query = torch.randn(2, 4, queries, 8, generator=g)
     key, value = torch.randn(2, 2, 5, 8, generator=g), torch.randn(2, 2, 5, 8, generator=g)
-    mask = torch.zeros(2, 1, queries, 5) if float_mask else None
+    mask = {None: None, "float": torch.zeros(2, 1, queries, 5),
+            "per-head": torch.rand(2, 4, queries, 5, generator=g) > 0.3}[mask_kind]
     with torch.set_grad_enabled(grad):
         ours, _ = decode_attention(_Module(2), query.requires_grad_(grad), key, value, mask)
     assert len(calls) == int(to_sdpa)
@@ -66,3 +69,12 @@ def test_only_decode_steps_leave_sdpa(monkeypatch, queries, grad, float_mask, to
 def test_the_engine_switches_its_model_to_decode_attention():
     engine = tiny_engine()
     assert engine.model.config._attn_implementation == NAME
+
+
+def test_a_model_on_another_attention_keeps_it():
+    """Only an SDPA model switches: the decode attention hands all but decode steps to SDPA, which
+    would replace an eager (or flash-attention) model's own kernels for its prefills."""
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    assert not use_decode_attention(model) and model.config._attn_implementation == "eager"
