@@ -320,3 +320,15 @@ def test_a_followup_message_is_the_line_the_readme_shows():
                 "turns_left": 4}
     assert spec.render_followup(spec.context({"secret": 5}, observed)) == {
         "role": "user", "content": "8 is too high, so the number is from 1 to 7. Guesses left: 4."}
+
+
+def test_turn_ends_without_an_eos_or_under_a_template_that_refuses_the_probe(loaded):
+    """A tokenizer without EOS ends turns at the template's closing token alone (None was an end);
+    a template that refuses a chat without a system message names no closing token (it raised)."""
+    tok = copy.deepcopy(loaded.tokenizer)
+    tok.eos_token = None
+    assert tok.eos_token_id is None and end_of_turn_ids(tok) == {tok.convert_tokens_to_ids("<|im_end|>")}
+    tok = copy.deepcopy(loaded.tokenizer)
+    tok.chat_template = ("{% if messages[0]['role'] != 'system' %}{{ raise_exception('a system message first') }}"
+                         "{% endif %}" + tok.chat_template)
+    assert end_of_turn_ids(tok) == {tok.eos_token_id}
