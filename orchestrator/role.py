@@ -158,12 +158,20 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
 
 @lru_cache(maxsize=64)
 def _jinja_env(directory: str) -> jinja2.Environment:
-    return jinja2.Environment(
+    env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(directory, encoding="utf-8-sig"),  # a BOM (Windows editors) is not prompt text
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
     )
+    env.filters["tojson"] = _tojson
+    return env
+
+
+def _tojson(value: Any, indent: int | None = None) -> str:
+    """JSON as a prompt carries it: Jinja's own is HTML-safe (a reply's `a < b` became `a \\u003c b`,
+    its `'`, `&` and non-ASCII escapes too) and sorts keys; this keeps the text and the order written."""
+    return json.dumps(value, ensure_ascii=False, indent=indent)
 
 
 def _reads(env: jinja2.Environment, ast: jinja2.nodes.Template, file: str, key: str, line: int | None = None,

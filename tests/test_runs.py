@@ -473,6 +473,20 @@ def test_pipeline_loops_back_until_approved(tmp_path):
     assert result.summary["roles"]["reviewer"]["turns"] == 3
 
 
+def test_a_reply_reaches_the_next_roles_prompt_as_written(tmp_path):
+    """The library prompts show the history with `tojson`, which is Jinja's HTML-safe JSON: the
+    Coder's `a < b` reached the Reviewer as `a \\u003c b`, its `'`, `&` and `é` as escapes too, and
+    its keys sorted."""
+    team = load_team(ROOT / "recipes/code_review.yaml")
+    reply = {"summary": "compare", "edits": [{"path": "x.py", "search": "", "replace": "return a < b > c & 'café'"}]}
+    policies = build_policies(team, stub_all(team), no_engine)
+    policies["coder"] = PythonPolicy(lambda r: json.dumps(reply))
+    policies["reviewer"] = PythonPolicy(lambda r: '{"verdict": "approve"}')
+    result = asyncio.run(run_team(team, policies, RunOptions(episodes=1, seed=0, out_dir=tmp_path, progress=False)))
+    prompt = result.episodes[0].turns[2].attempts[0].messages[-1]["content"]
+    assert f"- coder: {json.dumps(reply, ensure_ascii=False)}\n" in prompt
+
+
 def test_pipeline_stops_at_max_rounds(tmp_path):
     team = load_team(ROOT / "recipes/code_review.yaml")
     policies = build_policies(team, stub_all(team), no_engine)
