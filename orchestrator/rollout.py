@@ -230,7 +230,7 @@ class Transcripts(Sequence[EpisodeRecord]):
 def progress_bar(enabled: bool) -> Progress:
     """A bar that counts its work (done of total), with the time it took and the time it has left."""
     return Progress(
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),  # a run's folder names it: exp[lr=1e-4] is no style
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),

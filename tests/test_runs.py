@@ -638,6 +638,16 @@ def test_run_json_prints_only_the_summary_on_stdout_with_the_progress_bar_on(wor
     assert "2/2" in err
 
 
+def test_a_progress_bars_label_is_text_not_markup(capsys):
+    """A training run's bar is labelled with its folder's name: `--out runs/exp[lr=1e-4]` read
+    "exp steps", its "[lr=1e-4]" taken for a style (rich markup)."""
+    from orchestrator.rollout import progress_bar
+
+    with (bar := progress_bar(True)):
+        bar.add_task("exp[lr=1e-4] steps", total=1)
+    assert "exp[lr=1e-4] steps" in capsys.readouterr().err
+
+
 def test_log_json_leaves_no_progress_bar_among_the_json_lines_on_stderr(workspace, cli):
     """``rolecast --log-json run ... 2> log.jsonl``: the bar's last frame was a line of console text there."""
     code, out, err = cli("--log-json", "run", workspace / "team.yaml", "--episodes", "2", "--out", workspace / "run",
