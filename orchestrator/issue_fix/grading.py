@@ -75,6 +75,8 @@ def install_hidden_tests(task: IssueTask, workdir: str | Path) -> Path:
 
 
 def _pytest_argv(task: IssueTask, paths: list[str]) -> list[str]:
+    # a path is a file even where it begins with "-" (the Tester's -regression.py was the option -r)
+    paths = [f"./{p}" if p.startswith("-") else p for p in paths]  # pytest names it without the ./
     return shlex.split(task.test_command) + paths + [
         f"--junitxml={REPORT_FILE}", "-o", "junit_family=xunit1", "-rA", "-p", "no:cacheprovider",
     ]

@@ -695,6 +695,16 @@ def test_whatever_a_run_left_at_the_report_path_is_not_trusted(tmp_path):
     assert g.crashed and g.passed == 0 and g.failed_ids == [hidden]
 
 
+def test_a_test_file_named_like_an_option_is_run_as_a_file(tmp_path):
+    """pytest read the Tester's `-regression.py` as its option `-r egression.py`: the file's failing
+    test never ran, and the report said every test passed."""
+    task = load_task(SLUG)
+    work = copy_repo(task, tmp_path / "repo")
+    write(work / "-regression.py", "def test_x():\n    assert False\n")
+    g = run_tests(task, work, subprocess_runner, [*task.visible_tests, "-regression.py"], [])
+    assert not g.crashed and g.failed_ids == ["-regression.py::test_x"]
+
+
 def test_a_junit_report_over_a_megabyte_is_read_whole(tmp_path):
     """The report was read as a source file is, cut at 1 MB: a longer one (long failure texts) did
     not parse, and grading fell back to the -rA summary, which this run does not print."""
