@@ -50,10 +50,11 @@ def write_report(run_dir: Path) -> dict[str, Any]:
         if not keys:
             continue
         fig, ax = plt.subplots(figsize=(7, 4))
+        lines = []
         for key in keys:
             pts = [(r["step"], r[key]) for r in rows if _number(r.get(key))]
             xs, ys = zip(*pts)
-            ax.plot(xs, ys, marker="o", markersize=3, label=key)
+            lines += ax.plot(xs, ys, marker="o", markersize=3)
             if key.startswith("eval_reward/"):
                 ci_key = _ci_key(key)
                 ci = [r[ci_key] if _number(r.get(ci_key)) else 0.0 for r in rows if _number(r.get(key))]
@@ -61,7 +62,7 @@ def write_report(run_dir: Path) -> dict[str, Any]:
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(lines, keys, fontsize=8)  # labels given, not set: a curve's label="_coder/loss" is left out
         fig.tight_layout()
         fig.savefig(out_dir / filename, dpi=110)
         plt.close(fig)

@@ -1079,6 +1079,22 @@ def test_report_writes_its_table_in_utf8_whatever_the_locale(tmp_path):
     assert "| pro | 0.500 ± 0.100 (step 0) |" in (tmp_path / "report" / "summary.md").read_text(encoding="utf-8")
 
 
+def test_report_labels_the_curve_of_an_adapter_named_with_a_leading_underscore(tmp_path, monkeypatch):
+    """matplotlib leaves a label that begins with "_" out of the legend: adapter `_coder`'s loss
+    curve was drawn, unnamed, beside `coder`'s."""
+    from matplotlib.figure import Figure
+
+    from orchestrator.training.report import write_report
+
+    write(tmp_path / "metrics.jsonl", "".join(json.dumps({"step": s, "kind": "train", "_coder/loss": 1.0 / s,
+                                                          "coder/loss": 2.0 / s}) + "\n" for s in (1, 2)))
+    legends = {}
+    monkeypatch.setattr(Figure, "savefig", lambda fig, path, **kw: legends.setdefault(
+        Path(path).name, [t.get_text() for t in fig.axes[0].get_legend().get_texts()]))
+    write_report(tmp_path)
+    assert legends["loss.png"] == ["_coder/loss", "coder/loss"]
+
+
 def test_report_of_a_one_episode_evaluation_and_of_a_stopped_run(cli, tmp_path):
     """One evaluation episode gives no interval: it was stored as 0 and shown as "± 0.000". A
     role named ``reward_model`` lost its interval ("reward" was replaced everywhere in the key);
