@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import difflib
+import io
 import shutil
 from pathlib import Path
 from typing import Any
@@ -305,9 +306,19 @@ class IssueFixEnv(Env):
         for rel in workdir_changes(self.issue, self.workdir):
             before = (read_regular(self.issue.repo_dir / rel) or b"").decode("utf-8", "replace")
             after = (read_regular(self.workdir / rel) or b"").decode("utf-8", "replace")
-            chunks += difflib.unified_diff(before.splitlines(True), after.splitlines(True),
-                                           f"a/{rel}", f"b/{rel}")
+            chunks += (line if line.endswith("\n") else line + NO_NEWLINE for line in difflib.unified_diff(
+                _lines(before), _lines(after), f"a/{rel}", f"b/{rel}"))
         return _cut("".join(chunks), self.config.max_output_chars)
+
+
+# after a last line without one, as diff writes it: else the next line (another file's header) ran on from it
+NO_NEWLINE = "\n\\ No newline at end of file\n"
+
+
+def _lines(text: str) -> list[str]:
+    """A file's lines as diff and git count them, ended by "\\n" only (str.splitlines ends one at a
+    form feed or a U+2028 in a string literal too)."""
+    return io.StringIO(text, newline="\n").readlines()
 
 
 def _report(g: Grade, limit: int) -> dict[str, Any]:

@@ -626,6 +626,17 @@ def test_a_tester_file_of_an_earlier_round_does_not_fail_the_later_ones(tmp_path
     assert (out["rounds"], out["tests_passed"], out["outcome"]) == (2, True, 1.0)  # approved and passing: done
 
 
+def test_the_diff_marks_a_last_line_without_a_newline(tmp_path, cli, monkeypatch):
+    """A file the Coder created without a final newline ran its last line into the next file's
+    header in the Reviewer's diff: `+    return 1--- a/textkit/slug.py`. A form feed ends no line."""
+    new_file = {"path": "textkit/extra.py", "search": "", "replace": "def f():\n\x0c    return 1"}
+    fix = patch_edits(load_task(SLUG).solution_patch())
+    replay = replay_file(tmp_path / "replay.jsonl", [[new_file, *fix]], ["approve"])
+    episode = run_replay(cli, monkeypatch, tmp_path, replay)
+    diff = episode["turns"][2]["attempts"][0]["messages"][-1]["content"]
+    assert "\n+def f():\n+\x0c    return 1\n\\ No newline at end of file\n--- a/textkit/slug.py\n" in diff
+
+
 @needs_sandbox
 def test_a_file_name_that_is_not_utf8_is_neither_shown_nor_graded(tmp_path, monkeypatch):
     """Sandboxed code may name a file with any bytes: in the next prompts and the outcome it made
