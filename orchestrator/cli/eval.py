@@ -86,7 +86,8 @@ def print_report(report: dict[str, Any]) -> None:
         console.print(f"no episode ended with a result ({statuses}): W-D-L counts finished games only",
                       highlight=False, markup=False)
     if report["env"]:
-        console.print(", ".join(f"{k} {v}" for k, v in report["env"].items()), highlight=False)
+        # an env's own metric names: acc[easy] is no style
+        console.print(", ".join(f"{k} {v}" for k, v in report["env"].items()), highlight=False, markup=False)
     # not markup: a path (runs/exp[lr=1e-4]) lost its "[...]" or raised a MarkupError after the run
     console.print(f"win rate = success rate in one-player games; run dir: {report['run_dir']}", highlight=False, markup=False,
                   soft_wrap=True)  # the path whole on its line, for a script or a copy: the terminal wraps it

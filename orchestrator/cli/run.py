@@ -61,4 +61,5 @@ def print_summary(summary: dict[str, Any]) -> None:
         f"{summary['generated_tokens']} tokens generated in {summary['wall_s']}s"
     )
     if summary["env"]:
-        console.print(", ".join(f"{k} {v}" for k, v in summary["env"].items()), highlight=False)
+        # an env's own metric names: acc[easy] is no style
+        console.print(", ".join(f"{k} {v}" for k, v in summary["env"].items()), highlight=False, markup=False)

@@ -73,6 +73,18 @@ def test_eval_table_prints_an_opponent_with_brackets_as_it_is(cli, tmp_path, cap
     report = {**json.loads(out), "opponent": {"role": "bob", "policy": "checkpoint:runs/exp[/x]/sampler/bob"}}
     print_report(report)
     assert "opponent bob = checkpoint:runs/exp[/x]/sampler/bob" in " ".join(capsys.readouterr().out.split())
+    print_report({**report, "env": {"acc[easy]": 0.5, "[/]": 1}})  # an env's metric names: "acc" alone, a MarkupError
+    assert "acc[easy] 0.5, [/] 1" in capsys.readouterr().out
+
+
+def test_run_prints_an_envs_metric_names_as_they_are(cli, tmp_path, capsys):
+    from orchestrator.cli.run import print_summary
+
+    code, out, err = cli("run", ROOT / "recipes/rps.yaml", "--episodes", "2", "--policy", "alice=builtin:random",
+                         "--policy", "bob=builtin:random", "--out", tmp_path / "run", "--json")
+    assert code == 0, err
+    print_summary({**json.loads(out), "env": {"acc[easy]": 0.5, "[/]": 1}})
+    assert "acc[easy] 0.5, [/] 1" in capsys.readouterr().out
 
 
 def test_eval_json_prints_only_the_report_on_stdout_with_the_progress_bar_on(cli, tmp_path):
