@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+from orchestrator import cpu as cpu_module
 from orchestrator.cpu import CpuFeatures, host
 from orchestrator.models import resolve_dtype
 
@@ -38,9 +40,53 @@ def test_avx_ne_convert_is_enough_for_onednn_bf16():
     assert cpu.onednn_bf16 and not cpu.native_bf16
 
 
-def test_unreadable_cpuinfo_promises_nothing():
+KNIGHTS_LANDING = "flags: avx2 fma avx512f avx512cd avx512er avx512pf\n"  # AVX-512 without BW, VL, DQ
+
+
+@pytest.mark.parametrize("flags", [KNIGHTS_LANDING, "flags: avx512f avx512bw avx512vl\n", "flags: avx512bw avx512dq\n"])
+def test_part_of_the_avx512_set_is_no_onednn_bf16(flags):
+    """oneDNN's bf16 kernels need all of avx512bw, avx512vl and avx512dq: any one of them, or
+    avx512f alone, would prepack bf16 weights that raise at the first step."""
+    assert not CpuFeatures.from_cpuinfo(flags).onednn_bf16
+
+
+def test_either_native_bf16_flag_is_enough():
+    assert CpuFeatures(frozenset({"amx_bf16"})).native_bf16 and CpuFeatures(frozenset({"avx512_bf16"})).native_bf16
+
+
+def test_unreadable_cpuinfo_promises_nothing(monkeypatch):
     cpu = CpuFeatures.from_cpuinfo("")
     assert cpu.flags == frozenset() and not cpu.onednn_bf16
+
+    class NoProc(type(Path())):  # a machine without /proc (macOS, a sandbox)
+        def read_text(self, *args, **kwargs):
+            raise FileNotFoundError(self)
+
+    monkeypatch.delenv("ROLECAST_CPU_FLAGS", raising=False)
+    monkeypatch.setattr(cpu_module, "Path", NoProc)
+    host.cache_clear()
+    try:
+        assert host().flags == frozenset() and not host().native_bf16 and not host().onednn_bf16
+    finally:
+        monkeypatch.undo()
+        host.cache_clear()
+
+
+def test_a_torch_without_onednn_prepack_is_seen(monkeypatch):
+    """A torch built without oneDNN (or without its linear prepack ops): host() says so, and
+    the engine lays its weights out plain instead of calling ops that are not there."""
+    monkeypatch.setenv("ROLECAST_CPU_FLAGS", "avx2 fma avx512bw avx512vl avx512dq")
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    host.cache_clear()
+    try:
+        assert not host().onednn and not host().onednn_bf16
+        monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: True)
+        monkeypatch.setattr(torch.ops, "mkldnn", SimpleNamespace())  # no _reorder_linear_weight
+        host.cache_clear()
+        assert not host().onednn
+    finally:
+        monkeypatch.undo()
+        host.cache_clear()
 
 
 @pytest.mark.parametrize("flags, dtype", [("avx2 fma avx512f avx512_bf16", torch.bfloat16), ("avx2 fma", torch.float32)])
