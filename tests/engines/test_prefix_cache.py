@@ -229,3 +229,4 @@ def test_length_batches_keep_short_rests_apart_from_long_ones():
     assert length_batches([100, 60, 40, 10]) == [[0, 1, 2], [3]]  # within 64 tokens, or padding under a row's own length
     assert length_batches([]) == [] and length_batches([7]) == [[0]]
     assert length_batches([74, 10]) == [[0, 1]] and length_batches([75, 10]) == [[0], [1]]  # "more than" slack: 64 joins
+    assert length_batches([300, 200]) == [[0, 1]]  # 100 padded tokens, past slack but under the row's own 200
