@@ -29,6 +29,18 @@ def test_results_are_the_signs_of_finished_episodes_rewards_of_the_roles_that_le
     assert set(report) == {"pro", "con"}
     assert [report["pro"][k] for k in ("games", "win", "draw", "loss")] == [2, 1, 1, 0]
     assert [report["con"][k] for k in ("games", "win", "draw", "loss")] == [2, 0, 1, 1]
+    assert [report["con"][f"{k}_ci95"] for k in ("win", "draw", "loss")] == [wilson(0, 2), wilson(1, 2), wilson(1, 2)]
+
+
+def test_a_role_that_sat_the_episode_out_has_no_result_in_it():
+    """teacher_student's other-domain teacher holds a 0 in the rewards of an episode it sat out:
+    counted, it drew every game of the other domain."""
+    t = team("teacher_student")
+    ep = make_episode(rewards={"teacher_largest": 1.0, "teacher_smallest": 0.0, "student": 1.0, "student_alone": 0.0})
+    ep.status, ep.took_part = "ok", ["teacher_largest", "student", "student_alone"]
+    summary = {"roles": {r: {"mean_reward": 0.5, "reward_ci95": None} for r in t.roles}}
+    report = evaluate(t, [ep], summary)
+    assert set(report) == {"teacher_largest", "student"} and report["teacher_largest"]["win"] == 1
 
 
 def test_reward_interval_is_students_t_hand_computed():
@@ -185,6 +197,12 @@ def test_eval_opponent_errors(cli, recipe, opponent, message):
     code, _, err = cli("eval", ROOT / f"recipes/{recipe}.yaml", "--opponent", opponent, "--policy", "x=builtin:random"
                        if recipe == "tictactoe" else "guesser=builtin:random")
     assert code == 2 and message in err
+
+
+def test_an_opponent_that_a_policy_binds_too_is_refused(cli):
+    """--policy o=... and --opponent minimax both bind o: one of them would be dropped unsaid."""
+    code, _, err = cli("eval", ROOT / "recipes/tictactoe.yaml", "--opponent", "minimax", "--policy", "o=builtin:random")
+    assert code == 2 and "--opponent and --policy both bind role 'o'" in err
 
 
 def test_base_opponent_samples_without_an_adapter(tmp_path):
