@@ -50,6 +50,8 @@ def test_zero_sum_payoff_is_antisymmetric_and_scores_complement():
                 assert m["score"][a][b] + m["score"][b][a] == pytest.approx(1.0)
                 assert m["games"][a][b] == 3
     assert m["payoff"]["rock"]["scissors"] == pytest.approx(2 / 3, abs=1e-4)
+    # a game that is not zero-sum: each side's payoff is its own reward, not the other's negated
+    assert matrices(["a", "b"], [Game("a", "b", 1.0, 0.5)])["payoff"] == {"a": {"a": None, "b": 1.0}, "b": {"a": 0.5, "b": None}}
     assert m["score"]["rock"]["scissors"] == pytest.approx(5 / 6, abs=1e-4)
 
 
@@ -71,6 +73,53 @@ def test_three_cycles_and_ratings_of_a_cyclic_and_a_transitive_population():
     assert three_cycles(["a", "b", "c"], drawn) == ([], 0)
     lo, hi = ranked["ratings"]["strong"]["ci95"]
     assert lo <= r["strong"] <= hi
+
+
+def test_three_cycles_in_either_orientation_and_a_drawn_pair_breaks_one():
+    score = matrices(["rock", "paper", "scissors"], rps_games())["score"]
+    assert three_cycles(["rock", "scissors", "paper"], score) == ([["rock", "scissors", "paper"]], 1)  # a > b > c > a
+    # a draws b, b beats c, c beats a: no cycle, and the triad is not decided whichever pair drew
+    for drawn in (("a", "b"), ("a", "c")):
+        s = {x: {y: None if x == y else 1.0 if (x, y) in (("a", "b"), ("b", "c"), ("c", "a")) else 0.0 for y in "abc"}
+             for x in "abc"}
+        s[drawn[0]][drawn[1]] = s[drawn[1]][drawn[0]] = 0.5
+        assert three_cycles(["a", "b", "c"], s) == ([], 0), drawn
+
+
+def test_bradley_terry_ratings_solve_the_likelihood_equations():
+    """At the fit each entrant's expected points, prior included, equal its points: the MM
+    iterations ran to convergence, not a few steps short of it."""
+    import math
+
+    games = ([Game("a", "b", 1, -1)] * 5 + [Game("b", "a", 1, -1)] + [Game("b", "c", 1, -1)] * 3
+             + [Game("c", "b", 0, 0)] * 2 + [Game("a", "c", 1, -1)] * 2 + [Game("c", "a", 1, -1)] * 2)
+    elo = bradley_terry(["a", "b", "c"], games)
+    s = {n: 10 ** ((r - 1000) / 400) for n, r in elo.items()}
+    met = {("a", "b"): 6, ("b", "c"): 5, ("a", "c"): 4}
+    for n in "abc":
+        points = sum(g.points_a for g in games if g.a == n) + sum(1 - g.points_a for g in games if g.b == n)
+        pairs = [(pair, k) for pair, k in met.items() if n in pair]
+        expected = sum((k + 1) * s[n] / (s[n] + s[next(x for x in pair if x != n)]) for pair, k in pairs)
+        assert expected == pytest.approx(points + 0.5 * len(pairs), abs=1e-6)
+    assert math.fsum(elo.values()) / 3 == pytest.approx(1000.0)
+
+
+def test_rating_intervals_are_the_bootstrap_percentiles(monkeypatch):
+    """ci95 is the 2.5-97.5 percentile band of fits to the games resampled with replacement."""
+    from orchestrator import population
+
+    fits, samples = iter(range(-1, 200)), []
+
+    def fake_fit(names, games, iterations=500):
+        samples.append(games)
+        return {n: float(next(fits)) for n in names[:1]} | {n: 0.0 for n in names[1:]}
+
+    games = [Game("a", "b", 1, -1), Game("b", "a", 1, -1), Game("a", "b", 0, 0)]
+    monkeypatch.setattr(population, "bradley_terry", fake_fit)
+    ratings = population.ratings_with_intervals(["a", "b"], games, resamples=200)
+    assert ratings["a"] == {"elo": -1.0, "ci95": [4.0, 194.0]}  # the 5th and 195th of the 200 fits 0..199
+    assert samples[0] == games and len(samples) == 201
+    assert all(len(g) == 3 and set(g) <= set(games) for g in samples[1:]) and any(g != games for g in samples[1:])
 
 
 def test_bradley_terry_matches_the_two_player_closed_form():
@@ -130,6 +179,21 @@ async def test_a_round_robin_where_no_game_finished_is_an_error(tmp_path):
     entrants = [Entrant("a", builtin="random"), Entrant("b", builtin="random")]
     with pytest.raises(RunFailed, match=r"no game of the round robin finished \({'max_turns': 2}\)"):
         await play_round_robin(team, ["alice", "bob"], entrants, None, 2, seed=0, out_dir=tmp_path, concurrency=2)
+
+
+async def test_each_game_credits_each_entrant_with_its_own_seats_reward(tmp_path):
+    """minimax never loses at Tic-Tac-Toe, in either seat: a game that swapped the seats' rewards
+    would have it lose to random."""
+    from orchestrator.population import play_round_robin
+    from orchestrator.team import load_team
+
+    team = load_team(ROOT / "recipes/tictactoe_population.yaml")
+    seats = team.config.training.trainer_config["players"]
+    entrants = [Entrant("minimax", builtin="minimax"), Entrant("random", builtin="random")]
+    games = await play_round_robin(team, seats, entrants, None, 4, seed=0, out_dir=tmp_path, concurrency=2)
+    assert len(games) == 4 and {g.a for g in games} == {"minimax", "random"}
+    assert all(g.points_a == (0.0 if g.a == "random" else 1.0) or g.points_a == 0.5 for g in games)
+    assert any(g.points_a != 0.5 for g in games)
 
 
 def test_eval_population_end_to_end(cli, tmp_path):
