@@ -42,6 +42,7 @@ def test_a_step_of_episodes_no_multiple_of_members_and_seats_rotates_the_seats_o
     """Six episodes a step, four members, two seats: each step had seated members 0 and 1 twice and
     2 and 3 never in the second seat."""
     t = make(members=4, episodes_per_step=6)
+    assert t.focal(0, 1) == ("player-0", "x") and t.focal(0, 2) == ("player-2", "o")  # episode 6 of the run
     seen = Counter(t.focal(i, step) for step in range(1, 5) for i in range(6))
     assert seen == Counter({(m, p): 3 for m in t.members for p in ("x", "o")})
     seated = [t.match(step, i) for step in (1, 2) for i in range(6)]
@@ -146,6 +147,15 @@ def test_elo_and_records_on_scripted_results():
     assert metrics["win_rate/player-3"] == 1.0 and metrics["elo/player-3"] > 1000.0
     assert all(metrics[f"elo/player-{k}"] <= 1000.0 for k in range(3))
     assert sum(t.rating.values()) == pytest.approx(4000.0)  # Elo moves points, it makes none
+    # a drawn game is half a point each: records and ratings as two equals left them
+    t = make(members=2, snapshot_every=2)
+    metrics = scripted_step(t, 1, lambda seats: None)
+    assert t.record["player-0"]["player-1"] == [4.0, 8] and t.rating == {"player-0": 1000.0, "player-1": 1000.0}
+    assert metrics["win_rate/player-0"] == 0.5
+    # a snapshot starts at its member's rating, not at the start's
+    t.result("player-0", "player-1", 1.0)
+    t.after_step(2, [], [], lambda adapter, name: None)
+    assert t.rating["player-0@2"] == t.rating["player-0"] == 1008.0
 
 
 def test_each_member_is_centred_on_its_own_rewards_in_its_group():
