@@ -82,6 +82,9 @@ def test_mgrpo_gives_every_role_the_team_advantage():
     assert [e["con"] for e in per_role[0]] == pytest.approx([-1 / 3, -1 / 3, 2 / 3])
     judged = trainer("m-grpo", team_reward_role="con").advantages(rewards)  # con's reward is the team's
     assert [e["pro"] for e in judged[0]] == [e["con"] for e in judged[0]] == pytest.approx([-1 / 3, -1 / 3, 2 / 3])
+    scaled = trainer("m-grpo", scale_std=True).advantages(rewards)  # by the std of the team rewards, 0.5 / sqrt(1.5)
+    assert [e["pro"] for e in scaled[0]] == [e["con"] for e in scaled[0]] == pytest.approx(
+        [0.0, -(1.5 ** 0.5), 1.5 ** 0.5], rel=1e-5)
 
 
 def test_mgrpo_global_pools_every_role_and_per_role_scales_each_role_by_its_own_std():
