@@ -168,3 +168,31 @@ def test_a_snapshot_leaves_the_engine_once_no_rollout_that_may_play_it_is_pendin
     run.trainer, run._frozen = SimpleNamespace(opponent_adapters=lambda: []), set()
     run._retire([])
     assert removed == ["p@1"]
+
+
+def test_step_advantages_read_the_oldest_steps_draws_by_each_episodes_index_in_the_step():
+    """Async training draws step 2 before step 1 is credited; group 1's episodes are 2 and 3 of the step."""
+    rewards = [[{"x": 4.0, "o": -4.0}, {"x": 0.0, "o": 0.0}]] * 2
+    t = make(latest_prob=0.0)
+    drawn = [t.adapters_for(1, i) for i in range(2)]  # no pool yet: the live adapter
+    fill_pool(t, ["player@1"])
+    drawn += [t.adapters_for(1, i) for i in range(2, 4)]  # snapshots: each seat live once in group 1
+    t.pool = []
+    assert [t.adapters_for(2, i) for i in range(4)] == [{}] * 4 and drawn[:2] == [{}, {}] and all(drawn[2:])
+    adv = t.step_advantages(rewards, [[True, True]] * 2)
+    assert adv == [[{"x": 2.0, "o": -2.0}, {"x": -2.0, "o": 2.0}], [{"x": 0.0, "o": 0.0}] * 2]
+    assert t.step_advantages(rewards, [[True, True]] * 2) == [adv[0]] * 2  # step 2: live in both groups
+    scaled = make(scale_std=True).step_advantages(rewards, [[True, True]] * 2)  # GRPO's scale_std: by the std, 2
+    assert [e["x"] for e in scaled[0]] == pytest.approx([1.0, -1.0], rel=1e-5)
+
+
+def test_a_draw_against_a_snapshot_scores_a_half_and_moves_both_ratings_by_elo():
+    t = make(latest_prob=0.0, snapshot_every=0)
+    fill_pool(t, ["player@1"])
+    t.elo["player@1"] = 1100.0
+    ep = EpisodeRecord(id="1-0", index=0, team="t", task={}, seed=0, adapters=t.adapters_for(1, 0))
+    metrics = t.after_step(1, [ep], [{"x": 0.0, "o": 0.0}], lambda adapter, name: None)
+    gain = 16.0 * (0.5 - 1 / (1 + 10 ** (100 / 400)))  # the learner, rated 100 lower, was expected to score 0.36
+    assert metrics["win_rate/vs_pool"] == 0.5
+    assert t.elo == pytest.approx({"latest": 1000.0 + gain, "player@1": 1100.0 - gain})
+    assert t.record == {"player@1": [0, 1]}  # a draw is no snapshot win
