@@ -17,6 +17,8 @@ def test_retry_that_extends_the_prompt_merges_into_one_sequence():
     assert li["mask"] == [0, 0, 1, 1, 0, 1, 1]
     assert li["logprobs"] == [0, 0, -0.1, -0.2, 0, -0.3, -0.4]
     assert li["advantages"] == [0, 0, -1.0, -1.0, 0, 2.0, 2.0]  # the invalid attempt: invalid_advantage
+    unmerged = role_datums(ep, "coder", advantage=2.0, options=DatumBuildOptions(merge=False))
+    assert [d.model_input.to_ints() for d in unmerged] == [[1, 2, 3, 4], [1, 2, 3, 4, 5, 9, 6]]
 
 
 def test_unrelated_prompts_give_separate_sequences_and_drop_policy():
