@@ -18,8 +18,11 @@ def test_each_strategy_changes_only_how_the_team_learns(tmp_path):
         changed = with_strategy(team, name, every=4)
         t = changed.config.training
         assert (t.steps, t.group_size, t.reward) == (team.config.training.steps, team.config.training.group_size, "env")
-    assert with_strategy(team, "freeze-rotate", every=4).config.training.trainer_config == {"every": 4}
-    assert with_strategy(team, "dr-mas").config.training.trainer_config == {"baseline": "per_role", "scale_std": True}
+    trainers = {name: (t.trainer, t.trainer_config) for name in STRATEGIES
+                for t in [with_strategy(team, name, every=4).config.training]}
+    assert trainers == {"grpo": ("grpo", {}), "freeze-rotate": ("freeze-rotate", {"every": 4}),
+                        "m-grpo": ("m-grpo", {"baseline": "team"}),
+                        "dr-mas": ("m-grpo", {"baseline": "per_role", "scale_std": True}), "shared": ("grpo", {})}
     shared = with_strategy(team, "shared")
     assert {n: s.config.policy.adapter for n, s in shared.roles.items()} == {"pro": SHARED_ADAPTER, "con": SHARED_ADAPTER,
                                                                               "judge": None}
@@ -31,12 +34,13 @@ def test_each_strategy_changes_only_how_the_team_learns(tmp_path):
 def test_shared_leaves_a_role_bound_elsewhere_as_it_is(tmp_path):
     """A role with an adapter but bound to a builtin does not learn; ``shared`` once gave it the
     shared adapter and dropped its binding, so the model played it and it learned."""
-    recipe = train_recipe(tmp_path, 1)
-    recipe.write_text(recipe.read_text().replace("policy: {adapter: con,", "policy: {adapter: con, bind: 'builtin:stub',"))
-    team = load_team(recipe)
-    shared = with_strategy(team, "shared")
-    assert shared.roles["con"] is team.roles["con"] and str(shared.roles["con"].binding) == "builtin:stub"
-    assert shared.roles["pro"].config.policy.adapter == SHARED_ADAPTER
+    for adapter in ("con", "pro"):  # pro's: a learner's adapter, which a frozen role on it would follow
+        recipe = train_recipe(tmp_path / adapter, 1)
+        recipe.write_text(recipe.read_text().replace("policy: {adapter: con,", f"policy: {{adapter: {adapter}, bind: 'builtin:stub',"))
+        team = load_team(recipe)
+        shared = with_strategy(team, "shared")
+        assert shared.roles["con"] is team.roles["con"] and str(shared.roles["con"].binding) == "builtin:stub"
+        assert shared.roles["pro"].config.policy.adapter == SHARED_ADAPTER
 
 
 def test_shared_moves_a_frozen_role_on_a_learners_adapter_with_it():
