@@ -1319,3 +1319,23 @@ def test_a_plugins_numpy_rewards_and_advantages_are_floats():
         checked([[{"a": True}]], None, "reward", "r", "its reward")
     with pytest.raises(RunFailed, match="gave role 'a' np.float32\\(nan\\)"):
         checked([[{"a": np.float32("nan")}]], ["a"], "reward", "r", "its reward")
+
+
+def test_a_checkpoints_rng_state_gives_back_the_draws_of_torch_and_python(tmp_path):
+    """What a resumed run draws (LoRA dropout from torch, a plugin's draws from Python's random) is
+    what the run drew after the checkpoint; one seed gives one run's draws."""
+    import random
+
+    from orchestrator.training.rng import load_rng, save_rng, seed_rng
+
+    def draws():
+        return torch.rand(4).tolist(), [random.random() for _ in range(4)]
+
+    seed_rng(7)
+    first = draws()
+    save_rng(tmp_path / "rng.pt")
+    after = draws()
+    load_rng(tmp_path / "rng.pt")
+    assert draws() == after != first
+    seed_rng(7)
+    assert draws() == first
