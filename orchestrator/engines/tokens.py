@@ -20,10 +20,6 @@ def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]
     a role quotes, or written by another role), that stays plain text, never a turn's end or
     another role's header. The template's own special tokens are read as they are.
     """
-    if not any(_spells_special(tokenizer, m["content"]) for m in messages):  # the common case
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        # transformers v5 returns a BatchEncoding here, v4 a plain list
-        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
     rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return _encode(tokenizer, _segments(tokenizer, messages, rendered, add_generation_prompt=True))
 
