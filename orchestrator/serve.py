@@ -13,6 +13,7 @@ import asyncio
 import json
 import time
 import uuid
+from urllib.parse import unquote
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -70,6 +71,13 @@ class ChatServer:
     def models(self) -> list[str]:
         return ["base", self.model_name, *sorted(self.engine.versions)]
 
+    def model(self, name: str) -> dict[str, Any]:
+        """OpenAI's Model object, or its 404."""
+        if name not in self.models():
+            raise HTTPError(404, f"model {name!r} not found; available: {', '.join(self.models())}",
+                            code="model_not_found")  # OpenAI's type and code, which its clients check
+        return {"id": name, "object": "model", "created": self.started, "owned_by": "rolecast"}
+
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.handlers.add(task := asyncio.current_task())
         try:
@@ -116,8 +124,9 @@ class ChatServer:
     async def route(self, method: str, path: str, body: bytes) -> dict[str, Any]:
         path = path.split("?")[0].rstrip("/")
         if method == "GET" and path == "/v1/models":
-            return {"object": "list", "data": [{"id": m, "object": "model", "created": self.started, "owned_by": "rolecast"}
-                                               for m in self.models()]}
+            return {"object": "list", "data": [self.model(m) for m in self.models()]}
+        if method == "GET" and path.startswith("/v1/models/"):  # openai-python's models.retrieve
+            return self.model(unquote(path.removeprefix("/v1/models/")))  # a hub id or a path holds "/"
         if method == "POST" and path == "/v1/chat/completions":
             return await self.chat(_json(body))
         raise HTTPError(404, f"no route for {method} {path}", code="unknown_url")  # OpenAI's type and code
@@ -126,14 +135,8 @@ class ChatServer:
         model = req.get("model")
         if not isinstance(model, str):  # no name at all is the request's fault (400, as OpenAI), not a 404
             raise HTTPError(400, f"model must be the name of one of: {', '.join(self.models())}; got {model!r}")
-        if model not in self.models():
-            raise HTTPError(404, f"model {model!r} not found; available: {', '.join(self.models())}",
-                            code="model_not_found")  # OpenAI's type and code, which its clients check
-        messages = req.get("messages")
-        if not isinstance(messages, list) or not messages or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages
-        ):
-            raise HTTPError(400, "messages must be a non-empty list of {role, content} strings")
+        self.model(model)  # a 404 for a model not served
+        messages = _messages(req.get("messages"))
         given = {k: v for k, v in req.items() if v is not None}  # OpenAI's API reads null as "the default"
         if unknown := sorted(set(given) - KNOWN):  # vLLM's top_k, min_p...: answered as if absent, they were
             raise HTTPError(400, f"Unrecognized request argument{'s' * (len(unknown) > 1)} supplied: {', '.join(unknown)}",
@@ -214,6 +217,30 @@ class ChatServer:
                       "total_tokens": len(prompt) + len(out.token_ids)},
             "system_fingerprint": f"rolecast-{adapter or 'base'}-v{out.adapter_version}",
         }
+
+
+def _messages(messages: Any) -> list[dict[str, Any]]:
+    """The chat with each content as one string: a list of text parts (OpenAI's other spelling, which
+    LangChain and others send) is joined with newlines, as vLLM joins them. Other parts are refused."""
+    shape = "messages must be a non-empty list of {role, content}, each content a string or a list of text parts"
+    if not isinstance(messages, list) or not messages:
+        raise HTTPError(400, shape)
+    chat = []
+    for i, m in enumerate(messages):
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str)):
+            raise HTTPError(400, shape, param=f"messages[{i}]")
+        content = m.get("content")
+        if isinstance(content, list) and content and all(isinstance(p, dict) for p in content):
+            if kinds := sorted({str(p.get("type")) for p in content} - {"text"}):
+                raise HTTPError(400, f"messages[{i}]: content parts of type {', '.join(kinds)} are not supported: "
+                                     "the served model reads text parts only", param=f"messages[{i}].content")
+            if not all(isinstance(p.get("text"), str) for p in content):
+                raise HTTPError(400, f"messages[{i}]: a text part's text must be a string", param=f"messages[{i}].content")
+            content = "\n".join(p["text"] for p in content)
+        if not isinstance(content, str):
+            raise HTTPError(400, shape, param=f"messages[{i}].content")
+        chat.append({**m, "content": content})
+    return chat
 
 
 def _number(name: str, value: Any) -> float:

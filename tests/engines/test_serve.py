@@ -301,8 +301,13 @@ def test_bad_sampling_is_a_400_for_that_request_only(server, extra, words):
 @pytest.mark.parametrize("extra, words", [
     ({"n": 2}, "only n = 1 is supported"),
     ({"messages": []}, "messages must be a non-empty list"),
-    ({"messages": [{"role": "user", "content": None}]}, "messages must be a non-empty list of {role, content} strings"),
-    ({"messages": [{"role": None, "content": "hi"}]}, "messages must be a non-empty list of {role, content} strings"),
+    ({"messages": [{"role": "user", "content": None}]}, "messages must be a non-empty list of {role, content}"),
+    ({"messages": [{"role": None, "content": "hi"}]}, "messages must be a non-empty list of {role, content}"),
+    ({"messages": [{"role": "user", "content": []}]}, "each content a string or a list of text parts"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]},
+     "messages[0]: content parts of type image_url are not supported"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": 3}]}]},
+     "messages[0]: a text part's text must be a string"),
     ({"n": True}, "n: expected a whole number, got True"),  # a bool is an int: taken as n = 1
     ({"n": 1.0}, "n: expected a whole number, got 1.0"),
     ({"stream": 0}, "stream must be true or false, got 0"),  # falsy: answered as unstreamed
@@ -313,7 +318,7 @@ def test_bad_sampling_is_a_400_for_that_request_only(server, extra, words):
     ({"max_tokens": None, "max_completion_tokens": "8"}, "max_completion_tokens: expected a whole number, got '8'"),
     ({"max_tokens": 8, "max_completion_tokens": 3},  # max_completion_tokens was ignored
      "Setting 'max_tokens' and 'max_completion_tokens' at the same time is not supported."),
-], ids=["n", "no-messages", "null-content", "null-role", "n-true", "n-float", "stream-0", "stream-string",
+], ids=["n", "no-messages", "null-content", "null-role", "no-parts", "image-part", "number-text", "n-true", "n-float", "stream-0", "stream-string",
         "penalty-false", "logit-bias-false", "seed-true", "max-completion-tokens-string", "both-max-tokens"])
 def test_a_request_serve_cannot_take_as_sent_is_a_400(extra, words):
     """Mutants answering n = 2 with one choice, or a message without its content or role, passed every test.
@@ -324,6 +329,39 @@ def test_a_request_serve_cannot_take_as_sent_is_a_400(extra, words):
     with pytest.raises(HTTPError, match=re.escape(words)) as caught:
         asyncio.run(ChatServer(engine, "tiny").chat(chat("base", **extra)))
     assert caught.value.status == 400 and not engine.requests
+
+
+def test_content_given_as_text_parts_reaches_the_template_as_one_string():
+    """OpenAI's other spelling of content (LangChain sends it) had been a 400; the parts are joined with
+    newlines, as vLLM joins them, and the message's other keys are kept."""
+    from orchestrator.serve import ChatServer
+
+    class Engine(RecordingEngine):
+        def apply_chat_template(self, messages):
+            self.chat = messages
+            return [1, 2, 3]
+
+    engine = Engine()
+    parts = [{"type": "text", "text": "Say"}, {"type": "text", "text": "something."}]
+    body = chat("base", messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": parts, "name": "ann"}])
+    assert asyncio.run(ChatServer(engine, "tiny").chat(body))["choices"][0]["message"]["content"] == "hi"
+    assert engine.chat == [{"role": "system", "content": "Be brief."},
+                           {"role": "user", "content": "Say\nsomething.", "name": "ann"}]
+
+
+def test_one_model_is_retrieved_by_its_name(server):
+    """openai-python's models.retrieve(name) asks GET /v1/models/{name}; it had been a 404 for every name."""
+    from orchestrator.serve import ChatServer, HTTPError
+
+    status, data = call(server, "/models/judge")
+    assert status == 200 and data == {"id": "judge", "object": "model", "created": data["created"], "owned_by": "rolecast"}
+    status, data = call(server, "/models/nobody")
+    assert status == 404 and data["error"]["code"] == "model_not_found" and "'nobody' not found" in data["error"]["message"]
+    hub = ChatServer(RecordingEngine(), "Qwen/Qwen2.5-0.5B-Instruct")  # a hub id, or a path, holds a slash
+    for path in ("/v1/models/Qwen/Qwen2.5-0.5B-Instruct", "/v1/models/Qwen%2FQwen2.5-0.5B-Instruct"):
+        assert asyncio.run(hub.route("GET", path, b""))["id"] == "Qwen/Qwen2.5-0.5B-Instruct"
+    with pytest.raises(HTTPError, match="not found"):
+        asyncio.run(hub.route("GET", "/v1/models/Qwen", b""))
 
 
 @pytest.mark.parametrize("method, path", [("GET", "/v1/models/"), ("GET", "/v1/models?limit=5"),
