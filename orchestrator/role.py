@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from pathlib import Path
@@ -156,9 +157,18 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
     return out
 
 
+class _PromptEnvironment(jinja2.Environment):
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        """A message's field before a dict's method: Jinja's own ``plan.items`` gave a Planner's ``items``
+        list as ``<built-in method items ...>`` in the prompt (``keys``, ``values``, ``get``, ``update`` too)."""
+        if isinstance(obj, Mapping) and attribute in obj:
+            return obj[attribute]
+        return super().getattr(obj, attribute)
+
+
 @lru_cache(maxsize=64)
 def _jinja_env(directory: str) -> jinja2.Environment:
-    env = jinja2.Environment(
+    env = _PromptEnvironment(
         loader=jinja2.FileSystemLoader(directory, encoding="utf-8-sig"),  # a BOM (Windows editors) is not prompt text
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,

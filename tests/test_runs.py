@@ -810,6 +810,19 @@ def test_a_system_message_is_rendered_with_the_task_the_template_it_includes_rea
         assert spec.render(spec.context({"text": topic}, {}))[0] == {"role": "system", "content": f"You are the echo. The topic: {topic}."}
 
 
+def test_a_field_named_like_a_dict_method_is_the_field(workspace):
+    """Jinja reads `a.b` as an attribute first: a Planner's `items` list reached the prompt as
+    `<built-in method items of dict object at 0x...>`, and `keys | length` failed the episode.
+    A dict without the field keeps its methods."""
+    from orchestrator.role import load_role
+
+    write(workspace / "prompts" / "echo.md.j2", "{{ task.items | join(', ') }}; {{ task.keys | length }}; {{ task.get }}; "
+                                                "{% for k, v in task.plan.items() %}{{ k }}={{ v }}{% endfor %}\n")
+    spec = load_role(workspace / "echo.yaml")
+    task = {"items": ["parse", "test"], "keys": [1, 2, 3], "get": "x", "plan": {"n": 2}}
+    assert spec.render(spec.context(task, {}))[-1]["content"] == "parse, test; 3; x; n=2"
+
+
 def test_a_task_field_a_prompt_misspells_fails_its_render(workspace):
     """Templates are StrictUndefined (README): load checks only the top-level `task`, so without it
     `{{ task.txet }}` rendered as nothing, a prompt with its task left out."""
