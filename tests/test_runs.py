@@ -194,6 +194,28 @@ def test_a_reply_that_parses_but_stays_invalid_hands_on_no_content(tmp_path):
     assert con_turns[0].attempts[-1].errors == ['at $.argument: 5 is not of type "string"']
 
 
+def test_the_environment_gets_the_last_tries_reply_its_errors_and_the_recipients(tmp_path):
+    # the Message an env's step reads: a turn invalid after its retries is its last try, not its first
+    team = load_team(ROOT / "recipes/debate.yaml")
+    given = []
+
+    class Recording(team.env_class):
+        async def step(self, role, message):
+            given.append(message)
+            return await super().step(role, message)
+
+    team = dataclasses.replace(team, env_class=Recording)
+    policies = build_policies(team, stub_all(team), no_engine)
+    policies["con"] = PythonPolicy(lambda r: garbage(r) if r.attempt == 0 else '{"argument": 5}')
+    result = asyncio.run(run_team(team, policies, RunOptions(episodes=1, seed=1, out_dir=tmp_path, progress=False)))
+    (episode,) = result.episodes
+    message = given[1]
+    assert (message.id, message.turn, message.sender, message.recipients) == (f"{episode.id}:1", 1, "con", ["pro", "judge"])
+    assert (message.valid, message.content, message.raw) == (False, None, '{"argument": 5}')
+    assert message.errors == ['at $.argument: 5 is not of type "string"']
+    assert given[0].recipients == ["con", "judge"] and given[0].valid and given[0].errors == []
+
+
 def test_an_episode_stops_at_max_turns_without_a_result(tmp_path):
     team = load_team(ROOT / "recipes/debate.yaml")  # two rounds: the verdict is the fifth turn
     team = dataclasses.replace(team, config=team.config.model_copy(update={"max_turns": 3}))
