@@ -216,6 +216,21 @@ def test_the_environment_gets_the_last_tries_reply_its_errors_and_the_recipients
     assert given[0].recipients == ["con", "judge"] and given[0].valid and given[0].errors == []
 
 
+def test_an_episode_ends_at_the_step_that_says_done(tmp_path):
+    # done ends the episode whoever next_role would name (a resignation, a solved task)
+    team = load_team(ROOT / "recipes/debate.yaml")
+
+    class Resigning(team.env_class):
+        async def step(self, role, message):
+            return dataclasses.replace(await super().step(role, message), done=True)
+
+    team = dataclasses.replace(team, env_class=Resigning)
+    policies = build_policies(team, stub_all(team), no_engine)
+    result = asyncio.run(run_team(team, policies, RunOptions(episodes=1, seed=1, out_dir=tmp_path, progress=False)))
+    (episode,) = result.episodes
+    assert (episode.status, [t.role for t in episode.turns]) == ("ok", ["pro"])
+
+
 def test_an_episode_stops_at_max_turns_without_a_result(tmp_path):
     team = load_team(ROOT / "recipes/debate.yaml")  # two rounds: the verdict is the fifth turn
     team = dataclasses.replace(team, config=team.config.model_copy(update={"max_turns": 3}))
