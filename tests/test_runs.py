@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from support import Killed, killed_writing, no_engine, write
-from orchestrator.policies.base import PolicyRequest
+from orchestrator.policies.base import PolicyOutput, PolicyRequest
 from orchestrator.policies.binding import Binding
 from orchestrator.policies.python import PythonPolicy
 from orchestrator.policies.replay import ReplayPolicy
@@ -161,6 +161,29 @@ def test_a_policy_is_asked_with_its_roles_reply_prefix_and_schema(tmp_path):
     asyncio.run(run_team(team, policies, RunOptions(episodes=1, seed=1, out_dir=tmp_path, progress=False)))
     assert spec.config.reply_prefix and spec.json_schema
     assert asked and set(asked) == {(spec.config.reply_prefix, spec.json_schema)}
+
+
+def test_an_attempt_records_what_its_policy_says_of_its_sampling(tmp_path):
+    # training replays a constrained reply's masks from these: the schema, the prefix its grammar
+    # started after (none where the tokens were sampled free), the tokens forced and the spellings
+    team = load_team(ROOT / "recipes/guess_number.yaml")
+    spec = team.roles["guesser"]
+
+    def guess(r):
+        constrained = r.attempt == 0
+        return PolicyOutput(text=garbage(r) if constrained else '{"guess": 50}', token_ids=[1, 2], logprobs=[-0.5, -0.25],
+                            finish_reason="stop", adapter="a", adapter_version=3, forced_tokens=int(constrained),
+                            json_schema=r.json_schema if constrained else None, spelled=constrained, completion_tokens=9)
+
+    result = asyncio.run(run_team(team, {"guesser": PythonPolicy(guess)},
+                                  RunOptions(episodes=1, seed=1, out_dir=tmp_path, progress=False)))
+    first, retry = result.episodes[0].turns[0].attempts
+    assert (first.json_schema, first.reply_prefix, first.forced_tokens, first.spelled) == \
+        (spec.json_schema, spec.config.reply_prefix, 1, True) and spec.config.reply_prefix
+    assert (retry.json_schema, retry.reply_prefix, retry.forced_tokens, retry.spelled) == (None, "", 0, False)
+    assert (retry.token_ids, retry.logprobs, retry.finish_reason, retry.adapter, retry.adapter_version,
+            retry.completion_tokens) == ([1, 2], [-0.5, -0.25], "stop", "a", 3, 9)
+    assert retry.duration_s > 0
 
 
 def test_a_policy_that_returns_no_text_is_a_policy_error(tmp_path):
