@@ -391,6 +391,31 @@ def test_the_summarys_turn_measures_leave_out_the_episodes_that_failed():
     assert summary["generated_tokens"] == 5 and summary["messages_per_s"] == 3.0  # the work done, failed or not
 
 
+def test_the_summary_counts_retries_invalid_turns_and_rewards_of_the_roles_that_took_part():
+    from orchestrator.rollout import summarize
+    from support import make_attempt, make_episode
+
+    team = load_team(ROOT / "recipes/debate.yaml")
+
+    class Measured(team.env_class):
+        @classmethod
+        def outcome_metrics(cls, config, outcomes):
+            return {"first": outcomes[0]["i"], "n": len(outcomes)}
+
+    bad = make_attempt(valid=False)
+    a = make_episode(("pro", [bad, make_attempt()]), ("con", [bad, bad, bad]), rewards={"pro": 1.0, "con": -1.0, "judge": 0.0},
+                     outcome={"i": 1})
+    b = make_episode(("pro", [make_attempt()]), rewards={"pro": 3.0, "con": 0.0, "judge": 0.0}, outcome={"i": 0})
+    c = make_episode(("con", [make_attempt()]), rewards={"pro": 0.0, "con": 0.5, "judge": 0.0}, outcome={"i": 2})
+    for record, index, status, took_part in ((a, 1, "ok", ["pro", "con"]), (b, 0, "ok", ["pro"]), (c, 2, "max_turns", ["con"])):
+        record.index, record.status, record.took_part = index, status, took_part
+    summary = summarize(dataclasses.replace(team, env_class=Measured), [a, b, c], 1.0)
+    assert (summary["turns"], summary["valid_turn_rate"], summary["first_try_valid_rate"], summary["retries"]) == (4, 0.75, 0.5, 3)
+    roles = {name: (r["mean_reward"], r["turns"], r["invalid_turns"], r["retries"]) for name, r in summary["roles"].items()}
+    assert roles == {"pro": (2.0, 2, 0, 1), "con": (-0.25, 2, 1, 2), "judge": (None, 0, 0, 0)}
+    assert summary["env"] == {"first": 0, "n": 2}  # the finished episodes' outcomes, in index order
+
+
 def test_a_replay_plays_an_episode_id_again_from_the_start(tmp_path):
     # a training run's evaluations reuse one seed, so its episode ids, with the same policies
     team = load_team(ROOT / "recipes/debate.yaml")
