@@ -416,6 +416,26 @@ def test_the_summary_counts_retries_invalid_turns_and_rewards_of_the_roles_that_
     assert summary["env"] == {"first": 0, "n": 2}  # the finished episodes' outcomes, in index order
 
 
+def test_episodes_play_at_once_and_come_back_in_index_order(tmp_path):
+    # episode 0 waits for episode 1 to start: played one at a time, it would run out of time
+    team = load_team(ROOT / "recipes/debate.yaml")
+    policies = build_policies(team, stub_all(team), no_engine)
+    started = asyncio.Event()
+
+    async def pro(r):
+        if r.episode_index == 1:
+            started.set()
+        else:
+            await started.wait()
+        return '{"argument": "x"}'
+
+    policies["pro"] = PythonPolicy(pro)
+    result = asyncio.run(run_team(team, policies, RunOptions(episodes=2, seed=1, out_dir=tmp_path, progress=False,
+                                                             concurrency=2, episode_timeout_s=5)))
+    assert [(e.index, e.status) for e in result.episodes] == [(0, "ok"), (1, "ok")]
+    assert [e["index"] for e in map(json.loads, (tmp_path / "transcripts.jsonl").read_text().splitlines())] == [1, 0]
+
+
 def test_a_replay_plays_an_episode_id_again_from_the_start(tmp_path):
     # a training run's evaluations reuse one seed, so its episode ids, with the same policies
     team = load_team(ROOT / "recipes/debate.yaml")
