@@ -22,6 +22,7 @@ SCHEMA = {
         ('{"text": "unicode é ✓ 😀"}', {"text": "unicode é ✓ 😀"}),
         ('prefix [1, 2] then {"x": 1}', {"x": 1}),
         ('Not {"draft": 1} but:\n```json\n{"final": 2}\n```', {"final": 2}),  # a fenced block before chatter
+        ('{{"a": 1}', {"a": 1}),  # an object starting at the next character
     ],
 )
 def test_extract_json_tolerates_fences_and_chatter(text, expected):
@@ -138,6 +139,14 @@ def test_check_schema():
         "invalid JSON Schema: Pointer '/$defs/nope' does not exist"
     assert check_schema({"type": "object", "properties": {"a": {"$ref": "https://example.com/a.json"}}}) == \
         "$ref 'https://example.com/a.json' is not in this schema: only local references (#/$defs/...) resolve, nothing is fetched"
+    # in a list of subschemas too, and a schema too deep for the checker's recursion
+    assert check_schema({"anyOf": [{"type": "object"}, {"enum": []}]}) == \
+        "invalid JSON Schema at anyOf/1/enum: an empty enum allows no value"
+    assert check_schema({"allOf": [{"$ref": "https://x/a.json"}]}).startswith("$ref 'https://x/a.json' is not in this schema")
+    deep = {"type": "object"}
+    for _ in range(2000):
+        deep = {"type": "object", "properties": {"a": deep}}
+    assert check_schema(deep) == "invalid JSON Schema: nested too deeply"
 
 
 def test_schema_json_sorts_keywords_but_keeps_the_order_of_properties():
