@@ -82,3 +82,5 @@ def test_fewer_max_turns_than_a_full_board_are_refused_at_load(tmp_path):
     path.write_text((ROOT / "recipes" / "tictactoe.yaml").read_text() + "max_turns: 8\n")
     with pytest.raises(ConfigError, match="a whole game can take 9 turns and max_turns is 8"):
         load_team(path)
+    path.write_text((ROOT / "recipes" / "tictactoe.yaml").read_text() + "max_turns: 9\n")
+    assert load_team(path).config.max_turns == 9  # exactly a full board's
