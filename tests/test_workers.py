@@ -530,3 +530,26 @@ def test_run_and_eval_play_on_workers_what_they_play_here(ray_local, cli, tmp_pa
                           key=lambda e: e["index"]) for n in ("here", "ray")}
     assert [[t["content"] for t in e["turns"]] for e in episodes["ray"]] == \
         [[t["content"] for t in e["turns"]] for e in episodes["here"]]
+
+
+def test_an_episode_waiting_to_play_alone_holds_back_newcomers():
+    # a stream of shared episodes would otherwise keep an episode to be replayed alone waiting for ever
+    from orchestrator.workers import _Sharing
+
+    async def main():
+        sharing, order = _Sharing(), []
+
+        async def play(name, alone, hold=0.0):
+            async with sharing.turn(alone):
+                order.append(f"{name}+")
+                await asyncio.sleep(hold)
+                order.append(f"{name}-")
+
+        first = asyncio.ensure_future(play("a", False, 0.05))
+        await asyncio.sleep(0.01)
+        lone = asyncio.ensure_future(play("alone", True))
+        await asyncio.sleep(0.01)
+        await asyncio.gather(first, lone, play("b", False))
+        return order
+
+    assert asyncio.run(main()) == ["a+", "a-", "alone+", "alone-", "b+", "b-"]
