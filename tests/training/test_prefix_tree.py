@@ -103,8 +103,11 @@ def _two_families(children: int, rng: random.Random) -> list[list[int]]:
     return seqs
 
 
-def test_children_of_openings_from_different_passes_get_the_numbers_and_gradients_of_their_own_passes(body):
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_children_of_openings_from_different_passes_get_the_numbers_and_gradients_of_their_own_passes(body, interleaved):
     seqs = _two_families(3, random.Random(2))
+    if interleaved:  # the children's wave alternates between the parents' passes: each past still its own parent's
+        seqs = [s for pair in zip(seqs[:3], seqs[3:]) for s in pair]
     tree = build(seqs)
     assert len({s.start for s in tree.segments if s.depth == 1}) == 2  # two parent passes feed the children's pass
     weight = body.layers[0].self_attn.k_proj.weight
