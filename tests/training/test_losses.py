@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import math
+import random
 import re
 import subprocess
 from pathlib import Path
@@ -738,6 +739,17 @@ def test_a_loaded_state_takes_the_next_step_the_saved_one_took(service, tmp_path
     assert c.load_state(tmp_path / "ckpt").result() == 1
     again = step()
     assert c.step == 2 and all(torch.allclose(first[k], again[k], rtol=0, atol=1e-7) for k in first)
+
+
+def test_a_loaded_state_gives_back_the_rng_it_saved(service, tmp_path):
+    """save_state keeps the RNG (torch's, Python's) beside the adapter: load_state sets it back,
+    so the draws after a load are the draws after the save."""
+    c = service.create_lora_training_client("rng_back", LoraConfig(rank=4))
+    c.save_state(tmp_path / "ckpt").result()
+    drawn = (torch.rand(4), random.random())
+    c.load_state(tmp_path / "ckpt").result()
+    again = (torch.rand(4), random.random())
+    assert torch.equal(drawn[0], again[0]) and drawn[1] == again[1]
 
 
 def test_a_checkpoint_of_the_unfused_optimizer_resumes(service, tmp_path):
