@@ -1098,6 +1098,24 @@ def test_report_labels_the_curve_of_an_adapter_named_with_a_leading_underscore(t
     assert legends["loss.png"] == ["_coder/loss", "coder/loss"]
 
 
+def test_reports_eval_band_is_each_evaluations_own_interval(tmp_path, monkeypatch):
+    """The eval curve's band around each point is that evaluation's 95% interval, whatever train
+    rows lie between the evaluations."""
+    from matplotlib.axes import Axes
+
+    from orchestrator.training.report import write_report
+
+    write(tmp_path / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in (
+        {"step": 0, "kind": "eval", "eval_reward/pro": 0.5, "eval_ci95/pro": 0.1},
+        {"step": 1, "kind": "train", "reward/pro": 0.2},
+        {"step": 2, "kind": "eval", "eval_reward/pro": 0.7, "eval_ci95/pro": 0.2})))
+    bands = []
+    monkeypatch.setattr(Axes, "fill_between", lambda ax, xs, lo, hi, **kw: bands.append((list(xs), lo, hi)))
+    write_report(tmp_path)
+    ((xs, lo, hi),) = bands
+    assert xs == [0, 2] and lo == pytest.approx([0.4, 0.5]) and hi == pytest.approx([0.6, 0.9])
+
+
 def test_report_of_a_one_episode_evaluation_and_of_a_stopped_run(cli, tmp_path):
     """One evaluation episode gives no interval: it was stored as 0 and shown as "± 0.000". A
     role named ``reward_model`` lost its interval ("reward" was replaced everywhere in the key);
