@@ -112,6 +112,18 @@ def test_secrets_come_from_the_seed_when_tasks_have_none(tmp_path):
     assert a == b and len(set(a)) > 5 and all(1 <= s <= 16 for s in a)
 
 
+def test_drawn_secrets_reach_both_ends_of_the_range(tmp_path):
+    t = small(low=0, high=1)
+    secrets = {e.outcome["secret"] for e in play(t, {"guesser": "builtin:random"}, tmp_path, episodes=20).episodes}
+    assert secrets == {0, 1}
+
+
+def test_a_task_secret_of_zero_is_kept_not_drawn(tmp_path):
+    t = small(tasks=[{"secret": 0}], low=-8, high=8)
+    result = play(t, {"guesser": "builtin:binary-search"}, tmp_path, episodes=8)
+    assert all(e.outcome["secret"] == 0 and e.outcome["reason"] == "correct" for e in result.episodes)
+
+
 def test_random_guesses_stay_in_range(tmp_path):
     t = small(tasks=[{"secret": s} for s in range(3, 10)], low=3, high=9, turns=50)
     result = play(t, {"guesser": "builtin:random"}, tmp_path, episodes=20)
