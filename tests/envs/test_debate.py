@@ -125,3 +125,28 @@ def test_on_invalid_end_stops_the_debate_at_an_invalid_argument(tmp_path):
 def test_the_debaters_and_the_judge_are_three_roles():
     with pytest.raises(ValueError, match="the two debaters and the judge must be three different roles"):
         team("debate", judge="con")
+
+
+def test_each_debater_argues_once_a_round_then_the_judge_decides(tmp_path):
+    t = team("debate", tasks=[{"topic": "t"}], first="fixed", rounds=3)
+    pro, con = Script(*[{"argument": "p"}] * 3), Script(*[{"argument": "c"}] * 3)
+    judge = Script({"winner": "A", "reason": "r"})
+    (ep,) = play(t, {"pro": pro, "con": con, "judge": judge}, tmp_path).episodes
+    assert [turn.role for turn in ep.turns] == ["pro", "con"] * 3 + ["judge"]
+    assert [r.context["round"] for r in pro.requests] == [r.context["round"] for r in con.requests] == [1, 2, 3]
+    assert len(judge.requests[0].context["arguments"]) == 6
+
+
+def test_the_judge_reads_the_sides_in_letter_order_and_only_it_sees_letters(tmp_path):
+    """The judge's prompt lists the sides in its `debaters` order: in the debaters' order, "A" was
+    named second in half the episodes, handing a position-biased judge's pick back to one side."""
+    judge = Script(*[{"winner": "A", "reason": "r"}] * 8)
+    pro, con = Script(*[{"argument": "p"}] * 16), Script(*[{"argument": "c"}] * 16)
+    play(team("debate", tasks=[{"topic": "t"}]), {"pro": pro, "con": con, "judge": judge}, tmp_path, episodes=8)
+    assert {tuple(d["role"] for d in r.context["debaters"]) for r in judge.requests} == {("pro", "con"), ("con", "pro")}
+    for r in judge.requests:
+        assert [d["label"] for d in r.context["debaters"]] == ["A", "B"] and r.context["stance"] is None
+    for r in pro.requests + con.requests:
+        assert all(a["label"] is None for a in r.context["arguments"])
+        assert all(d["label"] is None for d in r.context["debaters"])
+        assert r.context["stance"] == ("for" if r in pro.requests else "against")
