@@ -140,6 +140,33 @@ def test_a_task_given_as_text_is_its_domain(tmp_path):
         rolecast.run(recipe, tasks=["cubes"], policies=policies, out=tmp_path / "run2", progress=False)
 
 
+def test_the_teacher_works_the_other_problem_not_the_students(tmp_path):
+    t = team("teacher_student", tasks=[{"domain": "largest"}])
+    teacher, answers = Script(*[{"example": "x"}] * 4), Script(*[{"answer": 0}] * 8)
+    episodes = play(t, {"teacher_largest": teacher, "teacher_smallest": Script(), "student": answers,
+                        "student_alone": answers}, tmp_path, episodes=4).episodes
+    worked = {r.episode: r.context["problem"] for r in teacher.requests}
+    solved = {r.episode: r.context["problem"] for r in answers.requests}
+    for ep in episodes:
+        assert worked[ep.id] == ep.outcome["worked"]["text"] != solved[ep.id] == ep.outcome["problem"]["text"]
+
+
+@pytest.mark.parametrize("domain, values", [
+    ("addition", lambda p: {p["text"]}),
+    ("sequences", lambda p: {p["answer"] - int(p["text"].split(", ")[-2])}),
+    ("units", lambda p: {p["text"]}),
+    ("largest", lambda p: {int(x) for x in re.findall(r"\d+", p["text"])}),
+])
+def test_generators_draw_their_whole_range(domain, values):
+    """Every sum of one-digit numbers, step 1..3, unit pair and count 2..12, and number 1..59 comes up."""
+    rng, seen = random.Random(0), set()
+    for _ in range(2000):
+        seen |= values(GENERATORS[domain](rng)(rng))
+    assert seen == {"addition": {f"{a} + {b}" for a in range(1, 10) for b in range(1, 10)}, "sequences": {1, 2, 3},
+                    "largest": set(range(1, 60)),
+                    "units": {f"How many {s} are in {n} {b}?" for b, s, _ in UNITS for n in range(2, 13)}}[domain]
+
+
 def test_the_problem_is_never_the_worked_one_and_addition_is_one_digit():
     from orchestrator.envs.teacher_student import TeacherStudentEnv
 
