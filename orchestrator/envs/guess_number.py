@@ -95,6 +95,11 @@ class GuessNumberEnv(GameEnv):
         except ValueError:
             raise ValueError(f"the secret is a whole number, got {value!r}") from None
 
+    @classmethod
+    def reads(cls, config: GuessNumberConfig, role: str) -> dict[str, list[Any] | None]:
+        # a role without it (another protocol's schema) lost every game on its first turn, as illegal
+        return {"guess": None} if role in config.players else {}
+
     def next_role(self) -> str | None:
         return None if self.done else self.config.players[0]
 

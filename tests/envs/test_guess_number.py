@@ -172,3 +172,16 @@ def test_guess_number_halving_score_at_the_edges(tmp_path):
     # an edge of 16 rules out 1 where the midpoint rules out 8; a guess the feedback already ruled
     # out scores 0; an invalid turn has no score; an illegal guess scores 0 and ends the game
     assert [turn.score for turn in ep.turns] == [0.125, 0.0, None, 0.0]
+
+
+def test_a_guesser_whose_schema_has_no_guess_is_refused_at_load(tmp_path):
+    """A role of another shape ({"number": 8}) loaded, then lost every game on its first turn, as illegal."""
+    from play import ROOT
+
+    from orchestrator.errors import ConfigError
+    from orchestrator.team import load_team
+
+    recipe = (ROOT / "recipes/guess_number.yaml").read_text()
+    (tmp_path / "team.yaml").write_text(recipe.replace("{guess: {type", "{number: {type").replace("[guess]", "[number]"))
+    with pytest.raises(ConfigError, match=r"GuessNumberEnv reads field\(s\) guess of the messages of role 'guesser'"):
+        load_team(tmp_path / "team.yaml")
