@@ -125,6 +125,13 @@ class TwentyQuestionsEnv(GameEnv):
     def observes(cls, config: TwentyQuestionsConfig, role: str) -> frozenset[str]:
         return cls.observation_keys if role == config.answerer else cls.observation_keys - {"secret", "question"}
 
+    @classmethod
+    def reads(cls, config: TwentyQuestionsConfig, role: str) -> dict[str, list[Any] | None]:
+        # a guesser that cannot say "guess" asked until its questions ran out, every game
+        if role == config.answerer:
+            return {"answer": None}
+        return {"action": ["guess"], "text": None} if role in config.players else {}
+
     @property
     def guesser(self) -> str:
         return self.config.players[0]

@@ -198,3 +198,24 @@ def test_the_answerer_is_the_opponent_and_only_it_observes_the_question():
     assert bind_opponent(t, "base", {})[1] == "answerer"
     assert TwentyQuestionsEnv.observes(t.env_config, "guesser") == {"history", "questions", "questions_left"}
     assert TwentyQuestionsEnv.observes(t.env_config, "answerer") == TwentyQuestionsEnv.observation_keys
+
+
+@pytest.mark.parametrize("edit, message", [
+    (("enum: [ask, guess]", "enum: [ask]"), "waits for action 'guess' from role 'guesser'"),
+    (("answer: {type", "reply: {type"), "reads field\\(s\\) answer of the messages of role 'answerer'"),
+])
+def test_roles_that_cannot_guess_or_answer_are_refused_at_load(tmp_path, edit, message):
+    """A guesser whose schema cannot say "guess" asked until its questions ran out, every game; an
+    answerer with no `answer` field answered "unsure" to every question."""
+    from orchestrator.errors import ConfigError
+    from orchestrator.team import load_team
+
+    roles = Path(__file__).resolve().parents[2] / "roles"
+    for name in ("guesser", "answerer"):
+        (tmp_path / f"{name}.yaml").write_text((roles / f"{name}.yaml").read_text().replace(*edit).replace(
+            "prompt: prompts/", f"prompt: {roles}/prompts/").replace("required: [answer]", "required: []"))
+    recipe = (roles.parent / "recipes/twenty_questions.yaml").read_text()
+    (tmp_path / "team.yaml").write_text(recipe.replace("  - use: guesser", f"  - use: {tmp_path / 'guesser.yaml'}")
+                                        .replace("  - use: answerer", f"  - use: {tmp_path / 'answerer.yaml'}"))
+    with pytest.raises(ConfigError, match=message):
+        load_team(tmp_path / "team.yaml")
