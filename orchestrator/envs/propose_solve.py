@@ -70,6 +70,13 @@ class ProposeSolveEnv(Env):
         self.done = False
         self.reason = ""
 
+    @classmethod
+    def reads(cls, config: ProposeSolveConfig, role: str) -> dict[str, list[Any] | None]:
+        # a proposer without them (another protocol's schema) posed an illegal problem every episode
+        if role == config.proposer:
+            return {"a": None, "op": None, "b": None}
+        return {"answer": None} if role == config.solver else {}
+
     def next_role(self) -> str | None:
         if self.done:
             return None

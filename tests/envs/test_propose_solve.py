@@ -105,3 +105,12 @@ def test_a_true_is_no_answer_of_1(tmp_path):
     solver = Script(*[{"answer": True}] * 2, *[{"answer": 1}] * 2)
     (ep,) = play(t, {"proposer": Script({"a": 1, "op": "*", "b": 1}), "solver": solver}, tmp_path).episodes
     assert ep.outcome["answers"] == [None, None, 1, 1] and ep.rewards["solver"] == 0.5
+
+
+@pytest.mark.parametrize("role, other, fields", [("proposer", "solver", "a, b, op"), ("solver", "proposer", "answer")])
+def test_roles_of_another_shape_are_refused_at_load(tmp_path, role, other, fields):
+    """A proposer answering {"answer": 444} loaded, then posed an illegal problem every episode."""
+    recipe = (ROOT / "recipes/propose_solve.yaml").read_text()
+    (tmp_path / "team.yaml").write_text(recipe.replace(f"  - use: {role}\n", f"  - use: {other}\n    name: {role}\n"))
+    with pytest.raises(ConfigError, match=rf"ProposeSolveEnv reads field\(s\) {fields} of the messages of role '{role}'"):
+        load_team(tmp_path / "team.yaml")
