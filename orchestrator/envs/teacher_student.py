@@ -151,6 +151,13 @@ class TeacherStudentEnv(Env):
     def task_from_cli(cls, value: str) -> dict[str, Any]:
         return {"domain": value}
 
+    @classmethod
+    def reads(cls, config: TeacherStudentConfig, role: str) -> dict[str, list[Any] | None]:
+        # a teacher without it (another protocol's schema) showed no example, every episode
+        if role in config.domains.values():
+            return {"example": None}
+        return {"answer": None} if role in (config.student, config.student_alone) else {}
+
     def next_role(self) -> str | None:
         return self.order[self.turn] if self.turn < len(self.order) else None
 

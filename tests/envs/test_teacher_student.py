@@ -201,3 +201,19 @@ def test_the_students_and_the_teachers_are_different_roles(student, alone, teach
     with pytest.raises(ValueError, match="student, student_alone and the teachers must be different roles"):
         TeacherStudentConfig(student=student, student_alone=alone, domains={"largest": teacher})
     TeacherStudentConfig(student="s", student_alone="a", domains={"largest": "t"})
+
+
+@pytest.mark.parametrize("role, other, field", [("teacher_largest", "student", "example"),
+                                                ("student_alone", "teacher", "answer")])
+def test_roles_of_another_shape_are_refused_at_load(tmp_path, role, other, field):
+    """A teacher with a student's schema loaded, then showed no example in any episode."""
+    from play import ROOT
+
+    from orchestrator.errors import ConfigError
+    from orchestrator.team import load_team
+
+    text = re.sub(rf"  - use: \w+\n    name: {role}\n", f"  - use: {other}\n    name: {role}\n",
+                  (ROOT / "recipes/teacher_student.yaml").read_text())
+    (tmp_path / "team.yaml").write_text(text)
+    with pytest.raises(ConfigError, match=rf"TeacherStudentEnv reads field\(s\) {field} of the messages of role '{role}'"):
+        load_team(tmp_path / "team.yaml")
