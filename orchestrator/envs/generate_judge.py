@@ -79,6 +79,13 @@ class GenerateJudgeEnv(Env):
         self.order = [c.generator, *([c.worker] if c.worker else []), c.judge, None]
         self.turn = 0
 
+    @classmethod
+    def reads(cls, config: GenerateJudgeConfig, role: str) -> dict[str, list[Any] | None]:
+        # a judge without it (another protocol's schema) gave no verdict, every episode
+        if role == config.judge:
+            return {"verdict": None}
+        return {"answer": None} if role in (config.generator, config.worker) else {}
+
     def next_role(self) -> str | None:
         return self.order[self.turn]
 

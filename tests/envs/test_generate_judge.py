@@ -186,3 +186,13 @@ def test_a_verdict_other_than_correct_or_incorrect_is_none(tmp_path):
     t = dataclasses.replace(t, roles={**t.roles, "judge": dataclasses.replace(t.roles["judge"], schema=loose)})
     (ep,) = play(t, {"generator": generator(True), "judge": Script({"verdict": "maybe"})}, tmp_path).episodes
     assert ep.outcome["verdict"] is None and ep.rewards["judge"] == 0.0
+
+
+@pytest.mark.parametrize("role, other, field", [("judge", "solver", "verdict"), ("generator", "verifier", "answer")])
+def test_roles_of_another_shape_are_refused_at_load(tmp_path, role, other, field):
+    """A judge with a solver's schema loaded, then gave no verdict in any episode."""
+    text = re.sub(rf"  - use: \w+\n    name: {role}\n", f"  - use: {other}\n    name: {role}\n",
+                  (ROOT / "recipes/generate_judge.yaml").read_text())
+    (tmp_path / "team.yaml").write_text(text)
+    with pytest.raises(ConfigError, match=rf"GenerateJudgeEnv reads field\(s\) {field} of the messages of role '{role}'"):
+        load_team(tmp_path / "team.yaml")
