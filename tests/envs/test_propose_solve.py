@@ -73,7 +73,7 @@ def test_an_invalid_proposal_ends_the_episode_with_its_penalty_alone(tmp_path):
 
 
 @pytest.mark.parametrize("problem, legal", [
-    ({"a": 10, "op": "*", "b": 1}, True), ({"a": 11, "op": "*", "b": 1}, False), ({"a": -1, "op": "+", "b": 2}, False),
+    ({"a": 10, "op": "*", "b": 1}, True), ({"a": 0, "op": "+", "b": 2}, True), ({"a": 11, "op": "*", "b": 1}, False), ({"a": -1, "op": "+", "b": 2}, False),
     ({"a": True, "op": "+", "b": 2}, False), ({"a": 1, "op": "/", "b": 2}, False)])
 def test_the_environment_keeps_the_rules_the_schema_may_not(tmp_path, problem, legal):
     """max_operand, a whole number from 0 (not a bool), and an op of +, - or *: checked by the
