@@ -84,3 +84,12 @@ def test_fewer_max_turns_than_a_full_board_are_refused_at_load(tmp_path):
         load_team(path)
     path.write_text((ROOT / "recipes" / "tictactoe.yaml").read_text() + "max_turns: 9\n")
     assert load_team(path).config.max_turns == 9  # exactly a full board's
+
+
+def test_the_second_player_is_the_default_opponent_and_players_are_different_roles():
+    from orchestrator.envs.tictactoe import TicTacToeConfig
+
+    assert TicTacToeConfig(players=["x", "o"]).opponent_role() == "o"
+    assert TicTacToeConfig(players=["x", "o"], opponent="x").opponent_role() == "x"
+    with pytest.raises(ValueError, match="players must be different roles"):
+        TicTacToeConfig(players=["x", "x"])
