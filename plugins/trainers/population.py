@@ -126,8 +126,9 @@ class Population(Trainer):
         rule = self.config.matchmaking
         if rule == "uniform":
             return [1.0] * len(candidates)
-        if rule == "elo":
-            return [math.exp(-abs(self.rating[member] - self.rating[c]) / self.config.elo_scale) for c in candidates]
+        if rule == "elo":  # less the nearest gap: far from them all, every exp() underflowed to 0 and choices() raised
+            gaps = [abs(self.rating[member] - self.rating[c]) for c in candidates]
+            return [math.exp(-(gap - min(gaps)) / self.config.elo_scale) for gap in gaps]
         out = []
         for c in candidates:
             score, games = self.record.get(member, {}).get(c, [0.0, 0])

@@ -102,6 +102,14 @@ def test_elo_matchmaking_prefers_near_ratings():
         assert picks[name] / N_DRAWS == pytest.approx(w / total, abs=0.015)
 
 
+def test_elo_matchmaking_far_from_every_candidate_still_draws_the_nearest():
+    """Each weight underflowed to 0 (a gap of 800 on a scale of 1): random.choices raised mid-run."""
+    t = make(members=3, matchmaking="elo", elo_scale=1.0)
+    t.rating.update({"player-0": 1000.0, "player-1": 1800.0, "player-2": 1900.0})
+    drawn = {a for i in range(0, 30, 3) for a in t.match(1, i).values()}  # player-0's games
+    assert drawn == {"player-0", "player-1"}
+
+
 @pytest.mark.parametrize("weighting", ["even", "hard"])
 def test_pfsp_matchmaking_follows_the_record(weighting):
     t = make(members=4, matchmaking="pfsp", pfsp_weighting=weighting)
