@@ -52,7 +52,7 @@ def test_a_step_of_episodes_no_multiple_of_members_and_seats_rotates_the_seats_o
 def test_members_seats_and_learners():
     t = make(members=3)
     assert t.members == t.learners() == ["player-0", "player-1", "player-2"]
-    assert make(members=["ann", "bea"]).members == ["ann", "bea"]
+    assert make(members=["ann", "bea"]).members == make(members=["ann", "bea", "ann"]).members == ["ann", "bea"]
     # every member plays every seat equally often; the focal member is in its seat, never its own opponent
     seen = Counter()
     for i in range(60):
@@ -149,6 +149,12 @@ def test_elo_and_records_on_scripted_results():
     assert t.record == {"player-0": {"player-1": [1.0, 1]}, "player-1": {"player-0": [0.0, 1]}}
     t.result("player-1", "player-0", 0.5)  # a draw moves the lower-rated side up
     assert t.rating["player-1"] > 992.0 and t.record["player-0"]["player-1"] == [1.5, 2]
+    # an upset at 200 points apart: expected 1 / (1 + 10^(200/400)), K as configured
+    t = make(members=2, elo_k=32.0)
+    t.rating.update({"player-0": 1200.0, "player-1": 1000.0})
+    t.result("player-1", "player-0", 1.0)
+    gain = 32.0 * (1.0 - 1.0 / (1.0 + 10 ** 0.5))
+    assert t.rating == pytest.approx({"player-0": 1200.0 - gain, "player-1": 1000.0 + gain}) and gain == pytest.approx(24.31, abs=0.01)
 
     t = make(members=4)
     metrics = scripted_step(t, 1, lambda seats: "player-3" if "player-3" in seats.values() else None)
@@ -162,8 +168,28 @@ def test_elo_and_records_on_scripted_results():
     assert metrics["win_rate/player-0"] == 0.5
     # a snapshot starts at its member's rating, not at the start's
     t.result("player-0", "player-1", 1.0)
-    t.after_step(2, [], [], lambda adapter, name: None)
-    assert t.rating["player-0@2"] == t.rating["player-0"] == 1008.0
+    metrics = t.after_step(2, [], [], lambda adapter, name: None)
+    assert t.rating["player-0@2"] == t.rating["player-0"] == metrics["elo/player-0@2"] == 1008.0
+
+
+def test_results_are_read_from_the_seat_the_focal_member_held_in_a_later_step():
+    """Episode 0 of step 2 is the run's fifth: player-0 in seat o, not x as in step 1."""
+    t = make(members=4, episodes_per_step=4)
+    seats = t.adapters_for(2, 0)
+    assert seats["o"] == "player-0"
+    ep = EpisodeRecord(id="2-0", index=0, team="t", task={}, seed=0, adapters=seats)
+    metrics = t.after_step(2, [ep], [{"x": 1.0, "o": -1.0}], lambda adapter, name: None)
+    assert metrics["win_rate/player-0"] == 0.0 and t.rating["player-0"] < 1000.0 < t.rating[seats["x"]]
+
+
+def test_with_three_seats_the_focal_member_wins_only_by_beating_the_opponents_best_seat():
+    cls = default_registry().get("trainers", "population")
+    t = cls(TrainerContext(adapters={"x": "player", "o": "player", "z": "player"}, config=cls.Config(members=2)))
+    seats = t.adapters_for(1, 0)
+    assert seats == {"x": "player-0", "o": "player-1", "z": "player-1"}
+    ep = EpisodeRecord(id="1-0", index=0, team="t", task={}, seed=0, adapters=seats)
+    metrics = t.after_step(1, [ep], [{"x": 0.5, "o": 0.0, "z": 1.0}], lambda adapter, name: None)
+    assert metrics["win_rate/player-0"] == 0.0 and t.record["player-1"]["player-0"] == [1.0, 1]
 
 
 def test_each_member_is_centred_on_its_own_rewards_in_its_group():
@@ -178,6 +204,53 @@ def test_each_member_is_centred_on_its_own_rewards_in_its_group():
             places = [(e, p) for e in range(4) for p in ("x", "o") if seats[4 * g + e][p] == member]
             own = [rewards[4 * g + e][p] for e, p in places]
             assert [adv[g][e][p] for e, p in places] == pytest.approx([r - statistics.mean(own) for r in own])
+
+
+def own_advantages(seats, rewards, member):
+    """``member``'s (group of four, episode, seat) places in ``seats`` and the rewards it was centred on."""
+    places = [(i // 4, i % 4, p) for i in range(len(seats)) for p in ("x", "o") if seats[i][p] == member]
+    return places, [rewards[4 * g + e][p] for g, e, p in places]
+
+
+def test_a_snapshots_seat_gets_no_advantage_and_is_in_no_baseline():
+    t = make(members=2)
+    t.pool, t.rating["player-0@1"] = ["player-0@1"], 1000.0
+    seats = [t.adapters_for(1, i) for i in range(8)]
+    assert any("player-0@1" in s.values() for s in seats)
+    rewards = [{"x": float(i), "o": float(-i * i)} for i in range(8)]
+    adv = t.advantages([rewards[:4], rewards[4:]])
+    assert all(adv[i // 4][i % 4][p] == 0.0 for i in range(8) for p in ("x", "o") if seats[i][p] == "player-0@1")
+    for member in t.members:
+        places, own = own_advantages(seats, rewards, member)
+        for g in range(2):
+            mine = [r for (h, _, _), r in zip(places, own) if h == g]
+            assert [adv[g][e][p] for h, e, p in places if h == g] == pytest.approx([r - statistics.mean(mine) for r in mine])
+
+
+def test_steps_drawn_ahead_are_credited_each_with_its_own_seats():
+    """Async training draws step 2's matches before step 1 is credited: each step's advantages
+    read the seats drawn for it, oldest first, once."""
+    t = make(members=4, baseline="step")
+    seats = {step: [t.adapters_for(step, i) for i in range(8)] for step in (1, 2)}
+    assert seats[1] != seats[2]
+    rewards = [{"x": float(i * i), "o": float(-i)} for i in range(8)]
+    for step in (1, 2):
+        adv = t.advantages([rewards[:4], rewards[4:]])
+        for member in t.members:
+            places, own = own_advantages(seats[step], rewards, member)
+            assert [adv[g][e][p] for g, e, p in places] == pytest.approx([r - statistics.mean(own) for r in own])
+    assert not t._seats
+
+
+def test_scale_std_divides_each_members_centred_rewards_by_their_std():
+    t = make(members=4, baseline="step", scale_std=True)
+    seats = [t.adapters_for(1, i) for i in range(8)]
+    rewards = [{"x": float(i * i), "o": float(-i)} for i in range(8)]
+    adv = t.advantages([rewards[:4], rewards[4:]])
+    for member in t.members:
+        places, own = own_advantages(seats, rewards, member)
+        expected = [(r - statistics.mean(own)) / (statistics.pstdev(own) + 1e-6) for r in own]
+        assert [adv[g][e][p] for g, e, p in places] == pytest.approx(expected) and statistics.pstdev(own) != 1.0
 
 
 def test_a_failed_episode_is_in_no_members_baseline():
