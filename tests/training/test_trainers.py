@@ -186,3 +186,23 @@ def test_a_role_that_sat_the_episode_out_is_in_no_team_mean():
     assert reward("hybrid", ep, roles) == pytest.approx(dict.fromkeys(roles, 0.6 * 2 / 3))
     teachers = ["teacher_largest", "teacher_smallest"]
     assert reward("zero-sum", ep, roles, players=teachers) == dict.fromkeys(roles, 0.0)
+
+
+def test_the_judges_last_valid_verdict_decides_at_the_configured_payoffs():
+    """A verdict is the judge's own, valid and the last; named with spaces; a role's name before a stance."""
+    judged = make_episode(("judge", [], {"winner": "pro"}), ("judge", [], {"winner": " Con "}), ("pro", [], {"winner": "pro"}))
+    judged.turns.append(Turn(turn=3, role="judge", message_id="e:3", content={"winner": "pro"}, valid=False, retries=0, penalty=0.0))
+    roles = ["pro", "con", "judge"]
+    assert reward("judge", judged, roles, win=2.0, lose=-1.0) == {"pro": -1.0, "con": 2.0, "judge": 0.0}
+    assert reward("judge", judged, roles, stances={"pro": "con"}) == {"pro": -0.5, "con": 1.0, "judge": 0.0}
+
+
+def test_team_rewards_without_a_result_and_alpha_below_zero():
+    """An outcome of None is none: R is the roles' mean; no role took part: 0; a role the env paid nothing: 0."""
+    ep = episode({"a": 1.0, "b": 0.0}, {"outcome": None})
+    assert reward("outcome", ep, ["a", "b"]) == {"a": 0.5, "b": 0.5}
+    assert reward("env", ep, ["a", "b", "c"]) == {"a": 1.0, "b": 0.0, "c": 0.0}
+    ep.took_part = []
+    assert reward("outcome", ep, ["a", "b"]) == {"a": 0.0, "b": 0.0}
+    with pytest.raises(ValidationError, match="greater than or equal to 0"):
+        reward("hybrid", ep, ["a", "b"], alpha=-0.1)
