@@ -69,7 +69,7 @@ class IssueTask(NoBoolNumbers):
         p = Path(v)
         if p.is_absolute() or ".." in p.parts or not p.parts:
             raise ValueError("must be a relative path inside the task")
-        return v
+        return p.as_posix()  # as pytest names it: "tests/hidden/" made every hidden test "not run"
 
     # -- folders
     @property

@@ -161,6 +161,17 @@ def test_a_task_named_from_inside_its_folder_loads(tmp_path, monkeypatch):
         load_task(".")
 
 
+@pytest.mark.parametrize("dest", ["tests/hidden/", "./tests//hidden"])
+def test_hidden_dest_is_taken_as_pytest_names_it(tmp_path, dest):
+    """Written with a trailing slash, the hidden tests' ids were tests/hidden//test_x.py::...,
+    which pytest's never matched: the reference fix graded 0 of 5, every test "not run"."""
+    task = load_task(_write_task(tmp_path, GOOD + f"hidden_dest: {dest}\n"))
+    assert task.hidden_dest == "tests/hidden"
+    work = copy_repo(task, tmp_path / "work")
+    assert apply_patch(work, task.solution_patch())[0]
+    assert grade(task, work).fraction == 1.0
+
+
 def test_bad_task_id_shape(tmp_path):
     folder = _write_task(tmp_path, GOOD.replace("001-demo", "Demo_1"), name="Demo_1")
     with pytest.raises(ValueError, match=r"task\.yaml:1: id: must be a lowercase slug"):
