@@ -16,7 +16,7 @@ import pytest
 
 import sandboxes
 from sandboxes.pool import scratch_root
-from orchestrator.issue_fix.edits import apply_edits
+from orchestrator.issue_fix.edits import MAX_FILE_BYTES, apply_edits
 from orchestrator.issue_fix.env import _report
 from orchestrator.issue_fix.grading import Grade, grade, grade_work, graded_path, repo_files, run_tests, workdir_changes
 from orchestrator.issue_fix import rewards
@@ -362,12 +362,28 @@ def test_edits_apply_exactly_or_say_why(tmp_path):
     assert coder_reward(results) == pytest.approx(3 / 11) and coder_reward([]) == 0.0
 
 
+def test_an_edit_takes_a_path_as_the_repo_names_it(tmp_path):
+    write(tmp_path / "pkg/mod.py", "a = 1\n")
+    results = apply_edits(tmp_path, [
+        {"path": " pkg/mod.py\n", "search": "a = 1", "replace": "a = 2"},  # a model's stray spaces: the same file
+        {"path": str(tmp_path / "pkg/mod.py"), "search": "a = 2", "replace": "a = 3"},  # absolute, even inside
+        {"path": "pkg/sub/deep/new.py", "search": "", "replace": "x = 1\n"},  # its folders are made
+    ])
+    assert [r.ok for r in results] == [True, False, True] and "without '..'" in results[1].message
+    assert (tmp_path / "pkg/mod.py").read_text() == "a = 2\n" and (tmp_path / "pkg/sub/deep/new.py").read_text() == "x = 1\n"
+    assert sorted(p.name for p in (tmp_path / "pkg").iterdir()) == ["mod.py", "sub"]
+
+
 def test_an_edit_of_a_file_too_large_to_read_whole_leaves_it_whole(tmp_path):
     big = "START = 0\n" + "x = 1\n" * 200_000 + "END = 0\n"  # over edits.MAX_FILE_BYTES
     write(tmp_path / "pkg/data.py", big)
     (result,) = apply_edits(tmp_path, [{"path": "pkg/data.py", "search": "START = 0", "replace": "START = 1"}])
     assert not result.ok and "too large" in result.message
     assert (tmp_path / "pkg/data.py").read_text() == big  # it was cut to its first 1 MB, and "edited"
+    at_limit = "START = 0\n" + "#" * (MAX_FILE_BYTES - 11) + "\n"  # 1 MB exactly: still edited
+    write(tmp_path / "pkg/data.py", at_limit)
+    (result,) = apply_edits(tmp_path, [{"path": "pkg/data.py", "search": "START = 0", "replace": "START = 1"}])
+    assert result.ok and (tmp_path / "pkg/data.py").read_text() == at_limit.replace("START = 0", "START = 1")
 
 
 def test_hostile_edits_fail_with_a_reason_and_change_nothing(tmp_path):
