@@ -263,6 +263,43 @@ def test_output_that_is_not_utf8_is_replaced_not_a_crash(tmp_path):
     assert (out.exit_code, out.stdout, out.stderr) == (0, "ok \ufffd\ufffd\x00 done", "\ufffd")
 
 
+def test_a_patch_without_a_last_newline_applies_with_git_or_patch(tmp_path, monkeypatch):
+    """Where git is missing, ``patch -p1`` applies the same patches and refuses the same ones."""
+    fix = "--- a/a.py\n+++ b/a.py\n@@ -1 +1 @@\n-x = 1\n+x = 2"  # git: "corrupt patch" without its newline
+    evil = "--- a/../evil.txt\n+++ b/../evil.txt\n@@ -0,0 +1 @@\n+x\n"
+    found = shutil.which
+    for tool, which in [("git apply", found), ("patch -p1", lambda name: None if name == "git" else found(name))]:
+        monkeypatch.setattr(shutil, "which", which)
+        work = tmp_path / tool
+        work.mkdir()
+        (work / "a.py").write_text("x = 1\n")
+        half = fix + "\n--- a/b.py\n+++ b/b.py\n@@ -1 +1 @@\n-y = 1\n+y = 2\n"  # its second file is not there
+        assert apply_patch(work, half)[0] is False and (work / "a.py").read_text() == "x = 1\n"
+        assert apply_patch(work, evil)[0] is False and not (tmp_path / "evil.txt").exists()
+        assert apply_patch(work, fix) == (True, f"applied with {tool}") and (work / "a.py").read_text() == "x = 2\n"
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert apply_patch(tmp_path / "git apply", fix) == (False, "neither git nor patch is installed")
+
+
+def test_the_local_runner_runs_our_python_in_the_test_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # the caller's: a module there would shadow the repo's
+    monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
+    show = "import os, sys; print(sys.executable, os.environ.get('PYTHONDONTWRITEBYTECODE'), os.environ.get('PYTHONPATH'))"
+    assert subprocess_runner(["python3", "-c", show], tmp_path, 30).stdout.split() == [sys.executable, "1", "None"]
+    slow = subprocess_runner(["python", "-c", "import time; time.sleep(5)"], tmp_path, 0.5)
+    assert (slow.exit_code, slow.timed_out) == (124, True)
+    missing = subprocess_runner(["no-such-program"], tmp_path, 5)
+    assert missing.exit_code == 127 and "cannot run 'no-such-program'" in missing.stderr
+
+
+def test_a_repo_is_copied_only_where_nothing_is(tmp_path):
+    task = _task("001-slugify-unicode")
+    (tmp_path / "empty").mkdir()
+    assert (copy_repo(task, tmp_path / "empty") / "textkit/slug.py").is_file()
+    with pytest.raises(FileExistsError, match="not empty"):
+        copy_repo(task, tmp_path / "empty")
+
+
 def test_patch_outside_workdir_refused(tmp_path):
     task = _task("001-slugify-unicode")
     work = copy_repo(task, tmp_path / "work")
