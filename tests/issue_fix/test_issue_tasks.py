@@ -17,7 +17,7 @@ from orchestrator.errors import ConfigError
 from orchestrator.issue_fix.checking import check_task
 from orchestrator.issue_fix.grading import grade, grade_work
 from orchestrator.issue_fix.running import RunOutcome, apply_patch, copy_repo, subprocess_runner
-from orchestrator.issue_fix.task import IssueTask, TaskFileError, load_task, task_folders
+from orchestrator.issue_fix.task import IssueTask, TaskFileError, load_task, static_test_names, task_folders
 
 TASKS_DIR = Path(__file__).resolve().parents[2] / "tasks"
 TASK_DIRS = sorted(p.parent for p in TASKS_DIR.glob("*/task.yaml"))
@@ -101,6 +101,14 @@ def test_load_good(tmp_path):
         (GOOD + "timeout_s: .inf\n", 7, "timeout_s", "finite number"),
         (GOOD + "timeout_s: yes\n", 7, "timeout_s", "must be a number, not a boolean"),
         ("id: [unclosed\n", 2, "(yaml)", "invalid YAML"),
+        (GOOD.replace("title: t", "title: '  '"), 2, "title", "must not be empty"),
+        (GOOD.replace("[tests]", "[]"), 5, "visible_tests", "at least 1 item"),
+        (GOOD + "hidden_dest: /tmp/hidden\n", 7, "hidden_dest", "relative path inside the task"),
+        (GOOD + "hidden_dest: tests/../../x\n", 7, "hidden_dest", "relative path inside the task"),
+        (GOOD + "timeout_s: 0\n", 7, "timeout_s", "greater than 0"),
+        (GOOD.replace("hidden_tests: hidden_tests", "hidden_tests: nope"), 6, "hidden_tests", "folder 'nope' not found"),
+        (GOOD.replace("hidden_tests: hidden_tests", "hidden_tests: repo/pager"), 6, "hidden_tests", "no test_*.py files in 'repo/pager'"),
+        (GOOD.replace("-m pytest -q", "-m pytest -k 'a"), 4, "test_command", "cannot be split"),
     ],
 )
 def test_bad_task_yaml_one_line_error(tmp_path, text, line, key, problem):
@@ -112,6 +120,19 @@ def test_bad_task_yaml_one_line_error(tmp_path, text, line, key, problem):
     assert "\n" not in msg
     assert msg.startswith(f"{folder / 'task.yaml'}:{line}: {key}: "), msg
     assert problem in msg
+
+
+def test_a_task_without_its_repo_is_one_line(tmp_path):
+    folder = _write_task(tmp_path, GOOD)
+    shutil.rmtree(folder / "repo")
+    with pytest.raises(TaskFileError, match=r"task\.yaml: \(folder\): no repo/ folder next to task\.yaml$"):
+        load_task(folder)
+
+
+def test_hidden_test_names_are_those_pytest_collects():
+    source = ("def testit(): pass\ndef test_x(): pass\ndef helper(): pass\n"
+              "class TestA:\n    def testm(self): pass\n    def other(self): pass\nclass Helper:\n    def test_z(self): pass\n")
+    assert static_test_names(source) == ["testit", "test_x", "TestA::testm"]
 
 
 @pytest.mark.parametrize("patch, problem", [(None, "task.yaml: (folder): no solution.patch next to task.yaml"),
