@@ -16,7 +16,7 @@ import pytest
 
 import sandboxes
 from sandboxes.pool import scratch_root
-from orchestrator.issue_fix.edits import MAX_FILE_BYTES, apply_edits
+from orchestrator.issue_fix.edits import MAX_FILE_BYTES, apply_edits, is_regular
 from orchestrator.issue_fix.env import _report
 from orchestrator.issue_fix.grading import Grade, grade, grade_work, graded_path, repo_files, run_tests, workdir_changes
 from orchestrator.issue_fix import rewards
@@ -978,6 +978,39 @@ def test_the_episode_ends_only_once_grading_has(tmp_path, monkeypatch, end):
 
     asyncio.run(episode())
     assert not env._tmp.exists()
+
+
+@needs_sandbox
+def test_the_env_shows_source_first_within_its_budget_and_refuses_the_graders_place(tmp_path, monkeypatch):
+    import os
+    import random
+
+    scratch(monkeypatch, tmp_path)
+    env = team_for(tmp_path, max_rounds=1).make_env({"dir": str(SLUG)}, random.Random(0))
+    try:
+        assert env.recipients("coder") == ["planner", "reviewer", "tester"]
+        first, second = env._files()[:2]
+        env.config = env.config.model_copy(update={"max_file_chars": len(first["text"]) + 5})
+        files = env._files()
+        paths = [f["path"] for f in files]
+        assert paths == sorted(paths, key=lambda p: (p.startswith("tests/"), p)) and paths[-1].startswith("tests/")
+        assert files[0] == first and files[1]["text"] == second["text"][:5] + "\n... (cut)"
+        assert {f["text"] for f in files[2:]} == {"(not shown: too much text)"}
+        assert env._write_test("tests/hidden/test_x.py", REPRO_TEST) == "tests/hidden/test_x.py is reserved for the graders' tests"
+        os.mkfifo(env.workdir / "tests/test_fifo.py")  # what a sandboxed run may leave at the Tester's path
+        reader = os.open(env.workdir / "tests/test_fifo.py", os.O_RDONLY | os.O_NONBLOCK)  # a write would not block
+        try:
+            assert env._write_test("tests/test_fifo.py", REPRO_TEST) is None
+        finally:
+            os.close(reader)
+        assert is_regular(env.workdir / "tests/test_fifo.py") and (env.workdir / "tests/test_fifo.py").read_text() == REPRO_TEST
+    finally:
+        asyncio.run(env.close())
+
+
+def test_a_run_with_no_tests_has_not_passed():
+    report = _report(Grade(task_id="t", outcomes=[], exit_code=0), 100)
+    assert (report["passed"], report["summary"]) == (False, "no tests ran")
 
 
 def test_max_output_chars_of_zero_shows_none_of_the_test_output():
