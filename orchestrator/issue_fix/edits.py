@@ -101,7 +101,8 @@ def _apply(target: Path, path: str, search: str, replace: str) -> EditResult:
         return EditResult(path, False, f"{path} is not UTF-8 text")
     count = _occurrences(text, search)
     if count == 0:
-        hint = " (it does appear with other indentation or spacing)" if _loose(search) in _loose(text) else ""
+        loose = _loose(search)  # empty for a search of only whitespace, which is "in" any text
+        hint = " (it does appear with other indentation or spacing)" if loose and loose in _loose(text) else ""
         return EditResult(path, False, f"`search` text not found in {path}{hint}; copy it exactly from the file")
     if count > 1:
         return EditResult(path, False, f"`search` text occurs {count} times in {path}; include more lines so it is unique")

@@ -353,6 +353,9 @@ def test_edits_apply_exactly_or_say_why(tmp_path):
     assert "already exists" in results[5].message and "without '..'" in results[6].message
     assert "outside the repository" in results[8].message and "no such file" in results[9].message
     assert "changes nothing" in results[10].message
+    # a search of only whitespace found nowhere gets no hint: its spacing-free text is "in" any file
+    (blank,) = apply_edits(tmp_path, [{"path": "pkg/mod.py", "search": "\t", "replace": ""}])
+    assert blank.message == "`search` text not found in pkg/mod.py; copy it exactly from the file"
     amb = apply_edits(tmp_path, [{"path": "pkg/mod.py", "search": "= ", "replace": ""}])[0]
     assert not amb.ok and "occurs 2 times" in amb.message
     write(tmp_path / "pkg/three.py", "pass\npass\npass\n")  # two places, overlapping: at the first and the second
