@@ -94,9 +94,10 @@ class IssueTask(NoBoolNumbers):
         return self.patch_path.read_text(encoding="utf-8")
 
     def solution_files(self) -> list[str]:
-        """Repo-relative paths of the files ``solution.patch`` changes or adds."""
-        found = re.findall(r"^\+\+\+ b/(\S+)", self.solution_patch(), re.M)
-        return sorted(set(found))
+        """Repo-relative paths of the files ``solution.patch`` changes, adds or deletes (a deleted
+        one's name is on its ``---`` line; a name up to a tab: GNU diff's date and git's mark of a
+        name with spaces follow one)."""
+        return sorted(set(re.findall(r"^(?:---|\+\+\+) [ab]/([^\t\n]+)", self.solution_patch(), re.M)))
 
     def hidden_test_files(self) -> list[str]:
         """Hidden test files as paths relative to the repo root once installed."""

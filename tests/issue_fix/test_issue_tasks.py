@@ -87,6 +87,17 @@ def test_load_good(tmp_path):
     assert task.path == tmp_path / "001-demo"
 
 
+def test_the_files_a_fix_touches_include_deleted_ones_and_names_with_spaces(tmp_path):
+    """The Planner is paid for naming them: a file the fix deletes, and a name with a space, had
+    been left out (only `+++ b/` lines were read, up to the first space)."""
+    folder = _write_task(tmp_path, GOOD)
+    (folder / "solution.patch").write_text(
+        "--- a/pager/old.py\n+++ /dev/null\n@@ -1 +0,0 @@\n-x = 1\n"
+        "--- a/pager/my notes.py\t\n+++ b/pager/my notes.py\t\n@@ -1 +1 @@\n-a\n+b\n"
+        "--- /dev/null\n+++ b/pager/new.py\t2026-01-01 00:00:00\n@@ -0,0 +1 @@\n+y = 2\n")
+    assert load_task(folder).solution_files() == ["pager/my notes.py", "pager/new.py", "pager/old.py"]
+
+
 @pytest.mark.parametrize(
     "text, line, key, problem",
     [
