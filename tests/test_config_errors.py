@@ -470,3 +470,56 @@ def test_an_unknown_key_in_a_list_item_lists_the_allowed_keys_and_inputs_are_sho
     assert error({"items": [{}, {"nme": "x"}]}) == (("items", 1, "nme"), "unknown key (allowed: name, size)")
     assert error({"items": [{"name": None}]})[1] == "Input should be a valid string (got None)"
     assert error({"items": [{"size": "9" * 100 + "x"}]})[1].endswith(f"(got '{'9' * 56}...)")
+
+
+ROLE = {"name": "r", "description": "d", "prompt": "p.md.j2", "output_schema": {"type": "object"}}
+TEAM = {"name": "t", "protocol": {"type": "pipeline"}, "roles": [{"use": "r"}], "tasks": [{}]}
+
+
+# (model, the keys it needs, a value at the bound: kept, one past it: refused). A bound dropped or
+# moved by one passed every test: tiny temperatures overflowed, 1e400 was inf, a rank past 512 ran out of memory.
+BOUNDS = [
+    ("LossConfig", {}, {"kl_coef": 0.0}, {"kl_coef": -0.1}),
+    ("LossConfig", {}, {"entropy_coef": 0.0}, {"entropy_coef": -0.1}),
+    ("LossConfig", {}, {"batch_tokens": 1e-9}, {"batch_tokens": 0}),
+    ("PPOConfig", {}, {"clip_low_threshold": 1.0}, {"clip_low_threshold": 1.01}),
+    ("PPOConfig", {}, {"clip_high_threshold": 1.0}, {"clip_high_threshold": 0.99}),
+    ("SandboxOptions", {}, {"memory_mb": 64}, {"memory_mb": 63}),
+    ("SandboxOptions", {}, {"backend": "bwrap"}, {"backend": "none"}),
+    ("SamplingConfig", {}, {"temperature": 5.0}, {"temperature": 5.01}),
+    ("SamplingConfig", {}, {"temperature": 1e-3}, {"temperature": 9e-4}),
+    ("SamplingConfig", {}, {"top_p": 1e-6}, {"top_p": 9e-7}),
+    ("SamplingConfig", {}, {"max_tokens": 32768}, {"max_tokens": 32769}),
+    ("PolicyConfig", {}, {"adapter": "a-b_1"}, {"adapter": "../a"}),
+    ("RoleConfig", ROLE, {"max_retries": 20}, {"max_retries": 21}),
+    ("AdamConfig", {}, {"learning_rate": 1e-9}, {"learning_rate": 0}),
+    ("AdamConfig", {}, {"beta2": 0.999}, {"beta2": 1.0}),
+    ("AdamConfig", {}, {"eps": 1e-12}, {"eps": 0}),
+    ("AdamConfig", {}, {"grad_clip_norm": 0}, {"grad_clip_norm": -1}),
+    ("LoraSpec", {}, {"rank": 512}, {"rank": 513}),
+    ("LoraSpec", {}, {"dropout": 0.99}, {"dropout": 1.0}),
+    ("LoraSpec", {}, {"target_modules": ["q_proj"]}, {"target_modules": ["q_proj", "embed_tokens"]}),
+    ("TrainingConfig", {}, {"ppo_epochs": 64}, {"ppo_epochs": 65}),
+    ("TrainingConfig", {}, {"max_staleness": 8}, {"max_staleness": 9}),
+    ("TrainingConfig", {}, {"turn_credit": 0}, {"turn_credit": -0.5}),
+    ("TrainingConfig", {}, {"history_credit": 0}, {"history_credit": -0.5}),
+    ("TrainingConfig", {}, {"eval_every": 0}, {"eval_every": -1}),
+    ("TrainingConfig", {}, {"keep_checkpoints": 1}, {"keep_checkpoints": 0}),
+    ("TeamConfig", TEAM, {"seed": 2**63 - 1}, {"seed": 2**63}),
+    ("TeamConfig", TEAM, {"max_turns": 1}, {"max_turns": 0}),
+    ("TeamConfig", TEAM, {"episode_timeout_s": 1e-3}, {"episode_timeout_s": 0}),
+    ("TeamConfig", TEAM, {"roles": [{"use": "r"}]}, {"roles": []}),
+    ("TeamConfig", TEAM, {"protocol": {"type": "my_env-2"}}, {"protocol": {"type": "my env"}}),
+]
+
+
+@pytest.mark.parametrize("model, needed, kept, refused", BOUNDS, ids=[f"{b[0]}.{next(iter(b[3]))}={next(iter(b[3].values()))}" for b in BOUNDS])
+def test_each_bound_keeps_its_edge_and_refuses_one_past_it(model, needed, kept, refused):
+    from pydantic import ValidationError
+    from orchestrator import config
+
+    cls = getattr(config, model)
+    assert cls.model_validate({**needed, **kept})
+    with pytest.raises(ValidationError) as info:
+        cls.model_validate({**needed, **refused})
+    assert info.value.errors()[0]["loc"][0] == next(iter(refused))
