@@ -271,3 +271,19 @@ def test_a_trainer_or_reward_config_whose_validator_raises_is_one_line_naming_it
         with pytest.raises(RolecastError) as caught:
             load_team(path, registry)
         assert str(caught.value) == f"{path}:{line}: training.{key}: {key} plugin {name!r}: its Config raised KeyError: 'gain'"
+
+
+def test_a_boolean_in_a_list_of_numbers_is_refused_at_its_index_and_a_field_that_takes_booleans_keeps_them():
+    """A plugin's ``weights: list[float]`` read ``[0.5, true]`` as ``[0.5, 1.0]``; a field that takes
+    a boolean beside a number (``cap: float | bool``) must keep ``true``, not refuse it as a number."""
+    from pydantic import ValidationError
+
+    class Weighted(PluginConfig):
+        weights: list[float] = []
+        cap: float | bool = False
+
+    with pytest.raises(ValidationError) as info:
+        Weighted.model_validate({"weights": [0.5, True]})
+    (error,) = info.value.errors()
+    assert error["loc"] == ("weights", 1) and error["msg"] == "must be a number, not a boolean"
+    assert Weighted.model_validate({"cap": True}).cap is True
