@@ -177,6 +177,14 @@ CASES = [
     # validated, then the run failed writing the task into transcripts.jsonl (TypeError traceback)
     ("task-yaml-date", lambda w: replace_in(w / "team.yaml", '{text: "the sea"}', '{text: "the sea", due: 2024-01-01}'),
      "team.yaml", 9, "tasks[0].due", "a date is not JSON data: quote it to keep it as text"),
+    # a tasks file holding no task: every draw of a task failed mid-run
+    ("tasks-file-empty-list", lambda w: (replace_in(w / "team.yaml", 'tasks:\n  - {text: "the sea"}\n  - {text: "the sky"}', "tasks: tasks.yaml"),
+                                         write(w / "tasks.yaml", "[]\n")),
+     "team.yaml", 8, "tasks", "must hold a non-empty list of mappings"),
+    # a recipe in which no role learns: nothing would train
+    ("training-without-a-learner", lambda w: replace_in(w / "team.yaml", "  - use: reviewer\ntasks:",
+                                                        "  - use: reviewer\n    policy: {trainable: false}\ntraining: {steps: 3}\ntasks:"),
+     "team.yaml", 9, "training", "no role learns"),
     ("tasks-file-missing", lambda w: replace_in(w / "team.yaml", 'tasks:\n  - {text: "the sea"}\n  - {text: "the sky"}', "tasks: tasks.jsonl"),
      "team.yaml", 8, "tasks", "cannot read tasks file"),
     # an entry of a tasks file that is no mapping: was named at the team's `tasks` key, not its own line

@@ -63,3 +63,10 @@ def test_bad_values_are_one_line_errors(team, flag, message):
         apply_sets(team, [flag])
     assert message in str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_no_options_is_the_team_itself_even_without_a_training_block(team):
+    """``rolecast.load_team(team)`` passes no sets for every team: one without `training:` must load, not be refused."""
+    plain = load_team(ROOT / "recipes/guess_number.yaml")
+    plain = plain.__class__(**{**plain.__dict__, "config": plain.config.model_copy(update={"training": None})})
+    assert with_training_options(plain, {}) is plain and with_training_options(team, {}) is team
