@@ -216,8 +216,8 @@ class LoraSpec(Strict):
     rank: int = Field(16, ge=1, le=512)
     alpha: float = Field(32.0, gt=0)
     dropout: float = Field(0.0, ge=0, lt=1)
-    target_modules: list[str] = Field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    target_modules: list[str] = Field(  # [] refused when the file loads: `validate` passed it, training stopped
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], min_length=1
     )
 
     @field_validator("target_modules")

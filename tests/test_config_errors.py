@@ -507,6 +507,7 @@ BOUNDS = [
     ("LoraSpec", {}, {"rank": 512}, {"rank": 513}),
     ("LoraSpec", {}, {"dropout": 0.99}, {"dropout": 1.0}),
     ("LoraSpec", {}, {"target_modules": ["q_proj"]}, {"target_modules": ["q_proj", "embed_tokens"]}),
+    ("LoraSpec", {}, {"target_modules": ["q_proj"]}, {"target_modules": []}),  # `validate` passed it; training stopped at its start
     ("TrainingConfig", {}, {"ppo_epochs": 64}, {"ppo_epochs": 65}),
     ("TrainingConfig", {}, {"max_staleness": 8}, {"max_staleness": 9}),
     ("TrainingConfig", {}, {"turn_credit": 0}, {"turn_credit": -0.5}),

@@ -35,7 +35,6 @@ import torch
 from peft import LoraConfig as PeftLoraConfig
 from peft import get_peft_model, set_peft_model_state_dict
 from peft.tuners.tuners_utils import BaseTunerLayer
-from peft.utils.error import NoMatchingPeftModuleError
 from safetensors.torch import load_file, save
 
 from ..compute_thread import compute_thread
@@ -178,13 +177,10 @@ class ServiceClient:
         )
         with warnings.catch_warnings():  # PEFT reads a transformers attribute deprecated in v5
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-            try:
-                if self.peft is None:
-                    self.peft = get_peft_model(self.loaded.model, peft_config, adapter_name=name)
-                else:
-                    self.peft.add_adapter(name, peft_config)
-            except NoMatchingPeftModuleError as exc:  # none given
-                raise RolecastError(f"lora.target_modules {list(lora.target_modules)}: {exc}") from None
+            if self.peft is None:
+                self.peft = get_peft_model(self.loaded.model, peft_config, adapter_name=name)
+            else:
+                self.peft.add_adapter(name, peft_config)
             self.peft.base_model.disable_adapter_layers()  # the passes add the deltas (routing.py)
         self._lora_layers = lora_layers(self.peft)  # a new adapter may wrap modules the others left alone
         client = TrainingClient(self, name, lora)

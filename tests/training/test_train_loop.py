@@ -136,8 +136,8 @@ def test_a_kill_while_the_sampler_dir_is_written_leaves_its_last_weights_whole(t
 
 
 def test_lora_target_modules_the_model_lacks_are_one_line():
-    """``--set lora.target_modules=[q_prj]`` (or []): which names a model has, only it says; PEFT's
-    NoMatchingPeftModuleError had been a traceback."""
+    """``--set lora.target_modules=[q_prj]``: which names a model has, only it says; PEFT's
+    NoMatchingPeftModuleError had been a traceback. An empty list is refused as a recipe's is."""
     from orchestrator.errors import RolecastError
     from orchestrator.training.client import ServiceClient
     from orchestrator.training.types import LoraConfig
@@ -147,7 +147,7 @@ def test_lora_target_modules_the_model_lacks_are_one_line():
         linears = "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"
         with pytest.raises(RolecastError, match=re.escape(f"q_prj names no linear layer of tiny (its linear layers: {linears})")):
             service.create_lora_training_client("pro", LoraConfig(rank=2, target_modules=("q_prj",)))
-        with pytest.raises(RolecastError, match=r"lora.target_modules \[\]: No `target_modules`"):
+        with pytest.raises(ValueError, match=r"LoraConfig.target_modules: List should have at least 1 item"):
             service.create_lora_training_client("pro", LoraConfig(rank=2, target_modules=()))
         # one typo beside a right name: PEFT wrapped q_proj alone and trained it, said nowhere
         service.create_lora_training_client("pro", LoraConfig(rank=2, target_modules=("q_proj",)))
