@@ -140,3 +140,61 @@ def test_a_steps_row_counts_all_its_minibatches_tokens():
     assert (row["pro/tokens"], row["pro/loss:sum"]) == (40.0, 14.0)
     assert row["pro/clip_fraction"] == pytest.approx(0.25)
     assert row["pro/loss"] == pytest.approx(0.3) and row["pro/grad_norm"] == 2.0
+
+
+def test_an_adapter_with_fewer_datums_than_minibatches_trains_each_once_beside_one_with_more():
+    """minibatches: 4 with 5 datums for pro and 2 for con: pro takes 4 optimizer steps, con 2, every
+    datum in one of them and no batch empty (con's 2 datums were not cut into 4 chunks, two of them
+    empty; nor did pro's last two wait on con's, never trained)."""
+    from types import SimpleNamespace
+
+    from orchestrator.config import TrainingConfig
+
+    run, seen = TrainingRun.__new__(TrainingRun), []
+    run.cfg, run.options = TrainingConfig(minibatches=4), SimpleNamespace(seed=0)
+    sizes = {"pro": 5, "con": 2}
+    run._datums = lambda adapter, *_: ([((1.0, None), f"{adapter}{n}") for n in range(sizes[adapter])], [], {})
+
+    async def minibatch(batches):
+        seen.append({a: [d for _, d in items] for a, items in batches.items()})
+        return {a: {} for a in batches}
+
+    async def publish(adapter):
+        return 2
+
+    run._minibatch, run._publish = minibatch, publish
+    asyncio.run(run._update(1, ["pro", "con"], [], None, None))
+    assert [sorted(batch) for batch in seen] == [["con", "pro"], ["con", "pro"], ["pro"], ["pro"]]
+    assert all(batch[a] for batch in seen for a in batch)
+    for adapter, n in sizes.items():
+        assert sorted(d for batch in seen for d in batch.get(adapter, [])) == [f"{adapter}{i}" for i in range(n)]
+
+
+def test_a_steps_row_is_the_mean_of_its_passes_beside_each_pass_own():
+    """Two epochs, the second clipping half its tokens: the row's clip_fraction and grad_norm are the
+    passes' mean (not the last pass's), epochN/ gives each pass; one epoch gives no epochN/ keys."""
+    from types import SimpleNamespace
+
+    from orchestrator.config import TrainingConfig
+
+    def update(epochs: int) -> dict:
+        run = TrainingRun.__new__(TrainingRun)
+        run.cfg, run.options = TrainingConfig(ppo_epochs=epochs), SimpleNamespace(seed=0)
+        run._datums = lambda adapter, *_: ([((1.0, None), n) for n in range(2)], [], {})
+        rows = iter([{"loss": 0.4, "tokens": 10.0, "clip_fraction": 0.0, "approx_kl": 0.0, "grad_norm": 1.0},
+                     {"loss": 0.2, "tokens": 10.0, "clip_fraction": 0.5, "approx_kl": 0.02, "grad_norm": 3.0}])
+
+        async def minibatch(batches):
+            return {"pro": next(rows)}
+
+        async def publish(adapter):
+            return 2
+
+        run._minibatch, run._publish = minibatch, publish
+        return asyncio.run(run._update(1, ["pro"], [], None, None))
+
+    row = update(2)
+    assert row["pro/clip_fraction"] == pytest.approx(0.25) and row["pro/grad_norm"] == 2.0
+    assert (row["pro/epoch1/clip_fraction"], row["pro/epoch2/clip_fraction"]) == (0.0, 0.5)
+    assert row["pro/epoch2/approx_kl"] == 0.02
+    assert not [k for k in update(1) if "epoch" in k]
