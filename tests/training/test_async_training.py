@@ -60,3 +60,33 @@ def test_staleness_is_the_mean_lag_of_the_attempts_trained_on():
     run._minibatch, run._publish = minibatch, publish
     row = asyncio.run(run._update(1, ["pro"], [], None, None))
     assert (row["pro/staleness"], row["pro/stale_dropped"], row["pro/datums"]) == (1.0, 3, 4)
+
+
+def test_an_adapter_whose_every_attempt_was_too_stale_says_so_and_staleness_is_async_trainings_alone():
+    """Every attempt dropped as too stale: the row says 0 datums and how many were dropped (the count
+    was lost with the datums), and publishes nothing; without max_staleness no staleness figure."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from orchestrator.config import TrainingConfig
+    from orchestrator.training.loop import TrainingRun
+
+    published: list[str] = []
+
+    def update(max_staleness: int, plan) -> dict:
+        run = TrainingRun.__new__(TrainingRun)
+        run.cfg, run.options = TrainingConfig(max_staleness=max_staleness), SimpleNamespace(seed=0)
+        run._datums = lambda adapter, *_: plan
+
+        async def minibatch(batches):
+            return {"pro": {}}
+
+        async def publish(adapter):
+            published.append(adapter)
+            return 5
+
+        run._minibatch, run._publish = minibatch, publish
+        return asyncio.run(run._update(1, ["pro"], [], None, None))
+
+    assert update(2, ([], [], {"pro/stale_dropped": 3})) == {"pro/datums": 0, "pro/stale_dropped": 3} and not published
+    assert "pro/staleness" not in update(0, ([((1.0, None), 0)], [0], {}))
