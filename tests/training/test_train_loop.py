@@ -1357,3 +1357,84 @@ def test_a_checkpoints_rng_state_gives_back_the_draws_of_torch_and_python(tmp_pa
     assert draws() == after != first
     seed_rng(7)
     assert draws() == first
+
+
+def test_an_adapters_datums_are_of_the_roles_it_played_in_the_finished_episodes(monkeypatch):
+    """_datums: a role's turns train the adapter that played it (the trainer's override, else the
+    role's own), never a failed episode's; each keyed by its sampling temperature (greedy's 0
+    trains at 1.0); attempts older than max_staleness versions behind the learner are stale."""
+    from types import SimpleNamespace
+
+    from orchestrator.config import TrainingConfig
+    from orchestrator.training import loop
+    from support import make_episode
+
+    calls = []
+
+    def recording(episode, role, advantage, options=None, turn_extra=None):
+        calls.append(options.min_version)
+        return [f"{episode.id}:{role}:{advantage}"]
+
+    monkeypatch.setattr(loop, "role_datums", recording)
+
+    def role(temperature: float):
+        return SimpleNamespace(config=SimpleNamespace(policy=SimpleNamespace(sampling=SimpleNamespace(temperature=temperature))))
+
+    own, swapped, failed = make_episode(), make_episode(), make_episode()
+    own.id, swapped.id, failed.id = "own", "swapped", "failed"
+    swapped.adapters = {"b": "pro"}  # b's seat played by pro (a population's match, a self-play learner)
+    failed.status = "error"
+    run = loop.TrainingRun.__new__(loop.TrainingRun)
+    run.team, run.roles = SimpleNamespace(roles={"a": role(0.0), "b": role(0.7)}), {"a": "pro", "b": "con"}
+    run.cfg, run.published = TrainingConfig(max_staleness=2), {"pro": 5, "con": 5}
+    advantages = [[{"a": 1.0, "b": 2.0}, {"a": 3.0, "b": 4.0}], [{"a": 5.0, "b": 6.0}]]
+    items, lags, stale = run._datums("pro", [[own, swapped], [failed]], advantages, None)
+    assert items == [((1.0, None), "own:a:1.0"), ((1.0, None), "swapped:a:3.0"), ((0.7, None), "swapped:b:4.0")]
+    assert set(calls) == {3} and stale == {"pro/stale_dropped": 0}
+    assert [d for _, d in run._datums("con", [[own, swapped], [failed]], advantages, None)[0]] == ["own:b:2.0"]
+    run.cfg = TrainingConfig()
+    assert run._datums("con", [[own]], advantages, None)[2] == {}  # no async training: no stale count
+
+
+def test_a_rollouts_tasks_are_drawn_by_the_runs_seed_and_its_groups_are_consecutive_episodes(tmp_path, monkeypatch):
+    """Another --seed draws other tasks for a step; the episodes come back in groups of group_size
+    in the order played (task by task), each group one task's."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from orchestrator.rollout import RunResult
+    from orchestrator.team import load_team
+    from orchestrator.training import loop
+
+    team = load_team(Path(__file__).resolve().parents[2] / "recipes/guess_number.yaml")
+    drawn: list[list] = []
+
+    async def play(team, policies, options):
+        drawn.append([t["secret"] for t in team.tasks])
+        return RunResult(tmp_path, {}, list(range(options.episodes)))
+
+    monkeypatch.setattr(loop, "run_team", play)
+    run = loop.TrainingRun.__new__(loop.TrainingRun)
+    run.team, run.cfg, run.run_dir = team, team.config.training, tmp_path
+    run.policies, run.concurrency, run.play, run.bar = {}, 1, None, None
+    run.trainer = SimpleNamespace(adapters_for=lambda step, i: {})
+    for seed in (0, 1):
+        run.options = SimpleNamespace(seed=seed)
+        groups = asyncio.run(run.rollout(1))
+    size = run.cfg.group_size
+    assert groups == [list(range(g * size, (g + 1) * size)) for g in range(run.cfg.groups_per_step)]
+    assert drawn[0] != drawn[1]
+
+
+def test_the_metric_helpers_average_over_the_rows_that_have_a_key():
+    """_mean: a key some rows lack is their mean over those that have it (a grad_norm one optimizer
+    step lacks is not pulled to 0); _token_mean of rows with no tokens is 0, not a ZeroDivisionError;
+    _failures counts errors and timeouts apart."""
+    from types import SimpleNamespace
+
+    from orchestrator.training.loop import _failures, _mean, _token_mean
+
+    assert _mean([{"loss": 1.0, "grad_norm": 2.0}, {"loss": 3.0}]) == {"loss": 2.0, "grad_norm": 2.0}
+    assert _token_mean([{"tokens": 0.0, "kl": 0.5}, {"tokens": 3.0}], "kl") == 0.0
+    statuses = ["ok", "error", "timeout", "timeout"]
+    assert _failures([SimpleNamespace(status=s) for s in statuses]) == {"episodes_errored": 1, "episodes_timed_out": 2}
