@@ -1438,3 +1438,28 @@ def test_the_metric_helpers_average_over_the_rows_that_have_a_key():
     assert _token_mean([{"tokens": 0.0, "kl": 0.5}, {"tokens": 3.0}], "kl") == 0.0
     statuses = ["ok", "error", "timeout", "timeout"]
     assert _failures([SimpleNamespace(status=s) for s in statuses]) == {"episodes_errored": 1, "episodes_timed_out": 2}
+
+
+def test_credit_names_per_episode_the_adapter_that_played_each_trainable_role_and_whether_it_trained(tmp_path):
+    """credit.jsonl: each trainable role's reward and advantage (not an untrained role's), its group,
+    the adapter that played it (the trainer's override), and the roles whose adapter trained, none
+    in a failed episode."""
+    from types import SimpleNamespace
+
+    from orchestrator.training import loop
+    from support import make_episode
+
+    own, swapped, failed = make_episode(), make_episode(), make_episode()
+    own.id, swapped.id, failed.id = "own", "swapped", "failed"
+    swapped.adapters = {"b": "pro"}
+    failed.status = "error"
+    run = loop.TrainingRun.__new__(loop.TrainingRun)
+    run.team, run.roles, run.run_dir = SimpleNamespace(roles={"a": None, "b": None, "c": None}), {"a": "pro", "b": "con"}, tmp_path
+    rewards = [[{"a": 1.0, "b": 2.0, "c": 9.0}, {"a": 3.0, "b": 4.0, "c": 9.0}], [{"a": 5.0, "b": 6.0, "c": 9.0}]]
+    advantages = [[{"a": 0.5, "b": -0.5}, {"a": -0.5, "b": 0.5}], [{}]]
+    run._write_credit(1, [[own, swapped], [failed]], rewards, advantages, None, ["pro"])
+    lines = [json.loads(line) for line in (tmp_path / "rollouts/step-000001/credit.jsonl").read_text().splitlines()]
+    assert [(c["episode"], c["group"], c["trained"]) for c in lines] == [("own", 0, ["a"]), ("swapped", 0, ["a", "b"]), ("failed", 1, [])]
+    assert [c["adapters"] for c in lines] == [{"a": "pro", "b": "con"}, {"a": "pro", "b": "pro"}, {"a": "pro", "b": "con"}]
+    assert lines[1]["rewards"] == {"a": 3.0, "b": 4.0} and lines[1]["advantages"] == {"a": -0.5, "b": 0.5}
+    assert lines[2]["advantages"] == {"a": 0.0, "b": 0.0} and "turn_advantages" not in lines[0]
