@@ -1463,3 +1463,32 @@ def test_credit_names_per_episode_the_adapter_that_played_each_trainable_role_an
     assert [c["adapters"] for c in lines] == [{"a": "pro", "b": "con"}, {"a": "pro", "b": "pro"}, {"a": "pro", "b": "con"}]
     assert lines[1]["rewards"] == {"a": 3.0, "b": 4.0} and lines[1]["advantages"] == {"a": -0.5, "b": 0.5}
     assert lines[2]["advantages"] == {"a": 0.0, "b": 0.0} and "turn_advantages" not in lines[0]
+
+
+def test_last_checkpoint_is_the_newest_whole_one(tmp_path):
+    """Of several whole checkpoints the newest; one lacking a file ``needs`` names, one whose step is
+    not a number, or one its ``load`` finds damaged is passed over for the one before; none left
+    where ``latest`` named one is one line; a run that never checkpointed has none."""
+    from orchestrator.errors import RolecastError
+    from orchestrator.training.loop import last_checkpoint
+
+    assert last_checkpoint(tmp_path, "--resume") is None
+    for step in (1, 2, 3, 4):
+        write(tmp_path / "checkpoints" / f"step-{step:06d}" / "trainer.json", json.dumps({"step": step}))
+        write(tmp_path / "checkpoints" / f"step-{step:06d}" / "rng.pt", "")
+    assert last_checkpoint(tmp_path, "--resume", ["rng.pt"])[1] == {"step": 4}
+    (tmp_path / "checkpoints" / "step-000004" / "rng.pt").unlink()
+    write(tmp_path / "checkpoints" / "step-000003" / "trainer.json", '{"step": true}')
+    loaded = []
+
+    def load(folder, state):
+        loaded.append(state["step"])
+        if state["step"] == 2:
+            raise ValueError("optimizer.pt is damaged")
+
+    assert last_checkpoint(tmp_path, "--resume", ["rng.pt"], load)[0].name == "step-000001" and loaded == [2, 1]
+    write(tmp_path / "checkpoints" / "latest", "step-000004")
+    for folder in (tmp_path / "checkpoints").glob("step-*"):
+        shutil.rmtree(folder)
+    with pytest.raises(RolecastError, match="names step-000004, which is not there"):
+        last_checkpoint(tmp_path, "--resume")
