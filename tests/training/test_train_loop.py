@@ -1492,3 +1492,45 @@ def test_last_checkpoint_is_the_newest_whole_one(tmp_path):
         shutil.rmtree(folder)
     with pytest.raises(RolecastError, match="names step-000004, which is not there"):
         last_checkpoint(tmp_path, "--resume")
+
+
+def test_a_minibatch_normalises_every_call_of_an_adapter_by_its_whole_batch():
+    """An adapter's minibatch in two calls (a role with loss options of its own): each call's
+    token-mean is over the adapter's whole batch (a call normalised by its own tokens alone gave
+    its role the weight of the whole batch), the recipe's loss_config over the recipe defaults, each
+    role's options its own; the row sums the calls."""
+    from types import SimpleNamespace
+
+    from orchestrator.config import TrainingConfig
+    from orchestrator.training import loop
+
+    class Done:
+        def __init__(self, value):
+            self.value = value
+
+        async def result_async(self):
+            return self.value
+
+    calls = []
+
+    async def forward_backward_many_async(given):
+        calls.extend(given)
+        return Done([SimpleNamespace(metrics={"loss": 1.0, "loss:sum": 2.0, "tokens": float(sum(d.mask().sum() for d in data))})
+                     for _, data, _, _ in given])
+
+    async def optim_step_async(params):
+        return Done(SimpleNamespace(metrics={"grad_norm": 1.5}))
+
+    def datum(mask):
+        return SimpleNamespace(mask=lambda: torch.tensor(mask))
+
+    run = loop.TrainingRun.__new__(loop.TrainingRun)
+    run.cfg = TrainingConfig(loss_config={"aggregation": "sequence-mean"}, role_loss_config={"b": {"kl_coef": 0.5}})
+    run.service = SimpleNamespace(forward_backward_many_async=forward_backward_many_async)
+    run.clients = {"pro": SimpleNamespace(optim_step_async=optim_step_async)}
+    batch = [((1.0, None), datum([0.0, 1.0, 1.0])), ((0.7, "b"), datum([1.0])), ((1.0, None), datum([1.0, 1.0]))]
+    row = asyncio.run(run._minibatch({"pro": batch}))
+    configs = {(c["temperature"], c.get("kl_coef")): c for _, _, _, c in calls}
+    assert set(configs) == {(1.0, None), (0.7, 0.5)} and [len(data) for _, data, _, _ in calls] == [2, 1]
+    assert all((c["batch_tokens"], c["batch_sequences"], c["aggregation"]) == (5.0, 3, "sequence-mean") for c in configs.values())
+    assert row == {"pro": {"loss": 2.0, "loss:sum": 4.0, "tokens": 5.0, "grad_norm": 1.5}}
