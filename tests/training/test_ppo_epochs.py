@@ -91,9 +91,9 @@ def test_minibatches_are_drawn_from_the_datums_shuffled_and_seeded_by_step():
 
     from orchestrator.config import TrainingConfig
 
-    def chunks(step: int, epochs: int) -> list[list[int]]:
+    def chunks(step: int, epochs: int, seed: int = 0) -> list[list[int]]:
         run, seen = TrainingRun.__new__(TrainingRun), []
-        run.cfg, run.options = TrainingConfig(minibatches=2, ppo_epochs=epochs), SimpleNamespace(seed=0)
+        run.cfg, run.options = TrainingConfig(minibatches=2, ppo_epochs=epochs), SimpleNamespace(seed=seed)
         run._datums = lambda adapter, *_: ([((1.0, None), n) for n in range(8)], [], {})
 
         async def minibatch(batches):
@@ -111,6 +111,7 @@ def test_minibatches_are_drawn_from_the_datums_shuffled_and_seeded_by_step():
     assert sorted(n for chunk in first for n in chunk) == list(range(8)) and len(first) == 2
     assert first != [[0, 1, 2, 3], [4, 5, 6, 7]]  # shuffled, though one pass
     assert chunks(1, epochs=1) == first and chunks(2, epochs=1) != first  # by the step's seed
+    assert chunks(1, epochs=1, seed=1) != first  # and the run's: another --seed, other minibatches
     two = chunks(1, epochs=2)
     assert two[:2] != two[2:]  # each pass shuffled anew
 
