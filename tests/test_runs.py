@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 from support import Killed, killed_writing, no_engine, write
+from orchestrator.cli import build_parser
+from orchestrator.errors import RolecastError
 from orchestrator.policies.base import PolicyOutput, PolicyRequest
 from orchestrator.policies.binding import Binding
 from orchestrator.policies.python import PythonPolicy
@@ -868,6 +870,57 @@ def test_an_empty_out_is_refused_not_the_current_folder(cli, capsys, tmp_path, m
             cli(command, ROOT / "recipes/guess_number.yaml", "--out", "")
         assert stopped.value.code == 2 and "argument --out: empty: give a folder" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+COMPUTE_FLAGS = ("--model", "m", "--dtype", "float32", "--engine", "vllm", "--device", "cuda:1", "--ray", "auto",
+                 "--rollout-workers", "3", "--seed", "5", "--out", "o", "--no-progress")
+COMPUTE = {"model": "m", "dtype": "float32", "engine": "vllm", "device": "cuda:1", "ray": "auto", "rollout_workers": 3,
+           "seed": 5, "out": Path("o"), "progress": False}
+
+
+@pytest.mark.parametrize("command, call, flags, keywords", [
+    ("run", "run", ("--episodes", "4", "--task", "3", "--task", "9", "--concurrency", "2", "--timeout", "1.5",
+                    "--policy", "a=builtin:stub", "--policy", "b=replay:b.jsonl", "--adapter", "x=ax", "--adapter", "y=ay"),
+     {"episodes": 4, "tasks": ["3", "9"], "concurrency": 2, "timeout": 1.5,
+      "policies": {"a": "builtin:stub", "b": "replay:b.jsonl"}, "adapters": {"x": "ax", "y": "ay"}}),
+    ("eval", "evaluate", ("--episodes", "4", "--held-out", "--opponent", "minimax", "--concurrency", "2",
+                          "--policy", "a=builtin:stub", "--adapter", "x=ax"),
+     {"episodes": 4, "held_out": True, "opponent": "minimax", "concurrency": 2, "policies": {"a": "builtin:stub"},
+      "adapters": {"x": "ax"}}),
+    ("train", "train", ("--steps", "3", "--resume", "--set", "group_size=4", "--set", "adam.learning_rate=0.001"),
+     {"steps": 3, "resume": True, "sets": {"group_size": 4, "adam.learning_rate": 0.001}}),
+])
+def test_each_flag_reaches_its_keyword_of_the_api(cli, monkeypatch, command, call, flags, keywords):
+    """The commands parse their flags into the Python API's calls: a flag dropped on the way (--device,
+    a second --task) or handed to another keyword would be ignored, said nowhere."""
+    seen = {}
+
+    def api_call(team, **given):
+        seen.update(given, team=team)
+        raise RolecastError("stop here")
+
+    monkeypatch.setattr(f"orchestrator.api.{call}", api_call)
+    code, _, err = cli(command, "team.yaml", *flags, *COMPUTE_FLAGS)
+    assert code == 2 and "stop here" in err
+    assert {k: seen[k] for k in ("team", *keywords, *COMPUTE)} == {"team": Path("team.yaml"), **keywords, **COMPUTE}
+
+
+@pytest.mark.parametrize("flags, message", [
+    (("--seed", "-1"), "argument --seed: a seed is 0 to 2**63 - 1, got -1"),
+    (("--seed", str(2**63)), f"argument --seed: a seed is 0 to 2**63 - 1, got {2**63}"),
+    (("--timeout", "0"), "argument --timeout: must be above 0, got 0"),
+])
+def test_flags_out_of_range_are_argparse_errors(cli, capsys, flags, message):
+    with pytest.raises(SystemExit) as stopped:
+        cli("run", ROOT / "recipes/guess_number.yaml", *flags)
+    assert stopped.value.code == 2 and message in capsys.readouterr().err
+    assert build_parser().parse_args(["run", "team.yaml", "--seed", str(2**63 - 1)]).seed == 2**63 - 1
+
+
+def test_a_policy_or_adapter_flag_without_its_value_is_one_line(cli):
+    for flag, expected in (("--policy", "expected ROLE=BINDING"), ("--adapter", "expected NAME=PATH")):
+        code, _, err = cli("run", ROOT / "recipes/guess_number.yaml", flag, "guesser=")
+        assert code == 2 and f"rolecast: {flag} 'guesser=': {expected}" in err, err
 
 
 def test_a_path_name_too_long_is_one_line_naming_it(cli, tmp_path):
