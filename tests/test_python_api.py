@@ -110,6 +110,15 @@ def test_run_plays_a_callable_policy_and_records_it(tmp_path):
     assert recorded["policy"] == ["guesser=python:test_python_api:binary_search"] and recorded["episodes"] == 4
 
 
+def test_run_stops_each_episode_at_the_timeout_given(tmp_path):
+    async def thinks_too_long(request):
+        await asyncio.sleep(5)
+
+    result = rolecast.run(ROOT / "recipes/guess_number.yaml", episodes=2, timeout=0.2,
+                          policies={"guesser": thinks_too_long}, out=tmp_path / "run", progress=False)
+    assert result.summary["status"] == {"timeout": 2}
+
+
 def test_a_model_dir_given_as_a_path_is_recorded_as_text(tmp_path):
     """config.yaml could not hold a Path: the run failed at its first write, after the model loaded."""
     result = rolecast.run(ROOT / "recipes/guess_number.yaml", episodes=1, policies={"guesser": binary_search},
@@ -213,6 +222,15 @@ def test_load_team_applies_training_options():
     # a loaded Team, as the argument check allows (it was a TypeError from the YAML reader)
     again = rolecast.load_team(team, sets={"group_size": 5})
     assert again.config.training.group_size == 5 and again.config.training.adam.learning_rate == 1e-3
+
+
+def test_set_steps_alone_or_with_the_same_steps_is_the_budget():
+    """``--set steps=N`` is ``--steps N``: given alone, or with --steps of the same N, it is no disagreement."""
+    from orchestrator.api import steps_given
+
+    team = rolecast.load_team(ROOT / "recipes/guess_number.yaml", sets={"steps": 3})
+    assert steps_given(team, {"steps": 3}, None) == steps_given(team, {"steps": 3}, 3) == 3
+    assert steps_given(team, {}, 7) == 7
 
 
 def test_numpy_numbers_in_sets_are_plain_numbers():
