@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -191,6 +192,17 @@ class _BoundedLoader(yaml.SafeLoader):
         self._alias_nodes += size
         if self._alias_nodes > MAX_ALIAS_NODES:
             raise _Refused(problem=f"aliases expand to more than {MAX_ALIAS_NODES} nodes", problem_mark=mark)
+
+
+# YAML 1.1, which PyYAML reads, has no float without a dot: a learning rate of 1e-4 was the text
+# '1e-4', recorded as text and passed as text to every option not typed as a number. YAML 1.2's is.
+_BoundedLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+
+
+def read_value(text: str) -> Any:
+    """One value written as YAML (``--set KEY=VALUE``'s), read as a file's values are."""
+    return yaml.load(text, Loader=_BoundedLoader)
 
 
 def _children(node: yaml.Node) -> list[yaml.Node]:

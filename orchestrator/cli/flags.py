@@ -194,13 +194,15 @@ def parse_sets(sets: list[str]) -> dict[str, Any]:
     values are checked when they are applied (``team.with_training_options``)."""
     import yaml
 
+    from ..yamlfile import read_value
+
     options: dict[str, Any] = {}
     for flag in sets:
         key, sep, raw = flag.partition("=")
         if not sep or not key:
             raise RolecastError(f"--set {flag!r}: expected KEY=VALUE, e.g. group_size=4 or adam.learning_rate=1e-4")
         try:
-            options[key] = yaml.safe_load(raw)
+            options[key] = read_value(raw)
         except yaml.YAMLError as exc:
             raise RolecastError(f"--set {flag!r}: VALUE is not YAML ({type(exc).__name__})") from None
     return options

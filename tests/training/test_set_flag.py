@@ -21,6 +21,17 @@ def team():
     return load_team(ROOT / "recipes/rps_population.yaml")
 
 
+def test_a_number_in_e_notation_is_a_number_in_a_flag_and_in_a_file(team, tmp_path):
+    """PyYAML reads YAML 1.1, where 1e-4 (no dot) is text: a plugin option kept and recorded '1e-4'
+    as text, which only options typed as numbers turned back into one."""
+    from orchestrator.yamlfile import load_yaml
+
+    t = apply_sets(team, ["loss_config.kl_coef=1e-2", "trainer_config.elo_k=2E1"])
+    assert t.config.training.loss_config["kl_coef"] == 0.01 and t.config.training.trainer_config["elo_k"] == 20.0
+    (tmp_path / "r.yaml").write_text("lr: 1e-4\nscaled: [+5.0e-1, 3e2]\nname: 1e-4 text\nversion: 1e\n")
+    assert load_yaml(tmp_path / "r.yaml").data == {"lr": 1e-4, "scaled": [0.5, 300.0], "name": "1e-4 text", "version": "1e"}
+
+
 def test_budget_and_plugin_options_apply(team):
     t = apply_sets(team, ["group_size=3", "adam.learning_rate=1e-3", "trainer_config.members=2",
                           "trainer_config.matchmaking=elo", "loss_config.kl_coef=0.1"])
@@ -53,7 +64,7 @@ def test_budget_and_plugin_options_apply(team):
     ("role_loss_config.alice.entropy_cof=0.1", "--set: role_loss_config.alice.entropy_cof: unknown key"),
     ("repetition_penalty.carol=0.5", "--set: repetition_penalty.carol: not a role that learns"),
     ("repetition_penalty.alice=-1", "--set: repetition_penalty.alice: must be 0 or more, got -1.0"),
-    ("lora.alpha=1e999", "--set: lora.alpha: Input should be a finite number (got '1e999')"),
+    ("lora.alpha=1e999", "--set: lora.alpha: Input should be a finite number (got inf)"),
     ("loss_config.kl_coef=.inf", "--set: loss_config.kl_coef: Input should be a finite number (got inf)"),
     ("role_loss_config.bob.temperature=2", "--set: role_loss_config.bob.temperature: not an option: each role's "
                                            "policy.sampling.temperature is used"),
