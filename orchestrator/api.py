@@ -120,19 +120,20 @@ class Evaluation:
 
 def evaluate(team: TeamLike, *, episodes: int | None = None, held_out: bool = False, opponent: str | None = None,
              out: str | Path | None = None, seed: int | None = None, concurrency: int | None = None,
-             policies: Policies | None = None, adapters: Mapping[str, str | Path] | None = None, progress: bool = True,
+             timeout: float | None = None, policies: Policies | None = None,
+             adapters: Mapping[str, str | Path] | None = None, progress: bool = True,
              model: str | None = None, dtype: str = "auto", engine: str = "hf", device: str = "auto",
              ray: str | None = None, rollout_workers: int | None = None) -> Evaluation:
     """Play ``episodes`` episodes of ``team`` (default 100) and report per role win/draw/loss rates
     with 95% intervals, into ``out`` (default ``runs/eval-<team>-<time>``) with its eval.json; as
     ``rolecast eval``. ``held_out`` plays the recipe's ``training.eval_tasks``; ``opponent``
     rebinds its opponent role (``random``, ``minimax``, any builtin, ``base`` or
-    ``checkpoint:PATH``); ``policies`` and ``adapters`` as for ``run``."""
+    ``checkpoint:PATH``); ``timeout``, ``policies`` and ``adapters`` as for ``run``."""
     import structlog
 
     from .evaluation import CHECKPOINT_ADAPTER, bind_opponent, blind_random_roles, evaluate as rates
 
-    _check_arguments(team=team, episodes=episodes, concurrency=concurrency, seed=seed, policies=policies,
+    _check_arguments(team=team, episodes=episodes, concurrency=concurrency, timeout=timeout, seed=seed, policies=policies,
                      adapters=adapters, out=out, opponent=opponent, held_out=held_out, progress=progress)
     team = _team(team)
     if held_out:
@@ -161,7 +162,7 @@ def evaluate(team: TeamLike, *, episodes: int | None = None, held_out: bool = Fa
                                                   {CHECKPOINT_ADAPTER: checkpoint} if checkpoint else None)
         with closed_on_error(workers):
             options = RunOptions(episodes=episodes or 100, seed=seed, out_dir=out_dir,
-                                 concurrency=concurrency or cfg.concurrency, episode_timeout_s=cfg.episode_timeout_s,
+                                 concurrency=concurrency or cfg.concurrency, episode_timeout_s=timeout or cfg.episode_timeout_s,
                                  progress=progress, keep_episodes=False,
                                  extra={"eval": True, "opponent": opponent, **_record(compute, model, overrides, loaded)})
             result = _sync(lambda: play(team, policies_, options, workers, overrides))

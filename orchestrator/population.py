@@ -67,7 +67,8 @@ def schedule(entrants: list[Entrant], seats: list[str], games: int) -> list[dict
 
 async def play_round_robin(
     team: Team, seats: list[str], entrants: list[Entrant], engine: Any, games: int, *,
-    seed: int, out_dir: Path, concurrency: int, registry: Registry | None = None, progress: bool = False,
+    seed: int, out_dir: Path, concurrency: int, timeout: float | None = None, registry: Registry | None = None,
+    progress: bool = False,
 ) -> list[Game]:
     """Play the schedule: one run per arrangement of builtin seats (each run's policies bind those
     seats), adapters set per episode, so all adapter-vs-adapter games share the engine's batches."""
@@ -81,7 +82,7 @@ async def play_round_robin(
         policies = build_policies(team, overrides, lambda: engine, registry)
         result = await run_team(team, policies, RunOptions(
             episodes=len(matches), seed=seed, out_dir=out_dir / f"games-{k:02d}", concurrency=concurrency,
-            episode_timeout_s=team.config.episode_timeout_s, progress=progress,
+            episode_timeout_s=timeout or team.config.episode_timeout_s, progress=progress,
             adapters_for=lambda i, m=matches: {s: e.adapter for s, e in m[i].items() if e.adapter},
             extra={"round_robin": {s: e.name for s, e in matches[0].items() if e.builtin}},
         ))

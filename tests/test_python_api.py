@@ -110,13 +110,17 @@ def test_run_plays_a_callable_policy_and_records_it(tmp_path):
     assert recorded["policy"] == ["guesser=python:test_python_api:binary_search"] and recorded["episodes"] == 4
 
 
-def test_run_stops_each_episode_at_the_timeout_given(tmp_path):
+def test_run_and_evaluate_stop_each_episode_at_the_timeout_given(tmp_path):
     async def thinks_too_long(request):
         await asyncio.sleep(5)
 
     result = rolecast.run(ROOT / "recipes/guess_number.yaml", episodes=2, timeout=0.2,
                           policies={"guesser": thinks_too_long}, out=tmp_path / "run", progress=False)
     assert result.summary["status"] == {"timeout": 2}
+    # and evaluate's, which had no timeout: a stuck policy held each episode for the team's episode_timeout_s (900 s)
+    evaluation = rolecast.evaluate(ROOT / "recipes/guess_number.yaml", episodes=2, timeout=0.2,
+                                   policies={"guesser": thinks_too_long}, out=tmp_path / "eval", progress=False)
+    assert evaluation.report["status"] == {"timeout": 2}
 
 
 def test_a_model_dir_given_as_a_path_is_recorded_as_text(tmp_path):

@@ -884,9 +884,9 @@ COMPUTE = {"model": "m", "dtype": "float32", "engine": "vllm", "device": "cuda:1
      {"episodes": 4, "tasks": ["3", "9"], "concurrency": 2, "timeout": 1.5,
       "policies": {"a": "builtin:stub", "b": "replay:b.jsonl"}, "adapters": {"x": "ax", "y": "ay"}}),
     ("eval", "evaluate", ("--episodes", "4", "--held-out", "--opponent", "minimax", "--concurrency", "2",
-                          "--policy", "a=builtin:stub", "--adapter", "x=ax"),
-     {"episodes": 4, "held_out": True, "opponent": "minimax", "concurrency": 2, "policies": {"a": "builtin:stub"},
-      "adapters": {"x": "ax"}}),
+                          "--timeout", "2.5", "--policy", "a=builtin:stub", "--adapter", "x=ax"),
+     {"episodes": 4, "held_out": True, "opponent": "minimax", "concurrency": 2, "timeout": 2.5,
+      "policies": {"a": "builtin:stub"}, "adapters": {"x": "ax"}}),
     ("train", "train", ("--steps", "3", "--resume", "--set", "group_size=4", "--set", "adam.learning_rate=0.001"),
      {"steps": 3, "resume": True, "sets": {"group_size": 4, "adam.learning_rate": 0.001}}),
 ])

@@ -50,7 +50,7 @@ def handle(args: argparse.Namespace) -> int:
     if ignored := [f for f, v in (("--baseline", args.baseline), ("--games-per-pair", args.games_per_pair)) if v]:
         raise RolecastError(f"{', '.join(ignored)}: only with --population RUN_DIR")
     evaluation = api.evaluate(args.recipe, episodes=args.episodes, held_out=args.held_out, opponent=args.opponent,
-                              out=args.out, seed=args.seed, concurrency=args.concurrency,
+                              out=args.out, seed=args.seed, concurrency=args.concurrency, timeout=args.timeout,
                               policies=parse_policy_flags(args.policy), adapters=parse_adapter_flags(args.adapter),
                               progress=shows_progress(args), **compute_options(args))
     if args.json:

@@ -70,7 +70,7 @@ def handle(args: argparse.Namespace, team: Any) -> int:
             try:
                 return await play_round_robin(
                     team, trainer.players, entrants, engine, games_per_pair, seed=seed, out_dir=out,
-                    concurrency=args.concurrency or team.config.concurrency, registry=registry,
+                    concurrency=args.concurrency or team.config.concurrency, timeout=args.timeout, registry=registry,
                     progress=shows_progress(args))
             finally:
                 await engine.aclose()

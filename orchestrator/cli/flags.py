@@ -74,9 +74,10 @@ def add_model_flags(p: argparse.ArgumentParser, *, model_default: str | None = N
 
 
 def add_episode_flags(p: argparse.ArgumentParser, json_help: str) -> None:
-    """--seed, --concurrency, --json and --no-progress: how a command plays its episodes."""
+    """--seed, --concurrency, --timeout, --json and --no-progress: how a command plays its episodes."""
     p.add_argument("--seed", type=seed_number, help="run seed (default: the team's `seed`)")
     p.add_argument("--concurrency", type=positive_int, help="episodes in flight at once (default: the team's `concurrency`)")
+    p.add_argument("--timeout", type=positive_float, help="per-episode timeout in seconds (default: the team's `episode_timeout_s`)")
     p.add_argument("--json", action="store_true", help=json_help)
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 

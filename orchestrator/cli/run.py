@@ -9,7 +9,7 @@ from typing import Any
 from .. import logs
 from .flags import (
     add_episode_flags, add_model_flags, add_policy_flag, add_ray_flags, compute_options, exit_code, parse_adapter_flags,
-    out_dir, parse_policy_flags, positive_float, positive_int, shows_progress, stdout_console,
+    out_dir, parse_policy_flags, positive_int, shows_progress, stdout_console,
 )
 
 
@@ -22,7 +22,6 @@ def register(sub: Any) -> None:
     p.add_argument("--out", type=out_dir, help="run dir (default: runs/<team>-<time>)")
     add_policy_flag(p)
     add_model_flags(p)
-    p.add_argument("--timeout", type=positive_float, help="per-episode timeout in seconds (default: the team's `episode_timeout_s`)")
     add_episode_flags(p, json_help="print the summary as JSON on stdout")
     add_ray_flags(p)
     p.set_defaults(func=handle)
