@@ -177,10 +177,11 @@ class CodePairEnv(Env):
 
 
 def same(a: Any, b: Any) -> bool:
-    """Equal as JSON values are: Python's ``True == 1`` would pass a bool where a number is due."""
+    """Equal as JSON values are: Python's ``True == 1`` would pass a bool where a number is due, and
+    its ``(2, 1) != [2, 1]`` fail a reference's tuple (``divmod(x, 3)``) where the example has a list."""
     if isinstance(a, bool) or isinstance(b, bool):
         return a is b
-    if isinstance(a, (list, tuple)) and type(a) is type(b):
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return len(a) == len(b) and all(map(same, a, b))
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)

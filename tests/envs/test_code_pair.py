@@ -167,6 +167,19 @@ def test_values_are_the_same_only_as_json_values_are():
     assert not same({"a": 1}, {"a": 1, "b": 2}) and not same({"a": True}, {"a": 1}) and not same([True], [1])
 
 
+def test_a_tuple_is_the_json_array_a_list_is():
+    """A reference that returns a tuple (divmod) failed the Tester's right example with a list in
+    it, and a task written in Python with a tuple expected failed every right function."""
+    from orchestrator.envs.code_pair import CodePairEnv, same
+
+    env = object.__new__(CodePairEnv)
+    env.task = {"spec": "Return divmod(x, 3).", "reference": "divmod(x, 3)", "tests": [[7, [2, 1]]]}
+    for example in ("f(7) == [2, 1]", "f(7) == (2, 1)"):
+        env.example = example
+        assert env._example_correct() is True
+    assert same([2, [1]], (2, (1,))) and not same([2, 1], (2, 1, 0)) and not same([True], (1,))
+
+
 def test_the_roles_are_different_and_the_coders_schema_has_code(tmp_path):
     """A coder role of another shape failed every episode with KeyError: 'code'."""
     from play import ROOT
