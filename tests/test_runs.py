@@ -655,6 +655,39 @@ def test_pipeline_views_its_rounds_success_and_an_invalid_end():
     result = send(env, None, valid=False)
     assert result.done and env.next_role() is None and env.succeeded is False and result.rewards["coder"] == 0.0
 
+
+def test_pipeline_takes_any_listed_value_pays_failure_reward_and_goes_on_past_an_invalid_turn():
+    """Any of a match's values fires it (not its first only), a failure pays `failure_reward`, an
+    invalid turn under on_invalid: continue moves on, and with no `success` there is no verdict."""
+    import random
+
+    from orchestrator.envs.pipeline import PipelineConfig, PipelineEnv
+    from orchestrator.messages import Message
+
+    config = PipelineConfig(order=["coder", "reviewer"], max_rounds=3,
+                            loop_back={"from": "reviewer", "to": "coder", "field": "verdict", "values": ["redo", "fix"]},
+                            success={"role": "reviewer", "field": "verdict", "values": ["ok", "fine"],
+                                     "reward": 2.0, "failure_reward": -0.5})
+
+    def play(config, contents):
+        env = PipelineEnv(config, dict.fromkeys(config.order), {}, random.Random(0))
+        played = []
+        for content in contents:
+            role = env.next_role()
+            played.append(role)
+            result = asyncio.run(env.step(role, Message(id="e", episode="e", turn=0, sender=role, recipients=[],
+                                                        content=content, raw="", valid=content is not None)))
+        assert result.done and env.next_role() is None
+        return played, result, env.outcome()
+
+    played, result, outcome = play(config, [{}, {"verdict": "fix"}, None, {"verdict": "fine"}])
+    assert played == ["coder", "reviewer"] * 2 and outcome == {"rounds": 2, "succeeded": True}
+    assert result.rewards == {"coder": 2.0, "reviewer": 2.0}
+    played, result, outcome = play(config, [{}, {"verdict": "redo"}, {}, {"verdict": "nope"}])
+    assert outcome == {"rounds": 2, "succeeded": False} and result.rewards == {"coder": -0.5, "reviewer": -0.5}
+    played, result, outcome = play(config.model_copy(update={"success": None}), [{}, {"verdict": "ok"}])
+    assert outcome == {"rounds": 1, "succeeded": None} and result.rewards == {}
+
 def test_user_role_in_temp_folder_runs_with_python_policy(workspace, cli, monkeypatch):
     write(workspace / "mypolicies.py", """
         import json
