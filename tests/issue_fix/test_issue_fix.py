@@ -1021,3 +1021,98 @@ def test_max_output_chars_of_zero_shows_none_of_the_test_output():
     g = Grade(task_id="t", outcomes=[], exit_code=1, crashed=True, log="collected 3 items\nE   boom\n" * 50)
     assert _report(g, 0)["output"] == "(cut) ...\n"
     assert _report(g, 8)["output"] == "(cut) ...\n   boom\n"
+
+
+def driven_env(tmp_path, monkeypatch, passes: list[bool], max_rounds: int = 3, on_invalid: str = "continue"):
+    """An env whose sandboxed work is faked: the team's test runs pass as ``passes`` says, grading
+    passes 1 hidden test of 2 and the Tester's check pays 0.25."""
+    import random
+
+    import orchestrator.issue_fix.env as env_module
+    from orchestrator.issue_fix.grading import TestOutcome
+
+    runs = iter(passes)
+    monkeypatch.setattr(env_module, "run_tests", lambda *args: Grade(
+        task_id="t", outcomes=[TestOutcome("tests/test_x.py::t", "passed" if next(runs) else "failed")], exit_code=0))
+    monkeypatch.setattr(env_module, "grade_work", lambda *args: Grade(
+        task_id="t", outcomes=[TestOutcome("h::a", "passed"), TestOutcome("h::b", "failed")], exit_code=1))
+    monkeypatch.setattr(env_module, "tester_reward", lambda *args: (0.25, "faked"))
+    scratch(monkeypatch, tmp_path)
+    env = team_for(tmp_path, max_rounds=max_rounds).make_env({"dir": str(SLUG)}, random.Random(0))
+    env.config = env.config.model_copy(update={"on_invalid": on_invalid})
+    return env
+
+
+def drive(env, replies: dict[str, list]) -> list:
+    """Play ``replies`` (each role's contents in turn; None: an invalid turn): the roles that acted
+    and each step's result."""
+    from orchestrator.messages import Message
+
+    played = []
+    while (role := env.next_role()) is not None:
+        content = replies[role].pop(0)
+        message = Message(id="e", episode="e", turn=len(played), sender=role, recipients=[], content=content,
+                          raw="", valid=content is not None)
+        played.append((role, asyncio.run(env.step(role, message))))
+    return played
+
+
+def test_rounds_restart_at_the_coder_and_each_role_gets_its_own_process_reward(tmp_path, monkeypatch):
+    """An approval with failing tests, then passing tests without one, go on to the next round; the
+    process rewards go each to its own role (planner F1 2/3, coder 1 edit of 2, reviewer right to
+    turn down half a fix, tester the check's 0.25) and every role gets the outcome at the end alone."""
+    env = driven_env(tmp_path, monkeypatch, passes=[False, True, True])
+    missing = {**WRONG_FIX, "search": "no such text"}
+    played = drive(env, {
+        "planner": [{**PLAN, "files": ["textkit/slug.py", "README"]}],
+        "coder": [{"edits": [WRONG_FIX, missing]}, {"edits": []}, {"edits": []}],
+        "reviewer": [{"verdict": "approve"}, {"verdict": "request_changes"}, {"verdict": "request_changes"}],
+        "tester": [REPRO] * 3,
+    })
+    try:
+        assert [role for role, _ in played] == ["planner"] + ["coder", "reviewer", "tester"] * 3
+        assert all(not result.rewards and not result.done for _, result in played[:-1])
+        assert played[-1][1].done and played[-1][1].rewards == dict.fromkeys(env.roles, 0.5)
+        out = env.outcome()
+        assert (out["rounds"], out["approved"], out["tests_passed"]) == (3, False, True)
+        assert out["process"] == {"planner": pytest.approx(2 / 3), "coder": 0.5, "reviewer": 1.0, "tester": 0.25}
+    finally:
+        asyncio.run(env.close())
+
+
+def test_an_approval_with_passing_tests_ends_the_round(tmp_path, monkeypatch):
+    env = driven_env(tmp_path, monkeypatch, passes=[True])
+    played = drive(env, {"planner": [PLAN], "coder": [{"edits": []}], "reviewer": [{"verdict": "approve"}],
+                         "tester": [REPRO]})
+    try:
+        assert len(played) == 4 and played[-1][1].done and env.outcome()["rounds"] == 1
+        assert env.outcome()["approved"] is True and env.outcome()["process"]["reviewer"] == 0.0  # half a fix
+    finally:
+        asyncio.run(env.close())
+
+
+@pytest.mark.parametrize("on_invalid, roles", [
+    ("end", ["planner", "coder", "reviewer"]),
+    ("continue", ["planner", "coder", "reviewer", "tester"]),
+])
+def test_on_invalid_end_ends_the_episode_at_the_invalid_turn(tmp_path, monkeypatch, on_invalid, roles):
+    env = driven_env(tmp_path, monkeypatch, passes=[True], max_rounds=1, on_invalid=on_invalid)
+    played = drive(env, {"planner": [PLAN], "coder": [{"edits": []}], "reviewer": [None], "tester": [REPRO]})
+    try:
+        assert [role for role, _ in played] == roles and env.next_role() is None
+        assert played[-1][1].done and played[-1][1].rewards == dict.fromkeys(env.roles, 0.5)
+        assert env.outcome()["approved"] is None and env.outcome()["process"]["reviewer"] == 0.0
+    finally:
+        asyncio.run(env.close())
+
+
+def test_outcome_metrics_count_graded_episodes_only():
+    """An episode stopped at max_turns is never graded: its outcome has no `outcome`."""
+    from orchestrator.issue_fix.env import IssueFixEnv
+
+    outcomes = [{"outcome": 1.0, "approved": True}, {"outcome": 1.0, "approved": False},
+                {"outcome": 0.5, "approved": False}, {"task": "t", "rounds": 2}]
+    assert IssueFixEnv.outcome_metrics(None, outcomes) == {
+        "solved_rate": pytest.approx(2 / 3), "reviewer_accepts_right": 0.5, "reviewer_rejects_wrong": 1.0,
+        "reviewer_balanced_accuracy": 0.75}
+    assert IssueFixEnv.outcome_metrics(None, [{"task": "t", "rounds": 2}]) == {}
