@@ -91,6 +91,13 @@ def test_a_broken_function_scores_zero(tmp_path, body, error):
 
 
 @needs_sandbox
+def test_a_function_that_raises_on_one_input_fails_that_one_alone(tmp_path):
+    ep = episode(tmp_path, PLUS3, {"example": "f(2) == 5"}, code("x + 3 + 0 // (x + 2)"))  # -2, the third, raises
+    assert (ep.outcome["passed"], ep.outcome["error"], ep.rewards["coder"]) == (3, None, 0.75)
+    assert ep.outcome["spec"] == PLUS3["spec"]
+
+
+@needs_sandbox
 def test_a_forged_report_does_not_pass(tmp_path):
     """The function may print what it likes, even a line like the checker's, and exit before the
     checker reports: the host compares the values with outputs the sandbox never saw."""
@@ -156,6 +163,9 @@ def test_tasks_need_a_spec_a_reference_and_tests(tmp_path):
     t = team("code_pair", tasks=[{"spec": "Return x."}])
     (ep,) = play(t, {"tester": Script({"example": "f(1) == 1"}), "coder": Script(code("x"))}, tmp_path).episodes
     assert ep.status == "error" and ep.error == "ValueError: task reference: required key is missing"
+    t = team("code_pair", tasks=[{**PLUS3, "reference": "return x + 3"}])  # a statement, not an expression
+    (ep,) = play(t, {"tester": Script({"example": "f(1) == 4"}), "coder": Script(code("x + 3"))}, tmp_path).episodes
+    assert ep.status == "error" and ep.error.startswith("ValueError: task reference: not a Python expression of x")
 
 
 def test_values_are_the_same_only_as_json_values_are():
