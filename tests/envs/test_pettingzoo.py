@@ -297,6 +297,24 @@ def test_a_cooperative_game_is_won_or_lost_together(tmp_path, together, a, b, re
     assert ep.outcome["totals"]["p1"] == ep.outcome["totals"]["p2"] == {"win": 1, "draw": 0, "loss": -1}[result]
 
 
+def test_a_game_that_paid_unequally_once_is_not_cooperative(tmp_path, together, monkeypatch):
+    """One unequal payment makes the totals decide, though the last ones were alike."""
+    import coop_games.together as game
+
+    def step(self, action):
+        if self.terminations[self.agent_selection]:
+            return self._was_dead_step(action)
+        self.moves += 1
+        self.rewards = {"a": 1, "b": 0} if self.moves == 1 else {"a": 0, "b": 0}
+        self.terminations = {a: self.moves == 2 for a in self.agents}
+        self.agent_selection = "b"
+        self._accumulate_rewards()
+
+    monkeypatch.setattr(game.Together, "step", step)
+    (ep,) = play(zoo(tmp_path, together), {"p1": moves("0"), "p2": moves("0")}, tmp_path).episodes
+    assert ep.outcome["totals"] == {"p1": 1.0, "p2": 0.0} and ep.outcome["results"] == {"p1": "win", "p2": "loss"}
+
+
 def test_an_env_whose_done_agent_never_leaves_ends_its_episode_not_a_hang(tmp_path, together, monkeypatch):
     """A game whose step ignores a done agent's None action (no _was_dead_step) kept it in the
     game: the adapter stepped it forever, in code that never awaits, so no timeout could end it."""
