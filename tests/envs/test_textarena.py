@@ -108,6 +108,14 @@ def test_tictactoe_random_players_play_to_the_end(tmp_path):
             assert results[winner] == "win" and ep.turns[-1].role == winner  # the last move made the line
 
 
+def test_each_player_sees_its_own_player_id(tmp_path):
+    p0, p1 = moves("[0]", "[1]", "[2]"), moves("[3]", "[4]")
+    (ep,) = play(arena(tmp_path, "TicTacToe-v0"), {"p0": p0, "p1": p1}, tmp_path).episodes
+    assert ep.outcome["results"] == {"p0": "win", "p1": "loss"}  # the top row
+    assert [r.context["player_id"] for r in p0.requests] == [0, 0, 0]
+    assert [r.context["player_id"] for r in p1.requests] == [1, 1]
+
+
 def test_rock_paper_scissors_with_configured_moves(tmp_path):
     team = arena(tmp_path, "IteratedRockPaperScissors-v0", 'moves: ["[rock]", "[paper]", "[scissors]"]')
     result = play(team, RANDOM, tmp_path, episodes=3)
