@@ -1075,6 +1075,7 @@ def test_rounds_restart_at_the_coder_and_each_role_gets_its_own_process_reward(t
         assert played[-1][1].done and played[-1][1].rewards == dict.fromkeys(env.roles, 0.5)
         out = env.outcome()
         assert (out["rounds"], out["approved"], out["tests_passed"]) == (3, False, True)
+        assert (out["edits_applied"], out["edits_total"]) == (1, 2)
         assert out["process"] == {"planner": pytest.approx(2 / 3), "coder": 0.5, "reviewer": 1.0, "tester": 0.25}
     finally:
         asyncio.run(env.close())
