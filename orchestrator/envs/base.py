@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from pydantic import ConfigDict, ValidationError, ValidationInfo
+from pydantic import ConfigDict, ValidationError, ValidationInfo, model_validator
 
 from ..config import NoBoolNumbers
 from ..config_errors import first_error
@@ -35,6 +35,15 @@ class EnvConfig(Options):
 
     # What happens after a turn that stays invalid once its retries are spent.
     on_invalid: Literal["continue", "end"] = "continue"
+    # how an env that decides invalid turns itself takes them: there `on_invalid: end` is refused,
+    # not ignored without a word
+    invalid_turns: ClassVar[str] = ""
+
+    @model_validator(mode="after")
+    def _check_on_invalid(self) -> "EnvConfig":
+        if self.invalid_turns and self.on_invalid == "end":
+            raise ValueError(f"on_invalid: end is not used here: {self.invalid_turns}")
+        return self
 
     def role_refs(self) -> list[tuple[Loc, str]]:
         """(location in this block, role name) of every role it routes to: checked at load time."""

@@ -24,7 +24,7 @@ import ast
 import asyncio
 import json
 import sys
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field, StrictStr, field_validator, model_validator
 
@@ -62,6 +62,7 @@ print("\n" + MARK + json.dumps(out))
 
 
 class CodePairConfig(EnvConfig):
+    invalid_turns: ClassVar[str] = "an invalid example is no example, an invalid function passes no test"
     tester: str = "tester"
     coder: str = "coder"
     sandbox: SandboxOptions = Field(default_factory=lambda: SandboxOptions(timeout_s=10.0, memory_mb=256))

@@ -28,7 +28,7 @@ the problem as the Generator does and is paid the same way, and the Judge sees i
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
 
@@ -39,6 +39,7 @@ from .propose_solve import OPS
 
 
 class GenerateJudgeConfig(EnvConfig):
+    invalid_turns: ClassVar[str] = "an invalid answer is no answer (a wrong one), an invalid verdict a miss"
     generator: str = "generator"
     judge: str = "judge"
     max_operand: int = Field(20, ge=1, le=10_000)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
 
@@ -39,6 +39,7 @@ OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b
 
 
 class ProposeSolveConfig(EnvConfig):
+    invalid_turns: ClassVar[str] = "an invalid problem ends the episode, an invalid answer is a wrong one"
     proposer: str = "proposer"
     solver: str = "solver"
     attempts: int = Field(4, ge=2, le=32, description="the Solver's independent tries at each problem")

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field, StrictStr, ValidationInfo, field_validator, model_validator
 
@@ -91,6 +91,7 @@ GENERATORS: dict[str, Callable[[random.Random], Callable[[random.Random], Proble
 
 
 class TeacherStudentConfig(EnvConfig):
+    invalid_turns: ClassVar[str] = "an invalid example is no example, an invalid answer a wrong one"
     student: str = "student"
     student_alone: str = "student_alone"
     domains: dict[str, str] = Field(

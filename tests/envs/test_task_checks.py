@@ -4,6 +4,7 @@ file the task came from (the team file, or its YAML or JSON-lines tasks file).""
 from __future__ import annotations
 
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,20 @@ def test_a_task_built_in_code_is_checked_by_the_env():
     with pytest.raises(ValueError, match=r"^task domain: domain 'cubes' has no teacher"):
         team.make_env({"domain": "cubes"}, random.Random(0))
     assert team.make_env({}, random.Random(0)).domain in {"largest", "smallest"}
+
+
+@pytest.mark.parametrize("name, how", [
+    ("code_pair", "an invalid example is no example, an invalid function passes no test"),
+    ("generate_judge", "an invalid answer is no answer (a wrong one), an invalid verdict a miss"),
+    ("teacher_student", "an invalid example is no example, an invalid answer a wrong one"),
+    ("propose_solve", "an invalid problem ends the episode, an invalid answer is a wrong one"),
+])
+def test_on_invalid_end_is_refused_where_the_env_takes_invalid_turns_its_own_way(tmp_path, name, how):
+    """These envs never read on_invalid: `end` loaded and every invalid turn went on as before."""
+    from orchestrator.errors import ConfigError
+    from orchestrator.team import load_team
+
+    path = recipe(tmp_path, name, f"  type: {name}\n", f"  type: {name}\n  on_invalid: end\n")
+    with pytest.raises(ConfigError, match=rf"{name}.yaml:\d+: protocol: on_invalid: end is not used here: {re.escape(how)}$"):
+        load_team(path)
+    assert load_team(recipe(tmp_path, name, f"  type: {name}\n", f"  type: {name}\n  on_invalid: continue\n"))
