@@ -88,6 +88,7 @@ async def test_schema_travels_from_the_policy_to_the_engine_request():
 def test_response_format_shape():
     fmt = response_format("code reviewer/2", schema_json(SCHEMA))
     assert fmt == {"type": "json_schema", "json_schema": {"name": "code_reviewer_2", "schema": SCHEMA, "strict": True}}
+    assert response_format("r" * 80, schema_json(SCHEMA))["json_schema"]["name"] == "r" * 64  # OpenAI's limit
 
 
 @pytest.mark.parametrize("fmt, expected", [
@@ -241,10 +242,13 @@ def response(status: str, body: bytes) -> bytes:
 async def test_a_reply_without_content_its_finish_reason_and_a_usage_that_is_no_count(monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
     body = b'{"choices": [{"message": {"content": null}, "finish_reason": "length"}], "usage": {"completion_tokens": -1}}'
+    flag = b'{"choices": [{"message": {"content": "{}"}}], "usage": {"completion_tokens": true}}'  # JSON's true is no count
     asked: list[bytes] = []
-    async with answering(response("200 OK", body), asked=asked) as url:
-        out = await OpenAIPolicy(f"base@{url}")(policy_request())
+    async with answering(response("200 OK", body), response("200 OK", flag), asked=asked) as url:
+        policy = OpenAIPolicy(f"base@{url}")
+        out, flagged = await policy(policy_request()), await policy(policy_request())
     assert (out.text, out.finish_reason, out.completion_tokens) == ("", "length", None)
+    assert flagged.completion_tokens is None
     assert b"Authorization: Bearer sk-secret\r\n" in asked[0]
 
 
@@ -263,7 +267,7 @@ async def test_a_422_about_response_format_drops_it_and_any_other_400_is_the_err
     assert len(asked) == 1 and policy.send_response_format
 
 
-@pytest.mark.parametrize("status", [408, 429, 500, 503])
+@pytest.mark.parametrize("status", [408, 409, 429, 500, 502, 503, 504])
 async def test_a_server_throttling_or_failing_in_passing_is_asked_again(status):
     """One 429 or 503 from a busy server failed the episode: OpenAI's own client asks again."""
     busy = b"HTTP/1.1 %d Busy\r\nContent-Length: 2\r\n\r\n{}" % status
@@ -273,6 +277,37 @@ async def test_a_server_throttling_or_failing_in_passing_is_asked_again(status):
     assert out.text == "{}" and len(asked) == 3
 
 
+async def test_a_server_hanging_up_without_a_reply_is_asked_again():
+    asked: list[bytes] = []
+    async with answering(b"", OK, asked=asked) as url:  # a ConnectionError of its own, not wrapped in a URLError
+        assert (await OpenAIPolicy(f"base@{url}")(policy_request())).text == "{}"
+    assert len(asked) == 2
+
+
+async def test_a_400_naming_response_format_for_a_request_without_it_is_the_error():
+    refused = response("400 Bad Request", b'{"error": "response_format: not supported"}')
+    async with answering(refused) as url:
+        with pytest.raises(PolicyError, match="HTTP 400: .*response_format: not supported"):
+            await OpenAIPolicy(f"base@{url}")(policy_request())
+
+
+async def test_a_server_that_never_answers_is_cut_at_the_timeout_by_the_socket():
+    """urllib's own timeout ends the request (and frees its thread) before the policy's grace."""
+    done = asyncio.Event()
+
+    async def silent(reader, writer):
+        await done.wait()
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    try:
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
+        with pytest.raises(PolicyError, match=f"{re.escape(url)}: timed out"):
+            await OpenAIPolicy(f"base@{url}", timeout_s=0.3)(policy_request())
+    finally:
+        done.set()
+        server.close()
+        await server.wait_closed()
 async def test_retries_end_and_say_so_and_a_request_refused_for_itself_is_not_retried():
     asked: list[bytes] = []
     async with answering(b"HTTP/1.1 503 Busy\r\nContent-Length: 2\r\n\r\n{}", asked=asked) as url:
