@@ -13,7 +13,7 @@ from orchestrator.envs.tictactoe import EMPTY
 from orchestrator.errors import PolicyError
 from orchestrator.policies.base import PolicyRequest
 from orchestrator.policies.baselines import BinarySearchPolicy, MinimaxPolicy, RandomPolicy
-from orchestrator.policies.instances import minimal_instance, random_instance
+from orchestrator.policies.instances import fit_length, minimal_instance, pattern_instance, random_instance
 from orchestrator.policies.stub import StubPolicy
 
 SCHEMAS = [
@@ -61,6 +61,39 @@ def test_random_integers_follow_the_views_range_and_choices_spread():
     assert verdicts == {"pro", "con"}
     assert minimal_instance(SCHEMAS[3]) == {"verdict": "pro", "ok": False, "notes": ["xxx", "xxx"]}
     assert minimal_instance(SCHEMAS[5])["path"] == "tests/x.py"
+
+
+def test_the_stub_takes_the_first_choice_and_the_least_of_everything():
+    schema = {"type": "object", "$defs": {"a/b": {"const": "slash"}, "a~1b": {"const": "escaped"}},
+              "properties": {"code": {"type": "string", "pattern": "^[^xa][b-d][^x]\\d*-$"},
+                             "pick": {"oneOf": [{"type": "integer", "minimum": 3}, {"const": "none"}]},
+                             "tags": {"type": "array", "items": {"type": "string"}},
+                             "word": {"type": "string", "minLength": 0}, "cap": {"type": "integer", "maximum": 50},
+                             "mid": {"type": "number", "minimum": 0.1, "maximum": 0.9},
+                             "ref": {"$ref": "#/$defs/a~01b"}, "branch": {"$ref": "#/properties/pick/oneOf/1"},
+                             "optional": {"type": "string"}},
+              "required": ["code", "pick", "tags", "word", "cap", "mid", "ref", "branch"]}
+    # a negated class, a range and a repeat at their least; no optional property, no array items unasked;
+    # a string 1 long at least; 0 in 0..100 met at one side; a middle where no whole number fits;
+    # a JSON pointer's ~01 is "~1" (not "/"), and a number in it indexes a list
+    assert minimal_instance(schema) == {"code": "bba-", "pick": 3, "tags": [], "word": "x", "cap": 0, "mid": 0.5,
+                                        "ref": "escaped", "branch": "none"}
+    jsonschema.validate(minimal_instance(schema), schema)
+
+
+def test_a_pattern_the_walk_cannot_meet_gives_none_and_random_strings_repeat_to_their_length():
+    first = lambda options: options[0]  # noqa: E731
+    assert pattern_instance("a\\bb", first) is None  # the walk skips \b: "ab", which does not match
+    assert pattern_instance("[éè]", first) is None  # no candidate character: nothing to pick from
+    assert fit_length("cat", {"minLength": 5}) == "catca"
+
+
+def test_random_instances_spread_over_a_list_of_types_and_both_booleans():
+    rng = random.Random(2)
+    schema = {"type": "object", "properties": {"y": {"type": ["string", "null"]}, "b": {"type": "boolean"}},
+              "required": ["y", "b"]}
+    replies = [random_instance(schema, {}, rng) for _ in range(40)]
+    assert {type(r["y"]) for r in replies} == {str, type(None)} and {r["b"] for r in replies} == {True, False}
 
 
 def reply(policy, context: dict, seed: int = 0) -> dict:
