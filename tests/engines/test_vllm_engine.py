@@ -254,6 +254,25 @@ async def test_missing_logprobs_is_an_error(vllm_engine):
     assert vllm_engine.busy == 0
 
 
+def test_logprob_steps_must_match_the_tokens_one_for_one():
+    """A step more or fewer than the tokens would shift every logprob onto another token."""
+    from orchestrator.engines.vllm import sampled_logprobs
+
+    steps = [{5: fake_vllm.Logprob(-0.1, 1)}, {6: fake_vllm.Logprob(-0.2, 1)}]
+    assert sampled_logprobs(steps, [5, 6]) == [-0.1, -0.2]
+    for tokens in ([5], [5, 6, 7]):
+        with pytest.raises(RuntimeError, match=f"2 logprob steps for {len(tokens)} tokens"):
+            sampled_logprobs(steps, tokens)
+
+
+def test_top_logprobs_leave_out_the_tokens_a_grammar_bans():
+    """vLLM ranks the -inf logprobs of banned tokens too: they are no alternatives."""
+    from orchestrator.engines.vllm import most_likely
+
+    step = {5: fake_vllm.Logprob(-0.1, 1), 6: fake_vllm.Logprob(float("-inf"), 2), 7: fake_vllm.Logprob(-3.0, 3)}
+    assert most_likely(step, 2) == [(5, -0.1)] and most_likely(step, 3) == [(5, -0.1), (7, -3.0)]
+
+
 async def test_an_adapter_named_like_a_path_is_snapshotted_inside_the_engines_folder(vllm_engine, tmp_path):
     """serve takes any --adapter NAME: ../../x copied the adapter to /x-XXXX, outside the snapshots
     the engine removes as it closes, and a/b was a FileNotFoundError traceback."""
@@ -381,6 +400,14 @@ def test_a_full_disk_writing_an_adapter_names_its_file(small_disk):
     with pytest.raises(OSError) as raised:
         write_peft_adapter(small_disk / "a", state, 1.0)
     assert (raised.value.errno, raised.value.filename) == (errno.ENOSPC, str(small_disk / "a" / "adapter_model.safetensors"))
+
+
+def test_a_state_dict_without_lora_a_weights_is_refused_clearly(tmp_path):
+    from orchestrator.engines.vllm import write_peft_adapter
+
+    with pytest.raises(ValueError, match="expected lora_A weights of one rank, found ranks none"):
+        write_peft_adapter(tmp_path / "a", {"m.q_proj.lora_B.weight": torch.zeros(8, 4)}, 1.0)
+    assert not (tmp_path / "a").exists()
 
 
 async def test_remove_and_unknown_adapters_sample_the_base_model(vllm_engine, tmp_path):
