@@ -22,7 +22,7 @@ import fake_vllm
 from fake_vllm import Reply
 from sandboxes.pool import scratch_root
 from orchestrator.config import SamplingConfig
-from orchestrator.engines.base import Engine, GenerationRequest, SamplingParams
+from orchestrator.engines.base import Engine, GenerationRequest, RequestRefused, SamplingParams
 from orchestrator.grammar.schema import grammar_after
 from orchestrator.messages import parse_message
 from orchestrator.models import checkpoint_dir
@@ -271,6 +271,31 @@ def test_top_logprobs_leave_out_the_tokens_a_grammar_bans():
 
     step = {5: fake_vllm.Logprob(-0.1, 1), 6: fake_vllm.Logprob(float("-inf"), 2), 7: fake_vllm.Logprob(-3.0, 3)}
     assert most_likely(step, 2) == [(5, -0.1)] and most_likely(step, 3) == [(5, -0.1), (7, -3.0)]
+
+
+def with_outputs(llm, outputs):
+    """Make ``llm`` answer every request with these RequestOutputs, in place of its scripted reply."""
+    async def generate(prompt, params, request_id, *, lora_request=None):
+        for out in outputs:
+            yield out
+
+    llm.generate = generate
+
+
+@pytest.mark.parametrize("outputs", [[], [fake_vllm.RequestOutput("r", [1, 2, 3], [], True)]])
+async def test_a_request_vllm_answers_with_no_output_is_an_error(vllm_engine, outputs):
+    with_outputs(fake(vllm_engine), outputs)
+    with pytest.raises(RuntimeError, match="vllm returned no output for request rolecast-0"):
+        await vllm_engine.generate(req())
+    assert vllm_engine.busy == 0
+
+
+async def test_a_prompt_vllm_refuses_is_a_refused_request(vllm_engine):
+    """vLLM's own check as the request is added: the caller's to fix, not an engine failure."""
+    fake(vllm_engine).args.max_model_len = 2
+    with pytest.raises(RequestRefused, match="longer than the maximum model length of 2"):
+        await vllm_engine.generate(req())
+    assert vllm_engine.busy == 0
 
 
 async def test_an_adapter_named_like_a_path_is_snapshotted_inside_the_engines_folder(vllm_engine, tmp_path):
