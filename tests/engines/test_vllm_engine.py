@@ -377,6 +377,38 @@ async def test_superseded_version_is_evicted_once_unused(vllm_engine, tmp_path):
     assert llm.removed == [old.lora_int_id] and not Path(old.lora_path).exists()
 
 
+def test_a_version_superseded_before_any_request_has_its_snapshot_removed(vllm_engine, tmp_path):
+    """No event loop to tell vLLM on, and nothing for it to forget: else each reload's copy stayed until aclose."""
+    for value in (1.0, 2.0, 3.0):
+        vllm_engine.load_adapter("judge", adapter_dir(tmp_path / "j", value))
+    [snapshot] = vllm_engine._snapshots.iterdir()
+    assert fake(vllm_engine).removed == []
+    assert snapshot == Path(vllm_engine._current["judge"].lora.lora_path)
+
+
+async def test_aclose_waits_for_the_evictions_under_way(vllm_engine, tmp_path):
+    """Else vLLM was shut down first, and the removal ran against a closed engine, or never."""
+    vllm_engine.load_adapter("judge", adapter_dir(tmp_path / "j1", 1.0))
+    await vllm_engine.generate(req("judge"))
+    llm = fake(vllm_engine)
+    old = llm.calls[-1].lora_request
+    removed_before_shutdown = []
+    llm.shutdown = lambda: removed_before_shutdown.extend(llm.removed)
+    vllm_engine.load_adapter("judge", adapter_dir(tmp_path / "j2", 2.0))  # its eviction is queued on this loop
+    await vllm_engine.aclose()
+    assert removed_before_shutdown == [old.lora_int_id]
+
+
+async def test_an_adapter_without_weights_superseded_has_nothing_to_evict(vllm_engine):
+    """add_adapter's version 1 has no LoRA in vLLM: its eviction failed on vLLM's loop, and aclose raised it."""
+    vllm_engine.add_adapter("tester")
+    await vllm_engine.generate(req("tester"))
+    state = {"m.q_proj.lora_A.weight": torch.zeros(4, 8), "m.q_proj.lora_B.weight": torch.zeros(8, 4)}
+    assert vllm_engine.update_adapter("tester", state) == 2
+    await vllm_engine.aclose()
+    assert fake(vllm_engine).removed == []
+
+
 async def test_reload_from_the_trainers_thread_evicts_on_vllms_loop(vllm_engine, tmp_path):
     vllm_engine.load_adapter("pro", adapter_dir(tmp_path / "p1", 1.0))
     await vllm_engine.generate(req("pro"))
