@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+from abc import abstractmethod
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from support import ERROR_LINE, plugin, write
 from orchestrator.envs.guess_number import GuessNumberEnv
 from orchestrator.registry import Registry, discover
 from orchestrator.training.trainer import Trainer
+from plugins.trainers.grpo import GRPO
 
 PLUGIN = '''
 import json
@@ -351,6 +353,17 @@ def test_a_hook_without_the_hookimpl_marker_is_reported():
     assert not {"coin", "half"} & {name for name, _ in registry.plugins}
 
 
+def test_an_unmarked_commands_hook_is_reported():
+    """Its command was missing from the CLI, and `rolecast plugins` listed the plugin as loaded."""
+    from types import SimpleNamespace
+
+    registry = Registry()
+    registry.add_module(SimpleNamespace(register_commands=lambda subparsers: subparsers.add_parser("hello")), "cmd", "test")
+    assert [f.error for f in registry.failures] == [
+        "register_commands is not marked @hookimpl (from orchestrator.hookspecs import hookimpl)"]
+    assert registry.plugins == [] and registry.commands == []
+
+
 def test_a_plugin_whose_command_fails_keeps_none_of_its_names():
     import argparse
 
@@ -400,6 +413,18 @@ class _LooseEnv(GuessNumberEnv):
         player: str
 
 
+class _AbstractEnv(GuessNumberEnv):
+    @abstractmethod
+    async def step(self, role, message): ...
+
+
+def _loose_reward(episode, roles, config):
+    return {}
+
+
+_loose_reward.Config = _LooseEnv.Config
+
+
 @pytest.mark.parametrize("kind, obj, words", [
     ("envs", 42, "42 is not an env (a subclass of orchestrator.envs.base.Env)"),
     ("policies", 42, "42 cannot be called"),
@@ -407,6 +432,12 @@ class _LooseEnv(GuessNumberEnv):
     ("rewards", lambda episode, roles: {}, "must be a function of (episode, roles, config)"),
     ("trainers", _Abstract, "_Abstract does not implement advantages"),
     ("envs", _LooseEnv, "_LooseEnv.Config must be a pydantic model that forbids unknown keys (subclass orchestrator.envs.EnvConfig)"),
+    ("envs", _AbstractEnv, "_AbstractEnv does not implement step"),
+    ("envs", GRPO, "GRPO is not an env"),  # a trainer has a Config too
+    ("envs", object.__new__(GuessNumberEnv), "is not an env"),  # an instance, not the class
+    ("rewards", max, "max must be a function of (episode, roles, config)"),  # no signature to read
+    ("rewards", _loose_reward, "_loose_reward.Config must be a pydantic model that forbids unknown keys "
+                               "(subclass orchestrator.config.PluginConfig)"),
 ])
 def test_what_breaks_a_kinds_contract_is_refused_at_registration(kind, obj, words):
     """Else it passed, and failed later in a run with a traceback (an int has no Config)."""
@@ -414,6 +445,36 @@ def test_what_breaks_a_kinds_contract_is_refused_at_registration(kind, obj, word
     registry.add_module(plugin(**{f"register_{kind}": lambda register: register("broken", obj)}), "broken", "test")
     (failure,) = [f for f in registry.failures if f.plugin == "broken"]
     assert words in failure.error and "broken" not in registry.names(kind)
+
+
+@pytest.mark.parametrize("name", ["", 42])
+def test_a_name_that_is_not_a_non_empty_string_is_refused(name):
+    """A number among the names made sorting them (the "known:" list of an unknown name) raise."""
+    registry = discover()
+    registry.add_module(plugin(register_policies=lambda register: register(name, lambda spec: None)), "odd", "test")
+    assert [f.error for f in registry.failures] == [
+        f"register_policies: ValueError: policies plugin name must be a non-empty string, got {name!r}"]
+    assert "random" in registry.names("policies")
+
+
+def test_a_plugin_registered_again_adds_its_command_once():
+    """Its commands were kept twice: the second add_parser clashed, and the plugin was dropped."""
+    import argparse
+
+    registry = Registry()
+    for _ in range(2):
+        registry.add_module(plugin(register_commands=lambda subparsers: subparsers.add_parser("hello")), "hi", "test")
+    registry.add_commands(argparse.ArgumentParser().add_subparsers())
+    assert registry.failures == [] and [(r.plugin, r.name) for r in registry.command_names] == [("hi", "hello")]
+
+
+def test_a_plugin_error_of_several_lines_is_reported_on_one():
+    def bad(register):
+        raise RuntimeError("needs libfoo\n  at /usr/lib/foo.so")
+
+    registry = Registry()
+    registry.add_module(plugin(register_envs=bad), "bad", "test")
+    assert [f.error for f in registry.failures] == ["register_envs: RuntimeError: needs libfoo at /usr/lib/foo.so"]
 
 
 def test_registering_again_forgets_the_names_it_no_longer_registers():
@@ -443,6 +504,19 @@ def test_a_plugin_whose_entry_point_name_is_taken_is_reported_not_skipped(monkey
                        f"the plugin name 'games' is taken by rolecast=={importlib.metadata.version('rolecast')} "
                        "(plugins.games): rename its entry point")]
     assert ("mine", "rolecast-mygames==1.0 (my_games)") in registry.plugins and "my-coin" in registry.names("envs")
+
+
+def test_an_entry_point_without_a_distribution_is_loaded_with_an_unknown_source(monkeypatch):
+    """An entry point built by hand (no ``dist``) loads; its source says the distribution is unknown."""
+    import importlib.metadata
+    from types import SimpleNamespace
+
+    mine = plugin(register_envs=lambda register: register("my-coin", GuessNumberEnv))
+    loose = SimpleNamespace(name="mine", value="my_games", load=lambda: mine, dist=None)
+    real = importlib.metadata.entry_points
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [*real(group=group), loose])
+    registry = discover()
+    assert registry.failures == [] and ("mine", "? (my_games)") in registry.plugins
 
 
 def test_registry_get_unknown_names_known():
