@@ -125,7 +125,7 @@ class Registry:
         """``register(name, obj)`` for one plugin's hook: names go to ``staged`` until all its hooks succeed."""
         def register(name: str, obj: Any) -> None:
             if not isinstance(name, str) or not name:
-                raise ValueError(f"{kind} plugin name must be a non-empty string, got {name!r}")
+                raise ValueError(f"{SINGULAR[kind]} plugin name must be a non-empty string, got {name!r}")
             _check_plugin(kind, obj)
             if name in staged:  # the plugin's own copy-paste slip: the first object would be lost
                 raise ValueError(f"{SINGULAR[kind]} {name!r} is registered twice")

@@ -453,7 +453,7 @@ def test_a_name_that_is_not_a_non_empty_string_is_refused(name):
     registry = discover()
     registry.add_module(plugin(register_policies=lambda register: register(name, lambda spec: None)), "odd", "test")
     assert [f.error for f in registry.failures] == [
-        f"register_policies: ValueError: policies plugin name must be a non-empty string, got {name!r}"]
+        f"register_policies: ValueError: policy plugin name must be a non-empty string, got {name!r}"]
     assert "random" in registry.names("policies")
 
 
