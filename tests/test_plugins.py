@@ -287,6 +287,33 @@ def test_without_the_plugin_its_env_is_an_unknown_plugin(tmp_path, cli):
     assert code == 2 and "protocol.type: unknown env plugin 'coin'" in err
 
 
+def test_the_built_ins_are_registered_under_their_names():
+    """A swapped or dropped line in plugins/core.py or plugins/games.py (`random` playing minimax,
+    no `textarena`) passed the tests that load recipes."""
+    from plugins.rewards import REWARDS
+
+    registry = discover()
+    got = {(r.plugin, kind, name): r.obj.__name__ for kind in ("envs", "policies", "trainers")
+           for name, r in registry.items[kind].items() if r.plugin in ("core", "games")}  # not what else is installed
+    assert got == {
+        **{("core", "envs", name): cls for name, cls in (
+            ("pipeline", "PipelineEnv"), ("debate", "DebateEnv"), ("issue_fix", "IssueFixEnv"), ("code_pair", "CodePairEnv"),
+            ("propose_solve", "ProposeSolveEnv"), ("teacher_student", "TeacherStudentEnv"),
+            ("generate_judge", "GenerateJudgeEnv"))},
+        ("core", "policies", "stub"): "StubPolicy",
+        **{("core", "trainers", name): cls for name, cls in (
+            ("grpo", "GRPO"), ("freeze-rotate", "FreezeRotate"), ("m-grpo", "MGRPO"), ("self-play", "SelfPlay"),
+            ("population", "Population"))},
+        **{("games", "envs", name): cls for name, cls in (
+            ("guess_number", "GuessNumberEnv"), ("twenty_questions", "TwentyQuestionsEnv"), ("tictactoe", "TicTacToeEnv"),
+            ("prisoners_dilemma", "PrisonersDilemmaEnv"), ("rps", "RPSEnv"), ("textarena", "TextArenaEnv"),
+            ("pettingzoo", "PettingZooEnv"))},
+        **{("games", "policies", name): cls for name, cls in (
+            ("random", "RandomPolicy"), ("minimax", "MinimaxPolicy"), ("binary-search", "BinarySearchPolicy"))},
+    }
+    assert {name: r.obj for name, r in registry.items["rewards"].items() if r.plugin == "core"} == REWARDS
+
+
 def test_hook_that_raises_is_reported_and_others_still_register():
     def bad(register):
         raise RuntimeError("oops")
