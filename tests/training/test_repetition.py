@@ -48,3 +48,19 @@ def test_a_failed_episode_is_not_among_the_n_nor_a_repeat_and_an_invalid_one_is_
     out, metrics = penalise_repetition(groups, rewards, {"proposer": 0.6})
     assert [rw["proposer"] for g in out for rw in g] == pytest.approx([-0.3, -0.3, 0.0, 0.0])
     assert metrics == {"proposer/repeated": pytest.approx(0.5)}  # over the episodes where it said something
+
+
+def test_a_step_with_one_speaker_or_none_is_not_penalised_and_has_no_mean():
+    """A step where every proposer turn was invalid (early in training) divided by zero for the
+    mean, as one where only one episode finished did for the share."""
+    failed = episode(1, NINE)
+    failed.status = "error"
+    rewards = [[{"proposer": 0.5, "solver": 1.0}] * 2]
+    assert penalise_repetition([[episode(0, None), episode(1, None)]], rewards, {"proposer": 0.6}) == (rewards, {})
+    assert repetition_shares([episode(0, NINE), failed], "proposer") == [0.0, None]
+
+
+def test_the_mean_share_keeps_four_decimals():
+    eps = [episode(0, NINE), episode(1, NINE), episode(2, {"a": 1, "op": "+", "b": 2}), episode(3, None)]
+    rewards = [[{"proposer": 0.0, "solver": 1.0}] * 4]
+    assert penalise_repetition([eps], rewards, {"proposer": 1.0})[1] == {"proposer/repeated": 0.2222}  # (1/3 + 1/3 + 0) / 3
