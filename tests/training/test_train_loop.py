@@ -1339,6 +1339,38 @@ def test_a_plugins_numpy_rewards_and_advantages_are_floats():
         checked([[{"a": np.float32("nan")}]], ["a"], "reward", "r", "its reward")
 
 
+def test_a_plugins_values_of_the_wrong_shape_or_kind_are_one_line_naming_it():
+    """The fast check of what the CLI tests above see through a whole run: each refusal names the
+    plugin and its hook, and ends in what to do."""
+    from types import MappingProxyType
+
+    import numpy as np
+
+    from orchestrator.errors import RolecastError, RunFailed
+    from orchestrator.training.plugin_faults import blamed, checked, measured
+
+    fix = "; fix it, then --resume from the last checkpoint"
+    with pytest.raises(RunFailed) as caught:
+        checked([[{"a": 1.0}]], ["a"], "trainer", "t", "advantages", like=[[None, None]])
+    assert str(caught.value) == "trainer plugin 't': advantages gave [1] episodes per group for the step's [2]" + fix
+    with pytest.raises(RunFailed, match=r"its reward gave \[1\] for episode 0 of group 0, not a mapping of role to number"):
+        checked([[[1]]], ["a"], "reward", "r", "its reward")
+    # only the roles asked for are checked; the rows given are not changed, and may be read-only
+    row = MappingProxyType({"a": np.float32(0.5), "note": "x"})
+    assert checked([[row]], ["a"], "reward", "r", "its reward") == [[{"a": 0.5, "note": "x"}]]
+    assert type(row["a"]) is np.float32
+    with pytest.raises(RunFailed, match="after_step gave 'loss', a key the step's row has already"):
+        measured({"loss": 0.5}, "trainer", "t", "after_step", taken={"loss": 0.1})
+    with pytest.raises(RunFailed, match="after_step gave 1 a float, where a number is needed"):
+        measured({1: 0.5}, "trainer", "t", "after_step")
+    with pytest.raises(RunFailed) as caught, blamed("trainer", "t", "after_step"):
+        raise KeyError("x")
+    assert str(caught.value) == "trainer plugin 't': after_step raised KeyError: 'x'" + fix
+    with pytest.raises(RolecastError) as caught, blamed("trainer", "t", "after_step"):
+        raise RolecastError("already one line")  # the plugin's own clear error, as it is
+    assert str(caught.value) == "already one line"
+
+
 def test_a_checkpoints_rng_state_gives_back_the_draws_of_torch_and_python(tmp_path):
     """What a resumed run draws (LoRA dropout from torch, a plugin's draws from Python's random) is
     what the run drew after the checkpoint; one seed gives one run's draws."""
