@@ -16,13 +16,14 @@ FIX = "fix it, then --resume from the last checkpoint"
 
 @contextlib.contextmanager
 def said_as(error: Callable[[str], Exception], what: str) -> Iterator[None]:
-    """An exception inside the block (plugin code) is ``error`` of one line: "WHAT raised TYPE: TEXT"."""
+    """An exception inside the block (plugin code) is ``error`` of one line: "WHAT raised TYPE: TEXT"
+    (TEXT's lines joined: pydantic's ValidationError, say, spans several)."""
     try:
         yield
     except RolecastError:
         raise
     except Exception as exc:
-        raise error(f"{what} raised {type(exc).__name__}: {exc}") from exc
+        raise error(f"{what} raised {type(exc).__name__}: {' '.join(str(exc).split())}") from exc
 
 
 def blamed(kind: str, name: str, hook: str) -> contextlib.AbstractContextManager[None]:

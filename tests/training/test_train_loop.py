@@ -1366,6 +1366,10 @@ def test_a_plugins_values_of_the_wrong_shape_or_kind_are_one_line_naming_it():
     with pytest.raises(RunFailed) as caught, blamed("trainer", "t", "after_step"):
         raise KeyError("x")
     assert str(caught.value) == "trainer plugin 't': after_step raised KeyError: 'x'" + fix
+    with pytest.raises(RunFailed) as caught, blamed("reward", "r", "its reward"):
+        raise ValueError("1 validation error for M\nx\n  Input should be a valid integer")  # pydantic's, say
+    assert str(caught.value) == "reward plugin 'r': its reward raised ValueError: 1 validation error for M x Input " \
+                                "should be a valid integer" + fix
     with pytest.raises(RolecastError) as caught, blamed("trainer", "t", "after_step"):
         raise RolecastError("already one line")  # the plugin's own clear error, as it is
     assert str(caught.value) == "already one line"
