@@ -6,6 +6,11 @@ from pathlib import Path
 EXIT_USAGE = 2  # the exit code of a command stopped by a user's mistake (argparse's own)
 
 
+def one_line(exc: BaseException) -> str:
+    """``TYPE: TEXT``, TEXT's lines joined (pydantic's ValidationError, say, spans several)."""
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+
+
 class RolecastError(Exception):
     """Base class of every error rolecast reports to a user without a traceback."""
 

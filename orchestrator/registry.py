@@ -22,6 +22,7 @@ from pydantic import BaseModel
 
 from . import hookspecs
 from .config import PluginConfig
+from .errors import one_line
 from .training.trainer import Trainer
 
 ENTRY_POINT_GROUP = "rolecast.plugins"
@@ -75,7 +76,7 @@ class Registry:
             pm.register(module, name=plugin)
             pm.check_pending()  # a hookimpl whose name matches no hookspec (a misspelt hook)
         except Exception as exc:
-            self.failures.append(PluginFailure(plugin, source, _one_line(exc)))
+            self.failures.append(PluginFailure(plugin, source, one_line(exc)))
             return
         # pluggy skips a hook function without the marker: the plugin would load and register nothing
         if unmarked := [h for h in HOOKS if callable(getattr(module, h, None)) and not getattr(pm.hook, h).get_hookimpls()]:
@@ -89,7 +90,7 @@ class Registry:
                 try:
                     impl.function(register=self._registrar(kind, plugin, source, staged[kind]))
                 except Exception as exc:
-                    errors.append(PluginFailure(plugin, source, f"register_{kind}: {_one_line(exc)}"))
+                    errors.append(PluginFailure(plugin, source, f"register_{kind}: {one_line(exc)}"))
         if errors:
             self.failures += errors
             return
@@ -107,7 +108,7 @@ class Registry:
             try:
                 hook(subparsers=subparsers)
             except Exception as exc:  # argparse refuses a command name that is taken, say
-                self.failures.append(PluginFailure(plugin, source, f"register_commands: {_one_line(exc)}"))
+                self.failures.append(PluginFailure(plugin, source, f"register_commands: {one_line(exc)}"))
                 self._drop(plugin)
                 continue
             self.command_names += [Registration("commands", name, parser, plugin, source)
@@ -173,10 +174,6 @@ def _takes(fn: Any, n: int) -> bool:
     return True
 
 
-def _one_line(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
-
-
 def _source(ep: importlib.metadata.EntryPoint) -> str:
     dist = getattr(ep, "dist", None)
     where = f"{dist.name}=={dist.version}" if dist is not None else "?"
@@ -209,7 +206,7 @@ def discover() -> Registry:
         try:
             module = ep.load()
         except Exception as exc:
-            registry.failures.append(PluginFailure(ep.name, _source(ep), _one_line(exc)))
+            registry.failures.append(PluginFailure(ep.name, _source(ep), one_line(exc)))
             continue
         registry.add_module(module, ep.name, _source(ep))
     return registry

@@ -9,21 +9,20 @@ import numbers
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any
 
-from ..errors import RolecastError, RunFailed
+from ..errors import RolecastError, RunFailed, one_line
 
 FIX = "fix it, then --resume from the last checkpoint"
 
 
 @contextlib.contextmanager
 def said_as(error: Callable[[str], Exception], what: str) -> Iterator[None]:
-    """An exception inside the block (plugin code) is ``error`` of one line: "WHAT raised TYPE: TEXT"
-    (TEXT's lines joined: pydantic's ValidationError, say, spans several)."""
+    """An exception inside the block (plugin code) is ``error`` of one line: "WHAT raised TYPE: TEXT"."""
     try:
         yield
     except RolecastError:
         raise
     except Exception as exc:
-        raise error(f"{what} raised {type(exc).__name__}: {' '.join(str(exc).split())}") from exc
+        raise error(f"{what} raised {one_line(exc)}") from exc
 
 
 def blamed(kind: str, name: str, hook: str) -> contextlib.AbstractContextManager[None]:

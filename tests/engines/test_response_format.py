@@ -308,6 +308,8 @@ async def test_a_server_that_never_answers_is_cut_at_the_timeout_by_the_socket()
         done.set()
         server.close()
         await server.wait_closed()
+
+
 async def test_retries_end_and_say_so_and_a_request_refused_for_itself_is_not_retried():
     asked: list[bytes] = []
     async with answering(b"HTTP/1.1 503 Busy\r\nContent-Length: 2\r\n\r\n{}", asked=asked) as url:
