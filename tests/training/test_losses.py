@@ -54,6 +54,10 @@ def test_aggregations_by_hand():
     assert aggregate(per_token, mask, lengths, "sequence-mean").item() == pytest.approx((2.5 + 4.0) / 2)
     with pytest.raises(ValueError, match="unknown aggregation"):
         aggregate(per_token, mask, lengths, "mean")
+    # no action tokens (every reply a prompt's): 0, not 0 / 0 = NaN in the loss and the gradient
+    none = torch.zeros(5)
+    for how, counts in [("token-mean", {}), ("token-mean", {"total_tokens": 0.0}), ("sequence-mean", {})]:
+        assert aggregate(per_token, none, lengths, how, **counts).item() == 0.0
 
 
 def test_chunked_logprobs_equal_full_log_softmax_with_gradients():
@@ -148,6 +152,38 @@ def test_a_frozen_head_under_bf16_autocast_matches_the_checkpointed_chunks():
         grads.append(torch.autograd.grad((weights * logp).sum(), hidden)[0])
     assert torch.allclose(grads[0], grads[1], rtol=0.02, atol=0.02)
     assert head.weight.grad is None
+
+
+def test_a_frozen_head_stays_finite_where_the_logits_pass_float32_exps_range():
+    """Logits of 150 at temperature 0.25 are 600 in the softmax: exp of them is inf in float32
+    unless each row's max is taken off first."""
+    torch.manual_seed(0)
+    head = torch.nn.Linear(8, 64, bias=False).requires_grad_(False)
+    with torch.no_grad():
+        head.weight.mul_(100)
+    hidden = torch.randn(5, 8, requires_grad=True)
+    targets = torch.randint(0, 64, (5,))
+    logp, ent = token_logprobs(hidden, head, targets, temperature=0.25, chunk=4, entropy=True)
+    full = torch.log_softmax(head(hidden) / 0.25, -1)
+    assert head(hidden).abs().max() > 100
+    assert torch.allclose(logp, full.gather(-1, targets[:, None]).squeeze(-1), rtol=1e-5)
+    assert torch.isfinite(ent).all() and torch.isfinite(torch.autograd.grad((logp + ent).sum(), hidden)[0]).all()
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+def test_temperature_0_is_read_as_1_by_either_head(frozen):
+    """A greedy role's actions (temperature 0) are scored at temperature 1, as LossConfig says:
+    divided by 0, every logit was inf and every logprob and gradient NaN."""
+    torch.manual_seed(0)
+    head = torch.nn.Linear(8, 50).requires_grad_(not frozen)
+    hidden = torch.randn(7, 8, requires_grad=True)
+    targets = torch.randint(0, 50, (7,))
+    greedy, ent0 = token_logprobs(hidden, head, targets, temperature=0.0, chunk=4, entropy=True)
+    plain, ent1 = token_logprobs(hidden, head, targets, temperature=1.0, chunk=4, entropy=True)
+    assert torch.allclose(greedy, plain) and torch.allclose(ent0, ent1)
+    (g0,) = torch.autograd.grad((greedy + ent0).sum(), hidden)
+    (g1,) = torch.autograd.grad((plain + ent1).sum(), hidden)
+    assert torch.allclose(g0, g1)
 
 
 @pytest.fixture(scope="module")
