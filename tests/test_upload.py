@@ -3,7 +3,7 @@ is the tensors in hand."""
 import numpy as np
 import pytest
 import torch
-from orchestrator.upload import Download, host_tensor, upload
+from orchestrator.upload import Download, host_tensor, move_together, upload
 
 
 @pytest.mark.parametrize("values", [[1, 2, 3], [[1, 2], [3, 4]], [0.5, -1.0], [[0.25], [2.0]], [True, False], [], [7]])
@@ -38,3 +38,12 @@ def test_a_download_off_a_gpu_is_the_tensors_in_hand_detached():
     got, empty = Download([x * 2, torch.zeros(0)]).get()
     assert torch.equal(got, torch.tensor([0.0, 2.0, 4.0])) and not got.requires_grad and empty.numel() == 0
     assert Download([]).get() == ()
+
+
+def test_move_together_gives_each_tensor_back_in_its_shape_and_the_dtype_asked_for():
+    """One flat copy, cut back into views: each in its own place, shape and values."""
+    w = torch.arange(6.0, requires_grad=True).reshape(2, 3)
+    parts = [w * 2, torch.tensor([7, 8, 9], dtype=torch.int64), torch.tensor(0.5, dtype=torch.bfloat16)]
+    moved = move_together(parts, torch.device("cpu"), torch.float64)  # not the float32 torch.cat would make
+    assert [m.shape for m in moved] == [p.shape for p in parts] and all(m.dtype == torch.float64 for m in moved)
+    assert all(torch.equal(m, p.detach().double()) for m, p in zip(moved, parts)) and not moved[0].requires_grad
