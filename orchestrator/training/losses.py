@@ -205,11 +205,17 @@ def aggregate(
     weighted = per_token * mask
     if how == "token-sum":
         return weighted.sum()
+    # a mean's divisor is the weights' sum, under 1 too (weights of 0.25 halved a clamp-at-1 mean);
+    # where it is 0 the weighted sum is 0 too, and the mean 0 rather than 0 / 0
     if how == "token-mean":
         if total_tokens is not None:  # a number, not a new tensor: that would be a copy to the device
-            return weighted.sum() / max(total_tokens, 1.0)
-        return weighted.sum() / mask.sum().clamp(min=1.0)
+            return weighted.sum() / (total_tokens or 1.0)
+        return weighted.sum() / _nonzero(mask.sum())
     if how == "sequence-mean":
-        means = [w.sum() / m.sum().clamp(min=1.0) for w, m in zip(weighted.split(lengths), mask.split(lengths))]
+        means = [w.sum() / _nonzero(m.sum()) for w, m in zip(weighted.split(lengths), mask.split(lengths))]
         return torch.stack(means).sum() / (total_sequences or len(lengths))
     raise ValueError(f"unknown aggregation {how!r}: use one of {', '.join(AGGREGATIONS)}")
+
+
+def _nonzero(total: torch.Tensor) -> torch.Tensor:
+    return total.where(total > 0, 1.0)

@@ -58,6 +58,11 @@ def test_aggregations_by_hand():
     none = torch.zeros(5)
     for how, counts in [("token-mean", {}), ("token-mean", {"total_tokens": 0.0}), ("sequence-mean", {})]:
         assert aggregate(per_token, none, lengths, how, **counts).item() == 0.0
+    # a mean weighted by the mask is the same mean whatever the weights' scale: under 1 too
+    quarter = mask * 0.25
+    assert aggregate(per_token, quarter, lengths, "token-mean").item() == 3.0
+    assert aggregate(per_token, quarter, lengths, "token-mean", total_tokens=0.75).item() == 3.0
+    assert aggregate(per_token, quarter, lengths, "sequence-mean").item() == pytest.approx((2.5 + 4.0) / 2)
 
 
 def test_chunked_logprobs_equal_full_log_softmax_with_gradients():
