@@ -582,6 +582,25 @@ def test_a_full_disk_leaves_metrics_rows_whole_and_names_the_file(small_disk):
         writer.close()
 
 
+def test_a_full_disk_at_close_names_the_tensorboard_dir(tmp_path, monkeypatch):
+    """TensorBoard's writer says ENOSPC naming no file when it closes too: `rolecast train` ended
+    in 'rolecast: No space left on device'."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from orchestrator.training.metrics import MetricsWriter
+
+    writer = MetricsWriter(tmp_path)
+    writer.write({"step": 1, "kind": "train", "loss": 1.0})
+
+    def full(self) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(SummaryWriter, "close", full)
+    with pytest.raises(OSError) as refused:
+        writer.close()
+    assert refused.value.errno == errno.ENOSPC and refused.value.filename == str(tmp_path / "tb")
+
+
 def test_the_error_that_stopped_a_run_is_not_replaced_by_its_metrics_writer_closing(tmp_path):
     """The writer was closed in a ``finally``: its close failing too (TensorBoard's flush on the
     same full disk) replaced the run's own error, here a trainer plugin's, which the user never saw."""
