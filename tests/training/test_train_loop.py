@@ -563,6 +563,9 @@ def test_metrics_drop_a_cut_off_last_line_and_name_a_damaged_one(tmp_path):
     path.write_text('{"step": 0, "kind": "eval"}\n{"step": 1}\n')  # every reader tells train from eval rows by kind
     with pytest.raises(RolecastError, match=r"metrics.jsonl:2: not a metrics row"):
         read_metrics(tmp_path)
+    path.write_text('{"step": 0, "kind": "eval"}\n{"step": true, "kind": "train"}\n')  # JSON's true is no step
+    with pytest.raises(RolecastError, match=r"metrics.jsonl:2: not a metrics row"):
+        read_metrics(tmp_path)
 
 
 def test_a_full_disk_leaves_metrics_rows_whole_and_names_the_file(small_disk):
