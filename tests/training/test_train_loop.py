@@ -555,6 +555,9 @@ def test_metrics_drop_a_cut_off_last_line_and_name_a_damaged_one(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 0, "kind": "eval"}\n{"step": 1, "kind": "train"}\n{"step": 2, "ki')  # killed mid-append
     assert [r["step"] for r in read_metrics(tmp_path)] == [0, 1]
+    path.write_text('{"step": 0, "kind": "eval"}\n\n{"step": 1, "kind": "train"}\n')  # a blank line is no row
+    assert [r["step"] for r in read_metrics(tmp_path)] == [0, 1]
+    path.write_text('{"step": 0, "kind": "eval"}\n{"step": 1, "kind": "train"}\n{"step": 2, "ki')
     MetricsWriter(tmp_path).truncate_after(0)  # what --resume from step 0 does
     assert path.read_text() == '{"step": 0, "kind": "eval"}\n'
     path.write_text('{"step": 0, "kind": "eval"}\n{"ste\n{"step": 1, "kind": "train"}\n')
