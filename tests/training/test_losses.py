@@ -425,7 +425,7 @@ def test_a_negative_or_nan_weight_is_refused(service, key):
     for bad in (-1.0, float("nan")):
         d = datum()
         d.loss_fn_inputs[key] = d.loss_fn_inputs.pop("mask")
-        d.loss_fn_inputs[key][-3] = bad
+        d.loss_fn_inputs[key][-3] = d.loss_fn_inputs[key][-1] = bad  # the first is named
         with pytest.raises(ValueError, match=f"^loss_fn_inputs\\[{key!r}\\] holds {bad} at position 17: a weight is 0 .no loss. or more$"):
             c.forward_backward([datum(), d], "cross_entropy").result()
     assert all(p.grad is None for p in c.params)
