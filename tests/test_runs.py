@@ -839,6 +839,23 @@ def test_log_json_renders_libraries_log_records_and_python_warnings_as_json_line
     assert "DeprecationWarning: old API" in said[("warning", "py.warnings")]
 
 
+def test_a_library_record_is_one_line_however_often_logging_is_configured(capsys):
+    """The CLI's main configures logging each time it is called in one process (the Python API,
+    a notebook): a handler added each time printed a library's warning once per call."""
+    import logging
+
+    from orchestrator import logs
+
+    for json_logs in (True, True, False):
+        logs.configure(json_logs=json_logs, libraries=True)
+    capsys.readouterr()
+    logging.getLogger("somelib").warning("rate limited, retrying")
+    [line] = capsys.readouterr().err.splitlines()
+    assert "rate limited, retrying" in line and not line.startswith("{")  # the last configure's renderer
+    assert "\x1b[" not in line  # stderr is no terminal here: no colour codes in a file it goes to
+    logs.configure()
+
+
 def test_unknown_role_in_policy_flag(workspace, cli):
     code, _, err = cli("run", workspace / "team.yaml", "--policy", "chef=builtin:stub")
     assert code == 2 and "unknown role(s) chef" in err
