@@ -856,6 +856,25 @@ def test_a_library_record_is_one_line_however_often_logging_is_configured(capsys
     logs.configure()
 
 
+def test_log_lines_go_to_the_stderr_of_the_time_they_are_written():
+    """Progress bars and tests swap sys.stderr after logging is configured: lines written to the
+    stderr of configure's time went around them."""
+    import contextlib
+    import io
+    import logging
+
+    import structlog
+
+    from orchestrator import logs
+
+    logs.configure(libraries=True)
+    with contextlib.redirect_stderr(io.StringIO()) as swapped:
+        structlog.get_logger().info("episode done", n=3)
+        logging.getLogger("somelib").warning("rate limited, retrying")
+    assert "episode done" in swapped.getvalue() and "rate limited, retrying" in swapped.getvalue()
+    logs.configure()
+
+
 def test_unknown_role_in_policy_flag(workspace, cli):
     code, _, err = cli("run", workspace / "team.yaml", "--policy", "chef=builtin:stub")
     assert code == 2 and "unknown role(s) chef" in err
