@@ -2,6 +2,7 @@
 it, so nothing one of them does wrong may end it."""
 from __future__ import annotations
 
+import threading
 import time
 
 from orchestrator.compute_thread import ComputeThread
@@ -88,12 +89,21 @@ def test_queued_jobs_run_back_to_back_while_the_loops_are_idle():
     """A job is work: the thread looks for the next at once rather than waiting out its 50 ms
     idle pause after each (40 queued training jobs took 2 s behind an idle engine's step)."""
     compute = ComputeThread()
+    waited_on: list[int] = []  # jobs queued at each idle pause
+
+    class Watched(threading.Event):
+        def wait(self, timeout=None):
+            if timeout is not None and not compute._jobs.empty():
+                waited_on.append(compute._jobs.qsize())
+            return super().wait(timeout)
+
+    compute._wake = Watched()
+    gate = threading.Event()
+    first = compute.submit(gate.wait, 10)  # holds the thread while the rest queue behind it
     idle = lambda: False  # noqa: E731 - an engine with nothing to do
     compute.add_loop(idle)
-    jobs = [compute.submit(time.sleep, 0) for _ in range(40)]
-    start = time.monotonic()
-    for job in jobs:
-        job.result(timeout=10)
-    took = time.monotonic() - start
+    jobs = [compute.submit(int) for _ in range(40)]
+    gate.set()
+    assert first.result(timeout=30) is True and [job.result(timeout=30) for job in jobs] == [0] * 40
     compute.remove_loop(idle)
-    assert took < 1.0
+    assert waited_on == []
