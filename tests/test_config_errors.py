@@ -351,6 +351,58 @@ def test_debug_shows_traceback(workspace):
         main(["--debug", "validate", str(workspace / "team.yaml")])
 
 
+def test_a_commands_bad_file_is_the_line_validate_says(workspace, cli):
+    """FILE:LINE: KEY: problem, as README's Bad input shows it: not prefixed "rolecast: " as other errors are."""
+    replace_in(workspace / "team.yaml", "use: reviewer", "use: chef")
+    _, _, said = cli("validate", workspace / "team.yaml")
+    code, _, err = cli("run", workspace / "team.yaml", "--out", workspace / "run")
+    assert code == 2 and err == said and ERROR_LINE.match(err.strip())
+
+
+def test_rolecast_without_a_command_prints_its_help_and_exits_2(cli):
+    """Nothing was done: exit 2, as argparse's own usage errors, not 0 as if a command had run."""
+    code, out, _ = cli()
+    assert code == 2 and "commands:" in out and "validate" in out
+
+
+def test_debug_shows_a_disk_faults_traceback_too(cli, monkeypatch):
+    """A full disk is one line naming the file, exit 1; with --debug, the traceback, as for any error."""
+    import errno
+
+    from orchestrator import logs
+    from orchestrator.cli import main
+
+    def full(args):
+        raise OSError(errno.ENOSPC, "No space left on device", "runs/x/metrics.jsonl")
+
+    monkeypatch.setattr("orchestrator.cli.validate.handle", full)
+    code, _, err = cli("validate", "team.yaml")
+    assert (code, err.strip()) == (1, "rolecast: runs/x/metrics.jsonl: No space left on device")
+    try:
+        with pytest.raises(OSError, match="No space left"):
+            main(["--debug", "validate", "team.yaml"])
+    finally:
+        logs.configure()
+
+
+def test_debug_shows_debug_logs(cli, monkeypatch):
+    import structlog
+
+    from orchestrator import logs
+
+    def chatty(args):
+        structlog.get_logger().debug("a debug line")
+        return 0
+
+    monkeypatch.setattr("orchestrator.cli.validate.handle", chatty)
+    try:
+        assert cli("validate", "team.yaml")[2] == ""
+        code, _, err = cli("--debug", "validate", "team.yaml")
+        assert code == 0 and "a debug line" in err
+    finally:
+        logs.configure()
+
+
 @pytest.mark.parametrize("errors", ["strict", "surrogateescape"])  # PYTHONIOENCODING=ascii; LC_ALL=C
 def test_what_stdout_cannot_encode_is_escaped_not_a_traceback(errors, workspace, monkeypatch):
     """Where stdout is ASCII (or Latin-1) `validate`'s ok line for a file in é, like `run`'s ±

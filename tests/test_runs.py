@@ -764,6 +764,13 @@ def test_sigterm_in_the_background_stops_a_run_between_steps_of_its_loop(workspa
     assert (workspace / "cleaned").exists()
 
 
+def test_a_command_gives_back_sigterm_as_it_found_it(cli):
+    """Its handler left behind, the next command in this process (a test, a script) found SIGTERM
+    taken, set none of its own, and a SIGTERM then stopped it as Ctrl-C: exit 130, "interrupted"."""
+    assert cli("plugins", "--json")[0] == 0
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
 def test_run_json_prints_only_the_summary_on_stdout_with_the_progress_bar_on(workspace, cli, monkeypatch):
     """``rolecast run --json | jq``: the bar draws on stderr, as the logs do."""
     write(workspace / "mypolicies.py", """
