@@ -46,6 +46,14 @@ def _holding_a_run(folder: Path) -> Path:
     return folder
 
 
+def _adapter_dir(folder: Path, config: str) -> Path:
+    """A folder with an adapter's files, its config holding ``config``."""
+    (folder / "adapter").mkdir()
+    (folder / "adapter" / "adapter_model.safetensors").write_bytes(b"")
+    (folder / "adapter" / "adapter_config.json").write_text(config)
+    return folder / "adapter"
+
+
 def _holding(folder: Path) -> subprocess.Popen:
     """Another process that holds ``folder`` as a run does (an flock on its lock file, its pid in
     it), until it is killed."""
@@ -266,6 +274,13 @@ def test_numpy_numbers_in_sets_are_plain_numbers():
      "tasks=[3.5]: must be a list"),  # it played secret 3
     (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", seed=2**70, out=out),
      "must be a whole number from 0 to 2**63 - 1"),
+    (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", seed=-1, out=out),
+     "seed=-1: must be a whole number from 0 to 2**63 - 1"),
+    # 0 read as "not given": the recipe's own timeout and concurrency, said nowhere
+    (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", timeout=0, out=out),
+     "timeout=0: must be a number of seconds above 0"),
+    (lambda out: rolecast.evaluate(ROOT / "recipes/tictactoe.yaml", concurrency=0, out=out),
+     "concurrency=0: must be a whole number above 0"),
     (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", policies=["guesser"], out=out),
      "policies=['guesser']: must be a mapping"),
     (lambda out: rolecast.run(42, out=out), "team=42: must be a team file's path, a mapping, or a Team"),
@@ -295,6 +310,10 @@ def test_numpy_numbers_in_sets_are_plain_numbers():
      "--out /proc/rolecast-run: cannot make this folder"),
     (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", dtype="fp16", out=out), "--dtype fp16: use one of"),
     (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", ray=True, out=out), "--ray True: give local, or"),
+    (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", ray="local", rollout_workers=True, out=out),
+     "--rollout-workers True: must be a whole number"),  # True is no count: it played on 1 worker
+    (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", adapters={"guesser": _adapter_dir(out.parent, "[]")},
+                              out=out), "its adapter_config.json is not a JSON object"),
     (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", rollout_workers=4, out=out),
      "--rollout-workers 4: rollout workers are Ray's; add --ray"),  # it played in this process, saying nothing
     (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", policies={"chef": "builtin:stub"}, out=out),
