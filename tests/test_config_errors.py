@@ -310,6 +310,15 @@ def test_missing_file(tmp_path, cli):
     assert err.strip() == f"{tmp_path / 'nope.yaml'}: (file): file not found"
 
 
+def test_a_folder_without_yaml_files_is_refused_not_ok(tmp_path, cli):
+    (tmp_path / "notes.txt").write_text("no roles here")
+    code, out, err = cli("validate", tmp_path)  # it had checked nothing, and exit 0 said all was well
+    assert (code, out, err.strip()) == (2, "", f"rolecast: no YAML files found in {tmp_path}")
+    (tmp_path / "index.yaml.html").write_text("<html>")  # *.y*ml matches it: not a YAML file for all that
+    code, out, err = cli("validate", tmp_path)
+    assert (code, out, err.strip()) == (2, "", f"rolecast: no YAML files found in {tmp_path}")
+
+
 def test_validate_says_each_mistake_as_a_json_line_with_log_json(tmp_path, cli):
     """``rolecast --log-json validate``: its FILE: KEY: problem lines were console text among the JSON lines."""
     code, out, err = cli("--log-json", "validate", tmp_path / "nope.yaml", tmp_path / "gone.yaml")
