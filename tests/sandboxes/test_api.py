@@ -546,12 +546,21 @@ def test_cli_json_and_refusals(workdir, capsys):
     assert args.func(args) == 137
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["timed_out"] and result["signal"] == 9
+    args = _cli("--json", "--memory", "16", "--workdir", str(workdir), "--", "python3", "-c", "x = bytearray(10**8)")
+    assert args.func(args) == 137 and json.loads(capsys.readouterr().out)["out_of_memory"]
     args = _cli("--backend", "none", "--workdir", str(workdir), "--", "true")
     assert args.func(args) == 2
     assert "allow_unsafe" in capsys.readouterr().err
     args = _cli("--timeout", "inf", "--workdir", str(workdir), "--", "true")  # was an OverflowError traceback
     assert args.func(args) == 2
     assert "wall_time_s must be positive and finite, got inf" in capsys.readouterr().err
+
+
+def test_the_cli_refuses_a_missing_command(workdir, capsys):
+    for argv in (("--workdir", str(workdir)), ("--workdir", str(workdir), "--")):
+        args = _cli(*argv)
+        assert args.func(args) == 2
+        assert capsys.readouterr().err.strip() == "rolecast sandbox run: missing command after --"
 
 
 def test_the_cli_lends_readable_paths_and_hides_folders(workdir, data_dir, capsys):
