@@ -610,6 +610,16 @@ def test_tasks_check_names_the_subfolders_it_skips(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == "rolecast tasks check: skipped (no task.yaml): misnamed"
 
 
+def test_tasks_check_refuses_a_dir_that_names_no_task(tmp_path, cli):
+    (tmp_path / "empty" / "sub").mkdir(parents=True)
+    write(tmp_path / "README.md", "notes\n")
+    for dirs, words in (([tmp_path / "empty"], f"{tmp_path / 'empty'}: no task.yaml in it or in its subfolders"),
+                        ([tmp_path / "nope"], f"{tmp_path / 'nope'}: no such folder"),
+                        ([tmp_path / "README.md"], f"no task folders among {tmp_path / 'README.md'}")):
+        code, out, err = cli("tasks", "check", *dirs)
+        assert (code, out, err.strip()) == (2, "", f"rolecast tasks check: {words}")
+
+
 def test_tasks_check_reports_every_bad_task_before_running_any(tmp_path, cli, monkeypatch):
     shutil.copytree(SLUG, tmp_path / SLUG.name, ignore=shutil.ignore_patterns("__pycache__"))
     write(tmp_path / "002-no-issue" / "task.yaml", "id: 002-no-issue\ntitle: x\n")
