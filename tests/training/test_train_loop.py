@@ -1072,6 +1072,8 @@ def test_report_names_what_is_wrong_with_a_run_dir_in_one_line(cli, tmp_path):
     code, out, err = cli("report", run)
     assert code == 0, err
     assert "| pro | 0.500 ± 0.100 (step 0) | 0.750 (step 1) |" in out
+    code, out, err = cli("report", run, "--json")
+    assert code == 0 and "| pro | 0.500 ± 0.100 (step 0) | 0.750 (step 1) |" in json.loads(out)["table"], err
     for name, text, words in (
         ("list-row", '[1, 2]\n{"step": 0, "kind": "eval"}\n', "metrics.jsonl:1: not a metrics row"),
         ("no-step", '{"kind": "eval"}\n{"step": 0, "kind": "eval"}\n', "metrics.jsonl:1: not a metrics row"),
@@ -1094,6 +1096,9 @@ def test_report_names_what_is_wrong_with_a_run_dir_in_one_line(cli, tmp_path):
     write(tmp_path / "cmp" / "compare.json", "{}")
     code, _, err = cli("report", tmp_path / "cmp")
     assert code == 2 and "a comparison: report one of its strategy folders" in err, err
+    (tmp_path / "other").mkdir()
+    code, _, err = cli("report", tmp_path / "other")
+    assert code == 2 and err.strip().endswith("other: no metrics.jsonl (is this a training run dir?)"), err
 
 
 def test_report_writes_its_table_in_utf8_whatever_the_locale(tmp_path):
