@@ -62,49 +62,59 @@ def test_minibatches_are_optimizer_steps(tmp_path):
     assert "pro/epoch1/clip_fraction" not in row and row["pro/clip_fraction"] >= 0.0
 
 
-def test_minibatches_that_do_not_divide_the_datums_are_still_that_many_optimizer_steps():
-    """5 datums in 4 minibatches are 4 optimizer steps (2, 1, 1, 1), not 3 chunks of ceil(5 / 4)."""
+def updated(cfg, datums, minibatch, step: int = 1, seed: int = 0) -> dict:
+    """``_update``'s row for one step of a run faked around it: ``datums`` maps each adapter to its
+    datums (stand-ins), ``minibatch(batches)`` answers each optimizer step's call with its rows."""
     from types import SimpleNamespace
 
-    from orchestrator.config import TrainingConfig
-
-    run, sizes = TrainingRun.__new__(TrainingRun), []
-    run.cfg, run.options = TrainingConfig(minibatches=4), SimpleNamespace(seed=0)
-    run._datums = lambda adapter, *_: ([((1.0, None), n) for n in range(5)], [], {})
-
-    async def minibatch(batches):
-        sizes.append(len(batches["pro"]))
-        return {"pro": {}}
+    run = TrainingRun.__new__(TrainingRun)
+    run.cfg, run.options = cfg, SimpleNamespace(seed=seed)
+    run._datums = lambda adapter, *_: ([((1.0, None), d) for d in datums[adapter]], [], {})
 
     async def publish(adapter):
         return 2
 
     run._minibatch, run._publish = minibatch, publish
-    asyncio.run(run._update(1, ["pro"], [], None, None))
+    return asyncio.run(run._update(step, list(datums), [], None, None))
+
+
+def answering(rows: list[dict]):
+    """A ``minibatch`` that answers pro's optimizer steps with ``rows``, in turn."""
+    rows = iter(rows)
+
+    async def minibatch(batches):
+        return {"pro": next(rows)}
+
+    return minibatch
+
+
+def test_minibatches_that_do_not_divide_the_datums_are_still_that_many_optimizer_steps():
+    """5 datums in 4 minibatches are 4 optimizer steps (2, 1, 1, 1), not 3 chunks of ceil(5 / 4)."""
+    from orchestrator.config import TrainingConfig
+
+    sizes = []
+
+    async def minibatch(batches):
+        sizes.append(len(batches["pro"]))
+        return {"pro": {}}
+
+    updated(TrainingConfig(minibatches=4), {"pro": range(5)}, minibatch)
     assert sorted(sizes, reverse=True) == [2, 1, 1, 1]
 
 
 def test_minibatches_are_drawn_from_the_datums_shuffled_and_seeded_by_step():
     """docs/training.md: the datums go through the passes shuffled, seeded by step: in rollout order
     a minibatch held one group's episodes, and every step the same split of them."""
-    from types import SimpleNamespace
-
     from orchestrator.config import TrainingConfig
 
     def chunks(step: int, epochs: int, seed: int = 0) -> list[list[int]]:
-        run, seen = TrainingRun.__new__(TrainingRun), []
-        run.cfg, run.options = TrainingConfig(minibatches=2, ppo_epochs=epochs), SimpleNamespace(seed=seed)
-        run._datums = lambda adapter, *_: ([((1.0, None), n) for n in range(8)], [], {})
+        seen = []
 
         async def minibatch(batches):
             seen.append([n for _, n in batches["pro"]])
             return {"pro": {}}
 
-        async def publish(adapter):
-            return 2
-
-        run._minibatch, run._publish = minibatch, publish
-        asyncio.run(run._update(step, ["pro"], [], None, None))
+        updated(TrainingConfig(minibatches=2, ppo_epochs=epochs), {"pro": range(8)}, minibatch, step, seed)
         return seen
 
     first = chunks(1, epochs=1)
@@ -120,24 +130,11 @@ def test_a_steps_row_counts_all_its_minibatches_tokens():
     """Minibatches of 30 and 10 action tokens, 10 of the first's clipped: the step trained 40 tokens
     and clipped a quarter of them (a mean over the minibatches read 20 tokens, a sixth clipped);
     the loss and grad_norm stay means over the optimizer steps."""
-    from types import SimpleNamespace
-
     from orchestrator.config import TrainingConfig
 
-    run = TrainingRun.__new__(TrainingRun)
-    run.cfg, run.options = TrainingConfig(minibatches=2), SimpleNamespace(seed=0)
-    run._datums = lambda adapter, *_: ([((1.0, None), n) for n in range(4)], [], {})
-    rows = iter([{"loss": 0.4, "loss:sum": 12.0, "tokens": 30.0, "clip_fraction": 1 / 3, "grad_norm": 1.0},
-                 {"loss": 0.2, "loss:sum": 2.0, "tokens": 10.0, "clip_fraction": 0.0, "grad_norm": 3.0}])
-
-    async def minibatch(batches):
-        return {"pro": next(rows)}
-
-    async def publish(adapter):
-        return 2
-
-    run._minibatch, run._publish = minibatch, publish
-    row = asyncio.run(run._update(1, ["pro"], [], None, None))
+    row = updated(TrainingConfig(minibatches=2), {"pro": range(4)}, answering([
+        {"loss": 0.4, "loss:sum": 12.0, "tokens": 30.0, "clip_fraction": 1 / 3, "grad_norm": 1.0},
+        {"loss": 0.2, "loss:sum": 2.0, "tokens": 10.0, "clip_fraction": 0.0, "grad_norm": 3.0}]))
     assert (row["pro/tokens"], row["pro/loss:sum"]) == (40.0, 14.0)
     assert row["pro/clip_fraction"] == pytest.approx(0.25)
     assert row["pro/loss"] == pytest.approx(0.3) and row["pro/grad_norm"] == 2.0
@@ -147,52 +144,31 @@ def test_an_adapter_with_fewer_datums_than_minibatches_trains_each_once_beside_o
     """minibatches: 4 with 5 datums for pro and 2 for con: pro takes 4 optimizer steps, con 2, every
     datum in one of them and no batch empty (con's 2 datums were not cut into 4 chunks, two of them
     empty; nor did pro's last two wait on con's, never trained)."""
-    from types import SimpleNamespace
-
     from orchestrator.config import TrainingConfig
 
-    run, seen = TrainingRun.__new__(TrainingRun), []
-    run.cfg, run.options = TrainingConfig(minibatches=4), SimpleNamespace(seed=0)
-    sizes = {"pro": 5, "con": 2}
-    run._datums = lambda adapter, *_: ([((1.0, None), f"{adapter}{n}") for n in range(sizes[adapter])], [], {})
+    seen = []
+    datums = {a: [f"{a}{n}" for n in range(size)] for a, size in (("pro", 5), ("con", 2))}
 
     async def minibatch(batches):
         seen.append({a: [d for _, d in items] for a, items in batches.items()})
         return {a: {} for a in batches}
 
-    async def publish(adapter):
-        return 2
-
-    run._minibatch, run._publish = minibatch, publish
-    asyncio.run(run._update(1, ["pro", "con"], [], None, None))
+    updated(TrainingConfig(minibatches=4), datums, minibatch)
     assert [sorted(batch) for batch in seen] == [["con", "pro"], ["con", "pro"], ["pro"], ["pro"]]
     assert all(batch[a] for batch in seen for a in batch)
-    for adapter, n in sizes.items():
-        assert sorted(d for batch in seen for d in batch.get(adapter, [])) == [f"{adapter}{i}" for i in range(n)]
+    for adapter, names in datums.items():
+        assert sorted(d for batch in seen for d in batch.get(adapter, [])) == names
 
 
 def test_a_steps_row_is_the_mean_of_its_passes_beside_each_pass_own():
     """Two epochs, the second clipping half its tokens: the row's clip_fraction and grad_norm are the
     passes' mean (not the last pass's), epochN/ gives each pass; one epoch gives no epochN/ keys."""
-    from types import SimpleNamespace
-
     from orchestrator.config import TrainingConfig
 
     def update(epochs: int) -> dict:
-        run = TrainingRun.__new__(TrainingRun)
-        run.cfg, run.options = TrainingConfig(ppo_epochs=epochs), SimpleNamespace(seed=0)
-        run._datums = lambda adapter, *_: ([((1.0, None), n) for n in range(2)], [], {})
-        rows = iter([{"loss": 0.4, "tokens": 10.0, "clip_fraction": 0.0, "approx_kl": 0.0, "grad_norm": 1.0},
-                     {"loss": 0.2, "tokens": 10.0, "clip_fraction": 0.5, "approx_kl": 0.02, "grad_norm": 3.0}])
-
-        async def minibatch(batches):
-            return {"pro": next(rows)}
-
-        async def publish(adapter):
-            return 2
-
-        run._minibatch, run._publish = minibatch, publish
-        return asyncio.run(run._update(1, ["pro"], [], None, None))
+        return updated(TrainingConfig(ppo_epochs=epochs), {"pro": range(2)}, answering([
+            {"loss": 0.4, "tokens": 10.0, "clip_fraction": 0.0, "approx_kl": 0.0, "grad_norm": 1.0},
+            {"loss": 0.2, "tokens": 10.0, "clip_fraction": 0.5, "approx_kl": 0.02, "grad_norm": 3.0}]))
 
     row = update(2)
     assert row["pro/clip_fraction"] == pytest.approx(0.25) and row["pro/grad_norm"] == 2.0
