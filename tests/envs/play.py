@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable
@@ -25,6 +26,17 @@ def team(recipe: str, tasks: list[dict] | None = None, **protocol: Any) -> Team:
         data = {**t.env_config.model_dump(), **protocol}
         t = dataclasses.replace(t, env_config=t.env_class.Config.model_validate(data))
     return dataclasses.replace(t, tasks=tasks) if tasks else t
+
+
+def another_shape(tmp_path: Path, recipe: str, role: str, other: str) -> Path:
+    """A copy of ``recipe`` whose ``role`` is played by the library role ``other``: another
+    protocol's schema, which the env's ``reads`` must refuse at load."""
+    text = (ROOT / "recipes" / f"{recipe}.yaml").read_text()
+    swapped = re.sub(rf"  - use: \w+\n    name: {role}\n|  - use: {role}\n", f"  - use: {other}\n    name: {role}\n", text)
+    assert swapped != text, f"no role {role!r} in {recipe}.yaml"
+    path = tmp_path / "team.yaml"
+    path.write_text(swapped)
+    return path
 
 
 def any_move(t: Team) -> Team:

@@ -7,7 +7,7 @@ import json
 import re
 
 import pytest
-from play import Script, play, team
+from play import Script, another_shape, play, team
 from support import ROOT
 
 from orchestrator.errors import ConfigError
@@ -193,8 +193,5 @@ def test_a_verdict_other_than_correct_or_incorrect_is_none(tmp_path):
 @pytest.mark.parametrize("role, other, field", [("judge", "solver", "verdict"), ("generator", "verifier", "answer")])
 def test_roles_of_another_shape_are_refused_at_load(tmp_path, role, other, field):
     """A judge with a solver's schema loaded, then gave no verdict in any episode."""
-    text = re.sub(rf"  - use: \w+\n    name: {role}\n", f"  - use: {other}\n    name: {role}\n",
-                  (ROOT / "recipes/generate_judge.yaml").read_text())
-    (tmp_path / "team.yaml").write_text(text)
     with pytest.raises(ConfigError, match=rf"GenerateJudgeEnv reads field\(s\) {field} of the messages of role '{role}'"):
-        load_team(tmp_path / "team.yaml")
+        load_team(another_shape(tmp_path, "generate_judge", role, other))

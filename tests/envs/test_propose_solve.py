@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from play import ROOT, Script, play, team
+from play import ROOT, Script, another_shape, play, team
 
 from orchestrator.errors import ConfigError
 from orchestrator.team import load_team
@@ -110,7 +110,5 @@ def test_a_true_is_no_answer_of_1(tmp_path):
 @pytest.mark.parametrize("role, other, fields", [("proposer", "solver", "a, b, op"), ("solver", "proposer", "answer")])
 def test_roles_of_another_shape_are_refused_at_load(tmp_path, role, other, fields):
     """A proposer answering {"answer": 444} loaded, then posed an illegal problem every episode."""
-    recipe = (ROOT / "recipes/propose_solve.yaml").read_text()
-    (tmp_path / "team.yaml").write_text(recipe.replace(f"  - use: {role}\n", f"  - use: {other}\n    name: {role}\n"))
     with pytest.raises(ConfigError, match=rf"ProposeSolveEnv reads field\(s\) {fields} of the messages of role '{role}'"):
-        load_team(tmp_path / "team.yaml")
+        load_team(another_shape(tmp_path, "propose_solve", role, other))

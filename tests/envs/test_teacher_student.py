@@ -7,7 +7,7 @@ import random
 import re
 
 import pytest
-from play import Script, play, team
+from play import Script, another_shape, play, team
 from support import ERROR_LINE
 
 from orchestrator.envs.teacher_student import GENERATORS, UNITS, TeacherStudentConfig
@@ -207,13 +207,8 @@ def test_the_students_and_the_teachers_are_different_roles(student, alone, teach
                                                 ("student_alone", "teacher", "answer")])
 def test_roles_of_another_shape_are_refused_at_load(tmp_path, role, other, field):
     """A teacher with a student's schema loaded, then showed no example in any episode."""
-    from play import ROOT
-
     from orchestrator.errors import ConfigError
     from orchestrator.team import load_team
 
-    text = re.sub(rf"  - use: \w+\n    name: {role}\n", f"  - use: {other}\n    name: {role}\n",
-                  (ROOT / "recipes/teacher_student.yaml").read_text())
-    (tmp_path / "team.yaml").write_text(text)
     with pytest.raises(ConfigError, match=rf"TeacherStudentEnv reads field\(s\) {field} of the messages of role '{role}'"):
-        load_team(tmp_path / "team.yaml")
+        load_team(another_shape(tmp_path, "teacher_student", role, other))
