@@ -11,6 +11,12 @@ import pytest
 from support import ERROR_LINE, ROOT, no_engine, write
 
 
+def tasks_file(workspace: Path, name: str, text: str) -> None:
+    """The team's inline tasks moved to the file ``name``, which holds ``text``."""
+    replace_in(workspace / "team.yaml", 'tasks:\n  - {text: "the sea"}\n  - {text: "the sky"}', f"tasks: {name}")
+    write(workspace / name, text)
+
+
 def replace_in(path: Path, old: str, new: str) -> None:
     text = path.read_text()
     assert old in text, f"fixture text {old!r} not in {path.name}"
@@ -178,8 +184,7 @@ CASES = [
     ("task-yaml-date", lambda w: replace_in(w / "team.yaml", '{text: "the sea"}', '{text: "the sea", due: 2024-01-01}'),
      "team.yaml", 9, "tasks[0].due", "a date is not JSON data: quote it to keep it as text"),
     # a tasks file holding no task: every draw of a task failed mid-run
-    ("tasks-file-empty-list", lambda w: (replace_in(w / "team.yaml", 'tasks:\n  - {text: "the sea"}\n  - {text: "the sky"}', "tasks: tasks.yaml"),
-                                         write(w / "tasks.yaml", "[]\n")),
+    ("tasks-file-empty-list", lambda w: tasks_file(w, "tasks.yaml", "[]\n"),
      "team.yaml", 8, "tasks", "must hold a non-empty list of mappings"),
     # a recipe in which no role learns: nothing would train
     ("training-without-a-learner", lambda w: replace_in(w / "team.yaml", "  - use: reviewer\ntasks:",
@@ -188,21 +193,17 @@ CASES = [
     ("tasks-file-missing", lambda w: replace_in(w / "team.yaml", 'tasks:\n  - {text: "the sea"}\n  - {text: "the sky"}', "tasks: tasks.jsonl"),
      "team.yaml", 8, "tasks", "cannot read tasks file"),
     # an entry of a tasks file that is no mapping: was named at the team's `tasks` key, not its own line
-    ("tasks-yaml-entry-not-mapping", lambda w: (replace_in(w / "team.yaml", 'tasks:\n  - {text: "the sea"}\n  - {text: "the sky"}', "tasks: tasks.yaml"),
-                                                write(w / "tasks.yaml", "- {text: the sea}\n- the sky\n")),
+    ("tasks-yaml-entry-not-mapping", lambda w: tasks_file(w, "tasks.yaml", "- {text: the sea}\n- the sky\n"),
      "tasks.yaml", 2, "[1]", "a task must be a mapping, not str"),
     # was the last of the two texts, without a word
-    ("tasks-jsonl-duplicate-key", lambda w: (replace_in(w / "team.yaml", 'tasks:\n  - {text: "the sea"}\n  - {text: "the sky"}', "tasks: tasks.jsonl"),
-                                             write(w / "tasks.jsonl", '{"text": "the sea"}\n{"text": "the sky", "text": "the sun"}\n')),
+    ("tasks-jsonl-duplicate-key", lambda w: tasks_file(w, "tasks.jsonl", '{"text": "the sea"}\n{"text": "the sky", "text": "the sun"}\n'),
      "tasks.jsonl", 2, "(json)", "not valid JSON: duplicate key 'text'"),
     # a lone surrogate escape loaded, then writing the run's config.yaml raised UnicodeEncodeError
     ("team-yaml-lone-surrogate", lambda w: replace_in(w / "team.yaml", '{text: "the sky"}', '{text: "the \\udcff sky"}'),
      "team.yaml", 10, "tasks[1].text", "a lone surrogate escape (\\ud800-\\udfff without its pair)"),
-    ("tasks-jsonl-lone-surrogate", lambda w: (replace_in(w / "team.yaml", 'tasks:\n  - {text: "the sea"}\n  - {text: "the sky"}', "tasks: tasks.jsonl"),
-                                              write(w / "tasks.jsonl", '{"text": "the sea"}\n{"text": "the \\udcff sky"}\n')),
+    ("tasks-jsonl-lone-surrogate", lambda w: tasks_file(w, "tasks.jsonl", '{"text": "the sea"}\n{"text": "the \\udcff sky"}\n'),
      "tasks.jsonl", 2, "(json)", "a lone surrogate escape (\\ud800-\\udfff without its pair)"),
-    ("tasks-jsonl-entry-not-mapping", lambda w: (replace_in(w / "team.yaml", 'tasks:\n  - {text: "the sea"}\n  - {text: "the sky"}', "tasks: tasks.jsonl"),
-                                                 write(w / "tasks.jsonl", '{"text": "the sea"}\n\n["the sky"]\n')),
+    ("tasks-jsonl-entry-not-mapping", lambda w: tasks_file(w, "tasks.jsonl", '{"text": "the sea"}\n\n["the sky"]\n'),
      "tasks.jsonl", 3, "(task)", "a task must be a mapping, not list"),
     ("loop-back-forward", lambda w: replace_in(w / "team.yaml", "order: [echo, reviewer]",
                                                "order: [echo, reviewer]\n  loop_back: {from: echo, to: reviewer, field: verdict, values: [x]}"),
