@@ -320,6 +320,23 @@ def test_a_folder_without_yaml_files_is_refused_not_ok(tmp_path, cli):
     assert (code, out, err.strip()) == (2, "", f"rolecast: no YAML files found in {tmp_path}")
 
 
+def test_validate_walks_past_packages_and_runs(workspace, cli):
+    """`rolecast validate .` in a project: the YAML of its .venv, of a virtualenv by another name and
+    of its run dirs is not the user's, and each had been a failure."""
+    write(workspace / ".venv/lib/site-packages/pkg/data.yaml", "a: 1\n")
+    write(workspace / "env/pyvenv.cfg", "home = /usr/bin\n")
+    write(workspace / "env/lib/broken.yml", "b: [\n")
+    write(workspace / "runs/first/config.yaml", "team: {name: echoes}\nrun: {episodes: 2}\n")
+    write(workspace / "runs/trained/config.yaml", "recipe: {name: echoes}\nrun: {steps: 2}\n")
+    write(workspace / "runs/trained/rollouts/step-000001/summary.yaml", "c: 1\n")
+    code, out, err = cli("validate", workspace)
+    assert (code, err) == (0, ""), err
+    assert {line.split()[1] for line in out.splitlines()} == {str(workspace / "team.yaml"), str(workspace / "echo.yaml")}
+    write(workspace / "runs/config.yaml", "run: {episodes: 2}\n")  # not a run's record: checked, and refused
+    code, _, err = cli("validate", workspace)
+    assert code == 2 and err.startswith(f"{workspace / 'runs/config.yaml'}:1:"), err
+
+
 def test_validate_says_each_mistake_as_a_json_line_with_log_json(tmp_path, cli):
     """``rolecast --log-json validate``: its FILE: KEY: problem lines were console text among the JSON lines."""
     code, out, err = cli("--log-json", "validate", tmp_path / "nope.yaml", tmp_path / "gone.yaml")

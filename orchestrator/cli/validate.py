@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +13,9 @@ from ..errors import EXIT_USAGE, ConfigError, RolecastError
 
 def register(sub: Any) -> None:
     p = sub.add_parser("validate", help="check role and team YAML files (or folders of them)")
-    p.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="role or team YAML files, or folders of them")
+    p.add_argument("paths", nargs="+", type=Path, metavar="PATH",
+                   help="role or team YAML files, or folders of them (hidden folders, virtualenvs and run dirs "
+                        "in a folder are passed over)")
     p.set_defaults(func=handle)
 
 
@@ -19,10 +23,36 @@ def yaml_files(paths: list[Path]) -> list[Path]:
     files: list[Path] = []
     for path in paths:
         if path.is_dir():
-            files += sorted(p for p in path.rglob("*.y*ml") if p.suffix in (".yaml", ".yml"))
+            files += sorted(_walk(path))
         else:
             files.append(path)
     return files
+
+
+def _walk(folder: Path) -> Iterator[Path]:
+    """The YAML files under ``folder``, less those that are not the user's roles or teams: a
+    package's (hidden folders such as .venv, a virtualenv by its pyvenv.cfg) and a run's record
+    (`validate .` in a project had failed on every one)."""
+    for root, dirs, names in os.walk(folder):
+        here = Path(root)
+        if _is_run_dir(here):
+            dirs.clear()
+            continue
+        dirs[:] = [d for d in dirs if not d.startswith(".") and not (here / d / "pyvenv.cfg").exists()]
+        yield from (here / n for n in names if Path(n).suffix in (".yaml", ".yml"))
+
+
+def _is_run_dir(folder: Path) -> bool:
+    """Whether ``folder/config.yaml`` is what `run` or `train` recorded: the team (or recipe) and the run's options."""
+    from ..yamlfile import load_yaml
+
+    if not (folder / "config.yaml").is_file():
+        return False
+    try:
+        data = load_yaml(folder / "config.yaml").data
+    except ConfigError:
+        return False
+    return isinstance(data, dict) and "run" in data and bool({"team", "recipe"} & set(data))
 
 
 def handle(args: argparse.Namespace) -> int:
