@@ -331,7 +331,7 @@ def _load_tasks(tasks: list[dict[str, Any]] | str, doc: YamlDoc, loc: tuple, env
     else:
         path = doc.file(loc, tasks)
         try:
-            if path.suffix == ".jsonl":
+            if path.suffix.lower() == ".jsonl":
                 lines = load_json_lines(path)
                 items, where = [v for _, v in lines], lambda i, key, problem: ConfigError(
                     path, lines[i][0], format_loc(key) or "(task)", problem)

@@ -205,6 +205,9 @@ CASES = [
      "tasks.jsonl", 2, "(json)", "a lone surrogate escape (\\ud800-\\udfff without its pair)"),
     ("tasks-jsonl-entry-not-mapping", lambda w: tasks_file(w, "tasks.jsonl", '{"text": "the sea"}\n\n["the sky"]\n'),
      "tasks.jsonl", 3, "(task)", "a task must be a mapping, not list"),
+    # the suffix in upper case: read as YAML, whose error ("expected <document start>") hid the line's
+    ("tasks-JSONL-upper-case", lambda w: tasks_file(w, "tasks.JSONL", '{"text": "the sea"}\n\n["the sky"]\n'),
+     "tasks.JSONL", 3, "(task)", "a task must be a mapping, not list"),
     ("loop-back-forward", lambda w: replace_in(w / "team.yaml", "order: [echo, reviewer]",
                                                "order: [echo, reviewer]\n  loop_back: {from: echo, to: reviewer, field: verdict, values: [x]}"),
      "team.yaml", 2, "protocol", "must come before"),
@@ -329,9 +332,10 @@ def test_validate_walks_past_packages_and_runs(workspace, cli):
     write(workspace / "runs/first/config.yaml", "team: {name: echoes}\nrun: {episodes: 2}\n")
     write(workspace / "runs/trained/config.yaml", "recipe: {name: echoes}\nrun: {steps: 2}\n")
     write(workspace / "runs/trained/rollouts/step-000001/summary.yaml", "c: 1\n")
+    (workspace / "ECHO.YML").write_text((workspace / "echo.yaml").read_text())  # a suffix in upper case is YAML too
     code, out, err = cli("validate", workspace)
     assert (code, err) == (0, ""), err
-    assert {line.split()[1] for line in out.splitlines()} == {str(workspace / "team.yaml"), str(workspace / "echo.yaml")}
+    assert {line.split()[1] for line in out.splitlines()} == {str(workspace / f) for f in ("team.yaml", "echo.yaml", "ECHO.YML")}
     write(workspace / "runs/config.yaml", "run: {episodes: 2}\n")  # not a run's record: checked, and refused
     code, _, err = cli("validate", workspace)
     assert code == 2 and err.startswith(f"{workspace / 'runs/config.yaml'}:1:"), err

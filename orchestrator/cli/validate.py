@@ -39,7 +39,7 @@ def _walk(folder: Path) -> Iterator[Path]:
             dirs.clear()
             continue
         dirs[:] = [d for d in dirs if not d.startswith(".") and not (here / d / "pyvenv.cfg").exists()]
-        yield from (here / n for n in names if Path(n).suffix in (".yaml", ".yml"))
+        yield from (here / n for n in names if Path(n).suffix.lower() in (".yaml", ".yml"))
 
 
 def _is_run_dir(folder: Path) -> bool:
