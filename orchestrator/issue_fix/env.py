@@ -169,16 +169,15 @@ class IssueFixEnv(Env):
     # ------------------------------------------------------------------------------ tests
 
     async def _run_team_tests(self, content: dict[str, Any] | None) -> dict[str, Any]:
-        """Write the Tester's file (if it is acceptable), then run it with the visible tests. The
-        file of its turn before leaves the workdir first: a visible-tests folder would collect it,
-        and one bad early test would fail every later round (the team's test stays the last)."""
+        """Write the Tester's file (if it is acceptable), then run the team's test with the visible
+        tests. An accepted file replaces the Tester's file before it (a visible-tests folder would
+        collect both, and one bad early test would fail every later round); a refused one, or an
+        invalid turn, leaves it: the test the prompts show and the Tester's reward grades is the
+        one in the copy, and the one that runs."""
+        refused = self._write_test(content["path"], content["code"]) if content is not None else None
         paths = list(self.issue.visible_tests)
-        refused = None
-        self._remove_last_test()
-        if content is not None:
-            refused = self._write_test(content["path"], content["code"])
-            if refused is None:
-                paths.append(self.test["path"])
+        if self.test is not None and (self.workdir / self.test["path"]).is_file():  # (sandboxed code can remove it)
+            paths.append(self.test["path"])
         g = await self.pool.call(run_tests, self.issue, self.workdir, self.runner, paths, [])
         report = _report(g, self.config.max_output_chars)
         if refused:
@@ -214,6 +213,8 @@ class IssueFixEnv(Env):
             return "the code is not valid Unicode text"
         except OSError as exc:  # a name too long, a folder in the way
             return f"{path}: {exc.strerror or exc}"
+        if self.test is not None and self.test["path"] != rel.as_posix():
+            self._remove_last_test()
         # pytest names tests by the normalised path (tests/./x.py is tests/x.py)
         self.test = {"path": rel.as_posix(), "code": code}
         return None

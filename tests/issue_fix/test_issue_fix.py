@@ -437,6 +437,29 @@ def test_hostile_test_files_are_refused_and_the_episode_goes_on(tmp_path, monkey
 
 
 @needs_sandbox
+def test_a_refused_test_file_leaves_the_testers_last_one_in_place(tmp_path, monkeypatch):
+    """The file of the Tester's turn before was removed first: after a refusal the prompts still showed
+    it and its reward graded it, but the team's runs no longer had it."""
+    scratch(monkeypatch, tmp_path)
+    team = team_for(tmp_path, max_rounds=3)
+    files = iter([REPRO, {"path": "tests/test_slug.py", "code": "def test_x():\n    pass\n"},
+                  {"path": "tests/test_other.py", "code": "def test_y():\n    pass\n"}])
+    policies = build_policies(team, {n: Binding("builtin", "stub") for n in team.roles}, None)
+    policies.update(
+        reviewer=PythonPolicy(lambda r: '{"verdict": "request_changes"}'),
+        tester=PythonPolicy(lambda r: json.dumps(next(files))),
+    )
+    (ep,) = run(team, policies, tmp_path).episodes
+    assert ep.status == "ok", ep.error
+    prompts = [t.attempts[0].messages[-1]["content"] for t in ep.turns if t.role == "coder"]
+    reports = [p.split("Tests: ")[1].split("\n\n")[0] for p in prompts[1:]]  # the round before's run
+    assert "tests/test_repro.py::test_accents" in reports[0] and "tests/test_repro.py::test_accents" in reports[1], reports
+    assert reports[1].startswith("test file refused: tests/test_slug.py is one of the project's own files")
+    assert ep.outcome["tester_check"] == "the test passes on the buggy code (it does not reproduce the issue)"
+    assert ep.outcome["ignored_changes"] == ["tests/test_other.py"]  # the third file replaced the first
+
+
+@needs_sandbox
 def test_the_tester_cannot_write_over_a_file_the_coder_created(tmp_path, monkeypatch):
     """The Tester's file went over the Coder's own new test, and the next round removed it."""
     scratch(monkeypatch, tmp_path)
