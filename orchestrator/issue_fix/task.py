@@ -158,6 +158,9 @@ def _read_task(folder: Path) -> IssueTask:
         raise doc.error(("id",), f"{task.id!r} does not match the folder name {name!r}")
     if not task.repo_dir.is_dir():
         raise ConfigError(doc.path, None, "(folder)", f"no repo/ folder next to {TASK_FILE}")
+    if Path(task.hidden_tests).parts[0] == "repo":  # the team reads and runs repo/: graded on tests it was shown
+        raise doc.error(("hidden_tests",), f"{task.hidden_tests!r} is inside repo/, which the team sees; "
+                                           "keep the hidden tests in a folder beside it")
     if not task.hidden_dir.is_dir():
         raise doc.error(("hidden_tests",), f"folder {task.hidden_tests!r} not found")
     if not task.hidden_test_files():

@@ -118,12 +118,16 @@ def test_the_files_a_fix_touches_include_deleted_ones_and_names_with_spaces(tmp_
         (GOOD + "hidden_dest: tests/../../x\n", 7, "hidden_dest", "relative path inside the task"),
         (GOOD + "timeout_s: 0\n", 7, "timeout_s", "greater than 0"),
         (GOOD.replace("hidden_tests: hidden_tests", "hidden_tests: nope"), 6, "hidden_tests", "folder 'nope' not found"),
-        (GOOD.replace("hidden_tests: hidden_tests", "hidden_tests: repo/pager"), 6, "hidden_tests", "no test_*.py files in 'repo/pager'"),
+        (GOOD.replace("hidden_tests: hidden_tests", "hidden_tests: empty"), 6, "hidden_tests", "no test_*.py files in 'empty'"),
+        # the repo's own tests as the hidden ones: loaded, and graded on tests the team had run
+        (GOOD.replace("hidden_tests: hidden_tests", "hidden_tests: repo"), 6, "hidden_tests", "'repo' is inside repo/"),
+        (GOOD.replace("hidden_tests: hidden_tests", "hidden_tests: ./repo/tests"), 6, "hidden_tests", "'repo/tests' is inside repo/"),
         (GOOD.replace("-m pytest -q", "-m pytest -k 'a"), 4, "test_command", "cannot be split"),
     ],
 )
 def test_bad_task_yaml_one_line_error(tmp_path, text, line, key, problem):
     folder = _write_task(tmp_path, text)
+    (folder / "empty").mkdir()
     with pytest.raises(ValueError) as info:
         load_task(folder)
     msg = str(info.value)
