@@ -132,6 +132,8 @@ def test_exit_code_signal_and_ownership_round_trip(sandbox, workdir):
     assert (r.exit_code, r.signal, r.stdout) == (143, 15, "in")
     assert {p.stat().st_uid for p in workdir.iterdir()} == {0}  # handed back to the owner
     assert (workdir / "made").read_text() == "out\n"
+    r = sandbox("exit 200")  # past 128, but 72 names no signal
+    assert (r.exit_code, r.signal) == (200, None)
 
 
 def test_a_run_never_takes_a_uid_another_run_holds(workdir, monkeypatch):
