@@ -243,6 +243,14 @@ async def test_pool_runs_take_readable_and_hide(workdir, data_dir):
     assert unseen.stdout == "" and lent.stdout == "seen\n" and "key.env: No such file" in lent.stderr
 
 
+async def test_pool_runs_take_their_own_limits_and_env(workdir):
+    """code_pair gives each run its task's limits: the pool's defaults (a 60 s wall time) are only
+    for runs given none."""
+    async with SandboxPool(max_concurrent=1, limits=Limits(wall_time_s=60)) as pool:
+        r = await pool.run("echo $FOO; sleep 30", workdir, Limits(wall_time_s=0.5), env={"FOO": "bar"})
+    assert r.timed_out and r.stdout == "bar\n" and r.duration_s < 20
+
+
 def test_python_of_the_tests_is_usable(sandbox):
     # third-party packages of the venv import inside; rolecast's own (editable) source need not be
     # visible there: a checkout under /tmp is hidden by the private /tmp
