@@ -4,6 +4,7 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -140,6 +141,18 @@ def test_output_of_exactly_the_limit_is_whole(sandbox):
     assert len(r.stdout) == len(r.stderr) == 10_000 and r.truncated  # stderr was cut
     r = sandbox("head -c 10000 /dev/zero | tr '\\0' x", max_output_bytes=10_000)
     assert r.stdout == "x" * 10_000 and not r.truncated
+
+
+def test_core_dumps_are_off_whatever_the_callers_limit(sandbox):
+    """RLIMIT_CORE is inherited: under a caller that allows core dumps, a crashing command's would
+    be dumped (the docs say they are disabled)."""
+    before = resource.getrlimit(resource.RLIMIT_CORE)
+    resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    try:
+        r = sandbox("ulimit -c")
+    finally:
+        resource.setrlimit(resource.RLIMIT_CORE, before)
+    assert r.stdout == "0\n", r.stderr
 
 
 def test_writes_outside_workdir_do_not_reach_host(sandbox, marker):
