@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -142,6 +143,14 @@ def test_a_run_never_takes_a_uid_another_run_holds(workdir, monkeypatch):
     with confine.lease_uid() as held:
         r = run("id -u", workdir)
     assert held == confine.UID_BASE and int(r.stdout) != held  # the next free slot (another test may hold one)
+
+
+def test_a_lease_past_the_last_slot_wraps_to_the_first(monkeypatch):
+    """Each uid a lease gives is in the documented range, however near its end the search starts."""
+    monkeypatch.setattr(confine.random, "randrange", lambda n: n - 1)
+    with contextlib.ExitStack() as stack:  # the second at least starts past the last slot
+        held = [stack.enter_context(confine.lease_uid()) for _ in range(2)]
+    assert all(confine.UID_BASE <= uid < confine.UID_BASE + confine.UID_SLOTS for uid in held), held
 
 
 def test_the_workdir_is_closed_to_other_runs_while_lent(sandbox, workdir):
