@@ -27,7 +27,7 @@ from sandboxes import (
     select_backend,
 )
 from orchestrator.cli.sandbox import register as register_cli
-from sandboxes import cgroup, confine, pool as pool_module, runner
+from sandboxes import cgroup, confine, pool as pool_module, process, runner
 
 
 def test_auto_picks_an_isolating_backend(workdir):
@@ -49,6 +49,29 @@ def test_a_run_ends_soon_after_its_command_though_a_straggler_holds_its_output(w
     stdout open is waited for only a moment (then killed with the run), not to the wall time."""
     r = run("sleep 30 & echo done", workdir, Limits(wall_time_s=10), backend="none", allow_unsafe=True)
     assert r.ok and r.stdout == "done\n" and r.duration_s < 5
+
+
+def test_the_drain_grace_is_only_for_pipes_held_open(workdir, monkeypatch):
+    """A command that closes its pipes as it exits ends its run then, not a grace later; one whose
+    straggler holds them to the deadline ended in time itself, so it did not time out."""
+    monkeypatch.setattr(process, "_DRAIN_GRACE_S", 30)
+    quick = run(["true"], workdir, Limits(wall_time_s=60), backend="none", allow_unsafe=True)
+    held = run("sleep 30 & echo done", workdir, Limits(wall_time_s=1), backend="none", allow_unsafe=True)
+    assert quick.ok and quick.duration_s < 10
+    assert held.ok and not held.timed_out and held.stdout == "done\n"
+
+
+def test_without_a_memory_cgroup_a_straggler_dies_with_its_run(workdir, marker, processes_with, monkeypatch):
+    """Backend none has no PID namespace, and without a memory cgroup to empty, killing the run's
+    process group is all that ends a background child."""
+    monkeypatch.setattr(cgroup, "_own_group", lambda: None)
+    r = run(f"{sys.executable} -c 'import time; time.sleep(30)' {marker} &", workdir, Limits(wall_time_s=10),
+            backend="none", allow_unsafe=True)
+    assert r.ok, r.stderr
+    deadline = time.monotonic() + 5  # SIGKILLed, a process may still be on its way out
+    while processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert processes_with(marker) == []
 
 
 @pytest.mark.parametrize("backend", ["bwrap", "unshare", "none"])
