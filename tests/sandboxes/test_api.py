@@ -153,7 +153,7 @@ def test_a_workdir_holding_the_private_mounts_is_refused(backend, wd, holds, mon
 def test_exit_code_signal_and_ownership_round_trip(sandbox, workdir):
     (workdir / "given").write_text("in")
     r = sandbox("cat given; echo out > made; kill -TERM $$")
-    assert (r.exit_code, r.signal, r.stdout) == (143, 15, "in")
+    assert (r.exit_code, r.signal, r.stdout, r.out_of_memory) == (143, 15, "in", False)
     assert {p.stat().st_uid for p in workdir.iterdir()} == {0}  # handed back to the owner
     assert (workdir / "made").read_text() == "out\n"
     r = sandbox("exit 200")  # past 128, but 72 names no signal
