@@ -119,6 +119,8 @@ def test_unreachable_workdir_is_a_setup_error(backend, var_tmp_seen):
     try:
         with pytest.raises(SandboxSetupError, match="not searchable"):
             run(["true"], hidden / "work", backend=backend)
+        hidden.chmod(0o711)  # as new_temporary_dir makes them: others pass through, not list
+        assert run(["true"], hidden / "work", backend=backend).ok
     finally:
         (hidden / "work").rmdir()
         hidden.rmdir()
@@ -459,6 +461,8 @@ def test_a_private_copy_is_0700_and_keeps_links_as_links(tmp_path):
     copy = pool_module.copy_private(tmp_path / "repo", tmp_path / "copy")
     assert (copy / "leak.txt").is_symlink() and os.readlink(copy / "leak.txt") == str(secret)
     assert copy.stat().st_mode & 0o777 == 0o700
+    with pytest.raises(SandboxSetupError, match="is not a directory"):  # not a FileNotFoundError traceback
+        pool_module.copy_private(tmp_path / "missing", tmp_path / "copy2")
 
 
 def test_a_scratch_is_kept_while_its_process_may_live_and_made_again_once_removed(tmp_path, monkeypatch):
