@@ -692,6 +692,22 @@ def test_a_runs_memory_group_is_removed(workdir):
     assert not group.exists()
 
 
+@pytest.mark.skipif(not cgroup.available(), reason="no writable cgroup-v1 memory controller")
+def test_a_group_left_by_a_killed_run_is_removed_and_its_name_taken_again():
+    """A rolecast SIGKILLed leaves its empty groups (docs, Known limits): the next run of that name
+    removes the stale one, rather than leave it there for good and take a name beside it."""
+    stale = cgroup._own_group() / "rolecast-sandbox" / f"stale-{os.getpid()}"
+    stale.mkdir()
+    group = cgroup.MemoryGroup.create(stale.name, 64 << 20)
+    try:
+        assert group.path == stale and not stale.with_name(f"{stale.name}.1").exists()
+    finally:
+        group.destroy()
+        for leftover in (stale, stale.with_name(f"{stale.name}.1")):
+            if leftover.exists():
+                leftover.rmdir()
+
+
 def test_a_group_left_that_will_not_go_does_not_fail_the_next_run_of_its_name(tmp_path, monkeypatch):
     """A group of the same name left by an earlier run (a process stuck in the kernel keeps it):
     each later run leasing that uid was a FileExistsError traceback; it takes a name of its own."""
