@@ -318,7 +318,7 @@ def test_symlink_escape_does_not_touch_host_file(sandbox, workdir, marker):
 
 def test_setuid_and_capability_tricks_gain_nothing(sandbox, marker):
     r = sandbox(
-        "grep -E '^(Cap(Eff|Prm|Bnd|Amb)|NoNewPrivs)' /proc/self/status; id -u; echo groups=$(id -g; id -G); "
+        "grep -E '^(Cap(Inh|Eff|Prm|Bnd|Amb)|NoNewPrivs)' /proc/self/status; id -u; echo groups=$(id -g; id -G); "
         "unshare -r sh -c 'id -u; touch /etc/" + marker + "' ; "
         "su -c 'touch /etc/" + marker + "' root </dev/null; "
         "mount -t tmpfs none /mnt; "
@@ -326,7 +326,7 @@ def test_setuid_and_capability_tricks_gain_nothing(sandbox, marker):
         wall_time_s=30,  # su's failed login waits about 1 s: of a loaded machine's default 3
     )
     caps = [line.split()[1] for line in r.stdout.splitlines() if line.startswith("Cap")]
-    assert caps and all(int(c, 16) == 0 for c in caps)
+    assert len(caps) == 5 and all(int(c, 16) == 0 for c in caps), caps
     assert "NoNewPrivs:\t1" in r.stdout  # no setuid binary (a sudo, a su with a known password) gains anything
     uid = int([line for line in r.stdout.splitlines() if line.isdigit()][0])
     assert UID_BASE <= uid < UID_BASE + UID_SLOTS
