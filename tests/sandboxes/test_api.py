@@ -205,6 +205,8 @@ def test_shared_memory_is_private_and_writable(sandbox, marker):
     r = sandbox([sys.executable, "-c", lock, marker])
     assert r.ok, r.stderr
     assert not Path("/dev/shm", marker).exists()
+    r = sandbox("head -c 2097152 /dev/zero > /dev/shm/big; wc -c < /dev/shm/big")  # capped at 1 MiB
+    assert int(r.stdout) <= 1 << 20 and "No space left" in r.stderr
 
 
 def test_a_readable_file_is_readable(backend, workdir, tmp_path):

@@ -102,6 +102,11 @@ def test_infinite_loop_is_stopped_by_cpu_limit(sandbox, marker, processes_with):
     assert processes_with(marker) == []
 
 
+def test_the_cpu_limit_defaults_to_the_wall_time_rounded_up(sandbox):
+    r = sandbox("ulimit -t", wall_time_s=2.5)
+    assert r.stdout == "3\n", r.stderr
+
+
 def test_sleeping_past_deadline_is_killed(sandbox, workdir):
     r = sandbox("sleep 2; touch late", wall_time_s=1.0)
     assert r.timed_out and r.signal == signal.SIGKILL
