@@ -178,6 +178,19 @@ def test_a_lease_past_the_last_slot_wraps_to_the_first(monkeypatch):
     assert all(confine.UID_BASE <= uid < confine.UID_BASE + confine.UID_SLOTS for uid in held), held
 
 
+def test_a_command_that_closes_its_pipes_runs_to_its_end(workdir):
+    """With both pipes closed there is nothing to read, but the command still runs: it is waited
+    for, not killed as if it had ended. (Backend none: an isolating one's init holds the pipes.)"""
+    r = run("exec >&- 2>&-; sleep 0.5; echo x > late; exit 3", workdir, Limits(wall_time_s=10),
+            backend="none", allow_unsafe=True)
+    assert (r.exit_code, r.timed_out) == (3, False) and (workdir / "late").exists()
+
+
+def test_invalid_utf8_in_the_output_is_replaced(sandbox):
+    r = sandbox("printf 'a\\377b'; printf '\\376' >&2")
+    assert (r.stdout, r.stderr) == ("a\ufffdb", "\ufffd")
+
+
 def test_the_workdir_is_closed_to_other_runs_while_lent(sandbox, workdir):
     """Lent, the workdir is 0700: another run's uid cannot look in while this one works there."""
     workdir.chmod(0o755)
