@@ -34,6 +34,7 @@ def test_auto_picks_an_isolating_backend(workdir):
     r = run(["true"], workdir)
     assert r.ok and r.backend in ("bwrap", "unshare")
     assert r.backend == select_backend().name == ("bwrap" if runner.BACKENDS["bwrap"].available() is None else "unshare")
+    assert r.backend in runner.available_backends() and "none" not in runner.available_backends()  # usable, never unsafe
 
 
 def test_none_backend_is_refused_without_the_unsafe_flag(workdir):
