@@ -135,9 +135,10 @@ def run(
     system = tuple(p for p in SYSTEM if p.is_symlink() or p.is_dir())
     seen = Layout(workdir=wd, system=system, hidden=(), readable=(), tmp_size_bytes=0)
     wanted = {*python_paths(), *(Path(os.path.realpath(p)) for p in readable)}
-    # only a folder the sandbox would see needs a tmpfs over it: the rest of the host is absent
+    # only a folder the sandbox would see (the workdir's too) needs a tmpfs over it: the rest of the
+    # host is absent
     hidden = tuple(p for p in map(Path, map(os.path.realpath, hide))
-                   if seen.from_host(p) or any(p.is_relative_to(w) for w in wanted))
+                   if seen.from_host(p) or any(p.is_relative_to(w) for w in (wd, *wanted)))
     seen = dataclasses.replace(seen, hidden=hidden)
     layout = dataclasses.replace(
         seen,

@@ -266,6 +266,16 @@ def test_a_folder_hidden_inside_a_readable_one_stays_hidden(backend, workdir, da
     assert r.stdout == "seen\n" and "No such file" in r.stderr
 
 
+def test_a_folder_hidden_inside_the_workdir_stays_hidden(backend, workdir):
+    """hide= took effect only in the system and readable folders: one inside the workdir (the tests
+    of the repo under test) was silently left readable."""
+    (workdir / "tests").mkdir()
+    (workdir / "tests" / "key.env").write_text("KEY=hunter2\n")
+    r = run("cat tests/key.env; ls tests; echo x > tests/new", workdir, backend=backend, hide=[workdir / "tests"])
+    assert "hunter2" not in r.stdout and "key.env" not in r.stdout and "Permission denied" in r.stderr, r.stdout
+    assert os.listdir(workdir / "tests") == ["key.env"]
+
+
 def test_a_readable_path_is_read_only(backend, workdir, data_dir):
     """A data folder lent 0777 (and its file 0666) is still not the sandbox's to write: a bind."""
     data_dir.chmod(0o777)
