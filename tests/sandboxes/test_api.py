@@ -727,11 +727,43 @@ def test_a_group_left_by_a_killed_run_is_removed_and_its_name_taken_again():
     group = cgroup.MemoryGroup.create(stale.name, 64 << 20)
     try:
         assert group.path == stale and not stale.with_name(f"{stale.name}.1").exists()
+        limits = [group.path / f"memory.{kind}limit_in_bytes" for kind in ("", "memsw.")]
+        assert {path.read_text() for path in limits if path.exists()} == {f"{64 << 20}\n"}  # no escape into swap
     finally:
         group.destroy()
         for leftover in (stale, stale.with_name(f"{stale.name}.1")):
             if leftover.exists():
                 leftover.rmdir()
+
+
+def test_concurrent_runs_of_backend_none_keep_their_own_memory_groups(tmp_path):
+    """Runs of one process without a uid each take a group named by their thread: sharing one, the
+    second run's start removed the first's group as left by a crash, killing the first run."""
+    results = {}
+
+    def go(name: str) -> None:
+        (tmp_path / name).mkdir()
+        results[name] = run("sleep 1; echo ok", tmp_path / name, Limits(wall_time_s=20), backend="none",
+                            allow_unsafe=True)
+
+    threads = [threading.Thread(target=go, args=(name,)) for name in ("a", "b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert [(r.exit_code, r.stdout) for r in results.values()] == [(0, "ok\n")] * 2
+
+
+def test_a_group_that_will_not_empty_is_given_up_on(tmp_path, monkeypatch):
+    """A process stuck in the kernel never leaves: the kill ends at its timeout, not never."""
+    (tmp_path / "group").mkdir()
+    (tmp_path / "group" / "cgroup.procs").write_text("4194304\n")  # past pid_max: SIGKILL finds no one
+    (tmp_path / "tasks").write_text("")
+    group, result = cgroup.MemoryGroup(tmp_path / "group", tmp_path), []
+    waiter = threading.Thread(target=lambda: result.append(group.kill_all(timeout_s=0.2)), daemon=True)
+    waiter.start()
+    waiter.join(10)
+    assert result == [False]
 
 
 def test_a_group_left_that_will_not_go_does_not_fail_the_next_run_of_its_name(tmp_path, monkeypatch):
