@@ -192,6 +192,16 @@ def test_invalid_utf8_in_the_output_is_replaced(sandbox):
     assert (r.stdout, r.stderr) == ("a\ufffdb", "\ufffd")
 
 
+def test_no_free_uid_is_said_in_one_line(tmp_path, monkeypatch):
+    """Not the contextmanager's "generator didn't yield"."""
+    monkeypatch.setattr(confine, "LOCK_DIR", tmp_path)  # runs of other tests hold no lock there
+    monkeypatch.setattr(confine, "UID_SLOTS", 1)
+    with confine.lease_uid():
+        with pytest.raises(SandboxUnavailable, match="all 1 sandbox uids are in use"):
+            with confine.lease_uid():
+                pass
+
+
 def test_the_workdir_is_closed_to_other_runs_while_lent(sandbox, workdir):
     """Lent, the workdir is 0700: another run's uid cannot look in while this one works there."""
     workdir.chmod(0o755)
