@@ -539,6 +539,10 @@ def test_process_reward_rules():
     assert planner_reward(["./textkit/slug.py", "README.md"], ["textkit/slug.py"]) == pytest.approx(2 / 3)
     assert planner_reward([], ["textkit/slug.py"]) == 0.0
     assert planner_reward(["a/x.py"], ["a/x.py", "a/y.py"]) == pytest.approx(2 / 3)
+    assert planner_reward(["repo/textkit/slug.py", " ", ""], ["textkit/slug.py"]) == 1.0  # blank entries name nothing
+    assert planner_reward(["textkit\\slug.py "], ["textkit/slug.py"]) == 1.0
+    assert planner_reward(["lug.py"], ["textkit/slug.py"]) == 0.0  # a trailing part is whole names
+    assert coder_reward([]) == 0.0
     assert reviewer_reward("approve", 1.0) == 1.0 and reviewer_reward("request_changes", 0.5) == 1.0
     assert reviewer_reward("approve", 0.5) == 0.0 and reviewer_reward(None, 0.0) == 0.0
 
@@ -549,6 +553,15 @@ def test_tester_reward_cannot_tell_the_fixed_copy_by_its_path():
         code = f"import os\n\ndef test_x():\n    assert 'fixed' in os.path.abspath({peek})\n"
         assert rewards.tester_reward(task, "tests/test_x.py", code, subprocess_runner)[0] == 0.0
     assert rewards.tester_reward(task, REPRO["path"], REPRO["code"], subprocess_runner)[0] == 1.0
+
+
+def test_tester_reward_needs_a_test_that_fails_on_the_bug_and_every_test_passing_with_the_fix():
+    task = load_task(SLUG)
+    assert rewards.tester_reward(task, "tests/test_x.py", "def test_x():\n    pass\n", subprocess_runner) == (
+        0.0, "the test passes on the buggy code (it does not reproduce the issue)")
+    gone = REPRO_TEST + "\n\ndef test_gone():\n    pass\n\n\ndel test_gone\n"  # in the file, never run
+    assert rewards.tester_reward(task, "tests/test_x.py", gone, subprocess_runner) == (
+        0.0, "the test fails with the reference fix: tests/test_x.py::test_gone")
 
 
 def test_a_tester_file_under_a_project_file_earns_zero_not_a_crash():
