@@ -435,18 +435,28 @@ def test_checker_finds_parametrized_and_class_hidden_tests_sound(cases_task):
 
 
 def test_checker_still_fails_an_unsound_task_with_parametrized_tests(cases_task):
-    (cases_task.repo_dir / "tests" / "test_roman.py").write_text("def test_visible_breaks():\n    assert False\n")
+    (cases_task.repo_dir / "tests" / "test_roman.py").write_text(
+        "def test_visible_breaks():\n    assert False\n\n\ndef test_visible_errors(no_such_fixture):\n    pass\n")
     report = check_task(cases_task, subprocess_runner)
-    assert report.problems == [
-        "buggy: visible tests fail: tests/test_roman.py::test_visible_breaks",
-        "fixed: visible tests fail: tests/test_roman.py::test_visible_breaks",
-    ]
+    bad = "visible tests fail: tests/test_roman.py::test_visible_breaks, tests/test_roman.py::test_visible_errors"
+    assert report.problems == [f"buggy: {bad}", f"fixed: {bad}"]
 
 
 def test_checker_fails_a_task_whose_visible_tests_hold_no_test(cases_task):
     (cases_task.repo_dir / "tests" / "test_roman.py").write_text("# no tests here\n")
     report = check_task(cases_task, subprocess_runner)
     assert report.problems == ["buggy: no visible tests ran", "fixed: no visible tests ran"]
+
+
+def test_checker_fails_a_task_without_hidden_test_functions(cases_task):
+    (cases_task.hidden_dir / "test_hidden_cases.py").write_text("def helper():\n    pass\n")
+    assert check_task(cases_task, subprocess_runner).problems == ["no hidden test functions found"]
+
+
+def test_checker_stops_at_a_fix_that_does_not_apply(cases_task):
+    cases_task.patch_path.write_text("--- a/nope.py\n+++ b/nope.py\n@@ -1 +1 @@\n-x\n+y\n")
+    (problem,) = check_task(cases_task, subprocess_runner).problems  # not also its tests run without the fix
+    assert problem.startswith("solution.patch does not apply: ")
 
 
 def test_checker_fails_a_task_whose_hidden_tests_pass_on_the_bug(cases_task):
@@ -484,6 +494,11 @@ def test_hidden_test_that_reports_nothing_counts_as_not_run(cases_task, tmp_path
     assert (g.passed, g.total) == (5, 10)
     gone = [o for o in g.outcomes if o.id == "tests/hidden/test_hidden_gone.py::test_gone"]
     assert [(o.status, o.message) for o in gone] == [("error", "not run")]
+
+
+def test_checker_says_a_crashed_test_run_crashed_and_why(cases_task):
+    report = check_task(cases_task, lambda argv, workdir, timeout_s: RunOutcome(2, "", "ImportError:  boom\n"))
+    assert report.problems == [f"{label}: test run crashed (exit 2): ImportError: boom" for label in ("buggy", "fixed")]
 
 
 def test_checker_says_a_hung_test_run_timed_out(cases_task):
