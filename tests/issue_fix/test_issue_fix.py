@@ -572,13 +572,18 @@ def test_a_tester_file_under_a_project_file_earns_zero_not_a_crash():
         0.0, "tests/test_slug.py/test_x.py: File exists")
 
 
-def test_graded_paths_are_source_modules_only():
+def test_graded_paths_are_source_modules_only(tmp_path):
     task = load_task(SLUG)
     assert graded_path(task, "textkit/slug.py") and graded_path(task, "textkit/new_helper.py")
     for rel in ("conftest.py", "textkit/conftest.py", "pytest.ini", "tests/test_slug.py", "tests/helpers.py",
                 "tests/hidden/test_hidden_slug.py", "pytest.py", "textkit/test_x.py", "textkit/x_test.py", "setup.cfg",
                 "notes.txt"):
         assert not graded_path(task, rel), rel
+    assert not graded_path(task.model_copy(update={"hidden_dest": "textkit/checks"}), "textkit/checks/helper.py")
+    write(tmp_path / "repo" / "calc.py", "")  # a top-level module the repo has is the team's to fix
+    write(tmp_path / "repo" / "test" / "__init__.py", "")  # test/ is a test folder as tests/ is
+    own = task.model_copy(update={"path": tmp_path})
+    assert graded_path(own, "calc.py") and not graded_path(own, "test/__init__.py")
 
 
 def test_grading_takes_every_file_a_reference_fix_touches():
