@@ -633,11 +633,18 @@ def test_tasks_check_fails_an_unsound_task(tmp_path, cli):
 @needs_sandbox
 def test_tasks_check_reports_a_sandbox_fault_per_task(cli, monkeypatch):
     monkeypatch.setattr(sandboxes, "run", _broken_sandbox)
-    code, out, err = cli("tasks", "check", SLUG, ROOT / "tasks/002-paginate-last-page")
-    assert code == 1
-    rows = sorted(out.strip().splitlines()[:2])
-    assert [r.split()[:2] for r in rows] == [["FAIL", "001-slugify-unicode"], ["FAIL", "002-paginate-last-page"]]
+    both = (SLUG, ROOT / "tasks/002-paginate-last-page")
+    code, out, err = cli("tasks", "check", *both)
+    assert code == 1 and "tasks checked" not in err  # the rows are the progress: no bar
+    *rows, summary = out.strip().splitlines()
+    assert [r.split()[:2] for r in sorted(rows)] == [["FAIL", "001-slugify-unicode"], ["FAIL", "002-paginate-last-page"]]
     assert all(r.endswith("sandbox fault: no cgroup here") for r in rows)
+    assert re.fullmatch(r"2 tasks: 0 ok, 2 failed in [\d.]+s \(001-slugify-unicode, 002-paginate-last-page\)", summary)
+    code, out, err = cli("tasks", "check", "--json", *both)
+    report = json.loads(out)
+    assert code == 1 and (report["ok"], report["failed"]) == (0, 2)
+    assert [(t["id"], t["ok"], t["problems"]) for t in report["tasks"]] == [
+        (t.name, False, ["sandbox fault: no cgroup here"]) for t in both]
 
 
 def test_tasks_check_names_the_subfolders_it_skips(tmp_path, capsys):
