@@ -19,7 +19,7 @@ from sandboxes.pool import scratch_root
 from orchestrator.issue_fix.edits import MAX_FILE_BYTES, apply_edits, is_regular
 from orchestrator.issue_fix.env import _report
 from orchestrator.issue_fix.grading import Grade, grade, grade_work, graded_path, repo_files, run_tests, workdir_changes
-from orchestrator.issue_fix import rewards
+from orchestrator.issue_fix import grading, rewards
 from orchestrator.issue_fix.rewards import coder_reward, planner_reward, reviewer_reward
 from orchestrator.issue_fix.running import RunOutcome, apply_patch, copy_repo, sandbox_runner, subprocess_runner
 from orchestrator.issue_fix.task import REPORT_FILE, load_task, task_folders
@@ -793,7 +793,7 @@ def test_a_test_file_named_like_an_option_is_run_as_a_file(tmp_path):
     assert not g.crashed and g.failed_ids == ["-regression.py::test_x"]
 
 
-def test_a_junit_report_over_a_megabyte_is_read_whole(tmp_path):
+def test_a_junit_report_over_a_megabyte_is_read_whole(tmp_path, monkeypatch):
     """The report was read as a source file is, cut at 1 MB: a longer one (long failure texts) did
     not parse, and grading fell back to the -rA summary, which this run does not print."""
     task = load_task(SLUG)
@@ -808,6 +808,8 @@ def test_a_junit_report_over_a_megabyte_is_read_whole(tmp_path):
 
     g = run_tests(task, work, runner, ["tests"], [hidden])
     assert not g.crashed and g.failed_ids == [hidden]
+    monkeypatch.setattr(grading, "REPORT_BYTES", 1_000_000)  # but not past the cap: a writer may write for ever
+    assert run_tests(task, work, runner, ["tests"], [hidden]).crashed
 
 
 def test_a_tests_first_failure_is_the_one_kept(tmp_path):
