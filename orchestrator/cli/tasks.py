@@ -1,7 +1,8 @@
 """``rolecast tasks check DIR...``: prove issue-fixing tasks sound, each run in the sandbox.
 
 A DIR is a task folder (holding task.yaml) or a folder of task folders; plain files are
-skipped, so ``rolecast tasks check tasks/*`` works with tasks/README.md there. Every task is
+skipped, so ``rolecast tasks check tasks/*`` works with tasks/README.md there; a task named twice
+is checked once. Every task is
 loaded before any runs: each bad task.yaml is one line (``FILE:LINE: KEY: problem``) on stderr,
 all of them, then exit code 2; so is a DIR that names no task. Then each task is checked
 (:func:`issue_fix.checking.check_task` with :func:`issue_fix.running.sandbox_runner`): one row
@@ -47,6 +48,7 @@ def find_tasks(paths: list[Path]) -> tuple[list[IssueTask], list[TaskFileError]]
     them; raises ValueError with one line for a path that names no task."""
     found: list[IssueTask] = []
     bad: list[TaskFileError] = []
+    seen: set[Path] = set()
     for path in paths:
         if path.is_file():
             continue
@@ -62,6 +64,9 @@ def find_tasks(paths: list[Path]) -> tuple[list[IssueTask], list[TaskFileError]]
         else:
             raise ValueError(f"{path}: no {TASK_FILE} in it or in its subfolders")
         for folder in folders:  # every bad one is reported, so one pass fixes a whole folder of tasks
+            if folder.resolve() in seen:  # named twice (`tasks tasks/001-x`): one row, counted once
+                continue
+            seen.add(folder.resolve())
             try:
                 found.append(load_task(folder))
             except TaskFileError as exc:

@@ -658,6 +658,14 @@ def test_tasks_check_names_the_subfolders_it_skips(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == "rolecast tasks check: skipped (no task.yaml): misnamed"
 
 
+def test_tasks_check_checks_a_task_named_twice_once(tmp_path):
+    from orchestrator.cli.tasks import find_tasks
+
+    shutil.copytree(SLUG, tmp_path / SLUG.name, ignore=shutil.ignore_patterns("__pycache__"))
+    tasks, _ = find_tasks([tmp_path, tmp_path / SLUG.name, tmp_path / SLUG.name / "repo" / ".."])
+    assert [t.id for t in tasks] == [SLUG.name]  # was three rows and "3 tasks"
+
+
 def test_tasks_check_refuses_a_dir_that_names_no_task(tmp_path, cli):
     (tmp_path / "empty" / "sub").mkdir(parents=True)
     write(tmp_path / "README.md", "notes\n")
