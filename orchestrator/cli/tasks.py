@@ -2,9 +2,9 @@
 
 A DIR is a task folder (holding task.yaml) or a folder of task folders; plain files are
 skipped, so ``rolecast tasks check tasks/*`` works with tasks/README.md there; a task named twice
-is checked once. Every task is
-loaded before any runs: each bad task.yaml is one line (``FILE:LINE: KEY: problem``) on stderr,
-all of them, then exit code 2; so is a DIR that names no task. Then each task is checked
+is checked once. Every task is loaded before any runs: each bad task.yaml is one line
+(``FILE:LINE: KEY: problem``) on stderr, all of them, then exit code 2; so is a DIR that names
+no task. Then each task is checked
 (:func:`issue_fix.checking.check_task` with :func:`issue_fix.running.sandbox_runner`): one row
 per task, a summary, exit code 1 when any task fails (a sandbox fault fails that task only).
 """
