@@ -318,10 +318,15 @@ def test_bad_sampling_is_a_400_for_that_request_only(server, extra, words):
     ({"max_tokens": None, "max_completion_tokens": "8"}, "max_completion_tokens: expected a whole number, got '8'"),
     ({"max_tokens": 8, "max_completion_tokens": 3},  # max_completion_tokens was ignored
      "Setting 'max_tokens' and 'max_completion_tokens' at the same time is not supported."),
+    ({"n": 0}, "only n = 1 is supported"),
+    ({"messages": [{"role": "user", "content": ["Say", "something."]}]}, "each content a string or a list of text parts"),
+    ({"temperature": float("nan")}, "temperature: expected a number, got nan"),  # JSON's NaN, which Python reads
 ], ids=["n", "no-messages", "null-content", "null-role", "no-parts", "image-part", "number-text", "n-true", "n-float", "stream-0", "stream-string",
-        "penalty-false", "logit-bias-false", "seed-true", "max-completion-tokens-string", "both-max-tokens"])
+        "penalty-false", "logit-bias-false", "seed-true", "max-completion-tokens-string", "both-max-tokens", "n-0",
+        "string-parts", "temperature-nan"])
 def test_a_request_serve_cannot_take_as_sent_is_a_400(extra, words):
-    """Mutants answering n = 2 with one choice, or a message without its content or role, passed every test.
+    """Mutants answering n = 2 or n = 0 with one choice, a message without its content or role, content as a
+    list of strings (a 500), or NaN without naming temperature, passed every test.
     A value of the wrong JSON type is refused, naming its parameter, not read as a default."""
     from orchestrator.serve import ChatServer, HTTPError
 
@@ -329,6 +334,32 @@ def test_a_request_serve_cannot_take_as_sent_is_a_400(extra, words):
     with pytest.raises(HTTPError, match=re.escape(words)) as caught:
         asyncio.run(ChatServer(engine, "tiny").chat(chat("base", **extra)))
     assert caught.value.status == 400 and not engine.requests
+
+
+def test_the_limits_themselves_are_accepted():
+    """Mutants refusing 16 stop strings or top_logprobs 20 (the limits, not past them) passed every test."""
+    from types import SimpleNamespace
+
+    from orchestrator.serve import MAX_STOP, MAX_TOP_LOGPROBS, ChatServer
+
+    engine = RecordingEngine()
+    engine.tokenizer = SimpleNamespace(decode=lambda ids: "x")
+    body = chat("base", stop=[str(i) for i in range(MAX_STOP)], logprobs=True, top_logprobs=MAX_TOP_LOGPROBS)
+    asyncio.run(ChatServer(engine, "tiny").chat(body))
+    assert (len(engine.requests[0].sampling.stop), engine.requests[0].sampling.top_logprobs) == (16, 20)
+
+
+def test_options_left_out_are_openais_defaults():
+    """temperature 1, top_p 1 and max_tokens 256 unasked, and an empty tools, functions or logit_bias
+    is no ask: mutants sampling greedily unasked, or refusing tools: [], passed every test."""
+    from orchestrator.engines.base import SamplingParams
+    from orchestrator.serve import ChatServer
+
+    engine = RecordingEngine()
+    body = {"model": "base", "messages": [{"role": "user", "content": "hi"}], "tools": [], "functions": [],
+            "logit_bias": {}, "presence_penalty": 0}
+    asyncio.run(ChatServer(engine, "tiny").chat(body))
+    assert engine.requests[0].sampling == SamplingParams(temperature=1.0, top_p=1.0, max_tokens=256)
 
 
 def test_content_given_as_text_parts_reaches_the_template_as_one_string():
