@@ -563,6 +563,7 @@ def test_a_body_that_cannot_be_read_is_a_client_error(server, headers, body, sta
     (b"GET /v1/models?q=" + b"a" * 70000 + b" HTTP/1.1\r\n\r\n", "longer than 64 KiB"),
     (b"GET /v1/models HTTP/1.1\r\nCookie: " + b"a" * 70000 + b"\r\n\r\n", "longer than 64 KiB"),
     (b"GET /v1/models HTTP/1.1\r\nContent-Length: \xb2\r\n\r\n", "bad Content-Length"),  # a digit int() refuses
+    (b"GET /v1/models\r\n\r\n", "malformed request line"),  # no version: a mutant read it as a request
 ])
 def test_a_bad_request_head_is_a_400(head, words):
     """Each was a ValueError: a 500 server_error (the reader's 64 KiB limit, int("²"))."""
@@ -577,6 +578,52 @@ def test_a_bad_request_head_is_a_400(head, words):
     with pytest.raises(HTTPError, match=words) as caught:
         asyncio.run(read())
     assert caught.value.status == 400
+
+
+def test_header_names_are_read_in_any_case_and_a_body_of_the_limit_is_read():
+    """HTTP's header names are case-insensitive (Node's fetch sends them in lower case): mutants reading
+    only "Content-Length" or "Transfer-Encoding" as spelt, or refusing a body of MAX_BODY bytes itself
+    as too large, passed every test."""
+    from orchestrator.serve import MAX_BODY, HTTPError, _read_request
+
+    def read(head: bytes, body: bytes = b""):
+        async def go():
+            reader = asyncio.StreamReader()
+            reader.feed_data(b"POST /v1/chat/completions HTTP/1.1\r\n" + head + b"\r\n" + body)
+            reader.feed_eof()
+            return await _read_request(reader, None)
+        return asyncio.run(go())
+
+    assert read(b"content-length: 2\r\n", b"{}") == ("POST", "/v1/chat/completions", b"{}")
+    assert len(read(b"CONTENT-LENGTH: %d\r\n" % MAX_BODY, b" " * MAX_BODY)[2]) == MAX_BODY
+    for head, status in ((b"content-length: %d\r\n" % (MAX_BODY + 1), 413), (b"transfer-encoding: chunked\r\n", 411)):
+        with pytest.raises(HTTPError) as caught:
+            read(head)
+        assert caught.value.status == status
+
+
+@pytest.mark.parametrize("body, words", [
+    (b"[1]", "body must be a JSON object"),
+    (b"[" * 100000 + b"]" * 100000, "body is nested too deeply"),  # past Python's recursion limit
+    (b"{", "body is not JSON"),
+])
+def test_a_body_that_is_no_json_object_is_a_400(body, words):
+    """Mutants without the first two checks answered each with a 500 (a list has no .get, a RecursionError)."""
+    from orchestrator.serve import ChatServer, HTTPError
+
+    with pytest.raises(HTTPError, match=words) as caught:
+        asyncio.run(ChatServer(RecordingEngine(), "tiny").route("POST", "/v1/chat/completions", body))
+    assert caught.value.status == 400
+
+
+def test_an_error_before_the_body_is_read_reaches_a_client_that_reads_to_the_end(monkeypatch):
+    """The server half-closes as it lingers for the unread body: a client reading its reply to the
+    connection's end (this one) got it at once; a mutant without write_eof held it the whole linger."""
+    from orchestrator.serve import MAX_BODY, ChatServer
+
+    monkeypatch.setattr("orchestrator.serve.LINGER_S", 120.0)  # past exchange's 30 s socket timeout
+    sent = b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % (MAX_BODY + 1)
+    assert exchange(ChatServer(None, "tiny"), sent)[0] == 413
 
 
 def test_a_bad_content_length_is_a_400(server):
