@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -203,6 +204,21 @@ def test_each_sampling_option_reaches_the_engine_as_asked():
     assert reply["model"] == "tiny" and reply["choices"][0]["message"]["content"] == "hi"
     assert reply["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
     assert reply["system_fingerprint"] == "rolecast-base-v0"  # the adapter and version that answered
+
+
+def test_each_reply_has_its_own_id_and_the_time_it_was_made():
+    """As OpenAI's: a reply's created is when it was made, a model's the server's start (Unix seconds).
+    Mutants answering every reply with one id, 0 (1970) for either created, or a choice without its
+    index (openai-python's Choice.index), passed every test."""
+    from orchestrator.serve import ChatServer
+
+    before = int(time.time())
+    server = ChatServer(RecordingEngine(), "tiny")
+    first, second = (asyncio.run(server.chat(chat("base"))) for _ in range(2))
+    after = time.time()
+    assert first["id"] != second["id"] and all(re.fullmatch(r"chatcmpl-[0-9a-f]{24}", r["id"]) for r in (first, second))
+    assert before <= first["created"] <= after and before <= server.model("base")["created"] <= after
+    assert first["choices"][0]["index"] == 0
 
 
 @pytest.mark.parametrize("reason, finish", [("eos", "stop"), ("stop", "stop"), ("length", "length")])
