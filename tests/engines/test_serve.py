@@ -733,6 +733,25 @@ def test_serve_refuses_a_port_past_65535():
     for text in ("65536", "70000", "-1"):
         with pytest.raises(argparse.ArgumentTypeError, match=f"a port is 0-65535, got {text}"):
             port_number(text)
+    with pytest.raises(argparse.ArgumentTypeError, match="not a port number: 'http'"):  # a mutant: argparse's
+        port_number("http")  # "invalid port_number value"
+
+
+def test_serve_stopped_by_sigterm_exits_0(cli, monkeypatch):
+    """A server told to stop has done its job (Ctrl-C or SIGTERM: exit 0, docs/engine.md); a mutant
+    letting the KeyboardInterrupt through exited 143, "rolecast: terminated"."""
+    import os
+    import signal
+
+    monkeypatch.setattr("orchestrator.engines.load.load_engine", lambda *args, **kwargs: None)
+
+    async def serve(*args):
+        os.kill(os.getpid(), signal.SIGTERM)
+        await asyncio.sleep(30)
+
+    monkeypatch.setattr("orchestrator.serve.serve", serve)
+    code, _, err = cli("serve", "--model", "tiny", "--port", "0")
+    assert (code, err) == (0, ""), err
 
 
 def test_a_client_that_hangs_up_cancels_its_generation():
