@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import fcntl
 import json
 import os
 import re
@@ -105,6 +106,32 @@ def test_a_file_system_without_locks_runs_unguarded_and_says_so(tmp_path, monkey
                           out=tmp_path / "run", progress=False)
     assert result.summary["status"] == {"ok": 2} and not (tmp_path / "run" / LOCK_FILE).exists()
     assert "cannot lock the run dir" in capsys.readouterr().err
+
+
+def test_a_hold_writes_its_pid_over_a_killed_holders_longer_one(tmp_path):
+    """A killed run leaves its lock file: the pid written over it, untruncated, kept the old one's
+    tail, and a refused run named the holder as "123\n4567"."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / LOCK_FILE).write_text("9" * 20 + "\n")
+    with claimed(out):
+        assert (out / LOCK_FILE).read_text() == f"{os.getpid()}\n"
+
+
+def test_a_hold_on_the_lock_file_its_holder_removed_meanwhile_takes_the_one_at_the_path(tmp_path, monkeypatch):
+    """The holder unlinks the lock file as it lets go: one opened just before then is locked in
+    vain (a third run creates and locks another), so the hold opens the file at the path anew."""
+    out, flock, removed = tmp_path / "run", fcntl.flock, []
+
+    def holder_lets_go_first(fd, operation):
+        if not removed:
+            removed.append(out / LOCK_FILE)
+            os.unlink(out / LOCK_FILE)
+        flock(fd, operation)
+
+    monkeypatch.setattr("fcntl.flock", holder_lets_go_first)
+    with claimed(out):
+        assert removed and (out / LOCK_FILE).read_text() == f"{os.getpid()}\n"
 
 
 def test_run_plays_a_callable_policy_and_records_it(tmp_path):
