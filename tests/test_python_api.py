@@ -601,6 +601,23 @@ def test_the_creatable_probe_leaves_a_parent_another_run_made_its_folder_in(tmp_
     assert not out.exists() and beside.is_dir()
 
 
+def test_the_creatable_probe_leaves_none_of_the_folders_it_made(tmp_path):
+    from orchestrator.launch import run_dir
+
+    out = tmp_path / "a" / "b" / "run"
+    assert run_dir(out, "a") == out and not (tmp_path / "a").exists()
+
+
+def test_a_default_run_dir_skips_the_folder_an_earlier_process_left(tmp_path, monkeypatch):
+    """Only this process's own names were checked, then the run wrote into another's folder."""
+    from orchestrator.launch import run_dir
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("time.strftime", lambda fmt: "20261127-120000")
+    (tmp_path / "runs" / "a-20261127-120000").mkdir(parents=True)
+    assert run_dir(None, "a") == Path("runs/a-20261127-120000-2")
+
+
 def test_a_file_named_runs_is_one_line_without_out_too(tmp_path, monkeypatch):
     """Only a given ``out`` was checked: without one, a file named runs here was a NotADirectoryError
     traceback when the run first wrote (after the model had loaded)."""
