@@ -339,6 +339,9 @@ def test_numpy_numbers_in_sets_are_plain_numbers():
     (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", ray=True, out=out), "--ray True: give local, or"),
     (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", ray="local", rollout_workers=True, out=out),
      "--rollout-workers True: must be a whole number"),  # True is no count: it played on 1 worker
+    (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", ray="local", rollout_workers=0, out=out),
+     "--rollout-workers 0: must be a whole number of at least 1"),
+    (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", engine="tgi", out=out), "--engine tgi: use one of"),
     (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", adapters={"guesser": _adapter_dir(out.parent, "[]")},
                               out=out), "its adapter_config.json is not a JSON object"),
     (lambda out: rolecast.run(ROOT / "recipes/guess_number.yaml", rollout_workers=4, out=out),

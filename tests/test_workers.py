@@ -478,11 +478,11 @@ def test_gpu_workers_load_on_the_one_gpu_ray_shows_each(monkeypatch):
 
     class Pool:
         def __init__(self, options, **kwargs):
-            started.update(kwargs, gpus=options.gpus_per_worker)
+            started.update(kwargs, gpus=options.gpus_per_worker, workers=options.workers)
 
     monkeypatch.setattr(workers, "RayRollouts", Pool)
     Compute(device="cuda:1", ray="local").workers("tiny", 0)
-    assert (started["device"], started["gpus"]) == ("cuda", 1.0)
+    assert (started["device"], started["gpus"], started["workers"]) == ("cuda", 1.0, 2)  # 2: --rollout-workers' default
 
 
 def test_a_run_that_fails_after_the_workers_start_closes_them(ray_local, tmp_path, monkeypatch):
