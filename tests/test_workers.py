@@ -485,6 +485,40 @@ def test_gpu_workers_load_on_the_one_gpu_ray_shows_each(monkeypatch):
     assert (started["device"], started["gpus"], started["workers"]) == ("cuda", 1.0, 2)  # 2: --rollout-workers' default
 
 
+def test_play_on_workers_keeps_each_ones_concurrency_and_closes_each_engine_once_and_the_workers(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from orchestrator import rollout
+    from orchestrator.launch import play
+
+    seen, closed = {}, []
+
+    async def run_team(team, policies, options):
+        seen.update(play=options.play, concurrency=options.concurrency)
+        raise RuntimeError("stop")
+
+    class Engine:
+        async def aclose(self):
+            closed.append("engine")
+
+    class Workers:
+        workers = 3
+
+        def bind(self, team, overrides):
+            return "bound"
+
+        def close(self):
+            closed.append("workers")
+
+    engine = Engine()  # shared by two roles, as one model serves them
+    policies = {"a": SimpleNamespace(engine=engine), "b": SimpleNamespace(engine=engine), "c": object()}
+    monkeypatch.setattr(rollout, "run_team", run_team)
+    with pytest.raises(RuntimeError, match="stop"):  # clean-up on failure too
+        asyncio.run(play("team", policies, rollout.RunOptions(episodes=1, seed=0, out_dir=tmp_path, concurrency=4),
+                         Workers()))
+    assert seen == {"play": "bound", "concurrency": 12} and closed == ["engine", "workers"]
+
+
 def test_a_run_that_fails_after_the_workers_start_closes_them(ray_local, tmp_path, monkeypatch):
     import rolecast
     from orchestrator import workers
