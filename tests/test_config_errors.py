@@ -396,6 +396,17 @@ def test_rolecast_without_a_command_prints_its_help_and_exits_2(cli):
     assert code == 2 and "commands:" in out and "validate" in out
 
 
+def test_a_command_whose_run_failed_exits_1_not_the_usage_code(cli, monkeypatch):
+    """2 says the command was given wrong: a run that started and failed (RunFailed) is 1."""
+    from orchestrator.errors import RunFailed
+
+    def failed(args):
+        raise RunFailed("every episode failed")
+
+    monkeypatch.setattr("orchestrator.cli.validate.handle", failed)
+    assert cli("validate", "team.yaml")[::2] == (1, "rolecast: every episode failed\n")
+
+
 def test_debug_shows_a_disk_faults_traceback_too(cli, monkeypatch):
     """A full disk is one line naming the file, exit 1; with --debug, the traceback, as for any error."""
     import errno
