@@ -183,6 +183,8 @@ def test_plugins_lists_third_party_and_broken_plugin(plugin_site):
     assert {("core", "env", "debate"), ("core", "env", "pipeline"), ("coin", "env", "coin"),
             ("coin", "policy", "always-heads"), ("coin", "trainer", "scaled"), ("coin", "reward", "streak"),
             ("coin", "command", "coin-flip")} <= registered  # a command too: a plugin of commands alone was not listed
+    envs = [r["name"] for r in data["registered"] if r["kind"] == "env"]
+    assert envs == sorted(envs)  # each kind by name, not in the order the plugins loaded
     coin_source = next(r["source"] for r in data["registered"] if r["plugin"] == "coin")
     assert coin_source == "rolecast-coin==0.3.0 (rolecast_coin)"
     failed = {f["plugin"]: f for f in data["failed"]}
