@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -215,13 +216,7 @@ class MultiLoRA:
     def load(self, name: str, path: str | Path) -> None:
         path = Path(path)
         config = json.loads((path / "adapter_config.json").read_text())
-        weights = path / "adapter_model.safetensors"
-        if not weights.is_file():
-            raise ValueError(f"no adapter_model.safetensors in {path} (PEFT writes it with safe_serialization=True)")
-        try:
-            state = load_file(str(weights))
-        except SafetensorError as exc:  # truncated or corrupt (a save or copy cut short)
-            raise ValueError(f"cannot read {weights}: {exc}") from None
+        state = read_weights(path)
         check_plain_lora(config, state)
         self.set_state(name, state, lora_scale(config))
 
@@ -234,6 +229,28 @@ class MultiLoRA:
         self._stacks.clear()
         self._active = None
         self.version += 1
+
+
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """An adapter dir's weights: ``adapter_model.safetensors``, or the ``adapter_model.bin`` older
+    PEFT wrote (as vLLM takes it; unpickled with ``weights_only``, which builds tensors and runs no
+    code). ValueError, one line, for neither or one that does not read."""
+    weights = path / "adapter_model.safetensors"
+    if weights.is_file():
+        try:
+            return load_file(str(weights))
+        except SafetensorError as exc:  # truncated or corrupt (a save or copy cut short)
+            raise ValueError(f"cannot read {weights}: {exc}") from None
+    weights = path / "adapter_model.bin"
+    if not weights.is_file():
+        raise ValueError(f"no adapter_model.safetensors (or .bin) in {path}")
+    try:
+        state = torch.load(weights, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError) as exc:  # cut short, another format, or code in it
+        raise ValueError(f"cannot read {weights}: not a torch file of tensors ({type(exc).__name__})") from None
+    if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
+        raise ValueError(f"cannot read {weights}: not a mapping of names to tensors")
+    return state
 
 
 def check_plain_lora(config: dict, state: dict[str, torch.Tensor]) -> None:

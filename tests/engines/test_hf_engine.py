@@ -518,8 +518,27 @@ def test_an_adapter_that_is_not_plain_lora_is_refused_at_load(engine, tmp_path):
             engine.load_adapter(name, folder)
     folder = peft_dir(tmp_path / "bin", state)
     (folder / "adapter_model.safetensors").rename(folder / "adapter_model.bin")
-    with pytest.raises(ValueError, match="no adapter_model.safetensors in"):
+    with pytest.raises(ValueError, match=r"adapter_model.bin: not a torch file of tensors \(UnpicklingError\)"):
         engine.load_adapter("bin", folder)
+    (folder / "adapter_model.bin").unlink()
+    with pytest.raises(ValueError, match=r"no adapter_model.safetensors \(or .bin\) in"):
+        engine.load_adapter("bin", folder)
+
+
+def test_an_adapter_saved_as_adapter_model_bin_serves_as_its_safetensors_twin(tmp_path, engine):
+    """Older PEFT saved adapter_model.bin: `--adapter` took the dir (as vLLM does), then the HF engine
+    refused it after the model had loaded."""
+    state = lora_state(engine.model, 3, std=0.5)
+    engine.load_adapter("safe", peft_dir(tmp_path / "safe", state))
+    folder = peft_dir(tmp_path / "bin", state)
+    (folder / "adapter_model.safetensors").unlink()
+    torch.save(state, folder / "adapter_model.bin")
+    engine.load_adapter("bin", folder)
+    safe, old = (asyncio.run(engine.generate(request(engine, 0, adapter=a))) for a in ("safe", "bin"))
+    assert old.token_ids == safe.token_ids and old.logprobs == pytest.approx(safe.logprobs)
+    torch.save([t for t in state.values()], folder / "adapter_model.bin")  # a list, not named tensors
+    with pytest.raises(ValueError, match="adapter_model.bin: not a mapping of names to tensors"):
+        engine.load_adapter("list", folder)
 
 
 def test_an_adapter_whose_config_misstates_rank_or_alpha_is_one_line_at_load(tmp_path):

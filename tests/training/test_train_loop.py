@@ -328,7 +328,7 @@ def test_a_checkpoint_eval_opponent_that_does_not_load_is_one_line(tmp_path, cli
                                                              f"eval_opponent: checkpoint:{tmp_path / 'opponent'}"))
     code, _, err = cli("train", recipe, "--out", tmp_path / "run", "--no-progress")
     assert code == 2 and "Traceback" not in err, err
-    assert f"training.eval_opponent checkpoint:{tmp_path / 'opponent'}: no adapter_model.safetensors in" in err
+    assert f"training.eval_opponent checkpoint:{tmp_path / 'opponent'}: no adapter_model.safetensors (or .bin) in" in err
 
 
 def test_a_checkpoint_eval_opponent_beside_a_learner_of_its_adapter_name_is_one_line(tmp_path, cli):
