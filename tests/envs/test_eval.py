@@ -15,6 +15,7 @@ def test_wilson_interval_hand_computed():
     assert wilson(5, 10) == (0.2366, 0.7634)
     assert wilson(10, 10) == (0.7225, 1.0)
     assert wilson(0, 0) is None
+    assert json.dumps(wilson(0, 10)) == "[0.0, 0.2775]"  # the bound's float error cut at 0: not -0.0
 
 
 def test_results_are_the_signs_of_finished_episodes_rewards_of_the_roles_that_learn():
@@ -30,6 +31,7 @@ def test_results_are_the_signs_of_finished_episodes_rewards_of_the_roles_that_le
     assert [report["pro"][k] for k in ("games", "win", "draw", "loss")] == [2, 1, 1, 0]
     assert [report["con"][k] for k in ("games", "win", "draw", "loss")] == [2, 0, 1, 1]
     assert [report["con"][f"{k}_ci95"] for k in ("win", "draw", "loss")] == [wilson(0, 2), wilson(1, 2), wilson(1, 2)]
+    assert evaluate(t, [won, tied, tied], summary)["pro"]["draw_rate"] == 0.6667
 
 
 def test_a_role_that_sat_the_episode_out_has_no_result_in_it():
@@ -212,6 +214,16 @@ def test_base_opponent_samples_without_an_adapter(tmp_path):
     t, role, checkpoint = bind_opponent(team("tictactoe"), "base", {})
     assert role == "o" and checkpoint is None
     assert t.roles["o"].config.policy.adapter is None and t.roles["x"].config.policy.adapter == "player"
+
+
+def test_a_builtin_opponent_is_bound_by_its_name_with_or_without_the_prefix():
+    from orchestrator.evaluation import bind_opponent
+    from orchestrator.policies.binding import Binding
+
+    for opponent in ("minimax", "builtin:minimax"):
+        overrides = {}
+        assert bind_opponent(team("tictactoe"), opponent, overrides)[1:] == ("o", None)
+        assert overrides == {"o": Binding("builtin", "minimax")}
 
 
 def test_checkpoint_opponent_samples_from_the_loaded_adapter(cli, tmp_path):
