@@ -209,10 +209,14 @@ def test_a_worker_that_died_between_episodes_is_replaced_with_the_latest_weights
         pool.publish("coder", peft_dir(tmp_path / "coder", lora_state(tiny_engine().model, seed=1)), 7)
         after = asyncio.run(run_team(team, {}, RunOptions(out_dir=tmp_path / "b", play=play, **options)))
         pids.append(ray_local.get(pool.actors[0].pid.remote()))
+        ray_local.kill(pool.actors[0])  # killed with the weights loaded, none published since: its successor loads them
+        again = asyncio.run(run_team(team, {}, RunOptions(out_dir=tmp_path / "c", play=play, **options)))
+        pids.append(ray_local.get(pool.actors[0].pid.remote()))
     finally:
         pool.close()
-    assert [r.status for r in first.episodes + after.episodes] == ["ok"] * 4 and pool.restarts == 1
-    assert {a.adapter_version for r in after.episodes for t in r.turns if t.role == "coder" for a in t.attempts} == {7}
+    assert [r.status for r in first.episodes + after.episodes + again.episodes] == ["ok"] * 6 and pool.restarts == 2
+    for played in (after, again):
+        assert {a.adapter_version for r in played.episodes for t in r.turns if t.role == "coder" for a in t.attempts} == {7}
     assert not _worker_folders(pids)  # the dead one's went when its successor started; the live one's at close
 
 
@@ -433,6 +437,62 @@ def test_ray_local_starts_ray_here_whatever_cluster_the_environment_names(ray_lo
     assert joins == [None]  # None: Ray starts a local instance
 
 
+def test_a_pool_that_starts_ray_sizes_it_and_stops_it_with_its_workers(ray_local, monkeypatch):
+    """--ray local starts Ray with a CPU for each worker (at least the machine's), its workers at
+    normal priority; closing the pool (or refusing its workers) stops the workers and that Ray."""
+    from orchestrator.errors import RolecastError
+    from orchestrator.workers import RayOptions, RayRollouts
+
+    inits, shutdowns = [], []
+    monkeypatch.delenv("RAY_worker_niceness")
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(ray_local, "init", lambda **kwargs: inits.append(kwargs))
+    monkeypatch.setattr(ray_local, "shutdown", lambda: shutdowns.append(1))  # the fixture's Ray stays up
+    monkeypatch.setattr(ray_local, "is_initialized", lambda: bool(inits))  # the pool's init starts it
+    with pytest.raises(RolecastError, match=r"--rollout-workers 3: .* this Ray has 2: use --rollout-workers 1"):
+        RayRollouts(RayOptions(workers=3, cpus_per_worker=1.5), model="tiny", dtype="float32")
+    assert (inits[0]["address"], inits[0]["num_cpus"], shutdowns) == ("local", 5, [1])
+    assert os.environ["RAY_worker_niceness"] == "0"
+    inits.clear()
+    pool = RayRollouts(RayOptions(workers=1), model="tiny", dtype="float32")
+    actors = list(pool.actors)
+    pool.close()
+    assert shutdowns == [1, 1]
+    with pytest.raises(ray_local.exceptions.RayActorError):  # killed, not left holding its CPU
+        ray_local.get(actors[0].pid.remote(), timeout=30)
+
+
+def test_an_episode_that_times_out_is_stopped_on_its_worker(ray_local, tmp_path):
+    """The episode's timeout cancels it on the worker too: else it plays on there, unseen, taking
+    the engine's batches from the episodes after it."""
+    import time
+
+    from orchestrator.rollout import RunOptions, run_team
+    from orchestrator.workers import RayOptions, RayRollouts, RolloutWorker
+
+    finished = tmp_path / "finished"
+
+    class Slow(RolloutWorker):
+        async def play(self, key, record):
+            await asyncio.sleep(3)
+            finished.touch()
+            return await super().play(key, record)
+
+    class Pool(RayRollouts):
+        worker = Slow
+
+    team = load_team(ROOT / "recipes/code_pair.yaml")
+    pool = Pool(RayOptions(workers=1), model="tiny", dtype="float32")
+    try:
+        result = asyncio.run(run_team(team, {}, RunOptions(out_dir=tmp_path / "run", play=pool.bind(team, {}),
+                                                           episodes=1, seed=3, episode_timeout_s=1, progress=False)))
+        time.sleep(4)
+    finally:
+        pool.close()
+    assert [r.status for r in result.episodes] == ["timeout"]
+    assert not finished.exists()
+
+
 def test_vllm_workers_need_a_gpu_before_ray_starts(tmp_path):
     import rolecast
 
@@ -537,13 +597,21 @@ def test_workers_that_this_ray_cannot_place_are_an_error_not_a_hang(ray_local):
     here, 2 CPUs) they would wait for ever. A cluster's address may autoscale, so there the workers
     are started and left to wait."""
     from orchestrator.errors import RolecastError
-    from orchestrator.workers import RayOptions, RayRollouts
+    from orchestrator.workers import RayOptions, RayRollouts, RolloutWorker
+
+    class Light(RolloutWorker):  # no engine to load: it starts at once where Ray finds it a place
+        def __init__(self, *args):
+            pass
+
+    class Pool(RayRollouts):
+        worker = Light
 
     with pytest.raises(RolecastError, match=r"--rollout-workers 2 on a GPU: .* this Ray has 0: use --device cpu"):
         RayRollouts(RayOptions(workers=2, gpus_per_worker=1.0), model="tiny", dtype="float32")
     assert ray_local.is_initialized()  # the test's Ray, not started by the pool: left running
-    pool = RayRollouts(RayOptions(address="auto", workers=1, gpus_per_worker=1.0), model="tiny", dtype="float32")
+    pool = Pool(RayOptions(address="auto", workers=1, gpus_per_worker=1.0), model="tiny", dtype="float32")
     assert pool.workers == 1
+    assert ray_local.wait([pool.actors[0].pid.remote()], timeout=5)[0] == []  # waiting for a GPU, not started without one
     pool.close()
     # CPUs alike: the pool starts its own Ray with a CPU per worker, but one it joins may have fewer
     with pytest.raises(RolecastError, match=r"--rollout-workers 3: each worker takes 1 CPU of its own, and this Ray "
