@@ -655,3 +655,29 @@ def test_an_episode_waiting_to_play_alone_holds_back_newcomers():
         return order
 
     assert asyncio.run(main()) == ["a+", "a-", "alone+", "alone-", "b+", "b-"]
+
+
+def test_an_episode_alone_plays_with_no_other_and_those_it_held_back_then_play_together():
+    from orchestrator.workers import _Sharing
+
+    async def main():
+        sharing, order = _Sharing(), []
+
+        async def play(name, alone, hold=0.0):
+            async with sharing.turn(alone):
+                order.append(f"{name}+")
+                await asyncio.sleep(hold)
+                order.append(f"{name}-")
+
+        async def after(delay, name, alone, hold=0.0):
+            await asyncio.sleep(delay)
+            await play(name, alone, hold)
+
+        # waits for both shared ones (not the first to finish); a second alone one for the first;
+        # the shared ones held back all start when it is done
+        await asyncio.wait_for(asyncio.gather(  # a waiter left unwoken: a hang, here a failure
+            play("a", False, 0.05), play("b", False, 0.1), after(0.01, "x", True, 0.05), after(0.02, "y", True, 0.05),
+            after(0.03, "c", False, 0.05), after(0.03, "d", False, 0.05)), timeout=10)
+        return order
+
+    assert asyncio.run(main()) == ["a+", "b+", "a-", "b-", "x+", "x-", "y+", "y-", "c+", "d+", "c-", "d-"]
