@@ -379,3 +379,4 @@ class RayRollouts:
         self.actors = []
         if self.started_ray:
             self.ray.shutdown()
+            self.started_ray = False

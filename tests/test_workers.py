@@ -460,6 +460,8 @@ def test_a_pool_that_starts_ray_sizes_it_and_stops_it_with_its_workers(ray_local
     assert shutdowns == [1, 1]
     with pytest.raises(ray_local.exceptions.RayActorError):  # killed, not left holding its CPU
         ray_local.get(actors[0].pid.remote(), timeout=30)
+    pool.close()  # a second close (a failed train closes twice) stops no Ray started since
+    assert shutdowns == [1, 1]
 
 
 def test_an_episode_that_times_out_is_stopped_on_its_worker(ray_local, tmp_path):
