@@ -341,6 +341,19 @@ def test_validate_walks_past_packages_and_runs(workspace, cli):
     assert code == 2 and err.startswith(f"{workspace / 'runs/config.yaml'}:1:"), err
 
 
+def test_validate_passes_over_a_tasks_file_in_a_folder(workspace, cli):
+    """A team's tasks in a YAML file (a list, which no role or team is): `rolecast validate .` had
+    failed on it as a role file ("a role file must be a mapping of keys"); the team checks it."""
+    tasks_file(workspace, "tasks.yaml", "- {text: the sea}\n- {text: the sky}\n")
+    code, out, err = cli("validate", workspace)
+    assert (code, err) == (0, ""), err
+    assert f"{workspace / 'tasks.yaml'}  (tasks, checked with the team that names them)" in out
+    assert f"ok  {workspace / 'team.yaml'}" in out
+    write(workspace / "tasks.yaml", "- {text: the sea}\n- the sky\n")  # still checked, through the team
+    code, _, err = cli("validate", workspace)
+    assert code == 2 and err.startswith(f"{workspace / 'tasks.yaml'}:2:"), err
+
+
 def test_validate_says_each_mistake_as_a_json_line_with_log_json(tmp_path, cli):
     """``rolecast --log-json validate``: its FILE: KEY: problem lines were console text among the JSON lines."""
     code, out, err = cli("--log-json", "validate", tmp_path / "nope.yaml", tmp_path / "gone.yaml")

@@ -15,7 +15,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser("validate", help="check role and team YAML files (or folders of them)")
     p.add_argument("paths", nargs="+", type=Path, metavar="PATH",
                    help="role or team YAML files, or folders of them (hidden folders, virtualenvs and run dirs "
-                        "in a folder are passed over)")
+                        "in a folder are passed over; a tasks file, a list, is checked with its team)")
     p.set_defaults(func=handle)
 
 
@@ -68,6 +68,9 @@ def handle(args: argparse.Namespace) -> int:
     for path in files:
         try:
             data = load_yaml(path).data
+            if isinstance(data, list):  # no role or team is a list: a team's tasks file, which load_team reads
+                print(f"--  {path}  (tasks, checked with the team that names them)")
+                continue
             # keys only a team has: with `protocol` misspelt, a team is still checked as one
             if isinstance(data, dict) and TEAM_KEYS & set(data):
                 team = load_team(path)
