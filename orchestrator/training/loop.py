@@ -50,7 +50,7 @@ from ..transcript import EpisodeRecord
 from .datums import DatumBuildOptions, role_datums
 from ..files import fsync_dir, read_saved, write_atomic, write_yaml
 from .metrics import MetricsWriter, read_metrics
-from .plugin_faults import blamed, checked, measured, said_as
+from .plugin_faults import blamed, checked, learning, measured, said_as
 from .repetition import penalise_repetition
 from .rng import read_rng, save_rng, seed_rng, set_rng
 from .trainer import build_trainer
@@ -227,7 +227,7 @@ class TrainingRun:
         row.update(_failures(episodes))  # not trained on
         row.update(repeated)
         with blamed("trainer", self.cfg.trainer, "adapters_to_train"):
-            trained = self.trainer.adapters_to_train(step)
+            trained = learning(self.trainer.adapters_to_train(step), self.clients, self.cfg.trainer)
         self._write_credit(step, groups, rewards, advantages, extra, trained)
         row.update(await self._update(step, trained, groups, advantages, extra))
         with blamed("trainer", self.cfg.trainer, "after_step"):

@@ -73,3 +73,13 @@ def measured(metrics: Mapping[str, Any], kind: str, name: str, hook: str, taken:
                             f"is needed; {FIX}")
         out[key] = float(value)
     return out
+
+
+def learning(adapters: Iterable[Any], learners: Collection[str], name: str) -> list[str]:
+    """``adapters_to_train``'s answer, each one of the trainer's ``learners``: another has no
+    training client (a KeyError traceback where the step's datums are built)."""
+    adapters = list(adapters)
+    if strangers := [a for a in adapters if a not in learners]:
+        raise RunFailed(f"trainer plugin {name!r}: adapters_to_train gave {strangers[0]!r}, not one of its learners "
+                        f"({', '.join(sorted(learners))}); {FIX}")
+    return adapters

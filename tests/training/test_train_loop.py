@@ -1238,6 +1238,10 @@ def faulty_plugins():
         def adapters_to_train(self, step):
             raise RuntimeError("no schedule")
 
+    class TrainsAStranger(GRPO):
+        def adapters_to_train(self, step):
+            return ["nope"]
+
     class NoEvalSeats(GRPO):
         def eval_adapters_for(self, index):
             raise RuntimeError("no eval seats")
@@ -1256,6 +1260,7 @@ def faulty_plugins():
         register("noisy", Noisy)
         register("unseating", Unseating)
         register("none-to-train", NoneToTrain)
+        register("trains-a-stranger", TrainsAStranger)
         register("no-eval-seats", NoEvalSeats)
         register("no-groups", NoGroups)
         register("no-roles", NoRoles)
@@ -1282,6 +1287,9 @@ def faulty_plugins():
     # the trainer's hooks that seat a step's or an evaluation's episodes: were tracebacks
     ("trainer: grpo", "trainer: none-to-train", "trainer plugin 'none-to-train': adapters_to_train raised RuntimeError: "
                                                 "no schedule; fix it"),
+    # an adapter it does not learn (no training client): was a KeyError traceback where the datums are built
+    ("trainer: grpo", "trainer: trains-a-stranger", "trainer plugin 'trains-a-stranger': adapters_to_train gave 'nope', "
+                                                    "not one of its learners (guesser); fix it"),
     ("trainer: grpo", "trainer: no-eval-seats", "trainer plugin 'no-eval-seats': eval_adapters_for raised RuntimeError: "
                                                 "no eval seats; fix it"),
     # before the first step: tracebacks too
