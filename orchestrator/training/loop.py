@@ -50,7 +50,7 @@ from ..transcript import EpisodeRecord
 from .datums import DatumBuildOptions, role_datums
 from ..files import fsync_dir, read_saved, write_atomic, write_yaml
 from .metrics import MetricsWriter, read_metrics
-from .plugin_faults import blamed, checked, learning, measured, said_as
+from .plugin_faults import blamed, checked, learning, measured, said_as, seated
 from .repetition import penalise_repetition
 from .rng import read_rng, save_rng, seed_rng, set_rng
 from .trainer import build_trainer
@@ -120,6 +120,7 @@ class TrainingRun:
         if self.cfg.joint_passes is not None:  # else the service's default for its device
             service.joint_passes = self.cfg.joint_passes
         self.rollouts = rollouts  # None: episodes play here; else rollout workers (workers.RayRollouts)
+        self._held: set[str] = set()  # frozen adapters the engine holds: snapshots, the eval opponent's checkpoint
         self.policies = build_policies(team, {}, lambda: engine, self.registry)
         self.eval_team, self.eval_policies, self.eval_opponent_role = team, self.policies, None
         overrides: dict = {}
@@ -288,7 +289,8 @@ class TrainingRun:
         # chosen now: with max_staleness, the last step's after_step (new snapshots, ratings) runs while
         # these play, and would otherwise pick the opponents by timing
         with blamed("trainer", self.cfg.trainer, "adapters_for"):
-            adapters = [self.trainer.adapters_for(step, i) for i in range(len(team.tasks))]
+            adapters = seated([self.trainer.adapters_for(step, i) for i in range(len(team.tasks))], self._served(),
+                              self.cfg.trainer, "adapters_for")
         result = await run_team(team, self.policies, RunOptions(
             episodes=len(team.tasks),
             seed=derive_seed(self.options.seed, step),
@@ -407,8 +409,8 @@ class TrainingRun:
         n = self.cfg.eval_episodes
         team = replace(self.eval_team, tasks=tasks)
         with blamed("trainer", self.cfg.trainer, "eval_adapters_for"):
-            adapters = [{r: a for r, a in self.trainer.eval_adapters_for(i).items() if r != self.eval_opponent_role}
-                        for i in range(n)]  # chosen now, as a rollout's are
+            adapters = seated([{r: a for r, a in self.trainer.eval_adapters_for(i).items() if r != self.eval_opponent_role}
+                               for i in range(n)], self._served(), self.cfg.trainer, "eval_adapters_for")  # chosen now
         result = await run_team(team, self.eval_policies, RunOptions(
             episodes=n, seed=derive_seed(self.options.seed, 999_999), out_dir=self.run_dir / "evals" / f"step-{step:06d}",
             concurrency=self.concurrency, episode_timeout_s=self.team.config.episode_timeout_s, bar=self.bar,
@@ -466,13 +468,19 @@ class TrainingRun:
             if all(t.done() for t in tasks):
                 del self._retiring[name]
                 self.engine.remove_adapter(name)
+                self._held.discard(name)
                 if self.rollouts:
                     self.rollouts.forget(name)
+
+    def _served(self) -> set[str]:
+        """The adapters episodes can be seated on: the learners and the frozen ones held."""
+        return set(self.clients) | self._held
 
     def _load(self, name: str, path: Path, given: str | None = None) -> None:
         """A frozen adapter into the engine, and to the rollout workers; ``given``: where the user
         named the dir (one it names that the engine refuses is a line saying so, not a traceback)."""
         version = load_adapter(self.engine, name, path, given) if given else self.engine.load_adapter(name, path)
+        self._held.add(name)
         if self.rollouts:
             self.rollouts.publish(name, path, version)
 

@@ -83,3 +83,15 @@ def learning(adapters: Iterable[Any], learners: Collection[str], name: str) -> l
         raise RunFailed(f"trainer plugin {name!r}: adapters_to_train gave {strangers[0]!r}, not one of its learners "
                         f"({', '.join(sorted(learners))}); {FIX}")
     return adapters
+
+
+def seated(adapters: list[Any], served: Collection[str], name: str, hook: str) -> list[Any]:
+    """``adapters_for``'s (or ``eval_adapters_for``'s) answers, each seat on an adapter the run
+    serves: a learner, or a snapshot or opponent it holds. The engine plays any other name as
+    the base model, so a misspelt or retired one had played its games unseen."""
+    for i, seats in enumerate(adapters):
+        for role, adapter in seats.items():
+            if adapter not in served:
+                raise RunFailed(f"trainer plugin {name!r}: {hook} seated role {role!r} on {adapter!r} in episode {i}, "
+                                f"an adapter the run does not serve ({', '.join(sorted(served))}); {FIX}")
+    return adapters

@@ -60,8 +60,9 @@ class Trainer(ABC):
 
     def adapters_for(self, step: int, index: int) -> dict[str, str]:
         """role -> adapter overrides for episode ``index`` of the step's rollout (a past snapshot
-        as the opponent, a population's members). A role's tokens train the adapter that played
-        it, if that adapter is one of ``learners``; a snapshot's train nothing."""
+        as the opponent, a population's members), each a learner or a snapshot the run holds
+        (another name stops the step). A role's tokens train the adapter that played it, if that
+        adapter is one of ``learners``; a snapshot's train nothing."""
         return {}
 
     def eval_adapters_for(self, index: int) -> dict[str, str]:

@@ -1234,6 +1234,10 @@ def faulty_plugins():
                 raise RuntimeError("no seats")
             return {}
 
+    class SeatsAGhost(GRPO):
+        def adapters_for(self, step, index):
+            return {"guesser": "ghost"}
+
     class NoneToTrain(GRPO):
         def adapters_to_train(self, step):
             raise RuntimeError("no schedule")
@@ -1261,6 +1265,7 @@ def faulty_plugins():
         register("unseating", Unseating)
         register("none-to-train", NoneToTrain)
         register("trains-a-stranger", TrainsAStranger)
+        register("seats-a-ghost", SeatsAGhost)
         register("no-eval-seats", NoEvalSeats)
         register("no-groups", NoGroups)
         register("no-roles", NoRoles)
@@ -1292,6 +1297,9 @@ def faulty_plugins():
                                                     "not one of its learners (guesser); fix it"),
     ("trainer: grpo", "trainer: no-eval-seats", "trainer plugin 'no-eval-seats': eval_adapters_for raised RuntimeError: "
                                                 "no eval seats; fix it"),
+    # an adapter the engine does not hold: its games were the base model's, and nothing said so
+    ("trainer: grpo", "trainer: seats-a-ghost", "trainer plugin 'seats-a-ghost': adapters_for seated role 'guesser' on "
+                                                "'ghost' in episode 0, an adapter the run does not serve (guesser); fix it"),
     # before the first step: tracebacks too
     ("trainer: grpo", "trainer: no-learners", "trainer plugin 'no-learners': learners raised RuntimeError: no learners"),
     ("trainer: grpo", "trainer: noisy", "trainer plugin 'noisy': init_noise raised RuntimeError: no noise"),
