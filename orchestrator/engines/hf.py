@@ -821,7 +821,8 @@ class HFEngine(TokenizerMethods, AdapterVersions):
         if reason:
             seq.done = Completion(
                 token_ids=list(seq.tokens), text=text, logprobs=list(seq.logprobs), finish_reason=reason,
-                adapter=seq.request.adapter, adapter_version=seq.adapter_version, spelled=seq.grammar is not None,
+                adapter=seq.request.adapter, adapter_version=seq.adapter_version,
+                spelled=seq.grammar is not None and seq.grammar.spellings is not None,  # a cut, not just a grammar
                 top_logprobs=list(seq.top) if sp.top_logprobs else None,
             )
 

@@ -126,6 +126,15 @@ def test_the_engine_samples_one_path_per_value(engine):
         assert value in (1, 12, 123) and out.token_ids[:-1] == tok.encode(str(value), add_special_tokens=False)
 
 
+def test_only_a_reply_whose_masks_were_cut_says_spelled(engine):
+    """Free text and numbers keep the grammar's own masks: their completions said spelled=True,
+    every constrained reply did, and transcripts recorded a cut that never happened."""
+    for schema, prefix in ((FREE, '{"argument": "'), (GUESS, "")):
+        assert engine._grammars.spellings(schema, prefix) is None
+        assert not any(out.spelled for out in generate(engine, schema, prefix, range(2), max_tokens=6))
+    assert all(out.spelled for out in generate(engine, MOVE, PREFIX, range(2)))
+
+
 def test_replayed_masks_are_the_ones_the_engine_sampled_under(engine):
     """The sampled tokens' logprobs, recomputed from the replayed masks, equal the engine's:
     the replay cuts exactly where the sampler did."""
