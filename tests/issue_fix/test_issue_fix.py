@@ -518,6 +518,21 @@ def test_the_sandbox_timeout_overrides_the_tasks(tmp_path):
 
 
 @needs_sandbox
+def test_the_recipe_runs_tests_under_the_tasks_own_timeout(tmp_path):
+    """The recipe set sandbox timeout_s: 60, so a task's own timeout_s (2 here) was never used:
+    a test sleeping 10 s passed in the team's run, though `rolecast tasks check` cut it at 2 s."""
+    task = shutil.copytree(SLUG, tmp_path / SLUG.name)
+    (task / "task.yaml").write_text((SLUG / "task.yaml").read_text() + "timeout_s: 2\n")
+    team = team_for(tmp_path, max_rounds=1, task=task)
+    slow = "import time\n\ndef test_slow():\n    time.sleep(10)\n"  # passes, given the time
+    policies = build_policies(team, {n: Binding("builtin", "stub") for n in team.roles}, None)
+    policies["tester"] = PythonPolicy(lambda r: json.dumps({"path": "tests/test_repro.py", "code": slow}))
+    (ep,) = run(team, policies, tmp_path).episodes
+    assert ep.status == "ok", ep.error
+    assert ep.outcome["tests_passed"] is False
+
+
+@needs_sandbox
 def test_the_sandbox_hides_its_folders_and_sets_the_test_environment(tmp_path, monkeypatch):
     """hide= (the task's folder) is hidden where the sandbox would see it (a task inside a system
     folder or the venv), and the runs get TEST_ENV (no stale byte code, no plugins)."""
