@@ -27,6 +27,7 @@ TASK_FILE = "task.yaml"
 PATCH_FILE = "solution.patch"
 REPORT_FILE = ".rolecast-grade.xml"  # junit report, written inside the workdir
 _ID_RE = re.compile(r"^[a-z0-9]+([-_][a-z0-9]+)*$")
+HIDDEN_TEST_FILES = ("test_*.py", "*_test.py")  # pytest's own python_files: each one it would collect
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache", REPORT_FILE)  # never copied
 
 
@@ -101,10 +102,10 @@ class IssueTask(NoBoolNumbers):
 
     def hidden_test_files(self) -> list[str]:
         """Hidden test files as paths relative to the repo root once installed."""
-        return sorted(
+        return sorted({
             f"{self.hidden_dest}/{p.relative_to(self.hidden_dir).as_posix()}"
-            for p in self.hidden_dir.rglob("test_*.py")
-        )
+            for pattern in HIDDEN_TEST_FILES for p in self.hidden_dir.rglob(pattern)
+        })
 
     def hidden_test_ids(self) -> list[str]:
         """``file::name`` of every hidden test, read statically (functions and Test* methods)."""
@@ -164,7 +165,7 @@ def _read_task(folder: Path) -> IssueTask:
     if not task.hidden_dir.is_dir():
         raise doc.error(("hidden_tests",), f"folder {task.hidden_tests!r} not found")
     if not task.hidden_test_files():
-        raise doc.error(("hidden_tests",), f"no test_*.py files in {task.hidden_tests!r}")
+        raise doc.error(("hidden_tests",), f"no {' or '.join(HIDDEN_TEST_FILES)} files in {task.hidden_tests!r}")
     task.hidden_test_ids()  # grading reads them: one that does not parse is this task's error, not an episode's
     try:  # the fix: rewards and `rolecast tasks check` apply it
         task.solution_patch()

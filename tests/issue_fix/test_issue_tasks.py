@@ -118,7 +118,7 @@ def test_the_files_a_fix_touches_include_deleted_ones_and_names_with_spaces(tmp_
         (GOOD + "hidden_dest: tests/../../x\n", 7, "hidden_dest", "relative path inside the task"),
         (GOOD + "timeout_s: 0\n", 7, "timeout_s", "greater than 0"),
         (GOOD.replace("hidden_tests: hidden_tests", "hidden_tests: nope"), 6, "hidden_tests", "folder 'nope' not found"),
-        (GOOD.replace("hidden_tests: hidden_tests", "hidden_tests: empty"), 6, "hidden_tests", "no test_*.py files in 'empty'"),
+        (GOOD.replace("hidden_tests: hidden_tests", "hidden_tests: empty"), 6, "hidden_tests", "no test_*.py or *_test.py files in 'empty'"),
         # the repo's own tests as the hidden ones: loaded, and graded on tests the team had run
         (GOOD.replace("hidden_tests: hidden_tests", "hidden_tests: repo"), 6, "hidden_tests", "'repo' is inside repo/"),
         (GOOD.replace("hidden_tests: hidden_tests", "hidden_tests: ./repo/tests"), 6, "hidden_tests", "'repo/tests' is inside repo/"),
@@ -195,6 +195,18 @@ def test_a_task_named_from_inside_its_folder_loads(tmp_path, monkeypatch):
     (folder / "task.yaml").write_text(GOOD.replace("id: 001-demo", "id: 001-other"), encoding="utf-8")
     with pytest.raises(TaskFileError, match="'001-other' does not match the folder name '001-demo'"):
         load_task(".")
+
+
+def test_hidden_tests_named_as_pytest_allows_are_graded(tmp_path):
+    """pytest collects *_test.py as it does test_*.py: a hidden paginate_test.py was copied in but
+    never run, so a task with only such files did not load, and one beside a test_*.py was not graded."""
+    folder = _write_task(tmp_path, GOOD)
+    hidden = folder / "hidden_tests"
+    (hidden / "test_hidden_paginate.py").rename(hidden / "hidden_paginate_test.py")
+    task = load_task(folder)
+    assert task.hidden_test_files() == ["tests/hidden/hidden_paginate_test.py"]
+    assert grade(task, copy_repo(task, tmp_path / "work")).total == 5
+    assert check_task(task, subprocess_runner).ok
 
 
 @pytest.mark.parametrize("dest", ["tests/hidden/", "./tests//hidden"])
