@@ -7,7 +7,7 @@ from pathlib import Path
 
 from sandboxes.pool import temporary_dir
 
-from .grading import Grade, install_hidden_tests, run_tests
+from .grading import Grade, _is_case, install_hidden_tests, run_tests
 from .running import Runner, apply_patch, copy_repo, subprocess_runner
 from .task import IssueTask
 
@@ -38,7 +38,8 @@ def check_task(task: IssueTask, runner: Runner = subprocess_runner) -> CheckRepo
     """Prove a task sound.
 
     On the buggy repo every visible test passes and at least one hidden test fails; with
-    ``solution.patch`` applied every visible and every hidden test passes.
+    ``solution.patch`` applied every visible and every hidden test passes, and grading counts
+    each hidden test that ran.
     """
     rep = CheckReport(task.id)
     hidden_ids = task.hidden_test_ids()
@@ -80,4 +81,10 @@ def check_task(task: IssueTask, runner: Runner = subprocess_runner) -> CheckRepo
                 bad = [f"{o.id} ({o.message})" if o.message else o.id for o in hidden if not o.ok]
                 if bad:
                     rep.problems.append(f"fixed: hidden tests fail: {', '.join(bad)}")
+                # grading counts only these ids: a task whose failing test is not one grades the bug 1.0
+                uncounted = [o.id for o in hidden if not any(_is_case(o.id, tid) for tid in hidden_ids)]
+                if uncounted:
+                    rep.problems.append("hidden tests that grading does not count (it reads test functions and "
+                                        "Test* methods as written in their file: not inherited or generated ones): "
+                                        + ", ".join(uncounted))
     return rep

@@ -477,6 +477,20 @@ def test_checker_fails_a_task_whose_hidden_tests_pass_on_the_bug(cases_task):
     assert report.problems == ["buggy: every hidden test passes (the bug is not caught)"]
 
 
+def test_checker_fails_a_task_with_hidden_tests_grading_does_not_count(cases_task, tmp_path):
+    """Grading reads the hidden tests' names from their files' text: an inherited test method runs
+    but never counts. The checker said ok to a task whose one failing test was inherited, and the
+    untouched buggy repo graded 1.0."""
+    (cases_task.hidden_dir / "test_hidden_cases.py").write_text(
+        "from numerals.roman import from_roman\n\n\ndef test_additive():\n    assert from_roman('VIII') == 8\n\n\n"
+        "class Base:\n    def test_four(self):\n        assert from_roman('IV') == 4\n\n\n"
+        "class TestInherited(Base):\n    pass\n")
+    assert grade(cases_task, copy_repo(cases_task, tmp_path / "work")).fraction == 1.0
+    assert check_task(cases_task, subprocess_runner).problems == [
+        "hidden tests that grading does not count (it reads test functions and Test* methods as "
+        f"written in their file: not inherited or generated ones): {CASES_FILE}::TestInherited::test_four"]
+
+
 def test_grading_counts_each_parametrized_case(cases_task, tmp_path):
     work = copy_repo(cases_task, tmp_path / "work")
     buggy = grade_work(cases_task, work)
