@@ -7,7 +7,7 @@ from pathlib import Path
 
 from sandboxes.pool import temporary_dir
 
-from .grading import Grade, _is_case, install_hidden_tests, run_tests
+from .grading import Grade, install_hidden_tests, is_case, run_tests
 from .running import Runner, apply_patch, copy_repo, subprocess_runner
 from .task import IssueTask
 
@@ -82,7 +82,7 @@ def check_task(task: IssueTask, runner: Runner = subprocess_runner) -> CheckRepo
                 if bad:
                     rep.problems.append(f"fixed: hidden tests fail: {', '.join(bad)}")
                 # grading counts only these ids: a task whose failing test is not one grades the bug 1.0
-                uncounted = [o.id for o in hidden if not any(_is_case(o.id, tid) for tid in hidden_ids)]
+                uncounted = [o.id for o in hidden if not any(is_case(o.id, tid) for tid in hidden_ids)]
                 if uncounted:
                     rep.problems.append("hidden tests that grading does not count (it reads test functions and "
                                         "Test* methods as written in their file: not inherited or generated ones): "

@@ -135,7 +135,7 @@ def run_tests(task: IssueTask, workdir: Path, runner: Runner, paths: list[str],
         why = "timed out" if out.timed_out else f"test run crashed (exit {out.exit_code})"
         outcomes = [TestOutcome(tid, "error", why) for tid in expected]
     else:
-        missing = [tid for tid in expected if not any(_is_case(k, tid) for k in found)]
+        missing = [tid for tid in expected if not any(is_case(k, tid) for k in found)]
         outcomes = list(found.values()) + [TestOutcome(tid, "error", "not run") for tid in missing]
     return Grade(task.id, outcomes, out.exit_code, out.timed_out, crashed, log)
 
@@ -192,7 +192,7 @@ def _reading_report(path: Path, run: Callable[[], RunOutcome]) -> tuple[RunOutco
     return out, b"".join(chunks)
 
 
-def _is_case(reported: str, tid: str) -> bool:
+def is_case(reported: str, tid: str) -> bool:
     """Whether pytest's id ``reported`` is static id ``tid`` or one of its parametrized cases."""
     return reported == tid or reported.startswith(tid + "[")
 
@@ -287,5 +287,5 @@ def grade(task: IssueTask, workdir: str | Path, runner: Runner = subprocess_runn
     ids = task.hidden_test_ids()
     result = run_tests(task, workdir, runner, task.hidden_test_files(), ids)
     # only hidden tests count: code under test can add made-up ids to the report (each a pass)
-    result.outcomes = [o for o in result.outcomes if any(_is_case(o.id, tid) for tid in ids)]
+    result.outcomes = [o for o in result.outcomes if any(is_case(o.id, tid) for tid in ids)]
     return result
