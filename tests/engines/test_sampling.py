@@ -91,3 +91,11 @@ def test_a_uniform_of_zero_never_draws_a_token_of_no_mass():
     bitmask = torch.tensor([[0b1110], [-1]], dtype=torch.int32)  # row 0 bans token 0
     ids, _ = sample_rows(LOGITS.expand(2, -1), [1.0, 1.0], [1.0, 0.7], torch.zeros(2), bitmask, masked_rows=[0])
     assert ids[0] in (1, 2, 3) and ids[1] in (1, 2)  # row 1's 0.7 nucleus is {2, 1}: token 0 is outside it
+
+
+def test_top_p_stops_at_the_token_whose_mass_reaches_it():
+    """The nucleus is the smallest set that reaches top_p: where the top token's mass is exactly
+    top_p, that token alone (not it and the next one)."""
+    u = counter_uniforms(torch.zeros(2000, dtype=torch.long), torch.arange(2000))
+    ids, _ = sample_rows(torch.zeros(2000, 2), [1.0] * 2000, [0.5] * 2000, u)  # each token 0.5
+    assert len(set(ids)) == 1
