@@ -48,6 +48,31 @@ def test_an_extension_replaces_its_prefix_and_the_budget_evicts_the_least_recent
     assert cache.size == 0 and cache.lookup(first + [7], ("pro", 1)) == (0, None)
 
 
+
+def test_a_sequence_is_stored_once_within_the_budget_and_one_over_it_is_not_stored():
+    cache = PrefixCache(budget=64)
+    opening = list(range(BLOCK))  # one block: the shortest sequence worth storing
+    cache.insert(opening, ("base", 0), *kv(BLOCK))
+    assert cache.lookup(opening + [7], ("base", 0))[0] == BLOCK
+    cache.insert(opening, ("base", 0), *kv(BLOCK))  # stored already: as it is, or in a longer one
+    cache.insert(list(range(100, 148)), ("base", 0), *kv(48))
+    cache.insert(list(range(100, 132)), ("base", 0), *kv(32))
+    assert cache.size == 64 and cache.lookup(opening + [7], ("base", 0))[0] == BLOCK  # a full budget evicts nothing
+    cache.insert(list(range(200, 265)), ("base", 0), *kv(65))  # more than the whole budget: evicts nothing either
+    assert cache.size == 64 and cache.lookup(list(range(100, 149)), ("base", 0))[0] == 48
+    cache.drop("base")
+    assert cache.size == 0 and not cache._index  # no empty buckets left behind
+
+
+def test_a_hash_collision_is_no_hit(monkeypatch):
+    from orchestrator.engines import prefix_cache
+
+    monkeypatch.setattr(prefix_cache, "hash", lambda _: 0, raising=False)  # every chain of blocks collides
+    cache = PrefixCache(budget=1000)
+    cache.insert(list(range(40)), ("base", 0), *kv(40))
+    assert cache.lookup(list(range(100, 140)), ("base", 0)) == (0, None)
+    assert cache.lookup(list(range(40)) + [7], ("base", 0))[0] == 40
+
 def test_shared_prefixes_are_the_branch_points_shortest_first():
     opening, alice, bob = list(range(100, 140)), list(range(200, 230)), list(range(300, 330))
     prompts = [opening + alice + [1], opening + bob + [2], opening + alice + [1], opening + alice + [3, 4],
