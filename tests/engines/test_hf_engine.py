@@ -90,6 +90,26 @@ def test_top_logprobs_leave_out_what_the_grammar_bans(engine):
     assert all(lp > float("-inf") for alts in out.top_logprobs for _, lp in alts)
 
 
+
+def test_a_seeded_reply_draws_its_ith_token_with_the_ith_uniform_of_its_seed(engine):
+    """What a request samples is a pure function of its seed: token i is the inverse-CDF draw of
+    counter_uniforms(seed, i) from the model's distribution after the tokens before it."""
+    from orchestrator.engines.sampling import counter_uniforms, sample_rows
+
+    r = request(engine, 1, max_tokens=8, ignore_eos=True, temperature=3.0)  # a flat distribution: draws spread
+    out = asyncio.run(engine.generate(r))
+    for i, token in enumerate(out.token_ids):
+        with torch.inference_mode():
+            logits = engine.model(torch.tensor([list(r.prompt_ids) + out.token_ids[:i]])).logits[:, -1]
+        u = counter_uniforms(torch.tensor([r.sampling.seed]), torch.tensor([i]))
+        assert sample_rows(logits, [3.0], [1.0], u)[0] == [token]
+
+
+def test_unseeded_requests_draw_apart(engine):
+    reqs = [request(engine, 1, max_tokens=12, ignore_eos=True, seed=None) for _ in range(2)]
+    a, b = asyncio.run(gather(engine, reqs))
+    assert a.token_ids != b.token_ids
+
 def test_mixed_adapter_batch_equals_single_adapter_runs(engine):
     for name, seed in (("alpha", 1), ("beta", 2)):
         engine.add_adapter(name)
@@ -223,6 +243,28 @@ def test_busy_leaves_out_queued_requests_cancelled(engine):
 
     assert asyncio.run(scenario()) == engine.max_batch
 
+
+
+def test_a_request_cancelled_in_the_queue_is_never_prefilled(engine, monkeypatch):
+    prefilled, prefill = [], engine._prefill
+    monkeypatch.setattr(engine, "_prefill", lambda seqs: prefilled.extend(s.request.sampling.seed for s in seqs) or prefill(seqs))
+
+    async def scenario():
+        rows = engine.max_batch
+        tasks = [asyncio.ensure_future(engine.generate(request(engine, i, max_tokens=30, ignore_eos=True)))
+                 for i in range(rows + 2)]
+        while len(engine._active) < rows:
+            await asyncio.sleep(0.01)
+        for t in tasks[rows:]:  # queued behind a full batch
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)  # the rows finish, freeing room for the queue
+        for _ in range(100):
+            if engine._pending.empty() and not engine._active:
+                break
+            await asyncio.sleep(0.05)
+
+    asyncio.run(scenario())
+    assert sorted(prefilled) == [100 + i for i in range(engine.max_batch)]
 
 def test_many_concurrent_requests_all_complete(engine):
     outs = asyncio.run(gather(engine, [request(engine, i, max_tokens=4 + i % 5) for i in range(20)]))
