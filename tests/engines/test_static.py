@@ -117,6 +117,19 @@ def test_a_prefix_and_a_chunk_longer_than_the_buffers_regrow_them():
             assert torch.equal(keys[layer], per_layer[layer][0]) and torch.equal(values[layer], per_layer[layer][1])
 
 
+
+def test_a_prefix_one_column_past_the_buffers_regrows_them_and_rows_past_the_slots_are_refused():
+    gen = torch.Generator().manual_seed(0)
+    kv, shape = SlotKV("cpu", slots=2), (LAYERS, HEADS, DIM, torch.float32)
+    kv.open([(0, None)], shape)
+    n = kv.columns + 1
+    entry = SimpleNamespace(keys=torch.randn(LAYERS, HEADS, n, DIM, generator=gen),
+                            values=torch.randn(LAYERS, HEADS, n, DIM, generator=gen))
+    kv.open([(n, entry)], shape)
+    assert kv.lengths == [0, n] and torch.equal(kv.row(1)[0], entry.keys)
+    with pytest.raises(ValueError, match="3 rows do not fit in 2 slots"):
+        kv.open([(0, None)], shape)
+
 def test_buckets_cover_what_runs_and_stay_within_the_buffers():
     assert [rows_bucket(n, 256) for n in (1, 3, 5, 8, 9, 17, 128, 129, 250)] == [1, 4, 8, 8, 16, 32, 128, 160, 256]
     assert rows_bucket(200, 200) == 200
