@@ -3,11 +3,13 @@
 Multi-turn episodes send prompts that extend earlier ones: a conversation role's next turn is its
 last prompt + its reply + a short new message (``tokens.continuation_ids``), and every episode of
 a recipe opens with the same instructions. Prefilling those again was most of a Guess the Number
-rollout. When a sequence finishes, the engine stores its KV cache here; a new request reuses the
-longest stored prefix of its prompt and prefills only the rest.
+rollout. When a sequence finishes, the engine stores its KV cache here; a new request reuses a
+stored prefix of its prompt and prefills only the rest.
 
-Entries are found by hashing 16-token blocks in a chain (as vLLM's prefix cache does), then
-extended token by token. Keys include the adapter and its version: KV computed with other weights
+Entries are found by hashing 16-token blocks in a chain (as vLLM's prefix cache does): the
+longest run of whole blocks any entry shares with the prompt, then token by token as far as the
+most recent of those entries goes on matching it (another of them might match up to 15 tokens
+further: finding it would mean comparing every one, on each lookup). Keys include the adapter and its version: KV computed with other weights
 is never reused, and an adapter's update drops its entries. Least recently used entries go first
 once ``budget`` tokens are stored.
 """
