@@ -40,10 +40,13 @@ TEXT = {"encoding": "utf-8", "errors": "replace"}
 
 
 def _own_interpreter(argv: list[str]) -> list[str]:
-    """``python``/``python3`` as the program becomes ``sys.executable`` (no pyenv shim)."""
+    """``python``/``python3`` as the program becomes ``sys.executable`` (no pyenv shim), and
+    ``pytest`` its ``-m pytest`` (a virtualenv's scripts are on no sandbox's PATH: exit 127)."""
     argv = list(argv)
     if argv and argv[0] in ("python", "python3"):
         argv[0] = sys.executable
+    elif argv and argv[0] in ("pytest", "py.test"):
+        argv[:1] = [sys.executable, "-m", "pytest"]
     return argv
 
 

@@ -16,8 +16,9 @@ import pytest
 from orchestrator.errors import ConfigError
 from orchestrator.issue_fix.checking import check_task
 from orchestrator.issue_fix.grading import grade, grade_work
-from orchestrator.issue_fix.running import RunOutcome, apply_patch, copy_repo, subprocess_runner
+from orchestrator.issue_fix.running import RunOutcome, apply_patch, copy_repo, sandbox_runner, subprocess_runner
 from orchestrator.issue_fix.task import IssueTask, TaskFileError, load_task, static_test_names, task_folders
+from support import needs_sandbox
 
 TASKS_DIR = Path(__file__).resolve().parents[2] / "tasks"
 TASK_DIRS = sorted(p.parent for p in TASKS_DIR.glob("*/task.yaml"))
@@ -79,6 +80,14 @@ GOOD = (
     "id: 001-demo\ntitle: t\nissue: something breaks\ntest_command: python -m pytest -q\n"
     "visible_tests: [tests]\nhidden_tests: hidden_tests\n"
 )
+
+
+@needs_sandbox
+def test_a_test_command_of_pytest_alone_runs_the_interpreters_pytest(tmp_path):
+    """`test_command: pytest -q`, as a task author writes it: the sandbox found no `pytest` (exit 127)."""
+    task = load_task(_write_task(tmp_path, GOOD.replace("python -m pytest -q", "pytest -q")))
+    report = check_task(task, sandbox_runner())
+    assert report.ok, report.problems
 
 
 def test_load_good(tmp_path):
