@@ -44,6 +44,10 @@ def obj(**properties) -> dict:
     (obj(a={"type": "object", "propertyNames": {"not": {"const": "x"}}}), "properties.a.propertyNames: constrained decoding cannot enforce 'not'"),
     ({"type": "object", "patternProperties": {"^x": {"type": "array", "uniqueItems": True}}}, "patternProperties.^x: constrained decoding cannot enforce 'uniqueItems'"),
     (obj(a={"type": "number", "multipleOf": 2}), "multipleOf only as a whole number on an integer"),  # a whole step, on a number
+    (obj(a={"type": "integer", "multipleOf": 2.5}), "multipleOf only as a whole number on an integer"),  # on an integer, a fraction
+    ({"$schema": "http://json-schema.org/draft-07/schema#", **obj(a={"type": "array", "items": [{"type": "integer"}], "additionalItems": {"uniqueItems": True}})},
+     "properties.a.additionalItems: constrained decoding cannot enforce 'uniqueItems'"),
+    ({**obj(a={"$ref": "#/definitions/n"}), "definitions": {"n": {"type": "array", "uniqueItems": True}}}, "definitions.n: constrained decoding cannot enforce 'uniqueItems'"),
     (obj(a={"type": "array", "prefixItems": [{"type": "array", "uniqueItems": True}]}), "properties.a.prefixItems[0]: constrained decoding cannot enforce 'uniqueItems'"),
     ({**obj(a={"$ref": "#/$defs/n", "minimum": 3}), "$defs": {"n": {"type": "integer"}}}, "ignores minimum beside $ref"),
     ({**obj(a={"$ref": "#/$defs/n"}), "$defs": {"n": {"type": "array", "items": {"uniqueItems": True}}}},
@@ -101,6 +105,9 @@ def test_what_decoding_would_not_enforce_is_refused_where_it_is(schema, words):
     obj(v={"oneOf": [obj(kind={"const": "a"}, n={"type": "integer"}), obj(kind={"enum": ["b", "c"]}, n={"type": "number"})]}),
     obj(v={"oneOf": [{"enum": [[True], "x"]}, {"enum": [[1], "y"]}]}),  # true is not 1 in JSON
     {**obj(v={"oneOf": [{"$ref": "#/$defs/a~1b"}, {"type": "string"}]}), "$defs": {"a/b": {"type": "integer"}}},  # ~1 is a /
+    {**obj(v={"oneOf": [{"$ref": "#/$defs/a~0b"}, {"type": "string"}]}), "$defs": {"a~b": {"type": "integer"}}},  # ~0 is a ~
+    obj(v={"oneOf": [{"const": {"a": 1}}, {"const": {"a": 1, "b": 2}}]}),  # a key more is another value
+    obj(v={"oneOf": [{"const": [1]}, {"const": [1, 2]}]}),  # ... and so is an item more
     # a root $ref beside its $defs: pydantic's schema of a recursive model
     {"$ref": "#/$defs/node", "$defs": {"node": obj(v={"type": "integer"}, next={"anyOf": [{"$ref": "#/$defs/node"}, {"type": "null"}]})}},
     # ... and a tagged union beside its (OpenAPI) discriminator
