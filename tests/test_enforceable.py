@@ -220,6 +220,8 @@ def _patterned(pattern: str) -> dict:
     (_patterned(r"^\S+$"), ["a\u00a0b", "a\u3000b", "a\ufeffb", "a\u2028b", "a\u2003b", "ab"]),
     (_patterned(r"^[^\s]+$"), ["a\u1680b", "a\u2029b", "a\u202fb", "ab"]),
     (_patterned(r"^[\S,]+$"), ["a\u205f", "a,b"]),
+    (_patterned(r"^[\S ]+$"), ["a b", "a\u205f"]),  # \S beside a space in a class: the space still allowed
+    (_patterned(r"^[\]|a]$"), ["]", "|", "a", "]x", "xa"]),  # an escaped ] does not end a class, whose | is a character
     (_patterned(r"^a.b$"), ["a\u2028b", "a\u2029b", "a\u00a0b", "axb"]),
     (_patterned(r"^\.[.]$"), ["..", "x.", ".x"]),  # an escaped dot, and one in a class, stay dots
     # ECMA-262's \x takes two hex digits: xgrammar read \x41b as U+041B, and every reply broke the pattern
