@@ -111,6 +111,14 @@ def test_recursive_rules_and_repetitions():
         assert verdict(rest, text)[0] == expected == verdict(xgr.Grammar.from_ebnf(short), "a" + text)[0], text
 
 
+def test_a_dead_rule_under_a_star_and_a_class_ending_in_a_dash():
+    """A repetition of a rule that derives nothing still matches zero times, and ``[a-]`` holds a
+    dash (no range to ``]``)."""
+    grammar = 'root ::= [a-] b* "c"\nb ::= b "x"\n'
+    rest = xgr.Grammar.from_ebnf(quotient(grammar, "-"))
+    assert [verdict(rest, text) for text in ("c", "xc", "-c")] == [(True, True), (False, False), (False, False)]
+
+
 def test_a_book_keeps_the_grammars_of_the_schemas_last_used(book, monkeypatch):
     """`rolecast serve` compiles each schema a client sends: the book (and xgrammar's own cache
     beside it) kept every one for the process's life."""
