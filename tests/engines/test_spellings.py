@@ -62,7 +62,9 @@ def test_spellings_are_the_tokenizers_own_and_only_for_small_languages(engine):
     expected = [tok.encode(f'{m}"}}', add_special_tokens=False) for m in ("rock", "paper", "scissors")]
     paths = {tuple(seq) for seq in expected}
     assert len(moves.complete) == 3 and all(len(seq) <= 3 for seq in expected)
-    assert book.spellings(MOVE) is not None  # the whole object is a small language too
+    whole = book.spellings(MOVE)
+    assert whole is not None  # the whole object is a small language too, kept apart from the rest after PREFIX
+    assert set(whole.children[0]) != set(moves.children[0])  # its texts start at {
     assert len(book.spellings(COUNT).complete) == 3  # the walk goes on past a complete text: 1, 12, 123
     for schema, prefix in ((FREE, '{"argument": "'), (GUESS, '{"guess": ')):
         assert book.spellings(schema, prefix) is None  # free text, any integer: the grammar alone
