@@ -111,6 +111,13 @@ def test_recursive_rules_and_repetitions():
         assert verdict(rest, text)[0] == expected == verdict(xgr.Grammar.from_ebnf(short), "a" + text)[0], text
 
 
+def test_one_book_per_tokenizer_and_vocabulary_size(book):
+    """A model whose embedding is padded past its tokenizer (vocab_size above len) needs masks that wide."""
+    assert book_for(book.tokenizer, book.vocab_size) is book
+    wider = book_for(book.tokenizer, book.vocab_size + 64)
+    assert wider is not book and wider.width == book.width + 2
+
+
 def test_a_dead_rule_under_a_star_and_a_class_ending_in_a_dash():
     """A repetition of a rule that derives nothing still matches zero times, and ``[a-]`` holds a
     dash (no range to ``]``)."""
