@@ -5,7 +5,7 @@ import pytest
 from pydantic import ValidationError
 
 from orchestrator.registry import config_model, default_registry
-from orchestrator.training.trainer import TrainerContext
+from orchestrator.training.trainer import TrainerContext, build_trainer
 from orchestrator.transcript import Turn
 from support import make_episode
 
@@ -100,6 +100,27 @@ def test_mgrpo_global_pools_every_role_and_per_role_scales_each_role_by_its_own_
     scaled = trainer("m-grpo", baseline="global", scale_std=True).advantages(rewards)
     std = ((0.725**2 + 0.175**2 + 2 * 0.275**2) / 4) ** 0.5  # the population std of the four pooled rewards
     assert [e["con"] for e in scaled[0]] == pytest.approx([-0.175 / std, -0.275 / std], rel=1e-4)
+
+
+def test_build_trainer_and_the_default_hooks_name_a_shared_adapter_once_in_team_order():
+    """Two roles on one adapter learn it once: listed per role, it was two learners and two phases."""
+    adapters = {"b": "shared", "c": "solo", "a": "shared"}
+    grpo = build_trainer(REG.get("trainers", "grpo"), adapters, {"scale_std": True}, episodes_per_step=8)
+    assert grpo.learners() == grpo.adapters_to_train(1) == ["shared", "solo"]  # by default every learner, every step
+    assert grpo.config.scale_std and grpo.context.episodes_per_step == 8  # the recipe's options and the step's size
+    rotate = build_trainer(REG.get("trainers", "freeze-rotate"), adapters, {"every": 1})
+    assert [rotate.adapters_to_train(s) for s in range(1, 4)] == [["shared"], ["solo"], ["shared"]]
+
+
+def test_mgrpo_means_every_roles_reward_and_a_group_of_equal_or_lone_rewards_gives_zeros():
+    three = REG.get("trainers", "m-grpo")(TrainerContext(adapters={"a": "a", "b": "b", "c": "c"}))
+    adv = three.advantages([[{"a": 3.0, "b": 0.0, "c": 0.0}, {"a": 0.0, "b": 0.0, "c": 0.0}]])
+    assert [e["b"] for e in adv[0]] == pytest.approx([0.5, -0.5])  # team rewards 1 and 0: the mean over three roles
+    # the pooled std of equal rewards is 0: no ZeroDivisionError, no signal
+    assert trainer("m-grpo", baseline="global", scale_std=True).advantages([REWARDS[1]]) == [REWARDS[1]]
+    alone = REG.get("trainers", "m-grpo")(TrainerContext(adapters={"a": "a"}, config=REG.get("trainers", "m-grpo").Config(
+        baseline="global")))
+    assert alone.advantages([[{"a": 1.0}]]) == [[{"a": 0.0}]]  # one reward is its own baseline
 
 
 def test_freeze_rotate_schedule():
