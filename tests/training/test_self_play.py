@@ -23,6 +23,10 @@ def test_needs_players_sharing_one_adapter():
     cls = default_registry().get("trainers", "self-play")
     with pytest.raises(ValueError, match="sharing one adapter"):
         cls(TrainerContext(adapters={"x": "px", "o": "po"}))
+    with pytest.raises(ValueError, match="sharing one adapter"):  # roles that do not learn
+        cls(TrainerContext(adapters={"x": "player", "o": "player"}, config=cls.Config(players=["judge", "referee"])))
+    with pytest.raises(ValueError, match="two or more"):  # a one-player game
+        cls(TrainerContext(adapters={"x": "player"}))
 
 
 def test_without_a_pool_everyone_plays_the_live_adapter():
@@ -67,6 +71,48 @@ def test_pool_sampling_by_win_rate():
     t.record = {"strong": [8, 10], "weak": [0, 10]}  # (w+1)/(n+2): 0.75 vs 0.0833
     picks = [t.opponent(1, i) for i in range(20000)]
     assert picks.count("strong") / len(picks) == pytest.approx(0.75 / (0.75 + 1 / 12), abs=0.015)
+
+
+def test_win_rate_sampling_counts_each_snapshots_games():
+    t = make(latest_prob=0.0, sampling="win_rate")
+    fill_pool(t, ["new", "old"])
+    t.record = {"new": [0, 0], "old": [9, 98]}  # (w+1)/(n+2): 0.5, and 0.1 for one that won 9 of 98
+    picks = [t.opponent(1, i) for i in range(20000)]
+    assert picks.count("new") / len(picks) == pytest.approx(0.5 / 0.6, abs=0.015)
+
+
+def test_against_a_snapshot_the_learners_seat_and_a_role_outside_the_players_are_in_the_baseline():
+    cls = default_registry().get("trainers", "self-play")
+    t = cls(TrainerContext(adapters={"x": "player", "o": "player", "judge": "judge"},
+                           config=cls.Config(players=["x", "o"], latest_prob=0.0)))
+    fill_pool(t, ["player@1"])
+    assert [t.adapters_for(1, i) for i in range(4)] == [{"o": "player@1"}, {"x": "player@1"}] * 2
+    rewards = [[{"x": 4.0, "o": 0.0, "judge": 1.0}, {"x": 0.0, "o": 2.0, "judge": 0.0},
+                {"x": 2.0, "o": 0.0, "judge": 0.0}, {"x": 0.0, "o": 4.0, "judge": 3.0}]]
+    adv = t.step_advantages(rewards, [[True] * 4])
+    assert adv == [[{"x": 1.0, "o": 0.0, "judge": 0.0}, {"x": 0.0, "o": -1.0, "judge": -1.0},
+                    {"x": -1.0, "o": 0.0, "judge": -1.0}, {"x": 0.0, "o": 1.0, "judge": 2.0}]]
+
+
+def test_a_learner_beats_a_snapshot_only_by_beating_every_seat_it_holds():
+    cls = default_registry().get("trainers", "self-play")
+    t = cls(TrainerContext(adapters={"a": "p", "b": "p", "c": "p"}, config=cls.Config(latest_prob=0.0, snapshot_every=0)))
+    fill_pool(t, ["p@1"])
+    ep = EpisodeRecord(id="1-0", index=0, team="t", task={}, seed=0, adapters=t.adapters_for(1, 0))
+    assert ep.adapters == {"b": "p@1", "c": "p@1"}
+    metrics = t.after_step(1, [ep], [{"a": 1.0, "b": 0.0, "c": 2.0}], lambda adapter, name: None)
+    assert metrics["win_rate/vs_pool"] == 0.0 and t.record == {"p@1": [1, 1]}  # c outscored the learner
+
+
+def test_after_step_reports_the_win_rate_against_each_kind_of_opponent_and_the_ratings_moved_by_elo_k():
+    t = make(snapshot_every=0, elo_k=32.0)
+    fill_pool(t, ["player@1"])
+    live = EpisodeRecord(id="1-0", index=0, team="t", task={}, seed=0, adapters={})  # x learns, and loses
+    pooled = EpisodeRecord(id="1-1", index=1, team="t", task={}, seed=0, adapters={"x": "player@1"})  # o learns, and wins
+    metrics = t.after_step(1, [live, pooled], [{"x": -1.0, "o": 1.0}] * 2, lambda adapter, name: None)
+    assert metrics == {"win_rate/vs_latest": 0.0, "win_rate/vs_pool": 1.0, "elo/latest": 1016.0, "elo/player@1": 984.0}
+    metrics = t.after_step(2, [live], [{"x": 1.0, "o": -1.0}], lambda adapter, name: None)
+    assert "win_rate/vs_pool" not in metrics  # no game against the pool is no figure, not a 0
 
 
 def test_after_step_snapshots_bounded_pool_and_elo():
