@@ -1,6 +1,7 @@
 """`rolecast compare`: one recipe trained several ways with the same seed and budget."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -29,6 +30,9 @@ def test_each_strategy_changes_only_how_the_team_learns(tmp_path):
     assert {n: s.config.policy.adapter for n, s in team.roles.items()}["pro"] == "pro"  # the recipe is untouched
     with pytest.raises(ValueError, match="unknown strategy"):
         with_strategy(team, "ppo")
+    untrained = dataclasses.replace(team, config=team.config.model_copy(update={"training": None}))
+    with pytest.raises(ValueError, match="the recipe has no `training:` block"):
+        with_strategy(untrained, "grpo")
 
 
 def test_shared_leaves_a_role_bound_elsewhere_as_it_is(tmp_path):
