@@ -11,12 +11,16 @@ import sys
 import time
 from pathlib import Path
 
+import jinja2
 import pytest
 from support import Killed, killed_writing, no_engine, write
 from orchestrator.cli import build_parser
+from orchestrator.config import SamplingConfig
+from orchestrator.engines.base import Completion, GenerationRequest, RequestRefused, SamplingParams
 from orchestrator.errors import RolecastError
 from orchestrator.policies.base import PolicyOutput, PolicyRequest
 from orchestrator.policies.binding import Binding
+from orchestrator.policies.engine import EnginePolicy
 from orchestrator.policies.python import PythonPolicy
 from orchestrator.policies.replay import ReplayPolicy
 from orchestrator.rollout import RunOptions, build_policies, run_team
@@ -186,6 +190,61 @@ def test_an_attempt_records_what_its_policy_says_of_its_sampling(tmp_path):
     assert (retry.token_ids, retry.logprobs, retry.finish_reason, retry.adapter, retry.adapter_version,
             retry.completion_tokens) == ([1, 2], [-0.5, -0.25], "stop", "a", 3, 9)
     assert retry.duration_s > 0
+
+
+class FakeEngine:
+    """Encodes a character as its code point; records what it is asked to generate."""
+
+    def __init__(self, refuse: str = ""):
+        self.asked, self.refuse = [], refuse
+
+    def apply_chat_template(self, messages):
+        return [ord(c) for m in messages for c in m["content"]]
+
+    def encode(self, text):
+        return [ord(c) for c in text]
+
+    async def generate(self, request):
+        self.asked.append(request)
+        if self.refuse:
+            raise RequestRefused(self.refuse)
+        return Completion([7, 8], '7}', [-0.5, -0.25], "eos", adapter="a", adapter_version=3, forced_tokens=1,
+                          spelled=True)
+
+
+def engine_request(**fields) -> PolicyRequest:
+    fields = {"role": "guesser", "episode": "e", "episode_index": 0, "turn": 2, "attempt": 0, "context": {},
+              "messages": [{"role": "user", "content": "hi"}], "adapter": "a", "seed": 11,
+              "sampling": SamplingConfig(temperature=0.5, top_p=0.9, max_tokens=9, stop=["\n"]), **fields}
+    return PolicyRequest(**fields)
+
+
+def test_the_engine_policy_samples_after_the_reply_prefix_and_records_it_in_the_reply():
+    # the prefix is prompt-side (never sampled) but part of the reply; the grammar starts after it
+    # only under a schema; the role's sampling, seed and adapter go to the engine as they are
+    engine = FakeEngine()
+    out = asyncio.run(EnginePolicy(engine)(engine_request(reply_prefix='{"g": ', json_schema="{}")))
+    (asked,) = engine.asked
+    assert asked == GenerationRequest(tuple(map(ord, 'hi{"g": ')), SamplingParams(0.5, 0.9, 9, ("\n",), 11), "a",
+                                      json_schema="{}", reply_prefix='{"g": ')
+    assert (out.text, out.prompt_ids, out.token_ids, out.logprobs, out.finish_reason) == \
+        ('{"g": 7}', list(map(ord, 'hi{"g": ')), [7, 8], [-0.5, -0.25], "eos")
+    assert (out.adapter, out.adapter_version, out.json_schema, out.forced_tokens, out.spelled) == ("a", 3, "{}", 1, True)
+    asyncio.run(EnginePolicy(engine)(engine_request(reply_prefix='{"g": ')))
+    assert engine.asked[1].prompt_ids == asked.prompt_ids and (engine.asked[1].json_schema, engine.asked[1].reply_prefix) == (None, "")
+
+
+def test_an_engine_refusal_names_the_role_and_turn():
+    with pytest.raises(RequestRefused, match="^role 'guesser', turn 2: too long$"):
+        asyncio.run(EnginePolicy(FakeEngine(refuse="too long"))(engine_request()))
+
+    def refuse(messages):
+        raise jinja2.TemplateError("no")
+
+    engine = FakeEngine()
+    engine.apply_chat_template = refuse  # with no system message to leave out, no hint to leave it out
+    with pytest.raises(RequestRefused, match="^role 'guesser', turn 2: the model's chat template refuses its messages: no$"):
+        asyncio.run(EnginePolicy(engine)(engine_request()))
 
 
 def test_a_policy_that_returns_no_text_is_a_policy_error(tmp_path):
