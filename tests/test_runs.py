@@ -560,6 +560,8 @@ def test_a_replay_keeps_each_episodes_place_by_its_id_and_drops_the_least_recent
     # "a" used last before "c" comes in: "b" is dropped, and "c" too is kept
     assert asyncio.run(play(("a", 0), ("b", 0), ("a", 1), ("c", 0), ("a", 2), ("c", 1))) == ["0", "0", "1", "0", "2", "1"]
     assert list(policy.cursors) == [("a", "pro"), ("c", "pro")]
+    # an id played again from any turn up to its last request's starts over, not only from its first turn's
+    assert asyncio.run(play(("d", 1), ("d", 3), ("d", 2))) == ["0", "1", "0"]
 
 
 def test_a_python_policy_awaits_any_awaitable_it_is_given(tmp_path):
