@@ -166,6 +166,16 @@ CASES = [
      "team.yaml", 6, "roles[0].use", "'./echo\\x00.yaml' holds a NUL character"),
     ("bad-binding", lambda w: replace_in(w / "echo.yaml", "adapter: null", "adapter: null\n  bind: telepathy:now"),
      "echo.yaml", 11, "policy.bind", "unknown policy kind"),
+    ("bind-replay-without-a-file", lambda w: replace_in(w / "echo.yaml", "adapter: null", "adapter: null\n  bind: 'replay:'"),
+     "echo.yaml", 11, "policy.bind", "needs a target after 'replay:'"),
+    ("bind-replay-a-folder", lambda w: replace_in(w / "echo.yaml", "adapter: null", "adapter: null\n  bind: replay:prompts"),
+     "echo.yaml", 11, "policy.bind", "replay file not found"),
+    ("bind-unknown-builtin", lambda w: replace_in(w / "echo.yaml", "adapter: null", "adapter: null\n  bind: builtin:oracle"),
+     "echo.yaml", 11, "policy.bind", "unknown builtin policy 'oracle'"),
+    ("bind-python-no-function", lambda w: replace_in(w / "echo.yaml", "adapter: null", "adapter: null\n  bind: python:os"),
+     "echo.yaml", 11, "policy.bind", "must look like pkg.module:function"),
+    ("bind-python-not-callable", lambda w: replace_in(w / "echo.yaml", "adapter: null", "adapter: null\n  bind: python:os:sep"),
+     "echo.yaml", 11, "policy.bind", "'os' has no callable 'sep'"),
     # bound the team's model, the name after it ignored: the model is --model's to choose
     ("model-binding-with-a-name", lambda w: replace_in(w / "echo.yaml", "adapter: null", "adapter: null\n  bind: model:Qwen/Qwen2.5-7B"),
      "echo.yaml", 11, "policy.bind", "'model' takes nothing after it"),
@@ -489,6 +499,14 @@ def test_a_file_name_the_locale_cannot_encode_is_one_line_saying_so(edit, where,
                           capture_output=True, text=True, errors="backslashreplace")
     assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
     assert where in proc.stderr and "the file system encoding is ascii; run with PYTHONUTF8=1" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("bind", ["replay:lines.jsonl", "python:os.path:join", "python:os.path.join"])
+def test_a_role_files_binding_reads_a_replay_beside_it_and_a_function_by_either_path(bind, workspace, cli):
+    write(workspace / "lines.jsonl", '{"role": "echo", "text": "{}"}\n')  # beside echo.yaml, not in the cwd
+    replace_in(workspace / "echo.yaml", "adapter: null", f"adapter: null\n  bind: {bind}")
+    code, _, err = cli("validate", workspace / "team.yaml")
+    assert code == 0, err
 
 
 def test_bad_policy_flag(workspace, cli):
