@@ -83,6 +83,9 @@ CASES = [
      "echo.yaml", 7, "output_schema.properties.say.enum[0]", "a date is not JSON data"),
     ("schema-file-missing", lambda w: _schema_file(w, None),
      "echo.yaml", 4, "output_schema", "schema file not found"),
+    # there, but no file to read: not "not found"
+    ("schema-file-a-folder", lambda w: (_schema_file(w, None), (w / "schemas" / "echo.json").mkdir(parents=True)),
+     "echo.yaml", 4, "output_schema", "cannot read schema file"),
     ("schema-file-broken", lambda w: _schema_file(w, "{not json"),
      "echo.yaml", 4, "output_schema", "cannot read schema file"),
     # json keeps the last of a key given twice: the schema ran as an array's
