@@ -185,3 +185,9 @@ def test_a_guesser_whose_schema_has_no_guess_is_refused_at_load(tmp_path):
     (tmp_path / "team.yaml").write_text(recipe.replace("{guess: {type", "{number: {type").replace("[guess]", "[number]"))
     with pytest.raises(ConfigError, match=r"GuessNumberEnv reads field\(s\) guess of the messages of role 'guesser'"):
         load_team(tmp_path / "team.yaml")
+
+
+def test_binary_search_guesses_the_middle_of_what_the_feedback_leaves_open():
+    """A guess the feedback rules out is no longer open: after "9 is too high" in 1..16 it is 1..8."""
+    assert next_guess(1, 16, [{"guess": 9, "feedback": "too high"}]) == 4
+    assert next_guess(1, 16, [{"guess": 4, "feedback": "too low"}, {"guess": 12, "feedback": "too high"}]) == 8
