@@ -156,6 +156,11 @@ def test_the_budget_plan_case_by_case():
     assert (row.forced, row.rollback, row.hopeless) == ([], False, True)
     row = planned(4, None, steps=[0, 1, 2])  # nothing fits: sample on, and stop searching
     assert row.hopeless and row.forced == [] and row.book.asked == 1
+    row = planned(3, [1, 2], steps=[0])  # closing + end of turn fit exactly: emit them now
+    assert (row.forced, row.rollback) == ([1, 2, 99], False)
+    # none found with room to spare: look again once the spare room is down to MARGIN, not past it
+    row = planned(20, None, None, steps=range(5))
+    assert row.book.asked == 2 and row.hopeless
 
     class Refusing:
         def accept_token(self, token):
