@@ -3,14 +3,16 @@ on its own, so every valid reply below is the grammar's doing)."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 
 import jsonschema
 import pytest
 from orchestrator.engines.base import GenerationRequest, SamplingParams
-from orchestrator.grammar.book import ConstrainedRow
+from orchestrator.grammar.book import ConstrainedRow, GrammarBook, book_for
 from orchestrator.grammar.schema import GrammarError
 from orchestrator.messages import schema_json
+from orchestrator.models import load_model
 from support import tiny_engine
 
 VERDICT = {"type": "object", "properties": {"verdict": {"type": "string", "enum": ["approve", "request_changes"]},
@@ -168,6 +170,51 @@ def test_the_budget_plan_case_by_case():
 
     with pytest.raises(GrammarError, match="sampled token 7 is not allowed by the grammar"):
         ConstrainedRow(Scripted(), Refusing(), 4).accept(7)
+
+
+@pytest.fixture(scope="module")
+def book():
+    tokenizer = load_model("tiny").tokenizer
+    return book_for(tokenizer, len(tokenizer))
+
+
+def test_a_token_that_leaves_no_room_is_taken_back_and_the_message_closed_before_it(book):
+    """The rollback case on a real matcher: the grammar state goes back with the dropped token."""
+    schema = schema_json({"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "array", "items": {"type": "string"}}},
+                          "required": ["a"], "additionalProperties": False})
+    tok, matcher = book.tokenizer, book.matcher(schema, '{"a": "x')
+    row = ConstrainedRow(book, matcher, 3)
+    row.plan(0)  # "} and the end of turn fit, with one token to spare: sample
+    (comma,) = tok.encode('",', add_special_tokens=False)
+    row.accept(comma)  # now the message needs "b": [] and more: no room
+    row.plan(1)
+    drop, tokens = row.take_forced()
+    assert drop == 1 and tokens[-1] == book.eos and matcher.is_terminated()
+    assert json.loads('{"a": "x' + tok.decode(tokens[:-1])) == {"a": "x"}
+
+
+def test_a_closing_the_tokenizer_spells_short_is_closed_byte_by_byte(book):
+    """A tokenizer whose spelling of the closing the grammar takes but that leaves the message
+    open (it dropped a character) would end the reply unclosed: the bytes are used instead."""
+    tok = book.tokenizer
+
+    class CutShort:
+        def encode(self, text, **kwargs):
+            return tok.encode(text[:-1], **kwargs)
+
+    cut = GrammarBook(tok, book.vocab_size)
+    cut.tokenizer = CutShort()
+    closing = cut.closing(cut.matcher(schema_json(TEXT), '{"argument": "x'))
+    assert b"".join(cut.info.decoded_vocab[t] for t in closing) == b'"}'
+
+
+def test_a_forced_closing_ends_with_the_templates_end_of_turn(book):
+    """Where EOS is another token (Gemma's <eos>), a closing ends as the chat template ends a
+    reply, so a later turn can continue it."""
+    tok = copy.deepcopy(book.tokenizer)
+    tok.eos_token = "<|endoftext|>"
+    assert tok.eos_token_id != book.eos
+    assert GrammarBook(tok, book.vocab_size).eos == book.eos == tok.convert_tokens_to_ids("<|im_end|>")
 
 
 @pytest.mark.parametrize("schema, prefix, closing", [
