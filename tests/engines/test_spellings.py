@@ -93,6 +93,17 @@ def test_a_text_the_tokenizer_spells_as_the_grammar_does_not_leaves_the_grammar_
     assert book.spellings(MOVE, PREFIX) is None
 
 
+def test_a_replay_of_some_positions_gives_each_its_own_mask(engine):
+    """Training replays only the action positions (a forced closing's are left out): row k is
+    the mask of position rows[k], not of position k."""
+    book, tok = engine._grammars, engine.tokenizer
+    rock = tok.encode('rock"}', add_special_tokens=False) + [book.eos]
+    for spelled in (False, True):
+        every = book.replay(MOVE, PREFIX, rock, range(len(rock)), spelled=spelled)
+        some = book.replay(MOVE, PREFIX, rock, [1, len(rock) - 1], spelled=spelled)
+        assert torch.equal(some, every[[1, len(rock) - 1]]) and not torch.equal(every[0], every[1])
+
+
 def test_a_replayed_token_the_schema_refuses_is_an_error(engine):
     book, tok = engine._grammars, engine.tokenizer
     rock = tok.encode('rock"}', add_special_tokens=False)
