@@ -76,6 +76,15 @@ def test_spellings_are_the_tokenizers_own_and_only_for_small_languages(engine):
     assert len(allowed(free_row[0])) > len(paths)
 
 
+def test_a_language_of_up_to_256_texts_is_small(engine):
+    """docs/constrained.md: at most 256 texts get the cut, however many bytes their walk takes."""
+    def values(n):
+        return schema_json({"type": "object", "properties": {"v": {"enum": [f"v{i:03d}" for i in range(n)]}}, "required": ["v"]})
+
+    assert len(engine._grammars.spellings(values(256), '{"v": "').complete) == 256
+    assert engine._grammars.spellings(values(257), '{"v": "') is None
+
+
 @pytest.mark.parametrize("respell", [lambda text: " " + text, lambda text: text[:-1]], ids=["space-before", "cut-short"])
 def test_a_text_the_tokenizer_spells_as_the_grammar_does_not_leaves_the_grammar_alone(engine, respell):
     """SentencePiece tokenizers (Llama 2, Mistral) put a space before a text encoded alone:
