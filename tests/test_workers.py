@@ -21,6 +21,18 @@ from support import SMALL_TRAINING, credit, lora_state, peft_dir, tiny_engine
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@contextlib.contextmanager
+def one_worker(worker):
+    """A pool of one Ray rollout worker of the class ``worker`` (tiny model, fp32), closed after."""
+    from orchestrator.workers import RayOptions, RayRollouts
+
+    pool = type("Pool", (RayRollouts,), {"worker": worker})(RayOptions(workers=1), model="tiny", dtype="float32")
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
 def test_a_team_pickles_and_renders_the_same_prompts():
     """Workers receive the team pickled: templates travel as file names and compile again."""
     team = load_team(ROOT / "recipes/code_pair.yaml")
@@ -225,7 +237,7 @@ def test_an_episode_that_kills_its_worker_fails_alone(ray_local, tmp_path):
     worker every time would die with it again and again. After two deaths an episode plays with
     the worker to itself, so the culprit fails and its neighbours finish."""
     from orchestrator.rollout import RunOptions, run_team
-    from orchestrator.workers import RayOptions, RayRollouts, RolloutWorker
+    from orchestrator.workers import RolloutWorker
 
     class Poisoned(RolloutWorker):
         async def play(self, key, record):
@@ -234,16 +246,10 @@ def test_an_episode_that_kills_its_worker_fails_alone(ray_local, tmp_path):
                 os._exit(1)
             return await super().play(key, record)
 
-    class Pool(RayRollouts):
-        worker = Poisoned
-
     team = load_team(ROOT / "recipes/code_pair.yaml")
-    pool = Pool(RayOptions(workers=1), model="tiny", dtype="float32")
-    try:
+    with one_worker(Poisoned) as pool:
         result = asyncio.run(run_team(team, {}, RunOptions(out_dir=tmp_path / "run", play=pool.bind(team, {}),
                                                            episodes=3, seed=3, progress=False)))
-    finally:
-        pool.close()
     assert [r.status for r in result.episodes] == ["error", "ok", "ok"]
     assert "its rollout worker died 4 times, the last 2 with no other episode on it" in result.episodes[0].error
     assert pool.restarts == 4  # one new worker a death: the culprit's four
@@ -256,7 +262,7 @@ def test_an_episode_timed_out_while_its_worker_is_replaced_leaves_no_half_bound_
     import time
 
     from orchestrator.rollout import RunOptions, run_team
-    from orchestrator.workers import RayOptions, RayRollouts, RolloutWorker
+    from orchestrator.workers import RolloutWorker
 
     started = tmp_path / "started"
 
@@ -267,20 +273,14 @@ def test_an_episode_timed_out_while_its_worker_is_replaced_leaves_no_half_bound_
             started.touch()
             super().__init__(*args)
 
-    class Pool(RayRollouts):
-        worker = SlowToReplace
-
     team = load_team(ROOT / "recipes/code_pair.yaml")
-    pool = Pool(RayOptions(workers=1), model="tiny", dtype="float32")
-    try:
+    with one_worker(SlowToReplace) as pool:
         first, second = pool.bind(team, {}), pool.bind(team, {})
         ray_local.kill(pool.actors[0])
         options = dict(episodes=1, seed=3, progress=False)
         timed_out = asyncio.run(run_team(team, {}, RunOptions(out_dir=tmp_path / "a", play=first, episode_timeout_s=1.5,
                                                               **options)))
         after = asyncio.run(run_team(team, {}, RunOptions(out_dir=tmp_path / "b", play=second, **options)))
-    finally:
-        pool.close()
     assert [r.status for r in timed_out.episodes] == ["timeout"]
     assert [(r.status, r.error) for r in after.episodes] == [("ok", None)]
 
@@ -470,7 +470,7 @@ def test_an_episode_that_times_out_is_stopped_on_its_worker(ray_local, tmp_path)
     import time
 
     from orchestrator.rollout import RunOptions, run_team
-    from orchestrator.workers import RayOptions, RayRollouts, RolloutWorker
+    from orchestrator.workers import RolloutWorker
 
     finished = tmp_path / "finished"
 
@@ -480,17 +480,11 @@ def test_an_episode_that_times_out_is_stopped_on_its_worker(ray_local, tmp_path)
             finished.touch()
             return await super().play(key, record)
 
-    class Pool(RayRollouts):
-        worker = Slow
-
     team = load_team(ROOT / "recipes/code_pair.yaml")
-    pool = Pool(RayOptions(workers=1), model="tiny", dtype="float32")
-    try:
+    with one_worker(Slow) as pool:
         result = asyncio.run(run_team(team, {}, RunOptions(out_dir=tmp_path / "run", play=pool.bind(team, {}),
                                                            episodes=1, seed=3, episode_timeout_s=1, progress=False)))
         time.sleep(4)
-    finally:
-        pool.close()
     assert [r.status for r in result.episodes] == ["timeout"]
     assert not finished.exists()
 
@@ -636,8 +630,9 @@ def test_run_and_eval_play_on_workers_what_they_play_here(ray_local, cli, tmp_pa
         [[t["content"] for t in e["turns"]] for e in episodes["here"]]
 
 
-def test_an_episode_waiting_to_play_alone_holds_back_newcomers():
-    # a stream of shared episodes would otherwise keep an episode to be replayed alone waiting for ever
+def played_in_turns(scene) -> list[str]:
+    """The order in which episodes take (+) and give back (-) their turns of one ``_Sharing``, as
+    ``scene(play)`` starts them: ``play(name, alone, hold)`` holds its turn ``hold`` seconds."""
     from orchestrator.workers import _Sharing
 
     async def main():
@@ -649,37 +644,33 @@ def test_an_episode_waiting_to_play_alone_holds_back_newcomers():
                 await asyncio.sleep(hold)
                 order.append(f"{name}-")
 
+        await asyncio.wait_for(scene(play), timeout=10)  # a waiter left unwoken: a hang, here a failure
+        return order
+
+    return asyncio.run(main())
+
+
+def test_an_episode_waiting_to_play_alone_holds_back_newcomers():
+    # a stream of shared episodes would otherwise keep an episode to be replayed alone waiting for ever
+    async def scene(play):
         first = asyncio.ensure_future(play("a", False, 0.05))
         await asyncio.sleep(0.01)
         lone = asyncio.ensure_future(play("alone", True))
         await asyncio.sleep(0.01)
         await asyncio.gather(first, lone, play("b", False))
-        return order
 
-    assert asyncio.run(main()) == ["a+", "a-", "alone+", "alone-", "b+", "b-"]
+    assert played_in_turns(scene) == ["a+", "a-", "alone+", "alone-", "b+", "b-"]
 
 
 def test_an_episode_alone_plays_with_no_other_and_those_it_held_back_then_play_together():
-    from orchestrator.workers import _Sharing
-
-    async def main():
-        sharing, order = _Sharing(), []
-
-        async def play(name, alone, hold=0.0):
-            async with sharing.turn(alone):
-                order.append(f"{name}+")
-                await asyncio.sleep(hold)
-                order.append(f"{name}-")
-
-        async def after(delay, name, alone, hold=0.0):
+    async def scene(play):
+        async def after(delay, name, alone, hold):
             await asyncio.sleep(delay)
             await play(name, alone, hold)
 
         # waits for both shared ones (not the first to finish); a second alone one for the first;
         # the shared ones held back all start when it is done
-        await asyncio.wait_for(asyncio.gather(  # a waiter left unwoken: a hang, here a failure
-            play("a", False, 0.05), play("b", False, 0.1), after(0.01, "x", True, 0.05), after(0.02, "y", True, 0.05),
-            after(0.03, "c", False, 0.05), after(0.03, "d", False, 0.05)), timeout=10)
-        return order
+        await asyncio.gather(play("a", False, 0.05), play("b", False, 0.1), after(0.01, "x", True, 0.05),
+                             after(0.02, "y", True, 0.05), after(0.03, "c", False, 0.05), after(0.03, "d", False, 0.05))
 
-    assert asyncio.run(main()) == ["a+", "b+", "a-", "b-", "x+", "x-", "y+", "y-", "c+", "d+", "c-", "d-"]
+    assert played_in_turns(scene) == ["a+", "b+", "a-", "b-", "x+", "x-", "y+", "y-", "c+", "d+", "c-", "d-"]
