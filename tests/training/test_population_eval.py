@@ -144,6 +144,8 @@ def test_an_entrant_with_no_finished_game_is_not_rated(capsys, tmp_path):
     print_report(report, tmp_path)
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("│")]
     assert [row.split()[1] for row in rows] == ["a", "b", "minimax"] and rows[-1].split()[3] == "-"
+    # mean score: each row's own score against the others (a won 3 of 4), not theirs against it
+    assert [row.split("│")[4].strip() for row in rows] == ["0.750", "0.250", "-"]
 
 
 def test_the_population_table_keeps_names_and_figures_whole_in_a_narrow_terminal(capsys, tmp_path, monkeypatch):
