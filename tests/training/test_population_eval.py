@@ -148,6 +148,24 @@ def test_an_entrant_with_no_finished_game_is_not_rated(capsys, tmp_path):
     assert [row.split("│")[4].strip() for row in rows] == ["0.750", "0.250", "-"]
 
 
+def test_the_payoff_heatmaps_row_is_the_entrant_whose_reward_it_shows(tmp_path, monkeypatch):
+    """Row a, column b: a's mean reward against b, its colour and its figure both (a game that is
+    not zero-sum tells a transposed matrix from the right one); the colours span the largest
+    payoff either way, 0 in the middle."""
+    from matplotlib.figure import Figure
+
+    from orchestrator.training.report import payoff_heatmap
+
+    report = {"team": "t", "games_per_pair": 2, "entrants": [{"name": "a"}, {"name": "b"}],
+              "payoff": {"a": {"a": None, "b": 0.5}, "b": {"a": -0.25, "b": None}}}
+    drawn = {}
+    monkeypatch.setattr(Figure, "savefig", lambda fig, path, **kw: drawn.update(
+        cells=fig.axes[0].images[0].get_array().filled(0.0).tolist(), clim=fig.axes[0].images[0].get_clim(),
+        texts={t.get_position(): t.get_text() for t in fig.axes[0].texts}))
+    payoff_heatmap(report, tmp_path / "payoff.png")
+    assert drawn == {"cells": [[0.0, 0.5], [-0.25, 0.0]], "clim": (-0.5, 0.5), "texts": {(1, 0): "0.50", (0, 1): "-0.25"}}
+
+
 def test_the_population_table_keeps_names_and_figures_whole_in_a_narrow_terminal(capsys, tmp_path, monkeypatch):
     """At 40 columns rich cut every column to fit: player-1@2 read "player-1…" (another entrant's
     name), an Elo of 1100 "11…", its interval "986-1…"."""
