@@ -88,7 +88,11 @@ def test_eval_table_prints_an_opponent_with_brackets_as_it_is(cli, tmp_path, cap
     print_report(report)
     assert "opponent bob = checkpoint:runs/exp[/x]/sampler/bob" in " ".join(capsys.readouterr().out.split())
     print_report({**report, "env": {"acc[easy]": 0.5, "[/]": 1}})  # an env's metric names: "acc" alone, a MarkupError
-    assert "acc[easy] 0.5, [/] 1" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "acc[easy] 0.5, [/] 1" in out and "not a baseline" not in out
+    print_report({**report, "illegal_baseline": ["alice", "bob"]})  # the table says it, as --json's field does
+    assert "not a baseline: builtin:random (alice, bob) cannot see this game's legal moves" in \
+        " ".join(capsys.readouterr().out.split())
 
 
 def test_run_prints_an_envs_metric_names_as_they_are(cli, tmp_path, capsys):
