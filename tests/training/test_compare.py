@@ -85,6 +85,23 @@ def test_compare_trains_each_strategy_and_plots_them(cli, tmp_path):
     assert [p["step"] for p in json.loads(stdout.strip().splitlines()[-1])["strategies"]["grpo"]["pro"]] == [0, 1, 2]
 
 
+def test_compare_json_gives_each_strategys_held_out_points_per_role_with_their_intervals(tmp_path):
+    """Each point of a curve is one evaluation row's reward and 95% interval for that role (None:
+    one episode); train rows, and an evaluation without the role's reward, are no points."""
+    from orchestrator.cli.compare import write_comparison
+
+    rows = ({"step": 0, "kind": "eval", "eval_reward/pro": 0.5, "eval_ci95/pro": 0.1, "eval_reward/con": -0.5},
+            {"step": 1, "kind": "train", "reward/pro": 0.9},
+            {"step": 2, "kind": "eval", "eval_reward/pro": 0.25, "eval_ci95/pro": 0.2, "eval_reward/con": None})
+    write(tmp_path / "grpo" / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "notes").mkdir()  # no run: not a strategy
+    result = write_comparison(tmp_path, ["pro", "con"])
+    assert result == {"run_dir": str(tmp_path), "strategies": {"grpo": {
+        "pro": [{"step": 0, "reward": 0.5, "ci95": 0.1}, {"step": 2, "reward": 0.25, "ci95": 0.2}],
+        "con": [{"step": 0, "reward": -0.5, "ci95": None}]}}}
+    assert json.loads((tmp_path / "compare.json").read_text()) == result and (tmp_path / "compare.png").stat().st_size > 0
+
+
 def test_compare_keeps_a_folder_that_holds_no_run(cli, tmp_path):
     out = tmp_path / "cmp"
     (out / "grpo").mkdir(parents=True)
