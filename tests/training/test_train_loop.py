@@ -1102,6 +1102,17 @@ def test_report_names_what_is_wrong_with_a_run_dir_in_one_line(cli, tmp_path):
     assert code == 2 and err.strip().endswith("other: no metrics.jsonl (is this a training run dir?)"), err
 
 
+def test_reports_count_of_failed_evaluation_episodes_takes_timeouts_too_at_the_tables_steps(cli, tmp_path):
+    """The table's rewards are of its first and last evaluations' finished episodes: those that
+    timed out are left out of them as those that errored are, and counted with them."""
+    write(tmp_path / "metrics.jsonl", "".join(json.dumps({"kind": "eval", "eval_reward/pro": 0.5, "episodes": 8, **r}) + "\n"
+                                              for r in ({"step": 0, "episodes_errored": 1, "episodes_timed_out": 2},
+                                                        {"step": 1, "episodes_errored": 4, "episodes_timed_out": 0},
+                                                        {"step": 2, "episodes_errored": 0, "episodes_timed_out": 3})))
+    code, out, err = cli("report", tmp_path)
+    assert code == 0 and "in no eval reward: 3 of 8 at step 0, 3 of 8 at step 2.\n" in out, (out, err)
+
+
 def test_report_writes_its_table_in_utf8_whatever_the_locale(tmp_path):
     """Under LC_ALL=C (PYTHONUTF8=0) summary.md was written in the locale's ASCII: its ± was a
     UnicodeEncodeError traceback, and no table."""
