@@ -166,6 +166,17 @@ def test_the_payoff_heatmaps_row_is_the_entrant_whose_reward_it_shows(tmp_path, 
     assert drawn == {"cells": [[0.0, 0.5], [-0.25, 0.0]], "clim": (-0.5, 0.5), "texts": {(1, 0): "0.50", (0, 1): "-0.25"}}
 
 
+def test_the_population_table_counts_the_cyclic_triads_among_the_decided_ones(capsys, tmp_path):
+    """a beats b beats c beats a, and d loses to each: one cyclic triad of four decided."""
+    from orchestrator.cli.eval_population import print_report
+
+    pairs = [("a", "b"), ("b", "c"), ("c", "a"), ("a", "d"), ("b", "d"), ("c", "d")]
+    report = {"team": "t", "run_dir": str(tmp_path),
+              **analyse([Entrant(n, adapter=n) for n in "abcd"], [Game(x, y, 1, -1) for x, y in pairs], 1)}
+    print_report(report, tmp_path)
+    assert "3-cycles in the win graph: 1 of 4 decided triads; written:" in capsys.readouterr().out
+
+
 def test_the_population_table_keeps_names_and_figures_whole_in_a_narrow_terminal(capsys, tmp_path, monkeypatch):
     """At 40 columns rich cut every column to fit: player-1@2 read "player-1…" (another entrant's
     name), an Elo of 1100 "11…", its interval "986-1…"."""
