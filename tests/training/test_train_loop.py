@@ -1073,8 +1073,14 @@ def test_report_names_what_is_wrong_with_a_run_dir_in_one_line(cli, tmp_path):
     code, out, err = cli("report", run)
     assert code == 0, err
     assert "| pro | 0.500 ± 0.100 (step 0) | 0.750 (step 1) |" in out
+    plots = [str(run / "report" / name) for name in ("reward.png", "eval.png")]  # PLOTS' order; no loss, no kl
+    assert out.endswith("".join(f"plot: {plot}\n" for plot in plots)), out
     code, out, err = cli("report", run, "--json")
-    assert code == 0 and "| pro | 0.500 ± 0.100 (step 0) | 0.750 (step 1) |" in json.loads(out)["table"], err
+    summary = json.loads(out)
+    assert code == 0 and "| pro | 0.500 ± 0.100 (step 0) | 0.750 (step 1) |" in summary["table"], err
+    assert (summary["plots"], summary["steps"], summary["steps_planned"]) == (plots, 1, None)  # no config.yaml
+    assert summary["eval"] == {"pro": {"first": 0.5, "first_ci95": 0.1, "last": 0.75, "last_ci95": None,
+                                       "first_step": 0, "last_step": 1}}
     for name, text, words in (
         ("list-row", '[1, 2]\n{"step": 0, "kind": "eval"}\n', "metrics.jsonl:1: not a metrics row"),
         ("no-step", '{"kind": "eval"}\n{"step": 0, "kind": "eval"}\n', "metrics.jsonl:1: not a metrics row"),
