@@ -169,6 +169,10 @@ def test_a_comparison_holding_a_run_of_another_recipe_is_refused(cli, tmp_path, 
     code, _, err = cli("compare", train_recipe(tmp_path, 1), "--strategy", "shared", "--out", out, "--no-progress")
     assert code == 2 and f"{out / 'grpo'} is a run of recipe 'guess_number', not 'tiny_debate'" in err, err
     assert trained == [] and not (out / "compare.json").exists()
+    (out / "grpo").rename(out / "mine")  # no strategy's folder, whose run no strategy would resume: compare.json's still
+    code, _, err = cli("compare", train_recipe(tmp_path, 1), "--strategy", "shared", "--out", out, "--no-progress")
+    assert code == 2 and f"{out / 'mine'} is a run of recipe 'guess_number', not 'tiny_debate'" in err, err
+    assert trained == [] and not (out / "compare.json").exists()
 
 
 def test_a_strategy_starting_in_a_begun_comparison_trains_as_its_runs_were_started(cli, tmp_path, monkeypatch):
