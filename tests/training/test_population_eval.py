@@ -290,6 +290,21 @@ def test_a_baseline_named_as_a_member_is_refused(cli, tmp_path):
     assert not (tmp_path / "population").exists()
 
 
+def test_eval_population_out_is_where_the_round_robin_goes(cli, tmp_path):
+    """--out DIR holds population.json; the run's own population/ is left as it was."""
+    run = tmp_path / "run"
+    for member in ("a", "b"):
+        peft_dir(run / "sampler" / member, lora_state(tiny_engine().model, 0))
+    (run / "config.yaml").write_text("recipe: {name: rps_population, training: {trainer_config: "
+                                     "{players: [alice, bob], members: [a, b]}}}\n")
+    code, out, err = cli("eval", ROOT / "recipes/rps_population.yaml", "--population", run, "--model", "tiny",
+                         "--games-per-pair", "1", "--no-progress", "--out", tmp_path / "rr")
+    assert code == 0, err
+    assert f"written: {tmp_path / 'rr' / 'population.json'}" in out, out
+    assert json.loads((tmp_path / "rr" / "population.json").read_text())["games_played"] == 3
+    assert not (run / "population").exists()
+
+
 def test_eval_population_flags_that_do_not_apply_are_refused(cli, tmp_path):
     recipe = ROOT / "recipes/rps_population.yaml"
     for args, words in (
