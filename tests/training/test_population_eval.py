@@ -291,17 +291,19 @@ def test_a_baseline_named_as_a_member_is_refused(cli, tmp_path):
 
 
 def test_eval_population_out_is_where_the_round_robin_goes(cli, tmp_path):
-    """--out DIR holds population.json; the run's own population/ is left as it was."""
+    """--out DIR holds population.json; the run's own population/ is left as it was. --dtype is
+    what the games are played on, whatever the run recorded."""
     run = tmp_path / "run"
     for member in ("a", "b"):
         peft_dir(run / "sampler" / member, lora_state(tiny_engine().model, 0))
     (run / "config.yaml").write_text("recipe: {name: rps_population, training: {trainer_config: "
-                                     "{players: [alice, bob], members: [a, b]}}}\n")
-    code, out, err = cli("eval", ROOT / "recipes/rps_population.yaml", "--population", run, "--model", "tiny",
+                                     "{players: [alice, bob], members: [a, b]}}}\nrun: {model: tiny, dtype: auto}\n")
+    code, out, err = cli("eval", ROOT / "recipes/rps_population.yaml", "--population", run, "--dtype", "float32",
                          "--games-per-pair", "1", "--no-progress", "--out", tmp_path / "rr")
     assert code == 0, err
     assert f"written: {tmp_path / 'rr' / 'population.json'}" in out, out
-    assert json.loads((tmp_path / "rr" / "population.json").read_text())["games_played"] == 3
+    report = json.loads((tmp_path / "rr" / "population.json").read_text())
+    assert (report["games_played"], report["model"], report["dtype"]) == (3, "tiny", "float32")
     assert not (run / "population").exists()
 
 
