@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import string
 
 import pytest
 import torch
@@ -83,6 +84,16 @@ def test_a_language_of_up_to_256_texts_is_small(engine):
 
     assert len(engine._grammars.spellings(values(256), '{"v": "').complete) == 256
     assert engine._grammars.spellings(values(257), '{"v": "') is None
+
+
+def test_a_language_of_up_to_32_next_bytes_at_one_point_is_small(engine):
+    """docs/constrained.md: more than 32 different next bytes at one point (an enum of single
+    letters) is free text to the walk; 32 are not."""
+    def letters(n):
+        return schema_json({"type": "object", "properties": {"v": {"enum": list(string.ascii_letters[:n])}}, "required": ["v"]})
+
+    assert len(engine._grammars.spellings(letters(32), '{"v": "').complete) == 32
+    assert engine._grammars.spellings(letters(33), '{"v": "') is None
 
 
 @pytest.mark.parametrize("respell", [lambda text: " " + text, lambda text: text[:-1]], ids=["space-before", "cut-short"])
