@@ -186,6 +186,7 @@ def test_a_forced_closing_ends_with_the_templates_end_of_turn_token_id_0(loaded)
     tok.chat_template = loaded.tokenizer.chat_template.replace("'<|im_end|>'", "'<|endoftext|>'")
     assert tok.chat_template != loaded.tokenizer.chat_template
     assert tok.convert_tokens_to_ids("<|endoftext|>") == 0 and GrammarBook(tok, len(tok)).eos == 0
+    assert 0 in end_of_turn_ids(tok)  # an end of turn, though falsy
 
 
 def test_no_continuation_for_stop_strings_or_other_shapes(loaded):
@@ -196,6 +197,8 @@ def test_no_continuation_for_stop_strings_or_other_shapes(loaded):
     prev = dataclasses.replace(prev, finish_reason="eos", token_ids=prev.token_ids + [tok.convert_tokens_to_ids("<|im_end|>")])
     assert continuation_ids(tok, later('{"guess": 9}'), prev) is None  # another reply
     assert continuation_ids(tok, MESSAGES + [{"role": "user", "content": "hi"}], prev) is None
+    assert continuation_ids(tok, later('{"guess": 8}')[:-1], prev) is None  # the reply and no message after it
+    assert continuation_ids(tok, later(text), dataclasses.replace(prev, token_ids=[])) is None  # no tokens sampled
 
 
 def test_no_continuation_where_an_earlier_message_changed(loaded):
@@ -331,4 +334,15 @@ def test_turn_ends_without_an_eos_or_under_a_template_that_refuses_the_probe(loa
     tok = copy.deepcopy(loaded.tokenizer)
     tok.chat_template = ("{% if messages[0]['role'] != 'system' %}{{ raise_exception('a system message first') }}"
                          "{% endif %}" + tok.chat_template)
+    assert end_of_turn_ids(tok) == {tok.eos_token_id}
+
+
+@pytest.mark.parametrize("closing", ["\\n\\n", "<sep>"], ids=["text", "non-special-added-token"])
+def test_a_template_closing_a_reply_with_no_special_token_names_no_end_of_turn(loaded, closing):
+    """Turns end at EOS alone where the template closes a reply with plain text or an added token
+    that is not special: a reply's first newline (or <sep>) is no end of turn."""
+    tok = copy.deepcopy(loaded.tokenizer)
+    tok.add_tokens(["<sep>"])
+    tok.chat_template = loaded.tokenizer.chat_template.replace("'<|im_end|>'", repr(closing))
+    assert tok.chat_template != loaded.tokenizer.chat_template
     assert end_of_turn_ids(tok) == {tok.eos_token_id}
