@@ -120,7 +120,6 @@ class TrainingRun:
         if self.cfg.joint_passes is not None:  # else the service's default for its device
             service.joint_passes = self.cfg.joint_passes
         self.rollouts = rollouts  # None: episodes play here; else rollout workers (workers.RayRollouts)
-        self._held: set[str] = set()  # frozen adapters the engine holds: snapshots, the eval opponent's checkpoint
         self.policies = build_policies(team, {}, lambda: engine, self.registry)
         self.eval_team, self.eval_policies, self.eval_opponent_role = team, self.policies, None
         overrides: dict = {}
@@ -468,19 +467,18 @@ class TrainingRun:
             if all(t.done() for t in tasks):
                 del self._retiring[name]
                 self.engine.remove_adapter(name)
-                self._held.discard(name)
                 if self.rollouts:
                     self.rollouts.forget(name)
 
     def _served(self) -> set[str]:
-        """The adapters episodes can be seated on: the learners and the frozen ones held."""
-        return set(self.clients) | self._held
+        """The adapters episodes can be seated on: the learners (one not yet published is in no
+        engine) and whatever the engine holds (snapshots, the eval opponent's checkpoint)."""
+        return set(self.clients) | set(self.engine.versions)
 
     def _load(self, name: str, path: Path, given: str | None = None) -> None:
         """A frozen adapter into the engine, and to the rollout workers; ``given``: where the user
         named the dir (one it names that the engine refuses is a line saying so, not a traceback)."""
         version = load_adapter(self.engine, name, path, given) if given else self.engine.load_adapter(name, path)
-        self._held.add(name)
         if self.rollouts:
             self.rollouts.publish(name, path, version)
 

@@ -199,7 +199,7 @@ def test_a_snapshot_leaves_the_engine_once_no_rollout_that_may_play_it_is_pendin
     run.trainer, run.cfg = SimpleNamespace(opponent_adapters=lambda: ["p@2"]), SimpleNamespace(trainer="self-play")
     run.engine = SimpleNamespace(remove_adapter=removed.append)
     run.rollouts = SimpleNamespace(forget=forgotten.append)
-    run._frozen, run._retiring, run._held = {"p@1", "p@2"}, {}, {"p@1", "p@2"}
+    run._frozen, run._retiring = {"p@1", "p@2"}, {}
     playing, finished = Task(), Task()
     finished.finished = True
     run._retire([playing, finished])  # p@1 let go while the next step's rollout plays
@@ -209,7 +209,6 @@ def test_a_snapshot_leaves_the_engine_once_no_rollout_that_may_play_it_is_pendin
     playing.finished = True
     run._retire([])
     assert removed == forgotten == ["p@1"] and run._retiring == {}
-    assert run._held == {"p@2"}  # no longer one an episode may be seated on
     # a trainer that never lists its snapshots (the hook's default) keeps them: they were unloaded
     # at once, and its games against them fell back to the base model
     run.trainer, run._frozen = SimpleNamespace(opponent_adapters=lambda: []), set()

@@ -843,8 +843,8 @@ def test_an_evaluations_trained_reward_leaves_out_the_episodes_that_failed(tmp_p
     run.team = run.eval_team = team
     run.cfg, run.options, run.run_dir, run.metrics = team.config.training, SimpleNamespace(seed=0), tmp_path, MetricsWriter(tmp_path)
     run.eval_policies, run.eval_opponent_role, run.play_eval, run.concurrency, run.engine, run.rollouts, run.bar = \
-        {}, None, None, 1, None, None, None
-    run.trainer, run.clients, run._held = SimpleNamespace(eval_adapters_for=lambda i: {}), {}, set()
+        {}, None, None, 1, SimpleNamespace(versions={}), None, None
+    run.trainer, run.clients = SimpleNamespace(eval_adapters_for=lambda i: {}), {}
     run.reward_fn = default_registry().get("rewards", "hybrid")
     run.reward_config = config_model(run.reward_fn).model_validate(run.cfg.reward_config)
     row = asyncio.run(run.evaluate(0))
@@ -875,7 +875,7 @@ def test_a_rollouts_opponents_are_chosen_as_it_starts(tmp_path, monkeypatch):
     run = loop.TrainingRun.__new__(loop.TrainingRun)
     run.team, run.cfg, run.options, run.run_dir = team, team.config.training, SimpleNamespace(seed=0), tmp_path
     run.policies, run.concurrency, run.play, run.trainer, run.bar = {}, 1, None, trainer, None
-    run.clients, run._held = {"live": None}, {"snapshot@1"}  # the adapters it may seat
+    run.clients, run.engine = {"live": None}, SimpleNamespace(versions={"snapshot@1": 1})  # the adapters it may seat
     groups = asyncio.run(run.rollout(2))
     assert [a for g in groups for a in g] == [{"guesser": "live"}] * (run.cfg.groups_per_step * run.cfg.group_size)
 
@@ -900,7 +900,8 @@ def test_each_steps_rollout_draws_its_own_tasks_and_seed_and_a_group_shares_one_
     monkeypatch.setattr(loop, "run_team", play)
     run = loop.TrainingRun.__new__(loop.TrainingRun)
     run.team, run.cfg, run.options, run.run_dir = team, team.config.training, SimpleNamespace(seed=0), tmp_path
-    run.policies, run.concurrency, run.play, run.bar, run.clients, run._held = {}, 1, None, None, {}, set()
+    run.policies, run.concurrency, run.play, run.bar, run.clients = {}, 1, None, None, {}
+    run.engine = SimpleNamespace(versions={})
     run.trainer = SimpleNamespace(adapters_for=lambda step, i: {})
     for step in (1, 2, 3, 1):
         asyncio.run(run.rollout(step))
@@ -1516,7 +1517,8 @@ def test_a_rollouts_tasks_are_drawn_by_the_runs_seed_and_its_groups_are_consecut
     monkeypatch.setattr(loop, "run_team", play)
     run = loop.TrainingRun.__new__(loop.TrainingRun)
     run.team, run.cfg, run.run_dir = team, team.config.training, tmp_path
-    run.policies, run.concurrency, run.play, run.bar, run.clients, run._held = {}, 1, None, None, {}, set()
+    run.policies, run.concurrency, run.play, run.bar, run.clients = {}, 1, None, None, {}
+    run.engine = SimpleNamespace(versions={})
     run.trainer = SimpleNamespace(adapters_for=lambda step, i: {})
     for seed in (0, 1):
         run.options = SimpleNamespace(seed=seed)
