@@ -3,8 +3,8 @@
 A DIR is a task folder (holding task.yaml) or a folder of task folders; plain files are
 skipped, so ``rolecast tasks check tasks/*`` works with tasks/README.md there; a task named twice
 is checked once. Every task is loaded before any runs: each bad task.yaml is one line
-(``FILE:LINE: KEY: problem``) on stderr, all of them, then exit code 2; so is a DIR that names
-no task. Then each task is checked
+(``FILE:LINE: KEY: problem``) on stderr, and so is each DIR that names no task, all of them,
+then exit code 2. Then each task is checked
 (:func:`issue_fix.checking.check_task` with :func:`issue_fix.running.sandbox_runner`): one row
 per task, a summary, exit code 1 when any task fails (a sandbox fault fails that task only).
 """
@@ -43,26 +43,27 @@ def register(sub: Any) -> None:
     p.set_defaults(func=handle_check)
 
 
-def find_tasks(paths: list[Path]) -> tuple[list[IssueTask], list[TaskFileError]]:
-    """The tasks ``paths`` name (see the module doc), and the error of each bad task.yaml among
-    them; raises ValueError with one line for a path that names no task."""
+def find_tasks(paths: list[Path]) -> tuple[list[IssueTask], list[str]]:
+    """The tasks ``paths`` name (see the module doc), and a line for each problem among them: a
+    bad task.yaml's error, a path that names no task. Raises ValueError when the paths are all
+    plain files."""
     found: list[IssueTask] = []
-    bad: list[TaskFileError] = []
+    bad: list[str] = []
     seen: set[Path] = set()
     for path in paths:
         if path.is_file():
             continue
         if not path.is_dir():
-            raise ValueError(f"{path}: no such folder")
-        if (path / TASK_FILE).exists():
-            folders = [path]
-        elif folders := task_folders(path):
+            bad.append(f"rolecast tasks check: {path}: no such folder")
+            continue
+        folders = [path] if (path / TASK_FILE).exists() else task_folders(path)
+        if not folders:
+            bad.append(f"rolecast tasks check: {path}: no {TASK_FILE} in it or in its subfolders")
+        elif folders != [path]:
             skipped = sorted(d.name for d in path.iterdir()
                              if d.is_dir() and not d.name.startswith((".", "_")) and not (d / TASK_FILE).exists())
             if skipped:
                 logs.say(f"rolecast tasks check: skipped (no {TASK_FILE}): {', '.join(skipped)}")
-        else:
-            raise ValueError(f"{path}: no {TASK_FILE} in it or in its subfolders")
         for folder in folders:  # every bad one is reported, so one pass fixes a whole folder of tasks
             if folder.resolve() in seen:  # named twice (`tasks tasks/001-x`): one row, counted once
                 continue
@@ -70,7 +71,7 @@ def find_tasks(paths: list[Path]) -> tuple[list[IssueTask], list[TaskFileError]]
             try:
                 found.append(load_task(folder))
             except TaskFileError as exc:
-                bad.append(exc)
+                bad.append(str(exc))
     if not found and not bad:
         raise ValueError("no task folders among " + " ".join(map(str, paths)))
     return found, bad
@@ -79,9 +80,9 @@ def find_tasks(paths: list[Path]) -> tuple[list[IssueTask], list[TaskFileError]]
 def handle_check(args: argparse.Namespace) -> int:
     try:
         tasks, bad = find_tasks(args.dirs)
-        if bad:  # FILE:LINE: KEY: problem, as `rolecast validate` says it
+        if bad:  # FILE:LINE: KEY: problem, as `rolecast validate` says it; all of them, then stop
             for problem in bad:
-                logs.say(str(problem), "error")
+                logs.say(problem, "error")
             return EXIT_USAGE
         runner = sandbox_runner(args.backend)
     except (ValueError, sandboxes.SandboxError) as exc:

@@ -703,6 +703,19 @@ def test_tasks_check_reports_every_bad_task_before_running_any(tmp_path, cli, mo
     assert lines[1].startswith(f"{tmp_path}/003-misnamed/task.yaml:1: ") and len(lines) == 2
 
 
+def test_tasks_check_reports_a_missing_folder_beside_the_bad_tasks(tmp_path, cli, monkeypatch):
+    """A mistyped DIR had stopped the load at once: its line alone, the bad task.yaml hidden."""
+    write(tmp_path / "001-no-issue" / "task.yaml", "id: 001-no-issue\ntitle: x\n")
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setattr(sandboxes, "run", _broken_sandbox)
+    code, out, err = cli("tasks", "check", tmp_path / "001-no-issue", tmp_path / "nope", tmp_path / "empty")
+    assert (code, out) == (2, "")
+    assert err.strip().splitlines() == [
+        f"{tmp_path}/001-no-issue/task.yaml:1: issue: required key is missing",
+        f"rolecast tasks check: {tmp_path / 'nope'}: no such folder",
+        f"rolecast tasks check: {tmp_path / 'empty'}: no task.yaml in it or in its subfolders"]
+
+
 def test_no_valid_verdict_is_a_miss_not_a_rejection():
     """A Reviewer that never gave a valid verdict has turned nothing down."""
     from orchestrator.issue_fix.env import IssueFixEnv
