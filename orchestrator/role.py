@@ -17,7 +17,7 @@ import roles as _library
 from .config import TEAM_KEYS, RoleConfig
 from .errors import ConfigError
 from .grammar.enforceable import check_enforceable
-from .grammar.schema import GrammarError, check_reply_prefix
+from .grammar.schema import GrammarError, check_free_reply_prefix, check_reply_prefix
 from .messages import check_schema, compile_validator, schema_json
 from .policies.binding import Binding, parse_binding
 from .registry import Registry, default_registry
@@ -61,14 +61,16 @@ class RoleSpec:
 
     def check_grammar(self) -> None:
         """Raise ConfigError unless xgrammar compiles the constrained schema and the reply prefix
-        starts a message it allows. Not at load: importing xgrammar imports torch and transformers
+        starts a message it allows (under free decoding: in any spacing, the schema unchecked). Not at load: importing xgrammar imports torch and transformers
         (seconds) for runs with no model; `rolecast validate` and binding the role to the model do."""
-        if self.json_schema is None:
-            return
         try:
-            check_reply_prefix(self.json_schema, self.config.reply_prefix)
+            if self.json_schema is None:
+                check_free_reply_prefix(schema_json(self.schema), self.config.reply_prefix)
+            else:
+                check_reply_prefix(self.json_schema, self.config.reply_prefix)
         except GrammarError as exc:
-            raise ConfigError(*self.grammar_sites[exc.key], f"{exc} (or set decoding: free)") from None
+            raise ConfigError(*self.grammar_sites[exc.key],
+                              f"{exc}{' (or set decoding: free)' * (self.json_schema is not None)}") from None
 
     @cached_property
     def schema_text(self) -> str:
@@ -339,10 +341,10 @@ def load_role(
             check_enforceable(schema)
         except GrammarError as exc:
             raise d.error(loc, f"{exc} (or set decoding: free)") from None
-        for key in ("output_schema", "reply_prefix"):
-            key_doc, key_loc = where((key,))
-            at = key_doc.error(key_loc, "")
-            grammar_sites[key] = (at.file, at.line, at.key)
+    for key in ("output_schema", "reply_prefix"):
+        key_doc, key_loc = where((key,))
+        at = key_doc.error(key_loc, "")
+        grammar_sites[key] = (at.file, at.line, at.key)
     d, loc = where(("prompt",))
     template_path = d.file(loc, config.prompt)
     template, variables = _compile_template(template_path, (d, loc))

@@ -267,6 +267,10 @@ CASES = [
      "echo.yaml", 13, "decoding", "constrained"),
     ("reply-prefix-outside-schema", lambda w: replace_in(w / "echo.yaml", "max_retries: 2", "max_retries: 2\nreply_prefix: '{\"shout\": '"),
      "echo.yaml", 13, "reply_prefix", "does not start a message the schema allows"),
+    # free decoding: the prefix opens every reply, so a misspelt key made every turn invalid
+    ("reply-prefix-outside-schema-free", lambda w: replace_in(w / "echo.yaml", "max_retries: 2",
+                                                              "max_retries: 2\ndecoding: free\nreply_prefix: 'Here: {\"shout\": '"),
+     "echo.yaml", 14, "reply_prefix", "reply_prefix 'Here: {\"shout\": ' does not start a message the schema allows, so no reply could be valid"),
     ("reply-prefix-loose-json", lambda w: replace_in(w / "team.yaml", "  - use: reviewer", "  - use: reviewer\n    reply_prefix: '{ \"verdict\":'"),
      "team.yaml", 8, "roles[1].reply_prefix", "decoding: free"),
     ("unknown-trainer", lambda w: replace_in(w / "team.yaml", "tasks:", "training: {trainer: alphazero}\ntasks:"),
@@ -570,6 +574,14 @@ def test_every_shipped_yaml_validates(cli):
     code, out, err = cli("validate", root / "roles", root / "recipes")
     assert code == 0, err
     assert out.count("ok") >= 11
+
+
+def test_a_free_reply_prefix_may_be_loose_json_after_chatter(workspace, cli):
+    """Free replies are read from their first JSON object: the prefix is judged from its "{", in any spacing."""
+    replace_in(workspace / "team.yaml", "  - use: reviewer",
+               "  - use: reviewer\n    decoding: free\n    reply_prefix: 'Sure. {\n  \"verdict\" :'")
+    code, out, err = cli("validate", workspace / "team.yaml")
+    assert code == 0, err
 
 
 def test_a_team_override_replaces_a_schema_whole_and_a_yml_role_is_a_path(workspace):

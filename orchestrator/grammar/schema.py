@@ -164,19 +164,38 @@ def grammar_after(json_schema: str, prefix: str = "") -> str:
 _NO_VOCAB: Any = None
 
 
-@lru_cache(maxsize=256)  # a training run checks each role before its model loads and again as it binds it
-def check_reply_prefix(json_schema: str, prefix: str) -> None:
-    """Raise GrammarError unless the schema compiles and ``prefix`` starts a message it allows.
-
-    No tokenizer is needed: a grammar over an empty vocabulary still matches text.
-    """
+def _text_matcher(grammar: Any) -> Any:
+    """A matcher of ``grammar`` that reads text: over an empty vocabulary, no tokenizer needed."""
     global _NO_VOCAB
     xgr = xgrammar()
     if _NO_VOCAB is None:
         _NO_VOCAB = xgr.GrammarCompiler(xgr.TokenizerInfo([]), max_threads=1)
-    matcher = xgr.GrammarMatcher(_NO_VOCAB.compile_grammar(tight_grammar(json_schema)), terminate_without_stop_token=True)
+    return xgr.GrammarMatcher(_NO_VOCAB.compile_grammar(grammar), terminate_without_stop_token=True)
+
+
+@lru_cache(maxsize=256)  # a training run checks each role before its model loads and again as it binds it
+def check_reply_prefix(json_schema: str, prefix: str) -> None:
+    """Raise GrammarError unless the schema compiles and ``prefix`` starts a message it allows."""
+    matcher = _text_matcher(tight_grammar(json_schema))
     if prefix and not matcher.accept_string(prefix):
         raise GrammarError(
             f"reply_prefix {prefix!r} does not start a message the schema allows (constrained decoding "
             "writes compact JSON with ', ' and ': ' and properties in the schema's order)", key="reply_prefix"
         )
+
+
+@lru_cache(maxsize=256)
+def check_free_reply_prefix(json_schema: str, prefix: str) -> None:
+    """Raise GrammarError where the JSON ``prefix`` opens (from its first ``{``: free replies may
+    start with chatter) starts no message of the schema in any spacing, a misspelt key say: every
+    reply starts with it, so every turn would be invalid. Properties are read in the schema's
+    order; a schema xgrammar cannot compile (free decoding takes any) is not judged."""
+    if (start := prefix.find("{")) == -1:
+        return
+    try:
+        grammar = xgrammar().Grammar.from_json_schema(json_schema, any_whitespace=True, strict_mode=False)
+    except RuntimeError:
+        return
+    if not _text_matcher(grammar).accept_string(prefix[start:]):
+        raise GrammarError(f"reply_prefix {prefix!r} does not start a message the schema allows, so no reply "
+                           "could be valid (properties in the schema's order)", key="reply_prefix")
