@@ -185,6 +185,15 @@ class _BoundedLoader(yaml.SafeLoader):
         self._sizes[id(node)] = 1 + sum(self._sizes[id(child)] for child in _children(node))
         return node
 
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        # a scalar its tag cannot make (a date 2024-02-30, a number 0x_, an explicit !!timestamp x)
+        # was the constructor's ValueError or AttributeError traceback, naming no file or line
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, AttributeError):
+            raise yaml.constructor.ConstructorError(None, None, f"{node.value!r} is not {_KINDS.get(node.tag, node.tag)}: "
+                                                    "quote it to keep it as text", node.start_mark) from None
+
     def _count_alias(self, node: yaml.Node, mark: yaml.Mark) -> None:
         size = self._sizes.get(id(node))
         if size is None:  # its anchor is still being composed

@@ -196,6 +196,11 @@ CASES = [
     # validated, then the run failed writing the task into transcripts.jsonl (TypeError traceback)
     ("task-yaml-date", lambda w: replace_in(w / "team.yaml", '{text: "the sea"}', '{text: "the sea", due: 2024-01-01}'),
      "team.yaml", 9, "tasks[0].due", "a date is not JSON data: quote it to keep it as text"),
+    # a date or number YAML's resolver takes but cannot make: a ValueError traceback
+    ("task-yaml-impossible-date", lambda w: replace_in(w / "team.yaml", '{text: "the sea"}', '{text: "the sea", due: 2024-02-30}'),
+     "team.yaml", 9, "(yaml)", "'2024-02-30' is not a date: quote it to keep it as text"),
+    ("role-yaml-impossible-number", lambda w: replace_in(w / "echo.yaml", "max_retries: 2", "max_retries: 0x_"),
+     "echo.yaml", 12, "(yaml)", "'0x_' is not a number"),
     # a tasks file holding no task: every draw of a task failed mid-run
     ("tasks-file-empty-list", lambda w: tasks_file(w, "tasks.yaml", "[]\n"),
      "team.yaml", 8, "tasks", "must hold a non-empty list of mappings"),

@@ -56,6 +56,7 @@ def test_budget_and_plugin_options_apply(team):
     ("trainer=grpo", "--set trainer: not a settable option"),
     ("group_size", "--set 'group_size': expected KEY=VALUE"),
     ("group_size=[", "--set 'group_size=[': VALUE is not YAML"),
+    ("group_size=0x_", "--set 'group_size=0x_': VALUE is not YAML"),  # a number YAML cannot make: a ValueError traceback
     ("adam.nope.x=1", "--set adam.nope.x: not an option"),
     ("role_loss_config.alice=1", "role_loss_config.ROLE.X"),
     ("trainer_config.players=[alice, carol]", "--set: trainer_config: population: the players ['alice', 'carol'] must be "
