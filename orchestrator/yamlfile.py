@@ -138,7 +138,12 @@ def read_text(path: Path, limit: int) -> str:
 def load_yaml(path: str | Path) -> YamlDoc:
     """Parse one YAML document with the safe loader, within the caps above."""
     path = Path(path)
-    loader = _BoundedLoader(read_text(path, MAX_YAML_BYTES))
+    text = read_text(path, MAX_YAML_BYTES)
+    try:
+        loader = _BoundedLoader(text)
+    except yaml.reader.ReaderError as exc:  # a control character: the reader checks the whole text before it parses
+        raise ConfigError(path, text.count("\n", 0, exc.position) + 1, "(yaml)",
+                          f"invalid YAML: unacceptable character #x{exc.character:04x}: {exc.reason}") from None
     try:
         node = loader.get_single_node()
         if node is None:
@@ -151,8 +156,6 @@ def load_yaml(path: str | Path) -> YamlDoc:
         line = mark.line + 1 if mark else None
         problem = exc.problem if isinstance(exc, _Refused) else f"invalid YAML: {exc.problem or exc}"
         raise ConfigError(path, line, "(yaml)", problem) from None
-    except yaml.YAMLError as exc:  # e.g. a control character the reader refuses
-        raise ConfigError(path, None, "(yaml)", f"invalid YAML: {exc}") from None
     finally:
         loader.dispose()
     return doc

@@ -201,6 +201,9 @@ CASES = [
      "team.yaml", 9, "(yaml)", "'2024-02-30' is not a date: quote it to keep it as text"),
     ("role-yaml-impossible-number", lambda w: replace_in(w / "echo.yaml", "max_retries: 2", "max_retries: 0x_"),
      "echo.yaml", 12, "(yaml)", "'0x_' is not a number"),
+    # the reader refuses it before parsing, outside the handler meant for it: a ReaderError traceback
+    ("role-yaml-control-character", lambda w: replace_in(w / "echo.yaml", "Repeats the task.", "Repeats\x01 the task."),
+     "echo.yaml", 2, "(yaml)", "invalid YAML: unacceptable character #x0001: special characters are not allowed"),
     # a tasks file holding no task: every draw of a task failed mid-run
     ("tasks-file-empty-list", lambda w: tasks_file(w, "tasks.yaml", "[]\n"),
      "team.yaml", 8, "tasks", "must hold a non-empty list of mappings"),
