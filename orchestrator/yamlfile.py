@@ -10,6 +10,7 @@ before anything is constructed or walked. A "billion laughs" file fails in milli
 """
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import re
@@ -119,7 +120,8 @@ def format_loc(loc: Loc) -> str:
 def read_text(path: Path, limit: int) -> str:
     """The UTF-8 text of ``path``, less the byte order mark Windows editors start it with (json
     refused it: a schema or JSON-lines file saved in Notepad was "Unexpected UTF-8 BOM");
-    ConfigError if missing, unreadable or over ``limit`` bytes."""
+    ConfigError if missing, unreadable, over ``limit`` bytes, or not UTF-8 (at the line of the
+    first byte that is not: a Latin-1 "é" in a role's system prompt was named by its byte offset alone)."""
     try:
         with path.open("rb") as f:
             raw = f.read(limit + 1)  # not stat(): a FIFO or /dev/zero has no honest size
@@ -129,10 +131,11 @@ def read_text(path: Path, limit: int) -> str:
         raise ConfigError(path, None, "(file)", f"cannot read: {exc}") from None
     if len(raw) > limit:
         raise ConfigError(path, None, "(file)", f"file is larger than {limit >> 20} MiB")
+    raw = raw.removeprefix(codecs.BOM_UTF8)
     try:
-        return raw.decode("utf-8-sig")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ConfigError(path, None, "(file)", f"cannot read: {exc}") from None
+        raise ConfigError(path, raw.count(b"\n", 0, exc.start) + 1, "(file)", f"cannot read: {exc}") from None
 
 
 def load_yaml(path: str | Path) -> YamlDoc:

@@ -193,6 +193,17 @@ def test_a_byte_order_mark_is_not_prompt_text(workspace):
     assert prompt == "Say hi.\nContext."
 
 
+@pytest.mark.parametrize("bom", [b"", "\ufeff".encode()], ids=["plain", "bom"])
+def test_a_byte_that_is_not_utf8_is_named_at_its_line(tmp_path, bom):
+    """A Latin-1 "é" was named by its byte offset alone: its line, counted after a BOM as without one."""
+    path = tmp_path / "latin.yaml"
+    path.write_bytes(bom + b"x: 1\n\xe9t\xe9: 2\n")
+    for load in (load_yaml, load_json_lines):
+        with pytest.raises(ConfigError) as info:
+            load(path)
+        assert (info.value.line, info.value.key) == (2, "(file)") and "can't decode byte 0xe9" in info.value.problem
+
+
 def test_json_and_jsonl_files_read_the_same_with_a_byte_order_mark(workspace):
     """json refused a BOM ("Unexpected UTF-8 BOM"): a schema file, a tasks.jsonl or a replay file
     saved in Notepad was a config error, where YAML read it."""
