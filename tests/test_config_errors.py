@@ -538,6 +538,15 @@ def test_bool_options_stay_bool_and_1e_4_reads_as_a_number(workspace, cli):
     assert code == 0, err
 
 
+def test_e_notation_is_a_number_as_in_yaml_1_2_and_what_only_looks_like_it_stays_text(tmp_path):
+    """PyYAML's YAML 1.1 wants a dot and a signed exponent in a float: 1e5, 2.5E3 and 1e-4 would be text."""
+    from orchestrator.yamlfile import load_yaml, read_value
+
+    doc = load_yaml(write(tmp_path / "n.yaml", "a: 1e-4\nb: 1e5\nc: 2.5E3\nd: -3e+2\ne: 1e\nf: e5\ng: 1.5\n"))
+    assert doc.data == {"a": 1e-4, "b": 1e5, "c": 2500.0, "d": -300.0, "e": "1e", "f": "e5", "g": 1.5}
+    assert read_value("1e5") == 1e5
+
+
 def test_loading_a_team_compiles_no_grammar(workspace, monkeypatch):
     """xgrammar imports torch and transformers (seconds), which a run with no model never needs:
     what it checks (a reply prefix the schema allows) waits for validate or a model binding."""

@@ -283,8 +283,9 @@ def test_numpy_numbers_in_sets_are_plain_numbers():
     training = team.config.training
     assert (type(training.reward_config["alpha"]), training.reward_config["alpha"], training.group_size) == (float, 0.5, 3)
     yaml.safe_dump(team.resolved())  # as config.yaml is written
-    with pytest.raises(rolecast.RolecastError, match="--set reward_config.alpha: not plain data"):
-        rolecast.load_team(ROOT / "recipes/guess_number.yaml", sets={"reward_config.alpha": np.zeros(2)})
+    for array in (np.zeros(2), np.zeros(1)):  # an array is no number, though it hold one
+        with pytest.raises(rolecast.RolecastError, match="--set reward_config.alpha: not plain data"):
+            rolecast.load_team(ROOT / "recipes/guess_number.yaml", sets={"reward_config.alpha": array})
 
 
 @pytest.mark.parametrize("call, message", [
