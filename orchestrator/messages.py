@@ -162,7 +162,7 @@ def validation_errors(validator: jsonschema_rs.Validator, content: Any, limit: i
         errors = sorted(validator.iter_errors(content), key=_path_order)[:limit]
     except ValueError:  # jsonschema-rs reads an instance 255 levels deep at most: "Recursion limit reached"
         return ["the reply's JSON is nested too deeply"]
-    return [_shorten(f"at {_json_path(e.instance_path)}: {e.message}") for e in errors]
+    return [_shorten(f"at {_json_path(e.instance_path, content)}: {e.message}") for e in errors]
 
 
 def _path_order(error: Any) -> list[tuple[int, int | str]]:
@@ -178,8 +178,16 @@ def _shorten(error: str) -> str:
     return f"{error[:half]}... ({len(error) - 2 * half} characters left out) ...{error[-half:]}"
 
 
-def _json_path(parts: Any) -> str:
-    return "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts)
+def _json_path(parts: Any, content: Any) -> str:
+    """``$.key[index]...``: jsonschema-rs gives a key that reads as a number ("1") as an int, which
+    is an index only where ``content`` holds a list (the property "1" read as ``$[1]``, an item)."""
+    path, at = "$", content
+    for p in parts:
+        if isinstance(at, list):
+            path, at = f"{path}[{p}]", at[p]
+        else:
+            path, at = f"{path}.{p}", at.get(str(p)) if isinstance(at, dict) else None
+    return path
 
 
 def parse_message(text: str, validator: jsonschema_rs.Validator) -> tuple[dict[str, Any] | None, list[str]]:

@@ -83,6 +83,18 @@ def test_validation_errors_name_the_path():
     assert parse_message('{"verdict": "approve"}', v) == ({"verdict": "approve"}, [])
 
 
+def test_a_property_named_by_a_number_is_a_key_not_an_index():
+    """jsonschema-rs gives the property "1" as the number 1: the model was told `at $[1]`, an item of
+    a list its reply does not have."""
+    v = compile_validator({"type": "object", "properties": {"1": {"type": "integer"},
+                                                            "a": {"type": "array", "items": {"type": "object",
+                                                                  "properties": {"2": {"type": "integer"}}}}}})
+    assert parse_message('{"1": "x", "a": [{"2": 3}, {"2": "y"}]}', v)[1] == [
+        'at $.1: "x" is not of type "integer"',
+        'at $.a[1].2: "y" is not of type "integer"',
+    ]
+
+
 def test_validation_errors_are_the_first_three_and_index_arrays():
     v = compile_validator({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}}}})
     assert parse_message('{"a": [1, "x", "y", "z", "w"]}', v)[1] == [
