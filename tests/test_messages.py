@@ -22,6 +22,7 @@ SCHEMA = {
         ('{"text": "unicode é ✓ 😀"}', {"text": "unicode é ✓ 😀"}),
         ('prefix [1, 2] then {"x": 1}', {"x": 1}),
         ('Not {"draft": 1} but:\n```json\n{"final": 2}\n```', {"final": 2}),  # a fenced block before chatter
+        ('Not {"draft": 1} but:\n```\n{"final": 2}\n```', {"final": 2}),  # a fence that names no language too
         ('{{"a": 1}', {"a": 1}),  # an object starting at the next character
     ],
 )
@@ -54,6 +55,9 @@ def test_nan_and_infinity_are_invalid_and_say_so(number):
             (None, [f"the reply's JSON holds {number}, which is not a finite number"])
     assert parse_message('{"score": 1e308}', free) == ({"score": 1e308}, [])
     assert extract_json('{"a": NaN} or {"a": Infinity}') == (None, "the reply's JSON holds NaN, which is not a finite number")
+    # the retry prompt quotes 20 characters of a number past float's range, not its 5000 digits
+    assert extract_json('{"a": 1.' + "0" * 5000 + 'e999}') == \
+        (None, f"the reply's JSON holds 1.{'0' * 18}, which is not a finite number")
 
 
 def test_a_whole_float_is_an_int():
@@ -146,7 +150,10 @@ def test_validators_are_compiled_once_per_schema():
 
 def test_check_schema():
     assert check_schema(SCHEMA) is None
-    assert "invalid JSON Schema" in check_schema({"type": "objekt"})
+    assert check_schema({"type": "objekt"}).startswith("invalid JSON Schema at type: ")
+    # an error of the schema as a whole names no place in it
+    assert check_schema({"$schema": "http://json-schema.org/draft-04/schema#", "exclusiveMaximum": True}) == \
+        "invalid JSON Schema: 'maximum' is a dependency of 'exclusiveMaximum'"
     assert check_schema({"type": "object", "properties": {"a": {"$ref": "#/$defs/nope"}}}) == \
         "invalid JSON Schema: Pointer '/$defs/nope' does not exist"
     assert check_schema({"type": "object", "properties": {"a": {"$ref": "https://example.com/a.json"}}}) == \
