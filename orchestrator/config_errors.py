@@ -28,7 +28,7 @@ def problem_text(err: dict[str, Any], model: type[BaseModel] | None = None) -> s
     msg = err.get("msg", "invalid value").removeprefix("Value error, ")  # a validator's own words
     if isinstance(err.get("input"), (str, int, float, bool)) or err.get("input", ...) is None:
         shown = repr(err["input"])
-        msg += f" (got {shown if len(shown) < 60 else shown[:57] + '...'})"
+        msg += f" (got {shown if len(shown) <= 60 else shown[:57] + '...'})"
     return msg
 
 

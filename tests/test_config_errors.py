@@ -635,6 +635,7 @@ def test_an_unknown_key_in_a_list_item_lists_the_allowed_keys_and_inputs_are_sho
     assert error({"items": [{}, {"nme": "x"}]}) == (("items", 1, "nme"), "unknown key (allowed: name, size)")
     assert error({"items": [{"name": None}]})[1] == "Input should be a valid string (got None)"
     assert error({"items": [{"size": "9" * 100 + "x"}]})[1].endswith(f"(got '{'9' * 56}...)")
+    assert error({"items": [{"size": "9" * 57 + "x"}]})[1].endswith(f"(got '{'9' * 57}x')")  # 60 long: whole, not cut to 60
 
 
 ROLE = {"name": "r", "description": "d", "prompt": "p.md.j2", "output_schema": {"type": "object"}}
