@@ -615,6 +615,16 @@ def test_a_team_override_replaces_a_schema_whole_and_a_yml_role_is_a_path(worksp
     assert roles["reviewer"].schema == schema and roles["echo"].source == workspace / "echo.yml"
 
 
+def test_an_error_is_one_line_whatever_its_text_holds():
+    """A problem or a fault's message over several lines (pydantic's, a plugin's) is joined: the
+    line is FILE:LINE: KEY: problem, and a file, line or key it lacks is left out, not empty."""
+    from orchestrator.errors import ConfigError, one_line
+
+    assert str(ConfigError("team.yaml", 3, "tasks", "first\n  second")) == "team.yaml:3: tasks: first second"
+    assert str(ConfigError(None, None, "", "bad")) == "<config>: (root): bad"
+    assert one_line(ValueError("2 validation errors\nsteps\n  too small")) == "ValueError: 2 validation errors steps too small"
+
+
 def test_an_unknown_key_in_a_list_item_lists_the_allowed_keys_and_inputs_are_shown_short():
     from pydantic import BaseModel, ConfigDict, ValidationError
     from orchestrator.config_errors import first_error
