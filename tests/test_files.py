@@ -22,14 +22,17 @@ def test_config_yaml_reads_back_and_reads_as_pure_python_yaml_wrote_it(tmp_path)
     assert files.read_yaml(tmp_path / "config.yaml") == config
 
 
-def test_a_write_the_disk_refuses_keeps_the_old_file_and_leaves_no_half_copy(tmp_path, monkeypatch):
+@pytest.mark.parametrize("fault", [OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), KeyboardInterrupt()],
+                         ids=["disk-full", "ctrl-c"])
+def test_a_write_the_disk_refuses_keeps_the_old_file_and_leaves_no_half_copy(tmp_path, monkeypatch, fault):
+    """A Ctrl-C mid-write (no Exception) leaves no half copy either."""
     (tmp_path / "summary.json").write_text("old")
 
     def full(fd):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        raise fault
 
     monkeypatch.setattr(files.os, "fsync", full)
-    with pytest.raises(OSError):
+    with pytest.raises(type(fault)):
         files.write_atomic(tmp_path / "summary.json", "new")
     assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]  # a .summary.json.tmp filled the disk's last room
     assert (tmp_path / "summary.json").read_text() == "old"
