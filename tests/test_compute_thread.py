@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 from orchestrator.compute_thread import ComputeThread
 
 
@@ -107,3 +108,16 @@ def test_queued_jobs_run_back_to_back_while_the_loops_are_idle():
     assert first.result(timeout=30) is True and [job.result(timeout=30) for job in jobs] == [0] * 40
     compute.remove_loop(idle)
     assert waited_on == []
+
+
+def test_a_job_that_raises_a_base_exception_hands_it_to_its_caller_and_the_thread_serves_on():
+    """A job's SystemExit or KeyboardInterrupt (no Exception) would end the thread every engine and
+    trainer shares: each later future would wait for ever."""
+    compute = ComputeThread()
+
+    def exits() -> None:
+        raise SystemExit(3)
+
+    with pytest.raises(SystemExit):
+        compute.submit(exits).result(timeout=10)
+    assert compute.submit(lambda: 5).result(timeout=10) == 5
