@@ -53,7 +53,8 @@ def host() -> CpuFeatures:
     ``ROLECAST_CPU_FLAGS`` (flag names as /proc/cpuinfo writes them, space- or comma-separated,
     in any case) stands in for the machine's flags, in this process and those it starts: ``make
     test`` runs part of the suite with ``avx2 fma``, an AVX2-only machine's fallbacks, whatever CPU
-    it runs on. ("AVX512F,AVX512_BF16" read as two flags no check knows: the fallbacks, silently.)
+    it runs on; set and empty, it is a CPU with no flags (every fallback). A name no check knows
+    ("avx512-bf16") is kept, and silently promises nothing.
     """
     onednn = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
     if (flags := os.environ.get("ROLECAST_CPU_FLAGS")) is not None:

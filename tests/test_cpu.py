@@ -109,6 +109,9 @@ def test_rolecast_cpu_flags_stands_in_for_the_machines_flags(monkeypatch):
         monkeypatch.setenv("ROLECAST_CPU_FLAGS", "AVX512F,AVX512_BF16")  # as a CPU's manual writes them
         host.cache_clear()
         assert host().flags == frozenset({"avx512f", "avx512_bf16"}) and host().native_bf16
+        monkeypatch.setenv("ROLECAST_CPU_FLAGS", "")  # set, and empty: a CPU with none, every fallback
+        host.cache_clear()
+        assert host().flags == frozenset() and not host().native_bf16 and not host().onednn_bf16
         monkeypatch.delenv("ROLECAST_CPU_FLAGS")
         host.cache_clear()
         assert host().flags == CpuFeatures.from_cpuinfo(Path("/proc/cpuinfo").read_text()).flags
