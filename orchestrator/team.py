@@ -339,8 +339,8 @@ def _load_tasks(tasks: list[dict[str, Any]] | str, doc: YamlDoc, loc: tuple, env
                 file_doc = load_yaml(path)
                 items, where = file_doc.data, lambda i, key, problem: file_doc.error((i,) + key, problem)
         except ConfigError as exc:
-            if exc.key != "(file)":
-                raise  # a problem inside the tasks file, named at its own line
+            if exc.key != "(file)" or exc.line is not None:
+                raise  # a problem inside the tasks file (a byte that is not UTF-8 too), named at its own line
             raise doc.error(loc, f"cannot read tasks file {path}: {exc.problem}") from None
         if not isinstance(items, list) or not items:
             raise doc.error(loc, f"tasks file {path} must hold a non-empty list of mappings")

@@ -213,6 +213,10 @@ CASES = [
      "team.yaml", 9, "training", "no role learns"),
     ("tasks-file-missing", lambda w: replace_in(w / "team.yaml", 'tasks:\n  - {text: "the sea"}\n  - {text: "the sky"}', "tasks: tasks.jsonl"),
      "team.yaml", 8, "tasks", "cannot read tasks file"),
+    # a tasks file that is not UTF-8: was "cannot read tasks file" at the team's `tasks` key, not at its line
+    ("tasks-file-not-utf8", lambda w: (tasks_file(w, "tasks.jsonl", '{"text": "the sea"}\n'),
+                                       (w / "tasks.jsonl").write_bytes(b'{"text": "the sea"}\n{"text": "caf\xe9"}\n')),
+     "tasks.jsonl", 2, "(file)", "cannot read: 'utf-8' codec can't decode byte 0xe9"),
     # an entry of a tasks file that is no mapping: was named at the team's `tasks` key, not its own line
     ("tasks-yaml-entry-not-mapping", lambda w: tasks_file(w, "tasks.yaml", "- {text: the sea}\n- the sky\n"),
      "tasks.yaml", 2, "[1]", "a task must be a mapping, not str"),
