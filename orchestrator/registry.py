@@ -5,8 +5,8 @@ with its error and skipped whole (none of its names or commands is kept, even th
 before the failure): one broken plugin never takes the CLI down, nor half-loads. So is one that
 registers what breaks the contract: an env that is not an ``Env`` subclass, a policy that cannot
 be called, a reward that does not take ``(episode, roles, config)``, a trainer that is not a
-``Trainer`` subclass or leaves a hook abstract, an env, trainer or reward whose ``Config`` lets
-unknown keys through.
+``Trainer`` subclass or leaves a hook abstract, an env whose ``step`` or ``close`` is not
+``async def``, an env, trainer or reward whose ``Config`` lets unknown keys through.
 """
 from __future__ import annotations
 
@@ -158,6 +158,10 @@ def _check_plugin(kind: str, obj: Any) -> None:
         raise TypeError(f"{what} is not a subclass of orchestrator.training.trainer.Trainer")
     if kind in ("envs", "trainers") and inspect.isabstract(obj):
         raise TypeError(f"{what} does not implement {', '.join(sorted(obj.__abstractmethods__))}")
+    # the episode awaits them: a plain `def step` failed every episode with "object StepResult
+    # can't be used in 'await' expression"
+    if kind == "envs" and (sync := [m for m in ("step", "close") if not inspect.iscoroutinefunction(getattr(obj, m, None))]):
+        raise TypeError(f"{what}.{sync[0]} must be `async def` (the episode awaits it)")
     if kind in ("envs", "trainers", "rewards"):  # else a misspelt protocol key or option is dropped without a word
         config = config_model(obj)
         if not (isinstance(config, type) and issubclass(config, BaseModel)) or config.model_config.get("extra") != "forbid":

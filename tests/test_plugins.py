@@ -447,6 +447,14 @@ class _AbstractEnv(GuessNumberEnv):
     async def step(self, role, message): ...
 
 
+class _SyncStepEnv(GuessNumberEnv):
+    def step(self, role, message): ...
+
+
+class _SyncCloseEnv(GuessNumberEnv):
+    def close(self): ...
+
+
 def _loose_reward(episode, roles, config):
     return {}
 
@@ -462,6 +470,9 @@ _loose_reward.Config = _LooseEnv.Config
     ("trainers", _Abstract, "_Abstract does not implement advantages"),
     ("envs", _LooseEnv, "_LooseEnv.Config must be a pydantic model that forbids unknown keys (subclass orchestrator.envs.EnvConfig)"),
     ("envs", _AbstractEnv, "_AbstractEnv does not implement step"),
+    # awaited by the episode: a plain def failed every episode with "can't be used in 'await' expression"
+    ("envs", _SyncStepEnv, "_SyncStepEnv.step must be `async def`"),
+    ("envs", _SyncCloseEnv, "_SyncCloseEnv.close must be `async def`"),
     ("envs", GRPO, "GRPO is not an env"),  # a trainer has a Config too
     ("envs", object.__new__(GuessNumberEnv), "is not an env"),  # an instance, not the class
     ("rewards", max, "max must be a function of (episode, roles, config)"),  # no signature to read
