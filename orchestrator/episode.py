@@ -90,6 +90,10 @@ async def _play(team: Team, env: Env, policies: Mapping[str, Policy], record: Ep
         if not entry.valid:
             rewards[role] += entry.penalty
         result = await env.step(role, message)
+        # None, from a turn that pays nothing, was "'NoneType' object has no attribute 'rewards'"
+        if not isinstance(result, StepResult):
+            raise TypeError(f"{type(env).__name__}.step returned {type(result).__name__}, not a StepResult "
+                            "(StepResult() for a turn that pays nothing)")
         paid = _paid(team, env, result)
         for name, value in paid.items():
             rewards[name] += value

@@ -788,3 +788,15 @@ def test_an_env_fault_is_named_not_hidden(tmp_path, registry, capsys):
     assert "env close failed" in (err := capsys.readouterr().err) and "OSError: the table is gone" in err
     lost = caller_game("lost", [{}], 1, tmp_path / "lost", next_role=next_role)
     assert lost.episodes[0].error == "ValueError: LostEnv.next_role gave 'ghost', not a role of the team (caller)"
+
+
+def test_a_step_that_returns_no_step_result_is_named(tmp_path, registry):
+    """A step that returned nothing for a turn that pays nothing (or its rewards as a dict) ended the
+    episode as "AttributeError: 'NoneType' object has no attribute 'rewards'", naming no env."""
+    async def step(self, role, message):
+        return {"none": None, "dict": {role: 1.0}}[self.task["give"]]
+
+    result = caller_game("bare", [{"give": "none"}, {"give": "dict"}], 2, tmp_path / "run", step=step)
+    assert [e.error for e in result.episodes] == [
+        f"TypeError: BareEnv.step returned {kind}, not a StepResult (StepResult() for a turn that pays nothing)"
+        for kind in ("NoneType", "dict")]
