@@ -6,7 +6,8 @@ before the failure): one broken plugin never takes the CLI down, nor half-loads.
 registers what breaks the contract: an env that is not an ``Env`` subclass, a policy that cannot
 be called, a reward that does not take ``(episode, roles, config)``, a trainer that is not a
 ``Trainer`` subclass or leaves a hook abstract, an env whose ``step`` or ``close`` is not
-``async def``, an env, trainer or reward whose ``Config`` lets unknown keys through.
+``async def`` or whose ``Task`` is no pydantic model, an env, trainer or reward whose ``Config``
+lets unknown keys through.
 """
 from __future__ import annotations
 
@@ -167,6 +168,9 @@ def _check_plugin(kind: str, obj: Any) -> None:
         if not (isinstance(config, type) and issubclass(config, BaseModel)) or config.model_config.get("extra") != "forbid":
             base = "orchestrator.envs.EnvConfig" if kind == "envs" else "orchestrator.config.PluginConfig"
             raise TypeError(f"{what}.Config must be a pydantic model that forbids unknown keys (subclass {base})")
+    # every task is validated against it when a team loads: a dict there was a traceback from validate
+    if kind == "envs" and not (isinstance(obj.Task, type) and issubclass(obj.Task, BaseModel)):
+        raise TypeError(f"{what}.Task must be a pydantic model (subclass orchestrator.envs.base.TaskConfig)")
 
 
 def _takes(fn: Any, n: int) -> bool:

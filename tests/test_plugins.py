@@ -455,6 +455,10 @@ class _SyncCloseEnv(GuessNumberEnv):
     def close(self): ...
 
 
+class _DictTaskEnv(GuessNumberEnv):
+    Task = dict
+
+
 def _loose_reward(episode, roles, config):
     return {}
 
@@ -473,6 +477,8 @@ _loose_reward.Config = _LooseEnv.Config
     # awaited by the episode: a plain def failed every episode with "can't be used in 'await' expression"
     ("envs", _SyncStepEnv, "_SyncStepEnv.step must be `async def`"),
     ("envs", _SyncCloseEnv, "_SyncCloseEnv.close must be `async def`"),
+    # each task is validated against it at load: `rolecast validate` died with a traceback
+    ("envs", _DictTaskEnv, "_DictTaskEnv.Task must be a pydantic model (subclass orchestrator.envs.base.TaskConfig)"),
     ("envs", GRPO, "GRPO is not an env"),  # a trainer has a Config too
     ("envs", object.__new__(GuessNumberEnv), "is not an env"),  # an instance, not the class
     ("rewards", max, "max must be a function of (episode, roles, config)"),  # no signature to read
