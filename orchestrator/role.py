@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
@@ -92,7 +93,7 @@ class RoleSpec:
         templates it includes too: one reading the task was rendered with none)."""
         env = self.system_template.environment
         if set(_reads(env, env.parse(_system_source(self.config)), "", "system")) <= {"role", "description", "params", "schema"}:
-            return self.system_template.render(self.context({}, {})).strip()
+            return self._render(self.system_template, self.context({}, {}), "system").strip()
         return None
 
     def render(self, context: dict[str, Any]) -> list[dict[str, str]]:
@@ -100,13 +101,28 @@ class RoleSpec:
         for a model whose chat template has no system role), then the rendered prompt."""
         system = self._static_system
         if system is None:
-            system = self.system_template.render(context).strip()
+            system = self._render(self.system_template, context, "system").strip()
         return [*([{"role": "system", "content": system}] if system else []),
-                {"role": "user", "content": self.template.render(context).strip()}]
+                {"role": "user", "content": self._render(self.template, context, "prompt").strip()}]
 
     def render_followup(self, context: dict[str, Any]) -> dict[str, str]:
         """The user message of a conversation role's later turn."""
-        return {"role": "user", "content": self.followup_template.render(context).strip()}
+        return {"role": "user", "content": self._render(self.followup_template, context, "followup").strip()}
+
+    def _render(self, template: jinja2.Template, context: dict[str, Any], key: str) -> str:
+        """``template`` rendered. What the load-time check cannot see, a value's field that is not
+        there (``{{ h.prise }}``) or a key ``observe()`` left out, raises UndefinedError naming the
+        template's file and line and the role: Jinja's own said only "'dict object' has no
+        attribute 'prise'"."""
+        try:
+            return template.render(context)
+        except jinja2.UndefinedError as exc:
+            # Jinja rewrites the traceback: a template's frame carries its file and line, "<template>"
+            # for one written in a YAML key (a system message)
+            frames = [(frame.f_code.co_filename, line) for frame, line in traceback.walk_tb(exc.__traceback__)]
+            file, line = next(((f, n) for f, n in reversed(frames) if not f.endswith((".py", "<string>"))), ("<template>", None))
+            where = key if file == "<template>" else f"{file}:{line}: {key}"
+            raise jinja2.UndefinedError(f"{where}: {exc.message} (role {self.name!r})") from exc
 
     # Pickling (rollout workers get the team this way): compiled templates do not pickle, so they
     # travel as their file names and are compiled again on arrival; cached properties are dropped.

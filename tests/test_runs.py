@@ -1129,3 +1129,22 @@ def test_a_task_field_a_prompt_misspells_fails_its_render(workspace):
     spec = load_role(workspace / "echo.yaml")
     with pytest.raises(jinja2.UndefinedError, match="'dict object' has no attribute 'txet'"):
         spec.render(spec.context({"text": "the sea"}, {}))
+
+
+def test_a_render_that_fails_names_the_template_its_line_and_the_role(workspace):
+    """Jinja's own "'dict object' has no attribute 'txet'" named no file, line or role: with roles
+    that share a prompt, or a prompt that includes another, an episode's error left it to be found."""
+    import jinja2
+
+    from orchestrator.role import load_role
+
+    write(workspace / "prompts" / "echo.md.j2", "Say something\n{% include 'topic.md.j2' %}\n")
+    write(workspace / "prompts" / "topic.md.j2", "about\n{{ task.txet }}.\n")
+    text = (workspace / "echo.yaml").read_text()
+    for system, said in ((None, f"{workspace / 'prompts' / 'topic.md.j2'}:2: prompt"),
+                         ("'Talk of {{ task.txet }}.'", "system")):  # written in the YAML: no file of its own
+        (workspace / "echo.yaml").write_text(text if system is None else text + f"system: {system}\n")
+        spec = load_role(workspace / "echo.yaml")
+        with pytest.raises(jinja2.UndefinedError) as caught:
+            spec.render(spec.context({"text": "the sea"}, {}))
+        assert str(caught.value) == f"{said}: 'dict object' has no attribute 'txet' (role 'echo')"
