@@ -125,6 +125,19 @@ def test_writing_your_own_environment_names_every_hook_of_env():
     assert len(hooks) >= 12 and [n for n in hooks if not re.search(rf"\b{n}\b", section)] == []
 
 
+def test_writing_your_own_environment_says_what_step_returns():
+    """The page's one example, a single coin flip, ended its game with GameEnv.finish: a game of
+    several turns had nothing to return for a turn that paid nothing, and the None it returned
+    failed each episode. Every field of StepResult is named, and the empty one shown."""
+    from dataclasses import fields
+
+    from orchestrator.envs.base import StepResult
+
+    section = (ROOT / "docs/environments.md").read_text().split("## Writing your own environment")[1]
+    assert [f.name for f in fields(StepResult) if f"`{f.name}`" not in section] == []
+    assert "`StepResult()`" in section and "`TwoPlayerConfig`" in section
+
+
 def shown_teams() -> list[tuple[str, str]]:
     """Each ```yaml block of the pages that holds a whole team (its ``protocol`` and ``roles``)."""
     import yaml
