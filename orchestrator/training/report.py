@@ -3,6 +3,7 @@ run evaluated with ``rolecast eval --population``, the payoff heatmap too."""
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +60,8 @@ def write_report(run_dir: Path) -> dict[str, Any]:
                 ci_key = _ci_key(key)
                 ci = [r[ci_key] if _number(r.get(ci_key)) else 0.0 for r in rows if _number(r.get(key))]
                 ax.fill_between(xs, [y - c for y, c in zip(ys, ci)], [y + c for y, c in zip(ys, ci)], alpha=0.2)
-        ax.set_title(title)
+        # on one line the longer titles ran off both sides of the figure
+        ax.set_title(textwrap.fill(title, 64, break_on_hyphens=False))
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
         ax.legend(lines, keys, fontsize=8)  # labels given, not set: a curve's label="_coder/loss" is left out

@@ -1147,6 +1147,27 @@ def test_report_labels_the_curve_of_an_adapter_named_with_a_leading_underscore(t
     assert legends["loss.png"] == ["_coder/loss", "coder/loss"]
 
 
+def test_reports_plot_titles_fit_their_figures(tmp_path, monkeypatch):
+    """The longer titles (reward.png's, kl.png's, win_rate.png's, env.png's) were one line wider
+    than the figure: both ends were cut, "how far the policy moved" read "licy moved"."""
+    from matplotlib.figure import Figure
+
+    from orchestrator.training.report import PLOTS, write_report
+
+    keys = ["reward/pro", "eval_reward/pro", "pro/loss", "pro/approx_kl", "win_rate/pro", "elo/pro", "eval_env/rate"]
+    write(tmp_path / "metrics.jsonl", "".join(json.dumps({"step": s, "kind": "train", **dict.fromkeys(keys, 0.5)}) + "\n"
+                                              for s in (1, 2)))
+    overhang = {}
+
+    def measure(fig, path, **kw):
+        box = fig.axes[0].title.get_window_extent(renderer=fig.canvas.get_renderer())
+        overhang[Path(path).name] = max(0.0, -box.x0, box.x1 - fig.bbox.width)
+
+    monkeypatch.setattr(Figure, "savefig", measure)
+    write_report(tmp_path)
+    assert overhang == {name: 0.0 for name, _, _ in PLOTS}
+
+
 def test_reports_eval_band_is_each_evaluations_own_interval(tmp_path, monkeypatch):
     """The eval curve's band around each point is that evaluation's 95% interval, whatever train
     rows lie between the evaluations."""
