@@ -138,6 +138,17 @@ def test_writing_your_own_environment_says_what_step_returns():
     assert "`StepResult()`" in section and "`TwoPlayerConfig`" in section
 
 
+def test_the_readme_names_every_hook_of_a_trainer():
+    """README listed five of Trainer's hooks as "the other hooks": a plugin that kept its state in
+    ``state_dict`` was not told that ``load_state_dict`` reads it back on --resume, nor of
+    ``learners`` or ``step_advantages``."""
+    from orchestrator.training.trainer import Trainer
+
+    section = (ROOT / "README.md").read_text().split("### Plugins")[1].split("\n### ")[0]
+    hooks = sorted(n for n in vars(Trainer) if not n.startswith("_"))
+    assert len(hooks) >= 12 and [n for n in hooks if f"`{n}`" not in section] == []
+
+
 def shown_teams() -> list[tuple[str, str]]:
     """Each ```yaml block of the pages that holds a whole team (its ``protocol`` and ``roles``)."""
     import yaml
