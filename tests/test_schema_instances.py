@@ -96,6 +96,18 @@ def test_random_instances_spread_over_a_list_of_types_and_both_booleans():
     assert {type(r["y"]) for r in replies} == {str, type(None)} and {r["b"] for r in replies} == {True, False}
 
 
+def test_random_instances_send_required_properties_only_in_the_schemas_bounds():
+    """As docs/environments.md says of `builtin:random`: an optional field is never sent, and an
+    integer without the view's low..high is in the schema's bounds, else 0..100."""
+    rng = random.Random(3)
+    schema = {"type": "object", "properties": {"price": {"type": "integer", "minimum": 150, "maximum": 152},
+                                               "n": {"type": "integer"}, "note": {"type": "string"}},
+              "required": ["price", "n"]}
+    replies = [random_instance(schema, {}, rng) for _ in range(60)]
+    assert all(r.keys() == {"price", "n"} for r in replies)
+    assert {r["price"] for r in replies} == {150, 151, 152} and all(0 <= r["n"] <= 100 for r in replies)
+
+
 def reply(policy, context: dict, seed: int = 0) -> dict:
     request = PolicyRequest(role="r", episode="e", episode_index=0, turn=0, attempt=0, messages=[],
                             context=context, sampling=None, adapter=None, seed=seed)
