@@ -11,6 +11,7 @@ lets unknown keys through.
 """
 from __future__ import annotations
 
+import difflib
 import importlib.metadata
 import inspect
 from dataclasses import dataclass, field
@@ -217,7 +218,19 @@ def discover() -> Registry:
             registry.failures.append(PluginFailure(ep.name, _source(ep), one_line(exc)))
             continue
         registry.add_module(module, ep.name, _source(ep))
+    for ep in _misplaced():
+        registry.failures.append(PluginFailure(ep.name, _source(ep), f"its entry point is in group {ep.group!r}, "
+                                               f"which rolecast does not read: the group is {ENTRY_POINT_GROUP!r}"))
     return registry
+
+
+def _misplaced() -> list[importlib.metadata.EntryPoint]:
+    """Entry points in a group named like rolecast's but not it (``rolecast.plugin``): never loaded,
+    their plugin's envs and trainers were only "unknown", as if it were not installed."""
+    found = {(ep.group, ep.name, ep.value): ep for dist in importlib.metadata.distributions() for ep in dist.entry_points
+             if ep.group != ENTRY_POINT_GROUP
+             and difflib.SequenceMatcher(None, ep.group.lower(), ENTRY_POINT_GROUP).ratio() >= 0.8}
+    return list(found.values())
 
 
 @lru_cache(maxsize=1)

@@ -565,6 +565,21 @@ def test_an_entry_point_without_a_distribution_is_loaded_with_an_unknown_source(
     assert registry.failures == [] and ("mine", "? (my_games)") in registry.plugins
 
 
+def test_an_entry_point_in_a_misspelt_group_is_reported(tmp_path, monkeypatch):
+    """A plugin whose pyproject said ``rolecast.plugin`` was never loaded, and its env was only an
+    "unknown env plugin", as if the package were not installed."""
+    write(tmp_path / "haggle_plugin-0.1.0.dist-info" / "METADATA", "Metadata-Version: 2.1\nName: haggle-plugin\nVersion: 0.1.0\n")
+    write(tmp_path / "haggle_plugin-0.1.0.dist-info" / "entry_points.txt",
+          "[rolecast.plugin]\nhaggle = haggle_plugin\n\n[console_scripts]\nhaggle = haggle_plugin:main\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry = discover()
+    said = "its entry point is in group 'rolecast.plugin', which rolecast does not read: the group is 'rolecast.plugins'"
+    assert [(f.plugin, f.source, f.error) for f in registry.failures] == [
+        ("haggle", "haggle-plugin==0.1.0 (haggle_plugin)", said)]
+    with pytest.raises(KeyError, match=f"plugin haggle failed to load: {said}"):
+        registry.get("envs", "haggle")
+
+
 def test_registry_get_unknown_names_known():
     with pytest.raises(KeyError, match="known: none"):
         Registry().get("trainers", "ppo")
