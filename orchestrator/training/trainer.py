@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import statistics
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -81,6 +81,9 @@ class Trainer(ABC):
         by their position in the step (a population's seats) overrides this instead."""
         kept = [[rw for rw, ok in zip(group, oks) if ok] for group, oks in zip(rewards, finished)]
         advantages = self.advantages(kept)
+        if any(isinstance(g, Mapping) for g in advantages):  # one list of all episodes: its rows' sizes read as groups
+            raise ValueError("gave a {role: advantage} mapping where a group's list of them goes: the shape is "
+                             "[[{role: advantage} per episode] per group], as the rewards it was given")
         # matched to the episodes by position: one missing was a bare StopIteration, one extra was dropped unsaid
         if (shape := [len(g) for g in advantages]) != (wanted := [len(g) for g in kept]):
             raise ValueError(f"gave {shape} episodes per group for the {wanted} finished ones it was given")

@@ -55,6 +55,18 @@ def test_advantages_of_another_shape_than_the_episodes_given_are_refused(advanta
         t.step_advantages(REWARDS, [[True] * 3, [True, True, False]])
 
 
+def test_advantages_in_one_list_of_all_episodes_are_refused_as_such():
+    """A flat list of the step's episodes was read as groups, each a row's roles: "gave [2, 2, 2, 2, 2]
+    episodes per group for the [3, 2] finished ones", which a plugin's author could not place."""
+    class Flat(type(trainer("grpo"))):
+        def advantages(self, rewards):
+            return [episode for group in super().advantages(rewards) for episode in group]
+
+    t = Flat(TrainerContext(adapters={"pro": "pro", "con": "con"}))
+    with pytest.raises(ValueError, match=r"gave a \{role: advantage\} mapping where a group's list of them goes"):
+        t.step_advantages(REWARDS, [[True] * 3, [True, True, False]])
+
+
 @pytest.mark.parametrize("config", [{}, {"baseline": "global"}, {"baseline": "global", "scale_std": True},
                                     {"baseline": "per_role"}])
 def test_a_group_whose_every_episode_failed_gets_zeros_and_the_others_train(config):
