@@ -92,7 +92,7 @@ def test_decoding_past_the_buffer_grows_it_and_keeps_every_column():
     kv = BatchKV()
     cache, mask, truth = _prefilled([2, 5], gen)
     kv.append(cache, mask)
-    capacity = kv.keys[0].shape[2]
+    capacity, buffer, moves = kv.keys[0].shape[2], kv.keys[0].data_ptr(), 0
     for _ in range(3 * capacity):
         cache = kv.cache()
         for layer in range(LAYERS):
@@ -102,5 +102,23 @@ def test_decoding_past_the_buffer_grows_it_and_keeps_every_column():
                 pk, pv = truth[row][layer]
                 truth[row][layer] = (torch.cat([pk, k[row]], 1), torch.cat([pv, v[row]], 1))
         kv.advance()
+        moves, buffer = moves + (kv.keys[0].data_ptr() != buffer), kv.keys[0].data_ptr()
     assert kv.keys[0].shape[2] > 3 * capacity
+    assert moves <= 3  # capacity doubles: a few reallocations over 3x the columns, not one every step or two
     _check(kv, truth)
+
+
+def test_a_newcomer_as_long_as_the_columns_before_end_fits_and_one_longer_moves_them():
+    """A newcomer's cache is right-aligned at ``end``: ``end`` columns of room before it fit it in
+    place, one more column needs the buffers laid out again (one past wrote from column -1)."""
+    gen = torch.Generator().manual_seed(3)
+    kv = BatchKV()
+    cache, mask, truth = _prefilled([5, 5, 5], gen)
+    kv.append(cache, mask)
+    kv.keep([0])  # rows to spare: only the newcomers' lengths decide
+    truth = truth[:1]
+    for length in (kv.end, kv.end + 1):
+        cache, mask, new = _prefilled([length], gen)
+        kv.append(cache, mask)
+        truth += new
+        _check(kv, truth)
