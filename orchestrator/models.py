@@ -82,6 +82,9 @@ def load_model(name: str = DEFAULT_MODEL, dtype: str = "auto", seed: int = 0,
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         except (OSError, SafetensorError) as exc:  # no weights or tokenizer, or weights cut short (a download stopped)
             raise ValueError(f"cannot load {name!r} from {path}: {' '.join(str(exc).split())}") from None
+        except ValueError as exc:  # a model_type with no causal LM (t5, vit), or one transformers does not know:
+            said = str(exc).strip().partition("\n")[0]  # which; the rest lists every type there is (3,000 characters)
+            raise ValueError(f"cannot load {name!r} from {path}: {said}") from None
         if not tokenizer.chat_template:  # roles speak in chat turns: every episode would fail on it
             raise ValueError(f"{name!r} has no chat template (tokenizer_config.json's chat_template): "
                              "rolecast needs a chat (instruct) model")

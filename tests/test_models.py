@@ -124,8 +124,10 @@ def test_a_name_that_is_neither_is_refused():
 
 
 def test_what_is_not_a_model_dir_is_named_in_one_line(tmp_path, monkeypatch):
-    """A path that does not exist, a file (a GGUF), a dir without config.json, weights cut short
-    and a tokenizer without a chat template (every episode failed on it) each say what they are."""
+    """A path that does not exist, a file (a GGUF), a dir without config.json, a config of no causal
+    LM (transformers' error went on to list every type it has, 3,000 characters over two lines),
+    weights cut short and a tokenizer without a chat template (every episode failed on it) each say
+    what they are."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "model.gguf").write_bytes(b"GGUF")
     (tmp_path / "empty").mkdir()
@@ -135,6 +137,11 @@ def test_what_is_not_a_model_dir_is_named_in_one_line(tmp_path, monkeypatch):
                         ("empty", "empty has no config.json")):
         with pytest.raises(ValueError, match=words):
             load_model(name)
+    (tmp_path / "t5").mkdir()
+    (tmp_path / "t5" / "config.json").write_text('{"model_type": "t5"}')
+    with pytest.raises(ValueError, match=r"cannot load '.*t5' from .*: Unrecognized configuration class .*T5Config") as info:
+        load_model(str(tmp_path / "t5"), dtype="float32")
+    assert len(str(info.value).splitlines()) == 1 and len(str(info.value)) < 400
     tiny = load_model("tiny", dtype="float32", seed=3)
     for name in ("cut", "plain"):
         tiny.model.save_pretrained(tmp_path / name)
