@@ -287,6 +287,23 @@ def test_slot_lora_copies_new_weights_in_place_and_grows_only_for_more_adapters(
     assert set(slots.slots) == {"beta"} and slots.capacity == 2  # a slot frees; nothing moves
 
 
+def test_an_adapter_whose_rank_or_modules_grow_serves_its_new_weights():
+    """The slots' stacks are kept while the adapters fit them: new weights of a higher rank, or on
+    modules no adapter had, need new ones (the old rank cannot hold them; the old modules have no
+    stack for the new)."""
+    engine = tiny_engine(static=True, max_batch=4)
+    engine.add_adapter("alpha")
+    prompt = tuple(range(5, 30))
+    try:
+        for rank, modules in ((4, ("q_proj", "v_proj")), (8, ("q_proj", "v_proj")), (8, None)):
+            engine.update_adapter("alpha", lora_state(engine.model, rank, rank=rank, std=0.5, modules=modules))
+            out = asyncio.run(engine.generate(GenerationRequest(prompt, SamplingParams(max_tokens=6, seed=rank), "alpha")))
+            reference = engine.teacher_forced_logprobs(list(prompt), out.token_ids, "alpha")
+            assert max(abs(a - b) for a, b in zip(reference, out.logprobs)) < 1e-4
+    finally:
+        asyncio.run(engine.aclose())
+
+
 def test_the_gpu_forms_of_the_step_give_the_same_samples_on_the_cpu():
     """decoder.py's GPU forms (fused RMSNorm, roll-based rotary, biased baddbmm attention), forced
     on here in fp32: what they sample and its logprobs match the CPU forms'."""
