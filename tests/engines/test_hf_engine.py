@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 from orchestrator.engines.base import GenerationRequest, SamplingParams
-from support import AVX2, lora_state, peft_dir, randomize, requires_bf16, tiny_engine
+from support import AVX2, assert_same_draws, lora_state, peft_dir, randomize, requires_bf16, tiny_engine
 
 PROMPTS = [
     [{"role": "user", "content": "Name a colour."}],
@@ -581,6 +581,9 @@ def test_an_adapter_saved_as_adapter_model_bin_serves_as_its_safetensors_twin(tm
     torch.save([t for t in state.values()], folder / "adapter_model.bin")  # a list, not named tensors
     with pytest.raises(ValueError, match="adapter_model.bin: not a mapping of names to tensors"):
         engine.load_adapter("list", folder)
+    torch.save({k: t.tolist() for k, t in state.items()}, folder / "adapter_model.bin")  # named, but lists
+    with pytest.raises(ValueError, match="adapter_model.bin: not a mapping of names to tensors"):
+        engine.load_adapter("lists", folder)
 
 
 def test_an_adapter_whose_config_misstates_rank_or_alpha_is_one_line_at_load(tmp_path):
@@ -604,6 +607,59 @@ def test_an_adapter_whose_config_misstates_rank_or_alpha_is_one_line_at_load(tmp
         (folder / "adapter_config.json").write_text(json.dumps(config))
         with pytest.raises(RolecastError, match=rf"--adapter {name}={folder}: its adapter_config.json {words}"):
             load_engine("tiny", "float32", 0, adapters={name: folder}, device="cpu")
+
+
+def test_an_adapter_config_whose_numbers_are_bools_or_infinite_or_with_no_weights_is_refused():
+    """True is 1 to Python, and JSON's Infinity reads as inf: r true and lora_alpha true passed as
+    numbers, an infinite alpha as a scale (NaN logits); a dir with no weights said its lora_A
+    weights had rank '' (of none)."""
+    import math
+
+    from orchestrator.engines.lora import check_plain_lora, check_rank_and_alpha
+
+    for config, words in (({"r": True}, "says r True, its lora_A weights have rank 1:"),
+                          ({"r": 1, "lora_alpha": True}, "says lora_alpha True: a number above 0"),
+                          ({"r": 1, "lora_alpha": math.inf}, "says lora_alpha inf: a number above 0")):
+        with pytest.raises(ValueError, match=words):
+            check_rank_and_alpha(config, {1})
+    with pytest.raises(ValueError, match="^the adapter holds no LoRA weights$"):
+        check_plain_lora({"r": 4}, {})
+
+
+def test_an_adapter_whose_lora_a_and_lora_b_disagree_is_refused_at_load(tmp_path):
+    """A lora_B of another rank than its lora_A or of another width than its layer loaded, and
+    every request on the adapter failed later, building its stack; a lora_A with no dimensions was
+    an IndexError out of the rank check."""
+    engine = tiny_engine()
+    state = lora_state(engine.model, 3)  # rank 4
+    q_b = next(k for k in state if k.endswith("q_proj.lora_B.weight"))
+    last_a = [k for k in state if k.endswith("lora_A.weight")][-1]
+    cases = {"rank": {q_b: torch.ones(state[q_b].shape[0], 8)},
+             "width": {q_b: torch.ones(2 * state[q_b].shape[0], 4)},
+             "scalar": {last_a: torch.tensor(1.0)}}
+    try:
+        for name, bad in cases.items():
+            with pytest.raises(ValueError, match=f"adapter '{name}' does not fit this model"):
+                engine.load_adapter(name, peft_dir(tmp_path / name, {**state, **bad}))
+    finally:
+        asyncio.run(engine.aclose())
+
+
+def test_an_adapter_whose_modules_differ_in_rank_samples_as_its_zero_padded_twin(engine):
+    """``update_adapter`` takes a rank per module (a module's lower rank pads the adapter's stack
+    with zeros): served beside the same weights padded to one rank, it samples what they sample."""
+    ragged = lora_state(engine.model, 3, std=0.5)  # rank 4; q_proj's cut to 2 below
+    padded = dict(ragged)
+    for a in [k for k in ragged if k.endswith("q_proj.lora_A.weight")]:
+        b = a.replace("lora_A", "lora_B")
+        ragged[a], ragged[b] = ragged[a][:2], ragged[b][:, :2]
+        padded[a] = torch.cat([ragged[a], torch.zeros_like(ragged[a])])
+        padded[b] = torch.cat([ragged[b], torch.zeros_like(ragged[b])], dim=1)
+    for name, state in (("ragged", ragged), ("padded", padded)):
+        engine.add_adapter(name)
+        engine.update_adapter(name, state)
+    outs = asyncio.run(gather(engine, [request(engine, 1, adapter=name) for name in ("ragged", "padded")]))
+    assert_same_draws([(outs[0].token_ids, outs[0].logprobs)], [(outs[1].token_ids, outs[1].logprobs)])
 
 
 def test_an_adapter_whose_weights_file_is_cut_short_is_one_line_at_load(tmp_path):
