@@ -187,6 +187,12 @@ def test_adapter_update_changes_outputs_and_versions(engine):
     assert randomize(engine, "p", 7) == 2
     updated = asyncio.run(engine.generate(r))
     assert updated.adapter_version == 2 and updated.token_ids != fresh.token_ids
+    # a training step's next weights: served, not the stack of the last ones (the batch path keeps stacks)
+    assert randomize(engine, "p", 8) == 3
+    engine.add_adapter("twin")
+    randomize(engine, "twin", 8)
+    again, twin = (asyncio.run(engine.generate(GenerationRequest(r.prompt_ids, r.sampling, a))) for a in ("p", "twin"))
+    assert again.token_ids == twin.token_ids and again.logprobs == pytest.approx(twin.logprobs, abs=1e-6)
     engine.remove_adapter("p")
     gone = asyncio.run(engine.generate(r))
     assert gone.adapter_version == 0 and gone.token_ids == base.token_ids
@@ -521,7 +527,8 @@ def test_an_adapter_dir_computes_the_logprobs_peft_computes(tmp_path, rslora):
 
 
 def test_an_adapter_of_another_base_model_is_refused_at_load(engine, tmp_path):
-    """Shapes that do not fit would fail every episode later, inside a matmul."""
+    """Shapes that do not fit would fail every episode later, inside a matmul; modules the model
+    lacks (a deeper model's layers) are one line too, not a KeyError."""
     from orchestrator.engines.load import load_engine
     from orchestrator.errors import RolecastError
 
@@ -533,6 +540,12 @@ def test_an_adapter_of_another_base_model_is_refused_at_load(engine, tmp_path):
         engine.load_adapter("other", folder)
     with pytest.raises(RolecastError, match=rf"--adapter other={folder}: adapter 'other' does not fit this model"):
         load_engine("tiny", "float32", 0, adapters={"other": folder}, device="cpu")
+    state = lora_state(engine.model, 3)
+    deeper = {k.replace("layers.1.", "layers.9."): t.clone() for k, t in state.items() if "layers.1." in k}
+    folder = peft_dir(tmp_path / "deeper", {**state, **deeper})
+    with pytest.raises(RolecastError, match=rf"^--adapter deeper={folder}: adapter 'deeper' targets modules the model "
+                                            r"does not have: \['model.layers.9."):
+        load_engine("tiny", "float32", 0, adapters={"deeper": folder}, device="cpu")
 
 
 def test_an_adapter_that_is_not_plain_lora_is_refused_at_load(engine, tmp_path):
