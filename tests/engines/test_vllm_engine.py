@@ -361,6 +361,19 @@ def test_a_rank_above_vllms_largest_is_one_line(monkeypatch, tmp_path):
         load_engine(str(checkpoint_dir()), backend="vllm", adapters={"c": adapter_dir(tmp_path / "c", 1.0, rank=600)})
 
 
+def test_an_engine_or_device_load_engine_cannot_serve_is_one_line(monkeypatch):
+    """load_engine's own checks, for callers past the CLI's (a rollout worker's, the Python API's):
+    vLLM places itself on the GPUs it sees, so --device cpu would have been ignored."""
+    from orchestrator.engines.load import load_engine
+    from orchestrator.errors import RolecastError
+
+    fake_vllm.install(monkeypatch)
+    with pytest.raises(RolecastError, match="^--engine vllm runs on a CUDA GPU, not --device cpu$"):
+        load_engine(str(checkpoint_dir()), backend="vllm", device="cpu")
+    with pytest.raises(RolecastError, match="^unknown engine 'vLLM': use one of hf, vllm$"):
+        load_engine("tiny", backend="vLLM")
+
+
 async def test_superseded_version_is_evicted_once_unused(vllm_engine, tmp_path):
     vllm_engine.load_adapter("judge", adapter_dir(tmp_path / "j1", 1.0))
     llm = fake(vllm_engine)
