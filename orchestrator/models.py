@@ -192,6 +192,8 @@ def _smollm2_checkpoint() -> Path:
     try:
         quantized = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=_GGUF_FILE, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=_GGUF_FILE)
+    except (ImportError, MemoryError):  # gguf not installed, or no room: not the file's fault
+        raise
     except Exception as exc:  # a file cut short (an install stopped) fails anywhere in the reader: struct.error,
         # ValueError ("cannot reshape array of size 551 into shape (576,)"), ...: all mean the same to the user
         raise ValueError(f"{gguf_dir / _GGUF_FILE} does not read as a GGUF model ({type(exc).__name__}: "
