@@ -21,6 +21,15 @@ def test_retry_that_extends_the_prompt_merges_into_one_sequence():
     assert [d.model_input.to_ints() for d in unmerged] == [[1, 2, 3, 4], [1, 2, 3, 4, 5, 9, 6]]
 
 
+def test_a_prompt_that_is_exactly_the_sequence_so_far_continues_it():
+    """A prompt that starts with the previous prompt and reply may be just them (a reply continued
+    where it stopped): one sequence, the second reply's tokens right after the first's."""
+    first, more = attempt([1, 2], [3, 4], [-0.1, -0.2]), attempt([1, 2, 3, 4], [5], [-0.3])
+    (d,) = role_datums(episode(("p", [first]), ("p", [more])), "p", advantage=1.0)
+    assert d.model_input.to_ints() == [1, 2, 3, 4] and d.loss_fn_inputs["mask"] == [0, 1, 1, 1]
+    assert d.loss_fn_inputs["logprobs"] == [0, -0.1, -0.2, -0.3]
+
+
 def test_unrelated_prompts_give_separate_sequences_and_drop_policy():
     ep = episode(("p", [attempt([1, 2], [3], [-1.0])]), ("p", [attempt([7, 8], [9], [-2.0], valid=False)]))
     assert len(role_datums(ep, "p", 1.0)) == 2
