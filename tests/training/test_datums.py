@@ -42,9 +42,11 @@ def test_unrelated_prompts_give_separate_sequences_and_drop_policy():
 
 
 def test_attempts_without_tokens_are_counted_not_trained():
-    ep = episode(("p", [attempt(None, None, None)]))
+    # nothing sampled (a Python policy), or a reply of no tokens: a datum of its prompt alone trains
+    # nothing, yet costs a pass and counts in sequence-mean's divisor
+    ep = episode(("p", [attempt(None, None, None)]), ("p", [attempt([1, 2], [], [])]))
     opts = DatumBuildOptions()
-    assert role_datums(ep, "p", 1.0, opts) == [] and opts.stats["no_tokens"] == 1
+    assert role_datums(ep, "p", 1.0, opts) == [] and opts.stats["no_tokens"] == 2
 
 
 def test_attempts_sampled_by_an_adapter_older_than_the_bound_are_dropped():
