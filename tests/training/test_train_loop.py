@@ -560,6 +560,9 @@ def test_metrics_drop_a_cut_off_last_line_and_name_a_damaged_one(tmp_path):
     path.write_text('{"step": 0, "kind": "eval"}\n{"step": 1, "kind": "train"}\n{"step": 2, "ki')
     MetricsWriter(tmp_path).truncate_after(0)  # what --resume from step 0 does
     assert path.read_text() == '{"step": 0, "kind": "eval"}\n'
+    path.unlink()  # a run killed before its first row, resumed: it starts again, with nothing to drop
+    MetricsWriter(tmp_path).truncate_after(-1)
+    assert not path.exists()
     path.write_text('{"step": 0, "kind": "eval"}\n{"ste\n{"step": 1, "kind": "train"}\n')
     with pytest.raises(RolecastError, match=r"metrics.jsonl:2: not a JSON row"):
         read_metrics(tmp_path)
