@@ -360,6 +360,17 @@ def test_on_policy_ratio_is_one(service):
     assert out.metrics["clip_fraction"] == 0.0 and out.metrics["approx_kl"] == pytest.approx(0.0, abs=1e-6)
 
 
+def test_weights_under_one_give_the_same_means_over_their_sum(service):
+    """Tinker's weights need not be 1: a call's token-mean and its per-token means are over the
+    weights' sum (``tokens``), as ``aggregate`` takes them, so halving every weight changes neither."""
+    c = service.create_lora_training_client("halved", LoraConfig(rank=4))
+    whole, half = datum(), datum()
+    half.loss_fn_inputs["mask"] = [0.5 * w for w in half.loss_fn_inputs["mask"]]
+    one, halved = (c.forward([d], "ppo", {"aggregation": "token-mean"}).result().metrics for d in (whole, half))
+    assert halved["tokens"] == one["tokens"] / 2
+    assert halved["loss"] == pytest.approx(one["loss"]) and halved["ratio_mean"] == pytest.approx(one["ratio_mean"])
+
+
 def test_a_call_with_no_action_tokens_leaves_the_per_token_means_out(service):
     """Every token an observation (forced closing tokens, say): no ratio, KL or entropy was measured,
     and a step's row leaves them out (loop._calls_summed, _mean) rather than read a ratio of 0.0."""
