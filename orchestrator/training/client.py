@@ -593,6 +593,11 @@ class _Job:
             raise ValueError(f"unknown loss_fn {loss_fn!r}: use one of {', '.join(LOSS_FNS)}")
         if not data:
             raise ValueError("forward_backward needs at least one Datum")
+        # no position, nothing predicted: alone in a call it left the prefix tree without a segment
+        # and the pass failed on "max() arg is an empty sequence"; beside others it counted in
+        # sequence-mean's divisor
+        if empty := [i for i, d in enumerate(data) if not d.model_input.length]:
+            raise ValueError(f"datum {empty[0]}: model_input holds no tokens: a datum needs one position at least")
         self.fn, self.needed = LOSS_FNS[loss_fn]
         self.options = LOSS_CONFIGS[loss_fn].model_validate(config)  # a ValueError on an unknown key or a bad value
         for key in ("target_tokens", *self.needed):

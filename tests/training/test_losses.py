@@ -424,6 +424,10 @@ def test_bad_calls_are_clear(service):
     del d.loss_fn_inputs["advantages"]
     with pytest.raises(ValueError, match="needs loss_fn_inputs\\['advantages'\\]"):
         c.forward_backward([d], "ppo").result()
+    empty = Datum(ModelInput.from_ints([]), {"target_tokens": [], "mask": [], "logprobs": [], "advantages": []})
+    for data in ([empty], [datum(), empty]):  # alone, it failed in the pass: "max() arg is an empty sequence"
+        with pytest.raises(ValueError, match=f"^datum {len(data) - 1}: model_input holds no tokens"):
+            c.forward_backward(data, "ppo").result()
     with pytest.raises(ValueError, match="already has a training client"):
         service.create_lora_training_client("bad")
 
