@@ -31,6 +31,27 @@ def test_a_won_game(tmp_path):
     assert [t.role for t in ep.turns] == ["x", "o", "x", "o", "x"]
 
 
+ROWS = [["a1", "b1", "c1"], ["a2", "b2", "c2"], ["a3", "b3", "c3"]]
+COLUMNS = [list(column) for column in zip(*ROWS)]
+
+
+@pytest.mark.parametrize("line", ROWS + COLUMNS + [["a1", "b2", "c3"], ["c1", "b2", "a3"]])
+def test_every_line_wins(tmp_path, line):
+    """Each of the 8 lines ends the game for its mover (minimax reads the env's list of lines, so
+    its games against random could not tell one left out)."""
+    o = [cell for row in ROWS for cell in row if cell not in line][:2]  # two moves: O cannot finish a line first
+    (ep,) = play(team("tictactoe"), {"x": moves(*line), "o": moves(*o)}, tmp_path).episodes
+    assert ep.outcome == {"results": {"x": "win", "o": "loss"}, "reason": "line"} and len(ep.turns) == 5
+
+
+def test_a_line_made_by_the_move_that_fills_the_board_wins(tmp_path):
+    # X O X / O X O / X O X: X's ninth move, b2, fills the board and makes both diagonals
+    x, o = moves("a1", "c1", "a3", "c3", "b2"), moves("b1", "a2", "c2", "b3")
+    (ep,) = play(team("tictactoe"), {"x": x, "o": o}, tmp_path).episodes
+    assert len(ep.turns) == 9 and ep.rewards == {"x": 1.0, "o": -1.0}
+    assert ep.outcome == {"results": {"x": "win", "o": "loss"}, "reason": "line"}
+
+
 def test_the_anti_diagonal_wins_and_a_move_is_read_spaced_in_any_case(tmp_path):
     t = any_move(team("tictactoe"))  # the recipe's enum would refuse " C1" before the env
     (ep,) = play(t, {"x": moves(" C1", "b2 ", "A3"), "o": moves("a1", "b1")}, tmp_path).episodes
