@@ -28,7 +28,9 @@ def test_second_player_does_not_see_the_current_round(tmp_path):
     play(team("prisoners_dilemma", rounds=2), {"alice": alice, "bob": bob}, tmp_path)
     assert bob.requests[0].context["history"] == []
     assert bob.requests[1].context["history"] == [{"round": 1, "you": "cooperate", "opponent": "defect", "payoff": 0.0}]
-    assert alice.requests[1].context["score"] == 5.0
+    assert (alice.requests[1].context["score"], bob.requests[1].context["score"]) == (5.0, 0.0)  # each its own total
+    # both moves of a round are that round's: bob's first pick is in round 1, as alice's was
+    assert [r.context["round"] for r in alice.requests + bob.requests] == [1, 2, 1, 2]
     assert "opponent played" not in bob.requests[0].messages[-1]["content"]
 
 
@@ -36,6 +38,12 @@ def test_equal_totals_draw(tmp_path):
     (ep,) = play(team("prisoners_dilemma", rounds=2), {"alice": moves("cooperate", "cooperate"),
                                                        "bob": moves("cooperate", "cooperate")}, tmp_path).episodes
     assert ep.rewards == {"alice": 6.0, "bob": 6.0} and ep.outcome["results"] == {"alice": "draw", "bob": "draw"}
+
+
+def test_a_total_ahead_by_less_than_one_wins(tmp_path):
+    t = team("prisoners_dilemma", rounds=1, payoffs={"temptation": 0.5, "reward": 0.3, "punishment": 0.1, "sucker": 0})
+    (ep,) = play(t, {"alice": moves("defect"), "bob": moves("cooperate")}, tmp_path).episodes
+    assert ep.rewards == {"alice": 0.5, "bob": 0.0} and ep.outcome["results"] == {"alice": "win", "bob": "loss"}
 
 
 def test_an_action_not_on_offer_is_illegal(tmp_path):
