@@ -1,6 +1,8 @@
 """Debate with a judge: configured rewards, hand-computed."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from orchestrator.errors import ConfigError
@@ -23,6 +25,13 @@ def test_configured_rewards(tmp_path, winner, expected):
     t = team("debate", tasks=[{"topic": "t"}], rewards={"winner": 2.0, "loser": -1.0, "tie": 0.25})
     (ep,) = play(t, debate(winner), tmp_path).episodes
     assert ep.rewards == {**expected, "judge": 0.0}
+
+
+def test_a_stance_written_in_capitals_is_named_in_any_case(tmp_path):
+    (tmp_path / "d.yaml").write_text((ROOT / "recipes" / "debate.yaml").read_text().replace("stance: against", "stance: Against"))
+    t = dataclasses.replace(load_team(tmp_path / "d.yaml"), tasks=[{"topic": "t"}])
+    (ep,) = play(t, debate("against"), tmp_path).episodes
+    assert ep.outcome["winner"] == "con" and ep.rewards == {"pro": -0.5, "con": 1.0, "judge": 0.0}
 
 
 def test_the_judge_sees_letters_in_a_random_order_and_a_letter_names_its_side(tmp_path):
