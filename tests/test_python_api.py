@@ -426,6 +426,7 @@ def test_a_plugin_defined_in_this_process_plays_a_team(tmp_path, registry):
     class CoinEnv(GameEnv):  # as docs/environments.md writes one
         Config = CoinConfig
         observation_keys = frozenset({"observation", "legal_moves"})
+        move_field = "move"
 
         def next_role(self):
             return None if self.done else self.config.players[0]

@@ -72,12 +72,20 @@ class GameEnv(Env):
     """Base of the games: tracks ``done`` and the per-role results."""
 
     config: GameConfig
+    # the field of a player's message its move is read from (move_of), declared by reads(); None
+    # for a game that reads other fields, and says so in its own reads()
+    move_field: ClassVar[str | None] = None
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.done = False
         self.results: dict[str, Result] | None = None
         self.reason: str | None = None
+
+    @classmethod
+    def reads(cls, config: GameConfig, role: str) -> dict[str, list[Any] | None]:
+        # a player without it (another protocol's schema) lost every game on its first turn, as illegal
+        return {cls.move_field: None} if cls.move_field and role in config.players else {}
 
     def finish(self, results: dict[str, Result], rewards: dict[str, float], reason: str) -> StepResult:
         self.done, self.results, self.reason = True, results, reason

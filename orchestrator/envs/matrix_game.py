@@ -28,6 +28,7 @@ class MatrixGameEnv(GameEnv):
     actions: ClassVar[tuple[str, ...]]
     title: ClassVar[str]
     observation_keys = frozenset({"observation", "legal_moves", "history", "round", "rounds", "score"})
+    move_field = "move"
     config: MatrixGameConfig
 
     def __init__(self, *args: Any, **kwargs: Any):

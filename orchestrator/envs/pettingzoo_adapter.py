@@ -110,6 +110,7 @@ def render_observation(obs: Any, env_name: str) -> str:
 class PettingZooEnv(GameEnv):
     Config = PettingZooConfig
     observation_keys = frozenset({"observation", "legal_moves", "agent"})
+    move_field = "move"
     config: PettingZooConfig
 
     def __init__(self, *args: Any, **kwargs: Any):
@@ -121,11 +122,6 @@ class PettingZooEnv(GameEnv):
         self.shared = True  # every reward so far paid to all agents alike
         self.board_view = BOARDS.get(game_key(self.config.env))
         self._advance()
-
-    @classmethod
-    def reads(cls, config: PettingZooConfig, role: str) -> dict[str, list[Any] | None]:
-        # a role without it (another protocol's schema) forfeited every game on its first turn
-        return {"move": None} if role in config.players else {}
 
     def _collect(self) -> dict[str, float]:
         self.shared = self.shared and len(set(self.env.rewards.values())) <= 1

@@ -168,6 +168,7 @@ class TextArenaConfig(GameConfig):
 class TextArenaEnv(GameEnv):
     Config = TextArenaConfig
     observation_keys = frozenset({"observation", "legal_moves", "player_id"})
+    move_field = "move"
     config: TextArenaConfig
 
     def __init__(self, *args: Any, **kwargs: Any):

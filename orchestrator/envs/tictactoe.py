@@ -51,6 +51,7 @@ def render(board: list[str] | tuple[str, ...]) -> str:
 class TicTacToeEnv(GameEnv):
     Config = TicTacToeConfig
     observation_keys = frozenset({"observation", "legal_moves", "board", "mark", "moves"})
+    move_field = "move"
     config: TicTacToeConfig
 
     def __init__(self, *args: Any, **kwargs: Any):

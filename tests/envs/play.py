@@ -39,6 +39,23 @@ def another_shape(tmp_path: Path, recipe: str, role: str, other: str) -> Path:
     return path
 
 
+def no_move_field(tmp_path: Path, protocol: str) -> Path:
+    """A team of ``protocol`` (players p0, p1) whose p0 is an own role that names its move
+    ``square``: another shape, which the env's ``reads`` must refuse at load."""
+    path = tmp_path / "team.yaml"
+    path.write_text(f"""name: t
+protocol: {protocol}
+roles:
+  - use: game_player
+    name: p0
+    reply_prefix: ""
+    output_schema: {{type: object, properties: {{square: {{type: string}}}}, required: [square]}}
+  - {{use: game_player, name: p1}}
+tasks: [{{}}]
+""")
+    return path
+
+
 def any_move(t: Team) -> Team:
     """The team with the library game_player's schema (any move string) for every role, so moves the
     recipe's enum would refuse reach the environment, which must call them illegal."""

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from play import any_move, moves, play, team
+from play import any_move, moves, no_move_field, play, team
 from orchestrator.errors import ConfigError
 from orchestrator.team import load_team
 from support import write
@@ -47,3 +47,10 @@ def test_more_rounds_than_max_turns_allows_are_refused_at_load(tmp_path):
         load_team(path)
     path.write_text(path.read_text() + "max_turns: 80\n")
     assert load_team(path).env_config.rounds == 40
+
+
+@pytest.mark.parametrize("protocol", ["rps", "prisoners_dilemma"])
+def test_a_player_whose_schema_has_no_move_is_refused_at_load(tmp_path, protocol):
+    """An own role whose action is ``{"square": "rock"}`` loaded, then lost every game on its first turn, as illegal."""
+    with pytest.raises(ConfigError, match=r"team.yaml:2: protocol: \w+Env reads field\(s\) move of the messages of role 'p0'"):
+        load_team(no_move_field(tmp_path, f"{{type: {protocol}, players: [p0, p1]}}"))

@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 
-from play import Script, moves, play
+from play import Script, moves, no_move_field, play
 from orchestrator.envs.game import require
 from orchestrator.errors import ConfigError
 from orchestrator.envs.textarena_adapter import listed_moves, start, state_moves
@@ -291,3 +291,10 @@ def test_eval_of_a_game_with_known_moves_flags_nothing(cli, tmp_path):
     report, err = eval_json(cli, tmp_path, arena(tmp_path, "Nim-v0"))
     assert report["illegal_baseline"] == [] and "no baseline" not in err
     assert report["roles"]["p0"]["games"] == 3
+
+
+def test_a_player_whose_schema_has_no_move_is_refused_at_load(tmp_path):
+    """An own role whose move is ``{"square": "[4]"}`` loaded, then sent TextArena no move and lost every game."""
+    pytest.importorskip("textarena")
+    with pytest.raises(ConfigError, match=r"team.yaml:2: protocol: TextArenaEnv reads field\(s\) move of the messages of role 'p0'"):
+        load_team(no_move_field(tmp_path, "{type: textarena, env_id: TicTacToe-v0, players: [p0, p1]}"))

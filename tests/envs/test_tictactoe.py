@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from play import ROOT, Script, any_move, moves, play, team
+from play import ROOT, Script, any_move, moves, no_move_field, play, team
 
 from orchestrator.errors import ConfigError
 from orchestrator.team import load_team
@@ -114,3 +114,10 @@ def test_the_second_player_is_the_default_opponent_and_players_are_different_rol
     assert TicTacToeConfig(players=["x", "o"], opponent="x").opponent_role() == "x"
     with pytest.raises(ValueError, match="players must be different roles"):
         TicTacToeConfig(players=["x", "x"])
+
+
+def test_a_player_whose_schema_has_no_move_is_refused_at_load(tmp_path):
+    """An own role whose move is ``{"square": "b2"}`` loaded, then lost every game on its first turn, as illegal."""
+    with pytest.raises(ConfigError, match=r"team.yaml:2: protocol: TicTacToeEnv reads field\(s\) move of the messages of role "
+                                          r"'p0', which its output_schema does not declare \(properties: square\)"):
+        load_team(no_move_field(tmp_path, "{type: tictactoe, players: [p0, p1]}"))
