@@ -116,11 +116,13 @@ class CodePairEnv(Env):
 
     async def step(self, role: str, message: Message) -> StepResult:
         self.order.pop(0)
-        content = message.content if message.valid else None
+        # a schema may leave the field out of `required`: a message without it has no example, no function
+        content = (message.content or {}) if message.valid else {}
         if role == self.config.tester:
-            self.example = content["example"] if content else None
+            self.example = content.get("example")
             return StepResult()
-        passed, error = await self._run_tests(content["code"]) if content else (0, "no valid function")
+        code = content.get("code")
+        passed, error = await self._run_tests(code) if code is not None else (0, "no valid function")
         outcome = passed / len(self.task["tests"])
         correct = self._example_correct()
         c = self.config

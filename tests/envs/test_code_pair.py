@@ -205,3 +205,18 @@ def test_the_roles_are_different_and_the_coders_schema_has_code(tmp_path):
     (tmp_path / "team.yaml").write_text(recipe.replace("tasks: functions/train.jsonl", f"tasks: [{PLUS3}]"))
     with pytest.raises(ConfigError, match="CodePairEnv reads field\\(s\\) code of the messages of role 'coder'"):
         load_team(tmp_path / "team.yaml")
+
+
+def test_a_message_without_the_example_or_the_function_scores_nothing(tmp_path):
+    """For roles whose schema leaves them optional: a valid ``{"note": ...}`` ended the episode as an
+    error (KeyError: 'example'), not as no example and no function."""
+    import dataclasses
+
+    t = team("code_pair", tasks=[PLUS3])
+    loose = {"type": "object", "properties": {"example": {"type": "string"}, "code": {"type": "string"},
+                                              "note": {"type": "string"}}}
+    t = dataclasses.replace(t, roles={n: dataclasses.replace(r, schema=loose) for n, r in t.roles.items()})
+    (ep,) = play(t, {"tester": Script({"note": "x"}), "coder": Script({"note": "y"})}, tmp_path).episodes
+    assert ep.status == "ok", ep.error
+    assert (ep.outcome["example_correct"], ep.outcome["passed"], ep.outcome["error"]) == (False, 0, "no valid function")
+    assert ep.rewards == {"tester": 0.0, "coder": 0.0}
