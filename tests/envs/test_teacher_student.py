@@ -153,16 +153,17 @@ def test_the_teacher_works_the_other_problem_not_the_students(tmp_path):
 
 @pytest.mark.parametrize("domain, values", [
     ("addition", lambda p: {p["text"]}),
-    ("sequences", lambda p: {p["answer"] - int(p["text"].split(", ")[-2])}),
+    ("sequences", lambda p: {(p["answer"] - int(p["text"].split(", ")[-2]), int(re.findall(r"\d+", p["text"])[0]))}),
     ("units", lambda p: {p["text"]}),
     ("largest", lambda p: {int(x) for x in re.findall(r"\d+", p["text"])}),
 ])
 def test_generators_draw_their_whole_range(domain, values):
-    """Every sum of one-digit numbers, step 1..3, unit pair and count 2..12, and number 1..59 comes up."""
+    """Every sum of one-digit numbers, step 1..3 from every start 1..12, unit pair and count 2..12, and
+    number 1..59 comes up."""
     rng, seen = random.Random(0), set()
     for _ in range(2000):
         seen |= values(GENERATORS[domain](rng)(rng))
-    assert seen == {"addition": {f"{a} + {b}" for a in range(1, 10) for b in range(1, 10)}, "sequences": {1, 2, 3},
+    assert seen == {"addition": {f"{a} + {b}" for a in range(1, 10) for b in range(1, 10)}, "sequences": {(step, start) for step in (1, 2, 3) for start in range(1, 13)},
                     "largest": set(range(1, 60)),
                     "units": {f"How many {s} are in {n} {b}?" for b, s, _ in UNITS for n in range(2, 13)}}[domain]
 
@@ -176,6 +177,18 @@ def test_the_problem_is_never_the_worked_one_and_addition_is_one_digit():
         env = TeacherStudentEnv(config, t.roles, {}, random.Random(seed))
         assert env.worked != env.problem and env.domain == "addition"
         assert all(1 <= int(x) <= 9 for p in (env.worked, env.problem) for x in p["text"].split(" + "))
+
+
+def test_a_problem_is_drawn_again_until_it_differs_from_the_worked_one(monkeypatch):
+    """Not only once: a second draw like the worked problem is no more the student's than the first."""
+    from orchestrator.envs import teacher_student
+
+    same, other = {"text": "1 + 1", "answer": 2}, {"text": "1 + 2", "answer": 3}
+    draws = iter([same, same, same, other])
+    monkeypatch.setitem(teacher_student.GENERATORS, "addition", lambda rng: lambda r: next(draws))
+    config = TeacherStudentConfig(domains={"addition": "teacher_largest"})
+    env = teacher_student.TeacherStudentEnv(config, team("teacher_student").roles, {}, random.Random(0))
+    assert (env.worked, env.problem) == (same, other)
 
 
 def test_a_task_without_a_domain_draws_one(tmp_path):
