@@ -67,6 +67,15 @@ def test_asking_with_no_question_left_fails(tmp_path):
     assert "You must guess now" in guesser.requests[-1].messages[-1]["content"]
 
 
+def test_no_questions_leaves_one_guess(tmp_path):
+    """questions: 0, the least allowed: a guess right away, or a question that ends the game."""
+    t = team("twenty_questions", tasks=[{"secret": "dog"}], questions=0)
+    (ep,) = play(t, {"guesser": ask("Is it big?", guess="dog"), "answerer": Script()}, tmp_path).episodes
+    assert len(ep.turns) == 1 and ep.outcome["reason"] == "questions"
+    (ep,) = play(t, {"guesser": ask(guess="a dog"), "answerer": Script()}, tmp_path).episodes
+    assert ep.outcome["reason"] == "correct" and ep.rewards["guesser"] == 1.0
+
+
 def test_invalid_turns_cost_the_penalty_and_a_question(tmp_path):
     # guesser: max_retries 1, invalid_penalty -1.0; answerer: an invalid answer counts as "unsure"
     guesser = Script("dog?", "dog?", {"action": "ask", "text": "Is it big?"}, {"action": "guess", "text": "dog"})
