@@ -682,6 +682,25 @@ def test_pipeline_routes_a_role_that_acts_twice_by_its_position():
 
 
 
+def test_pipeline_loops_a_role_back_to_itself():
+    """loop_back from and to one role (a reviewer that looks again) is a loop of one turn a round."""
+    import random
+
+    from orchestrator.envs.pipeline import PipelineConfig, PipelineEnv
+    from orchestrator.messages import Message
+
+    config = PipelineConfig(order=["coder", "reviewer"], max_rounds=3,
+                            loop_back={"from": "reviewer", "to": "reviewer", "field": "verdict", "values": ["again"]})
+    assert config.turns_needed() == 4
+    env = PipelineEnv(config, dict.fromkeys(config.order), {}, random.Random(0))
+    played = []
+    while (role := env.next_role()) is not None:
+        played.append(role)
+        asyncio.run(env.step(role, Message(id="e", episode="e", turn=0, sender=role, recipients=[],
+                                           content={"verdict": "again"}, raw="", valid=True)))
+    assert played == ["coder", "reviewer", "reviewer", "reviewer"] and env.outcome()["rounds"] == 3
+
+
 def test_pipeline_views_its_rounds_success_and_an_invalid_end():
     """The round and the last message each role sees, the turn each history entry keeps, success
     read from its role's last message (not the pipeline's last), and on_invalid: end."""
