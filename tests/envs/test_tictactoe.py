@@ -76,6 +76,7 @@ def test_an_occupied_square_is_illegal_penalised_and_ends_the_game(tmp_path):
 def test_an_unknown_square_is_illegal(tmp_path):
     (ep,) = play(any_move(team("tictactoe")), {"x": moves("d4"), "o": moves()}, tmp_path).episodes
     assert ep.rewards == {"x": -1.0, "o": 0.0} and ep.outcome["reason"] == "illegal"
+    assert ep.took_part == ["x", "o"]  # o's win is paid, 0: its mean reward is over the games its wins count in
 
 
 def test_an_unparseable_move_costs_the_invalid_penalty_and_ends_the_game(tmp_path):
@@ -114,6 +115,8 @@ def test_the_second_player_is_the_default_opponent_and_players_are_different_rol
     assert TicTacToeConfig(players=["x", "o"], opponent="x").opponent_role() == "x"
     with pytest.raises(ValueError, match="players must be different roles"):
         TicTacToeConfig(players=["x", "x"])
+    with pytest.raises(ValueError, match=r"opponent 'z' is not one of this game's roles \['x', 'o'\]"):
+        TicTacToeConfig(players=["x", "o"], opponent="z")
 
 
 def test_a_player_whose_schema_has_no_move_is_refused_at_load(tmp_path):
