@@ -47,6 +47,12 @@ class TwentyQuestionsConfig(GameConfig):
     no_illegal_penalty: ClassVar[str] = "any question or guess is a legal move"
 
     @model_validator(mode="after")
+    def _answerer_is_not_the_guesser(self) -> "TwentyQuestionsConfig":
+        if self.answerer in self.players:  # it would see the secret, and its guesses were read as answers
+            raise ValueError(f"the answerer {self.answerer!r} must be another role than the guesser")
+        return self
+
+    @model_validator(mode="after")
     def _split_has_words(self) -> "TwentyQuestionsConfig":
         train, test = split_words(self.split_seed, self.test_fraction)
         if not (train if self.split == "train" else test):  # every drawn secret would fail its episode

@@ -118,6 +118,15 @@ def test_a_split_with_no_words_is_refused_with_the_protocol(split, fraction):
     TwentyQuestionsConfig(split="train" if split == "test" else "test", test_fraction=fraction)  # the other is not
 
 
+def test_the_answerer_is_another_role_than_the_guesser():
+    """A guesser that was its own answerer saw the secret, and each of its messages, a right guess too,
+    was taken as an answer: the game never ended before max_turns."""
+    from orchestrator.envs.twenty_questions import TwentyQuestionsConfig
+
+    with pytest.raises(ValidationError, match="the answerer 'guesser' must be another role than the guesser"):
+        TwentyQuestionsConfig(players=["guesser"], answerer="guesser")
+
+
 def test_an_illegal_penalty_is_refused_as_no_move_is_illegal():
     """Any question or guess is a legal move: an illegal_penalty loaded, and nothing ever paid it."""
     from orchestrator.envs.twenty_questions import TwentyQuestionsConfig
