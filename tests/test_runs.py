@@ -681,7 +681,6 @@ def test_pipeline_routes_a_role_that_acts_twice_by_its_position():
     assert sent == [("planner", ["coder"]), ("coder", ["planner"]), ("planner", ["planner"])]
 
 
-
 def test_pipeline_loops_a_role_back_to_itself():
     """loop_back from and to one role (a reviewer that looks again) is a loop of one turn a round."""
     import random
