@@ -187,6 +187,9 @@ def _smollm2_checkpoint() -> Path:
     target = cache_dir()
     if (target / "config.json").exists():
         return target
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):  # the copy could not be renamed there
+        raise ValueError(f"{target} holds no converted model (no config.json) but is not empty: remove it, "
+                         "and the bundled model is converted into it again")
     gguf_dir = _gguf_dir()
     log.info("converting the GGUF to a safetensors checkpoint (once)", file=_GGUF_FILE, into=str(target))
     try:

@@ -245,6 +245,16 @@ def test_a_bundled_gguf_that_does_not_read_names_the_fix(tmp_path, monkeypatch):
     assert not (tmp_path / "cache" / "smollm2-135m").exists()
 
 
+def test_a_cache_dir_holding_other_files_is_named_before_converting(tmp_path, monkeypatch):
+    """The conversion's rename onto a folder that is not empty was a raw "Directory not empty"."""
+    monkeypatch.setenv("ROLECAST_CACHE", str(tmp_path))
+    (tmp_path / "smollm2-135m").mkdir()
+    (tmp_path / "smollm2-135m" / "notes.txt").write_text("mine\n")
+    with pytest.raises(ValueError, match=r"smollm2-135m holds no converted model \(no config.json\) but is not empty: remove it"):
+        load_model("smollm2-135m", dtype="float32")
+    assert (tmp_path / "smollm2-135m" / "notes.txt").read_text() == "mine\n"
+
+
 def test_a_cuda_index_past_the_machines_devices_is_refused(monkeypatch):
     from orchestrator.models import resolve_device
 
