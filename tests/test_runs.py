@@ -102,6 +102,24 @@ def test_garbage_policy_is_retried_penalised_and_recorded(tmp_path):
     assert saved[0]["turns"][1]["penalty"] == -1.0 and saved[0]["turns"][1]["retries"] == 2
 
 
+def test_a_retry_extends_the_attempt_it_retries(tmp_path):
+    """A model policy continues the tokens of the attempt a retry answers (its sampled reply, not its
+    text re-tokenised, and one sequence in training): without it, the retry was re-rendered."""
+    team = load_team(ROOT / "recipes/debate.yaml")
+    requests = []
+
+    def con(request):
+        requests.append(request)
+        return garbage(request) if request.attempt == 0 else '{"argument": "y"}'
+
+    policies = build_policies(team, stub_all(team), no_engine)
+    policies["con"] = PythonPolicy(con)
+    result = asyncio.run(run_team(team, policies, RunOptions(episodes=1, seed=1, out_dir=tmp_path, progress=False)))
+    turn = next(t for t in result.episodes[0].turns if t.role == "con")
+    assert (turn.valid, turn.retries) == (True, 1)
+    assert requests[0].extends is None and requests[1].extends is turn.attempts[0]
+
+
 def test_a_fault_with_a_huge_message_is_recorded_cut_short(tmp_path):
     """A repo copy failing on every file of a big repo (shutil.Error lists them all) put its whole
     message, megabytes, into the transcript line and the log's warning."""
