@@ -12,6 +12,7 @@ from orchestrator.engines.hf import HFEngine
 from orchestrator.engines.tokens import chat_prompt_ids, continuation_ids, end_of_turn_ids
 from orchestrator.grammar.book import GrammarBook
 from orchestrator.models import load_model
+from orchestrator.policies.python import PythonPolicy
 from orchestrator.rollout import RunOptions, build_policies, run_team
 from orchestrator.team import load_team
 from orchestrator.training.datums import role_datums
@@ -247,6 +248,23 @@ def test_a_conversation_role_extends_its_turns_and_trains_on_one_sequence(loaded
                 {"role": "assistant", "content": before.text}]
         (datum,) = role_datums(episode, "guesser", advantage=1.0)
         assert sum(datum.loss_fn_inputs["mask"]) == sum(len(a.token_ids) - a.forced_tokens for a in attempts)
+
+
+def test_a_conversation_goes_on_from_the_attempt_that_ended_a_retried_turn(tmp_path):
+    """The next turn continues the retried turn's last attempt (its retry and the reply accepted),
+    not its first: the role would read its rejected reply as its move."""
+    team = dataclasses.replace(load_team(ROOT / "recipes" / "guess_number.yaml"), tasks=[{"secret": 2}])
+    requests = []
+
+    def guesser(request):
+        requests.append(request)
+        return "no JSON" if (request.turn, request.attempt) == (0, 0) else f'{{"guess": {request.turn + 1}}}'
+
+    result = asyncio.run(run_team(team, {"guesser": PythonPolicy(guesser)},
+                                  RunOptions(episodes=1, seed=0, out_dir=tmp_path, progress=False)))
+    retry, follow = requests[1], requests[2]
+    assert follow.turn == 1 and follow.extends is result.episodes[0].turns[0].attempts[-1]
+    assert follow.messages[: len(retry.messages) + 1] == retry.messages + [{"role": "assistant", "content": '{"guess": 1}'}]
 
 
 def test_a_conversation_grown_past_the_context_ends_its_episode_naming_the_role(loaded, tmp_path, monkeypatch):
