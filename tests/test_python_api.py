@@ -135,7 +135,7 @@ def test_a_hold_on_the_lock_file_its_holder_removed_meanwhile_takes_the_one_at_t
 
 
 def test_run_plays_a_callable_policy_and_records_it(tmp_path):
-    result = rolecast.run(ROOT / "recipes/guess_number.yaml", episodes=4, tasks=["16", {"secret": 3}],
+    result = rolecast.run(ROOT / "recipes/guess_number.yaml", episodes=4, tasks=["16", {"secret": 3}], seed=0,
                           policies={"guesser": binary_search}, out=tmp_path / "run", progress=False)
     assert isinstance(result, rolecast.RunResult) and result.run_dir == tmp_path / "run"
     assert result.summary["status"] == {"ok": 4}
@@ -143,6 +143,7 @@ def test_run_plays_a_callable_policy_and_records_it(tmp_path):
     assert result.summary["roles"]["guesser"]["mean_reward"] == 1.0  # binary search finds 1..16 in 5
     recorded = yaml.safe_load((tmp_path / "run/config.yaml").read_text())["run"]
     assert recorded["policy"] == ["guesser=python:test_python_api:binary_search"] and recorded["episodes"] == 4
+    assert recorded["seed"] == 0  # seed=0 is given, not refused as no seed
 
 
 def test_run_and_evaluate_stop_each_episode_at_the_timeout_given(tmp_path):
