@@ -140,6 +140,10 @@ def test_an_entrant_with_no_finished_game_is_not_rated(capsys, tmp_path):
     entrants = [Entrant("a", adapter="a"), Entrant("b", adapter="b"), Entrant("minimax", builtin="minimax")]
     report = {"team": "t", "run_dir": str(tmp_path), **analyse(entrants, games, 4)}
     assert report["ratings"]["minimax"] == {"elo": None, "ci95": None}
+    # the entrants as given, each with its kind: the builtin that played no game is still listed
+    assert report["entrants"] == [{"name": "a", "kind": "adapter"}, {"name": "b", "kind": "adapter"},
+                                  {"name": "minimax", "kind": "builtin"}]
+    assert report["games_played"] == 4
     assert report["ratings"]["a"]["elo"] + report["ratings"]["b"]["elo"] == pytest.approx(2000.0, abs=0.2)
     print_report(report, tmp_path)
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("│")]
