@@ -156,7 +156,10 @@ def ratings_with_intervals(names: list[str], games: list[Game], resamples: int =
     rng = random.Random(seed)
     draws: dict[str, list[float]] = {n: [] for n in rated}
     for _ in range(resamples if games else 0):
-        fit = bradley_terry(rated, [rng.choice(games) for _ in games], iterations=200)
+        sample = [rng.choice(games) for _ in games]
+        # only those the resample has a game of: one with none kept a rating of no game in its
+        # interval (its start, moved by the others' mean) and moved the others' mean
+        fit = bradley_terry([n for n in rated if any(n in (g.a, g.b) for g in sample)], sample, iterations=200)
         for n, r in fit.items():
             draws[n].append(r)
     out: dict[str, dict] = {n: {"elo": None, "ci95": None} for n in names}

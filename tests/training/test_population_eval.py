@@ -122,6 +122,16 @@ def test_rating_intervals_are_the_bootstrap_percentiles(monkeypatch):
     assert all(len(g) == 3 and set(g) <= set(games) for g in samples[1:]) and any(g != games for g in samples[1:])
 
 
+def test_a_resample_without_an_entrants_games_puts_nothing_in_its_interval():
+    """c played one game and lost it: a resample that missed it fitted c with no game, a rating
+    of nothing (its start, moved by the others' mean) that stretched c's interval above its fit
+    and, by moving the mean, a's below the fit of an entrant that won every game."""
+    from orchestrator.population import ratings_with_intervals
+
+    r = ratings_with_intervals(["a", "b", "c"], [Game("a", "b", 1, -1)] * 10 + [Game("a", "c", 1, -1)])
+    assert r["c"]["ci95"][1] <= r["c"]["elo"] and r["a"]["ci95"][0] >= r["a"]["elo"]
+
+
 def test_bradley_terry_matches_the_two_player_closed_form():
     # with the prior, a 3-1 record is 3.5 points of 5 games: p = 0.7, a gap of 400 log10(0.7/0.3)
     games = [Game("a", "b", 1, -1)] * 3 + [Game("b", "a", 1, -1)]
