@@ -62,8 +62,9 @@ class RoleSpec:
 
     def check_grammar(self) -> None:
         """Raise ConfigError unless xgrammar compiles the constrained schema and the reply prefix
-        starts a message it allows (under free decoding: in any spacing, the schema unchecked). Not at load: importing xgrammar imports torch and transformers
-        (seconds) for runs with no model; `rolecast validate` and binding the role to the model do."""
+        starts a message it allows (under free decoding: in any spacing, the schema unchecked).
+        Not at load: importing xgrammar imports torch and transformers (seconds) for runs with no
+        model; `rolecast validate` and binding the role to the model do."""
         try:
             if self.json_schema is None:
                 check_free_reply_prefix(schema_json(self.schema), self.config.reply_prefix)
