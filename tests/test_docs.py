@@ -3,6 +3,7 @@ or a moved recipe fails here, not in a reader's terminal."""
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import runpy
 import shlex
@@ -171,3 +172,54 @@ def test_a_shown_team_loads_as_written(page, body, tmp_path):
         pytest.importorskip("pettingzoo")
     (tmp_path / "team.yaml").write_text(body)
     load_team(tmp_path / "team.yaml")
+
+
+def table_options(cell: str) -> dict[str, str]:
+    """Option -> the text in brackets after it, for each option a Plugin options cell names: the
+    backticked name that opens each of its items (split at ``;`` and ``,`` outside brackets)."""
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(cell + ";"):
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if ch in ";," and depth == 0:
+            items.append(cell[start:i].strip())
+            start = i + 1
+    options = {}
+    for item in items:
+        if found := re.match(r"(?:also )?`(\w+)`(?: \(([^)]*))?", item):
+            options[found[1]] = found[2] or ""
+    return options
+
+
+def test_the_plugin_options_table_names_each_option_and_its_default():
+    """docs/training.md's "Plugin options" table is where a recipe's writer finds each built-in
+    trainer's, reward's and loss's options: each row names every option of its Config and no
+    other, and a default written as one value (``(5)``, ``(false)``, ``("judge")``, a backticked word)
+    is the Config's, so a renamed option or a changed default fails here."""
+    from orchestrator.config import LOSS_CONFIGS, SET_BY_TRAIN
+    from orchestrator.registry import config_model, default_registry
+
+    registry, loss = default_registry(), LOSS_CONFIGS["cross_entropy"]
+    rows = re.findall(r"^\| (trainer|reward|loss)(?: (`[^|]*`)|, all three) \| (.*) \|$",
+                      (ROOT / "docs/training.md").read_text(), re.M)
+    checked = 0
+    for kind, names, cell in rows:
+        if kind == "loss":  # `loss, all three`: LossConfig less what training sets; `loss ppo`: what PPO adds
+            model = LOSS_CONFIGS["ppo"] if names else loss
+            models = {names or "all three": {n: f for n, f in model.model_fields.items()
+                                             if not (f.json_schema_extra or {}).get(SET_BY_TRAIN)
+                                             and (not names or n not in loss.model_fields)}}
+        else:
+            models = {n: config_model(registry.get(f"{kind}s", n)).model_fields for n in re.findall(r"`([^`]+)`", names)}
+        options = {} if cell == "none" else table_options(cell)
+        for name, fields in models.items():
+            assert sorted(options) == sorted(fields), f"{kind} {name}: the table names {sorted(options)}, its Config has {sorted(fields)}"
+            for option, said in options.items():
+                value = re.split(r"[;,:]", said)[0].strip()
+                try:
+                    shown = value.strip("`") if re.fullmatch(r"`[\w-]+`", value) else json.loads(value)
+                except ValueError:
+                    continue  # prose: "every trainable role", "default `token-mean` in a recipe"
+                assert shown == fields[option].default, f"{kind} {name}: {option}'s default is {fields[option].default!r}, not {value}"
+                checked += 1
+    assert len(rows) >= 10 and checked >= 25
