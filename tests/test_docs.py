@@ -223,3 +223,38 @@ def test_the_plugin_options_table_names_each_option_and_its_default():
                 assert shown == fields[option].default, f"{kind} {name}: {option}'s default is {fields[option].default!r}, not {value}"
                 checked += 1
     assert len(rows) >= 10 and checked >= 25
+
+
+def shown_blocks(key: str) -> list[tuple[str, dict]]:
+    """Each ```yaml block of the pages that holds a ``key:`` block but no whole team."""
+    import yaml
+
+    return [(page.relative_to(ROOT).as_posix(), doc[key]) for page in PAGES
+            for lang, body in re.findall(r"^```(\w*)\n(.*?)^```", page.read_text(), re.S | re.M)
+            if lang == "yaml" and isinstance(doc := yaml.safe_load(body), dict) and key in doc and "roles" not in doc]
+
+
+def test_a_shown_training_block_takes_its_options():
+    """A ``training:`` block a page shows (README's every key, populations.md's trainer_config) is
+    one a recipe takes: its keys and values, and its trainer's options as that trainer's Config
+    checks them."""
+    from orchestrator.config import TrainingConfig
+    from orchestrator.registry import config_model, default_registry
+
+    blocks = shown_blocks("training")
+    assert {page for page, _ in blocks} >= {"README.md", "docs/populations.md"}
+    for page, block in blocks:
+        training = TrainingConfig.model_validate(block)
+        config_model(default_registry().get("trainers", training.trainer)).model_validate(training.trainer_config)
+
+
+def test_issue_fixs_protocol_block_is_every_option_at_its_default():
+    """docs/issue_fix.md shows the protocol's options with "defaults shown": each of them, and
+    each at the default the env takes when a recipe leaves it out."""
+    from orchestrator.issue_fix.env import IssueFixConfig
+
+    [(_, block)] = [b for b in shown_blocks("protocol") if b[0] == "docs/issue_fix.md"]
+    options = {k: v for k, v in block.items() if k != "type"}
+    assert block["type"] == "issue_fix" and sorted(options) == sorted(IssueFixConfig.model_fields)
+    assert IssueFixConfig.model_validate(options) == IssueFixConfig()
+    assert sorted(options["sandbox"]) == sorted(IssueFixConfig.model_fields["sandbox"].annotation.model_fields)
