@@ -258,3 +258,28 @@ def test_issue_fixs_protocol_block_is_every_option_at_its_default():
     assert block["type"] == "issue_fix" and sorted(options) == sorted(IssueFixConfig.model_fields)
     assert IssueFixConfig.model_validate(options) == IssueFixConfig()
     assert sorted(options["sandbox"]) == sorted(IssueFixConfig.model_fields["sandbox"].annotation.model_fields)
+
+
+def test_the_training_clients_table_names_its_calls_as_they_are():
+    """docs/training.md's table of the training client is its API for a script of its own: each
+    call is one TrainingClient or ServiceClient has, with the arguments it names, an ``_async``
+    twin where the table promises one, and AdamParams and LoraConfig with their fields in full."""
+    import dataclasses
+    import inspect
+
+    from orchestrator.training.client import ServiceClient, TrainingClient
+    from orchestrator.training.types import AdamParams, LoraConfig
+
+    section = (ROOT / "docs/training.md").read_text().split("## The training client")[1].split("\n## ")[0]
+    calls = re.findall(r"^\| `(service\.)?(\w+)\(([^`]*)\)`", section, re.M)
+    assert len(calls) >= 10
+    options = {"AdamParams": AdamParams, "LoraConfig": LoraConfig}
+    for service, name, args in calls:
+        method = getattr(ServiceClient if service else TrainingClient, name, None)
+        assert method is not None, f"the training client's table names {name}(), which its client lacks"
+        if not service and name != "get_tokenizer":  # `*_async`: each of a client's calls that is a job
+            assert hasattr(TrainingClient, f"{name}_async"), f"the table's `*_async` promises {name}_async"
+        if nested := re.fullmatch(r"(?:\w+, )?(AdamParams|LoraConfig)\(([^)]*)\)", args):
+            assert nested[2].split(", ") == [f.name for f in dataclasses.fields(options[nested[1]])], nested[1]
+        elif "..." not in args and "[" not in args:
+            assert (args.split(", ") if args else []) == list(inspect.signature(method).parameters)[1:], name
