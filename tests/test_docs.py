@@ -23,14 +23,16 @@ PATHS = re.compile(r"^(recipes|roles|examples|benchmarks|plugins|sandboxes)/\S+$
 
 
 def shown_commands(page: Path) -> list[str]:
-    """Each shell line of the page's code blocks that runs ``rolecast`` or a benchmark, continuations
-    joined, a trailing comment and whatever follows ``&&``, ``|`` or ``;`` cut; and each such command
-    quoted whole in its prose (one that names a recipe, or a benchmark's flags, with no PLACEHOLDER:
-    prose also mentions a bare ``rolecast eval --opponent``)."""
+    """Each shell line of the page's code blocks (fenced, or indented four spaces) that runs
+    ``rolecast`` or a benchmark, continuations joined, a trailing comment and whatever follows
+    ``&&``, ``|`` or ``;`` cut; and each such command quoted whole in its prose, over a line break
+    too (one that names a recipe, or a benchmark's flags, with no PLACEHOLDER: prose also mentions
+    a bare ``rolecast eval --opponent``)."""
     text = page.read_text()
     blocks = [body for lang, body in re.findall(r"^```(\w*)\n(.*?)^```", text, re.S | re.M) if lang in SHELL]
     prose = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
-    commands = [span for span in re.findall(r"`([^`\n]+)`", prose)
+    blocks += re.findall(r"^ {4}(\S.*)$", prose, re.M)  # training.md's commands are indented blocks
+    commands = [span for span in (" ".join(s.split()) for s in re.findall(r"`([^`]+)`", prose))
                 if (ROLECAST.match(span) and " recipes/" in span or BENCHMARK.match(span) and " -" in span)
                 and not re.search(r"\b[A-Z_]{2,}\b", span)]
     for line in "\n".join(blocks).replace("\\\n", " ").splitlines():
@@ -283,3 +285,25 @@ def test_the_training_clients_table_names_its_calls_as_they_are():
             assert nested[2].split(", ") == [f.name for f in dataclasses.fields(options[nested[1]])], nested[1]
         elif "..." not in args and "[" not in args:
             assert (args.split(", ") if args else []) == list(inspect.signature(method).parameters)[1:], name
+
+
+SET_COMMANDS = [(page, line) for page, line in COMMANDS if re.match(r"(\S*/)?rolecast train recipes/\S+ .*--set ", line)]
+
+
+@pytest.mark.parametrize("page,line", SET_COMMANDS, ids=[f"{page}:{line[:60]}" for page, line in SET_COMMANDS])
+def test_a_shown_set_is_one_its_recipe_takes(page, line):
+    """``--set KEY=VALUE`` on a page's ``rolecast train`` is an option its recipe's training block
+    takes, a plugin option as its plugin's Config checks it: parsing the command alone passes a
+    misspelt key or a value out of range, which only the run itself refuses."""
+    from orchestrator.api import load_team
+    from orchestrator.cli.flags import parse_sets
+
+    args = build_parser().parse_args(shlex.split(line)[1:])
+    try:
+        load_team(ROOT / args.recipe, parse_sets(args.sets))
+    except Exception as exc:
+        pytest.fail(f"{page}: {line!r}: {exc}")
+
+
+def test_the_pages_show_sets():
+    assert len(SET_COMMANDS) >= 12
