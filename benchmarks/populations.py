@@ -65,6 +65,21 @@ def recipe_at(recipe: str, temperature: float | None, tmp: Path) -> Path:
     return out
 
 
+def check_sets(recipes: dict[str, Path], args: argparse.Namespace) -> None:
+    """Each run's --set and --population-set options, checked against its recipe before any trains:
+    one the population's recipe refused stopped the benchmark only at that run, once self-play's
+    had trained (minutes a step)."""
+    from orchestrator.api import load_team
+    from orchestrator.cli.flags import parse_sets
+    from orchestrator.errors import RolecastError
+
+    for name, extra in (("rps.yaml", []), ("rps_population.yaml", args.population_set)):
+        try:
+            load_team(recipes[name], parse_sets(args.set + extra))
+        except RolecastError as exc:
+            sys.exit(f"{name}: {exc}")
+
+
 def train(recipe: Path, out: Path, args: argparse.Namespace, seed: int, extra: list[str]) -> None:
     from orchestrator.cli import main
 
@@ -157,6 +172,7 @@ def main() -> None:
     seeds = []
     with tempfile.TemporaryDirectory(prefix="populations-") as tmp:
         recipes = {name: recipe_at(name, args.temperature, Path(tmp)) for name in ("rps.yaml", "rps_population.yaml")}
+        check_sets(recipes, args)
         for seed in range(args.seeds):
             work = Path(tmp) / f"seed-{seed}"
             train(recipes["rps.yaml"], work / "self-play", args, seed, [])

@@ -285,3 +285,19 @@ def test_device_check_records_a_stage_that_could_not_start(tmp_path):
     assert proc.returncode == 1
     (line,) = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert line["stage"] == "weights" and line["rc"] is None and "weights needs" in line["result"]
+
+
+@pytest.mark.parametrize("flags", [["--population-set", "trainer_config.init_nois=0.3"],
+                                   ["--set", "trainer_config.sampling=win_rate"]])
+def test_populations_checks_each_runs_options_before_either_trains(flags, monkeypatch):
+    """A --population-set its recipe refuses (a misspelt key), or a --set that self-play takes and
+    the population does not, stopped the benchmark only at the population's run, once self-play's
+    had trained: half an hour a seed at the default 20 steps on this CPU."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    populations = importlib.import_module("populations")
+    trained = []
+    monkeypatch.setattr(populations, "train", lambda recipe, *_: trained.append(recipe.name))
+    monkeypatch.setattr(sys, "argv", ["populations.py", *flags])
+    with pytest.raises(SystemExit, match=r"^rps_population\.yaml: --set: trainer_config"):
+        populations.main()
+    assert trained == []
