@@ -306,4 +306,23 @@ def test_a_shown_set_is_one_its_recipe_takes(page, line):
 
 
 def test_the_pages_show_sets():
-    assert len(SET_COMMANDS) >= 12
+    assert len(SET_COMMANDS) >= 12 and len(POPULATION_SETS) >= 4
+
+
+POPULATION_SETS = [(page, line) for page, line in COMMANDS if re.match(r"python3? benchmarks/populations\.py .*--(population-)?set ", line)]
+
+
+@pytest.mark.parametrize("page,line", POPULATION_SETS, ids=[f"{page}:{line[:60]}" for page, line in POPULATION_SETS])
+def test_a_shown_population_benchmarks_sets_are_ones_its_recipes_take(page, line, monkeypatch):
+    """The --set and --population-set options of a populations.py run a page shows, checked
+    against the two recipes as the benchmark checks them before it trains."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import populations
+
+    def trains(*_):
+        raise _Parsed
+
+    monkeypatch.setattr(populations, "train", trains)
+    monkeypatch.setattr(sys, "argv", shlex.split(line)[1:])
+    with pytest.raises(_Parsed):
+        populations.main()
