@@ -30,7 +30,9 @@ def handle(args: argparse.Namespace, team: Any) -> int:
     if not run.is_dir():
         raise RolecastError(f"--population {run}: no such folder (a `rolecast train` run of a population recipe)")
     games_per_pair = args.games_per_pair or 20
-    out = run_dir(args.out, "") if args.out else run / "population"
+    # a run dir (its config.yaml) is refused as plain eval's --out is: into the training run itself, its
+    # games went among the run's files and `rolecast report` of it drew no heatmap (it reads population/)
+    out = run_dir(args.out, "", fresh=True) if args.out else run / "population"
     if (out / "population.json").exists():
         raise RolecastError(f"{out} already holds a round robin (population.json): give another --out, or remove it first")
     mixed = [flag for flag, value in (("--opponent", args.opponent), ("--policy", args.policy), ("--adapter", args.adapter))

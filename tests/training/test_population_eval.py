@@ -319,6 +319,11 @@ def test_eval_population_out_is_where_the_round_robin_goes(cli, tmp_path):
     report = json.loads((tmp_path / "rr" / "population.json").read_text())
     assert (report["games_played"], report["model"], report["dtype"]) == (3, "tiny", "float32")
     assert not (run / "population").exists()
+    # the run itself is no --out: its games went among its files, and `rolecast report RUN` drew no heatmap
+    files = sorted(run.rglob("*"))
+    code, _, err = cli("eval", ROOT / "recipes/rps_population.yaml", "--population", run, "--games-per-pair", "1",
+                       "--no-progress", "--out", run)
+    assert code == 2 and f"--out {run} already holds a run" in err and sorted(run.rglob("*")) == files, err
 
 
 def test_eval_population_flags_that_do_not_apply_are_refused(cli, tmp_path):
