@@ -326,3 +326,20 @@ def test_a_shown_population_benchmarks_sets_are_ones_its_recipes_take(page, line
     monkeypatch.setattr(sys, "argv", shlex.split(line)[1:])
     with pytest.raises(_Parsed):
         populations.main()
+
+
+def test_the_teams_recipes_table_says_what_each_recipe_trains():
+    """docs/teams.md's table of the team recipes: the roles it names are those each recipe trains,
+    and its trainer and reward are the recipe's."""
+    from orchestrator.team import load_team, trainable_roles
+
+    rows = re.findall(r"^\| `(recipes/\S+\.yaml)` \| ([^|]+) \| ([^|]+) \| ([^|]+) \|$", (ROOT / "docs/teams.md").read_text(), re.M)
+    assert len(rows) >= 7
+    said = ""
+    for recipe, roles, trainer, reward in rows:
+        team = load_team(ROOT / recipe)
+        said = said if reward.startswith("as above") else reward
+        named = re.findall(r"`(\w+)`", re.sub(r"\(.*?\)", "", roles))  # "(the Judge's adapter)" says how, not who
+        assert sorted(named) == sorted(trainable_roles(team.roles)), recipe
+        assert re.match(r"`([\w-]+)`", trainer)[1] == team.config.training.trainer, recipe
+        assert re.match(r"[\w-]+", said)[0] == team.config.training.reward, recipe
