@@ -62,6 +62,9 @@ def measured(metrics: Mapping[str, Any], kind: str, name: str, hook: str, taken:
     """A hook's extra metrics for the step's row as floats: a number of any kind (Python, numpy, a
     0-d tensor) is one; anything else would fail the row's JSON (a tensor) after the weights moved.
     A key in ``taken`` (the row's own: loss, step) would overwrite the loop's figure."""
+    if not isinstance(metrics, Mapping):  # an override that returns nothing: was a TypeError traceback, its row lost
+        raise RunFailed(f"{kind} plugin {name!r}: {hook} gave {metrics!r}, not a mapping of metric name to number "
+                        f"(return {{}} for none); {FIX}")
     if clash := sorted(set(metrics) & set(taken), key=str):
         raise RunFailed(f"{kind} plugin {name!r}: {hook} gave {clash[0]!r}, a key the step's row has already "
                         f"(the loop's own metric); name it otherwise, e.g. '{name}/{clash[0]}'; {FIX}")

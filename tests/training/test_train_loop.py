@@ -1452,6 +1452,9 @@ def test_a_plugins_values_of_the_wrong_shape_or_kind_are_one_line_naming_it():
         measured({"loss": 0.5}, "trainer", "t", "after_step", taken={"loss": 0.1})
     with pytest.raises(RunFailed, match="after_step gave 1 a float, where a number is needed"):
         measured({1: 0.5}, "trainer", "t", "after_step")
+    # an after_step override that snapshots and returns nothing: was a TypeError traceback after the weights moved
+    with pytest.raises(RunFailed, match=r"after_step gave None, not a mapping of metric name to number \(return \{\} for none\)"):
+        measured(None, "trainer", "t", "after_step", taken={"loss": 0.1})
     with pytest.raises(RunFailed) as caught, blamed("trainer", "t", "after_step"):
         raise KeyError("x")
     assert str(caught.value) == "trainer plugin 't': after_step raised KeyError: 'x'" + fix
