@@ -232,20 +232,23 @@ def test_optim_step_reports_the_norm_it_clipped_by(service):
     assert c.optim_step(AdamParams()).result().metrics == {"grad_norm": 0.0, "skipped_step": 0.0}  # no gradient
 
 
-def test_an_optim_step_is_adamw_on_the_clipped_gradient_by_hand(service):
+@pytest.mark.parametrize("clip", [0.25, 0.0], ids=["clipped", "unclipped"])
+def test_an_optim_step_is_adamw_on_the_clipped_gradient_by_hand(service, clip):
     """Adam's first step moves each weight by lr * g / (|g| + eps), after decay by lr * weight_decay,
     g clipped to grad_clip_norm; its moments are (1 - beta) g and (1 - beta2) g^2. Only the norm
-    was checked: the clip, weight_decay or beta2 left out of the step passed."""
-    c = service.create_lora_training_client("adamw", LoraConfig(rank=4))
+    was checked: the clip, weight_decay or beta2 left out of the step passed. A grad_clip_norm of 0
+    is no clipping (clipped to a norm of 0, the recipe default would train nothing)."""
+    c = service.create_lora_training_client(f"adamw_{int(clip * 100)}", LoraConfig(rank=4))
     c.perturb(0.1, 0).result()
     c.forward_backward([datum()], "importance_sampling").result()
     service.close()
     before, grads = [p.detach().clone() for p in c.params], [p.grad.clone() for p in c.params]
     norm = float(torch.cat([g.flatten() for g in grads]).norm())
-    adam = AdamParams(learning_rate=1e-2, beta1=0.8, beta2=0.9, eps=1e-4, weight_decay=0.5, grad_clip_norm=norm / 4)
+    adam = AdamParams(learning_rate=1e-2, beta1=0.8, beta2=0.9, eps=1e-4, weight_decay=0.5, grad_clip_norm=norm * clip)
     c.optim_step(adam).result()
     for p, p0, g in zip(c.params, before, grads):
-        g = g * (adam.grad_clip_norm / (norm + 1e-6))  # torch's clip factor
+        if clip:
+            g = g * (adam.grad_clip_norm / (norm + 1e-6))  # torch's clip factor
         lr = adam.learning_rate
         assert torch.allclose(p.detach(), p0 * (1 - lr * adam.weight_decay) - lr * g / (g.abs() + adam.eps), atol=1e-7)
         state = c.optimizer.state[p]
@@ -465,13 +468,14 @@ def test_a_bad_datum_in_a_later_micro_batch_leaves_no_gradient(service):
             c.forward_backward([datum(), untargeted], "ppo").result()
         # token ids past the vocabulary: an IndexError out of the embedding, or the LM head's gather
         # (on a GPU a device-side assert), after the first micro-batch's backward
+        vocab = service.loaded.model.get_input_embeddings().num_embeddings  # the first id past its end
         for key, where in (("model_input", -1), ("target_tokens", -1), ("target_tokens", -2)):
             bad = datum()
             bad.model_input = ModelInput.from_ints([t + 200 for t in bad.model_input.tokens])
             if key == "model_input":
-                bad.model_input = ModelInput.from_ints([*bad.model_input.tokens[:where], 10**6])
+                bad.model_input = ModelInput.from_ints([*bad.model_input.tokens[:where], vocab])
             else:
-                bad.loss_fn_inputs["target_tokens"][where] = -1 if where == -2 else 10**6
+                bad.loss_fn_inputs["target_tokens"][where] = -1 if where == -2 else vocab
             with pytest.raises(ValueError, match=f"datum 1: {key} holds token id .*outside the model's vocabulary"):
                 c.forward_backward([datum(), bad], "ppo").result()
         masked = datum()  # a target the loss never reads (mask 0) is no one's business
@@ -755,6 +759,20 @@ def test_a_state_the_disk_has_no_room_for_is_an_os_error_naming_its_file_and_lea
         where = Path(refused.value.filename)
         assert (refused.value.errno, where.name, where.parent.parent) == (errno.ENOSPC, file, small_disk)
         assert [p.name for p in small_disk.iterdir()] == ["fill"]
+
+
+def test_a_state_saved_again_to_its_folder_replaces_it(service, tmp_path):
+    """save_state over a folder that holds a state (a script checkpointing to one path) renames
+    the new one into its place: a rename onto the folder fails (not empty)."""
+    c = service.create_lora_training_client("again", LoraConfig(rank=4))
+    c.save_state(tmp_path / "ckpt").result()
+    c.perturb(0.1, 0).result()
+    c.save_state(tmp_path / "ckpt").result()
+    saved = c.adapter_state()
+    c.perturb(0.1, 1).result()
+    c.load_state(tmp_path / "ckpt").result()
+    assert all(torch.equal(saved[k], v) for k, v in c.adapter_state().items())
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]  # no temp dir left beside it
 
 
 def test_a_state_of_another_lora_shape_is_refused_and_loads_nothing(service, tmp_path):
