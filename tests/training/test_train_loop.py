@@ -1663,3 +1663,58 @@ def test_a_minibatch_normalises_every_call_of_an_adapter_by_its_whole_batch():
     assert set(configs) == {(1.0, None), (0.7, 0.5)} and [len(data) for _, data, _, _ in calls] == [2, 1]
     assert all((c["batch_tokens"], c["batch_sequences"], c["aggregation"]) == (5.0, 3, "sequence-mean") for c in configs.values())
     assert row == {"pro": {"loss": 2.0, "loss:sum": 4.0, "tokens": 5.0, "grad_norm": 1.5}}
+
+
+@pytest.mark.parametrize("start", [0, 3, 6, 7])  # a fresh run; resumed after step 2, after step 5, after the last
+def test_the_steps_evaluations_and_checkpoints_of_a_run_and_of_a_resumed_one(tmp_path, start):
+    """Every eval_every steps an evaluation (the last step's is the final one), every checkpoint_every
+    steps and at the last a checkpoint, each step's rollout started once (max_staleness ahead, none
+    past the last); a resume goes on at the step its checkpoint returns, and one past the last step
+    trains nothing. The end-to-end runs evaluate every step, where any schedule evaluates each one."""
+    from types import SimpleNamespace
+
+    from orchestrator.config import TrainingConfig
+    from orchestrator.training import loop
+
+    seen, rolled = [], []
+    run = loop.TrainingRun.__new__(loop.TrainingRun)
+    run.cfg = TrainingConfig(eval_every=2, checkpoint_every=4, max_staleness=1)
+    run.steps, run.run_dir, run.clients = 6, tmp_path, {}
+    run.options = SimpleNamespace(resume=start > 0, progress=False, seed=0)
+
+    async def resume():
+        return start
+
+    async def played(step):
+        return step
+
+    def rollout(step):
+        rolled.append(step)
+        return played(step)
+
+    async def train_step(step, rollout):
+        assert await rollout == step
+        seen.append(("train", step))
+
+    async def evaluate(step):
+        seen.append(("eval", step))
+        return {"step": step}
+
+    async def finished():
+        seen.append("finished")
+        return {}
+
+    async def publish_all():
+        pass
+
+    run._resume, run.rollout, run.train_step, run.evaluate, run._finished = resume, rollout, train_step, evaluate, finished
+    run._publish_all, run._write_config, run._retire = publish_all, lambda: None, lambda pending: None
+    run.checkpoint = lambda step: seen.append(("checkpoint", step))
+    asyncio.run(run._run())
+    if start > run.steps:
+        assert seen == ["finished"] and not rolled
+        return
+    whole = [("eval", 0), ("train", 1), ("train", 2), ("eval", 2), ("train", 3), ("train", 4), ("eval", 4), ("checkpoint", 4),
+             ("train", 5), ("train", 6), ("checkpoint", 6), ("eval", 6)]
+    assert seen == whole[whole.index(("train", max(start, 1))) - (not start):]
+    assert rolled == list(range(max(start, 1), run.steps + 1))
