@@ -81,6 +81,9 @@ def measured(metrics: Mapping[str, Any], kind: str, name: str, hook: str, taken:
 def learning(adapters: Iterable[Any], learners: Collection[str], name: str) -> list[str]:
     """``adapters_to_train``'s answer, each one of the trainer's ``learners``: another has no
     training client (a KeyError traceback where the step's datums are built)."""
+    if isinstance(adapters, str):  # one name, not a list of them: read letter by letter, 'p' was the stranger named
+        raise RunFailed(f"trainer plugin {name!r}: adapters_to_train gave {adapters!r}, a string where a list of "
+                        f"adapters goes; {FIX}")
     adapters = list(adapters)
     if strangers := [a for a in adapters if a not in learners]:
         raise RunFailed(f"trainer plugin {name!r}: adapters_to_train gave {strangers[0]!r}, not one of its learners "

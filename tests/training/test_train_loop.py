@@ -1436,7 +1436,7 @@ def test_a_plugins_values_of_the_wrong_shape_or_kind_are_one_line_naming_it():
     import numpy as np
 
     from orchestrator.errors import RolecastError, RunFailed
-    from orchestrator.training.plugin_faults import blamed, checked, measured
+    from orchestrator.training.plugin_faults import blamed, checked, learning, measured
 
     fix = "; fix it, then --resume from the last checkpoint"
     with pytest.raises(RunFailed) as caught:
@@ -1452,6 +1452,10 @@ def test_a_plugins_values_of_the_wrong_shape_or_kind_are_one_line_naming_it():
         measured({"loss": 0.5}, "trainer", "t", "after_step", taken={"loss": 0.1})
     with pytest.raises(RunFailed, match="after_step gave 1 a float, where a number is needed"):
         measured({1: 0.5}, "trainer", "t", "after_step")
+    # one adapter's name, not a list: its letters were the adapters ("gave 'p', not one of its learners")
+    assert learning(["player"], {"player"}, "t") == ["player"]
+    with pytest.raises(RunFailed, match="adapters_to_train gave 'player', a string where a list of adapters goes"):
+        learning("player", {"player"}, "t")
     # an after_step override that snapshots and returns nothing: was a TypeError traceback after the weights moved
     with pytest.raises(RunFailed, match=r"after_step gave None, not a mapping of metric name to number \(return \{\} for none\)"):
         measured(None, "trainer", "t", "after_step", taken={"loss": 0.1})
