@@ -406,6 +406,23 @@ def test_hostile_edits_fail_with_a_reason_and_change_nothing(tmp_path):
     assert (tmp_path / "pkg/mod.py").read_text() == "a = 1\n" and sorted(p.name for p in (tmp_path / "pkg").iterdir()) == ["mod.py"]
 
 
+def test_an_edit_never_writes_into_a_fifo_a_run_left(tmp_path):
+    """A new file's place holding a FIFO (sandboxed code can leave one) already exists: opened to be
+    written, it would block the episode until some reader came."""
+    import os
+
+    os.mkfifo(tmp_path / "pipe.py")
+    reader = os.open(tmp_path / "pipe.py", os.O_RDONLY | os.O_NONBLOCK)  # a write would not block the test
+    try:
+        created, edited = apply_edits(tmp_path, [{"path": "pipe.py", "search": "", "replace": "x = 1\n"},
+                                                 {"path": "pipe.py", "search": "x", "replace": "y"}])
+        assert os.read(reader, 64) == b""  # nothing was written into it
+    finally:
+        os.close(reader)
+    assert not created.ok and "already exists" in created.message
+    assert not edited.ok and "no such file" in edited.message
+
+
 def test_a_link_a_run_left_is_neither_shown_nor_graded(tmp_path):
     """Sandboxed code can leave a link to a host file in the copy: followed (as root), the file was
     shown to the team as one of the repo's and graded as its change."""
