@@ -163,6 +163,12 @@ def test_exit_code_signal_and_ownership_round_trip(sandbox, workdir):
     assert (r.exit_code, r.signal) == (200, None)
 
 
+def test_a_signal_death_without_an_init_is_said_in_the_shell_convention(workdir):
+    # backend none has no init to turn it into 128+N: Popen's negative return code is, SIGHUP's -1 too
+    r = run("kill -HUP $$", workdir, backend="none", allow_unsafe=True)
+    assert (r.exit_code, r.signal, r.ok) == (129, signal.SIGHUP, False)
+
+
 def test_a_run_never_takes_a_uid_another_run_holds(workdir, monkeypatch):
     """Each run's own uid keeps its process limit its own and other runs out of its workdir."""
     monkeypatch.setattr(confine.random, "randrange", lambda n: 0)  # every lease tries slot 0 first
