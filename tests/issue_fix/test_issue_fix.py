@@ -594,6 +594,11 @@ def test_tester_reward_needs_a_test_that_fails_on_the_bug_and_every_test_passing
     gone = REPRO_TEST + "\n\ndef test_gone():\n    pass\n\n\ndel test_gone\n"  # in the file, never run
     assert rewards.tester_reward(task, "tests/test_x.py", gone, subprocess_runner) == (
         0.0, "the test fails with the reference fix: tests/test_x.py::test_gone")
+    # said before any run: run, a file with no test (or none that parses) crashes in both copies alike
+    assert rewards.tester_reward(task, "tests/test_x.py", "import textkit\n", subprocess_runner) == (
+        0.0, "the test file holds no test functions")
+    assert rewards.tester_reward(task, "tests/test_x.py", "def test_x(:\n", subprocess_runner) == (
+        0.0, "the test file does not parse: invalid syntax (line 1)")
 
 
 def test_a_tester_file_under_a_project_file_earns_zero_not_a_crash():
