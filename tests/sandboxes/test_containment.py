@@ -168,6 +168,12 @@ def test_writes_outside_workdir_do_not_reach_host(sandbox, marker):
     assert [t for t in targets if t.exists()] == []
 
 
+def test_the_new_root_is_mounted_read_only(sandbox):
+    # its folders are root's and 0755 as well, so the uid cannot write there either way: the mount is the second lock
+    r = sandbox("awk '$2 == \"/\" {print $4}' /proc/self/mounts")
+    assert r.ok and r.stdout and {opts.split(",")[0] for opts in r.stdout.split()} == {"ro"}, r.stdout + r.stderr
+
+
 def test_host_secrets_are_unreadable(sandbox, host_process, marker):
     secret = marker + "-secret"
     pid = host_process.pid
