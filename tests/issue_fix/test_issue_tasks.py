@@ -469,9 +469,12 @@ def test_checker_fails_a_task_whose_visible_tests_hold_no_test(cases_task):
     assert report.problems == ["buggy: no visible tests ran", "fixed: no visible tests ran"]
 
 
-def test_checker_fails_a_task_without_hidden_test_functions(cases_task):
+def test_checker_fails_a_task_without_hidden_test_functions(cases_task, tmp_path):
     (cases_task.hidden_dir / "test_hidden_cases.py").write_text("def helper():\n    pass\n")
     assert check_task(cases_task, subprocess_runner).problems == ["no hidden test functions found"]
+    # such a task still loads: graded on no test, the work earns nothing rather than all
+    g = grade(cases_task, copy_repo(cases_task, tmp_path / "repo"), subprocess_runner)
+    assert (g.total, g.fraction) == (0, 0.0)
 
 
 def test_checker_stops_at_a_fix_that_does_not_apply(cases_task):
