@@ -501,6 +501,8 @@ def test_the_teams_code_cannot_read_the_task_folder(tmp_path, monkeypatch):
     into test_report (every role's prompt), and could have copied it over the team's work."""
     scratch(monkeypatch, tmp_path)
     outside = Path(tempfile.mkdtemp(dir="/var/tmp"))  # the sandbox never sees /tmp, where tmp_path is
+    # nor /var: seen as a system folder (or the venv) is, only the env's hide= keeps the task out
+    monkeypatch.setattr(sandboxes.runner, "SYSTEM", (*sandboxes.runner.SYSTEM, Path("/var/tmp")))
     try:
         outside.chmod(0o755)
         task = shutil.copytree(SLUG, outside / SLUG.name)
