@@ -530,6 +530,20 @@ def test_a_run_killed_at_the_memory_limit_or_cut_short_says_so(tmp_path):
 
 
 @needs_sandbox
+@pytest.mark.skipif(not sandboxes.cgroup.available(), reason="no memory cgroup: a MemoryError instead")
+def test_the_env_runs_the_teams_code_under_the_recipes_memory_limit(tmp_path, monkeypatch):
+    import random
+
+    scratch(monkeypatch, tmp_path)
+    env = team_for(tmp_path, max_rounds=1, sandbox="{memory_mb: 64}").make_env({"dir": str(SLUG)}, random.Random(0))
+    try:  # 200 MB fit the default 1024 MB
+        hog = env.runner(["python", "-c", "x = [bytearray(1 << 20) for _ in range(200)]"], env.workdir, 10)
+    finally:
+        asyncio.run(env.close())
+    assert hog.exit_code == 137 and hog.stderr.endswith("[sandbox] killed at the memory limit (64 MB)\n")
+
+
+@needs_sandbox
 def test_the_sandbox_timeout_overrides_the_tasks(tmp_path):
     """sandbox: {timeout_s: N} bounds every run, whatever the task's timeout_s."""
     slow = sandbox_runner(timeout_s=0.5)(["python", "-c", "import time; time.sleep(5)"], tmp_path, 30)
