@@ -1127,6 +1127,8 @@ def test_the_env_shows_source_first_within_its_budget_and_refuses_the_graders_pl
     try:
         assert env.recipients("coder") == ["planner", "reviewer", "tester"]
         first, second = env._files()[:2]
+        env.config = env.config.model_copy(update={"max_file_chars": len(first["text"])})
+        assert env._files()[:2] == [first, {"path": second["path"], "text": "(not shown: too much text)"}]  # fits exactly: whole
         env.config = env.config.model_copy(update={"max_file_chars": len(first["text"]) + 5})
         files = env._files()
         paths = [f["path"] for f in files]
