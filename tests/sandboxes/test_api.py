@@ -166,7 +166,9 @@ def test_exit_code_signal_and_ownership_round_trip(sandbox, workdir):
 
 def test_a_signal_death_without_an_init_is_said_in_the_shell_convention(workdir):
     # backend none has no init to turn it into 128+N: Popen's negative return code is, SIGHUP's -1 too
-    r = run("kill -HUP $$", workdir, backend="none", allow_unsafe=True)
+    # (its default action set again: under nohup the command starts with SIGHUP ignored)
+    hup = "import os, signal; signal.signal(signal.SIGHUP, signal.SIG_DFL); os.kill(os.getpid(), signal.SIGHUP)"
+    r = run([sys.executable, "-c", hup], workdir, backend="none", allow_unsafe=True)
     assert (r.exit_code, r.signal, r.ok) == (129, signal.SIGHUP, False)
 
 
