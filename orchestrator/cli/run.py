@@ -9,7 +9,7 @@ from typing import Any
 from .. import logs
 from .flags import (
     add_episode_flags, add_model_flags, add_policy_flag, add_ray_flags, compute_options, exit_code, parse_adapter_flags,
-    out_dir, parse_policy_flags, positive_int, shows_progress, stdout_console,
+    out_dir, parse_policy_flags, positive_int, print_table, shows_progress, stdout_console,
 )
 
 
@@ -46,15 +46,17 @@ def handle(args: argparse.Namespace) -> int:
 def print_summary(summary: dict[str, Any]) -> None:
     from rich.table import Table
 
-    table = Table(title=f"{summary['team']}: {summary['episodes']} episodes  {summary['status']}")
+    n, statuses = summary["episodes"], ", ".join(f"{status} {count}" for status, count in summary["status"].items())
+    table = Table(title=f"{summary['team']}: {n} episode{'s' * (n != 1)} ({statuses})")  # not the dict's repr
     for col in ("role", "mean reward", "±95%", "turns", "invalid", "retries"):
-        table.add_column(col, justify="left" if col == "role" else "right")
+        # whole, as eval's: in a narrow terminal rich cut them all ("-0.…" for a mean reward, "gu…" for a role)
+        table.add_column(col, justify="left" if col == "role" else "right", no_wrap=True)
     for name, r in summary["roles"].items():
         ci = "" if r["reward_ci95"] is None else f"{r['reward_ci95']:.3f}"
         mean = "-" if r["mean_reward"] is None else f"{r['mean_reward']:.3f}"  # None: it took part in no finished episode
         table.add_row(name, mean, ci, str(r["turns"]), str(r["invalid_turns"]), str(r["retries"]))
     console = stdout_console()
-    console.print(table)
+    print_table(console, table)
     console.print(
         f"valid turns {summary['valid_turn_rate']}, first-try valid {summary['first_try_valid_rate']}, "
         f"{summary['generated_tokens']} tokens generated in {summary['wall_s']}s"

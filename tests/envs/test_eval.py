@@ -105,6 +105,25 @@ def test_run_prints_an_envs_metric_names_as_they_are(cli, tmp_path, capsys):
     assert "acc[easy] 0.5, [/] 1" in capsys.readouterr().out
 
 
+def test_run_table_keeps_figures_whole_in_a_narrow_terminal_and_says_its_statuses(cli, tmp_path, capsys, monkeypatch):
+    """As eval's table: at 40 columns rich cut every column of run's ("-0.…" for a mean reward, "gu…"
+    for guesser), and its title gave the statuses as a dict's repr ({'ok': 1}) after "1 episodes"."""
+    from orchestrator.cli.run import print_summary
+
+    code, out, err = cli("run", ROOT / "recipes/guess_number.yaml", "--episodes", "1", "--policy",
+                         "guesser=builtin:binary-search", "--out", tmp_path / "run", "--json")
+    assert code == 0, err
+    summary = json.loads(out)
+    summary["roles"]["guesser"].update(mean_reward=-0.125, reward_ci95=0.5)
+    monkeypatch.setenv("COLUMNS", "40")
+    print_summary(summary)
+    table = capsys.readouterr().out
+    assert "guess_number: 1 episode (ok 1)" in table, table
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in table.splitlines() if line.startswith("│")]
+    g = summary["roles"]["guesser"]
+    assert rows == [["guesser", "-0.125", "0.500", str(g["turns"]), str(g["invalid_turns"]), str(g["retries"])]], table
+
+
 def test_eval_json_prints_only_the_report_on_stdout_with_the_progress_bar_on(cli, tmp_path):
     """As run --json: the bar draws on stderr. eval --json drew none, so a long evaluation into a
     file (``eval --json > r.json``) showed nothing on the terminal until it was done."""
