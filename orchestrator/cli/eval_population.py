@@ -27,8 +27,9 @@ def handle(args: argparse.Namespace, team: Any) -> int:
     from ..training.trainer import build_trainer
 
     run: Path = args.population
-    if not run.is_dir():
-        raise RolecastError(f"--population {run}: no such folder (a `rolecast train` run of a population recipe)")
+    if not run.is_dir():  # a file (its population.json, say) is there: "no such folder" sent the user looking for one
+        raise RolecastError(f"--population {run}: {'not a folder' if run.exists() else 'no such folder'} "
+                            "(a `rolecast train` run of a population recipe)")
     games_per_pair = args.games_per_pair or 20
     # a run dir (its config.yaml) is refused as plain eval's --out is: into the training run itself, its
     # games went among the run's files and `rolecast report` of it drew no heatmap (it reads population/)

@@ -330,6 +330,7 @@ def test_eval_population_flags_that_do_not_apply_are_refused(cli, tmp_path):
     recipe = ROOT / "recipes/rps_population.yaml"
     for args, words in (
         (["--population", tmp_path / "nowhere"], "no such folder"),
+        (["--population", recipe], f"--population {recipe}: not a folder"),
         (["--population", tmp_path, "--held-out"], "drop --held-out"),
         (["--population", tmp_path, "--episodes", "5"], "drop --episodes"),
         (["--population", tmp_path, "--ray"], "--population plays its round robin in this process"),
