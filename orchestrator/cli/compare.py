@@ -47,6 +47,8 @@ def handle(args: argparse.Namespace) -> int:
     from ..api import as_started, load_team, steps_given, train_into
     from ..training.strategies import STRATEGIES, with_strategy
 
+    if args.every is not None and "freeze-rotate" not in (args.strategy or STRATEGIES):  # else ignored, unsaid
+        raise RolecastError("--every is freeze-rotate's phase length: only with --strategy freeze-rotate")
     sets = parse_sets(args.sets)
     if taken := next((key for key in sets if key.startswith("trainer_config.")), None):  # with_strategy replaces them
         raise RolecastError(f"--set {taken}: each strategy sets its trainer's options (freeze-rotate's every is --every)")

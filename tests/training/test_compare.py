@@ -275,6 +275,10 @@ def test_freeze_rotate_whose_phases_miss_an_adapter_is_refused(cli, tmp_path, mo
     code, _, err = cli("compare", recipe, "--strategy", "freeze-rotate", "--steps", "1", "--out", tmp_path / "one",
                        "--no-progress")
     assert code == 2 and "--every 1 over 1 steps: freeze-rotate would never train con" in err, err
+    # --every without freeze-rotate among the strategies: no run would have phases, and the flag was ignored unsaid
+    code, _, err = cli("compare", recipe, "--strategy", "grpo", "--every", "1", "--out", tmp_path / "none", "--no-progress")
+    assert code == 2 and "--every is freeze-rotate's phase length: only with --strategy freeze-rotate" in err, err
+    assert not (tmp_path / "none").exists()
     for every, steps in (("1", "2"), ("2", "3")):
         code, _, err = cli("compare", recipe, "--strategy", "freeze-rotate", "--every", every, "--steps", steps,
                            "--out", tmp_path / f"cmp-{every}", "--no-progress")
