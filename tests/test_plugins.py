@@ -621,6 +621,26 @@ def test_plugins_table_prints_brackets_as_written(monkeypatch, capsys):
     assert "(coin [x])" in out and "pip install 'g[cuda]'" in out and "OSError: [/etc/b]" in out
 
 
+def test_plugins_table_keeps_each_name_whole_in_a_narrow_terminal(monkeypatch, capsys):
+    """At 40 columns rich cut every column: generate_judge read "generat…", and a name cut so
+    could be another plugin's. The source folds instead."""
+    import argparse
+
+    from orchestrator.cli import plugins
+    from orchestrator.registry import Registration
+
+    registry = Registry()
+    source = "rolecast==0.1.0 (plugins.core.environments)"
+    registry.items["envs"]["generate_judge"] = Registration("envs", "generate_judge", object, "core", source)
+    monkeypatch.setattr(plugins, "default_registry", lambda: registry)
+    monkeypatch.setenv("COLUMNS", "40")
+    assert plugins.handle(argparse.Namespace(json=False)) == 0
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in capsys.readouterr().out.splitlines()
+            if line.startswith("│")]
+    assert [row[:3] for row in rows if row[0]] == [["core", "env", "generate_judge"]], rows
+    assert "".join(row[3] for row in rows) == source.replace(" ", "")
+
+
 def test_a_policy_plugin_whose_factory_raises_is_one_line_naming_it():
     """`--policy coder=builtin:NAME` whose factory raised (a GPU it lacks, say) was a traceback."""
     from orchestrator.errors import RolecastError

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from ..registry import SINGULAR, default_registry
-from .flags import stdout_console
+from .flags import print_table, stdout_console
 
 
 def register(sub: Any) -> None:
@@ -32,11 +32,13 @@ def handle(args: argparse.Namespace) -> int:
     console = stdout_console()
     table = Table(title="rolecast plugins")
     for col in ("plugin", "kind", "name", "source"):
-        table.add_column(col)
+        # a source folds where the table is too wide; a name, cut ("generat…"), could be another's
+        folds = col == "source"
+        table.add_column(col, no_wrap=not folds, overflow="fold", min_width=len(col) if folds else None)
     # escaped: rich reads "[...]" in a cell or an error as markup, dropping it ("pkg[extra]") or raising ("[/path]")
     for row in rows:
         table.add_row(*(escape(row[col]) for col in ("plugin", "kind", "name", "source")))
-    console.print(table)
+    print_table(console, table)
     for f in failures:
         console.print(f"[red]failed[/red] plugin {escape(f['plugin'])} ({escape(f['source'])}): {escape(f['error'])}",
                       markup=True, highlight=False)
