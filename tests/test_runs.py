@@ -1087,13 +1087,22 @@ def test_flags_out_of_range_are_argparse_errors(cli, capsys, flags, message):
     with pytest.raises(SystemExit) as stopped:
         cli("run", ROOT / "recipes/guess_number.yaml", *flags)
     assert stopped.value.code == 2 and message in capsys.readouterr().err
-    assert build_parser().parse_args(["run", "team.yaml", "--seed", str(2**63 - 1)]).seed == 2**63 - 1
+    for edge in (0, 2**63 - 1):  # each bound is a seed: 0, a recipe's default, too
+        assert build_parser().parse_args(["run", "team.yaml", "--seed", str(edge)]).seed == edge
+
+
+def test_a_bare_ray_flag_starts_ray_here_as_its_help_says():
+    """``--ray`` alone is ``local``, a Ray started in this process; ``auto`` joins a running cluster,
+    and on a machine with none fails to connect."""
+    for command in ("run", "eval", "train", "compare"):
+        assert build_parser().parse_args([command, "team.yaml", "--ray"]).ray == "local"
 
 
 def test_a_policy_or_adapter_flag_without_its_value_is_one_line(cli):
     for flag, expected in (("--policy", "expected ROLE=BINDING"), ("--adapter", "expected NAME=PATH")):
-        code, _, err = cli("run", ROOT / "recipes/guess_number.yaml", flag, "guesser=")
-        assert code == 2 and f"rolecast: {flag} 'guesser=': {expected}" in err, err
+        for text in ("guesser=", "=x"):  # nor a value without its role (or name)
+            code, _, err = cli("run", ROOT / "recipes/guess_number.yaml", flag, text)
+            assert code == 2 and f"rolecast: {flag} {text!r}: {expected}" in err, err
 
 
 def test_a_path_name_too_long_is_one_line_naming_it(cli, tmp_path):

@@ -55,6 +55,7 @@ def test_budget_and_plugin_options_apply(team):
     ("trainer_config=1", "--set trainer_config: not a settable option; use one of steps, group_size"),
     ("trainer=grpo", "--set trainer: not a settable option"),
     ("group_size", "--set 'group_size': expected KEY=VALUE"),
+    ("=4", "--set '=4': expected KEY=VALUE"),
     ("group_size=[", "--set 'group_size=[': VALUE is not YAML"),
     ("group_size=0x_", "--set 'group_size=0x_': VALUE is not YAML"),  # a number YAML cannot make: a ValueError traceback
     ("adam.nope.x=1", "--set adam.nope.x: not an option"),
