@@ -85,7 +85,7 @@ def test_compare_trains_each_strategy_and_plots_them(cli, tmp_path):
     assert [p["step"] for p in json.loads(stdout.strip().splitlines()[-1])["strategies"]["grpo"]["pro"]] == [0, 1, 2]
 
 
-def test_compare_json_gives_each_strategys_held_out_points_per_role_with_their_intervals(tmp_path):
+def test_compare_json_gives_each_strategys_held_out_points_per_role_with_their_intervals(tmp_path, monkeypatch):
     """Each point of a curve is one evaluation row's reward and 95% interval for that role (None:
     one episode); train rows, and an evaluation without the role's reward, are no points."""
     from orchestrator.cli.compare import write_comparison
@@ -100,6 +100,14 @@ def test_compare_json_gives_each_strategys_held_out_points_per_role_with_their_i
         "pro": [{"step": 0, "reward": 0.5, "ci95": 0.1}, {"step": 2, "reward": 0.25, "ci95": 0.2}],
         "con": [{"step": 0, "reward": -0.5, "ci95": None}]}}}
     assert json.loads((tmp_path / "compare.json").read_text()) == result and (tmp_path / "compare.png").stat().st_size > 0
+    # compare.png shades each point's interval, reward ± ci95 (none for one episode's), per role
+    from matplotlib.figure import Figure
+
+    bands = []
+    monkeypatch.setattr(Figure, "savefig", lambda fig, path, **kw: bands.extend(
+        sorted({round(float(y), 6) for y in ax.collections[0].get_paths()[0].vertices[:, 1]}) for ax in fig.axes))
+    write_comparison(tmp_path, ["pro", "con"])
+    assert bands == [[0.05, 0.4, 0.45, 0.6], [-0.5]]  # pro: 0.5 ± 0.1 at step 0, 0.25 ± 0.2 at step 2
 
 
 def test_compare_keeps_a_folder_that_holds_no_run(cli, tmp_path):
@@ -154,6 +162,9 @@ def test_a_comparison_in_use_is_refused_and_a_killed_runs_lock_file_is_no_obstac
     (out / "grpo" / LOCK_FILE).write_text("12345\n")  # as a run killed before its config.yaml leaves its dir
     code, _, err = cli(*args)
     assert code == 0 and trained == ["grpo"], err
+    (out / "grpo" / "notes.txt").write_text("mine")  # beside the lock file, a file of the user's is one still
+    code, _, err = cli(*args)
+    assert code == 2 and f"{out / 'grpo'} holds files but no training run" in err and trained == ["grpo"], err
 
 
 def test_a_comparison_holding_a_run_of_another_recipe_is_refused(cli, tmp_path, monkeypatch):
@@ -219,6 +230,10 @@ def test_a_recipe_whose_trainer_no_strategy_keeps_is_refused(cli, tmp_path):
         code, _, err = cli("compare", ROOT / "recipes" / recipe, "--out", tmp_path / trainer, "--no-progress")
         assert code == 2 and f"trains with {trainer!r}, which every strategy would replace" in err, err
         assert not (tmp_path / trainer).exists()
+    # and one that trains nothing at all: its own line, not an AttributeError on its missing block
+    code, _, err = cli("compare", ROOT / "recipes/code_review.yaml", "--out", tmp_path / "none", "--no-progress")
+    assert code == 2 and "code_review.yaml: the recipe has no `training:` block" in err and "Traceback" not in err, err
+    assert not (tmp_path / "none").exists()
 
 
 def test_a_trainer_option_set_is_refused(cli, tmp_path, monkeypatch):
