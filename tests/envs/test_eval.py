@@ -152,8 +152,12 @@ def test_eval_table_keeps_every_figure_at_80_columns(cli, tmp_path, capsys, monk
         cell.strip() for line in table.splitlines() for cell in line.split("│")[2:3])
     assert "guess_number: 5 episodes (ok 5)" in table  # the statuses were a dict's repr: {'ok': 5}
     assert "no episode ended with a result" not in table
-    print_report({**report, "episodes": 1, "status": {"ok": 1}})
-    assert "guess_number: 1 episode (ok 1)" in capsys.readouterr().out
+    for reward, ci95, cell in ((1.0, None, "1.000"), (None, None, "-")):  # one episode: no interval, not "±0.000"
+        guesser = {**report["roles"]["guesser"], "mean_reward": reward, "reward_ci95": ci95}
+        print_report({**report, "episodes": 1, "status": {"ok": 1}, "roles": {"guesser": guesser}})
+        out = capsys.readouterr().out
+        assert "guess_number: 1 episode (ok 1)" in out
+        assert [line.split("│")[-2].strip() for line in out.splitlines() if line.startswith("│")][0] == cell, out
     # every episode stopped at max_turns: the table had no row, and nothing said why
     print_report({**report, "roles": {}, "status": {"max_turns": 5}})
     assert "no episode ended with a result (max_turns 5): W-D-L counts finished games only" in capsys.readouterr().out
