@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from support import lora_state, peft_dir, tiny_engine, train_tiny
+from support import lora_state, peft_dir, tiny_engine, train_tiny, write
 
 from orchestrator.population import Entrant, Game, analyse, bradley_terry, matrices, schedule, three_cycles
 
@@ -326,6 +326,39 @@ def test_eval_population_out_is_where_the_round_robin_goes(cli, tmp_path):
     assert code == 2 and f"--out {run} already holds a run" in err and sorted(run.rglob("*")) == files, err
 
 
+def test_eval_population_plays_with_its_flags_or_their_defaults(cli, tmp_path, monkeypatch):
+    """What the round robin is played with: --games-per-pair's default, 20 as its help says; --seed 0
+    as given, not the recipe's 7; --concurrency and --timeout as given, else the recipe's (None: the
+    games take the team's episode_timeout_s)."""
+    import orchestrator.engines.load
+    import orchestrator.population
+
+    recipe = write(tmp_path / "rps_population.yaml", (ROOT / "recipes/rps_population.yaml").read_text() + "seed: 7\n")
+    run = tmp_path / "run"
+    for member in ("a", "b"):
+        write(run / "sampler" / member / "adapter_config.json", "{}")
+    write(run / "config.yaml", "recipe: {name: rps_population, training: {trainer_config: "
+                               "{players: [alice, bob], members: [a, b]}}}\nrun: {model: tiny}\n")
+    played = []
+
+    class Engine:
+        async def aclose(self):
+            pass
+
+    async def play_round_robin(team, players, entrants, engine, games_per_pair, **options):
+        played.append((games_per_pair, *(options[k] for k in ("seed", "concurrency", "timeout"))))
+        return [Game("a", "b", 1.0, -1.0)]
+
+    monkeypatch.setattr(orchestrator.engines.load, "load_engine", lambda *args, **kwargs: Engine())
+    monkeypatch.setattr(orchestrator.population, "play_round_robin", play_round_robin)
+    for n, flags in enumerate(([], ["--games-per-pair", "3", "--seed", "0", "--concurrency", "2", "--timeout", "1.5"])):
+        code, _, err = cli("eval", recipe, "--population", run, "--no-progress", "--out", tmp_path / f"rr{n}", *flags)
+        assert code == 0, err
+    assert played == [(20, 7, 16, None), (3, 0, 2, 1.5)]
+    code, _, err = cli("eval", recipe, "--population", run, "--baseline", "nobody", "--out", tmp_path / "rr2")
+    assert code == 2 and "--baseline nobody: unknown (builtin policies: " in err and played[2:] == [], err
+
+
 def test_eval_population_flags_that_do_not_apply_are_refused(cli, tmp_path):
     recipe = ROOT / "recipes/rps_population.yaml"
     for args, words in (
@@ -335,6 +368,8 @@ def test_eval_population_flags_that_do_not_apply_are_refused(cli, tmp_path):
         (["--population", tmp_path, "--episodes", "5"], "drop --episodes"),
         (["--population", tmp_path, "--ray"], "--population plays its round robin in this process"),
         (["--population", tmp_path, "--rollout-workers", "2"], "--population plays its round robin in this process"),
+        (["--population", tmp_path, "--opponent", "random", "--policy", "alice=builtin:random"],
+         "--population plays its own entrants: drop --opponent, --policy"),
         (["--games-per-pair", "5"], "--games-per-pair: only with --population"),
         (["--baseline", "random"], "--baseline: only with --population"),
     ):
