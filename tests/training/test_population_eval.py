@@ -329,7 +329,8 @@ def test_eval_population_out_is_where_the_round_robin_goes(cli, tmp_path):
 def test_eval_population_plays_with_its_flags_or_their_defaults(cli, tmp_path, monkeypatch):
     """What the round robin is played with: --games-per-pair's default, 20 as its help says; --seed 0
     as given, not the recipe's 7; --concurrency and --timeout as given, else the recipe's (None: the
-    games take the team's episode_timeout_s)."""
+    games take the team's episode_timeout_s); the run's model and dtype, but another --model's own
+    dtype, not the run's."""
     import orchestrator.engines.load
     import orchestrator.population
 
@@ -338,7 +339,7 @@ def test_eval_population_plays_with_its_flags_or_their_defaults(cli, tmp_path, m
     for member in ("a", "b"):
         write(run / "sampler" / member / "adapter_config.json", "{}")
     write(run / "config.yaml", "recipe: {name: rps_population, training: {trainer_config: "
-                               "{players: [alice, bob], members: [a, b]}}}\nrun: {model: tiny}\n")
+                               "{players: [alice, bob], members: [a, b]}}}\nrun: {model: tiny, dtype: float32}\n")
     played = []
 
     class Engine:
@@ -349,14 +350,16 @@ def test_eval_population_plays_with_its_flags_or_their_defaults(cli, tmp_path, m
         played.append((games_per_pair, *(options[k] for k in ("seed", "concurrency", "timeout"))))
         return [Game("a", "b", 1.0, -1.0)]
 
-    monkeypatch.setattr(orchestrator.engines.load, "load_engine", lambda *args, **kwargs: Engine())
+    monkeypatch.setattr(orchestrator.engines.load, "load_engine", lambda model, dtype, *args, **kwargs:
+                        played.append((model, dtype)) or Engine())
     monkeypatch.setattr(orchestrator.population, "play_round_robin", play_round_robin)
-    for n, flags in enumerate(([], ["--games-per-pair", "3", "--seed", "0", "--concurrency", "2", "--timeout", "1.5"])):
+    for n, flags in enumerate(([], ["--games-per-pair", "3", "--seed", "0", "--concurrency", "2", "--timeout", "1.5",
+                                    "--model", "smollm2-135m"])):
         code, _, err = cli("eval", recipe, "--population", run, "--no-progress", "--out", tmp_path / f"rr{n}", *flags)
         assert code == 0, err
-    assert played == [(20, 7, 16, None), (3, 0, 2, 1.5)]
+    assert played == [("tiny", "float32"), (20, 7, 16, None), ("smollm2-135m", "auto"), (3, 0, 2, 1.5)]
     code, _, err = cli("eval", recipe, "--population", run, "--baseline", "nobody", "--out", tmp_path / "rr2")
-    assert code == 2 and "--baseline nobody: unknown (builtin policies: " in err and played[2:] == [], err
+    assert code == 2 and "--baseline nobody: unknown (builtin policies: " in err and played[4:] == [], err
 
 
 def test_eval_population_flags_that_do_not_apply_are_refused(cli, tmp_path):
