@@ -396,3 +396,7 @@ def test_the_pool_is_the_snapshots_the_trainer_named(tmp_path):
         (tmp_path / "pool" / name).mkdir(parents=True)
         (tmp_path / "pool" / name / "adapter_config.json").write_text("{}")
     assert [p.name for p in snapshots(tmp_path, ["player-0", "player-1"])] == ["player-1@2", "player-0@10"]
+    # with a checkpoint, those its pool holds: player-1@2 left the pool, its folder kept for an older checkpoint
+    write(tmp_path / "checkpoints" / "step-000010" / "trainer.json",
+          json.dumps({"step": 10, "trainer": {"pool": ["player-0@10"]}}))
+    assert [p.name for p in snapshots(tmp_path, ["player-0", "player-1"])] == ["player-0@10"]
