@@ -1082,6 +1082,8 @@ def test_each_flag_reaches_its_keyword_of_the_api(cli, monkeypatch, command, cal
     (("--seed", "-1"), "argument --seed: a seed is 0 to 2**63 - 1, got -1"),
     (("--seed", str(2**63)), f"argument --seed: a seed is 0 to 2**63 - 1, got {2**63}"),
     (("--timeout", "0"), "argument --timeout: must be above 0, got 0"),
+    (("--concurrency", "0"), "argument --concurrency: must be at least 1, got 0"),  # not the team's, silently
+    (("--rollout-workers", "0"), "argument --rollout-workers: must be at least 1, got 0"),
 ])
 def test_flags_out_of_range_are_argparse_errors(cli, capsys, flags, message):
     with pytest.raises(SystemExit) as stopped:
