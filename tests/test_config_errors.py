@@ -319,6 +319,14 @@ def test_fixture_team_is_valid(workspace, cli):
     assert "(team guess_number: 1 role, protocol guess_number)" in out  # was "1 roles"
 
 
+def test_validate_compiles_a_role_files_grammar_as_a_teams(workspace, cli):
+    """A role file alone is checked as binding it to the model checks it: a reply_prefix its schema
+    cannot start is its line, exit 2, as in its team."""
+    replace_in(workspace / "echo.yaml", "max_retries: 2", "max_retries: 2\nreply_prefix: '{\"shout\": '")
+    code, out, err = cli("validate", workspace / "echo.yaml")
+    assert (code, out) == (2, "") and err.startswith(f"{workspace / 'echo.yaml'}:13: reply_prefix: "), err
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_malformed_input_is_one_line_exit_2(case, workspace, cli):
     _, mutate, file, line, key, words = case
