@@ -122,6 +122,11 @@ def test_run_table_keeps_figures_whole_in_a_narrow_terminal_and_says_its_statuse
     rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in table.splitlines() if line.startswith("│")]
     g = summary["roles"]["guesser"]
     assert rows == [["guesser", "-0.125", "0.500", str(g["turns"]), str(g["invalid_turns"]), str(g["retries"])]], table
+    g.update(mean_reward=None, reward_ci95=None)  # in no finished episode: no mean, not a TypeError after the run
+    print_summary(summary)
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in capsys.readouterr().out.splitlines()
+            if line.startswith("│")]
+    assert [row[:3] for row in rows] == [["guesser", "-", ""]], rows
 
 
 def test_eval_json_prints_only_the_report_on_stdout_with_the_progress_bar_on(cli, tmp_path):
