@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 import uuid
 from urllib.parse import unquote
@@ -244,10 +245,14 @@ def _messages(messages: Any) -> list[dict[str, Any]]:
 
 
 def _number(name: str, value: Any) -> float:
-    """A JSON number (not a bool, a string or NaN)."""
+    """A JSON number (not a bool, a string or NaN); an integer past float's range is the infinity
+    that 1e400 reads as, for the range checks to refuse (float() raised OverflowError: a 500)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
         raise HTTPError(400, f"{name}: expected a number, got {value!r}", param=name)
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
 
 
 def _whole(name: str, value: Any) -> int:

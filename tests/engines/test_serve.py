@@ -337,9 +337,12 @@ def test_bad_sampling_is_a_400_for_that_request_only(server, extra, words):
     ({"n": 0}, "only n = 1 is supported"),
     ({"messages": [{"role": "user", "content": ["Say", "something."]}]}, "each content a string or a list of text parts"),
     ({"temperature": float("nan")}, "temperature: expected a number, got nan"),  # JSON's NaN, which Python reads
+    # an integer float() cannot hold (OverflowError, a 500): refused as the infinity 1e400 reads as
+    ({"temperature": 10**400}, "temperature must be 0 (greedy) or a number >= 0.001"),
+    ({"top_p": -10**400}, "top_p must be in [1e-06, 1], got -inf"),
 ], ids=["n", "no-messages", "null-content", "null-role", "no-parts", "image-part", "number-text", "n-true", "n-float", "stream-0", "stream-string",
         "penalty-false", "logit-bias-false", "seed-true", "max-completion-tokens-string", "both-max-tokens", "n-0",
-        "string-parts", "temperature-nan"])
+        "string-parts", "temperature-nan", "temperature-huge-int", "top-p-huge-int"])
 def test_a_request_serve_cannot_take_as_sent_is_a_400(extra, words):
     """Mutants answering n = 2 or n = 0 with one choice, a message without its content or role, content as a
     list of strings (a 500), or NaN without naming temperature, passed every test.
