@@ -335,7 +335,8 @@ async def _read_request(reader: asyncio.StreamReader, writer: asyncio.StreamWrit
         if name.strip().lower() == "content-length":
             if not value.strip().isdecimal():  # not isdigit: int() refuses "²"
                 raise HTTPError(400, f"bad Content-Length: {value.strip()!r}")
-            length = int(value.strip())
+            digits = value.strip().lstrip("0") or "0"  # int() refuses past 4300 digits: a ValueError, a 500
+            length = int(digits) if len(digits) <= len(str(MAX_BODY)) else MAX_BODY + 1
         if name.strip().lower() == "transfer-encoding":
             raise HTTPError(411, "a chunked body is not read here: send the body with a Content-Length")
     if length > MAX_BODY:
