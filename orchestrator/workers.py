@@ -134,6 +134,7 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
     """A cluster address that nothing answers at fails here in seconds: Ray itself retries a dead
     address for about a quarter of an hour, printing only its own C++ warnings."""
     host, _, port = address.removeprefix("ray://").rpartition(":")
+    host = host.strip("[]")  # an IPv6 address, as Ray takes it ("[::1]:6379"): the brackets are no host name
     if not (host and port.isdigit()):  # "auto" and other forms: Ray finds the cluster itself
         return
     try:  # a connection that times out is no cluster either: a firewall dropping it, say

@@ -349,6 +349,25 @@ def test_a_cluster_address_nothing_answers_at_fails_at_once():
         thread.join()
 
 
+def test_a_cluster_address_in_ipv6_brackets_is_checked_at_its_host():
+    """Ray takes "[::1]:6379"; the check looked the bracketed text up as a host name and refused a
+    cluster that answers there: "no Ray cluster answers there (Name or service not known)"."""
+    from orchestrator.errors import RolecastError
+    from orchestrator.workers import check_reachable
+
+    try:
+        server = socket.create_server(("::1", 0), family=socket.AF_INET6)
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    with server:
+        for address in (f"[::1]:{server.getsockname()[1]}", f"ray://[::1]:{server.getsockname()[1]}"):
+            check_reachable(address, timeout_s=0.5)  # says nothing first: Ray's to try
+    with socket.socket(socket.AF_INET6) as held:  # bound, not listening: refused
+        held.bind(("::1", 0))
+        with pytest.raises(RolecastError, match=r"no Ray cluster answers there \(Connection refused\)"):
+            check_reachable(f"[::1]:{held.getsockname()[1]}", timeout_s=2)
+
+
 def test_an_address_ray_cannot_parse_is_one_line(ray_local, monkeypatch):
     from orchestrator.errors import RolecastError
     from orchestrator.workers import RayOptions, RayRollouts
