@@ -20,13 +20,14 @@ def test_wilson_interval_hand_computed():
 
 def test_results_are_the_signs_of_finished_episodes_rewards_of_the_roles_that_learn():
     """Without a game's results a debater wins, draws or loses by its reward's sign; the frozen
-    judge has no result, and an episode that failed (its rewards placeholders) is no game."""
+    judge has no result, and an episode that failed (its rewards placeholders) or stopped at
+    max_turns (no verdict: docs/environments.md) is no game; a mutant counting the latter passed."""
     t = team("debate")
-    won, tied, failed = (make_episode(rewards={"pro": r, "con": -r, "judge": 0.0}) for r in (1.0, 0.0, 1.0))
+    won, tied, failed, cut = (make_episode(rewards={"pro": r, "con": -r, "judge": 0.0}) for r in (1.0, 0.0, 1.0, 1.0))
     won.status = tied.status = "ok"
-    failed.status = "error"
+    failed.status, cut.status = "error", "max_turns"
     summary = {"roles": {r: {"mean_reward": 0.5, "reward_ci95": None} for r in t.roles}}
-    report = evaluate(t, [won, tied, failed], summary)
+    report = evaluate(t, [won, tied, failed, cut], summary)
     assert set(report) == {"pro", "con"}
     assert [report["pro"][k] for k in ("games", "win", "draw", "loss")] == [2, 1, 1, 0]
     assert [report["con"][k] for k in ("games", "win", "draw", "loss")] == [2, 0, 1, 1]
