@@ -22,15 +22,27 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @contextlib.contextmanager
-def one_worker(worker):
-    """A pool of one Ray rollout worker of the class ``worker`` (tiny model, fp32), closed after."""
+def one_worker(worker, options=None):
+    """A pool of one Ray rollout worker of the class ``worker`` (tiny model, fp32; ``options``: a
+    local Ray's), closed after."""
     from orchestrator.workers import RayOptions, RayRollouts
 
-    pool = type("Pool", (RayRollouts,), {"worker": worker})(RayOptions(workers=1), model="tiny", dtype="float32")
+    pool = type("Pool", (RayRollouts,), {"worker": worker})(options or RayOptions(workers=1), model="tiny", dtype="float32")
     try:
         yield pool
     finally:
         pool.close()
+
+
+def light_worker():
+    """A rollout worker class with no engine to load: it starts at once where Ray finds it a place."""
+    from orchestrator.workers import RolloutWorker
+
+    class Light(RolloutWorker):
+        def __init__(self, *args):
+            pass
+
+    return Light
 
 
 def test_a_team_pickles_and_renders_the_same_prompts():
@@ -174,6 +186,22 @@ def test_a_node_of_others_dead_in_this_ray_does_not_stop_the_run(ray_local, tmp_
         pool.close()
 
 
+def test_workers_on_a_cluster_stop_the_run_only_when_no_node_is_alive(ray_local, monkeypatch):
+    """A cluster's autoscaler may replace a dead node among live ones, so a replacement worker waits
+    for a place there; with no node alive the run stops. A mutant stopping at any dead node passed
+    every test."""
+    from orchestrator.errors import WorkersLost
+    from orchestrator.workers import RayOptions
+
+    with one_worker(light_worker(), RayOptions(address="auto", workers=1)) as pool:
+        dead = {"NodeID": "f" * 56, "Alive": False, "NodeManagerAddress": "192.0.2.9", "DeathReasonMessage": "preempted"}
+        monkeypatch.setattr(ray_local, "nodes", lambda: [dead, {**dead, "NodeID": "e" * 56, "Alive": True}])
+        pool._check_nodes()
+        monkeypatch.setattr(ray_local, "nodes", lambda: [dead])
+        with pytest.raises(WorkersLost, match=r"^the rollout workers' Ray node 192.0.2.9 died \(preempted\)"):
+            pool._check_nodes()
+
+
 def test_a_run_that_stops_stops_its_other_episodes(tmp_path):
     """Its other episodes went on playing after the run stopped (the workers closed under them),
     each failing and writing to the closed transcripts file."""
@@ -230,6 +258,32 @@ def test_a_worker_that_died_between_episodes_is_replaced_with_the_latest_weights
     for played in (after, again):
         assert {a.adapter_version for r in played.episodes for t in r.turns if t.role == "coder" for a in t.attempts} == {7}
     assert not _worker_folders(pids)  # the dead one's went when its successor started; the live one's at close
+
+
+def test_a_worker_holds_only_the_adapters_and_versions_the_driver_publishes(ray_local, tmp_path):
+    """A worker loads a version once, keeps only the held version's files, and unloads an adapter
+    the driver forgot (RayRollouts.forget: a self-play snapshot let go). Mutants reloading every
+    adapter before each episode, or keeping a forgotten adapter (in the engine, and its files) or
+    each old version's files for the rest of the run, passed every test."""
+    from orchestrator.workers import RolloutWorker
+
+    worker = RolloutWorker("tiny", "float32", 0, "hf", "cpu", 0)
+
+    def published(seed: int):  # as RayRollouts.publish sends a PEFT dir
+        folder = peft_dir(tmp_path / str(seed), lora_state(worker.engine.model, seed=seed))
+        return ray_local.put({p.name: p.read_bytes() for p in folder.iterdir()})
+
+    snap = published(1)
+    try:
+        worker.sync({"snap": (1, snap), "coder": (1, published(2))})
+        worker.sync({"snap": (1, snap), "coder": (2, published(3))})
+        assert worker.engine.versions == {"snap": 1, "coder": 2}  # snap not loaded again
+        assert sorted(p.relative_to(worker.folder).as_posix() for p in worker.folder.glob("*/*")) == ["coder/2", "snap/1"]
+        worker.sync({"coder": (2, published(3))})
+        assert worker.engine.versions == {"coder": 2} and worker.loaded == {"coder": 2}
+        assert [p.name for p in worker.folder.iterdir()] == ["coder"] and {k[0] for k in worker.driver_version} == {"coder"}
+    finally:
+        worker.remove_folder()
 
 
 def test_an_episode_that_kills_its_worker_fails_alone(ray_local, tmp_path):
@@ -612,14 +666,10 @@ def test_workers_that_this_ray_cannot_place_are_an_error_not_a_hang(ray_local):
     here, 2 CPUs) they would wait for ever. A cluster's address may autoscale, so there the workers
     are started and left to wait."""
     from orchestrator.errors import RolecastError
-    from orchestrator.workers import RayOptions, RayRollouts, RolloutWorker
-
-    class Light(RolloutWorker):  # no engine to load: it starts at once where Ray finds it a place
-        def __init__(self, *args):
-            pass
+    from orchestrator.workers import RayOptions, RayRollouts
 
     class Pool(RayRollouts):
-        worker = Light
+        worker = light_worker()
 
     with pytest.raises(RolecastError, match=r"--rollout-workers 2 on a GPU: .* this Ray has 0: use --device cpu"):
         RayRollouts(RayOptions(workers=2, gpus_per_worker=1.0), model="tiny", dtype="float32")
