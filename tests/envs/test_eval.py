@@ -46,6 +46,17 @@ def test_a_role_that_sat_the_episode_out_has_no_result_in_it():
     assert set(report) == {"teacher_largest", "student"} and report["teacher_largest"]["win"] == 1
 
 
+def test_only_roles_bound_to_builtin_random_are_no_baseline_where_moves_are_unknown():
+    """A mutant listing any binding that names "random" (a replay file of random moves) passed every test."""
+    from types import SimpleNamespace
+
+    from orchestrator.evaluation import blind_random_roles
+
+    shown = {"p0": "builtin:random", "p1": "replay:random_moves.jsonl", "p2": "model (base)"}
+    assert blind_random_roles(SimpleNamespace(env_config=SimpleNamespace(legal_moves_known=lambda: False)), shown) == ["p0"]
+    assert blind_random_roles(SimpleNamespace(env_config=SimpleNamespace(legal_moves_known=lambda: True)), shown) == []
+
+
 def test_reward_interval_is_students_t_hand_computed():
     """The mean reward's interval took the normal quantile, 1.96: a "95%" interval that held the
     mean 70% of the time at 2 episodes, 91% at 8."""
