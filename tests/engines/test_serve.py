@@ -614,6 +614,8 @@ def test_header_names_are_read_in_any_case_and_a_body_of_the_limit_is_read():
         return asyncio.run(go())
 
     assert read(b"content-length: 2\r\n", b"{}") == ("POST", "/v1/chat/completions", b"{}")
+    # no body, nothing to go on with: a 100 Continue here (the writer is None) would be a reply nobody waits for
+    assert read(b"expect: 100-continue\r\ncontent-length: 0\r\n") == ("POST", "/v1/chat/completions", b"")
     assert len(read(b"CONTENT-LENGTH: %d\r\n" % MAX_BODY, b" " * MAX_BODY)[2]) == MAX_BODY
     # a Content-Length past int()'s 4300 digits was a ValueError, a 500: leading zeros are no size, others too large
     assert read(b"content-length: %s2\r\n" % (b"0" * 5000), b"{}")[2] == b"{}"
@@ -628,9 +630,11 @@ def test_header_names_are_read_in_any_case_and_a_body_of_the_limit_is_read():
     (b"[1]", "body must be a JSON object"),
     (b"[" * 100000 + b"]" * 100000, "body is nested too deeply"),  # past Python's recursion limit
     (b"{", "body is not JSON"),
+    (b"", "model must be the name of one of: base, tiny"),  # no body: read as {}, the reply says what is missing
 ])
 def test_a_body_that_is_no_json_object_is_a_400(body, words):
-    """Mutants without the first two checks answered each with a 500 (a list has no .get, a RecursionError)."""
+    """Mutants without the first two checks answered each with a 500 (a list has no .get, a RecursionError);
+    one reading no body as JSON said only "Expecting value"."""
     from orchestrator.serve import ChatServer, HTTPError
 
     with pytest.raises(HTTPError, match=words) as caught:
