@@ -661,6 +661,18 @@ def test_a_run_that_fails_after_the_workers_start_closes_them(ray_local, tmp_pat
     assert len(closed) == 1
 
 
+def test_a_pool_of_no_workers_is_refused_before_ray_starts():
+    """Compute refuses it for the commands and the API; the pool itself (its own API) had it
+    untested: a mutant letting 0 through failed each episode on ``index % 0``."""
+    pytest.importorskip("ray")
+    from orchestrator.errors import RolecastError
+    from orchestrator.workers import RayOptions, RayRollouts
+
+    for workers in (0, -1):
+        with pytest.raises(RolecastError, match=rf"^--rollout-workers {workers}: needs at least 1$"):
+            RayRollouts(RayOptions(workers=workers), model="tiny")
+
+
 def test_workers_that_this_ray_cannot_place_are_an_error_not_a_hang(ray_local):
     """Each GPU worker asks Ray for a GPU (and each worker for a CPU); on this machine's Ray (no GPU
     here, 2 CPUs) they would wait for ever. A cluster's address may autoscale, so there the workers
