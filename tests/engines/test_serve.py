@@ -235,10 +235,10 @@ def test_a_generation_the_engine_aborted_is_a_500_not_a_reply(reason):
     """vLLM's abort and error finishes were a 200 with finish_reason "stop": text cut short, said to be whole."""
     from orchestrator.serve import ChatServer
 
-    body = json.dumps(chat("base")).encode()
-    status, reply = exchange(ChatServer(RecordingEngine(reason), "tiny"),
-                             b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    body, server = json.dumps(chat("base")).encode(), ChatServer(RecordingEngine(reason), "tiny")
+    status, reply = exchange(server, b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
     assert (status, reply["error"]["type"]) == (500, "server_error"), reply
+    assert not server.handlers  # an answered connection's task is let go: a mutant keeping each grew the server for ever
     assert f"the engine ended the generation as '{reason}' after 2 tokens" in reply["error"]["message"]
 
 
