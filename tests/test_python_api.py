@@ -384,6 +384,18 @@ def test_mistakes_are_one_line_errors_before_any_model_loads(tmp_path, monkeypat
     assert not (tmp_path / "out").exists()
 
 
+def test_an_adapter_dir_is_taken_with_its_weights_as_bin_and_refused_without_weights(tmp_path):
+    """Older PEFT saves adapter_model.bin, which the engines load: a mutant refusing it passed every test."""
+    from orchestrator.launch import adapter_dirs
+
+    folder = _adapter_dir(tmp_path, "{}")
+    (folder / "adapter_model.safetensors").rename(folder / "adapter_model.bin")
+    assert adapter_dirs({"guesser": folder}) == {"guesser": folder}
+    (folder / "adapter_model.bin").unlink()
+    with pytest.raises(rolecast.RolecastError, match=r"no adapter_model.safetensors \(or .bin\) beside its config$"):
+        adapter_dirs({"guesser": folder})
+
+
 def test_training_starts_the_engine_with_room_for_the_recipes_lora_rank(tmp_path, monkeypatch):
     """vLLM preallocates its adapter slots at a fixed rank: it must know the recipe's before the
     first update, not refuse that update mid-run."""
