@@ -130,7 +130,8 @@ def print_report(report: dict[str, Any], out: Path) -> None:
     from rich.table import Table
 
     names = [e["name"] for e in report["entrants"]]
-    table = Table(title=f"{report['team']}: {report['games_played']} games, {report['games_per_pair']} a pair")
+    n = report["games_played"]
+    table = Table(title=f"{report['team']}: {n} game{'s' * (n != 1)}, {report['games_per_pair']} a pair")
     for col in ("entrant", "Elo", "95% CI", "mean score"):
         table.add_column(col, justify="left" if col == "entrant" else "right", no_wrap=True)
     elo = {n: report["ratings"][n]["elo"] for n in names}

@@ -188,7 +188,17 @@ def test_the_population_table_counts_the_cyclic_triads_among_the_decided_ones(ca
     report = {"team": "t", "run_dir": str(tmp_path),
               **analyse([Entrant(n, adapter=n) for n in "abcd"], [Game(x, y, 1, -1) for x, y in pairs], 1)}
     print_report(report, tmp_path)
-    assert "3-cycles in the win graph: 1 of 4 decided triads; written:" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "t: 6 games, 1 a pair" in out and "3-cycles in the win graph: 1 of 4 decided triads; written:" in out
+
+
+def test_the_population_tables_title_counts_one_game_as_one(capsys, tmp_path):
+    """A round robin of one finished game was "1 games" in the table's title."""
+    from orchestrator.cli.eval_population import print_report
+
+    report = {"team": "t", "run_dir": str(tmp_path), **analyse([Entrant(n, adapter=n) for n in "ab"], [Game("a", "b", 1, -1)], 1)}
+    print_report(report, tmp_path)
+    assert "t: 1 game, 1 a pair" in capsys.readouterr().out
 
 
 def test_the_population_table_keeps_names_and_figures_whole_in_a_narrow_terminal(capsys, tmp_path, monkeypatch):
