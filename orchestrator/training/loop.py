@@ -575,7 +575,9 @@ class TrainingRun:
         published = state["published"] if "published" in state else self._published_in_rows(state["step"])
         for adapter, version in published.items():  # the weights go back under their number
             self.engine.continue_versions(adapter, version - 1)
-        for name in self.trainer.opponent_adapters():  # e.g. self-play's snapshots back into the engine
+        with blamed("trainer", self.cfg.trainer, "opponent_adapters"):  # as at every step: a fault is one line
+            opponents = list(self.trainer.opponent_adapters())
+        for name in opponents:  # e.g. self-play's snapshots back into the engine
             try:
                 self._load(name, self.run_dir / "pool" / name)
             except (OSError, ValueError) as exc:  # deleted or damaged by hand: nothing to play it with

@@ -1048,6 +1048,26 @@ def test_trainer_state_the_trainer_cannot_load_is_one_line(cli, tmp_path):
     assert "trainer plugin 'self-play': load_state_dict of step-000001/trainer.json raised KeyError: 'pool'" in err
 
 
+def test_a_trainer_whose_opponent_adapters_fails_on_resume_is_one_line(cli, tmp_path, monkeypatch):
+    """--resume asks the trainer for its snapshots before any step does: a fault there was a
+    traceback, where the same hook's fault at a step is one line naming the plugin."""
+    from support import SMALL_TRAINING, train_tiny
+
+    from plugins.trainers.self_play import SelfPlay
+
+    recipe, run = Path(__file__).resolve().parents[2] / "recipes/rps.yaml", tmp_path / "run"
+    train_tiny(cli, recipe, run, 1)
+
+    def broken(self):
+        raise KeyError("pool")
+
+    monkeypatch.setattr(SelfPlay, "opponent_adapters", broken)
+    code, _, err = cli("train", recipe, "--out", run, "--resume", "--steps", "2", "--no-progress", "--dtype", "float32",
+                       *SMALL_TRAINING)
+    assert code == 1 and "Traceback" not in err, err
+    assert "trainer plugin 'self-play': opponent_adapters raised KeyError: 'pool'" in err
+
+
 def test_an_opponent_snapshot_deleted_or_damaged_since_is_one_line(cli, tmp_path):
     """The checkpoint's pool names snapshots kept in pool/: one deleted or cut short by hand was a
     FileNotFoundError or ValueError traceback as --resume loaded it into the engine."""
