@@ -10,7 +10,7 @@ from typing import Any
 from ..errors import RolecastError
 from .flags import (
     add_episode_flags, add_model_flags, add_policy_flag, add_ray_flags, compute_options, exit_code, parse_adapter_flags,
-    out_dir, parse_policy_flags, positive_int, print_table, shows_progress, stdout_console,
+    episodes_title, out_dir, parse_policy_flags, positive_int, print_table, shows_progress, statuses, stdout_console,
 )
 
 
@@ -64,8 +64,7 @@ def print_report(report: dict[str, Any]) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    n, statuses = report["episodes"], ", ".join(f"{status} {count}" for status, count in report["status"].items())
-    title = f"{report['team']}: {n} episode{'s' * (n != 1)} ({statuses})"
+    title = episodes_title(report)
     if report["opponent"]:
         title += f", opponent {report['opponent']['role']} = {report['opponent']['policy']}"
     table = Table(title=escape(title))  # a checkpoint:PATH opponent's "[...]" is text too
@@ -83,7 +82,7 @@ def print_report(report: dict[str, Any]) -> None:
     console = stdout_console()
     print_table(console, table)
     if not report["roles"]:  # every episode stopped (max_turns) or failed: an empty table, unsaid
-        console.print(f"no episode ended with a result ({statuses}): W-D-L counts finished games only",
+        console.print(f"no episode ended with a result ({statuses(report)}): W-D-L counts finished games only",
                       highlight=False, markup=False)
     if report["env"]:
         # an env's own metric names: acc[easy] is no style

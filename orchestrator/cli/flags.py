@@ -143,6 +143,17 @@ def stdout_console() -> Any:
     return PipedConsole()
 
 
+def statuses(summary: dict[str, Any]) -> str:
+    """A run's episode statuses as "ok 7, timeout 1" (not the dict's repr)."""
+    return ", ".join(f"{status} {count}" for status, count in summary["status"].items())
+
+
+def episodes_title(summary: dict[str, Any]) -> str:
+    """"team: N episodes (ok 7, timeout 1)": a run's or an evaluation's table title."""
+    n = summary["episodes"]
+    return f"{summary['team']}: {n} episode{'s' * (n != 1)} ({statuses(summary)})"
+
+
 def print_table(console: Any, table: Any) -> None:
     """``table`` on ``console``, wider than the console where its columns need more: a no_wrap
     column whole, a folding one as wide as its min_width. Rich cut them to fit ('0.150-0.', and

@@ -9,7 +9,7 @@ from typing import Any
 from .. import logs
 from .flags import (
     add_episode_flags, add_model_flags, add_policy_flag, add_ray_flags, compute_options, exit_code, parse_adapter_flags,
-    out_dir, parse_policy_flags, positive_int, print_table, shows_progress, stdout_console,
+    episodes_title, out_dir, parse_policy_flags, positive_int, print_table, shows_progress, stdout_console,
 )
 
 
@@ -46,8 +46,7 @@ def handle(args: argparse.Namespace) -> int:
 def print_summary(summary: dict[str, Any]) -> None:
     from rich.table import Table
 
-    n, statuses = summary["episodes"], ", ".join(f"{status} {count}" for status, count in summary["status"].items())
-    table = Table(title=f"{summary['team']}: {n} episode{'s' * (n != 1)} ({statuses})")  # not the dict's repr
+    table = Table(title=episodes_title(summary))
     for col in ("role", "mean reward", "±95%", "turns", "invalid", "retries"):
         # whole, as eval's: in a narrow terminal rich cut them all ("-0.…" for a mean reward, "gu…" for a role)
         table.add_column(col, justify="left" if col == "role" else "right", no_wrap=True)
